@@ -1,0 +1,65 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: the one owner of a data file's descriptor, opened for direct I/O where the file system
+// allows it, with the alignment that direct I/O needs. Part of zinf::swap.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "zinf/common/status.h"
+
+namespace zinf::swap {
+
+/// How File::open treats the file.
+struct FileOptions {
+  bool create = false;        ///< create if missing (mode 0600)
+  bool truncate = false;      ///< truncate to zero on open
+  bool read_only = false;     ///< open O_RDONLY instead of O_RDWR
+  bool direct = true;         ///< ask for O_DIRECT; falls back to buffered with one notice
+  std::uint64_t preallocate_bytes = 0;  ///< fallocate this many bytes (0: none)
+};
+
+/// A move-only open file. Thread-safe for concurrent positional I/O (the descriptor is never
+/// moved while in use); not for concurrent open/close.
+class File {
+ public:
+  File() = default;
+  File(File&& other) noexcept;
+  File& operator=(File&& other) noexcept;
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+  ~File();  ///< closes; a close error is logged (use close() to see it)
+
+  /// Opens `path`. If O_DIRECT is refused (EINVAL: tmpfs, some FUSE), reopens buffered and
+  /// logs one notice naming the path. Throws zinf::IoError (path, errno) on failure, including
+  /// ENOSPC from preallocation.
+  static File open(const std::string& path, const FileOptions& options);
+
+  bool is_open() const noexcept { return fd_ >= 0; }
+  int fd() const noexcept { return fd_; }
+  const std::string& path() const noexcept { return path_; }
+  /// True when the descriptor has O_DIRECT.
+  bool is_direct() const noexcept { return direct_; }
+  /// The alignment that buffer address, offset and length must have for I/O on this file:
+  /// statx STATX_DIOALIGN where the kernel reports it, else the device's logical block size,
+  /// else 4096. 1 for buffered files (any alignment works), though zinf still uses 4096.
+  std::uint32_t alignment() const noexcept { return alignment_; }
+  /// Returns the current size in bytes (fstat). Throws IoError.
+  std::uint64_t size() const;
+
+  /// Flushes data to stable storage (fdatasync).
+  Status sync() const;
+  /// Closes and reports the close error, if any. The File is empty afterwards.
+  Status close();
+
+ private:
+  int fd_ = -1;
+  bool direct_ = false;
+  std::uint32_t alignment_ = 4096;
+  std::string path_;
+};
+
+/// Returns the direct-I/O alignment of files under `path` (file or directory) as File does.
+std::uint32_t probe_direct_io_alignment(const std::string& path) noexcept;
+
+}  // namespace zinf::swap

@@ -1,0 +1,7 @@
+// SPDX-License-Identifier: Apache-2.0
+// Placeholder until the branch that implements it lands.
+#include "commands.h"
+#include "zinf/common/error.h"
+namespace zinf::tools {
+int bench_adam_main(const std::vector<std::string>&) { throw UsageError("not built yet"); }
+}  // namespace zinf::tools

@@ -1,0 +1,208 @@
+// SPDX-License-Identifier: Apache-2.0
+// Command-line parsing for tools/: values, sizes and the "did you mean" suggestion.
+#include "cli_args.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+
+#include "zinf/common/error.h"
+
+namespace zinf::tools {
+namespace {
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      std::size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+double parse_number(std::string_view text, std::string_view what) {
+  std::string s(text);
+  char* end = nullptr;
+  errno = 0;
+  double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || end != s.c_str() + s.size() || errno != 0 || !std::isfinite(v)) {
+    throw UsageError("invalid " + std::string(what) + " '" + s + "': not a number");
+  }
+  return v;
+}
+
+}  // namespace
+
+std::string closest(std::string_view word, const std::vector<std::string>& candidates) {
+  std::string best;
+  std::size_t best_d = ~std::size_t{0};
+  for (const auto& c : candidates) {
+    std::size_t d = edit_distance(word, c);
+    if (d < best_d) {
+      best_d = d;
+      best = c;
+    }
+  }
+  if (best_d <= std::max<std::size_t>(2, word.size() / 3)) return best;
+  return {};
+}
+
+std::uint64_t parse_size(std::string_view text, std::string_view what) {
+  std::string_view t = text;
+  std::size_t i = 0;
+  while (i < t.size() && (std::isdigit(static_cast<unsigned char>(t[i])) || t[i] == '.' ||
+                          ((t[i] == 'e' || t[i] == 'E') && i > 0 && i + 1 < t.size() &&
+                           std::isdigit(static_cast<unsigned char>(t[i + 1]))))) {
+    ++i;
+  }
+  std::string_view num = t.substr(0, i);
+  std::string_view suffix = t.substr(i);
+  auto bad = [&]() -> UsageError {
+    return UsageError("invalid " + std::string(what) + " '" + std::string(text) +
+                      "': expected a size such as 4096, 512K, 1M, 2GiB or 1e8");
+  };
+  if (num.empty()) throw bad();
+  double v = 0;
+  try {
+    v = parse_number(num, what);
+  } catch (const UsageError&) {
+    throw bad();
+  }
+  double mult = 1;
+  std::string s(suffix);
+  if (s.empty() || s == "B") {
+    mult = 1;
+  } else if (s == "K" || s == "k" || s == "KiB") {
+    mult = 1024.0;
+  } else if (s == "M" || s == "m" || s == "MiB") {
+    mult = 1024.0 * 1024;
+  } else if (s == "G" || s == "g" || s == "GiB") {
+    mult = 1024.0 * 1024 * 1024;
+  } else if (s == "T" || s == "t" || s == "TiB") {
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  } else if (s == "kB" || s == "KB") {
+    mult = 1e3;
+  } else if (s == "MB") {
+    mult = 1e6;
+  } else if (s == "GB") {
+    mult = 1e9;
+  } else if (s == "TB") {
+    mult = 1e12;
+  } else {
+    throw bad();
+  }
+  double bytes = v * mult;
+  if (bytes < 0 || bytes > 1.8e19 || bytes != std::floor(bytes)) throw bad();
+  return static_cast<std::uint64_t>(bytes);
+}
+
+Args::Args(std::string command, std::vector<std::string> tokens)
+    : command_(std::move(command)), tokens_(std::move(tokens)), used_(tokens_.size(), false) {}
+
+std::optional<std::string> Args::take(std::string_view name) {
+  known_.emplace_back("--" + std::string(name));
+  std::optional<std::string> value;
+  const std::string flag = "--" + std::string(name);
+  for (std::size_t i = 0; i < tokens_.size(); ++i) {
+    if (used_[i]) continue;
+    const std::string& tok = tokens_[i];
+    if (tok == flag) {
+      if (i + 1 >= tokens_.size()) throw UsageError("option " + flag + " needs a value");
+      used_[i] = used_[i + 1] = true;
+      value = tokens_[i + 1];
+      ++i;
+    } else if (tok.rfind(flag + "=", 0) == 0) {
+      used_[i] = true;
+      value = tok.substr(flag.size() + 1);
+    }
+  }
+  return value;
+}
+
+std::string Args::string(std::string_view name, std::string fallback) {
+  auto v = take(name);
+  return v ? *v : std::move(fallback);
+}
+
+std::vector<std::string> Args::strings(std::string_view name) {
+  known_.emplace_back("--" + std::string(name));
+  std::vector<std::string> out;
+  const std::string flag = "--" + std::string(name);
+  for (std::size_t i = 0; i < tokens_.size(); ++i) {
+    if (used_[i]) continue;
+    if (tokens_[i] == flag) {
+      if (i + 1 >= tokens_.size()) throw UsageError("option " + flag + " needs a value");
+      used_[i] = used_[i + 1] = true;
+      out.push_back(tokens_[i + 1]);
+      ++i;
+    } else if (tokens_[i].rfind(flag + "=", 0) == 0) {
+      used_[i] = true;
+      out.push_back(tokens_[i].substr(flag.size() + 1));
+    }
+  }
+  return out;
+}
+
+std::uint64_t Args::size(std::string_view name, std::uint64_t fallback) {
+  auto v = take(name);
+  return v ? parse_size(*v, "--" + std::string(name)) : fallback;
+}
+
+std::uint64_t Args::uint(std::string_view name, std::uint64_t fallback) {
+  auto v = take(name);
+  if (!v) return fallback;
+  double d = parse_number(*v, "--" + std::string(name));
+  if (d < 0 || d != std::floor(d) || d > 1.8e19) {
+    throw UsageError("invalid --" + std::string(name) + " '" + *v +
+                     "': expected a non-negative integer");
+  }
+  return static_cast<std::uint64_t>(d);
+}
+
+double Args::number(std::string_view name, double fallback) {
+  auto v = take(name);
+  return v ? parse_number(*v, "--" + std::string(name)) : fallback;
+}
+
+bool Args::flag(std::string_view name) {
+  const std::string f = "--" + std::string(name);
+  known_.push_back(f);
+  bool found = false;
+  for (std::size_t i = 0; i < tokens_.size(); ++i) {
+    if (!used_[i] && tokens_[i] == f) {
+      used_[i] = true;
+      found = true;
+    }
+  }
+  return found;
+}
+
+bool Args::help() {
+  bool found = false;
+  for (std::size_t i = 0; i < tokens_.size(); ++i) {
+    if (!used_[i] && (tokens_[i] == "--help" || tokens_[i] == "-h")) {
+      used_[i] = true;
+      found = true;
+    }
+  }
+  return found;
+}
+
+void Args::finish() {
+  for (std::size_t i = 0; i < tokens_.size(); ++i) {
+    if (used_[i]) continue;
+    const std::string& tok = tokens_[i];
+    std::string name = tok.substr(0, tok.find('='));
+    std::string msg = "unknown option '" + name + "' for '" + command_ + "'";
+    if (std::string s = closest(name, known_); !s.empty()) msg += " (did you mean " + s + "?)";
+    throw UsageError(msg);
+  }
+}
+
+}  // namespace zinf::tools
