@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs the Debian packages zinf builds and tests with (Debian 12 / Ubuntu 22.04+).
+# Skips apt-get entirely when everything is already there, so it is cheap to call every time.
+set -euo pipefail
+
+packages=(build-essential cmake ninja-build pkg-config liburing-dev libboost-dev
+          libgtest-dev libbenchmark-dev fio python3)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "install-deps: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+  sudo="sudo"
+fi
+echo "install-deps: installing ${missing[*]}" >&2
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,115 @@
+// SPDX-License-Identifier: Apache-2.0
+// End-to-end checks of the zinf tool as a user runs it: exit status, the one-line errors for
+// bad arguments, and a small verified `bench io` run with its JSON.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "support/test_dir.h"
+
+namespace {
+
+struct Run {
+  int status = -1;
+  std::string out;  // stdout and stderr together
+};
+
+Run run(const std::string& args) {
+  Run r;
+  std::string cmd = std::string(ZINF_TOOL_PATH) + " " + args + " 2>&1";
+  std::FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf{};
+  std::size_t n = 0;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int st = ::pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+TEST(ZinfCli, NoArgumentsPrintsUsageAndExits2) {
+  Run r = run("");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.out.find("usage: zinf <command>"), std::string::npos) << r.out;
+}
+
+TEST(ZinfCli, UnknownCommandExits2) {
+  Run r = run("frobnicate");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.out.find("zinf: unknown command 'frobnicate'"), std::string::npos) << r.out;
+}
+
+TEST(BenchIoCli, MissingDirectoryExits2WithOneLine) {
+  Run r = run("bench io --dir /nonexistent/zinf-nowhere");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "zinf bench io: error: directory does not exist: /nonexistent/zinf-nowhere\n");
+}
+
+TEST(BenchIoCli, DirectoryThatIsAFileExits2) {
+  zinf::test::TestDir dir;
+  std::string f = dir.file("plain");
+  std::FILE* fp = std::fopen(f.c_str(), "w");
+  ASSERT_NE(fp, nullptr);
+  std::fclose(fp);
+  Run r = run("bench io --dir " + f);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "zinf bench io: error: not a directory: " + f + "\n");
+}
+
+TEST(BenchIoCli, UnparseableSizeExits2) {
+  zinf::test::TestDir dir;
+  Run r = run("bench io --dir " + dir.path() + " --size 12Q");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out,
+            "zinf bench io: error: invalid --size '12Q': expected a size such as 4096, 512K, 1M, "
+            "2GiB or 1e8\n");
+}
+
+TEST(BenchIoCli, UnalignedBlockSizeExits2) {
+  zinf::test::TestDir dir;
+  Run r = run("bench io --dir " + dir.path() + " --block-size 1000");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out,
+            "zinf bench io: error: invalid --block-size 1000: must be a multiple of 4096 (the "
+            "direct-I/O alignment zinf uses)\n");
+}
+
+TEST(BenchIoCli, UnknownOptionSuggests) {
+  Run r = run("bench io --queue-dept 4");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out,
+            "zinf bench io: error: unknown option '--queue-dept' for 'bench io' (did you mean "
+            "--queue-depth?)\n");
+}
+
+TEST(BenchIoCli, BadEngineExits2) {
+  zinf::test::TestDir dir;
+  Run r = run("bench io --dir " + dir.path() + " --engine spdk");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.out.find("spdk"), std::string::npos) << r.out;
+}
+
+TEST(BenchIoCli, SmallVerifiedRunOverTwoDirsPrintsJson) {
+  zinf::test::TestDir dir;
+  std::string a = dir.subdir("a"), b = dir.subdir("b");
+  for (const char* engine : {"threads", "auto"}) {
+    Run r = run("bench io --dir " + a + " --dir " + b + " --size 16M --block-size 256K " +
+                "--queue-depth 4 --loops 2 --json --engine " + engine);
+    ASSERT_EQ(r.status, 0) << r.out;
+    for (const char* key : {"\"op\":\"write\"", "\"op\":\"read\"", "\"engine\":", "\"bytes\":16777216",
+                            "\"seconds\":", "\"gbps\":", "\"iops\":", "\"lat_p50_us\":",
+                            "\"lat_p99_us\":", "\"block_size\":262144", "\"queue_depth\":4",
+                            "\"direct\":", "\"huge_pages\":", "\"verified\":true", "\"files\":2"}) {
+      EXPECT_NE(r.out.find(key), std::string::npos) << key << " missing in " << r.out;
+    }
+  }
+  // Without --keep the data files are gone.
+  EXPECT_FALSE(std::ifstream(a + "/zinf-bench-io.0.dat").good());
+}
+
+}  // namespace

@@ -1,0 +1,81 @@
+// SPDX-License-Identifier: Apache-2.0
+// A minimal writer of one flat JSON object per line, for the tool's --json output.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace zinf::tools {
+
+class JsonWriter {
+ public:
+  void field(std::string_view key, const std::string& v) { key_(key); quote(v); }
+  void field(std::string_view key, const char* v) { field(key, std::string(v)); }
+  void field(std::string_view key, bool v) { key_(key); out_ += v ? "true" : "false"; }
+  void field(std::string_view key, std::uint64_t v) { key_(key); out_ += std::to_string(v); }
+  void field(std::string_view key, std::int64_t v) { key_(key); out_ += std::to_string(v); }
+  void field(std::string_view key, double v) { key_(key); number(v); }
+  void field(std::string_view key, const std::vector<double>& v) {
+    key_(key);
+    out_ += '[';
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (i) out_ += ',';
+      number(v[i]);
+    }
+    out_ += ']';
+  }
+  void field(std::string_view key, const std::vector<std::string>& v) {
+    key_(key);
+    out_ += '[';
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (i) out_ += ',';
+      quote(v[i]);
+    }
+    out_ += ']';
+  }
+  /// The object, e.g. {"op":"read","gbps":3.1}
+  std::string str() const { return out_ + '}'; }
+
+ private:
+  void key_(std::string_view k) {
+    out_ += out_.size() > 1 ? "," : "";
+    quote(std::string(k));
+    out_ += ':';
+  }
+  void number(double v) {
+    if (!std::isfinite(v)) {
+      out_ += "null";
+      return;
+    }
+    char b[32];
+    std::snprintf(b, sizeof b, "%.6g", v);
+    out_ += b;
+  }
+  void quote(const std::string& s) {
+    out_ += '"';
+    for (char c : s) {
+      switch (c) {
+        case '"': out_ += "\\\""; break;
+        case '\\': out_ += "\\\\"; break;
+        case '\n': out_ += "\\n"; break;
+        case '\t': out_ += "\\t"; break;
+        default:
+          if (static_cast<unsigned char>(c) < 0x20) {
+            char b[8];
+            std::snprintf(b, sizeof b, "\\u%04x", c);
+            out_ += b;
+          } else {
+            out_ += c;
+          }
+      }
+    }
+    out_ += '"';
+  }
+  std::string out_ = "{";
+};
+
+}  // namespace zinf::tools
