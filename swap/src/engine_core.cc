@@ -55,17 +55,31 @@ IoStats AtomicIoStats::snapshot() const noexcept {
 
 FileId FileTable::attach(const File& file, const std::function<int(FileId, int)>& register_fixed) {
   if (!file.is_open()) throw UsageError("IoEngine::attach: the File is not open");
-  std::lock_guard lock(mu_);
-  std::uint32_t index = 0;
-  while (index < files_.size() && files_[index] != nullptr) ++index;
-  if (index == files_.size()) files_.emplace_back();
   auto entry = std::make_shared<AttachedFile>();
-  entry->id = FileId{index};
   entry->fd = file.fd();
   entry->path = file.path();
   entry->direct = file.is_direct();
   entry->alignment = file.is_direct() ? file.alignment() : 1;
-  if (register_fixed) entry->fixed_index = register_fixed(entry->id, entry->fd);
+  std::uint32_t index = 0;
+  {
+    std::lock_guard lock(mu_);
+    while (index < files_.size() && (files_[index] != nullptr || reserved_[index])) ++index;
+    if (index == files_.size()) {
+      files_.emplace_back();
+      reserved_.push_back(false);
+    }
+    reserved_[index] = true;
+  }
+  entry->id = FileId{index};
+  try {
+    if (register_fixed) entry->fixed_index = register_fixed(entry->id, entry->fd);
+  } catch (...) {
+    std::lock_guard lock(mu_);
+    reserved_[index] = false;
+    throw;
+  }
+  std::lock_guard lock(mu_);
+  reserved_[index] = false;
   files_[index] = std::move(entry);
   return FileId{index};
 }

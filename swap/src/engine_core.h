@@ -61,7 +61,8 @@ struct AttachedFile {
 class FileTable {
  public:
   /// Adds `file` and returns its id. `register_fixed(id, fd)` (may be empty) returns the fixed
-  /// table slot, or -1; it runs before the file becomes visible to submit().
+  /// table slot, or -1; it runs before the file becomes visible to submit(), without the table
+  /// lock held (it may wait for an engine thread that is itself looking files up).
   FileId attach(const File& file, const std::function<int(FileId, int)>& register_fixed);
   /// Removes `id`; returns the removed entry (null if unknown).
   std::shared_ptr<const AttachedFile> detach(FileId id);
@@ -70,7 +71,8 @@ class FileTable {
 
  private:
   mutable std::mutex mu_;
-  std::vector<std::shared_ptr<const AttachedFile>> files_;
+  std::vector<std::shared_ptr<const AttachedFile>> files_;  // null: free or reserved
+  std::vector<bool> reserved_;                               // taken by an attach in progress
 };
 
 struct BatchState;

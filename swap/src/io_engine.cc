@@ -74,14 +74,14 @@ std::string_view io_engine_kind_name(IoEngineKind kind) noexcept {
 
 namespace {
 
-#if ZINF_HAVE_LIBURING && 0
+#if ZINF_HAVE_LIBURING
 std::unique_ptr<IoEngine> try_uring(const IoOptions& options, detail::UringUnavailable& why) {
   return UringIoEngine::create(options, why);
 }
 #else
 std::unique_ptr<IoEngine> try_uring(const IoOptions&, detail::UringUnavailable& why) {
-  why.reason = io_uring_unavailable_reason();
-  why.status = Status::error(ErrorCode::kUnsupported, why.reason)
+  why.reason = "built without liburing";
+  why.status = Status::error(ErrorCode::kUnsupported, "zinf was built without liburing")
                    .with_operation("io_uring")
                    .with_backend("uring");
   return nullptr;
