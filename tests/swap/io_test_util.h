@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <memory>
 #include <new>
+#include <ostream>
 #include <span>
 #include <string>
 #include <vector>
@@ -56,3 +57,8 @@ inline std::string backend_unavailable(swap::IoEngineKind kind) {
 }
 
 }  // namespace zinf::test
+
+namespace zinf::swap {
+/// Names the backend in gtest output and ctest test names.
+inline void PrintTo(IoEngineKind kind, std::ostream* os) { *os << io_engine_kind_name(kind); }
+}  // namespace zinf::swap
