@@ -14,7 +14,9 @@ std::string cuda_error_text(cudaError_t err, std::string_view call, const char* 
   std::string out(call);
   out += " failed at ";
   out += base != nullptr ? base + 1 : file;
-  out += ":" + std::to_string(line) + ": ";
+  out += ':';  // piecewise: ":" + std::to_string(line) trips GCC 12 -Wrestrict at -O3
+  out += std::to_string(line);
+  out += ": ";
   out += cudaGetErrorName(err);
   out += ": ";
   out += cudaGetErrorString(err);
