@@ -155,5 +155,25 @@ TEST(HostDevice, FailedStreamSkipsLaterCopies) {
   for (std::size_t i = 0; i < buf.size(); ++i) ASSERT_EQ(buf.data()[i], std::byte{0}) << i;
 }
 
+TEST(HostDeviceDeathTest, OwnerOutlivingItsDeviceAborts) {
+  // A buffer or stream that outlives its Device would free into a dead object: that is a bug,
+  // caught by ZINF_CHECK in every build type.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        auto device = host_device();
+        DeviceBuffer buf = device->allocate(64);
+        device.reset();
+      },
+      "must die before its Device");
+  EXPECT_DEATH(
+      {
+        auto device = host_device();
+        Stream s = device->create_stream();
+        device.reset();
+      },
+      "host destroyed while 0 buffer\\(s\\), 1 stream\\(s\\) and 0 pinned registration\\(s\\) still live");
+}
+
 }  // namespace
 }  // namespace zinf::cuda
