@@ -1,0 +1,306 @@
+// SPDX-License-Identifier: Apache-2.0
+// HostDevice: streams as worker threads over an operation queue, events as generation counters,
+// "device memory" as aligned host memory, copies optionally throttled by a shared CopyLane.
+#include "host_device.h"
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <new>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <variant>
+
+#include "zinf/common/error.h"
+#include "zinf/common/log.h"
+
+namespace zinf::cuda::detail {
+namespace {
+
+// cudaMalloc returns 256-byte aligned memory; the simulation promises the same.
+constexpr std::align_val_t kDeviceAlignment{256};
+
+// An event is a pair of generation counters: record() takes the next generation on the host
+// (so that wait() and synchronize() know which record they refer to), and the recording
+// stream's worker completes it in stream order, carrying that stream's failure if any.
+// Completion keeps the highest generation, so the latest record() wins as in CUDA.
+class HostEvent final : public EventImpl, public std::enable_shared_from_this<HostEvent> {
+ public:
+  std::uint64_t next_generation() {
+    std::lock_guard lock(mu_);
+    return ++recorded_;
+  }
+  std::uint64_t recorded() const {
+    std::lock_guard lock(mu_);
+    return recorded_;
+  }
+  void complete(std::uint64_t generation, const Status& failure) {
+    {
+      std::lock_guard lock(mu_);
+      if (generation > completed_) {
+        completed_ = generation;
+        failure_ = failure;
+      }
+    }
+    cv_.notify_all();
+  }
+  /// Blocks until `generation` has completed; returns the failure it carries (ok if none).
+  Status wait_for(std::uint64_t generation) const {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return completed_ >= generation; });
+    return failure_;
+  }
+  /// True if the latest record has completed; then `*failure` is its failure (ok if none).
+  bool query(Status* failure) const {
+    std::lock_guard lock(mu_);
+    if (completed_ < recorded_) return false;
+    *failure = failure_;
+    return true;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  std::uint64_t recorded_ = 0;   // generations handed out by record()
+  std::uint64_t completed_ = 0;  // highest generation a worker has completed
+  Status failure_;               // of generation completed_
+};
+
+struct CopyOp {
+  std::byte* dst;
+  const std::byte* src;
+  std::size_t n;
+  CopyDirection direction;
+};
+struct RecordOp {
+  std::shared_ptr<HostEvent> event;
+  std::uint64_t generation;
+};
+struct WaitOp {
+  std::shared_ptr<HostEvent> event;
+  std::uint64_t generation;
+};
+struct WorkOp {
+  std::function<void()> work;
+};
+using Op = std::variant<CopyOp, RecordOp, WaitOp, WorkOp>;
+
+class HostStream final : public StreamImpl {
+ public:
+  HostStream(std::uint64_t stream_id, HostDevice& device)
+      : StreamImpl(stream_id), device_(device), worker_([this](std::stop_token stop) { run(stop); }) {}
+
+  void enqueue(Op op) {
+    {
+      std::lock_guard lock(mu_);
+      queue_.push_back(std::move(op));
+      ++enqueued_;
+    }
+    cv_.notify_all();
+  }
+
+  void synchronize() {
+    std::unique_lock lock(mu_);
+    const std::uint64_t target = enqueued_;
+    cv_.wait(lock, [&] { return completed_ >= target; });
+    if (!failure_.ok()) {
+      failure_reported_ = true;
+      throw DeviceError(failure_.to_string());
+    }
+  }
+
+  /// Lets the worker finish everything queued, then joins it.
+  void drain_and_stop() noexcept {
+    worker_.request_stop();
+    if (worker_.joinable()) worker_.join();
+    std::lock_guard lock(mu_);
+    if (!failure_.ok() && !failure_reported_) {
+      log(LogLevel::kWarning, "stream " + std::to_string(id) +
+                                  " destroyed after a failure no synchronize() reported: " +
+                                  failure_.to_string());
+    }
+  }
+
+ private:
+  // The worker: take the next operation, run it without the lock, record a failure (the first
+  // one sticks), count it complete and wake synchronize() and the next enqueue's waiters. It
+  // exits only when a stop was requested and the queue is empty, so destruction drains.
+  void run(std::stop_token stop) {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, stop, [&] { return !queue_.empty(); });
+      if (queue_.empty()) return;
+      Op op = std::move(queue_.front());
+      queue_.pop_front();
+      Status failed_before = failure_;
+      lock.unlock();
+      Status result = execute(op, failed_before);
+      op = Op{};  // drop captured state (host work closures) before taking the lock
+      lock.lock();
+      if (!result.ok() && failure_.ok()) failure_ = std::move(result);
+      ++completed_;
+      cv_.notify_all();
+    }
+  }
+
+  // Runs one operation. After a failure the stream only completes events (with the failure)
+  // and skips everything else, so nothing runs on top of bad data.
+  Status execute(Op& op, const Status& failed_before) noexcept {
+    const bool failed = !failed_before.ok();
+    try {
+      return std::visit(
+          [&](auto& o) -> Status {
+            using T = std::decay_t<decltype(o)>;
+            if constexpr (std::is_same_v<T, CopyOp>) {
+              if (failed) return Status::ok_status();
+              copy(o);
+              return Status::ok_status();
+            } else if constexpr (std::is_same_v<T, RecordOp>) {
+              o.event->complete(o.generation, failed_before);
+              return Status::ok_status();
+            } else if constexpr (std::is_same_v<T, WaitOp>) {
+              if (failed) return Status::ok_status();
+              return o.event->wait_for(o.generation);
+            } else {
+              if (failed) return Status::ok_status();
+              return run_work(o.work);
+            }
+          },
+          op);
+    } catch (const std::exception& e) {
+      return host_work_failure(std::string("internal error: ") + e.what());
+    }
+  }
+
+  void copy(const CopyOp& op) {
+    CopyLane& lane = device_.lane(op.direction);
+    if (!lane.capped()) {
+      std::memcpy(op.dst, op.src, op.n);
+      return;
+    }
+    // The copy itself runs at memory speed; sleeping to the end of the lane's slot makes it
+    // take n / bandwidth, as over PCIe.
+    auto done = lane.reserve(op.n);
+    std::memcpy(op.dst, op.src, op.n);
+    std::this_thread::sleep_until(done);
+  }
+
+  Status run_work(const std::function<void()>& work) {
+    try {
+      work();
+      return Status::ok_status();
+    } catch (const std::exception& e) {
+      return host_work_failure(e.what());
+    } catch (...) {
+      return host_work_failure("unknown exception");
+    }
+  }
+
+  Status host_work_failure(std::string what) const {
+    return Status::error(ErrorCode::kIo, std::move(what))
+        .with_operation("host work on stream " + std::to_string(id))
+        .with_backend(std::string(device_.name()));
+  }
+
+  HostDevice& device_;
+  std::mutex mu_;
+  std::condition_variable_any cv_;
+  std::deque<Op> queue_;
+  std::uint64_t enqueued_ = 0;
+  std::uint64_t completed_ = 0;
+  Status failure_;  // first failure; sticks
+  bool failure_reported_ = false;
+  std::jthread worker_;  // last: starts once the state above exists
+};
+
+}  // namespace
+
+std::chrono::steady_clock::time_point CopyLane::reserve(std::size_t bytes) {
+  auto now = std::chrono::steady_clock::now();
+  auto length = std::chrono::ceil<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(static_cast<double>(bytes) / bytes_per_second_));
+  std::lock_guard lock(mu_);
+  auto start = free_at_ > now ? free_at_ : now;
+  free_at_ = start + length;
+  return free_at_;
+}
+
+HostDevice::HostDevice(const DeviceOptions& options)
+    : DeviceBase(options.host_memory_bytes, /*enforce_capacity=*/true),
+      to_device_(options.host_copy_bandwidth_gbps * 1e9),
+      to_host_(options.host_copy_bandwidth_gbps * 1e9) {}
+
+HostDevice::~HostDevice() { check_no_live_owners(); }
+
+std::byte* HostDevice::do_allocate(std::size_t bytes) {
+  void* p = ::operator new(bytes, kDeviceAlignment, std::nothrow);
+  if (p == nullptr) {
+    throw DeviceError(usage_text("allocate", "out of host memory for " + std::to_string(bytes) + " bytes"));
+  }
+  return static_cast<std::byte*>(p);
+}
+
+void HostDevice::do_free(std::byte* data, std::size_t /*bytes*/) noexcept {
+  ::operator delete(data, kDeviceAlignment);
+}
+
+std::shared_ptr<StreamImpl> HostDevice::do_create_stream(std::uint64_t id) {
+  return std::make_shared<HostStream>(id, *this);
+}
+
+void HostDevice::do_destroy_stream(StreamImpl& stream) noexcept {
+  static_cast<HostStream&>(stream).drain_and_stop();
+}
+
+std::shared_ptr<EventImpl> HostDevice::do_create_event() { return std::make_shared<HostEvent>(); }
+
+// Host memory is always "pinned" for the simulation; DeviceBase keeps the bookkeeping.
+void HostDevice::do_register_host(std::span<std::byte> /*host*/) {}
+Status HostDevice::do_unregister_host(std::span<std::byte> /*host*/) noexcept {
+  return Status::ok_status();
+}
+
+void HostDevice::do_copy(StreamImpl& stream, std::byte* dst, const std::byte* src, std::size_t n,
+                         CopyDirection direction) {
+  static_cast<HostStream&>(stream).enqueue(CopyOp{dst, src, n, direction});
+}
+
+void HostDevice::do_record(EventImpl& event, StreamImpl& stream) {
+  auto& e = static_cast<HostEvent&>(event);
+  static_cast<HostStream&>(stream).enqueue(RecordOp{e.shared_from_this(), e.next_generation()});
+}
+
+void HostDevice::do_wait(StreamImpl& stream, EventImpl& event) {
+  auto& e = static_cast<HostEvent&>(event);
+  const std::uint64_t generation = e.recorded();
+  if (generation == 0) return;  // never recorded: nothing to wait for (as cudaStreamWaitEvent)
+  static_cast<HostStream&>(stream).enqueue(WaitOp{e.shared_from_this(), generation});
+}
+
+void HostDevice::do_host_work(StreamImpl& stream, std::function<void()> work) {
+  static_cast<HostStream&>(stream).enqueue(WorkOp{std::move(work)});
+}
+
+void HostDevice::do_synchronize(StreamImpl& stream) { static_cast<HostStream&>(stream).synchronize(); }
+
+bool HostDevice::query_event(const EventImpl& event) {
+  Status failure;
+  if (!static_cast<const HostEvent&>(event).query(&failure)) return false;
+  if (!failure.ok()) throw DeviceError(failure.to_string());
+  return true;
+}
+
+void HostDevice::synchronize_event(const EventImpl& event) {
+  const auto& e = static_cast<const HostEvent&>(event);
+  Status failure = e.wait_for(e.recorded());
+  if (!failure.ok()) throw DeviceError(failure.to_string());
+}
+
+std::unique_ptr<Device> make_host_device(const DeviceOptions& options) {
+  return std::make_unique<HostDevice>(options);
+}
+
+}  // namespace zinf::cuda::detail

@@ -1,0 +1,68 @@
+// SPDX-License-Identifier: Apache-2.0
+// HostDevice: a GPU simulated in host memory, so that the prefetcher's overlap logic is tested
+// on machines without one. Each stream has one worker thread that runs its operations in order;
+// events are generation counters with a condition variable; copies may be throttled to a
+// PCIe-like bandwidth shared by the device's streams. Private to zinf::cuda.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+#include "device_base.h"
+
+namespace zinf::cuda::detail {
+
+/// One direction of a simulated PCIe link: copies reserve back-to-back time slots of
+/// bytes / rate, so concurrent streams share the bandwidth instead of each getting all of it.
+class CopyLane {
+ public:
+  explicit CopyLane(double bytes_per_second) noexcept : bytes_per_second_(bytes_per_second) {}
+  bool capped() const noexcept { return bytes_per_second_ > 0; }
+  /// Reserves the lane for `bytes` and returns when that transfer ends. Thread-safe.
+  std::chrono::steady_clock::time_point reserve(std::size_t bytes);
+
+ private:
+  const double bytes_per_second_;
+  std::mutex mu_;
+  std::chrono::steady_clock::time_point free_at_{};
+};
+
+class HostDevice final : public DeviceBase {
+ public:
+  explicit HostDevice(const DeviceOptions& options);
+  ~HostDevice() override;
+
+  std::string_view name() const noexcept override { return "host"; }
+  DeviceKind kind() const noexcept override { return DeviceKind::kHost; }
+
+  CopyLane& lane(CopyDirection direction) noexcept {
+    return direction == CopyDirection::kToDevice ? to_device_ : to_host_;
+  }
+
+ private:
+  std::byte* do_allocate(std::size_t bytes) override;
+  void do_free(std::byte* data, std::size_t bytes) noexcept override;
+  std::shared_ptr<StreamImpl> do_create_stream(std::uint64_t id) override;
+  void do_destroy_stream(StreamImpl& stream) noexcept override;
+  std::shared_ptr<EventImpl> do_create_event() override;
+  void do_register_host(std::span<std::byte> host) override;
+  Status do_unregister_host(std::span<std::byte> host) noexcept override;
+  void do_copy(StreamImpl& stream, std::byte* dst, const std::byte* src, std::size_t n,
+               CopyDirection direction) override;
+  void do_record(EventImpl& event, StreamImpl& stream) override;
+  void do_wait(StreamImpl& stream, EventImpl& event) override;
+  void do_host_work(StreamImpl& stream, std::function<void()> work) override;
+  void do_synchronize(StreamImpl& stream) override;
+  bool query_event(const EventImpl& event) override;
+  void synchronize_event(const EventImpl& event) override;
+
+  CopyLane to_device_;
+  CopyLane to_host_;
+};
+
+std::unique_ptr<Device> make_host_device(const DeviceOptions& options);
+
+}  // namespace zinf::cuda::detail
