@@ -18,11 +18,17 @@
 
 namespace zinf::swap {
 
+/// An attempt is a piece's first submission or the resubmission of its remainder after a
+/// short transfer; EINTR/EAGAIN retries of an attempt do not consult the plan again.
 enum class FaultKind : std::uint8_t {
-  kError,    ///< the piece fails with `err` (EIO, ENOSPC, ...); nothing is transferred
-  kShort,    ///< the piece reports only `short_bytes` done; the backend must resubmit the rest
-  kEagain,   ///< the piece reports -EAGAIN `count` times in a row before going through
-  kDelay,    ///< the piece's completion is delayed by `delay`
+  kError,    ///< the attempt fails with `err` (EIO, ENOSPC, ...) without doing any I/O, for
+             ///< reads and writes alike: nothing is transferred
+  kShort,    ///< the I/O is done in full but only `short_bytes` are reported done; the backend
+             ///< must resubmit the rest (from the aligned point below, for O_DIRECT files).
+             ///< short_bytes 0 reports zero bytes: the request fails with kShortTransfer
+  kEagain,   ///< the attempt reports -EAGAIN `count` times in a row (no I/O) before going
+             ///< through; beyond IoOptions::max_eagain_retries the request fails (kTimedOut)
+  kDelay,    ///< the attempt's completion is delayed by `delay` after its I/O is done
 };
 
 /// One rule. A piece matches when its op, file and offset fall in the rule's filter; the rule
@@ -58,7 +64,8 @@ struct FaultDecision {
 struct FaultPlan {
   explicit FaultPlan(std::vector<FaultRule> rules = {}, std::uint64_t seed = 1);
 
-  /// Called by a backend once per piece attempt with the piece's op, file and offset.
+  /// Called by a backend once per piece attempt with the op, file and the attempt's offset.
+  /// When several rules match, each counts the match and the first (in order) that fires decides.
   FaultDecision decide(IoOp op, FileId file, std::uint64_t offset);
 
   std::uint64_t injected() const noexcept { return injected_.load(); }

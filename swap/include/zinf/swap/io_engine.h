@@ -42,7 +42,8 @@ struct IoOptions {
   std::uint32_t block_size = 1u << 20;
   /// Pieces kept in flight per engine (io_uring SQ depth; threads: in-flight bound).
   std::uint32_t queue_depth = 16;
-  /// Worker threads for the threads backend (0: queue_depth, capped at 32). uring ignores it.
+  /// Worker threads for the threads backend (0: queue_depth; never more than queue_depth or
+  /// 32). uring ignores it.
   std::uint32_t threads = 0;
   /// EAGAIN retries per piece before the request fails with kTimedOut.
   std::uint32_t max_eagain_retries = 64;
@@ -70,7 +71,10 @@ struct IoRequest {
   std::span<std::byte> buffer;
 };
 
-/// Called once, on an engine thread, when a batch completes: must not block or throw.
+/// Called once, on an engine thread, when a batch completes, with the batch's Status: must not
+/// block or throw (an exception is caught and logged). It runs after completed_at() is set and
+/// before waiters are released, so wait() returning means the callback has returned. It may
+/// submit more work. An empty batch completes (and calls back) on the submitting thread.
 using IoCallback = std::function<void(const Status&)>;
 
 /// A handle on one submitted batch. Copyable (shared); all members thread-safe.
@@ -90,7 +94,8 @@ class IoTicket {
   Status wait_status() const;
   /// Bytes transferred so far by requests of this batch.
   std::uint64_t bytes_done() const noexcept;
-  /// When the batch completed (steady clock); unset until then. For latency measurements.
+  /// When the batch's last piece completed (steady clock); unset until then (and for an empty
+  /// ticket). For latency measurements.
   std::optional<std::chrono::steady_clock::time_point> completed_at() const noexcept;
 
  private:
@@ -121,6 +126,8 @@ struct IoStats {
 ///   its remainder, zero bytes before the end is kShortTransfer, anything else fails the
 ///   request with its errno. A failure names operation, path, offset, length, bytes done and
 ///   backend. A partial transfer never completes as success.
+///   Once a request has failed, its pieces not yet started are skipped; other requests of the
+///   batch still run, and the batch reports the first failure.
 /// - Ordering: none between requests, even in one batch; the caller orders with tickets.
 /// - Cancellation: none; a ticket always completes.
 class IoEngine {

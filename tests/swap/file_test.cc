@@ -1,0 +1,177 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: open errors name the path and errno, the O_DIRECT fallback logs one notice, the
+// alignment probe follows statx/sysfs, preallocation sizes the file, ENOSPC is kNoSpace.
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "support/test_dir.h"
+#include "zinf/common/error.h"
+#include "zinf/common/log.h"
+#include "zinf/swap/file.h"
+
+namespace zinf::swap {
+namespace {
+
+// Captures log lines for the life of the object.
+class LogCapture {
+ public:
+  LogCapture() {
+    previous_ = set_log_sink([this](LogLevel level, std::string_view line) {
+      std::lock_guard lock(mu_);
+      lines_.emplace_back(level, std::string(line));
+    });
+  }
+  ~LogCapture() { set_log_sink(std::move(previous_)); }
+  std::vector<std::pair<LogLevel, std::string>> lines() {
+    std::lock_guard lock(mu_);
+    return lines_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::pair<LogLevel, std::string>> lines_;
+  LogSink previous_;
+};
+
+TEST(File, MissingDirectoryIsNotFoundNamingThePath) {
+  test::TestDir dir;
+  const std::string path = dir.file("no/such/dir/x.swp");
+  try {
+    File::open(path, FileOptions{.create = true});
+    FAIL() << "opened " << path;
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kNotFound);
+    EXPECT_EQ(e.sys_errno(), ENOENT);
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("ENOENT"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("open failed"), std::string::npos) << e.what();
+  }
+}
+
+TEST(File, PathThroughARegularFileIsENOTDIR) {
+  test::TestDir dir;
+  { File f = File::open(dir.file("plain"), FileOptions{.create = true}); }
+  const std::string path = dir.file("plain/x.swp");
+  try {
+    File::open(path, FileOptions{.create = true});
+    FAIL() << "opened " << path;
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.sys_errno(), ENOTDIR);
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  }
+}
+
+TEST(File, DirectOpenReportsTheProbedAlignment) {
+  test::TestDir dir;
+  if (!test::supports_direct_io(dir.path())) GTEST_SKIP() << dir.path() << " refuses O_DIRECT";
+  File f = File::open(dir.file("a.swp"), FileOptions{.create = true});
+  ASSERT_TRUE(f.is_open());
+  EXPECT_TRUE(f.is_direct());
+  const std::uint32_t a = f.alignment();
+  EXPECT_GE(a, 512u);
+  EXPECT_EQ(a & (a - 1), 0u) << a << " is not a power of two";
+  EXPECT_EQ(probe_direct_io_alignment(f.path()), a);
+  // statx's own figure, where the kernel gives one, is what File uses (at least 512).
+  struct statx sx {};
+  ASSERT_EQ(::statx(AT_FDCWD, f.path().c_str(), 0, STATX_DIOALIGN, &sx), 0);
+  if ((sx.stx_mask & STATX_DIOALIGN) != 0 && sx.stx_dio_offset_align != 0) {
+    EXPECT_EQ(a, std::max({sx.stx_dio_mem_align, sx.stx_dio_offset_align, 512u}));
+  }
+}
+
+TEST(File, BufferedOpenHasNoAlignment) {
+  test::TestDir dir;
+  File f = File::open(dir.file("b.swp"), FileOptions{.create = true, .direct = false});
+  EXPECT_FALSE(f.is_direct());
+  EXPECT_EQ(f.alignment(), 1u);
+}
+
+TEST(File, RefusedDirectIoFallsBackWithOneNotice) {
+  // procfs refuses O_DIRECT with EINVAL, as tmpfs did before Linux 6.6: a real refusal.
+  const std::string path = "/proc/self/status";
+  LogCapture logs;
+  File f = File::open(path, FileOptions{.read_only = true});
+  EXPECT_TRUE(f.is_open());
+  EXPECT_FALSE(f.is_direct());
+  EXPECT_EQ(f.alignment(), 1u);
+  auto lines = logs.lines();
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0].first, LogLevel::kNotice);
+  EXPECT_NE(lines[0].second.find(path), std::string::npos) << lines[0].second;
+  char buf[64];
+  EXPECT_GT(::pread(f.fd(), buf, sizeof buf, 0), 0);
+}
+
+TEST(File, PreallocateSizesAndAllocatesTheFile) {
+  test::TestDir dir;
+  constexpr std::uint64_t kBytes = 8 << 20;
+  File f = File::open(dir.file("p.swp"), FileOptions{.create = true, .preallocate_bytes = kBytes});
+  EXPECT_EQ(f.size(), kBytes);
+  struct stat st {};
+  ASSERT_EQ(::fstat(f.fd(), &st), 0);
+  EXPECT_GE(static_cast<std::uint64_t>(st.st_blocks) * 512, kBytes) << "space not allocated";
+  // Reopening with truncate empties it.
+  File g = File::open(f.path(), FileOptions{.truncate = true});
+  EXPECT_EQ(g.size(), 0u);
+}
+
+TEST(File, MoveLeavesTheSourceEmptyAndCloseReports) {
+  test::TestDir dir;
+  File a = File::open(dir.file("m.swp"), FileOptions{.create = true});
+  const int fd = a.fd();
+  File b = std::move(a);
+  EXPECT_FALSE(a.is_open());  // NOLINT(bugprone-use-after-move): checking the moved-from state
+  EXPECT_EQ(b.fd(), fd);
+  EXPECT_TRUE(b.sync().ok());
+  EXPECT_TRUE(b.close().ok());
+  EXPECT_FALSE(b.is_open());
+  EXPECT_TRUE(b.close().ok());  // closing twice is a no-op
+}
+
+TEST(File, PreallocationBeyondTheDeviceIsNoSpace) {
+  // A real ENOSPC without filling a shared disk: a child process gets a private mount
+  // namespace with a 1 MiB tmpfs and asks for 8 MiB. It reports through its exit code:
+  // 0 pass, 1-9 a failed check, 77 cannot set up (skip).
+  test::TestDir dir;
+  const std::string mnt = dir.subdir("small");
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0) << std::strerror(errno);
+  if (pid == 0) {
+    if (::unshare(CLONE_NEWNS) != 0) ::_exit(77);
+    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) ::_exit(77);
+    if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=1m") != 0) ::_exit(77);
+    const std::string path = mnt + "/big.swp";
+    try {
+      File::open(path, FileOptions{.create = true, .preallocate_bytes = 8 << 20});
+      ::_exit(1);
+    } catch (const IoError& e) {
+      if (e.code() != ErrorCode::kNoSpace) ::_exit(2);
+      if (e.sys_errno() != ENOSPC) ::_exit(3);
+      const std::string what = e.what();
+      if (what.find(path) == std::string::npos) ::_exit(4);
+      if (what.find("length=8388608") == std::string::npos) ::_exit(5);
+      ::_exit(0);
+    } catch (...) {
+      ::_exit(6);
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "cannot mount a private tmpfs here";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "child check " << WEXITSTATUS(status) << " failed";
+}
+
+}  // namespace
+}  // namespace zinf::swap
