@@ -1,2 +1,140 @@
 // SPDX-License-Identifier: Apache-2.0
-// Placeholder: implemented on the swap branches.
+// CRC32C: the portable slicing-by-8 tables, the lane-join table of the hardware path, and the
+// run-time choice between them (cpuid through __builtin_cpu_supports, checked once).
+#include "zinf/swap/crc32c.h"
+
+#include <array>
+#include <string>
+
+#include "crc32c_internal.h"
+#include "zinf/common/error.h"
+
+namespace zinf::swap {
+namespace detail {
+namespace {
+
+constexpr std::uint32_t kPolyReflected = 0x82F63B78u;  // 0x1EDC6F41 bit-reversed
+
+using Tables = std::array<std::array<std::uint32_t, 256>, 8>;
+
+// Table k maps a byte to its contribution k bytes further back, so eight bytes are folded with
+// eight independent lookups (slicing-by-8).
+constexpr Tables make_tables() {
+  Tables t{};
+  for (std::uint32_t i = 0; i < 256; ++i) {
+    std::uint32_t c = i;
+    for (int b = 0; b < 8; ++b) c = (c >> 1) ^ ((c & 1u) != 0 ? kPolyReflected : 0u);
+    t[0][i] = c;
+  }
+  for (std::size_t k = 1; k < 8; ++k) {
+    for (std::size_t i = 0; i < 256; ++i) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xffu];
+  }
+  return t;
+}
+
+constexpr Tables kTables = make_tables();
+
+std::uint32_t step_byte(std::uint32_t state, std::uint8_t byte) noexcept {
+  return kTables[0][(state ^ byte) & 0xffu] ^ (state >> 8);
+}
+
+// The linear map "feed kCrc32cLaneBytes zero bytes", as four byte-indexed tables built from
+// the images of the 32 basis vectors.
+struct ShiftTable {
+  std::array<std::array<std::uint32_t, 256>, 4> t{};
+  ShiftTable() {
+    std::array<std::uint32_t, 32> basis{};
+    for (std::size_t bit = 0; bit < 32; ++bit) {
+      std::uint32_t s = 1u << bit;
+      for (std::size_t i = 0; i < kCrc32cLaneBytes; ++i) s = step_byte(s, 0);
+      basis[bit] = s;
+    }
+    for (std::size_t k = 0; k < 4; ++k) {
+      for (std::size_t v = 0; v < 256; ++v) {
+        std::uint32_t image = 0;
+        for (std::size_t b = 0; b < 8; ++b) {
+          if ((v >> b) & 1u) image ^= basis[k * 8 + b];
+        }
+        t[k][v] = image;
+      }
+    }
+  }
+};
+
+}  // namespace
+
+std::uint32_t crc32c_table_update(std::uint32_t state, const std::byte* data, std::size_t n) noexcept {
+  const auto* p = reinterpret_cast<const std::uint8_t*>(data);
+  while (n >= 8) {
+    // Assembled byte by byte so the result does not depend on host byte order; compilers turn
+    // this into one load on little-endian machines.
+    std::uint32_t lo = (std::uint32_t{p[0]} | std::uint32_t{p[1]} << 8 | std::uint32_t{p[2]} << 16 |
+                        std::uint32_t{p[3]} << 24) ^ state;
+    std::uint32_t hi = std::uint32_t{p[4]} | std::uint32_t{p[5]} << 8 | std::uint32_t{p[6]} << 16 |
+                       std::uint32_t{p[7]} << 24;
+    state = kTables[7][lo & 0xffu] ^ kTables[6][(lo >> 8) & 0xffu] ^
+            kTables[5][(lo >> 16) & 0xffu] ^ kTables[4][lo >> 24] ^ kTables[3][hi & 0xffu] ^
+            kTables[2][(hi >> 8) & 0xffu] ^ kTables[1][(hi >> 16) & 0xffu] ^ kTables[0][hi >> 24];
+    p += 8;
+    n -= 8;
+  }
+  while (n-- > 0) state = step_byte(state, *p++);
+  return state;
+}
+
+std::uint32_t crc32c_shift_lane(std::uint32_t state) noexcept {
+  static const ShiftTable table;  // built once (thread-safe static), ~0.3 ms
+  return table.t[0][state & 0xffu] ^ table.t[1][(state >> 8) & 0xffu] ^
+         table.t[2][(state >> 16) & 0xffu] ^ table.t[3][state >> 24];
+}
+
+}  // namespace detail
+
+namespace {
+
+bool hardware_available() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool available = detail::crc32c_sse42_compiled() && __builtin_cpu_supports("sse4.2");
+  return available;
+#else
+  return false;
+#endif
+}
+
+std::uint32_t run(Crc32cImpl impl, std::span<const std::byte> data, std::uint32_t crc) noexcept {
+  std::uint32_t state = ~crc;
+  if (impl == Crc32cImpl::kHardware) {
+    state = detail::crc32c_sse42_update(state, data.data(), data.size());
+  } else {
+    state = detail::crc32c_table_update(state, data.data(), data.size());
+  }
+  return ~state;
+}
+
+}  // namespace
+
+std::uint32_t crc32c(std::span<const std::byte> data, std::uint32_t crc) noexcept {
+  return run(crc32c_active_impl(), data, crc);
+}
+
+Crc32cImpl crc32c_active_impl() noexcept {
+  return hardware_available() ? Crc32cImpl::kHardware : Crc32cImpl::kTable;
+}
+
+std::string_view crc32c_impl_name(Crc32cImpl impl) noexcept {
+  return impl == Crc32cImpl::kHardware ? "sse4.2" : "table";
+}
+
+bool crc32c_impl_available(Crc32cImpl impl) noexcept {
+  return impl == Crc32cImpl::kTable || hardware_available();
+}
+
+std::uint32_t crc32c_with(Crc32cImpl impl, std::span<const std::byte> data, std::uint32_t crc) {
+  if (!crc32c_impl_available(impl)) {
+    throw UsageError("crc32c: implementation " + std::string(crc32c_impl_name(impl)) +
+                     " is not available on this CPU or build");
+  }
+  return run(impl, data, crc);
+}
+
+}  // namespace zinf::swap

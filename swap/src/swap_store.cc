@@ -1,2 +1,772 @@
 // SPDX-License-Identifier: Apache-2.0
-// Placeholder: implemented on the swap branches.
+// SwapStore: the striped address space over one preallocated file per directory, the key ->
+// extents table, and the swap operations: validation and same-key conflict checks under the
+// store lock, then engine batches whose completions verify checksums and commit the key's new
+// state before the caller's ticket completes.
+#include "zinf/swap/swap_store.h"
+
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdio>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "engine_core.h"
+#include "range_allocator.h"
+#include "zinf/common/check.h"
+#include "zinf/common/error.h"
+#include "zinf/common/log.h"
+#include "zinf/swap/buffer_pool.h"
+#include "zinf/swap/crc32c.h"
+#include "zinf/swap/file.h"
+
+namespace zinf::swap {
+namespace {
+
+constexpr std::uint32_t kMinAlignment = 4096;
+// precondition() writes zeros from one buffer of this size, shared by all its requests (writes
+// only read it). 8 MiB: 8 engine pieces of the default 1 MiB block per request.
+constexpr std::uint64_t kPreconditionChunk = 8ull << 20;
+
+std::uint64_t round_up(std::uint64_t v, std::uint64_t to) { return (v + to - 1) / to * to; }
+
+std::string hex32(std::uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%08x", v);
+  return buf;
+}
+
+// Byte ranges [begin, end) as a sorted, merged list: which parts of a tensor hold swapped-out
+// data. Typical tensors are written whole, so this is one entry.
+class ByteRanges {
+ public:
+  void add(std::uint64_t begin, std::uint64_t end) {
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
+    out.reserve(ranges_.size() + 1);
+    bool placed = false;
+    for (auto r : ranges_) {
+      if (r.second < begin) {
+        out.push_back(r);
+      } else if (end < r.first) {
+        if (!placed) out.emplace_back(begin, end);
+        placed = true;
+        out.push_back(r);
+      } else {
+        begin = std::min(begin, r.first);
+        end = std::max(end, r.second);
+      }
+    }
+    if (!placed) out.emplace_back(begin, end);
+    ranges_ = std::move(out);
+  }
+  bool covers(std::uint64_t begin, std::uint64_t end) const {
+    for (auto r : ranges_) {
+      if (r.first <= begin && end <= r.second) return true;
+    }
+    return false;
+  }
+
+ private:
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges_;
+};
+
+// A run of the store's address space holding tensor bytes [tensor_offset, + length).
+struct Extent {
+  std::uint64_t tensor_offset = 0;
+  std::uint64_t address = 0;
+  std::uint64_t length = 0;
+};
+
+// A contiguous part of a transfer on one file.
+struct FilePiece {
+  std::uint32_t file = 0;
+  std::uint64_t file_offset = 0;
+  std::uint64_t length = 0;
+  std::uint64_t buffer_offset = 0;  // from the start of the transfer's buffer
+};
+
+struct InFlight {
+  std::uint64_t id = 0;
+  std::uint64_t begin = 0;
+  std::uint64_t end = 0;
+  bool write = false;
+};
+
+struct Tensor {
+  std::uint64_t bytes = 0;
+  std::uint64_t padded = 0;
+  std::vector<Extent> extents;
+  std::vector<std::uint32_t> crcs;  // per stripe unit of the tensor (checksums only)
+  ByteRanges written;               // padded tensor bytes that hold swapped-out data
+  std::vector<InFlight> in_flight;
+  std::optional<Status> lost;       // the failure of the last swap_out, until a whole rewrite
+};
+
+// RAII: removes the files created so far unless the store was completely set up.
+struct CreatedFiles {
+  std::vector<std::string> paths;
+  bool keep = false;
+  ~CreatedFiles() {
+    if (keep) return;
+    for (const auto& p : paths) ::unlink(p.c_str());
+  }
+};
+
+}  // namespace
+
+struct SwapStore::Impl {
+  Impl(const SwapStoreOptions& o, IoEngine& e) : options(o), engine(e) {}
+
+  struct Op;
+
+  SwapStoreOptions options;
+  IoEngine& engine;
+  std::uint32_t alignment = kMinAlignment;
+  std::uint32_t stripe = 0;
+  std::uint32_t file_count = 0;
+  std::uint64_t file_bytes = 0;
+  std::uint64_t capacity = 0;
+  std::string where;  // the directories, for errors that concern the whole store
+
+  std::vector<File> files;
+  std::vector<FileId> ids;
+  std::vector<std::string> paths;
+
+  mutable std::mutex mu;
+  std::condition_variable idle;
+  std::optional<detail::RangeAllocator> space;  // in alignment blocks; guarded by mu
+  std::unordered_map<std::string, Tensor> tensors;  // guarded by mu
+  std::uint64_t ops_in_flight = 0;                  // guarded by mu
+  std::uint64_t next_op_id = 1;                     // guarded by mu
+  bool any_swap_out = false;                        // guarded by mu
+  bool closed = false;                              // guarded by mu
+
+  std::atomic<std::uint64_t> swaps_out{0};
+  std::atomic<std::uint64_t> swaps_in{0};
+  std::atomic<std::uint64_t> bytes_out{0};
+  std::atomic<std::uint64_t> bytes_in{0};
+  std::atomic<std::uint64_t> checksum_failures{0};
+  std::atomic<std::uint64_t> failures{0};
+
+  void check_open() const {
+    if (closed) throw UsageError("SwapStore: used after close()");
+  }
+
+  Tensor& find(const std::string& key, const char* op) {
+    auto it = tensors.find(key);
+    if (it == tensors.end()) {
+      throw UsageError(std::string("SwapStore::") + op + ": unknown key '" + key + "'");
+    }
+    return it->second;
+  }
+
+  // Appends the file pieces of padded tensor bytes [begin, end) to `out`, buffer offsets
+  // counted from `buffer_base` (the tensor offset where the transfer's buffer starts). Pieces
+  // split at stripe boundaries and merge when they continue one another in one file and in
+  // the buffer (always, with a single file).
+  void map_range(const Tensor& t, std::uint64_t begin, std::uint64_t end, std::uint64_t buffer_base,
+                 std::vector<FilePiece>& out) const {
+    for (const Extent& e : t.extents) {
+      std::uint64_t lo = std::max(begin, e.tensor_offset);
+      const std::uint64_t hi = std::min(end, e.tensor_offset + e.length);
+      std::uint64_t address = e.address + (lo - e.tensor_offset);
+      while (lo < hi) {
+        const std::uint64_t slot = address / stripe;
+        const std::uint64_t within = address % stripe;
+        const std::uint64_t n = std::min(hi - lo, stripe - within);
+        FilePiece p{static_cast<std::uint32_t>(slot % file_count),
+                    slot / file_count * stripe + within, n, lo - buffer_base};
+        if (!out.empty()) {
+          FilePiece& prev = out.back();
+          if (prev.file == p.file && prev.file_offset + prev.length == p.file_offset &&
+              prev.buffer_offset + prev.length == p.buffer_offset) {
+            prev.length += n;
+            p.length = 0;
+          }
+        }
+        if (p.length > 0) out.push_back(p);
+        lo += n;
+        address += n;
+      }
+    }
+  }
+
+  // Checks a transfer's range and buffer under the rules of swap_store.h and returns the
+  // padded end of the range.
+  std::uint64_t check_range(const std::string& key, const Tensor& t, std::uint64_t offset,
+                            std::uint64_t length, const std::byte* data, std::size_t size,
+                            const char* op) const {
+    auto fail = [&](const std::string& why) {
+      throw UsageError(std::string("SwapStore::") + op + " of key '" + key + "' offset=" +
+                       std::to_string(offset) + " length=" + std::to_string(length) + ": " + why);
+    };
+    if (length == 0) fail("length is 0");
+    if (offset > t.bytes || length > t.bytes - offset) {
+      fail("range ends past the tensor's " + std::to_string(t.bytes) + " bytes");
+    }
+    const bool to_end = offset + length == t.bytes;
+    if (offset % alignment != 0) fail("offset is not a multiple of " + std::to_string(alignment));
+    if (!to_end && length % alignment != 0) {
+      fail("length is not a multiple of " + std::to_string(alignment) +
+           " and the range does not end at the tensor's end");
+    }
+    if (options.checksums) {
+      if (offset % stripe != 0 || (!to_end && (offset + length) % stripe != 0)) {
+        fail("with checksums a range must cover whole stripe units of " + std::to_string(stripe) +
+             " bytes (or end at the tensor's end)");
+      }
+    }
+    const std::uint64_t padded = round_up(length, alignment);
+    if (reinterpret_cast<std::uintptr_t>(data) % alignment != 0) {
+      fail("buffer is not aligned to " + std::to_string(alignment) + " bytes");
+    }
+    if (size < padded) {
+      fail("buffer of " + std::to_string(size) + " bytes is shorter than the padded length " +
+           std::to_string(padded));
+    }
+    return offset + padded;
+  }
+
+  IoTicket swap(const std::string& key, bool write, bool whole, std::uint64_t offset,
+                std::uint64_t length, std::byte* data, std::size_t size, IoCallback on_complete);
+
+  void commit(Op& op, const Status& status) noexcept;
+  Status close_files();
+};
+
+// One swap_out or swap_in. Shared by the submitting thread and the engine callbacks of its
+// batches; the last of them to finish (see arrive) commits the result and completes `ticket`.
+struct SwapStore::Impl::Op {
+  Impl* store = nullptr;
+  std::string key;
+  std::uint64_t id = 0;
+  bool write = false;
+  bool whole = false;
+  std::uint64_t begin = 0;  // padded tensor range
+  std::uint64_t end = 0;
+  std::byte* buffer = nullptr;
+  std::shared_ptr<detail::TicketState> ticket = std::make_shared<detail::TicketState>();
+  // Holds: one per batch, plus one for the submitter until it has submitted everything (and
+  // computed the checksums of a swap_out).
+  std::atomic<std::int64_t> pending{1};
+  std::vector<IoTicket> batches;
+  // Checksums: the first stripe unit of the range, the CRC per unit (a swap_out's computed
+  // ones, a swap_in's expected ones) and each unit's pieces (for error text).
+  std::uint64_t first_unit = 0;
+  std::vector<std::uint32_t> crcs;
+  std::vector<std::vector<FilePiece>> unit_pieces;
+
+  std::string what() const {
+    return std::string(write ? "swap_out" : "swap_in") + " of key '" + key + "'";
+  }
+  void arrive() noexcept;
+};
+
+void SwapStore::Impl::Op::arrive() noexcept {
+  if (pending.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  // Last one in: every batch has completed and the submitter is done with `batches`/`crcs`.
+  Status status;
+  {
+    std::lock_guard lock(ticket->mu);
+    status = ticket->status;
+  }
+  std::uint64_t moved = 0;
+  for (const IoTicket& t : batches) moved += t.bytes_done();
+  store->commit(*this, status);  // the store may be gone after this returns
+  ticket->bytes_done.store(moved, std::memory_order_relaxed);
+  ticket->complete();
+}
+
+// Commits a finished swap to the key's state and lets close() proceed once nothing is in
+// flight. Runs on an engine thread or the submitter; never throws (callers are noexcept).
+void SwapStore::Impl::commit(Op& op, const Status& status) noexcept {
+  const std::uint64_t bytes = op.end - op.begin;
+  if (status.ok()) {
+    (op.write ? swaps_out : swaps_in).fetch_add(1, std::memory_order_relaxed);
+    (op.write ? bytes_out : bytes_in).fetch_add(bytes, std::memory_order_relaxed);
+  } else {
+    failures.fetch_add(1, std::memory_order_relaxed);
+  }
+  std::lock_guard lock(mu);
+  auto it = tensors.find(op.key);
+  ZINF_CHECK(it != tensors.end(), "SwapStore: a key was released with a swap in flight");
+  Tensor& t = it->second;
+  std::erase_if(t.in_flight, [&](const InFlight& f) { return f.id == op.id; });
+  if (op.write) {
+    try {
+      if (status.ok()) {
+        t.written.add(op.begin, op.end);
+        if (options.checksums) {
+          std::copy(op.crcs.begin(), op.crcs.end(),
+                    t.crcs.begin() + static_cast<std::ptrdiff_t>(op.first_unit));
+        }
+        if (op.whole) t.lost.reset();
+      } else {
+        t.lost = status;
+      }
+    } catch (...) {
+      // Only ByteRanges::add can throw (bad_alloc): treat the key as lost rather than guess.
+      t.lost = Status::error(ErrorCode::kResource, "out of memory recording the swap_out")
+                   .with_operation(op.what());
+    }
+  }
+  if (--ops_in_flight == 0) idle.notify_all();
+}
+
+IoTicket SwapStore::Impl::swap(const std::string& key, bool write, bool whole,
+                               std::uint64_t offset, std::uint64_t length, std::byte* data,
+                               std::size_t size, IoCallback on_complete) {
+  const char* op_name = write ? (whole ? "swap_out" : "swap_out_range")
+                              : (whole ? "swap_in" : "swap_in_range");
+  auto op = std::make_shared<Op>();
+  op->store = this;
+  op->key = key;
+  op->write = write;
+  op->whole = whole;
+  op->buffer = data;
+  op->ticket->callback = std::move(on_complete);
+
+  // Phase 1, under the lock: validate, check same-key conflicts, register the swap, and cut
+  // the transfer into batches (one per stripe unit with checksums, so each unit is verified
+  // as soon as it lands; else one).
+  std::vector<std::vector<IoRequest>> batches;
+  {
+    std::lock_guard lock(mu);
+    check_open();
+    Tensor& t = find(key, op_name);
+    if (whole) length = t.bytes;
+    op->begin = offset;
+    op->end = check_range(key, t, offset, length, data, size, op_name);
+    for (const InFlight& f : t.in_flight) {
+      if ((write || f.write) && f.begin < op->end && op->begin < f.end) {
+        throw UsageError(std::string("SwapStore::") + op_name + " of key '" + key + "' bytes [" +
+                         std::to_string(op->begin) + ", " + std::to_string(op->end) +
+                         ") overlaps a " + (f.write ? "swap_out" : "swap_in") +
+                         " of that key still in flight");
+      }
+    }
+    if (!write) {
+      if (t.lost) throw EngineFailed(*t.lost);
+      if (!t.written.covers(op->begin, op->end)) {
+        throw UsageError(std::string("SwapStore::") + op_name + " of key '" + key + "' bytes [" +
+                         std::to_string(op->begin) + ", " + std::to_string(op->end) +
+                         ") were never swapped out");
+      }
+    }
+    auto to_requests = [&](const std::vector<FilePiece>& pieces) {
+      std::vector<IoRequest> reqs;
+      reqs.reserve(pieces.size());
+      for (const FilePiece& p : pieces) {
+        reqs.push_back(IoRequest{write ? IoOp::kWrite : IoOp::kRead, ids[p.file], p.file_offset,
+                                 std::span<std::byte>(data + p.buffer_offset, p.length)});
+      }
+      return reqs;
+    };
+    if (options.checksums) {
+      op->first_unit = op->begin / stripe;
+      for (std::uint64_t u = op->first_unit; u * stripe < op->end; ++u) {
+        std::vector<FilePiece> pieces;
+        map_range(t, u * stripe, std::min(op->end, (u + 1) * stripe), op->begin, pieces);
+        batches.push_back(to_requests(pieces));
+        op->unit_pieces.push_back(std::move(pieces));
+        if (!write) op->crcs.push_back(t.crcs[u]);
+      }
+    } else {
+      std::vector<FilePiece> pieces;
+      map_range(t, op->begin, op->end, op->begin, pieces);
+      batches.push_back(to_requests(pieces));
+    }
+    op->id = next_op_id++;
+    t.in_flight.push_back(InFlight{op->id, op->begin, op->end, write});
+    if (write) any_swap_out = true;
+    ++ops_in_flight;
+  }
+
+  // Phase 2, unlocked (a callback may run inline and take the lock): submit. A batch's
+  // callback records its failure, verifies a swap_in unit's CRC32C, and arrives.
+  op->pending.store(static_cast<std::int64_t>(batches.size()) + 1, std::memory_order_relaxed);
+  op->batches.reserve(batches.size());
+  std::size_t submitted = 0;
+  try {
+    for (std::size_t i = 0; i < batches.size(); ++i) {
+      op->batches.push_back(engine.submit(batches[i], [op, i](const Status& s) {
+        Op& o = *op;
+        if (!s.ok()) {
+          o.ticket->record_failure(Status(s).with_operation(o.what() + ": " + s.operation()));
+        } else if (!o.write && o.store->options.checksums) {
+          const auto& pieces = o.unit_pieces[i];
+          const std::uint64_t unit_offset = (o.first_unit + i) * o.store->stripe;
+          const std::uint64_t unit_length =
+              std::min(o.end, unit_offset + o.store->stripe) - unit_offset;
+          const std::uint32_t found = crc32c(
+              std::span<const std::byte>(o.buffer + (unit_offset - o.begin), unit_length));
+          if (found != o.crcs[i]) {
+            o.store->checksum_failures.fetch_add(1, std::memory_order_relaxed);
+            try {
+              std::string where_stored;
+              for (const FilePiece& p : pieces) {
+                where_stored += (where_stored.empty() ? "" : ", ") + o.store->paths[p.file] +
+                                " offset=" + std::to_string(p.file_offset) +
+                                " length=" + std::to_string(p.length);
+              }
+              const FilePiece& first = pieces.front();
+              o.ticket->record_failure(
+                  Status::error(ErrorCode::kCorrupt,
+                                "checksum mismatch in stripe unit " +
+                                    std::to_string(o.first_unit + i) + " (tensor offset " +
+                                    std::to_string(unit_offset) + " length " +
+                                    std::to_string(unit_length) + ", stored at " + where_stored +
+                                    "): crc32c written " + hex32(o.crcs[i]) + ", read " +
+                                    hex32(found))
+                      .with_operation(o.what())
+                      .with_path(o.store->paths[first.file])
+                      .with_range(first.file_offset, unit_length));
+            } catch (...) {
+              o.ticket->record_failure(Status::error(ErrorCode::kCorrupt, "checksum mismatch")
+                                           .with_operation("swap_in"));
+            }
+          }
+        }
+        o.arrive();
+      }));
+      ++submitted;
+    }
+  } catch (const std::exception& e) {
+    if (submitted == 0) {
+      // Nothing started: undo the registration and report to the caller directly.
+      std::lock_guard lock(mu);
+      Tensor& t = tensors.at(key);
+      std::erase_if(t.in_flight, [&](const InFlight& f) { return f.id == op->id; });
+      if (--ops_in_flight == 0) idle.notify_all();
+      throw;
+    }
+    // Some batches are running on the caller's buffer: the ticket must cover them, so the
+    // failure travels in it rather than as an exception that would let the buffer go.
+    op->ticket->record_failure(Status::error(ErrorCode::kIo, e.what()).with_operation(op->what()));
+    op->pending.fetch_sub(static_cast<std::int64_t>(batches.size() - submitted),
+                          std::memory_order_acq_rel);
+  }
+  if (write && options.checksums) {
+    // Overlaps the writes already in flight (they only read the buffer).
+    const std::uint64_t units = op->unit_pieces.size();
+    op->crcs.resize(units);
+    for (std::uint64_t i = 0; i < units; ++i) {
+      const std::uint64_t unit_offset = (op->first_unit + i) * stripe;
+      const std::uint64_t unit_length = std::min(op->end, unit_offset + stripe) - unit_offset;
+      op->crcs[i] = crc32c(std::span<const std::byte>(data + (unit_offset - op->begin), unit_length));
+    }
+  }
+  IoTicket ticket(op->ticket);
+  op->arrive();
+  return ticket;
+}
+
+Status SwapStore::Impl::close_files() {
+  Status first;
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    if (i < ids.size() && ids[i].valid()) {
+      try {
+        engine.detach(ids[i]);
+      } catch (const std::exception& e) {
+        if (first.ok()) {
+          first = Status::error(ErrorCode::kIo, e.what()).with_operation("detach").with_path(paths[i]);
+        }
+      }
+    }
+    Status s = files[i].close();
+    if (!s.ok() && first.ok()) first = s;
+    if (::unlink(paths[i].c_str()) != 0 && errno != ENOENT && first.ok()) {
+      first = Status::from_errno(errno, "remove swap file", paths[i]);
+    }
+  }
+  files.clear();
+  ids.clear();
+  return first;
+}
+
+SwapStore::SwapStore(const SwapStoreOptions& options, IoEngine& engine)
+    : impl_(std::make_unique<Impl>(options, engine)) {
+  Impl& s = *impl_;
+  const auto& dirs = options.directories;
+  if (dirs.empty()) throw UsageError("SwapStore: no directories given");
+  if (options.capacity_bytes == 0) throw UsageError("SwapStore: capacity_bytes is 0");
+  if (options.stripe_bytes == 0) throw UsageError("SwapStore: stripe_bytes is 0");
+  for (const auto& d : dirs) s.where += (s.where.empty() ? "" : ",") + d;
+
+  // Alignment before anything is created, so a bad stripe size fails cleanly.
+  s.alignment = kMinAlignment;
+  if (options.direct_io) {
+    for (const auto& d : dirs) s.alignment = std::max(s.alignment, probe_direct_io_alignment(d));
+  }
+  auto check_stripe = [&] {
+    if (options.stripe_bytes % s.alignment != 0) {
+      throw UsageError("SwapStore: stripe_bytes=" + std::to_string(options.stripe_bytes) +
+                       " is not a multiple of the alignment " + std::to_string(s.alignment));
+    }
+  };
+  check_stripe();
+  s.stripe = options.stripe_bytes;
+  s.file_count = static_cast<std::uint32_t>(dirs.size());
+  const std::uint64_t row = std::uint64_t{s.stripe} * s.file_count;
+  s.file_bytes = (options.capacity_bytes + row - 1) / row * s.stripe;
+  s.capacity = s.file_bytes * s.file_count;
+
+  // Free space, summed per file system: three directories on one drive need three files' room.
+  struct Fs {
+    std::string first_dir;
+    std::uint64_t needed = 0;
+    std::uint64_t free = 0;
+    std::size_t files = 0;
+  };
+  std::map<dev_t, Fs> filesystems;
+  for (const auto& d : dirs) {
+    struct statvfs vfs {};
+    struct stat st {};
+    if (::stat(d.c_str(), &st) != 0 || ::statvfs(d.c_str(), &vfs) != 0) {
+      throw IoError(Status::from_errno(errno, "create swap store (statvfs)", d));
+    }
+    if (!S_ISDIR(st.st_mode)) {
+      throw IoError(Status::from_errno(ENOTDIR, "create swap store", d));
+    }
+    Fs& fs = filesystems[st.st_dev];
+    if (fs.files == 0) {
+      fs.first_dir = d;
+      fs.free = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    }
+    fs.needed += s.file_bytes;
+    ++fs.files;
+  }
+  for (const auto& [dev, fs] : filesystems) {
+    if (fs.needed > fs.free) {
+      std::string what = fs.files == 1
+                             ? "its swap file"
+                             : std::to_string(fs.files) + " swap files (directories on one file system)";
+      throw IoError(Status::error(ErrorCode::kNoSpace,
+                                  "needs " + std::to_string(fs.needed) + " bytes for " + what +
+                                      " but only " + std::to_string(fs.free) + " bytes are free")
+                        .with_operation("create swap store")
+                        .with_path(fs.first_dir));
+    }
+  }
+
+  // Create, preallocate and attach. Files made so far are removed if a later step throws.
+  static std::atomic<std::uint64_t> store_seq{0};
+  const std::string stem = "zinf-swap-" + std::to_string(::getpid()) + "-" +
+                           std::to_string(store_seq.fetch_add(1)) + ".";
+  CreatedFiles created;
+  try {
+    for (std::size_t i = 0; i < dirs.size(); ++i) {
+      std::string path = dirs[i] + "/" + stem + std::to_string(i) + ".swp";
+      struct stat st {};
+      if (::stat(path.c_str(), &st) == 0) {
+        throw IoError(Status::from_errno(EEXIST, "create swap file", path));
+      }
+      created.paths.push_back(path);
+      s.files.push_back(File::open(path, FileOptions{.create = true,
+                                                     .truncate = true,
+                                                     .direct = options.direct_io,
+                                                     .preallocate_bytes = s.file_bytes}));
+      s.paths.push_back(path);
+      if (s.files.back().is_direct()) s.alignment = std::max(s.alignment, s.files.back().alignment());
+    }
+    check_stripe();
+    for (const File& f : s.files) s.ids.push_back(engine.attach(f));
+  } catch (...) {
+    for (FileId id : s.ids) engine.detach(id);
+    s.ids.clear();
+    s.files.clear();  // closes; `created` then removes them
+    throw;
+  }
+  created.keep = true;
+  s.space.emplace(s.capacity / s.alignment);
+}
+
+SwapStore::~SwapStore() {
+  Status st = close();
+  if (!st.ok()) log(LogLevel::kWarning, "SwapStore: " + st.to_string());
+}
+
+Status SwapStore::close() {
+  Impl& s = *impl_;
+  {
+    std::unique_lock lock(s.mu);
+    if (s.closed) return Status::ok_status();
+    s.closed = true;
+    s.idle.wait(lock, [&] { return s.ops_in_flight == 0; });
+  }
+  return s.close_files();
+}
+
+std::uint32_t SwapStore::alignment() const noexcept { return impl_->alignment; }
+std::uint64_t SwapStore::padded_size(std::uint64_t bytes) const noexcept {
+  return round_up(bytes, impl_->alignment);
+}
+std::uint32_t SwapStore::stripe_bytes() const noexcept { return impl_->stripe; }
+bool SwapStore::checksums() const noexcept { return impl_->options.checksums; }
+const std::vector<std::string>& SwapStore::file_paths() const noexcept { return impl_->paths; }
+std::uint64_t SwapStore::file_bytes() const noexcept { return impl_->file_bytes; }
+std::uint64_t SwapStore::capacity_bytes() const noexcept { return impl_->capacity; }
+
+std::uint64_t SwapStore::used_bytes() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->capacity - impl_->space->free_units() * impl_->alignment;
+}
+
+std::uint64_t SwapStore::free_bytes() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->space->free_units() * impl_->alignment;
+}
+
+SwapStoreStats SwapStore::stats() const {
+  const Impl& s = *impl_;
+  SwapStoreStats out;
+  out.swaps_out = s.swaps_out.load(std::memory_order_relaxed);
+  out.swaps_in = s.swaps_in.load(std::memory_order_relaxed);
+  out.bytes_out = s.bytes_out.load(std::memory_order_relaxed);
+  out.bytes_in = s.bytes_in.load(std::memory_order_relaxed);
+  out.checksum_failures = s.checksum_failures.load(std::memory_order_relaxed);
+  out.failures = s.failures.load(std::memory_order_relaxed);
+  return out;
+}
+
+void SwapStore::allocate(const std::string& key, std::uint64_t bytes) {
+  Impl& s = *impl_;
+  std::lock_guard lock(s.mu);
+  s.check_open();
+  if (bytes == 0) throw UsageError("SwapStore::allocate: key '" + key + "' of 0 bytes");
+  if (s.tensors.contains(key)) {
+    throw UsageError("SwapStore::allocate: key '" + key + "' is already allocated");
+  }
+  const std::uint64_t padded = round_up(bytes, s.alignment);
+  const std::uint64_t blocks = padded / s.alignment;
+  const std::uint64_t stripe_blocks = s.stripe / s.alignment;
+  Tensor t;
+  t.bytes = bytes;
+  t.padded = padded;
+  // One run where possible, starting on a stripe boundary for tensors of a stripe or more
+  // (their units then map 1:1 onto file stripes); else any run; else scattered runs.
+  std::optional<std::uint64_t> start;
+  if (padded >= s.stripe) start = s.space->allocate(blocks, stripe_blocks);
+  if (!start) start = s.space->allocate(blocks);
+  if (start) {
+    t.extents.push_back(Extent{0, *start * s.alignment, padded});
+  } else if (auto runs = s.space->allocate_scattered(blocks)) {
+    std::uint64_t at = 0;
+    for (const detail::UnitRange& r : *runs) {
+      t.extents.push_back(Extent{at, r.start * s.alignment, r.length * s.alignment});
+      at += r.length * s.alignment;
+    }
+  } else {
+    throw IoError(Status::error(ErrorCode::kNoSpace,
+                                "swap store is full: key '" + key + "' needs " +
+                                    std::to_string(bytes) + " bytes (" + std::to_string(padded) +
+                                    " padded), " +
+                                    std::to_string(s.space->free_units() * s.alignment) +
+                                    " bytes free of " + std::to_string(s.capacity))
+                      .with_operation("allocate")
+                      .with_path(s.where));
+  }
+  const std::vector<Extent> taken = t.extents;
+  try {
+    if (s.options.checksums) t.crcs.assign((padded + s.stripe - 1) / s.stripe, 0);
+    s.tensors.emplace(key, std::move(t));
+  } catch (...) {
+    for (const Extent& e : taken) s.space->free(e.address / s.alignment, e.length / s.alignment);
+    throw;
+  }
+}
+
+void SwapStore::release(const std::string& key) {
+  Impl& s = *impl_;
+  std::lock_guard lock(s.mu);
+  s.check_open();
+  Tensor& t = s.find(key, "release");
+  if (!t.in_flight.empty()) {
+    throw UsageError("SwapStore::release: key '" + key + "' has a swap in flight");
+  }
+  for (const Extent& e : t.extents) s.space->free(e.address / s.alignment, e.length / s.alignment);
+  s.tensors.erase(key);
+}
+
+bool SwapStore::contains(const std::string& key) const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->tensors.contains(key);
+}
+
+std::uint64_t SwapStore::size_of(const std::string& key) const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->find(key, "size_of").bytes;
+}
+
+IoTicket SwapStore::swap_out(const std::string& key, std::span<const std::byte> buffer,
+                             IoCallback on_complete) {
+  // Writes only read the buffer; the engine's request type is mutable for reads' sake.
+  return impl_->swap(key, true, true, 0, 0, const_cast<std::byte*>(buffer.data()), buffer.size(),
+                     std::move(on_complete));
+}
+
+IoTicket SwapStore::swap_in(const std::string& key, std::span<std::byte> buffer,
+                            IoCallback on_complete) {
+  return impl_->swap(key, false, true, 0, 0, buffer.data(), buffer.size(), std::move(on_complete));
+}
+
+IoTicket SwapStore::swap_out_range(const std::string& key, std::uint64_t offset,
+                                   std::uint64_t length, std::span<const std::byte> buffer,
+                                   IoCallback on_complete) {
+  return impl_->swap(key, true, false, offset, length, const_cast<std::byte*>(buffer.data()),
+                     buffer.size(), std::move(on_complete));
+}
+
+IoTicket SwapStore::swap_in_range(const std::string& key, std::uint64_t offset,
+                                  std::uint64_t length, std::span<std::byte> buffer,
+                                  IoCallback on_complete) {
+  return impl_->swap(key, false, false, offset, length, buffer.data(), buffer.size(),
+                     std::move(on_complete));
+}
+
+void SwapStore::precondition() {
+  Impl& s = *impl_;
+  {
+    std::lock_guard lock(s.mu);
+    s.check_open();
+    if (s.any_swap_out || s.ops_in_flight > 0) {
+      throw UsageError("SwapStore::precondition: must run before the first swap_out (it "
+                       "overwrites the files)");
+    }
+    // Counted as in flight so that close() waits for it.
+    ++s.ops_in_flight;
+  }
+  struct Done {
+    Impl& s;
+    ~Done() {
+      std::lock_guard lock(s.mu);
+      if (--s.ops_in_flight == 0) s.idle.notify_all();
+    }
+  } done{s};
+  const std::uint64_t chunk = std::min(kPreconditionChunk, s.file_bytes);
+  // Fresh anonymous memory is zero: no need to clear it.
+  BufferPool zeros(BufferPoolOptions{.budget_bytes = chunk, .alignment = s.alignment, .huge_pages = true});
+  BufferLease lease = zeros.acquire(chunk);
+  std::vector<IoRequest> reqs;
+  for (std::size_t f = 0; f < s.ids.size(); ++f) {
+    for (std::uint64_t off = 0; off < s.file_bytes; off += chunk) {
+      const std::uint64_t n = std::min(chunk, s.file_bytes - off);
+      reqs.push_back(IoRequest{IoOp::kWrite, s.ids[f], off, lease.span().first(n)});
+    }
+  }
+  s.engine.submit(reqs).wait();
+}
+
+}  // namespace zinf::swap

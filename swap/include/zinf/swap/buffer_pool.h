@@ -21,7 +21,14 @@ struct BufferPoolOptions {
   /// File::alignment() of the files it serves).
   std::uint32_t alignment = 4096;
   /// Ask for 2 MiB transparent huge pages (madvise); falls back quietly where refused.
+  /// Why: a 1 MiB transfer from 4 KiB pages spans 256 memory segments and the block layer
+  /// splits it in two (254-segment limit); from 2 MiB pages it goes whole, and reads run
+  /// 1.3-2.6x faster (shared/BENCHMARKS.md).
   bool huge_pages = true;
+  /// Touch every page of the arena at construction (MADV_POPULATE_WRITE, else a write per
+  /// page), so that the first I/O into a lease does not pay for page faults. Costs the time to
+  /// zero the whole budget up front, and makes the whole budget resident at once.
+  bool prefault = false;
 };
 
 /// A move-only lease on `size()` bytes of the pool; returns them on destruction.
@@ -50,6 +57,11 @@ class BufferLease {
   std::size_t size_ = 0;
 };
 
+/// Aligned host memory under a byte budget. The arena is one private anonymous mapping of the
+/// whole budget, aligned to 2 MiB (or `alignment` if larger); leases are carved from it first
+/// fit, in whole alignment blocks, and merged back when returned, so the budget can never be
+/// exceeded. Waiters are served in arrival order: a large request is not starved by a stream of
+/// small ones (a small request waits behind a large one that does not fit yet).
 /// Thread-safe. The pool must outlive its leases (ZINF_CHECK at destruction otherwise).
 class BufferPool {
  public:
@@ -60,10 +72,12 @@ class BufferPool {
   BufferPool(const BufferPool&) = delete;
   BufferPool& operator=(const BufferPool&) = delete;
 
-  /// Leases `bytes` rounded up to whole alignment blocks, blocking until that much is free.
-  /// Throws UsageError if the rounded size exceeds the whole budget (it could never be served).
+  /// Leases `bytes` rounded up to whole alignment blocks, blocking until that much is free as
+  /// one contiguous run and every earlier waiter has been served. The memory is not cleared.
+  /// Throws UsageError for zero bytes, or if the rounded size exceeds the whole budget (it
+  /// could never be served; the message names both numbers).
   BufferLease acquire(std::size_t bytes);
-  /// Like acquire but waits at most `timeout`; empty lease on timeout.
+  /// Like acquire but waits at most `timeout` (zero: does not wait); an empty lease on timeout.
   BufferLease try_acquire(std::size_t bytes, std::chrono::nanoseconds timeout = {});
 
   /// The arena, for IoEngine::register_buffers and pinned registration.
@@ -73,7 +87,10 @@ class BufferPool {
   /// Bytes leased now, and the most ever leased at once.
   std::uint64_t bytes_in_use() const noexcept;
   std::uint64_t peak_bytes_in_use() const noexcept;
-  /// True if the kernel accepted MADV_HUGEPAGE for the arena.
+  /// Callers blocked in acquire/try_acquire now (a stall indicator for stats and tests).
+  std::size_t waiting() const noexcept;
+  /// True if huge pages were asked for and the kernel accepted MADV_HUGEPAGE for the arena
+  /// (and transparent huge pages are not disabled system-wide).
   bool huge_pages() const noexcept;
 
  private:

@@ -1,0 +1,35 @@
+// SPDX-License-Identifier: Apache-2.0
+// CRC32C (Castagnoli): the checksum of swap-store stripe units and offload checkpoints. Uses
+// the SSE4.2 crc32 instruction where the CPU has it (chosen at run time), else a table.
+// Part of zinf::swap.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+namespace zinf::swap {
+
+/// Returns the CRC32C (polynomial 0x1EDC6F41, reflected, initial value and final xor
+/// 0xFFFFFFFF, as in iSCSI and ext4) of `data` following bytes whose CRC32C is `crc` (0 for
+/// none), so that crc32c(b, crc32c(a)) == crc32c(a + b). crc32c("123456789") == 0xE3069283.
+/// Thread-safe, never blocks; any alignment and length.
+std::uint32_t crc32c(std::span<const std::byte> data, std::uint32_t crc = 0) noexcept;
+
+/// The implementations of crc32c().
+enum class Crc32cImpl : std::uint8_t {
+  kHardware,  ///< SSE4.2 crc32, three interleaved streams (x86-64 with SSE4.2 only)
+  kTable,     ///< portable slicing-by-8 tables
+};
+
+/// Returns the implementation crc32c() uses on this CPU.
+Crc32cImpl crc32c_active_impl() noexcept;
+/// Returns "sse4.2" or "table".
+std::string_view crc32c_impl_name(Crc32cImpl impl) noexcept;
+/// Returns true if `impl` can run on this CPU and build.
+bool crc32c_impl_available(Crc32cImpl impl) noexcept;
+/// Returns crc32c(data, crc) computed by `impl`, for tests and benchmarks. Throws
+/// zinf::UsageError if `impl` is not available here.
+std::uint32_t crc32c_with(Crc32cImpl impl, std::span<const std::byte> data, std::uint32_t crc = 0);
+
+}  // namespace zinf::swap

@@ -1,0 +1,157 @@
+// SPDX-License-Identifier: Apache-2.0
+// SwapStore: tensors by key in a few large preallocated files, one per configured directory
+// (one per NVMe drive), striped so that bandwidth adds up over drives, with optional CRC32C
+// per stripe unit. Asynchronous swap_out/swap_in through a caller-given IoEngine. Part of
+// zinf::swap.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "zinf/common/status.h"
+#include "zinf/swap/io_engine.h"
+
+namespace zinf::swap {
+
+struct SwapStoreOptions {
+  /// One swap file is created in each directory (normally one per drive). The directories
+  /// must exist. Naming one directory twice gives it two files (and twice the bandwidth share).
+  std::vector<std::string> directories;
+  /// Bytes the store can hold in all, over all files; rounded up to whole stripe rows
+  /// (stripe_bytes x directories). Each file is capacity / directories, preallocated.
+  std::uint64_t capacity_bytes = 0;
+  /// Striping unit: consecutive stripe_bytes of the store's address space go to consecutive
+  /// files. A multiple of the store's alignment. 1 MiB: the transfer size at which the drives
+  /// here reach their bandwidth (shared/BENCHMARKS.md), and IoOptions::block_size's default.
+  std::uint32_t stripe_bytes = 1u << 20;
+  /// Keep a CRC32C per stripe unit of each tensor: computed on swap_out, verified when a
+  /// swap_in completes. Ranges must then cover whole stripe units (see swap_in_range).
+  bool checksums = false;
+  /// Open the files with O_DIRECT where the file system allows it (File falls back to
+  /// buffered I/O, with one notice, where it does not, e.g. tmpfs).
+  bool direct_io = true;
+};
+
+/// Counters since the store was made.
+struct SwapStoreStats {
+  std::uint64_t swaps_out = 0;
+  std::uint64_t swaps_in = 0;
+  std::uint64_t bytes_out = 0;         ///< bytes written by successful swap_outs (padded)
+  std::uint64_t bytes_in = 0;          ///< bytes read by successful swap_ins (padded)
+  std::uint64_t checksum_failures = 0; ///< stripe units whose CRC32C did not match on swap_in
+  std::uint64_t failures = 0;          ///< swaps that completed with an error
+};
+
+/// Maps tensor keys to extents of striped, preallocated swap files.
+///
+/// Layout. The store's address space is stripe_bytes-sized units dealt round-robin over the
+/// files: byte `a` lives in file (a / stripe) % N at offset (a / stripe / N) * stripe +
+/// a % stripe. A tensor gets one run of that space where one fits (starting on a stripe
+/// boundary if it is at least a stripe long), else several; so a tensor's consecutive stripe
+/// units go to consecutive files and a large swap keeps every drive busy.
+///
+/// Sizes and buffers. Any tensor size works: a tensor is stored padded to whole alignment()
+/// blocks (padded_size(bytes)). Buffers passed to swap_out/swap_in must start on an alignment()
+/// boundary and be at least the padded length of the transfer; exactly that many bytes move,
+/// so the padding bytes of a swap_out buffer are written (and read back by swap_in) as they are.
+/// The buffer must stay valid, and untouched for a swap_out, until its ticket completes.
+///
+/// Concurrency. Every member is thread-safe. Swaps of different keys may run concurrently
+/// without limit. For one key: swap_ins of any ranges may overlap each other; a swap_out may
+/// not overlap (in tensor bytes) any swap_in or swap_out of that key still in flight, and
+/// release() needs no swap of the key in flight: both are refused with UsageError at submit,
+/// so a race can never mix old and new bytes silently.
+///
+/// Failures. A swap's ticket fails with the first error: an IoError naming the key, the file,
+/// offset, length and errno (failed write/read), or kCorrupt (checksum mismatch: key, file,
+/// offset, length and both CRCs); its buffer is then not valid data. A failed swap_out leaves
+/// the key's stored bytes undefined: later swap_ins of the key throw EngineFailed quoting that
+/// failure until a whole-tensor swap_out succeeds. The store itself stays usable.
+///
+/// Lifetime. The engine must outlive the store. The destructor waits for swaps in flight,
+/// detaches and closes the files and removes them (the store is scratch space).
+class SwapStore {
+ public:
+  /// Checks that every directory has room for its file (statvfs, summed per file system),
+  /// then creates, preallocates and opens the files and attaches them to `engine`.
+  /// Throws: UsageError for bad options (no directories, zero capacity, stripe_bytes not a
+  /// multiple of the alignment); IoError kNoSpace naming the directory, bytes needed and bytes
+  /// free if one lacks room (before any file is created); IoError for a failed create, open
+  /// or preallocation (files already created are removed).
+  SwapStore(const SwapStoreOptions& options, IoEngine& engine);
+  ~SwapStore();
+  SwapStore(const SwapStore&) = delete;
+  SwapStore& operator=(const SwapStore&) = delete;
+
+  /// Returns the alignment of buffers, offsets and the padding unit: the largest direct-I/O
+  /// alignment of the files, at least 4096.
+  std::uint32_t alignment() const noexcept;
+  /// Returns `bytes` rounded up to whole alignment() blocks: the buffer size a whole-tensor
+  /// swap needs and the space the tensor takes.
+  std::uint64_t padded_size(std::uint64_t bytes) const noexcept;
+  std::uint32_t stripe_bytes() const noexcept;
+  bool checksums() const noexcept;
+
+  /// Reserves space for `key` of `bytes` (> 0) bytes. Non-blocking. Throws UsageError for a
+  /// duplicate key or zero bytes, and IoError kNoSpace naming the key, the bytes requested and
+  /// the bytes free when the store cannot hold it.
+  void allocate(const std::string& key, std::uint64_t bytes);
+  /// Frees `key`'s space. Throws UsageError for an unknown key or one with a swap in flight.
+  void release(const std::string& key);
+  bool contains(const std::string& key) const;
+  /// Returns the byte size `key` was allocated with; UsageError for an unknown key.
+  std::uint64_t size_of(const std::string& key) const;
+
+  /// Writes the whole tensor from `buffer` (aligned, at least padded_size(size_of(key)) bytes)
+  /// and returns at once. `on_complete`, if given, runs once on an engine thread (or on this
+  /// one) after the ticket has completed, as with IoEngine::submit. Throws UsageError for an
+  /// unknown key, a bad buffer or a same-key conflict, before anything is submitted.
+  IoTicket swap_out(const std::string& key, std::span<const std::byte> buffer,
+                    IoCallback on_complete = {});
+  /// Reads the whole tensor into `buffer` (as swap_out). Also throws UsageError if part of the
+  /// tensor was never swapped out, and EngineFailed if its last swap_out failed.
+  IoTicket swap_in(const std::string& key, std::span<std::byte> buffer,
+                   IoCallback on_complete = {});
+
+  /// Writes tensor bytes [offset, offset + length) from `buffer`. Rules: offset is a multiple
+  /// of alignment(); length > 0 and offset + length <= size_of(key); length is a multiple of
+  /// alignment() unless the range ends at the tensor's end (then the padding moves too);
+  /// buffer is aligned and at least padded_size(length) long. With checksums, offset and the
+  /// range's end must also fall on stripe_bytes boundaries of the tensor (or the end at the
+  /// tensor's end), so that every stripe unit touched is written whole. UsageError otherwise.
+  IoTicket swap_out_range(const std::string& key, std::uint64_t offset, std::uint64_t length,
+                          std::span<const std::byte> buffer, IoCallback on_complete = {});
+  /// Reads tensor bytes [offset, offset + length) into `buffer`, under swap_out_range's rules
+  /// (with checksums, whole stripe units so that each can be verified).
+  IoTicket swap_in_range(const std::string& key, std::uint64_t offset, std::uint64_t length,
+                         std::span<std::byte> buffer, IoCallback on_complete = {});
+
+  /// Writes every block of every file once (zeros), so that later swap_outs overwrite written
+  /// blocks rather than fill unwritten extents: ~5.6 GB/s vs ~3.1 here (shared/BENCHMARKS.md).
+  /// Blocks until done; throws IoError on failure. Call before the first swap_out (UsageError
+  /// afterwards, or while any swap is in flight): it destroys stored data.
+  void precondition();
+
+  /// The swap files, in stripe order (file i is in directories[i]).
+  const std::vector<std::string>& file_paths() const noexcept;
+  /// Bytes of each file.
+  std::uint64_t file_bytes() const noexcept;
+  /// Total capacity after rounding, bytes held by allocations (padded), and bytes free.
+  std::uint64_t capacity_bytes() const noexcept;
+  std::uint64_t used_bytes() const;
+  std::uint64_t free_bytes() const;
+  SwapStoreStats stats() const;
+
+  /// Waits for swaps in flight, detaches and closes the files and removes them, reporting the
+  /// first error. Later calls (other than close and the destructor) throw UsageError.
+  Status close();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zinf::swap
