@@ -162,8 +162,6 @@ double percentile(std::vector<double> v, double p) {
   return v[std::min(idx, v.size() - 1)];
 }
 
-double median(std::vector<double> v) { return percentile(std::move(v), 0.5); }
-
 std::string fs_type_name(const std::string& dir) {
   struct statfs s {};
   if (::statfs(dir.c_str(), &s) != 0) return "unknown";

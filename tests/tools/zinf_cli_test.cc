@@ -14,13 +14,13 @@
 
 namespace {
 
-struct Run {
+struct ToolRun {
   int status = -1;
   std::string out;  // stdout and stderr together
 };
 
-Run run(const std::string& args) {
-  Run r;
+ToolRun run_zinf(const std::string& args) {
+  ToolRun r;
   std::string cmd = std::string(ZINF_TOOL_PATH) + " " + args + " 2>&1";
   std::FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
@@ -33,19 +33,19 @@ Run run(const std::string& args) {
 }
 
 TEST(ZinfCli, NoArgumentsPrintsUsageAndExits2) {
-  Run r = run("");
+  ToolRun r = run_zinf("");
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.out.find("usage: zinf <command>"), std::string::npos) << r.out;
 }
 
 TEST(ZinfCli, UnknownCommandExits2) {
-  Run r = run("frobnicate");
+  ToolRun r = run_zinf("frobnicate");
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.out.find("zinf: unknown command 'frobnicate'"), std::string::npos) << r.out;
 }
 
 TEST(BenchIoCli, MissingDirectoryExits2WithOneLine) {
-  Run r = run("bench io --dir /nonexistent/zinf-nowhere");
+  ToolRun r = run_zinf("bench io --dir /nonexistent/zinf-nowhere");
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(r.out, "zinf bench io: error: directory does not exist: /nonexistent/zinf-nowhere\n");
 }
@@ -56,14 +56,14 @@ TEST(BenchIoCli, DirectoryThatIsAFileExits2) {
   std::FILE* fp = std::fopen(f.c_str(), "w");
   ASSERT_NE(fp, nullptr);
   std::fclose(fp);
-  Run r = run("bench io --dir " + f);
+  ToolRun r = run_zinf("bench io --dir " + f);
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(r.out, "zinf bench io: error: not a directory: " + f + "\n");
 }
 
 TEST(BenchIoCli, UnparseableSizeExits2) {
   zinf::test::TestDir dir;
-  Run r = run("bench io --dir " + dir.path() + " --size 12Q");
+  ToolRun r = run_zinf("bench io --dir " + dir.path() + " --size 12Q");
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(r.out,
             "zinf bench io: error: invalid --size '12Q': expected a size such as 4096, 512K, 1M, "
@@ -72,7 +72,7 @@ TEST(BenchIoCli, UnparseableSizeExits2) {
 
 TEST(BenchIoCli, UnalignedBlockSizeExits2) {
   zinf::test::TestDir dir;
-  Run r = run("bench io --dir " + dir.path() + " --block-size 1000");
+  ToolRun r = run_zinf("bench io --dir " + dir.path() + " --block-size 1000");
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(r.out,
             "zinf bench io: error: invalid --block-size 1000: must be a multiple of 4096 (the "
@@ -80,7 +80,7 @@ TEST(BenchIoCli, UnalignedBlockSizeExits2) {
 }
 
 TEST(BenchIoCli, UnknownOptionSuggests) {
-  Run r = run("bench io --queue-dept 4");
+  ToolRun r = run_zinf("bench io --queue-dept 4");
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(r.out,
             "zinf bench io: error: unknown option '--queue-dept' for 'bench io' (did you mean "
@@ -89,7 +89,7 @@ TEST(BenchIoCli, UnknownOptionSuggests) {
 
 TEST(BenchIoCli, BadEngineExits2) {
   zinf::test::TestDir dir;
-  Run r = run("bench io --dir " + dir.path() + " --engine spdk");
+  ToolRun r = run_zinf("bench io --dir " + dir.path() + " --engine spdk");
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.out.find("spdk"), std::string::npos) << r.out;
 }
@@ -98,7 +98,7 @@ TEST(BenchIoCli, SmallVerifiedRunOverTwoDirsPrintsJson) {
   zinf::test::TestDir dir;
   std::string a = dir.subdir("a"), b = dir.subdir("b");
   for (const char* engine : {"threads", "auto"}) {
-    Run r = run("bench io --dir " + a + " --dir " + b + " --size 16M --block-size 256K " +
+    ToolRun r = run_zinf("bench io --dir " + a + " --dir " + b + " --size 16M --block-size 256K " +
                 "--queue-depth 4 --loops 2 --json --engine " + engine);
     ASSERT_EQ(r.status, 0) << r.out;
     for (const char* key : {"\"op\":\"write\"", "\"op\":\"read\"", "\"engine\":", "\"bytes\":16777216",
