@@ -487,8 +487,9 @@ Status SwapStore::Impl::close_files() {
     }
     Status s = files[i].close();
     if (!s.ok() && first.ok()) first = s;
-    if (::unlink(paths[i].c_str()) != 0 && errno != ENOENT && first.ok()) {
-      first = Status::from_errno(errno, "remove swap file", paths[i]);
+    if (::unlink(paths[i].c_str()) != 0) {
+      const int err = errno;
+      if (err != ENOENT && first.ok()) first = Status::from_errno(err, "remove swap file", paths[i]);
     }
   }
   files.clear();
@@ -535,7 +536,8 @@ SwapStore::SwapStore(const SwapStoreOptions& options, IoEngine& engine)
     struct statvfs vfs {};
     struct stat st {};
     if (::stat(d.c_str(), &st) != 0 || ::statvfs(d.c_str(), &vfs) != 0) {
-      throw IoError(Status::from_errno(errno, "create swap store (statvfs)", d));
+      const int err = errno;
+      throw IoError(Status::from_errno(err, "create swap store (statvfs)", d));
     }
     if (!S_ISDIR(st.st_mode)) {
       throw IoError(Status::from_errno(ENOTDIR, "create swap store", d));
