@@ -156,17 +156,17 @@ struct SwapStore::Impl {
   bool any_swap_out = false;                        // guarded by mu
   bool closed = false;                              // guarded by mu
 
-  // Verifies swap_in checksums off the engine's threads (options.verify_threads > 0).
-  // Declared last of the members the work uses, so it is joined first on destruction; close()
-  // has already waited for every swap, so it is idle by then.
-  std::optional<boost::asio::thread_pool> verifier;
-
   std::atomic<std::uint64_t> swaps_out{0};
   std::atomic<std::uint64_t> swaps_in{0};
   std::atomic<std::uint64_t> bytes_out{0};
   std::atomic<std::uint64_t> bytes_in{0};
   std::atomic<std::uint64_t> checksum_failures{0};
   std::atomic<std::uint64_t> failures{0};
+
+  // Verifies swap_in checksums off the engine's threads (options.verify_threads > 0).
+  // Declared last, after everything its work touches, so it is joined first on destruction;
+  // close() has already waited for every swap, so it is idle by then.
+  std::optional<boost::asio::thread_pool> verifier;
 
   void check_open() const {
     if (closed) throw UsageError("SwapStore: used after close()");

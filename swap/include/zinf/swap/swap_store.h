@@ -78,7 +78,9 @@ struct SwapStoreStats {
 /// failure until a whole-tensor swap_out succeeds. The store itself stays usable.
 ///
 /// Lifetime. The engine must outlive the store. The destructor waits for swaps in flight,
-/// detaches and closes the files and removes them (the store is scratch space).
+/// detaches and closes the files and removes them (the store is scratch space). Do not close
+/// or destroy the store from a swap's on_complete callback (it may run on the store's own
+/// verify thread, which the destructor joins).
 class SwapStore {
  public:
   /// Checks that every directory has room for its file (statvfs, summed per file system),
