@@ -536,6 +536,23 @@ TEST_P(SwapStoreTest, WorksOnTmpfs) {
   std::filesystem::remove_all(base);
 }
 
+// direct_io = false: the path every file system without O_DIRECT takes.
+TEST_P(SwapStoreTest, BufferedFilesWork) {
+  SwapStoreOptions o = options(2, 2 << 20, /*checksums=*/true);
+  o.direct_io = false;
+  SwapStore store(o, *engine_);
+  EXPECT_EQ(store.alignment(), 4096u) << "buffers and padding stay 4096-aligned";
+  store.allocate("b", 3 * kStripe + 7);
+  EXPECT_EQ(round_trip(store, "b", 6, 1), "");
+  AlignedBuffer tail(4096);
+  fill_pattern(tail.span(), 6, 3 * kStripe, 2);
+  store.swap_out_range("b", 3 * kStripe, 7, tail.span()).wait();
+  AlignedBuffer in(store.padded_size(3 * kStripe + 7));
+  store.swap_in("b", in.span()).wait();
+  EXPECT_EQ(check_pattern(in.span().first(3 * kStripe), 6, 0, 1), "");
+  EXPECT_EQ(check_pattern(in.span().subspan(3 * kStripe), 6, 3 * kStripe, 2), "");
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, SwapStoreTest, ::testing::ValuesIn(test::all_backends()),
                          test::backend_param_name);
 
