@@ -23,6 +23,9 @@
 #include <utility>
 #include <vector>
 
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
+
 #include "engine_core.h"
 #include "range_allocator.h"
 #include "zinf/common/check.h"
@@ -160,6 +163,11 @@ struct SwapStore::Impl {
   std::atomic<std::uint64_t> checksum_failures{0};
   std::atomic<std::uint64_t> failures{0};
 
+  // Verifies swap_in checksums off the engine's threads (options.verify_threads > 0).
+  // Declared last, after everything its work touches, so it is joined first on destruction;
+  // close() has already waited for every swap, so it is idle by then.
+  std::optional<boost::asio::thread_pool> verifier;
+
   void check_open() const {
     if (closed) throw UsageError("SwapStore: used after close()");
   }
@@ -271,8 +279,41 @@ struct SwapStore::Impl::Op {
   std::string what() const {
     return std::string(write ? "swap_out" : "swap_in") + " of key '" + key + "'";
   }
+  // Checks unit i of a swap_in against its stored CRC32C; records kCorrupt on a mismatch.
+  void verify_unit(std::size_t i) noexcept;
   void arrive() noexcept;
 };
+
+void SwapStore::Impl::Op::verify_unit(std::size_t i) noexcept {
+  const std::uint64_t unit_offset = (first_unit + i) * store->stripe;
+  const std::uint64_t unit_length = std::min(end, unit_offset + store->stripe) - unit_offset;
+  const std::uint32_t found =
+      crc32c(std::span<const std::byte>(buffer + (unit_offset - begin), unit_length));
+  if (found == crcs[i]) return;
+  store->checksum_failures.fetch_add(1, std::memory_order_relaxed);
+  try {
+    const auto& pieces = unit_pieces[i];
+    std::string where_stored;
+    for (const FilePiece& p : pieces) {
+      where_stored += (where_stored.empty() ? "" : ", ") + store->paths[p.file] +
+                      " offset=" + std::to_string(p.file_offset) +
+                      " length=" + std::to_string(p.length);
+    }
+    const FilePiece& first = pieces.front();
+    ticket->record_failure(
+        Status::error(ErrorCode::kCorrupt,
+                      "checksum mismatch in stripe unit " + std::to_string(first_unit + i) +
+                          " (tensor offset " + std::to_string(unit_offset) + " length " +
+                          std::to_string(unit_length) + ", stored at " + where_stored +
+                          "): crc32c written " + hex32(crcs[i]) + ", read " + hex32(found))
+            .with_operation(what())
+            .with_path(store->paths[first.file])
+            .with_range(first.file_offset, unit_length));
+  } catch (...) {
+    // Building the text failed (out of memory): the failure itself must still be recorded.
+    ticket->record_failure(Status::error(ErrorCode::kCorrupt, "checksum mismatch"));
+  }
+}
 
 void SwapStore::Impl::Op::arrive() noexcept {
   if (pending.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
@@ -406,38 +447,18 @@ IoTicket SwapStore::Impl::swap(const std::string& key, bool write, bool whole,
         if (!s.ok()) {
           o.ticket->record_failure(Status(s).with_operation(o.what() + ": " + s.operation()));
         } else if (!o.write && o.store->options.checksums) {
-          const auto& pieces = o.unit_pieces[i];
-          const std::uint64_t unit_offset = (o.first_unit + i) * o.store->stripe;
-          const std::uint64_t unit_length =
-              std::min(o.end, unit_offset + o.store->stripe) - unit_offset;
-          const std::uint32_t found = crc32c(
-              std::span<const std::byte>(o.buffer + (unit_offset - o.begin), unit_length));
-          if (found != o.crcs[i]) {
-            o.store->checksum_failures.fetch_add(1, std::memory_order_relaxed);
+          if (o.store->verifier) {
             try {
-              std::string where_stored;
-              for (const FilePiece& p : pieces) {
-                where_stored += (where_stored.empty() ? "" : ", ") + o.store->paths[p.file] +
-                                " offset=" + std::to_string(p.file_offset) +
-                                " length=" + std::to_string(p.length);
-              }
-              const FilePiece& first = pieces.front();
-              o.ticket->record_failure(
-                  Status::error(ErrorCode::kCorrupt,
-                                "checksum mismatch in stripe unit " +
-                                    std::to_string(o.first_unit + i) + " (tensor offset " +
-                                    std::to_string(unit_offset) + " length " +
-                                    std::to_string(unit_length) + ", stored at " + where_stored +
-                                    "): crc32c written " + hex32(o.crcs[i]) + ", read " +
-                                    hex32(found))
-                      .with_operation(o.what())
-                      .with_path(o.store->paths[first.file])
-                      .with_range(first.file_offset, unit_length));
+              boost::asio::post(*o.store->verifier, [op, i] {
+                op->verify_unit(i);
+                op->arrive();
+              });
+              return;
             } catch (...) {
-              o.ticket->record_failure(Status::error(ErrorCode::kCorrupt, "checksum mismatch")
-                                           .with_operation("swap_in"));
+              // Could not queue (out of memory): verify here rather than skip it.
             }
           }
+          o.verify_unit(i);
         }
         o.arrive();
       }));
@@ -487,8 +508,9 @@ Status SwapStore::Impl::close_files() {
     }
     Status s = files[i].close();
     if (!s.ok() && first.ok()) first = s;
-    if (::unlink(paths[i].c_str()) != 0 && errno != ENOENT && first.ok()) {
-      first = Status::from_errno(errno, "remove swap file", paths[i]);
+    if (::unlink(paths[i].c_str()) != 0) {
+      const int err = errno;
+      if (err != ENOENT && first.ok()) first = Status::from_errno(err, "remove swap file", paths[i]);
     }
   }
   files.clear();
@@ -535,7 +557,8 @@ SwapStore::SwapStore(const SwapStoreOptions& options, IoEngine& engine)
     struct statvfs vfs {};
     struct stat st {};
     if (::stat(d.c_str(), &st) != 0 || ::statvfs(d.c_str(), &vfs) != 0) {
-      throw IoError(Status::from_errno(errno, "create swap store (statvfs)", d));
+      const int err = errno;
+      throw IoError(Status::from_errno(err, "create swap store (statvfs)", d));
     }
     if (!S_ISDIR(st.st_mode)) {
       throw IoError(Status::from_errno(ENOTDIR, "create swap store", d));
@@ -591,6 +614,7 @@ SwapStore::SwapStore(const SwapStoreOptions& options, IoEngine& engine)
   }
   created.keep = true;
   s.space.emplace(s.capacity / s.alignment);
+  if (options.checksums && options.verify_threads > 0) s.verifier.emplace(options.verify_threads);
 }
 
 SwapStore::~SwapStore() {

@@ -44,7 +44,12 @@ TEST(Crc32c, KnownVectors) {
 }
 
 TEST(Crc32c, DefaultUsesHardwareWhereAvailable) {
-  if (__builtin_cpu_supports("sse4.2")) {
+#if defined(__x86_64__) || defined(__i386__)
+  const bool cpu_has_sse42 = __builtin_cpu_supports("sse4.2");
+#else
+  const bool cpu_has_sse42 = false;
+#endif
+  if (cpu_has_sse42) {
     EXPECT_EQ(crc32c_active_impl(), Crc32cImpl::kHardware);
   } else {
     EXPECT_EQ(crc32c_active_impl(), Crc32cImpl::kTable);

@@ -285,54 +285,60 @@ TEST_P(SwapStoreTest, ManyConcurrentTensors) {
   EXPECT_EQ(store.stats().swaps_in, kTensors);
 }
 
+// Verified on the engine's completion thread (verify_threads 0) and on the store's own.
 TEST_P(SwapStoreTest, ChecksumsCatchCorruptionPlantedInAFile) {
-  SwapStore store(options(3, 3 << 20, /*checksums=*/true), *engine_);
-  const std::uint64_t bytes = 4 * kStripe;
-  store.allocate("w", bytes);
-  AlignedBuffer out(bytes);
-  fill_pattern(out.span(), 5, 0, 1);
-  store.swap_out("w", out.span()).wait();
+  for (std::uint32_t verify_threads : {0u, 2u}) {
+    SCOPED_TRACE("verify_threads " + std::to_string(verify_threads));
+    SwapStoreOptions o = options(3, 3 << 20, /*checksums=*/true);
+    o.verify_threads = verify_threads;
+    SwapStore store(o, *engine_);
+    const std::uint64_t bytes = 4 * kStripe;
+    store.allocate("w", bytes);
+    AlignedBuffer out(bytes);
+    fill_pattern(out.span(), 5, 0, 1);
+    store.swap_out("w", out.span()).wait();
 
-  // Unit 1 lives at offset 0 of file 1. Flip 8 bytes in its middle, behind zinf's back.
-  const std::string& victim = store.file_paths()[1];
-  {
-    int fd = ::open(victim.c_str(), O_WRONLY | O_CLOEXEC);
-    ASSERT_GE(fd, 0);
-    const char garbage[8] = {'g', 'a', 'r', 'b', 'a', 'g', 'e', '!'};
-    ASSERT_EQ(::pwrite(fd, garbage, 8, 1000), 8);
-    ASSERT_EQ(::fsync(fd), 0);
-    ::close(fd);
-  }
-  std::vector<std::byte> corrupted(out.data() + kStripe, out.data() + 2 * kStripe);
-  std::memcpy(corrupted.data() + 1000, "garbage!", 8);
-  char expected_crcs[64];
-  std::snprintf(expected_crcs, sizeof expected_crcs, "crc32c written 0x%08x, read 0x%08x",
-                crc32c(out.span().subspan(kStripe, kStripe)), crc32c(corrupted));
+    // Unit 1 lives at offset 0 of file 1. Flip 8 bytes in its middle, behind zinf's back.
+    const std::string& victim = store.file_paths()[1];
+    {
+      int fd = ::open(victim.c_str(), O_WRONLY | O_CLOEXEC);
+      ASSERT_GE(fd, 0);
+      const char garbage[8] = {'g', 'a', 'r', 'b', 'a', 'g', 'e', '!'};
+      ASSERT_EQ(::pwrite(fd, garbage, 8, 1000), 8);
+      ASSERT_EQ(::fsync(fd), 0);
+      ::close(fd);
+    }
+    std::vector<std::byte> corrupted(out.data() + kStripe, out.data() + 2 * kStripe);
+    std::memcpy(corrupted.data() + 1000, "garbage!", 8);
+    char expected_crcs[64];
+    std::snprintf(expected_crcs, sizeof expected_crcs, "crc32c written 0x%08x, read 0x%08x",
+                  crc32c(out.span().subspan(kStripe, kStripe)), crc32c(corrupted));
 
-  AlignedBuffer in(bytes);
-  try {
+    AlignedBuffer in(bytes);
+    try {
+      store.swap_in("w", in.span()).wait();
+      FAIL() << "corruption not detected";
+    } catch (const IoError& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kCorrupt);
+      EXPECT_EQ(std::string(e.what()),
+                "swap_in of key 'w' failed: " + victim + " offset=0 length=65536: checksum mismatch "
+                "in stripe unit 1 (tensor offset 65536 length 65536, stored at " + victim +
+                " offset=0 length=65536): " + expected_crcs);
+    }
+    EXPECT_EQ(store.stats().checksum_failures, 1u);
+    EXPECT_EQ(store.stats().failures, 1u);
+
+    // Units the garbage did not touch still read and verify; a range over unit 1 still fails.
+    AlignedBuffer unit0(kStripe);
+    store.swap_in_range("w", 0, kStripe, unit0.span()).wait();
+    EXPECT_EQ(check_pattern(unit0.span(), 5, 0, 1), "");
+    EXPECT_THROW(store.swap_in_range("w", kStripe, kStripe, unit0.span()).wait(), IoError);
+
+    // Rewriting the tensor heals it.
+    store.swap_out("w", out.span()).wait();
     store.swap_in("w", in.span()).wait();
-    FAIL() << "corruption not detected";
-  } catch (const IoError& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kCorrupt);
-    EXPECT_EQ(std::string(e.what()),
-              "swap_in of key 'w' failed: " + victim + " offset=0 length=65536: checksum mismatch "
-              "in stripe unit 1 (tensor offset 65536 length 65536, stored at " + victim +
-              " offset=0 length=65536): " + expected_crcs);
+    EXPECT_EQ(check_pattern(in.span(), 5, 0, 1), "");
   }
-  EXPECT_EQ(store.stats().checksum_failures, 1u);
-  EXPECT_EQ(store.stats().failures, 1u);
-
-  // Units the garbage did not touch still read and verify; a range over unit 1 still fails.
-  AlignedBuffer unit0(kStripe);
-  store.swap_in_range("w", 0, kStripe, unit0.span()).wait();
-  EXPECT_EQ(check_pattern(unit0.span(), 5, 0, 1), "");
-  EXPECT_THROW(store.swap_in_range("w", kStripe, kStripe, unit0.span()).wait(), IoError);
-
-  // Rewriting the tensor heals it.
-  store.swap_out("w", out.span()).wait();
-  store.swap_in("w", in.span()).wait();
-  EXPECT_EQ(check_pattern(in.span(), 5, 0, 1), "");
 }
 
 TEST_P(SwapStoreTest, FreeSpaceCheckedAtCreationBeforeCreatingAnything) {
@@ -528,6 +534,23 @@ TEST_P(SwapStoreTest, WorksOnTmpfs) {
     EXPECT_EQ(round_trip(store, "t", 2, 1), "");
   }
   std::filesystem::remove_all(base);
+}
+
+// direct_io = false: the path every file system without O_DIRECT takes.
+TEST_P(SwapStoreTest, BufferedFilesWork) {
+  SwapStoreOptions o = options(2, 2 << 20, /*checksums=*/true);
+  o.direct_io = false;
+  SwapStore store(o, *engine_);
+  EXPECT_EQ(store.alignment(), 4096u) << "buffers and padding stay 4096-aligned";
+  store.allocate("b", 3 * kStripe + 7);
+  EXPECT_EQ(round_trip(store, "b", 6, 1), "");
+  AlignedBuffer tail(4096);
+  fill_pattern(tail.span(), 6, 3 * kStripe, 2);
+  store.swap_out_range("b", 3 * kStripe, 7, tail.span()).wait();
+  AlignedBuffer in(store.padded_size(3 * kStripe + 7));
+  store.swap_in("b", in.span()).wait();
+  EXPECT_EQ(check_pattern(in.span().first(3 * kStripe), 6, 0, 1), "");
+  EXPECT_EQ(check_pattern(in.span().subspan(3 * kStripe), 6, 3 * kStripe, 2), "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, SwapStoreTest, ::testing::ValuesIn(test::all_backends()),

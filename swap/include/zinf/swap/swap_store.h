@@ -30,6 +30,12 @@ struct SwapStoreOptions {
   /// Keep a CRC32C per stripe unit of each tensor: computed on swap_out, verified when a
   /// swap_in completes. Ranges must then cover whole stripe units (see swap_in_range).
   bool checksums = false;
+  /// Threads that verify swap_in checksums (0: on the engine's completion thread). Off the
+  /// engine's thread, verification overlaps the reads still in flight; on it, it delays their
+  /// reaping. Measured on the build VM (1 GiB swap_in, uring qd 16, huge-page buffers, median
+  /// of 4 alternating rounds): 3.1 GB/s verifying on the engine's thread, 4.0 with 2 verify
+  /// threads, 4.4 without checksums. One thread checks ~12 GB/s (SSE4.2 CRC32C).
+  std::uint32_t verify_threads = 2;
   /// Open the files with O_DIRECT where the file system allows it (File falls back to
   /// buffered I/O, with one notice, where it does not, e.g. tmpfs).
   bool direct_io = true;
@@ -72,7 +78,9 @@ struct SwapStoreStats {
 /// failure until a whole-tensor swap_out succeeds. The store itself stays usable.
 ///
 /// Lifetime. The engine must outlive the store. The destructor waits for swaps in flight,
-/// detaches and closes the files and removes them (the store is scratch space).
+/// detaches and closes the files and removes them (the store is scratch space). Do not close
+/// or destroy the store from a swap's on_complete callback (it may run on the store's own
+/// verify thread, which the destructor joins).
 class SwapStore {
  public:
   /// Checks that every directory has room for its file (statvfs, summed per file system),
