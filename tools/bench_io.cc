@@ -386,6 +386,7 @@ int bench_io_main(const std::vector<std::string>& tokens) {
   po.budget_bytes = std::uint64_t{cfg.queue_depth} * cfg.block_size;
   po.alignment = alignment;
   po.huge_pages = cfg.huge_pages;
+  po.prefault = true;  // fault the pages in now, not during the first timed pass
   swap::BufferPool pool(po);
   std::span<std::byte> arena = pool.arena();
   bool registered = engine->register_buffers(std::span<const std::span<std::byte>>(&arena, 1));
