@@ -1,0 +1,16 @@
+// SPDX-License-Identifier: Apache-2.0
+// The reference the issue names for single-thread speed: a plain Adam loop, compiled alone
+// with -O3 -march=native (bench only; product code never uses -march=native).
+#pragma once
+
+#include <cstddef>
+
+namespace zinf::bench {
+
+/// One Adam step (PyTorch semantics, no weight decay) over n fp32 elements, written the
+/// obvious way and left to the compiler.
+void native_adam_loop(float* p, float* m, float* v, const float* g, std::size_t n, float lr,
+                      float beta1, float beta2, float eps, float bias_correction1,
+                      float bias_correction2);
+
+}  // namespace zinf::bench
