@@ -15,6 +15,10 @@
 #include "zinf/common/log.h"
 #include "zinf/offload/stream_rmw.h"
 
+#if ZINF_CPU_ADAM_X86
+#include <cpuid.h>
+#endif
+
 namespace zinf::offload {
 namespace {
 
@@ -25,20 +29,41 @@ using detail::KernelFn;
 
 constexpr Isa kAllIsas[] = {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2, Isa::kScalar};
 
-// What this CPU and OS support, read once. __builtin_cpu_supports also checks, through
-// xgetbv, that the OS saves the ymm/zmm state, so a kernel with AVX disabled is refused.
+// What this CPU and OS support, read once with cpuid. An instruction set counts only if the
+// OS also saves its registers on a context switch (XCR0 via xgetbv): ymm state for AVX2,
+// opmask and zmm state for AVX-512. Plain cpuid rather than __builtin_cpu_supports, whose
+// feature names differ between GCC and Clang (Clang 14 has no "f16c").
 struct CpuFeatures {
   bool avx2 = false;
   bool avx512 = false;
   bool avx512bf16 = false;
   CpuFeatures() {
 #if ZINF_CPU_ADAM_X86
-    __builtin_cpu_init();
-    avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
-    avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-    avx512bf16 = avx512 && __builtin_cpu_supports("avx512bf16");
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_max(0, nullptr) < 7) return;
+    __cpuid_count(1, 0, a, b, c, d);
+    const bool fma = (c & (1u << 12)) != 0;
+    const bool osxsave = (c & (1u << 27)) != 0;
+    const bool avx = (c & (1u << 28)) != 0;
+    const bool f16c = (c & (1u << 29)) != 0;
+    if (!osxsave || !avx) return;
+    unsigned xcr0_lo = 0, xcr0_hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    const bool os_ymm = (xcr0_lo & 0x6u) == 0x6u;    // SSE and AVX state
+    const bool os_zmm = (xcr0_lo & 0xe6u) == 0xe6u;  // plus opmask, ZMM_Hi256, Hi16_ZMM
+    __cpuid_count(7, 0, a, b, c, d);
+    const unsigned max_leaf7 = a;
+    const bool avx2_bit = (b & (1u << 5)) != 0;
+    const bool f = (b & (1u << 16)) != 0, dq = (b & (1u << 17)) != 0;
+    const bool bw = (b & (1u << 30)) != 0, vl = (b & (1u << 31)) != 0;
+    bool bf16 = false;
+    if (max_leaf7 >= 1) {
+      __cpuid_count(7, 1, a, b, c, d);
+      bf16 = (a & (1u << 5)) != 0;
+    }
+    avx2 = os_ymm && avx2_bit && fma && f16c;
+    avx512 = avx2 && os_zmm && f && dq && bw && vl;
+    avx512bf16 = avx512 && bf16;
 #endif
   }
 };
