@@ -132,7 +132,10 @@ int bench_adam_main(const std::vector<std::string>& tokens) {
   const bool json = args.flag("json");
   args.finish();
 
-  if (numel == 0) throw UsageError("--numel must be at least 1");
+  // 2^36 elements is ~2 TB of state: far beyond any host, and keeps every byte count in range.
+  if (numel == 0 || numel > (std::uint64_t{1} << 36)) {
+    throw UsageError("--numel " + std::to_string(numel) + " is out of range [1, 2^36]");
+  }
   if (steps == 0) throw UsageError("--steps must be at least 1");
   std::optional<DType> copy_dtype;
   if (copy_text != "none") {
