@@ -187,13 +187,21 @@ RefResult reference(const AdamParams& hp, double p, double g, double m, double v
   return {p1, m1, v1, kRel * (std::fabs(p) + u_mag), kRel * m_mag, kRel * v_mag};
 }
 
-std::vector<Isa> machine_isas() { return supported_isas(); }
+constexpr Isa kAllIsas[] = {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2, Isa::kScalar};
 
 std::string isa_param_name(const testing::TestParamInfo<Isa>& info) {
   return std::string(isa_name(info.param));
 }
 
-class CpuAdamIsa : public testing::TestWithParam<Isa> {};
+// Every path is instantiated; one this machine lacks is skipped with the reason, not hidden.
+class CpuAdamIsa : public testing::TestWithParam<Isa> {
+ protected:
+  void SetUp() override {
+    if (!isa_supported(GetParam())) {
+      GTEST_SKIP() << isa_name(GetParam()) << " is not supported by this CPU/OS or build";
+    }
+  }
+};
 
 AdamParams typical(AdamMode mode, double wd, bool bc) {
   AdamParams hp;
@@ -422,7 +430,7 @@ TEST_P(CpuAdamIsa, WidensEveryLowPrecisionGradientExactly) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(MachineIsas, CpuAdamIsa, testing::ValuesIn(machine_isas()),
+INSTANTIATE_TEST_SUITE_P(EveryIsa, CpuAdamIsa, testing::ValuesIn(kAllIsas),
                          isa_param_name);
 
 // ---------------------------------------------------------------------------------------------
