@@ -1,2 +1,359 @@
 // SPDX-License-Identifier: Apache-2.0
-// Placeholder: implemented on the adam branch.
+// CpuAdam and StreamRmw: argument checks, the per-call constants (beta powers in double), the
+// run-time choice of kernel (cpuid once at load, overridable by option or ZINF_CPU_ADAM_ISA),
+// and the hand-off of fixed chunks to the pool.
+#include "zinf/offload/cpu_adam.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "chunk_pool.h"
+#include "cpu_adam_kernel.h"
+#include "zinf/common/error.h"
+#include "zinf/common/log.h"
+#include "zinf/offload/stream_rmw.h"
+
+#if ZINF_CPU_ADAM_X86
+#include <cpuid.h>
+#endif
+
+namespace zinf::offload {
+namespace {
+
+using detail::ChunkPool;
+using detail::ElemType;
+using detail::KernelArgs;
+using detail::KernelFn;
+
+constexpr Isa kAllIsas[] = {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2, Isa::kScalar};
+
+// What this CPU and OS support, read once with cpuid. An instruction set counts only if the
+// OS also saves its registers on a context switch (XCR0 via xgetbv): ymm state for AVX2,
+// opmask and zmm state for AVX-512. Plain cpuid rather than __builtin_cpu_supports, whose
+// feature names differ between GCC and Clang (Clang 14 has no "f16c").
+struct CpuFeatures {
+  bool avx2 = false;
+  bool avx512 = false;
+  bool avx512bf16 = false;
+  CpuFeatures() {
+#if ZINF_CPU_ADAM_X86
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_max(0, nullptr) < 7) return;
+    __cpuid_count(1, 0, a, b, c, d);
+    const bool fma = (c & (1u << 12)) != 0;
+    const bool osxsave = (c & (1u << 27)) != 0;
+    const bool avx = (c & (1u << 28)) != 0;
+    const bool f16c = (c & (1u << 29)) != 0;
+    if (!osxsave || !avx) return;
+    unsigned xcr0_lo = 0, xcr0_hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    const bool os_ymm = (xcr0_lo & 0x6u) == 0x6u;    // SSE and AVX state
+    const bool os_zmm = (xcr0_lo & 0xe6u) == 0xe6u;  // plus opmask, ZMM_Hi256, Hi16_ZMM
+    __cpuid_count(7, 0, a, b, c, d);
+    const unsigned max_leaf7 = a;
+    const bool avx2_bit = (b & (1u << 5)) != 0;
+    const bool f = (b & (1u << 16)) != 0, dq = (b & (1u << 17)) != 0;
+    const bool bw = (b & (1u << 30)) != 0, vl = (b & (1u << 31)) != 0;
+    bool bf16 = false;
+    if (max_leaf7 >= 1) {
+      __cpuid_count(7, 1, a, b, c, d);
+      bf16 = (a & (1u << 5)) != 0;
+    }
+    avx2 = os_ymm && avx2_bit && fma && f16c;
+    avx512 = avx2 && os_zmm && f && dq && bw && vl;
+    avx512bf16 = avx512 && bf16;
+#endif
+  }
+};
+
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures features;
+  return features;
+}
+
+// Read when the library loads, as the issue asks; cpu_features() stays safe to call earlier.
+[[maybe_unused]] const CpuFeatures& g_features_at_load = cpu_features();
+
+KernelFn kernel_for(Isa isa) {
+  switch (isa) {
+#if ZINF_CPU_ADAM_X86
+    case Isa::kAvx512Bf16: return detail::adam_kernel_avx512bf16;
+    case Isa::kAvx512: return detail::adam_kernel_avx512;
+    case Isa::kAvx2: return detail::adam_kernel_avx2;
+#else
+    case Isa::kAvx512Bf16:
+    case Isa::kAvx512:
+    case Isa::kAvx2: break;
+#endif
+    case Isa::kScalar: return detail::adam_kernel_scalar;
+  }
+  return nullptr;
+}
+
+std::string supported_list() {
+  std::string s;
+  for (Isa isa : supported_isas()) {
+    if (!s.empty()) s += ", ";
+    s += isa_name(isa);
+  }
+  return s;
+}
+
+// Picks the ISA: the option, else ZINF_CPU_ADAM_ISA, else the best. An ISA named explicitly
+// that this machine lacks is an error, never a silent fallback.
+Isa choose_isa(const std::optional<Isa>& requested) {
+  std::optional<Isa> isa = requested;
+  std::string source = "option";
+  if (!isa) {
+    if (const char* env = std::getenv("ZINF_CPU_ADAM_ISA"); env != nullptr && *env != '\0') {
+      isa = parse_isa(env, "ZINF_CPU_ADAM_ISA");
+      source = "ZINF_CPU_ADAM_ISA";
+    }
+  }
+  if (!isa) return best_isa();
+  if (!isa_supported(*isa)) {
+    throw UsageError("cpu adam: isa '" + std::string(isa_name(*isa)) + "' requested by " +
+                     source + " is not supported on this machine (supported: " +
+                     supported_list() + ")");
+  }
+  return *isa;
+}
+
+ElemType elem_type(DType d) {
+  switch (d) {
+    case DType::kF32: return ElemType::kF32;
+    case DType::kBF16: return ElemType::kBF16;
+    case DType::kF16: return ElemType::kF16;
+  }
+  return ElemType::kF32;
+}
+
+std::size_t dtype_bytes(DType d) { return d == DType::kF32 ? 4 : 2; }
+
+struct Range {
+  const char* name;
+  std::uintptr_t begin;
+};
+
+void check_array(const char* name, const void* data, std::size_t size, std::size_t expected) {
+  if (size != expected) {
+    throw UsageError(std::string("cpu adam: ") + name + " has " + std::to_string(size) +
+                     " elements, params has " + std::to_string(expected));
+  }
+  if (data == nullptr && size != 0) {
+    throw UsageError(std::string("cpu adam: ") + name + " is null with " + std::to_string(size) +
+                     " elements");
+  }
+}
+
+void check_hyper(const AdamParams& hp) {
+  auto fail = [](const std::string& what) { throw UsageError("cpu adam: " + what); };
+  if (!(hp.lr >= 0) || !std::isfinite(hp.lr)) fail("lr=" + std::to_string(hp.lr) + " must be >= 0 and finite");
+  if (!(hp.beta1 >= 0 && hp.beta1 < 1)) fail("beta1=" + std::to_string(hp.beta1) + " must be in [0, 1)");
+  if (!(hp.beta2 >= 0 && hp.beta2 < 1)) fail("beta2=" + std::to_string(hp.beta2) + " must be in [0, 1)");
+  if (!(hp.eps >= 0) || !std::isfinite(hp.eps)) fail("eps=" + std::to_string(hp.eps) + " must be >= 0 and finite");
+  if (!(hp.weight_decay >= 0) || !std::isfinite(hp.weight_decay)) {
+    fail("weight_decay=" + std::to_string(hp.weight_decay) + " must be >= 0 and finite");
+  }
+  if (hp.step == 0) fail("step=0: steps count from 1");
+  if (!(hp.grad_scale > 0) || !std::isfinite(hp.grad_scale)) {
+    fail("grad_scale=" + std::to_string(hp.grad_scale) + " must be > 0 and finite");
+  }
+}
+
+// Folds the hyper-parameters in double (beta powers included) and rounds each constant to
+// float once, so every ISA and every chunk uses the same values.
+KernelArgs make_args(const AdamParams& hp) {
+  double bc1 = 1.0;
+  double bc2 = 1.0;
+  if (hp.bias_correction) {
+    const auto t = static_cast<double>(hp.step);
+    bc1 = 1.0 - std::pow(hp.beta1, t);
+    bc2 = 1.0 - std::pow(hp.beta2, t);
+  }
+  KernelArgs a{};
+  a.decay_kind = hp.weight_decay == 0 ? detail::DecayKind::kNone
+                 : hp.mode == AdamMode::kAdam ? detail::DecayKind::kL2
+                                              : detail::DecayKind::kDecoupled;
+  a.grad_scale = static_cast<float>(hp.grad_scale);
+  a.weight_decay = static_cast<float>(hp.weight_decay);
+  a.decay_factor = static_cast<float>(1.0 - hp.lr * hp.weight_decay);
+  a.beta1 = static_cast<float>(hp.beta1);
+  a.one_minus_beta1 = static_cast<float>(1.0 - hp.beta1);
+  a.beta2 = static_cast<float>(hp.beta2);
+  a.one_minus_beta2 = static_cast<float>(1.0 - hp.beta2);
+  a.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  a.eps = static_cast<float>(hp.eps);
+  a.neg_step_size = static_cast<float>(-hp.lr / bc1);
+  return a;
+}
+
+struct AdamJob {
+  KernelFn kernel;
+  KernelArgs args;
+};
+
+void run_adam_chunk(const void* ctx, std::size_t begin, std::size_t end) {
+  const auto* job = static_cast<const AdamJob*>(ctx);
+  job->kernel(job->args, begin, end);
+}
+
+struct RmwJob {
+  float* a;
+  const float* b;
+  float s;
+};
+
+void run_rmw_chunk(const void* ctx, std::size_t begin, std::size_t end) {
+  const auto* job = static_cast<const RmwJob*>(ctx);
+  detail::stream_rmw_kernel(job->a, job->b, job->s, begin, end);
+}
+
+}  // namespace
+
+std::string_view isa_name(Isa isa) noexcept {
+  switch (isa) {
+    case Isa::kScalar: return "scalar";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512: return "avx512";
+    case Isa::kAvx512Bf16: return "avx512bf16";
+  }
+  return "?";
+}
+
+std::string_view dtype_name(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::kF32: return "fp32";
+    case DType::kBF16: return "bf16";
+    case DType::kF16: return "fp16";
+  }
+  return "?";
+}
+
+std::optional<Isa> parse_isa(std::string_view text, std::string_view what) {
+  if (text == "auto") return std::nullopt;
+  for (Isa isa : kAllIsas) {
+    if (text == isa_name(isa)) return isa;
+  }
+  throw UsageError("invalid " + std::string(what) + " '" + std::string(text) +
+                   "': expected auto, avx512bf16, avx512, avx2 or scalar");
+}
+
+bool isa_supported(Isa isa) noexcept {
+  const CpuFeatures& f = cpu_features();
+  switch (isa) {
+    case Isa::kScalar: return true;
+    case Isa::kAvx2: return kernel_for(isa) != nullptr && f.avx2;
+    case Isa::kAvx512: return kernel_for(isa) != nullptr && f.avx512;
+    case Isa::kAvx512Bf16: return kernel_for(isa) != nullptr && f.avx512bf16;
+  }
+  return false;
+}
+
+Isa best_isa() noexcept {
+  for (Isa isa : kAllIsas) {
+    if (isa_supported(isa)) return isa;
+  }
+  return Isa::kScalar;
+}
+
+std::vector<Isa> supported_isas() {
+  std::vector<Isa> out;
+  for (Isa isa : kAllIsas) {
+    if (isa_supported(isa)) out.push_back(isa);
+  }
+  return out;
+}
+
+struct CpuAdam::Impl {
+  explicit Impl(const CpuAdamOptions& o) : isa(choose_isa(o.isa)), kernel(kernel_for(isa)), pool(o.threads) {}
+  Isa isa;
+  KernelFn kernel;
+  ChunkPool pool;
+};
+
+CpuAdam::CpuAdam(CpuAdamOptions options) : impl_(std::make_unique<Impl>(options)) {
+  log(LogLevel::kInfo, "cpu adam: isa=" + std::string(isa_name(impl_->isa)) +
+                           " threads=" + std::to_string(impl_->pool.threads()));
+}
+
+CpuAdam::~CpuAdam() = default;
+
+Isa CpuAdam::isa() const noexcept { return impl_->isa; }
+
+std::size_t CpuAdam::threads() const noexcept { return impl_->pool.threads(); }
+
+void CpuAdam::step(const AdamParams& hp, std::span<float> params, std::span<float> m,
+                   std::span<float> v, GradView grads, CopyOut out) {
+  // Every check comes before any memory is touched, so a refused call changes nothing.
+  const std::size_t n = params.size();
+  check_array("params", params.data(), n, n);
+  check_array("m", m.data(), m.size(), n);
+  check_array("v", v.data(), v.size(), n);
+  check_array("grads", grads.data, grads.size, n);
+  if (out.enabled) {
+    if (out.dtype == DType::kF32) {
+      throw UsageError("cpu adam: copy-out type fp32 is not supported (use bf16 or fp16)");
+    }
+    check_array("copy-out", out.data, out.size, n);
+  }
+  check_hyper(hp);
+  if (n == 0) return;
+
+  const Range ranges[] = {
+      {"params", reinterpret_cast<std::uintptr_t>(params.data())},
+      {"m", reinterpret_cast<std::uintptr_t>(m.data())},
+      {"v", reinterpret_cast<std::uintptr_t>(v.data())},
+      {"grads", reinterpret_cast<std::uintptr_t>(grads.data)},
+      {"copy-out", out.enabled ? reinterpret_cast<std::uintptr_t>(out.data) : 0},
+  };
+  const std::size_t bytes[] = {n * 4, n * 4, n * 4, n * dtype_bytes(grads.dtype),
+                               out.enabled ? n * dtype_bytes(out.dtype) : 0};
+  for (std::size_t i = 0; i < 5; ++i) {
+    for (std::size_t j = i + 1; j < 5; ++j) {
+      if (bytes[i] == 0 || bytes[j] == 0) continue;
+      const std::uintptr_t ai = ranges[i].begin;
+      const std::uintptr_t aj = ranges[j].begin;
+      if (ai < aj + bytes[j] && aj < ai + bytes[i]) {
+        throw UsageError(std::string("cpu adam: ") + ranges[i].name + " and " + ranges[j].name +
+                         " overlap");
+      }
+    }
+  }
+
+  AdamJob job{impl_->kernel, make_args(hp)};
+  job.args.params = params.data();
+  job.args.m = m.data();
+  job.args.v = v.data();
+  job.args.grads = grads.data;
+  job.args.grad_type = elem_type(grads.dtype);
+  job.args.out = out.enabled ? out.data : nullptr;
+  job.args.out_type = elem_type(out.dtype);
+  impl_->pool.run(n, params.data(), sizeof(float), run_adam_chunk, &job);
+}
+
+struct StreamRmw::Impl {
+  explicit Impl(std::size_t threads) : pool(threads) {}
+  ChunkPool pool;
+};
+
+StreamRmw::StreamRmw(std::size_t threads) : impl_(std::make_unique<Impl>(threads)) {}
+
+StreamRmw::~StreamRmw() = default;
+
+std::size_t StreamRmw::threads() const noexcept { return impl_->pool.threads(); }
+
+void StreamRmw::run(std::span<float> a, std::span<const float> b, float s) {
+  if (a.size() != b.size()) {
+    throw UsageError("stream rmw: b has " + std::to_string(b.size()) + " elements, a has " +
+                     std::to_string(a.size()));
+  }
+  if (a.empty()) return;
+  if (a.data() == nullptr || b.data() == nullptr) throw UsageError("stream rmw: null array");
+  RmwJob job{a.data(), b.data(), s};
+  impl_->pool.run(a.size(), a.data(), sizeof(float), run_rmw_chunk, &job);
+}
+
+}  // namespace zinf::offload

@@ -1,0 +1,215 @@
+// SPDX-License-Identifier: Apache-2.0
+// CpuAdam micro-benchmarks and, in the same run, its references: BM_StreamRmw (the memory
+// bound, elements/s = its bytes/s / 28) and BM_NativeAdamLoop (a plain loop built with -O3
+// -march=native). All use the same huge-page-advised arrays. Compare items_per_second.
+// Quiet-machine recipe (alternates the cases, medians of 5):
+//   build/release/bench/adam_bench --benchmark_repetitions=5
+//     --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=true
+#include <sys/mman.h>
+
+#include <benchmark/benchmark.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <new>
+#include <string>
+
+#include "native_adam_loop.h"
+#include "zinf/offload/cpu_adam.h"
+#include "zinf/offload/stream_rmw.h"
+
+namespace {
+
+using zinf::offload::AdamParams;
+using zinf::offload::CopyOut;
+using zinf::offload::CpuAdam;
+using zinf::offload::DType;
+using zinf::offload::GradView;
+using zinf::offload::Isa;
+using zinf::offload::StreamRmw;
+
+constexpr std::int64_t kLarge = 100'000'000;  // the size: ~2.8 GB moved per step
+constexpr std::int64_t kBytesPerElement = 28;  // p, m, v read+write and an fp32 gradient read
+
+// One 2 MiB-aligned, THP-advised array, allocated once and reused by every benchmark so page
+// faults are paid once (outside the timed loops).
+class Array {
+ public:
+  explicit Array(std::size_t bytes) {
+    constexpr std::size_t kAlign = std::size_t{2} << 20;
+    bytes_ = (bytes + kAlign - 1) / kAlign * kAlign;
+    ptr_.reset(std::aligned_alloc(kAlign, bytes_));
+    if (!ptr_) throw std::bad_alloc();
+    (void)::madvise(ptr_.get(), bytes_, MADV_HUGEPAGE);  // advisory
+    std::memset(ptr_.get(), 0, bytes_);
+  }
+  template <typename T>
+  std::span<T> as(std::size_t n) {
+    return {static_cast<T*>(ptr_.get()), n};
+  }
+
+ private:
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  std::unique_ptr<void, Free> ptr_;
+  std::size_t bytes_ = 0;
+};
+
+// Parameters in [-1, 1], gradients around 1e-3 (fp32, bf16 and fp16 copies): every value
+// stays a normal float through the steps, so no subnormal slow path is measured.
+struct Arena {
+  explicit Arena(std::size_t size)
+      : n(size), p(n * 4), m(n * 4), v(n * 4), g(n * 4), gbf(n * 2), g16(n * 2), out(n * 2) {
+    auto ps = p.as<float>(n);
+    auto gs = g.as<float>(n);
+    auto gb = gbf.as<std::uint16_t>(n);
+    auto gh = g16.as<std::uint16_t>(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto h = static_cast<std::uint32_t>(i * 2654435761u);
+      ps[i] = static_cast<float>(h % 2001u) / 1000.0f - 1.0f;
+      gs[i] = (static_cast<float>((h >> 11) % 2001u) / 1000.0f - 1.0f) * 1e-3f + 1e-5f;
+      gb[i] = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(gs[i]) >> 16);
+      gh[i] = static_cast<std::uint16_t>(0x1400u | (h & 0x83ffu));  // +-2^-10 * (1 + f)
+    }
+  }
+  std::span<const std::uint16_t> narrow(DType t, std::size_t count) {
+    return (t == DType::kBF16 ? gbf : g16).as<const std::uint16_t>(count);
+  }
+  std::size_t n;
+  Array p, m, v, g, gbf, g16, out;
+};
+
+Arena& arena(std::size_t n) {
+  static std::unique_ptr<Arena> a;
+  if (!a || a->n < n) {
+    a.reset();
+    a = std::make_unique<Arena>(n);
+  }
+  return *a;
+}
+
+AdamParams bench_params(std::int64_t step) {
+  AdamParams hp;
+  hp.lr = 1e-3;
+  hp.step = static_cast<std::uint64_t>(step);
+  return hp;  // no weight decay: the same arithmetic as BM_NativeAdamLoop
+}
+
+// Args: numel, threads, isa (Isa enumerator), grad dtype, copy-out (-1 none, else DType).
+void BM_CpuAdam(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const auto isa = static_cast<Isa>(state.range(2));
+  if (!zinf::offload::isa_supported(isa)) {
+    state.SkipWithError("isa not supported on this machine");
+    return;
+  }
+  const auto grad_dtype = static_cast<DType>(state.range(3));
+  const std::int64_t out_code = state.range(4);
+  CpuAdam adam({.threads = static_cast<std::size_t>(state.range(1)), .isa = isa});
+  Arena& a = arena(n);
+  const GradView grads =
+      grad_dtype == DType::kF32 ? GradView::f32(a.g.as<const float>(n))
+                                : GradView{a.narrow(grad_dtype, n).data(), n, grad_dtype};
+  CopyOut out;
+  if (out_code >= 0) out = {a.out.as<std::uint16_t>(n).data(), n, static_cast<DType>(out_code), true};
+  std::int64_t step = 1;
+  for (auto _ : state) {
+    adam.step(bench_params(step++), a.p.as<float>(n), a.m.as<float>(n), a.v.as<float>(n), grads,
+              out);
+    benchmark::ClobberMemory();
+  }
+  const std::int64_t bytes =
+      24 + (grad_dtype == DType::kF32 ? 4 : 2) + (out_code >= 0 ? 2 : 0);
+  state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(n));
+  state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(n) * bytes);
+  state.SetLabel(std::string(zinf::offload::isa_name(isa)));
+}
+
+// The memory reference; items/s reported as the Adam bound (bytes/s / 28), bytes/s as moved.
+void BM_StreamRmw(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  StreamRmw rmw(static_cast<std::size_t>(state.range(1)));
+  Arena& a = arena(n);
+  float sign = 1.0f;
+  for (auto _ : state) {
+    // m and v as a and b: Adam's own arrays, and alternating signs keep the values bounded.
+    rmw.run(a.m.as<float>(n), a.v.as<const float>(n), sign);
+    sign = -sign;
+    benchmark::ClobberMemory();
+  }
+  const auto bytes = state.iterations() * static_cast<std::int64_t>(n) *
+                     static_cast<std::int64_t>(StreamRmw::kBytesPerElement);
+  state.SetBytesProcessed(bytes);
+  state.SetItemsProcessed(bytes / kBytesPerElement);
+  state.SetLabel("items = bytes/28 (Adam bound)");
+}
+
+using LoopFn = void (*)(float*, float*, float*, const float*, std::size_t, float, float, float,
+                        float, float, float);
+
+void run_native_loop(benchmark::State& state, LoopFn loop) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  Arena& a = arena(n);
+  std::int64_t step = 1;
+  for (auto _ : state) {
+    const auto t = static_cast<double>(step++);
+    loop(a.p.as<float>(n).data(), a.m.as<float>(n).data(),
+                                  a.v.as<float>(n).data(), a.g.as<const float>(n).data(), n, 1e-3f,
+                                  0.9f, 0.999f, 1e-8f, static_cast<float>(1 - std::pow(0.9, t)),
+                                  static_cast<float>(1 - std::pow(0.999, t)));
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(n));
+  state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(n) * kBytesPerElement);
+}
+
+// The plain loop as written (GCC 12 keeps it scalar: sqrtf must be able to set errno).
+void BM_NativeAdamLoop(benchmark::State& state) {
+  run_native_loop(state, zinf::bench::native_adam_loop);
+}
+
+// The same loop vectorised by the compiler for this CPU: the stronger reference.
+void BM_NativeAdamLoopVectorized(benchmark::State& state) {
+  run_native_loop(state, zinf::bench::native_adam_loop_vectorized);
+}
+
+constexpr std::int64_t kNone = -1;
+constexpr auto kF32 = static_cast<std::int64_t>(DType::kF32);
+constexpr auto kBF16 = static_cast<std::int64_t>(DType::kBF16);
+constexpr auto kF16 = static_cast<std::int64_t>(DType::kF16);
+constexpr auto kBest = static_cast<std::int64_t>(Isa::kAvx512Bf16);
+
+// The comparisons: 100M fp32 elements on 1 and 2 threads, every ISA.
+BENCHMARK(BM_CpuAdam)
+    ->ArgNames({"numel", "threads", "isa", "grad", "out"})
+    ->ArgsProduct({{kLarge}, {1, 2},
+                   {static_cast<std::int64_t>(Isa::kAvx512Bf16), static_cast<std::int64_t>(Isa::kAvx512),
+                    static_cast<std::int64_t>(Isa::kAvx2), static_cast<std::int64_t>(Isa::kScalar)},
+                   {kF32}, {kNone}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+// Narrow gradients and the fused copy-out, on the best path.
+BENCHMARK(BM_CpuAdam)
+    ->ArgNames({"numel", "threads", "isa", "grad", "out"})
+    ->ArgsProduct({{kLarge}, {1, 2}, {kBest}, {kBF16, kF16}, {kNone, kBF16}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_StreamRmw)
+    ->ArgNames({"numel", "threads"})
+    ->ArgsProduct({{kLarge}, {1, 2}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_NativeAdamLoop)->ArgNames({"numel"})->Arg(kLarge)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_NativeAdamLoopVectorized)
+    ->ArgNames({"numel"})
+    ->Arg(kLarge)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace

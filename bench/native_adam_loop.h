@@ -1,0 +1,24 @@
+// SPDX-License-Identifier: Apache-2.0
+// The references the issue names for single-thread speed: a plain Adam loop, compiled alone
+// with -O3 -march=native (bench only; product code never uses -march=native), as written and
+// in a form the compiler can vectorise.
+#pragma once
+
+#include <cstddef>
+
+namespace zinf::bench {
+
+/// One Adam step (PyTorch semantics, no weight decay) over n fp32 elements, written the
+/// obvious way and left to the compiler.
+void native_adam_loop(float* p, float* m, float* v, const float* g, std::size_t n, float lr,
+                      float beta1, float beta2, float eps, float bias_correction1,
+                      float bias_correction2);
+
+/// The same loop with restrict-qualified pointers, built with -O3 -march=native
+/// -fno-math-errno so that the compiler can vectorise sqrt: the stronger reference (what
+/// BENCHMARKS.md's "plain -O3 -march=native loop" row measured at 1.4-1.7 G elements/s).
+void native_adam_loop_vectorized(float* p, float* m, float* v, const float* g, std::size_t n,
+                                 float lr, float beta1, float beta2, float eps,
+                                 float bias_correction1, float bias_correction2);
+
+}  // namespace zinf::bench

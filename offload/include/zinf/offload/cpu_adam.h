@@ -1,0 +1,151 @@
+// SPDX-License-Identifier: Apache-2.0
+// CpuAdam: the SIMD Adam/AdamW update that the optimizer pipeline runs on every offloaded
+// element each step. fp32 master parameters and moments; fp32, bf16 or fp16 gradients; an
+// optional fused bf16/fp16 copy-out of the updated parameters. The instruction set (AVX-512,
+// AVX2+FMA+F16C, scalar) is chosen at run time; results do not depend on the thread count.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace zinf::offload {
+
+/// How weight decay enters the update (PyTorch semantics).
+enum class AdamMode : std::uint8_t {
+  kAdam,   ///< torch.optim.Adam: L2 decay added to the (scaled) gradient, g += wd * p
+  kAdamW,  ///< torch.optim.AdamW: decoupled decay, p *= (1 - lr * wd) before the update
+};
+
+/// A code path of the kernel. Each is compiled in its own translation unit with its own flags.
+enum class Isa : std::uint8_t {
+  kScalar,      ///< portable C++, any CPU
+  kAvx2,        ///< AVX2 + FMA + F16C
+  kAvx512,      ///< AVX-512 F/BW/VL/DQ, bf16 rounding done with integer ops
+  kAvx512Bf16,  ///< kAvx512 plus the AVX512-BF16 conversion instruction for bf16 copy-out
+};
+
+/// Element type of a gradient or copy-out buffer. bf16 and fp16 travel as raw uint16 bits.
+enum class DType : std::uint8_t { kF32, kBF16, kF16 };
+
+/// Returns "scalar", "avx2", "avx512" or "avx512bf16".
+std::string_view isa_name(Isa isa) noexcept;
+/// Returns "fp32", "bf16" or "fp16".
+std::string_view dtype_name(DType dtype) noexcept;
+/// Parses an ISA name as isa_name() spells it; "auto" gives std::nullopt. Throws UsageError
+/// naming `what` (e.g. "--isa") and the accepted names for anything else.
+std::optional<Isa> parse_isa(std::string_view text, std::string_view what);
+/// Returns true if `isa` is compiled into this build and this CPU and OS support it (cpuid and
+/// xgetbv, read once when the library loads).
+bool isa_supported(Isa isa) noexcept;
+/// Returns the fastest supported ISA (what "auto" picks).
+Isa best_isa() noexcept;
+/// Returns every supported ISA, fastest first; kScalar is always last.
+std::vector<Isa> supported_isas();
+
+/// The hyper-parameters of one update. Defaults are torch.optim.Adam's.
+struct AdamParams {
+  double lr = 1e-3;             ///< >= 0
+  double beta1 = 0.9;           ///< in [0, 1)
+  double beta2 = 0.999;         ///< in [0, 1)
+  double eps = 1e-8;            ///< >= 0, added after the bias-corrected sqrt(v) (PyTorch)
+  double weight_decay = 0.0;    ///< >= 0; meaning set by `mode`
+  std::uint64_t step = 1;       ///< this update's step number, counting from 1
+  bool bias_correction = true;  ///< divide by 1 - beta^step (powers computed in double)
+  double grad_scale = 1.0;      ///< > 0 and finite: 1/loss-scale times a clipping coefficient
+  AdamMode mode = AdamMode::kAdam;
+};
+
+/// The gradients of one update: a view of caller-owned memory of `size` elements of `dtype`.
+struct GradView {
+  const void* data = nullptr;
+  std::size_t size = 0;
+  DType dtype = DType::kF32;
+
+  /// Views fp32 gradients.
+  static GradView f32(std::span<const float> g) noexcept { return {g.data(), g.size(), DType::kF32}; }
+  /// Views bf16 gradients given as their raw bits.
+  static GradView bf16(std::span<const std::uint16_t> g) noexcept {
+    return {g.data(), g.size(), DType::kBF16};
+  }
+  /// Views IEEE fp16 gradients given as their raw bits.
+  static GradView f16(std::span<const std::uint16_t> g) noexcept {
+    return {g.data(), g.size(), DType::kF16};
+  }
+};
+
+/// Where the updated parameters are also written, rounded to nearest even, in the same pass.
+/// Default-constructed: no copy-out.
+struct CopyOut {
+  void* data = nullptr;
+  std::size_t size = 0;
+  DType dtype = DType::kBF16;
+  bool enabled = false;
+
+  /// No copy-out.
+  static CopyOut none() noexcept { return {}; }
+  /// Writes bf16 bits (round to nearest even, as torch's .to(torch.bfloat16)).
+  static CopyOut bf16(std::span<std::uint16_t> out) noexcept {
+    return {out.data(), out.size(), DType::kBF16, true};
+  }
+  /// Writes IEEE fp16 bits (round to nearest even; overflow gives inf).
+  static CopyOut f16(std::span<std::uint16_t> out) noexcept {
+    return {out.data(), out.size(), DType::kF16, true};
+  }
+};
+
+/// How a CpuAdam is built.
+struct CpuAdamOptions {
+  /// Threads that run each step, the calling thread included; 0 means one per hardware thread.
+  std::size_t threads = 0;
+  /// Forces a code path (tests, benchmarks). Unset: the environment variable
+  /// ZINF_CPU_ADAM_ISA (scalar|avx2|avx512|avx512bf16|auto) if set, else best_isa().
+  std::optional<Isa> isa;
+};
+
+/// The CPU Adam/AdamW kernel with its persistent thread pool.
+///
+/// Each element is updated as PyTorch does, in fp32 with fp32 state:
+///   g = grad * grad_scale;  kAdam: g += wd * p;  kAdamW: p *= (1 - lr * wd)
+///   m = b1 * m + (1 - b1) * g;  v = b2 * v + (1 - b2) * g * g
+///   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+/// The array is cut into fixed chunks independent of the thread count, and every element's
+/// arithmetic is the same wherever it sits (vector body or tail), so results are bitwise
+/// identical for any thread count, alignment and split. The ISAs agree with each other within
+/// a few ulps; in practice bitwise except for bf16 copy-out of subnormal values on kAvx512Bf16
+/// (the instruction flushes them to zero).
+///
+/// Thread-safety: step() may be called from several threads at once (they share the pool).
+class CpuAdam {
+ public:
+  /// Starts the pool. Throws UsageError if the requested ISA (option or environment) is
+  /// unknown or not supported here, or if `threads` exceeds 1024.
+  explicit CpuAdam(CpuAdamOptions options = {});
+  ~CpuAdam();
+  CpuAdam(const CpuAdam&) = delete;
+  CpuAdam& operator=(const CpuAdam&) = delete;
+
+  /// Updates `params`, `m` and `v` in place from `grads` and writes `out` if enabled. Blocks
+  /// until every element is done. All arrays must have the same length and must not overlap;
+  /// no alignment is required. Throws UsageError (before touching any memory) on mismatched
+  /// lengths, a null pointer with a non-zero length, overlapping arrays, a copy-out type other
+  /// than bf16/fp16, lr < 0, betas outside [0, 1), eps < 0, weight_decay < 0, step == 0, or a
+  /// grad_scale that is not finite and > 0.
+  void step(const AdamParams& hp, std::span<float> params, std::span<float> m,
+            std::span<float> v, GradView grads, CopyOut out = {});
+
+  /// Returns the code path this instance runs.
+  Isa isa() const noexcept;
+  /// Returns the number of threads that run a step (calling thread included).
+  std::size_t threads() const noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zinf::offload

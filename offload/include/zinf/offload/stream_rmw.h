@@ -1,0 +1,38 @@
+// SPDX-License-Identifier: Apache-2.0
+// StreamRmw: the memory-bandwidth reference that CpuAdam is judged against. A STREAM-like
+// read-modify-write kernel a[i] = a[i] + s * b[i] which, like Adam, reads every array it
+// writes, run with the same chunking and kind of thread pool as CpuAdam.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+
+namespace zinf::offload {
+
+/// Runs a[i] = a[i] + s * b[i] over fp32 arrays on a persistent pool.
+class StreamRmw {
+ public:
+  /// Bytes moved per element: read a, read b, write a.
+  static constexpr std::size_t kBytesPerElement = 12;
+
+  /// Starts the pool; `threads` counts the calling thread, 0 means one per hardware thread.
+  /// Throws UsageError if `threads` exceeds 1024.
+  explicit StreamRmw(std::size_t threads);
+  ~StreamRmw();
+  StreamRmw(const StreamRmw&) = delete;
+  StreamRmw& operator=(const StreamRmw&) = delete;
+
+  /// Updates `a` in place; blocks until done. Throws UsageError if the lengths differ or a
+  /// non-empty span is null.
+  void run(std::span<float> a, std::span<const float> b, float s);
+
+  /// Returns the number of threads that run (calling thread included).
+  std::size_t threads() const noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zinf::offload

@@ -1,0 +1,182 @@
+// SPDX-License-Identifier: Apache-2.0
+// The AVX2 + FMA + F16C CpuAdam kernel. Built with -mavx2 -mfma -mf16c only on x86
+// (offload/CMakeLists.txt) and called only when cpuid says the CPU and OS support it.
+//
+// 8 floats per vector. AVX2 has no masked 16-bit loads, so the tail (fewer than 8 elements)
+// is copied into zero-padded local vectors, updated by the same code as the body, and copied
+// back: a tail element gets exactly the arithmetic of a body one.
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "cpu_adam_kernel.h"
+
+namespace zinf::offload::detail {
+namespace {
+
+constexpr std::size_t kLanes = 8;
+
+struct Consts {
+  __m256 grad_scale, weight_decay, decay_factor, beta1, one_minus_beta1, beta2, one_minus_beta2,
+      inv_sqrt_bc2, eps, neg_step_size;
+  explicit Consts(const KernelArgs& a)
+      : grad_scale(_mm256_set1_ps(a.grad_scale)),
+        weight_decay(_mm256_set1_ps(a.weight_decay)),
+        decay_factor(_mm256_set1_ps(a.decay_factor)),
+        beta1(_mm256_set1_ps(a.beta1)),
+        one_minus_beta1(_mm256_set1_ps(a.one_minus_beta1)),
+        beta2(_mm256_set1_ps(a.beta2)),
+        one_minus_beta2(_mm256_set1_ps(a.one_minus_beta2)),
+        inv_sqrt_bc2(_mm256_set1_ps(a.inv_sqrt_bc2)),
+        eps(_mm256_set1_ps(a.eps)),
+        neg_step_size(_mm256_set1_ps(a.neg_step_size)) {}
+};
+
+// Pointers to one vector's worth of every array (into the caller's arrays, or into the
+// zero-padded tail copies).
+struct Lanes {
+  float* p;
+  float* m;
+  float* v;
+  const void* g;
+  std::uint16_t* out;
+};
+
+template <ElemType G>
+inline __m256 load_grad(const void* g) {
+  if constexpr (G == ElemType::kF32) {
+    return _mm256_loadu_ps(static_cast<const float*>(g));
+  } else {
+    const __m128i h = _mm_loadu_si128(static_cast<const __m128i*>(g));
+    if constexpr (G == ElemType::kBF16) {
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    } else {
+      return _mm256_cvtph_ps(h);
+    }
+  }
+}
+
+// fp32 -> bf16, round to nearest even; NaN made quiet keeping its top bits (as the scalar and
+// AVX-512 paths).
+inline __m128i to_bf16(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i hi = _mm256_srli_epi32(u, 16);
+  const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  const __m256i quiet = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
+  const __m256i r = _mm256_blendv_epi8(rounded, quiet, nan);
+  // Every lane is <= 0xffff, so the unsigned-saturating pack is exact.
+  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+template <DecayKind D, ElemType G, ElemType O, bool kOut>
+inline void update(const Consts& c, const Lanes& l) {
+  __m256 g = _mm256_mul_ps(load_grad<G>(l.g), c.grad_scale);
+  __m256 p = _mm256_loadu_ps(l.p);
+  __m256 m = _mm256_loadu_ps(l.m);
+  __m256 v = _mm256_loadu_ps(l.v);
+  if constexpr (D == DecayKind::kL2) g = _mm256_fmadd_ps(c.weight_decay, p, g);
+  if constexpr (D == DecayKind::kDecoupled) p = _mm256_mul_ps(p, c.decay_factor);
+  m = _mm256_fmadd_ps(c.beta1, m, _mm256_mul_ps(c.one_minus_beta1, g));
+  v = _mm256_fmadd_ps(c.beta2, v, _mm256_mul_ps(_mm256_mul_ps(c.one_minus_beta2, g), g));
+  const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(v), c.inv_sqrt_bc2, c.eps);
+  p = _mm256_fmadd_ps(c.neg_step_size, _mm256_div_ps(m, denom), p);
+  _mm256_storeu_ps(l.p, p);
+  _mm256_storeu_ps(l.m, m);
+  _mm256_storeu_ps(l.v, v);
+  if constexpr (kOut) {
+    __m128i h;
+    if constexpr (O == ElemType::kBF16) {
+      h = to_bf16(p);
+    } else {
+      h = _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(l.out), h);
+  }
+}
+
+template <ElemType G>
+constexpr std::size_t grad_bytes() {
+  return G == ElemType::kF32 ? 4 : 2;
+}
+
+// Software prefetch distance in elements, as in the AVX-512 path (cpu_adam_avx512_impl.h,
+// where it was measured); the address is an integer because it may lie past the array end.
+constexpr std::size_t kPrefetchElems = 512;
+
+inline void prefetch(const void* base, std::size_t byte_offset) {
+  const std::uintptr_t addr = reinterpret_cast<std::uintptr_t>(base) + byte_offset;
+  _mm_prefetch(reinterpret_cast<const char*>(addr), _MM_HINT_T0);
+}
+
+template <DecayKind D, ElemType G, ElemType O, bool kOut>
+void run(const KernelArgs& a, std::size_t begin, std::size_t end) {
+  const Consts c(a);
+  const auto* grads = static_cast<const unsigned char*>(a.grads);
+  auto* out = static_cast<std::uint16_t*>(a.out);
+  auto lanes_at = [&](std::size_t i) {
+    return Lanes{a.params + i, a.m + i, a.v + i, grads + i * grad_bytes<G>(),
+                 kOut ? out + i : nullptr};
+  };
+  std::size_t i = begin;
+  for (; i + 2 * kLanes <= end; i += 2 * kLanes) {
+    // One cache line of each fp32 array per iteration.
+    const std::size_t ahead = i + kPrefetchElems;
+    prefetch(a.params, ahead * 4);
+    prefetch(a.m, ahead * 4);
+    prefetch(a.v, ahead * 4);
+    prefetch(grads, ahead * grad_bytes<G>());
+    update<D, G, O, kOut>(c, lanes_at(i));
+    update<D, G, O, kOut>(c, lanes_at(i + kLanes));
+  }
+  for (; i + kLanes <= end; i += kLanes) update<D, G, O, kOut>(c, lanes_at(i));
+  if (i < end) {
+    const std::size_t n = end - i;
+    alignas(32) float p[kLanes] = {};
+    alignas(32) float m[kLanes] = {};
+    alignas(32) float v[kLanes] = {};
+    alignas(32) unsigned char g[kLanes * 4] = {};
+    alignas(32) std::uint16_t o[kLanes] = {};
+    std::memcpy(p, a.params + i, n * sizeof(float));
+    std::memcpy(m, a.m + i, n * sizeof(float));
+    std::memcpy(v, a.v + i, n * sizeof(float));
+    std::memcpy(g, grads + i * grad_bytes<G>(), n * grad_bytes<G>());
+    update<D, G, O, kOut>(c, Lanes{p, m, v, g, o});
+    std::memcpy(a.params + i, p, n * sizeof(float));
+    std::memcpy(a.m + i, m, n * sizeof(float));
+    std::memcpy(a.v + i, v, n * sizeof(float));
+    if constexpr (kOut) std::memcpy(out + i, o, n * sizeof(std::uint16_t));
+  }
+}
+
+template <DecayKind D, ElemType G>
+void dispatch_out(const KernelArgs& a, std::size_t begin, std::size_t end) {
+  if (a.out == nullptr) return run<D, G, ElemType::kF32, false>(a, begin, end);
+  if (a.out_type == ElemType::kBF16) return run<D, G, ElemType::kBF16, true>(a, begin, end);
+  return run<D, G, ElemType::kF16, true>(a, begin, end);
+}
+
+template <DecayKind D>
+void dispatch_grad(const KernelArgs& a, std::size_t begin, std::size_t end) {
+  switch (a.grad_type) {
+    case ElemType::kF32: return dispatch_out<D, ElemType::kF32>(a, begin, end);
+    case ElemType::kBF16: return dispatch_out<D, ElemType::kBF16>(a, begin, end);
+    case ElemType::kF16: return dispatch_out<D, ElemType::kF16>(a, begin, end);
+  }
+}
+
+}  // namespace
+
+void adam_kernel_avx2(const KernelArgs& args, std::size_t begin, std::size_t end) {
+  switch (args.decay_kind) {
+    case DecayKind::kNone: return dispatch_grad<DecayKind::kNone>(args, begin, end);
+    case DecayKind::kL2: return dispatch_grad<DecayKind::kL2>(args, begin, end);
+    case DecayKind::kDecoupled: return dispatch_grad<DecayKind::kDecoupled>(args, begin, end);
+  }
+}
+
+}  // namespace zinf::offload::detail

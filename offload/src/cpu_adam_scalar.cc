@@ -1,0 +1,144 @@
+// SPDX-License-Identifier: Apache-2.0
+// The portable CpuAdam kernel (any CPU, any architecture) and the StreamRmw reference kernel.
+// Built with the baseline flags only, and with -ffp-contract=off so that the compiler never
+// fuses a multiply and add that the vector paths keep separate: the arithmetic is exactly the
+// sequence in cpu_adam_kernel.h, so this path agrees bitwise with the SIMD ones.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "cpu_adam_kernel.h"
+
+namespace zinf::offload::detail {
+namespace {
+
+std::uint32_t float_bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+float bits_float(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+float bf16_to_float(std::uint16_t h) { return bits_float(static_cast<std::uint32_t>(h) << 16); }
+
+// Round to nearest even, as torch does; a NaN keeps its sign and top payload bits and is made
+// quiet, which is what VCVTNEPS2BF16 does too.
+std::uint16_t float_to_bf16(float f) {
+  const std::uint32_t u = float_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
+  const std::uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(rounded >> 16);
+}
+
+// Exact widening, subnormals included; a NaN is made quiet as VCVTPH2PS does.
+float f16_to_float(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exp = (h >> 10) & 0x1fu;
+  const std::uint32_t mant = h & 0x3ffu;
+  if (exp == 0) {
+    // Zero or subnormal: mant * 2^-24 is exact in fp32.
+    const float mag = static_cast<float>(mant) * 0x1p-24f;
+    return bits_float(float_bits(mag) | sign);
+  }
+  if (exp == 0x1f) {
+    return bits_float(sign | 0x7f800000u | (mant << 13) | (mant != 0 ? 0x400000u : 0u));
+  }
+  return bits_float(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+// Round to nearest even with subnormal results and overflow to infinity, bit for bit what
+// VCVTPS2PH does with imm8 = round-to-nearest (MXCSR is not consulted).
+std::uint16_t float_to_f16(float f) {
+  const std::uint32_t u = float_bits(f);
+  const std::uint32_t sign = (u >> 16) & 0x8000u;
+  const std::uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+  if (a >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520: inf
+  if (a >= 0x38800000u) {                                                   // normal half
+    std::uint32_t r = ((a >> 13) - (112u << 10));
+    const std::uint32_t rem = a & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (r & 1u) != 0)) ++r;
+    return static_cast<std::uint16_t>(sign | r);
+  }
+  if (a <= 0x33000000u) return static_cast<std::uint16_t>(sign);  // <= 2^-25: ties to zero
+  // Subnormal half: round(value / 2^-24) = round(mant24 * 2^(exp - 126)).
+  const std::uint32_t exp = a >> 23;
+  const std::uint32_t mant = (a & 0x7fffffu) | 0x800000u;
+  const std::uint32_t shift = 126u - exp;  // 14..24
+  std::uint32_t r = mant >> shift;
+  const std::uint32_t rem = mant & ((1u << shift) - 1u);
+  const std::uint32_t half = 1u << (shift - 1u);
+  if (rem > half || (rem == half && (r & 1u) != 0)) ++r;
+  return static_cast<std::uint16_t>(sign | r);
+}
+
+template <ElemType G>
+float load_grad(const void* grads, std::size_t i) {
+  if constexpr (G == ElemType::kF32) {
+    return static_cast<const float*>(grads)[i];
+  } else if constexpr (G == ElemType::kBF16) {
+    return bf16_to_float(static_cast<const std::uint16_t*>(grads)[i]);
+  } else {
+    return f16_to_float(static_cast<const std::uint16_t*>(grads)[i]);
+  }
+}
+
+template <DecayKind D, ElemType G, ElemType O, bool kOut>
+void run(const KernelArgs& a, std::size_t begin, std::size_t end) {
+  for (std::size_t i = begin; i < end; ++i) {
+    float p = a.params[i];
+    float g = load_grad<G>(a.grads, i) * a.grad_scale;
+    if constexpr (D == DecayKind::kL2) g = std::fma(a.weight_decay, p, g);
+    if constexpr (D == DecayKind::kDecoupled) p = p * a.decay_factor;
+    const float m = std::fma(a.beta1, a.m[i], a.one_minus_beta1 * g);
+    const float v = std::fma(a.beta2, a.v[i], (a.one_minus_beta2 * g) * g);
+    const float denom = std::fma(std::sqrt(v), a.inv_sqrt_bc2, a.eps);
+    p = std::fma(a.neg_step_size, m / denom, p);
+    a.params[i] = p;
+    a.m[i] = m;
+    a.v[i] = v;
+    if constexpr (kOut) {
+      auto* out = static_cast<std::uint16_t*>(a.out);
+      out[i] = O == ElemType::kBF16 ? float_to_bf16(p) : float_to_f16(p);
+    }
+  }
+}
+
+template <DecayKind D, ElemType G>
+void dispatch_out(const KernelArgs& a, std::size_t begin, std::size_t end) {
+  if (a.out == nullptr) return run<D, G, ElemType::kF32, false>(a, begin, end);
+  if (a.out_type == ElemType::kBF16) return run<D, G, ElemType::kBF16, true>(a, begin, end);
+  return run<D, G, ElemType::kF16, true>(a, begin, end);
+}
+
+template <DecayKind D>
+void dispatch_grad(const KernelArgs& a, std::size_t begin, std::size_t end) {
+  switch (a.grad_type) {
+    case ElemType::kF32: return dispatch_out<D, ElemType::kF32>(a, begin, end);
+    case ElemType::kBF16: return dispatch_out<D, ElemType::kBF16>(a, begin, end);
+    case ElemType::kF16: return dispatch_out<D, ElemType::kF16>(a, begin, end);
+  }
+}
+
+}  // namespace
+
+void adam_kernel_scalar(const KernelArgs& args, std::size_t begin, std::size_t end) {
+  switch (args.decay_kind) {
+    case DecayKind::kNone: return dispatch_grad<DecayKind::kNone>(args, begin, end);
+    case DecayKind::kL2: return dispatch_grad<DecayKind::kL2>(args, begin, end);
+    case DecayKind::kDecoupled: return dispatch_grad<DecayKind::kDecoupled>(args, begin, end);
+  }
+}
+
+void stream_rmw_kernel(float* a, const float* b, float s, std::size_t begin, std::size_t end) {
+  // Plain loop: the compiler vectorises it with the baseline ISA, which is enough to saturate
+  // memory; it is a bandwidth reference, not arithmetic.
+  for (std::size_t i = begin; i < end; ++i) a[i] = a[i] + s * b[i];
+}
+
+}  // namespace zinf::offload::detail
