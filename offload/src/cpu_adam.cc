@@ -4,10 +4,12 @@
 // and the hand-off of fixed chunks to the pool.
 #include "zinf/offload/cpu_adam.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include "chunk_pool.h"
 #include "cpu_adam_kernel.h"
@@ -65,6 +67,29 @@ struct CpuFeatures {
     avx512 = avx2 && os_zmm && f && dq && bw && vl;
     avx512bf16 = avx512 && bf16;
 #endif
+    apply_disable_list(std::getenv("ZINF_CPU_ADAM_DISABLE"));
+  }
+
+  // ZINF_CPU_ADAM_DISABLE=avx512,avx512bf16 hides paths from a CPU that has them: for
+  // machines where AVX-512 lowers the clock more than it gains, and so that the refusal of an
+  // unsupported path can be tested on a CPU that supports every path. Read once, at load.
+  void apply_disable_list(const char* list) {
+    if (list == nullptr) return;
+    std::string_view rest(list);
+    while (!rest.empty()) {
+      std::string_view name = rest.substr(0, rest.find(','));
+      rest.remove_prefix(std::min(rest.size(), name.size() + 1));
+      if (name == "avx2") {
+        avx2 = avx512 = avx512bf16 = false;  // the AVX-512 paths need AVX2 too
+      } else if (name == "avx512") {
+        avx512 = avx512bf16 = false;
+      } else if (name == "avx512bf16") {
+        avx512bf16 = false;
+      } else if (!name.empty()) {
+        zinf::log(LogLevel::kWarning, "ZINF_CPU_ADAM_DISABLE: ignoring unknown path '" +
+                                          std::string(name) + "' (expected avx2, avx512, avx512bf16)");
+      }
+    }
   }
 };
 

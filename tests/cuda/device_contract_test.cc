@@ -247,29 +247,6 @@ TEST_P(DeviceContract, ManyStreamsFromManyThreads) {
   EXPECT_EQ(device_->stats().bytes_to_host, kRegion * kStreams);
 }
 
-TEST_P(DeviceContract, BandwidthCapBoundsCopyTime) {
-  const double gbps = GetParam().options.host_copy_bandwidth_gbps;
-  if (gbps == 0) GTEST_SKIP() << "backend '" << GetParam().label << "' has no copy-bandwidth cap";
-  constexpr std::size_t kSize = 8u << 20;
-  DeviceBuffer buf = device_->allocate(kSize);
-  PageBuffer in = patterned(kSize, 1, 1);
-  PageBuffer out(kSize);
-  Stream s = device_->create_stream();
-  const auto minimum = std::chrono::duration<double>(static_cast<double>(kSize) / (gbps * 1e9));
-  for (bool to_device : {true, false}) {
-    auto start = std::chrono::steady_clock::now();
-    if (to_device) {
-      device_->copy_to_device(s, buf.span(), in);
-    } else {
-      device_->copy_to_host(s, out, buf.span());
-    }
-    device_->synchronize(s);
-    std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-    EXPECT_GE(took.count(), minimum.count()) << (to_device ? "to device" : "to host");
-  }
-  EXPECT_EQ(check_pattern(out, 1, 0, 1), "");
-}
-
 TEST_P(DeviceContract, AllocationAccounting) {
   const DeviceStats before = device_->stats();
   EXPECT_EQ(before.allocated_bytes, 0u);

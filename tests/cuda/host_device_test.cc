@@ -66,6 +66,31 @@ TEST(HostDevice, DeviceMemoryIsHostMemory) {
   EXPECT_EQ(check_pattern({buf.data(), kSize}, 2, 0, 3), "");
 }
 
+// The cap is a host-simulation feature (it models PCIe); a CUDA device has no such option.
+TEST(HostDevice, BandwidthCapBoundsCopyTime) {
+  constexpr double kGbps = 4.0;
+  std::unique_ptr<Device> device = host_device(kGbps);
+  constexpr std::size_t kSize = 8u << 20;
+  DeviceBuffer buf = device->allocate(kSize);
+  PageBuffer in(kSize);
+  fill_pattern(in, 1, 0, 1);
+  PageBuffer out(kSize);
+  Stream s = device->create_stream();
+  const double minimum_s = static_cast<double>(kSize) / (kGbps * 1e9);
+  for (bool to_device : {true, false}) {
+    auto start = std::chrono::steady_clock::now();
+    if (to_device) {
+      device->copy_to_device(s, buf.span(), in);
+    } else {
+      device->copy_to_host(s, out, buf.span());
+    }
+    device->synchronize(s);
+    std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    EXPECT_GE(took.count(), minimum_s) << (to_device ? "to device" : "to host");
+  }
+  EXPECT_EQ(check_pattern(out, 1, 0, 1), "");
+}
+
 TEST(HostDevice, StreamsShareTheBandwidthOfOneDirection) {
   // Two streams copy 4 MiB each to the device at once over a 1 GB/s lane: together they take at
   // least 8 MiB / 1 GB/s, as on one PCIe link (a lower bound only: not a timing test).

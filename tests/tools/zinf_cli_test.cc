@@ -113,3 +113,32 @@ TEST(BenchIoCli, SmallVerifiedRunOverTwoDirsPrintsJson) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(BenchAdamCli, SmallRunPrintsJsonWithTheIssueKeys) {
+  ToolRun r = run_zinf("bench adam --numel 100003 --steps 2 --threads 2 --grad-dtype bf16 "
+                       "--copy-out fp16 --reference --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  for (const char* key : {"\"isa\":", "\"threads\":2", "\"numel\":100003", "\"seconds_per_step\":",
+                          "\"elements_per_s\":", "\"gbps\":", "\"grad_dtype\":\"bf16\"",
+                          "\"copy_out\":\"fp16\"", "\"bytes_per_element\":28"}) {
+    EXPECT_NE(r.out.find(key), std::string::npos) << key << " missing in " << r.out;
+  }
+}
+
+TEST(BenchAdamCli, ForcedScalarPathRuns) {
+  ToolRun r = run_zinf("bench adam --numel 4097 --steps 1 --isa scalar --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("\"isa\":\"scalar\""), std::string::npos) << r.out;
+}
+
+TEST(BenchAdamCli, BadIsaExits2) {
+  ToolRun r = run_zinf("bench adam --isa avx9");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out,
+            "zinf bench adam: error: invalid --isa 'avx9': expected auto, avx512bf16, avx512, avx2 "
+            "or scalar\n");
+}
+
+}  // namespace
