@@ -32,7 +32,7 @@ fio_file="$dir/compare-fio.dat"
 work=$(mktemp -d)
 old_hp=$(cat /proc/sys/vm/nr_hugepages)
 cleanup() {
-  rm -f "$fio_file"
+  rm -f "$fio_file" "$dir/zinf-bench-io.0.dat"
   rm -rf "$work"
   if [ "$(id -u)" -eq 0 ]; then echo "$old_hp" > /proc/sys/vm/nr_hugepages; fi
 }
@@ -44,15 +44,18 @@ fi
 
 fio_common=(--filename="$fio_file" --size="$size" --bs="$bs" --direct=1 --ioengine=io_uring
             --iodepth="$qd" --numjobs=1 --group_reporting)
-# Lay the file out once: a read of never-written extents returns zeros without touching the disk.
-fio --name=layout "${fio_common[@]}" --rw=write >/dev/null
-
+# Both programs write their file in full right before each timed pass (zinf bench io calls it
+# preconditioning): a read of never-written extents returns zeros without touching the disk, and
+# writes are timed as overwrites. Both files are kept until the end (zinf: --keep), because
+# deleting gigabytes on a file system mounted with `discard` sends TRIMs that slow down
+# whichever program runs next.
 for op in write read; do
   for r in $(seq 1 "$rounds"); do
+    fio --name=layout "${fio_common[@]}" --rw=write >/dev/null
     fio --name="$op" "${fio_common[@]}" --rw="$op" --iomem=shmhuge --hugepage-size=2m \
         --output-format=json > "$work/fio-$op-$r.json"
     "$zinf" bench io --dir "$dir" --size "$size" --block-size "$bs" --queue-depth "$qd" \
-        --engine uring --op "$op" --loops 1 --json "${extra[@]}" > "$work/zinf-$op-$r.json"
+        --engine uring --op "$op" --loops 1 --keep --json "${extra[@]}" > "$work/zinf-$op-$r.json"
   done
 done
 
