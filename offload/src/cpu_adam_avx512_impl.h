@@ -139,8 +139,14 @@ constexpr std::size_t grad_bytes() {
   return G == ElemType::kF32 ? 4 : 2;
 }
 
+// The loop dispatch() instantiates (cpu_adam_kernel.h), one per combination of choices.
+struct Avx512Kernel {
+  template <DecayKind D, ElemType G, ElemType O, bool kOut>
+  static void run(const KernelArgs& a, std::size_t begin, std::size_t end);
+};
+
 template <DecayKind D, ElemType G, ElemType O, bool kOut>
-void run(const KernelArgs& a, std::size_t begin, std::size_t end) {
+void Avx512Kernel::run(const KernelArgs& a, std::size_t begin, std::size_t end) {
   const Consts c(a);
   std::size_t i = begin;
   // Two vectors (two cache lines of each fp32 array) per iteration, with two independent
@@ -162,30 +168,6 @@ void run(const KernelArgs& a, std::size_t begin, std::size_t end) {
   if (i < end) {
     const auto k = static_cast<__mmask16>((1u << (end - i)) - 1u);
     update<D, G, O, kOut, true>(a, c, i, k);
-  }
-}
-
-template <DecayKind D, ElemType G>
-void dispatch_out(const KernelArgs& a, std::size_t begin, std::size_t end) {
-  if (a.out == nullptr) return run<D, G, ElemType::kF32, false>(a, begin, end);
-  if (a.out_type == ElemType::kBF16) return run<D, G, ElemType::kBF16, true>(a, begin, end);
-  return run<D, G, ElemType::kF16, true>(a, begin, end);
-}
-
-template <DecayKind D>
-void dispatch_grad(const KernelArgs& a, std::size_t begin, std::size_t end) {
-  switch (a.grad_type) {
-    case ElemType::kF32: return dispatch_out<D, ElemType::kF32>(a, begin, end);
-    case ElemType::kBF16: return dispatch_out<D, ElemType::kBF16>(a, begin, end);
-    case ElemType::kF16: return dispatch_out<D, ElemType::kF16>(a, begin, end);
-  }
-}
-
-void dispatch(const KernelArgs& a, std::size_t begin, std::size_t end) {
-  switch (a.decay_kind) {
-    case DecayKind::kNone: return dispatch_grad<DecayKind::kNone>(a, begin, end);
-    case DecayKind::kL2: return dispatch_grad<DecayKind::kL2>(a, begin, end);
-    case DecayKind::kDecoupled: return dispatch_grad<DecayKind::kDecoupled>(a, begin, end);
   }
 }
 
