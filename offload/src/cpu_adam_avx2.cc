@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "cpu_adam_kernel.h"
+#include "cpu_adam_x86_common.h"
 
 namespace zinf::offload::detail {
 namespace {
@@ -97,20 +98,6 @@ inline void update(const Consts& c, const Lanes& l) {
     }
     _mm_storeu_si128(reinterpret_cast<__m128i*>(l.out), h);
   }
-}
-
-template <ElemType G>
-constexpr std::size_t grad_bytes() {
-  return G == ElemType::kF32 ? 4 : 2;
-}
-
-// Software prefetch distance in elements, as in the AVX-512 path (cpu_adam_avx512_impl.h,
-// where it was measured); the address is an integer because it may lie past the array end.
-constexpr std::size_t kPrefetchElems = 512;
-
-inline void prefetch(const void* base, std::size_t byte_offset) {
-  const std::uintptr_t addr = reinterpret_cast<std::uintptr_t>(base) + byte_offset;
-  _mm_prefetch(reinterpret_cast<const char*>(addr), _MM_HINT_T0);
 }
 
 // The loop dispatch() instantiates (cpu_adam_kernel.h), one per combination of choices.

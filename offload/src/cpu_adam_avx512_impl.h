@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "cpu_adam_kernel.h"
+#include "cpu_adam_x86_common.h"
 
 namespace zinf::offload::detail {
 namespace {
@@ -119,24 +120,6 @@ inline void update(const KernelArgs& a, const Consts& c, std::size_t i, __mmask1
   store_f32<kMasked>(a.m + i, m, k);
   store_f32<kMasked>(a.v + i, v, k);
   if constexpr (kOut) store_out<O, kMasked>(a.out, i, p, k);
-}
-
-// Software prefetch distance, in elements. On one thread, where a core's outstanding misses
-// limit bandwidth, prefetching 512 elements (2 KiB per fp32 stream) ahead measured 3-12%
-// faster than none and than 256 or 1024-1536 (100M elements, alternated runs, Zen 4); on two
-// threads it made no difference within the noise.
-constexpr std::size_t kPrefetchElems = 512;
-
-// Prefetches one cache line; the address is formed as an integer because it may lie past the
-// end of the array (prefetch never faults, but pointer arithmetic there would be undefined).
-inline void prefetch(const void* base, std::size_t byte_offset) {
-  const std::uintptr_t addr = reinterpret_cast<std::uintptr_t>(base) + byte_offset;
-  _mm_prefetch(reinterpret_cast<const char*>(addr), _MM_HINT_T0);
-}
-
-template <ElemType G>
-constexpr std::size_t grad_bytes() {
-  return G == ElemType::kF32 ? 4 : 2;
 }
 
 // The loop dispatch() instantiates (cpu_adam_kernel.h), one per combination of choices.
