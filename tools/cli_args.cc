@@ -106,23 +106,11 @@ Args::Args(std::string command, std::vector<std::string> tokens)
     : command_(std::move(command)), tokens_(std::move(tokens)), used_(tokens_.size(), false) {}
 
 std::optional<std::string> Args::take(std::string_view name) {
-  known_.emplace_back("--" + std::string(name));
-  std::optional<std::string> value;
-  const std::string flag = "--" + std::string(name);
-  for (std::size_t i = 0; i < tokens_.size(); ++i) {
-    if (used_[i]) continue;
-    const std::string& tok = tokens_[i];
-    if (tok == flag) {
-      if (i + 1 >= tokens_.size()) throw UsageError("option " + flag + " needs a value");
-      used_[i] = used_[i + 1] = true;
-      value = tokens_[i + 1];
-      ++i;
-    } else if (tok.rfind(flag + "=", 0) == 0) {
-      used_[i] = true;
-      value = tok.substr(flag.size() + 1);
-    }
-  }
-  return value;
+  // The same scan as strings(), so `--name v` and `--name=v` are accepted alike; the last
+  // occurrence wins.
+  std::vector<std::string> values = strings(name);
+  if (values.empty()) return std::nullopt;
+  return std::move(values.back());
 }
 
 std::string Args::string(std::string_view name, std::string fallback) {

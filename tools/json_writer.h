@@ -20,22 +20,10 @@ class JsonWriter {
   void field(std::string_view key, std::int64_t v) { key_(key); out_ += std::to_string(v); }
   void field(std::string_view key, double v) { key_(key); number(v); }
   void field(std::string_view key, const std::vector<double>& v) {
-    key_(key);
-    out_ += '[';
-    for (std::size_t i = 0; i < v.size(); ++i) {
-      if (i) out_ += ',';
-      number(v[i]);
-    }
-    out_ += ']';
+    array(key, v, [this](double x) { number(x); });
   }
   void field(std::string_view key, const std::vector<std::string>& v) {
-    key_(key);
-    out_ += '[';
-    for (std::size_t i = 0; i < v.size(); ++i) {
-      if (i) out_ += ',';
-      quote(v[i]);
-    }
-    out_ += ']';
+    array(key, v, [this](const std::string& x) { quote(x); });
   }
   /// The object, e.g. {"op":"read","gbps":3.1}
   std::string str() const { return out_ + '}'; }
@@ -45,6 +33,17 @@ class JsonWriter {
     out_ += out_.size() > 1 ? "," : "";
     quote(std::string(k));
     out_ += ':';
+  }
+  // `key`:[e0,e1,...], each element written by `write`.
+  template <typename T, typename Write>
+  void array(std::string_view key, const std::vector<T>& v, Write write) {
+    key_(key);
+    out_ += '[';
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (i) out_ += ',';
+      write(v[i]);
+    }
+    out_ += ']';
   }
   void number(double v) {
     if (!std::isfinite(v)) {

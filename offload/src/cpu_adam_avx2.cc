@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "cpu_adam_kernel.h"
+#include "cpu_adam_x86_common.h"
 
 namespace zinf::offload::detail {
 namespace {
@@ -99,22 +100,14 @@ inline void update(const Consts& c, const Lanes& l) {
   }
 }
 
-template <ElemType G>
-constexpr std::size_t grad_bytes() {
-  return G == ElemType::kF32 ? 4 : 2;
-}
-
-// Software prefetch distance in elements, as in the AVX-512 path (cpu_adam_avx512_impl.h,
-// where it was measured); the address is an integer because it may lie past the array end.
-constexpr std::size_t kPrefetchElems = 512;
-
-inline void prefetch(const void* base, std::size_t byte_offset) {
-  const std::uintptr_t addr = reinterpret_cast<std::uintptr_t>(base) + byte_offset;
-  _mm_prefetch(reinterpret_cast<const char*>(addr), _MM_HINT_T0);
-}
+// The loop dispatch() instantiates (cpu_adam_kernel.h), one per combination of choices.
+struct Avx2Kernel {
+  template <DecayKind D, ElemType G, ElemType O, bool kOut>
+  static void run(const KernelArgs& a, std::size_t begin, std::size_t end);
+};
 
 template <DecayKind D, ElemType G, ElemType O, bool kOut>
-void run(const KernelArgs& a, std::size_t begin, std::size_t end) {
+void Avx2Kernel::run(const KernelArgs& a, std::size_t begin, std::size_t end) {
   const Consts c(a);
   const auto* grads = static_cast<const unsigned char*>(a.grads);
   auto* out = static_cast<std::uint16_t*>(a.out);
@@ -153,30 +146,10 @@ void run(const KernelArgs& a, std::size_t begin, std::size_t end) {
   }
 }
 
-template <DecayKind D, ElemType G>
-void dispatch_out(const KernelArgs& a, std::size_t begin, std::size_t end) {
-  if (a.out == nullptr) return run<D, G, ElemType::kF32, false>(a, begin, end);
-  if (a.out_type == ElemType::kBF16) return run<D, G, ElemType::kBF16, true>(a, begin, end);
-  return run<D, G, ElemType::kF16, true>(a, begin, end);
-}
-
-template <DecayKind D>
-void dispatch_grad(const KernelArgs& a, std::size_t begin, std::size_t end) {
-  switch (a.grad_type) {
-    case ElemType::kF32: return dispatch_out<D, ElemType::kF32>(a, begin, end);
-    case ElemType::kBF16: return dispatch_out<D, ElemType::kBF16>(a, begin, end);
-    case ElemType::kF16: return dispatch_out<D, ElemType::kF16>(a, begin, end);
-  }
-}
-
 }  // namespace
 
 void adam_kernel_avx2(const KernelArgs& args, std::size_t begin, std::size_t end) {
-  switch (args.decay_kind) {
-    case DecayKind::kNone: return dispatch_grad<DecayKind::kNone>(args, begin, end);
-    case DecayKind::kL2: return dispatch_grad<DecayKind::kL2>(args, begin, end);
-    case DecayKind::kDecoupled: return dispatch_grad<DecayKind::kDecoupled>(args, begin, end);
-  }
+  dispatch<Avx2Kernel>(args, begin, end);
 }
 
 }  // namespace zinf::offload::detail

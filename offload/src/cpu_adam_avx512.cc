@@ -7,7 +7,7 @@
 namespace zinf::offload::detail {
 
 void adam_kernel_avx512(const KernelArgs& args, std::size_t begin, std::size_t end) {
-  dispatch(args, begin, end);
+  dispatch<Avx512Kernel>(args, begin, end);
 }
 
 }  // namespace zinf::offload::detail

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "cpu_adam_kernel.h"
+#include "cpu_adam_x86_common.h"
 
 namespace zinf::offload::detail {
 namespace {
@@ -121,26 +122,14 @@ inline void update(const KernelArgs& a, const Consts& c, std::size_t i, __mmask1
   if constexpr (kOut) store_out<O, kMasked>(a.out, i, p, k);
 }
 
-// Software prefetch distance, in elements. On one thread, where a core's outstanding misses
-// limit bandwidth, prefetching 512 elements (2 KiB per fp32 stream) ahead measured 3-12%
-// faster than none and than 256 or 1024-1536 (100M elements, alternated runs, Zen 4); on two
-// threads it made no difference within the noise.
-constexpr std::size_t kPrefetchElems = 512;
-
-// Prefetches one cache line; the address is formed as an integer because it may lie past the
-// end of the array (prefetch never faults, but pointer arithmetic there would be undefined).
-inline void prefetch(const void* base, std::size_t byte_offset) {
-  const std::uintptr_t addr = reinterpret_cast<std::uintptr_t>(base) + byte_offset;
-  _mm_prefetch(reinterpret_cast<const char*>(addr), _MM_HINT_T0);
-}
-
-template <ElemType G>
-constexpr std::size_t grad_bytes() {
-  return G == ElemType::kF32 ? 4 : 2;
-}
+// The loop dispatch() instantiates (cpu_adam_kernel.h), one per combination of choices.
+struct Avx512Kernel {
+  template <DecayKind D, ElemType G, ElemType O, bool kOut>
+  static void run(const KernelArgs& a, std::size_t begin, std::size_t end);
+};
 
 template <DecayKind D, ElemType G, ElemType O, bool kOut>
-void run(const KernelArgs& a, std::size_t begin, std::size_t end) {
+void Avx512Kernel::run(const KernelArgs& a, std::size_t begin, std::size_t end) {
   const Consts c(a);
   std::size_t i = begin;
   // Two vectors (two cache lines of each fp32 array) per iteration, with two independent
@@ -162,30 +151,6 @@ void run(const KernelArgs& a, std::size_t begin, std::size_t end) {
   if (i < end) {
     const auto k = static_cast<__mmask16>((1u << (end - i)) - 1u);
     update<D, G, O, kOut, true>(a, c, i, k);
-  }
-}
-
-template <DecayKind D, ElemType G>
-void dispatch_out(const KernelArgs& a, std::size_t begin, std::size_t end) {
-  if (a.out == nullptr) return run<D, G, ElemType::kF32, false>(a, begin, end);
-  if (a.out_type == ElemType::kBF16) return run<D, G, ElemType::kBF16, true>(a, begin, end);
-  return run<D, G, ElemType::kF16, true>(a, begin, end);
-}
-
-template <DecayKind D>
-void dispatch_grad(const KernelArgs& a, std::size_t begin, std::size_t end) {
-  switch (a.grad_type) {
-    case ElemType::kF32: return dispatch_out<D, ElemType::kF32>(a, begin, end);
-    case ElemType::kBF16: return dispatch_out<D, ElemType::kBF16>(a, begin, end);
-    case ElemType::kF16: return dispatch_out<D, ElemType::kF16>(a, begin, end);
-  }
-}
-
-void dispatch(const KernelArgs& a, std::size_t begin, std::size_t end) {
-  switch (a.decay_kind) {
-    case DecayKind::kNone: return dispatch_grad<DecayKind::kNone>(a, begin, end);
-    case DecayKind::kL2: return dispatch_grad<DecayKind::kL2>(a, begin, end);
-    case DecayKind::kDecoupled: return dispatch_grad<DecayKind::kDecoupled>(a, begin, end);
   }
 }
 

@@ -49,6 +49,38 @@ struct KernelArgs {
 //   p = fma(neg_step_size, m / denom, p)
 using KernelFn = void (*)(const KernelArgs& args, std::size_t begin, std::size_t end);
 
+// Turns the run-time choices in `a` (decay kind, gradient type, copy-out) into a call of
+// `Kernel::run<D, G, O, kOut>(a, begin, end)`, the per-ISA loop. One ladder serves every ISA.
+// `Kernel` must be declared in the calling kernel TU's unnamed namespace: every instantiation
+// then has internal linkage, so no copy built with one TU's -m flags can be merged by the
+// linker into another (the hazard described at the top of this file).
+template <class Kernel, DecayKind D, ElemType G>
+void dispatch_out(const KernelArgs& a, std::size_t begin, std::size_t end) {
+  if (a.out == nullptr) return Kernel::template run<D, G, ElemType::kF32, false>(a, begin, end);
+  if (a.out_type == ElemType::kBF16) {
+    return Kernel::template run<D, G, ElemType::kBF16, true>(a, begin, end);
+  }
+  return Kernel::template run<D, G, ElemType::kF16, true>(a, begin, end);
+}
+
+template <class Kernel, DecayKind D>
+void dispatch_grad(const KernelArgs& a, std::size_t begin, std::size_t end) {
+  switch (a.grad_type) {
+    case ElemType::kF32: return dispatch_out<Kernel, D, ElemType::kF32>(a, begin, end);
+    case ElemType::kBF16: return dispatch_out<Kernel, D, ElemType::kBF16>(a, begin, end);
+    case ElemType::kF16: return dispatch_out<Kernel, D, ElemType::kF16>(a, begin, end);
+  }
+}
+
+template <class Kernel>
+void dispatch(const KernelArgs& a, std::size_t begin, std::size_t end) {
+  switch (a.decay_kind) {
+    case DecayKind::kNone: return dispatch_grad<Kernel, DecayKind::kNone>(a, begin, end);
+    case DecayKind::kL2: return dispatch_grad<Kernel, DecayKind::kL2>(a, begin, end);
+    case DecayKind::kDecoupled: return dispatch_grad<Kernel, DecayKind::kDecoupled>(a, begin, end);
+  }
+}
+
 void adam_kernel_scalar(const KernelArgs& args, std::size_t begin, std::size_t end);
 void stream_rmw_kernel(float* a, const float* b, float s, std::size_t begin, std::size_t end);
 #if ZINF_CPU_ADAM_X86

@@ -88,8 +88,14 @@ float load_grad(const void* grads, std::size_t i) {
   }
 }
 
+// The loop dispatch() instantiates (cpu_adam_kernel.h), one per combination of choices.
+struct ScalarKernel {
+  template <DecayKind D, ElemType G, ElemType O, bool kOut>
+  static void run(const KernelArgs& a, std::size_t begin, std::size_t end);
+};
+
 template <DecayKind D, ElemType G, ElemType O, bool kOut>
-void run(const KernelArgs& a, std::size_t begin, std::size_t end) {
+void ScalarKernel::run(const KernelArgs& a, std::size_t begin, std::size_t end) {
   for (std::size_t i = begin; i < end; ++i) {
     float p = a.params[i];
     float g = load_grad<G>(a.grads, i) * a.grad_scale;
@@ -109,30 +115,10 @@ void run(const KernelArgs& a, std::size_t begin, std::size_t end) {
   }
 }
 
-template <DecayKind D, ElemType G>
-void dispatch_out(const KernelArgs& a, std::size_t begin, std::size_t end) {
-  if (a.out == nullptr) return run<D, G, ElemType::kF32, false>(a, begin, end);
-  if (a.out_type == ElemType::kBF16) return run<D, G, ElemType::kBF16, true>(a, begin, end);
-  return run<D, G, ElemType::kF16, true>(a, begin, end);
-}
-
-template <DecayKind D>
-void dispatch_grad(const KernelArgs& a, std::size_t begin, std::size_t end) {
-  switch (a.grad_type) {
-    case ElemType::kF32: return dispatch_out<D, ElemType::kF32>(a, begin, end);
-    case ElemType::kBF16: return dispatch_out<D, ElemType::kBF16>(a, begin, end);
-    case ElemType::kF16: return dispatch_out<D, ElemType::kF16>(a, begin, end);
-  }
-}
-
 }  // namespace
 
 void adam_kernel_scalar(const KernelArgs& args, std::size_t begin, std::size_t end) {
-  switch (args.decay_kind) {
-    case DecayKind::kNone: return dispatch_grad<DecayKind::kNone>(args, begin, end);
-    case DecayKind::kL2: return dispatch_grad<DecayKind::kL2>(args, begin, end);
-    case DecayKind::kDecoupled: return dispatch_grad<DecayKind::kDecoupled>(args, begin, end);
-  }
+  dispatch<ScalarKernel>(args, begin, end);
 }
 
 void stream_rmw_kernel(float* a, const float* b, float s, std::size_t begin, std::size_t end) {

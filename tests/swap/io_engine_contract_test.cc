@@ -30,14 +30,8 @@ using test::fill_pattern;
 
 constexpr std::uint32_t kBlock = 64 << 10;  // small blocks: many pieces per request, fast tests
 
-class IoEngineContract : public ::testing::TestWithParam<IoEngineKind> {
+class IoEngineContract : public test::BackendTest {
  protected:
-  void SetUp() override {
-    if (std::string why = test::backend_unavailable(GetParam()); !why.empty()) {
-      GTEST_SKIP() << io_engine_kind_name(GetParam()) << " unavailable: " << why;
-    }
-  }
-
   std::unique_ptr<IoEngine> make(std::shared_ptr<FaultPlan> faults = nullptr,
                                  std::uint32_t queue_depth = 8) {
     IoOptions o;

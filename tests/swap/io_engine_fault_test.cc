@@ -40,14 +40,8 @@ using test::fill_pattern;
 
 constexpr std::uint32_t kBlock = 64 << 10;
 
-class IoEngineFault : public ::testing::TestWithParam<IoEngineKind> {
+class IoEngineFault : public test::BackendTest {
  protected:
-  void SetUp() override {
-    if (std::string why = test::backend_unavailable(GetParam()); !why.empty()) {
-      GTEST_SKIP() << io_engine_kind_name(GetParam()) << " unavailable: " << why;
-    }
-  }
-
   std::unique_ptr<IoEngine> make(std::vector<FaultRule> rules, std::uint64_t seed = 1) {
     plan_ = std::make_shared<FaultPlan>(std::move(rules), seed);
     IoOptions o;

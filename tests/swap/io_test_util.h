@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Helpers shared by the IoEngine tests: an aligned test buffer, the list of backends to run a
-// suite against, and an engine factory that skips (with the reason) where a backend cannot start.
+// suite against, and a base fixture that skips (with the reason) where a backend cannot start.
 #pragma once
 
 #include <algorithm>
@@ -55,6 +55,18 @@ inline std::string backend_unavailable(swap::IoEngineKind kind) {
   if (kind != swap::IoEngineKind::kUring) return {};
   return swap::io_uring_unavailable_reason();
 }
+
+/// Base fixture of the suites instantiated over all_backends(): each test skips, naming its
+/// backend and the reason, where that backend cannot start here. A subclass that overrides
+/// SetUp() calls this one first and returns if IsSkipped().
+class BackendTest : public ::testing::TestWithParam<swap::IoEngineKind> {
+ protected:
+  void SetUp() override {
+    if (std::string why = backend_unavailable(GetParam()); !why.empty()) {
+      GTEST_SKIP() << swap::io_engine_kind_name(GetParam()) << " unavailable: " << why;
+    }
+  }
+};
 
 }  // namespace zinf::test
 

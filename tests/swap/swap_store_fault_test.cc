@@ -28,14 +28,8 @@ using test::fill_pattern;
 
 constexpr std::uint32_t kStripe = 64 << 10;
 
-class SwapStoreFault : public ::testing::TestWithParam<IoEngineKind> {
+class SwapStoreFault : public test::BackendTest {
  protected:
-  void SetUp() override {
-    if (std::string why = test::backend_unavailable(GetParam()); !why.empty()) {
-      GTEST_SKIP() << io_engine_kind_name(GetParam()) << " unavailable: " << why;
-    }
-  }
-
   // An engine with `rules` and a store over `n_dirs` directories (file i gets FileId i: the
   // engine is fresh and the store attaches in order).
   void make(std::vector<FaultRule> rules, int n_dirs, bool checksums = false) {

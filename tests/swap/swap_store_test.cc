@@ -87,12 +87,11 @@ std::optional<std::uint64_t> unwritten_bytes(const std::string& path) {
   return unwritten;
 }
 
-class SwapStoreTest : public ::testing::TestWithParam<IoEngineKind> {
+class SwapStoreTest : public test::BackendTest {
  protected:
   void SetUp() override {
-    if (std::string why = test::backend_unavailable(GetParam()); !why.empty()) {
-      GTEST_SKIP() << io_engine_kind_name(GetParam()) << " unavailable: " << why;
-    }
+    test::BackendTest::SetUp();
+    if (IsSkipped()) return;
     IoOptions o;
     o.kind = GetParam();
     o.block_size = kStripe;
