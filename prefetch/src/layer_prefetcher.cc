@@ -126,6 +126,7 @@ struct LayerPrefetcher::Impl {
   bool evict_one();
   bool try_issue(std::size_t layer);
   void fill_window();
+  void preallocate();
   bool track_order(std::size_t layer);
   void fetch_on_demand(std::size_t layer, std::unique_lock<std::mutex>& lock);
   void wait_for_read(Slot& s, std::unique_lock<std::mutex>& lock);
@@ -248,7 +249,25 @@ LayerPrefetcher::Impl::Impl(PrefetcherOptions opts, swap::SwapStore& s, cuda::De
     slot.copy_event = device.create_event();
     slot.release_event = device.create_event();
   }
+  if (options.preallocate_device) preallocate();
   copy_stream = device.create_stream();
+}
+
+// Fills the cache with device buffers for the first layers the window will hold, leaving room
+// in max_bytes for the largest layer's staging and device memory, so that on-demand fetches
+// still fit.
+void LayerPrefetcher::Impl::preallocate() {
+  std::uint64_t largest = 0;
+  for (const Slot& s : slots) largest = std::max(largest, s.staging_bytes + s.bytes);
+  const std::vector<std::size_t>& first = order.empty() ? options.order : order;
+  const std::size_t n = std::min<std::size_t>(options.depth + 2, slots.size());
+  for (std::size_t k = 0; k < n; ++k) {
+    const std::size_t layer = first.empty() ? k : first[k % first.size()];
+    const std::uint64_t bytes = slots[layer].bytes;
+    if (device_bytes + bytes + largest > options.max_bytes) break;
+    cache.emplace(bytes, device.allocate(bytes));
+    device_bytes += bytes;
+  }
 }
 
 LayerPrefetcher::Impl::~Impl() {
@@ -262,6 +281,16 @@ LayerPrefetcher::Impl::~Impl() {
     }
   }
   for (auto& t : tickets) t.wait_status().ignore("the layer was never acquired, or its acquire reported it");
+  // The engine's registration pins the arena's pages: once the arena is unmapped, a later
+  // arena mapped at the same address would be read into the old pages. Drop it while no read
+  // of ours is in flight.
+  if (options.register_with_engine != nullptr) {
+    try {
+      (void)options.register_with_engine->register_buffers({});
+    } catch (const std::exception& e) {
+      log(LogLevel::kWarning, std::string("layer prefetcher: unregistering the staging arena: ") + e.what());
+    }
+  }
   // Work enqueued on the compute stream may still read layer buffers.
   try {
     device.synchronize(compute);

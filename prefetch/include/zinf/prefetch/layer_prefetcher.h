@@ -41,9 +41,17 @@ struct PrefetcherOptions {
   bool prefault_staging = false;
   /// Ask for 2 MiB pages for the staging arena (BufferPoolOptions::huge_pages).
   bool huge_pages = true;
+  /// Allocate at construction the device memory the window will use (buffers for the first
+  /// depth + 2 layers of the order, or of the layer list when tracing, within max_bytes), so
+  /// that acquire and release do not call the device allocator: cudaMalloc is slow and may
+  /// synchronize the device. Buffers are reused for layers of the same size.
+  bool preallocate_device = true;
   /// If set, the staging arena is registered with this engine (IoEngine::register_buffers:
-  /// io_uring fixed buffers). That replaces the engine's earlier registrations, so leave it
-  /// null when the engine serves other registered buffers. Must be the store's engine.
+  /// io_uring fixed buffers), and unregistered (register_buffers with no regions) by the
+  /// destructor, since the arena goes with the prefetcher. That replaces the engine's other
+  /// registrations, so leave it null when the engine serves other registered buffers. Must be
+  /// the store's engine, and no other request on it may be in flight at construction and
+  /// destruction (register_buffers' precondition).
   swap::IoEngine* register_with_engine = nullptr;
 };
 
