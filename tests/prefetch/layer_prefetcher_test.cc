@@ -427,15 +427,17 @@ TEST(LayerPrefetcher, ComputeStreamFailureFailsThePrefetcher) {
 // it goes: the next prefetcher's arena (often mapped at the same address) must not be read into
 // the first one's pinned pages. With io_uring this is where stale fixed buffers would show.
 TEST(LayerPrefetcher, EngineRegistrationEndsWithThePrefetcher) {
-  RigOptions o = uniform(4);
+  RigOptions o = uniform(4, 2u << 20);  // an arena large enough to be mapped where the last was
   o.engine = swap::IoEngineKind::kUring;
   if (std::string why = swap::io_uring_unavailable_reason(); !why.empty()) {
     GTEST_SKIP() << "io_uring unavailable: " << why;
   }
   Rig rig(o);
+  // Rounds 1 and 3 register, round 2 does not: it reads into an arena that round 1's (gone)
+  // registration would cover if it had been left behind.
   for (int round = 0; round < 3; ++round) {
     PrefetcherOptions po = rig.options(2, forward(4));
-    po.register_with_engine = &rig.engine();
+    if (round != 1) po.register_with_engine = &rig.engine();
     auto p = rig.make(po);
     run_order(*p, rig, forward(4));
     EXPECT_EQ(rig.mismatches(), std::vector<std::string>{}) << "round " << round;
