@@ -70,13 +70,17 @@ struct StreamCounters {
 //
 // Hand-offs: the caller fills `staging` before submitting; the completion callback then owns
 // it (reads its span, or resets it on failure) and publishes its outcome with `phase`
-// (release); on success the host function after the copy resets it. The caller reads `error`
-// only after loading phase == kFailed (acquire).
+// (release); on success the host function after the copy resets it. The caller reads the
+// failure fields only after loading phase == kFailed (acquire). Failures cross threads as
+// values (a Status, a message) and become exceptions on the caller's thread: an exception_ptr
+// released last on an engine thread races with the caller still reading the exception.
 struct Issue {
   enum Phase : int { kReading = 0, kCopyEnqueued = 1, kFailed = 2 };
   std::atomic<int> phase{kReading};
-  bool device_failure = false;  // the copy could not be enqueued: fatal for the prefetcher
-  std::exception_ptr error;
+  Status read_failure;               // the read's failed Status (from the engine)
+  bool device_failure = false;       // the copy could not be enqueued: fatal for the prefetcher
+  std::string device_failure_text;   // its message
+  std::exception_ptr submit_error;   // swap_in refused synchronously (caller's thread only)
   swap::BufferLease staging;
   swap::IoTicket ticket;  // caller only
   std::uint64_t generation = 0;
@@ -385,12 +389,14 @@ bool LayerPrefetcher::Impl::evict_one() {
     if (s.state != SlotState::kWindow || !issue_done(s) || !release_done(s)) continue;
     if (s.issue && s.issue->phase.load(std::memory_order_acquire) == Issue::kFailed) {
       ++stats.evictions;
-      std::string what = "unknown error";
-      try {
-        std::rethrow_exception(s.issue->error);
-      } catch (const std::exception& e) {
-        what = e.what();
-      } catch (...) {
+      std::string what = s.issue->read_failure.to_string();
+      if (s.issue->submit_error) {
+        try {
+          std::rethrow_exception(s.issue->submit_error);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
       }
       log(LogLevel::kWarning, "layer prefetcher: dropping the failed read of layer " +
                                   std::to_string(i) + ", evicted before any acquire (it will "
@@ -442,7 +448,7 @@ bool LayerPrefetcher::Impl::try_issue(std::size_t layer) {
     issue->ticket = store.swap_in(s.key, issue->staging.span(),
                                   [this, issue, layer](const Status& st) { on_read_complete(issue, layer, st); });
   } catch (const Error&) {
-    issue->error = std::current_exception();
+    issue->submit_error = std::current_exception();
     issue->staging.reset();
     issue->phase.store(Issue::kFailed, std::memory_order_release);
   }
@@ -456,7 +462,7 @@ void LayerPrefetcher::Impl::on_read_complete(const std::shared_ptr<Issue>& issue
                                              const Status& status) {
   if (!status.ok()) {
     read_failures.fetch_add(1, std::memory_order_relaxed);
-    issue->error = std::make_exception_ptr(IoError(status));
+    issue->read_failure = status;
     issue->staging.reset();
     issue->phase.store(Issue::kFailed, std::memory_order_release);
     progress->notify();
@@ -477,9 +483,14 @@ void LayerPrefetcher::Impl::on_read_complete(const std::shared_ptr<Issue>& issue
     });
     device.record(s.copy_event, copy_stream);
     issue->phase.store(Issue::kCopyEnqueued, std::memory_order_release);
+  } catch (const std::exception& e) {
+    issue->device_failure = true;
+    issue->device_failure_text = std::string("copying layer ") + std::to_string(layer) +
+                                 " to the device: " + e.what();
+    issue->phase.store(Issue::kFailed, std::memory_order_release);
   } catch (...) {
     issue->device_failure = true;
-    issue->error = std::current_exception();
+    issue->device_failure_text = "copying layer " + std::to_string(layer) + " to the device: unknown exception";
     issue->phase.store(Issue::kFailed, std::memory_order_release);
   }
   progress->notify();
@@ -630,8 +641,12 @@ cuda::DeviceSpan LayerPrefetcher::acquire(std::size_t layer) {
     m.stats.acquire_blocked_time += std::chrono::duration_cast<std::chrono::nanoseconds>(blocked);
 
     if (s.issue && s.issue->phase.load(std::memory_order_acquire) == Issue::kFailed) {
-      std::exception_ptr error = s.issue->error;
-      if (s.issue->device_failure) m.fail_and_rethrow(error);
+      if (s.issue->device_failure) {
+        m.fail_and_rethrow(std::make_exception_ptr(DeviceError(s.issue->device_failure_text)));
+      }
+      std::exception_ptr error = s.issue->submit_error
+                                     ? s.issue->submit_error
+                                     : std::make_exception_ptr(IoError(s.issue->read_failure));
       m.recycle(s);  // its staging is back; a later acquire reads it again
       m.fill_window();
       std::rethrow_exception(error);
