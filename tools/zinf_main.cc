@@ -23,6 +23,8 @@ constexpr Command kCommands[] = {
      zinf::tools::bench_io_main},
     {"bench adam", "measure the CPU Adam kernel against memory bandwidth",
      zinf::tools::bench_adam_main},
+    {"bench prefetch", "measure how much NVMe read time the layer prefetcher hides behind compute",
+     zinf::tools::bench_prefetch_main},
 };
 
 void print_usage(std::FILE* out) {

@@ -161,6 +161,13 @@ CudaDevice::~CudaDevice() { check_no_live_owners(); }
 
 void CudaDevice::select() const { ZINF_CUDA_CHECK(cudaSetDevice(index_)); }
 
+CUstream_st* CudaDevice::native_stream(StreamRef stream) {
+  if (stream.empty() || stream.device() == nullptr || stream.device()->kind() != DeviceKind::kCuda) {
+    throw UsageError("native_stream: not a stream of a CUDA device");
+  }
+  return static_cast<CudaStream*>(impl_of(stream))->stream;
+}
+
 std::byte* CudaDevice::do_allocate(std::size_t bytes) {
   select();
   void* p = nullptr;

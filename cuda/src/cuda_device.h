@@ -9,6 +9,9 @@
 
 #include "device_base.h"
 
+// cudaStream_t is `CUstream_st*` (driver_types.h); declared here to keep cuda_runtime.h out.
+struct CUstream_st;
+
 namespace zinf::cuda::detail {
 
 class CudaDevice final : public DeviceBase {
@@ -16,6 +19,12 @@ class CudaDevice final : public DeviceBase {
   /// Selects device `device_index` (which probe_cuda() has seen). Throws DeviceError.
   explicit CudaDevice(int device_index);
   ~CudaDevice() override;
+
+  /// The CUDA device ordinal.
+  int index() const noexcept { return index_; }
+  /// The cudaStream_t behind `stream`, for other CUDA libraries inside zinf::cuda (NCCL).
+  /// Throws UsageError unless `stream` is a stream of a CudaDevice.
+  static CUstream_st* native_stream(StreamRef stream);
 
   std::string_view name() const noexcept override { return name_; }
   DeviceKind kind() const noexcept override { return DeviceKind::kCuda; }

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // End-to-end checks of the zinf tool as a user runs it: exit status, the one-line errors for
-// bad arguments, and a small verified `bench io` run with its JSON.
+// bad arguments, and small verified `bench io` and `bench prefetch` runs with their JSON.
 #include <sys/wait.h>
 
 #include <array>
@@ -110,6 +110,58 @@ TEST(BenchIoCli, SmallVerifiedRunOverTwoDirsPrintsJson) {
   }
   // Without --keep the data files are gone.
   EXPECT_FALSE(std::ifstream(a + "/zinf-bench-io.0.dat").good());
+}
+
+TEST(BenchPrefetchCli, SmallHostRunPrintsJsonWithTheKeys) {
+  zinf::test::TestDir dir;
+  ToolRun r = run_zinf("bench prefetch --dir " + dir.path() +
+                       " --layers 4 --layer-bytes 256K --compute-ms 1 --depth 2 --passes 2 "
+                       "--device host --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  for (const char* key : {"\"wall_seconds\":", "\"compute_seconds\":", "\"io_seconds\":",
+                          "\"stall_seconds\":", "\"depth\":2", "\"layers\":4",
+                          "\"layer_bytes\":262144", "\"wall_over_max\":", "\"hits\":",
+                          "\"late_layers\":", "\"device\":\"host\"", "\"verified\":true"}) {
+    EXPECT_NE(r.out.find(key), std::string::npos) << key << " missing in " << r.out;
+  }
+  EXPECT_EQ(r.out.find('\n'), r.out.size() - 1) << "one JSON object, one line: " << r.out;
+}
+
+TEST(BenchPrefetchCli, DepthZeroRunsOnDemand) {
+  zinf::test::TestDir dir;
+  ToolRun r = run_zinf("bench prefetch --dir " + dir.path() +
+                       " --layers 3 --layer-bytes 64K --compute-ms 0.5 --depth 0 --passes 1 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("\"depth\":0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"hits\":0"), std::string::npos) << r.out;
+}
+
+TEST(BenchPrefetchCli, BadArgumentsExit2WithOneLine) {
+  zinf::test::TestDir dir;
+  ToolRun r = run_zinf("bench prefetch --dir " + dir.path() + " --layer-bytes 1000");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "zinf bench prefetch: error: invalid --layer-bytes 1000: must be a positive "
+                   "multiple of 4096\n");
+  r = run_zinf("bench prefetch --dir " + dir.path() + " --device tpu");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "zinf bench prefetch: error: unknown device kind 'tpu' (expected auto, cuda or "
+                   "host)\n");
+  r = run_zinf("bench prefetch --dir /nonexistent/zinf-nowhere");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "zinf bench prefetch: error: directory does not exist: /nonexistent/zinf-nowhere\n");
+  r = run_zinf("bench prefetch --dept 2");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "zinf bench prefetch: error: unknown option '--dept' for 'bench prefetch' (did "
+                   "you mean --depth?)\n");
+  r = run_zinf("bench prefetch --dir " + dir.path() + " --layers 0");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "zinf bench prefetch: error: invalid --layers 0: must be between 1 and 100000\n");
+}
+
+TEST(BenchPrefetchCli, HelpExits0) {
+  ToolRun r = run_zinf("bench prefetch --help");
+  EXPECT_EQ(r.status, 0);
+  EXPECT_NE(r.out.find("usage: zinf bench prefetch"), std::string::npos) << r.out;
 }
 
 }  // namespace

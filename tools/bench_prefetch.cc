@@ -1,0 +1,345 @@
+// SPDX-License-Identifier: Apache-2.0
+// `zinf bench prefetch`: how well the LayerPrefetcher hides NVMe reads behind compute. Layers
+// live in a SwapStore on the user's directories; each pass acquires them in order with a
+// simulated per-layer compute on the compute stream, and the same run measures the reads
+// alone, so the wall time is compared with max(compute, I/O) and with their sum.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench_io_pattern.h"
+#include "cli_args.h"
+#include "commands.h"
+#include "json_writer.h"
+#include "zinf/common/error.h"
+#include "zinf/cuda/device.h"
+#include "zinf/prefetch/layer_prefetcher.h"
+#include "zinf/swap/buffer_pool.h"
+#include "zinf/swap/io_engine.h"
+#include "zinf/swap/swap_store.h"
+
+namespace zinf::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kHelp = R"(usage: zinf bench prefetch [options]
+
+Measures how much of the NVMe read time the layer prefetcher hides behind compute. Layers are
+written once to a swap store on DIR; each pass then acquires every layer in order, with a
+simulated compute of --compute-ms per layer on the compute stream, and also reads the layers
+alone (NVMe -> pinned, no compute) for the I/O time of the same run. Every byte is verified
+after the timed passes unless --no-verify.
+
+  --dir DIR            directory for the layers (repeatable: striped over the directories)
+                       [default: ./zinf-scratch, created if missing]
+  --layers N           number of layers [32]
+  --layer-bytes N      bytes per layer [16M]; a multiple of 4096
+  --compute-ms X       simulated compute per layer in ms [0 = the measured read time of one
+                       layer, so that I/O and compute are about equal]
+  --depth N            layers read ahead of the one computing; 0 = fetch on demand [2]
+  --device KIND        host | cuda | auto [host]
+  --copy-gbps X        host device only: host->device copy bandwidth cap in GB/s [0 = none]
+  --engine KIND        auto | uring | threads [auto]
+  --passes N           timed passes; medians are reported [3]
+  --no-verify          skip the final read-back check
+  --json               one JSON object on stdout instead of the table
+
+The wall time of a pass runs from the first acquire to the compute stream's last layer done.
+Target: with depth >= 2 and I/O about equal to compute, wall <= 1.10 x max(compute, io);
+with depth 0 the wall time is about compute + io.
+)";
+
+struct Config {
+  std::vector<std::string> dirs;
+  std::uint64_t layers = 32;
+  std::uint64_t layer_bytes = 16ull << 20;
+  double compute_ms = 0;
+  std::uint64_t depth = 2;
+  cuda::DeviceKind device = cuda::DeviceKind::kHost;
+  double copy_gbps = 0;
+  swap::IoEngineKind engine = swap::IoEngineKind::kAuto;
+  std::uint64_t passes = 3;
+  bool verify = true;
+  bool json = false;
+};
+
+void check_dir(const std::string& dir) {
+  std::error_code ec;
+  auto st = std::filesystem::status(dir, ec);
+  if (ec || !std::filesystem::exists(st)) throw UsageError("directory does not exist: " + dir);
+  if (!std::filesystem::is_directory(st)) throw UsageError("not a directory: " + dir);
+  if (::access(dir.c_str(), W_OK) != 0) {
+    throw UsageError("directory is not writable: " + dir + " (" + std::strerror(errno) + ")");
+  }
+}
+
+Config parse(const std::vector<std::string>& tokens, bool* help) {
+  Args a("bench prefetch", tokens);
+  Config c;
+  *help = a.help();
+  c.dirs = a.strings("dir");
+  c.layers = a.uint("layers", 32);
+  c.layer_bytes = a.size("layer-bytes", 16ull << 20);
+  c.compute_ms = a.number("compute-ms", 0);
+  c.depth = a.uint("depth", 2);
+  c.device = cuda::parse_device_kind(a.string("device", "host"));
+  c.copy_gbps = a.number("copy-gbps", 0);
+  c.engine = swap::parse_io_engine_kind(a.string("engine", "auto"));
+  c.passes = a.uint("passes", 3);
+  c.verify = !a.flag("no-verify");
+  c.json = a.flag("json");
+  a.finish();
+  if (*help) return c;
+  if (c.layers == 0 || c.layers > 100000) {
+    throw UsageError("invalid --layers " + std::to_string(c.layers) + ": must be between 1 and 100000");
+  }
+  if (c.layer_bytes == 0 || c.layer_bytes % kPatternSector != 0) {
+    throw UsageError("invalid --layer-bytes " + std::to_string(c.layer_bytes) +
+                     ": must be a positive multiple of 4096");
+  }
+  if (!(c.compute_ms >= 0) || c.compute_ms > 60000) {
+    throw UsageError("invalid --compute-ms: must be between 0 and 60000");
+  }
+  if (c.depth > 1024) throw UsageError("invalid --depth " + std::to_string(c.depth) + ": at most 1024");
+  if (!(c.copy_gbps >= 0)) throw UsageError("invalid --copy-gbps: must be >= 0");
+  if (c.passes == 0 || c.passes > 1000) {
+    throw UsageError("invalid --passes " + std::to_string(c.passes) + ": must be between 1 and 1000");
+  }
+  if (c.dirs.empty()) {
+    c.dirs.push_back("./zinf-scratch");
+    std::error_code ec;
+    std::filesystem::create_directories(c.dirs[0], ec);
+  }
+  for (const auto& d : c.dirs) check_dir(d);
+  return c;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+std::string layer_key(std::uint64_t l) { return "layer" + std::to_string(l); }
+
+// Reads every layer alone, one after the other, into one pinned buffer: the I/O time of a
+// pass without compute (the sum of the reads' times), checking each layer if `verify`.
+double read_alone(const Config& cfg, swap::SwapStore& store, swap::IoEngine& engine,
+                  swap::BufferPool& pool, bool verify) {
+  std::span<std::byte> arena = pool.arena();
+  (void)engine.register_buffers(std::span<const std::span<std::byte>>(&arena, 1));
+  swap::BufferLease lease = pool.acquire(store.padded_size(cfg.layer_bytes));
+  double seconds = 0;
+  for (std::uint64_t l = 0; l < cfg.layers; ++l) {
+    const auto start = Clock::now();
+    store.swap_in(layer_key(l), lease.span()).wait();
+    seconds += std::chrono::duration<double>(Clock::now() - start).count();
+    if (verify) {
+      std::string err = verify_block(lease.span().first(cfg.layer_bytes), static_cast<std::uint32_t>(l), 0, 1);
+      if (!err.empty()) throw Error("verification failed: layer " + std::to_string(l) + " read alone: " + err);
+    }
+  }
+  return seconds;
+}
+
+struct PassResult {
+  double wall = 0;
+  double compute = 0;  // measured durations of the simulated compute
+  prefetch::PrefetcherStats stats;
+};
+
+// One timed pass through a fresh prefetcher (its staging arena is made, prefaulted and
+// registered before the clock starts).
+PassResult prefetch_pass(const Config& cfg, swap::SwapStore& store, swap::IoEngine& engine,
+                         cuda::Device& device, cuda::StreamRef compute,
+                         const prefetch::PrefetcherOptions& po) {
+  PassResult r;
+  prefetch::PrefetcherOptions o = po;
+  o.register_with_engine = &engine;
+  prefetch::LayerPrefetcher p(o, store, device, compute);
+  auto compute_ns = std::make_shared<std::atomic<std::int64_t>>(0);
+  const auto per_layer = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double, std::milli>(cfg.compute_ms));
+  const auto start = Clock::now();
+  for (std::uint64_t l = 0; l < cfg.layers; ++l) {
+    (void)p.acquire(l);
+    // Sleeping (not spinning) leaves the CPUs to the I/O and copy threads, as a GPU kernel does.
+    device.enqueue_host_work(compute, [per_layer, compute_ns] {
+      const auto t0 = Clock::now();
+      std::this_thread::sleep_until(t0 + per_layer);
+      compute_ns->fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+    });
+    p.release(l);
+  }
+  device.synchronize(compute);
+  r.wall = std::chrono::duration<double>(Clock::now() - start).count();
+  r.compute = static_cast<double>(compute_ns->load()) / 1e9;
+  r.stats = p.stats();
+  return r;
+}
+
+// Acquires every layer once more and copies it back to the host to check every byte.
+void verify_through_prefetcher(const Config& cfg, swap::SwapStore& store, cuda::Device& device,
+                               cuda::StreamRef compute, const prefetch::PrefetcherOptions& po,
+                               swap::BufferPool& pool) {
+  prefetch::LayerPrefetcher p(po, store, device, compute);
+  swap::BufferLease back = pool.acquire(store.padded_size(cfg.layer_bytes));
+  cuda::PinnedRegistration pin = device.register_host(back.span());
+  for (std::uint64_t l = 0; l < cfg.layers; ++l) {
+    cuda::DeviceSpan span = p.acquire(l);
+    device.copy_to_host(compute, back.span().first(cfg.layer_bytes), span);
+    p.release(l);
+    device.synchronize(compute);
+    std::string err = verify_block(back.span().first(cfg.layer_bytes), static_cast<std::uint32_t>(l), 0, 1);
+    if (!err.empty()) {
+      throw Error("verification failed: layer " + std::to_string(l) + " on " +
+                  std::string(device.name()) + ": " + err);
+    }
+  }
+  pin.close().ignore("the buffer is returned right after; a failed unregister was logged");
+}
+
+}  // namespace
+
+int bench_prefetch_main(const std::vector<std::string>& tokens) {
+  bool help = false;
+  Config cfg = parse(tokens, &help);
+  if (help) {
+    std::fputs(kHelp, stdout);
+    return 0;
+  }
+
+  swap::IoOptions io;
+  io.kind = cfg.engine;
+  auto engine = swap::make_io_engine(io);
+  swap::SwapStoreOptions so;
+  so.directories = cfg.dirs;
+  const std::uint64_t padded_guess = (cfg.layer_bytes + (1u << 20) - 1) / (1u << 20) * (1u << 20);
+  so.capacity_bytes = padded_guess * cfg.layers;
+  swap::SwapStore store(so, *engine);
+  const std::uint64_t padded = store.padded_size(cfg.layer_bytes);
+
+  // Lay the layers out (stamped so that every byte can be checked later).
+  swap::BufferPoolOptions bo;
+  bo.budget_bytes = 2 * padded;
+  bo.alignment = store.alignment();
+  bo.prefault = true;
+  swap::BufferPool pool(bo);
+  {
+    swap::BufferLease w = pool.acquire(padded);
+    fill_bulk(w.span(), 1);
+    for (std::uint64_t l = 0; l < cfg.layers; ++l) {
+      store.allocate(layer_key(l), cfg.layer_bytes);
+      stamp_headers(w.span().first(cfg.layer_bytes), static_cast<std::uint32_t>(l), 0, 1);
+      store.swap_out(layer_key(l), w.span()).wait();
+    }
+  }
+
+  cuda::DeviceOptions dopt;
+  dopt.kind = cfg.device;
+  dopt.host_copy_bandwidth_gbps = cfg.copy_gbps;
+  auto device = cuda::make_device(dopt);
+  cuda::Stream compute = device->create_stream();
+
+  // An untimed read pass warms what can be warmed (page tables, the engine's threads) and, if
+  // no compute time was given, sets it to one layer's read time: I/O about equal to compute.
+  const double warm_io = read_alone(cfg, store, *engine, pool, false);
+  const bool auto_compute = cfg.compute_ms == 0;
+  if (auto_compute) cfg.compute_ms = warm_io / static_cast<double>(cfg.layers) * 1e3;
+
+  prefetch::PrefetcherOptions po;
+  for (std::uint64_t l = 0; l < cfg.layers; ++l) po.layer_keys.push_back(layer_key(l));
+  for (std::uint64_t l = 0; l < cfg.layers; ++l) po.order.push_back(l);
+  po.depth = cfg.depth;
+  // Room for the window (depth + 1 layers) and the layer computing, staging and device each:
+  // the byte bound does not bind before the depth does.
+  po.max_bytes = (cfg.depth + 2) * (padded + cfg.layer_bytes);
+  po.prefault_staging = true;
+
+  // Alternate I/O alone and prefetch passes (A B A B ...), so that drift on a shared machine
+  // hits both alike.
+  std::vector<double> walls, computes, ios, stalls, blocked;
+  std::vector<PassResult> results;
+  for (std::uint64_t pass = 0; pass < cfg.passes; ++pass) {
+    ios.push_back(read_alone(cfg, store, *engine, pool, pass == 0 && cfg.verify));
+    PassResult r = prefetch_pass(cfg, store, *engine, *device, compute, po);
+    walls.push_back(r.wall);
+    computes.push_back(r.compute);
+    stalls.push_back(std::chrono::duration<double>(r.stats.stall_time).count());
+    blocked.push_back(std::chrono::duration<double>(r.stats.acquire_blocked_time).count());
+    results.push_back(r);
+  }
+  if (cfg.verify) verify_through_prefetcher(cfg, store, *device, compute.ref(), po, pool);
+
+  // The pass with the median wall time stands for the run (its counters come with it).
+  std::vector<std::size_t> order(results.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return walls[a] < walls[b]; });
+  const PassResult& mid = results[order[order.size() / 2]];
+  const double wall = mid.wall;
+  const double compute_s = median(computes);
+  const double io_s = median(ios);
+  const double stall_s = median(stalls);
+  const double bound = std::max(compute_s, io_s);
+  const double total_bytes = static_cast<double>(cfg.layers * padded);
+
+  if (cfg.json) {
+    JsonWriter j;
+    j.field("bench", "prefetch");
+    j.field("wall_seconds", wall);
+    j.field("compute_seconds", compute_s);
+    j.field("io_seconds", io_s);
+    j.field("stall_seconds", stall_s);
+    j.field("acquire_blocked_seconds", median(blocked));
+    j.field("depth", cfg.depth);
+    j.field("wall_over_max", wall / bound);
+    j.field("wall_over_sum", wall / (compute_s + io_s));
+    j.field("layers", cfg.layers);
+    j.field("layer_bytes", cfg.layer_bytes);
+    j.field("compute_ms", cfg.compute_ms);
+    j.field("compute_ms_auto", auto_compute);
+    j.field("passes", cfg.passes);
+    j.field("wall_seconds_passes", walls);
+    j.field("io_seconds_passes", ios);
+    j.field("read_gbps", total_bytes / io_s / 1e9);
+    j.field("hits", mid.stats.hits);
+    j.field("on_demand", mid.stats.on_demand);
+    j.field("late_layers", mid.stats.late_layers);
+    j.field("peak_held_bytes", mid.stats.peak_held_bytes);
+    j.field("device", std::string(device->name()));
+    j.field("copy_gbps", cfg.copy_gbps);
+    j.field("engine", std::string(engine->name()));
+    j.field("dirs", cfg.dirs);
+    j.field("verified", cfg.verify);
+    std::printf("%s\n", j.str().c_str());
+  } else {
+    std::printf("zinf bench prefetch: device=%s engine=%.*s layers=%llu layer=%.1f MiB depth=%llu "
+                "compute=%.2f ms/layer%s passes=%llu verify=%s\n",
+                std::string(device->name()).c_str(), static_cast<int>(engine->name().size()),
+                engine->name().data(), static_cast<unsigned long long>(cfg.layers),
+                static_cast<double>(cfg.layer_bytes) / (1 << 20),
+                static_cast<unsigned long long>(cfg.depth), cfg.compute_ms,
+                auto_compute ? " (= measured read time)" : "",
+                static_cast<unsigned long long>(cfg.passes), cfg.verify ? "every byte" : "off");
+    std::printf("%10s %10s %10s %10s %10s %10s %6s %6s\n", "wall s", "compute s", "io s", "stall s",
+                "wall/max", "wall/sum", "hits", "late");
+    std::printf("%10.3f %10.3f %10.3f %10.3f %10.3f %10.3f %6llu %6llu\n", wall, compute_s, io_s,
+                stall_s, wall / bound, wall / (compute_s + io_s),
+                static_cast<unsigned long long>(mid.stats.hits),
+                static_cast<unsigned long long>(mid.stats.late_layers));
+    std::printf("(medians of %llu passes; read alone %.2f GB/s)\n",
+                static_cast<unsigned long long>(cfg.passes), total_bytes / io_s / 1e9);
+  }
+  return 0;
+}
+
+}  // namespace zinf::tools
