@@ -77,18 +77,20 @@ Status Status::error(ErrorCode code, std::string message) {
 
 std::string Status::to_string() const {
   if (ok()) return "ok";
+  // "<op> failed: <path> offset=.. length=.. done=.. engine=..: <message>"; the details that
+  // are unset are left out, and so is their separator when none is set.
+  std::string details = path_;
+  auto add = [&details](const std::string& field) {
+    if (!details.empty()) details += ' ';
+    details += field;
+  };
+  if (offset_ != kUnset) add("offset=" + std::to_string(offset_));
+  if (length_ != kUnset) add("length=" + std::to_string(length_));
+  if (bytes_done_ != kUnset) add("done=" + std::to_string(bytes_done_));
+  if (!backend_.empty()) add("engine=" + backend_);
   std::string out = operation_.empty() ? std::string("operation") : operation_;
   out += " failed";
-  if (!path_.empty()) {
-    out += ": ";
-    out += path_;
-  } else {
-    out += ":";
-  }
-  if (offset_ != kUnset) out += " offset=" + std::to_string(offset_);
-  if (length_ != kUnset) out += " length=" + std::to_string(length_);
-  if (bytes_done_ != kUnset) out += " done=" + std::to_string(bytes_done_);
-  if (!backend_.empty()) out += " engine=" + backend_;
+  if (!details.empty()) out += ": " + details;
   out += ": ";
   if (!message_.empty()) {
     out += message_;

@@ -54,6 +54,13 @@ TEST(Status, ExplicitMessageKeepsErrnoName) {
   EXPECT_EQ(s.to_string(), "read failed: /x offset=0 length=4096 done=512: zero bytes before the end");
 }
 
+TEST(Status, WithoutPathReadsAsOneSentence) {
+  EXPECT_EQ(Status::error(ErrorCode::kIo, "boom").with_operation("copy").to_string(),
+            "copy failed: boom");
+  EXPECT_EQ(Status::from_errno(EIO, "read", "", 0, 4096).to_string(),
+            "read failed: offset=0 length=4096: Input/output error (EIO)");
+}
+
 TEST(Error, IoErrorCarriesStatus) {
   Status s = Status::from_errno(ENOSPC, "write", "/full/f", 0, 8192);
   try {
