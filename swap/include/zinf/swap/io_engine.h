@@ -149,6 +149,9 @@ class IoEngine {
   /// Registers host memory for faster I/O (io_uring fixed buffers). Call while no request is
   /// in flight; replaces earlier registrations. Returns false, with one notice logged, where
   /// the memlock limit or the kernel refuses; I/O then works unregistered. Never throws for that.
+  /// Registered memory must stay mapped until it is unregistered (an empty call) or the engine
+  /// is destroyed: io_uring keeps the pages pinned, so memory mapped later at the same address
+  /// would not be what the kernel reads into.
   virtual bool register_buffers(std::span<const std::span<std::byte>> regions) = 0;
 
   /// Submits a batch; returns at once. Throws UsageError for misaligned or unknown-file
