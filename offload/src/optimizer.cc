@@ -139,6 +139,16 @@ OffloadedOptimizer::Impl::Impl(OptimizerOptions o, std::vector<ParamGroupSpec> g
 
   // Records: each group cut into sub-groups, the last one possibly short.
   const std::uint64_t sub = std::min(options.sub_group_elements, kMaxNumel);
+  // A bound on the bookkeeping (a key and a lease per sub-group): 2^22 sub-groups.
+  constexpr std::uint64_t kMaxRecords = std::uint64_t{1} << 22;
+  std::uint64_t record_count = 0;
+  for (const auto& grp : groups) record_count += (grp.numel + sub - 1) / sub;
+  if (record_count > kMaxRecords) {
+    throw UsageError("OffloadedOptimizer: " + std::to_string(record_count) +
+                     " sub-groups exceed the limit of " + std::to_string(kMaxRecords) +
+                     "; raise sub_group_elements");
+  }
+  records.reserve(record_count);
   group_records.resize(groups.size());
   for (std::size_t gi = 0; gi < groups.size(); ++gi) {
     for (std::uint64_t off = 0, s = 0; off < groups[gi].numel; off += sub, ++s) {
@@ -180,14 +190,7 @@ OffloadedOptimizer::Impl::Impl(OptimizerOptions o, std::vector<ParamGroupSpec> g
   }
 
   engine = swap::make_io_engine(options.io);
-  swap::BufferPoolOptions po;
-  po.budget_bytes = need;
-  po.alignment = alignment;
-  po.huge_pages = true;
-  // The ring is reused every step: fault it in now rather than in the first step.
-  po.prefault = nvme();
-  pool = std::make_unique<swap::BufferPool>(po);
-
+  // The store first: a disk too small for the state is reported before any memory is mapped.
   if (nvme()) {
     swap::SwapStoreOptions so;
     so.directories = options.directories;
@@ -207,6 +210,16 @@ OffloadedOptimizer::Impl::Impl(OptimizerOptions o, std::vector<ParamGroupSpec> g
     }
     if (options.precondition) store->precondition();
     for (const auto& r : records) store->allocate(r.key, r.numel * kStateBytesPerElement);
+  }
+
+  swap::BufferPoolOptions po;
+  po.budget_bytes = need;
+  po.alignment = alignment;
+  po.huge_pages = true;
+  // The ring is reused every step: fault it in now rather than in the first step.
+  po.prefault = nvme();
+  pool = std::make_unique<swap::BufferPool>(po);
+  if (nvme()) {
     for (std::uint32_t i = 0; i < options.pipeline_depth; ++i) {
       ring.push_back(pool->acquire(max_record_bytes));
     }
