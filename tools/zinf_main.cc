@@ -23,6 +23,8 @@ constexpr Command kCommands[] = {
      zinf::tools::bench_io_main},
     {"bench adam", "measure the CPU Adam kernel against memory bandwidth",
      zinf::tools::bench_adam_main},
+    {"bench step", "time optimizer steps with the state on NVMe or in pinned memory",
+     zinf::tools::bench_step_main},
 };
 
 void print_usage(std::FILE* out) {
