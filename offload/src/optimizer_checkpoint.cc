@@ -280,9 +280,25 @@ Manifest parse(const std::string& text, const std::string& path) {
 
 std::atomic<std::uint64_t> g_save_counter{0};
 
+// True for names save() gives version directories ("v" + 12 digits + "-..."), with or without
+// ".tmp": only those are ever removed from a checkpoint directory.
+bool is_version_name(const std::string& n) {
+  if (n.size() < 14 || n[0] != 'v' || n[13] != '-') return false;
+  for (std::size_t i = 1; i <= 12; ++i) {
+    if (n[i] < '0' || n[i] > '9') return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 void OffloadedOptimizer::Impl::save(const std::string& dir) {
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    if (!initialized[g]) {
+      throw UsageError("OffloadedOptimizer::save: group '" + groups[g].name +
+                       "' has no state yet (call set_params first)");
+    }
+  }
   auto hook = [&](std::string_view phase, std::uint64_t bytes) {
     if (options.checkpoint_hook) options.checkpoint_hook(phase, bytes);
   };
@@ -376,7 +392,7 @@ void OffloadedOptimizer::Impl::save(const std::string& dir) {
   // interrupted saves. Failures here only cost space, so they are logged.
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string n = entry.path().filename().string();
-    if (n == name || n == kLatest || n.empty() || n[0] != 'v') continue;
+    if (n == name || !is_version_name(n)) continue;
     std::error_code e;
     fs::remove_all(entry.path(), e);
     if (e) log(LogLevel::kWarning, "checkpoint: cannot remove old version " + entry.path().string() + ": " + e.message());
@@ -388,7 +404,7 @@ void OffloadedOptimizer::Impl::load(const std::string& dir) {
   const std::string latest_path = dir + "/" + kLatest;
   std::string name = read_small(latest_path);
   while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
-  if (name.empty() || name.find('/') != std::string::npos || name[0] != 'v') {
+  if (!is_version_name(name) || name.find('/') != std::string::npos) {
     throw corrupt(latest_path, "LATEST does not name a version directory");
   }
   const std::string vdir = dir + "/" + name;
