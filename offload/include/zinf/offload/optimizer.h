@@ -39,12 +39,15 @@ struct OptimizerOptions {
   StateTier tier = StateTier::kCpu;
   /// Elements per sub-group (DeepSpeed's sub_group_size): the unit of one read, one update and
   /// one write-back. The last sub-group of a group may be shorter. 4M elements (48 MiB of
-  /// state): at 256M elements this gives 64 sub-groups, so filling and draining the pipeline
-  /// costs ~3% of a step (`zinf bench step`, README).
+  /// state): at 256M elements that is 64 sub-groups, so filling (one read) and draining (one
+  /// write-back) the pipeline adds about 2/64 of a step, while each transfer (48 x 1 MiB
+  /// engine pieces) is long enough to keep the queue full (bench/compare_step.sh).
   std::uint64_t sub_group_elements = std::uint64_t{4} << 20;
   /// Buffers in the kNvme ring, >= 3: one being updated, one being read ahead, one being
-  /// written back; more buffers read further ahead.
-  std::uint32_t pipeline_depth = 3;
+  /// written back; more buffers read further ahead. 4: on the build VM (256M elements,
+  /// bench/compare_step.sh, 3 rounds each) depth 3 ran at 1.26x the ideal and depth 4 at
+  /// 1.02x; a spare buffer keeps a read queued while a write-back holds its slot.
+  std::uint32_t pipeline_depth = 4;
   /// The most pinned host memory the optimizer may hold. kNvme: depth x padded sub-group
   /// bytes. kCpu: the whole padded state. Checked at construction (UsageError naming the
   /// smallest budget that works).
