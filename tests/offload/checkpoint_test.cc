@@ -229,6 +229,8 @@ struct KillPoint {
   bool expect_new;
 };
 
+void PrintTo(const KillPoint& kp, std::ostream* os) { *os << kp.phase << "@" << kp.after_bytes; }
+
 class CheckpointKill : public ::testing::TestWithParam<KillPoint> {};
 
 TEST_P(CheckpointKill, LeavesALoadableCheckpoint) {

@@ -7,6 +7,7 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 
 #include "zinf/offload/cpu_adam.h"
 #include "zinf/offload/optimizer.h"
+#include "zinf/swap/io_engine.h"
 
 namespace zinf::test {
 
@@ -171,3 +173,12 @@ inline void run_steps(offload::OffloadedOptimizer& opt, std::uint64_t from, std:
 }
 
 }  // namespace zinf::test
+
+// Names the parameters in gtest output and ctest test names.
+namespace zinf::swap {
+inline void PrintTo(IoEngineKind kind, std::ostream* os) { *os << io_engine_kind_name(kind); }
+}  // namespace zinf::swap
+namespace zinf::offload {
+inline void PrintTo(StateTier tier, std::ostream* os) { *os << state_tier_name(tier); }
+inline void PrintTo(DType dtype, std::ostream* os) { *os << dtype_name(dtype); }
+}  // namespace zinf::offload
