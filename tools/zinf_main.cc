@@ -25,6 +25,8 @@ constexpr Command kCommands[] = {
      zinf::tools::bench_adam_main},
     {"bench prefetch", "measure how much NVMe read time the layer prefetcher hides behind compute",
      zinf::tools::bench_prefetch_main},
+    {"bench step", "time optimizer steps with the state on NVMe or in pinned memory",
+     zinf::tools::bench_step_main},
 };
 
 void print_usage(std::FILE* out) {

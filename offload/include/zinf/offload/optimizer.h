@@ -1,0 +1,189 @@
+// SPDX-License-Identifier: Apache-2.0
+// OffloadedOptimizer: ZeRO-Infinity's optimizer offload. The fp32 master parameters and both
+// Adam moments (12 bytes per element) live in pinned host memory (tier kCpu) or on NVMe through
+// a SwapStore (tier kNvme), cut into sub-groups that a pipelined step streams through CpuAdam;
+// per-group stepping overlaps backward; checkpoints are streamed, checksummed and atomic.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "zinf/offload/cpu_adam.h"
+#include "zinf/swap/io_engine.h"
+
+namespace zinf::offload {
+
+/// Where the optimizer state lives between steps.
+enum class StateTier : std::uint8_t {
+  kCpu,   ///< pinned host memory (BufferPool), updated in place
+  kNvme,  ///< a SwapStore over the given directories, streamed through a ring of buffers
+};
+
+/// Parses "cpu" | "nvme"; throws UsageError naming `what` otherwise.
+StateTier parse_state_tier(std::string_view text, std::string_view what);
+std::string_view state_tier_name(StateTier tier) noexcept;
+
+/// One parameter group: a name (for messages and checkpoints) and its element count (> 0).
+struct ParamGroupSpec {
+  std::string name;
+  std::uint64_t numel = 0;
+};
+
+/// How an OffloadedOptimizer is built.
+struct OptimizerOptions {
+  StateTier tier = StateTier::kCpu;
+  /// Elements per sub-group (DeepSpeed's sub_group_size): the unit of one read, one update and
+  /// one write-back. The last sub-group of a group may be shorter. 4M elements (48 MiB of
+  /// state): at 256M elements that is 64 sub-groups, so filling (one read) and draining (one
+  /// write-back) the pipeline adds about 2/64 of a step, while each transfer (48 x 1 MiB
+  /// engine pieces) is long enough to keep the queue full (bench/compare_step.sh).
+  std::uint64_t sub_group_elements = std::uint64_t{4} << 20;
+  /// Buffers in the kNvme ring, >= 3: one being updated, one being read ahead, one being
+  /// written back; more buffers read further ahead. 4: on the build VM (256M elements,
+  /// bench/compare_step.sh, 3 rounds each) depth 3 ran at 1.26x the ideal and depth 4 at
+  /// 1.02x; a spare buffer keeps a read queued while a write-back holds its slot.
+  std::uint32_t pipeline_depth = 4;
+  /// The most pinned host memory the optimizer may hold. kNvme: depth x padded sub-group
+  /// bytes. kCpu: the whole padded state. Checked at construction (UsageError naming the
+  /// smallest budget that works).
+  std::uint64_t pinned_budget_bytes = std::uint64_t{1} << 30;
+  /// Hyper-parameters; `step` is ignored (the optimizer counts its steps).
+  AdamParams hyper;
+  CpuAdamOptions adam;
+  /// kNvme: one swap file per directory (repeat a directory for more files on it).
+  std::vector<std::string> directories;
+  /// The I/O engine for the state (kNvme) and for checkpoints (both tiers).
+  swap::IoOptions io;
+  /// kNvme: CRC32C per stripe unit of the swap files, verified on every read.
+  bool swap_checksums = false;
+  /// kNvme: open the swap files with O_DIRECT where the file system allows it.
+  bool direct_io = true;
+  /// kNvme: write every block of the swap files once at construction, so that write-backs
+  /// overwrite blocks rather than fill unwritten extents (faster on most drives).
+  bool precondition = false;
+  /// Test-only: called on the saving thread as a checkpoint progresses, with the phase
+  /// ("data" after each record is written, with the data bytes written so far; "synced",
+  /// "committed", "latest", "done") so that a test can kill the process at a chosen point.
+  std::function<void(std::string_view phase, std::uint64_t bytes)> checkpoint_hook;
+};
+
+/// What one step did, measured between begin_step() and the end of end_step().
+struct StepStats {
+  std::uint64_t step = 0;          ///< the step number (from 1)
+  std::uint64_t sub_groups = 0;    ///< sub-groups updated
+  std::uint64_t elements = 0;      ///< elements updated
+  double seconds = 0;              ///< wall time of the step
+  double read_seconds = 0;         ///< time with at least one state read in flight
+  double write_seconds = 0;        ///< time with at least one write-back in flight
+  double compute_seconds = 0;      ///< time inside CpuAdam
+  double wait_seconds = 0;         ///< time the pipeline waited for a read or a free buffer
+  std::uint64_t bytes_read = 0;    ///< state bytes read (padded records)
+  std::uint64_t bytes_written = 0; ///< state bytes written back (padded records)
+};
+
+/// The gradients (and optional low-precision copy-out) of one group for one step.
+struct GroupGrads {
+  std::size_t group = 0;
+  GradView grads;    ///< group numel elements, host memory
+  CopyOut out = {};  ///< group numel elements, or none
+};
+
+/// The optimizer state of several parameter groups in a tier, with a pipelined step.
+///
+/// Layout. Each group is cut into sub-groups of `sub_group_elements`; each sub-group is one
+/// record [params | m | v] of 12 x n bytes, padded to the store's alignment: one SwapStore key
+/// (kNvme, one read and one write per step) or one BufferPool lease (kCpu).
+///
+/// Stepping. step() updates every group once. For overlap with backward, begin_step() opens a
+/// step, step_group() hands over one group's gradients as soon as they exist and returns at
+/// once (the update runs on the optimizer's pipeline thread), and end_step() waits for all of
+/// it. Gradient and copy-out memory must stay valid, and the gradients unchanged, until
+/// end_step() returns (or throws). Each group at most once per step; groups not given are not
+/// updated. The step counter and hyper-parameters belong to the step: begin_step() fixes them.
+///
+/// Failures. A failed write-back (or any failure after a write-back of the step began) makes
+/// end_step()/step() throw IoError naming the file, offset and length once; the optimizer is
+/// then failed and every later call throws EngineFailed quoting that error. A failed read
+/// before any write-back of the step leaves the state as it was before the step: the step
+/// throws IoError, its counter is not advanced, and the optimizer stays usable. Copy-out
+/// buffers are unspecified after a failed step.
+///
+/// Thread-safety: one controlling thread at a time (not thread-safe); the pipeline thread is
+/// internal.
+class OffloadedOptimizer {
+ public:
+  /// Validates the options, reserves the pinned memory and (kNvme) creates the swap store.
+  /// Throws UsageError for bad options (no groups, numel 0, sub_group_elements 0, depth < 3,
+  /// kNvme without directories, bad hyper-parameters) or a pinned budget that cannot hold the
+  /// pipeline (the message names the smallest budget that works); IoError kNoSpace naming the
+  /// directory when a disk is too small for the state; IoError for other setup failures.
+  OffloadedOptimizer(OptimizerOptions options, std::vector<ParamGroupSpec> groups);
+  ~OffloadedOptimizer();
+  OffloadedOptimizer(const OffloadedOptimizer&) = delete;
+  OffloadedOptimizer& operator=(const OffloadedOptimizer&) = delete;
+
+  std::size_t group_count() const noexcept;
+  const ParamGroupSpec& group(std::size_t index) const;
+  StateTier tier() const noexcept;
+  /// Steps completed so far (the next step is step_count() + 1).
+  std::uint64_t step_count() const noexcept;
+  const AdamParams& hyper() const noexcept;
+  /// Replaces the hyper-parameters from the next step on (e.g. a learning-rate schedule);
+  /// `step` is ignored. UsageError inside a step or for invalid values.
+  void set_hyper(const AdamParams& hyper);
+
+  /// Sets a group's fp32 master parameters (numel elements) and zeroes its moments. Every
+  /// group needs this once before its first step. Blocks; IoError on a failed write.
+  void set_params(std::size_t group, std::span<const float> params);
+  /// Copies a group's state out (each span numel elements, or empty to skip). Blocks.
+  void read_state(std::size_t group, std::span<float> params, std::span<float> m,
+                  std::span<float> v);
+
+  /// Runs one step over the groups given (each at most once): begin_step, step_group for
+  /// each, end_step. Blocks; returns the step's stats.
+  StepStats step(std::span<const GroupGrads> grads);
+
+  /// Opens a step (counter + 1, hyper-parameters fixed). UsageError if one is open.
+  void begin_step();
+  /// Queues one group's update in the open step and returns at once. UsageError for an
+  /// unknown group, a group already given in this step, a size mismatch, or no open step.
+  void step_group(std::size_t group, GradView grads, CopyOut out = {});
+  /// Waits for the open step's work, closes it and returns its stats. Throws as described
+  /// under Failures.
+  StepStats end_step();
+
+  /// Writes a checkpoint of the state, step counter and hyper-parameters under `dir` (created
+  /// if missing): a new version directory is written, synced and renamed into place, then the
+  /// `LATEST` pointer is replaced atomically, so a crash at any point leaves the previous
+  /// checkpoint loadable. Streams through bounded buffers. UsageError inside a step; IoError
+  /// on failure (the optimizer state itself is untouched by a failed save).
+  void save(const std::string& dir);
+  /// Restores what save() wrote. Throws UsageError if the checkpoint's groups or sub-group
+  /// size differ from this optimizer's, IoError (kCorrupt naming file and offset) on a
+  /// checksum mismatch, IoError on a read failure. A load that fails after it began to
+  /// overwrite the state leaves the optimizer failed (EngineFailed afterwards).
+  void load(const std::string& dir);
+
+  /// Pinned bytes the optimizer holds (ring or state) and the most ever held.
+  std::uint64_t pinned_bytes() const noexcept;
+  std::uint64_t pinned_bytes_peak() const noexcept;
+  /// Bytes of one sub-group buffer (12 x sub_group_elements, padded).
+  std::uint64_t record_bytes() const noexcept;
+  /// The I/O engine's name ("uring", "threads", ...).
+  std::string_view engine_name() const noexcept;
+  /// The swap files (kNvme; empty for kCpu), in stripe order.
+  std::vector<std::string> swap_file_paths() const;
+  /// True once a failure has put the optimizer in the failed state.
+  bool failed() const noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zinf::offload

@@ -1,0 +1,716 @@
+// SPDX-License-Identifier: Apache-2.0
+// OffloadedOptimizer: construction (records, budget check, engine, pool, swap store), the
+// pipelined step on its own thread, and parameter access (set_params, read_state).
+// Checkpoints are in optimizer_checkpoint.cc.
+#include "zinf/offload/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <unordered_set>
+#include <utility>
+
+#include "optimizer_impl.h"
+#include "zinf/common/check.h"
+#include "zinf/common/error.h"
+#include "zinf/common/log.h"
+#include "zinf/swap/file.h"
+
+namespace zinf::offload {
+namespace {
+
+std::uint64_t round_up(std::uint64_t v, std::uint64_t to) { return (v + to - 1) / to * to; }
+
+constexpr std::uint64_t kStateBytesPerElement = 12;  // fp32 params, m, v
+// Ring buffers used by set_params/read_state/save/load on the kCpu tier, where there is no
+// ring: the records themselves are the buffers, and this many are in flight at once.
+constexpr std::size_t kCpuWindow = 4;
+
+// The Status behind the exception being handled, for the pipeline thread, which passes
+// errors as values (STYLE.md section 3).
+Status current_exception_status() {
+  try {
+    throw;
+  } catch (const IoError& e) {
+    return e.status();
+  } catch (const EngineFailed& e) {
+    return e.cause();
+  } catch (const std::exception& e) {
+    return Status::error(ErrorCode::kInvalidArgument, e.what()).with_operation("optimizer step");
+  } catch (...) {
+    return Status::error(ErrorCode::kIo, "unknown exception").with_operation("optimizer step");
+  }
+}
+
+// Seconds covered by the union of [begin, end) intervals.
+double union_seconds(std::vector<std::pair<OptClock::time_point, OptClock::time_point>> v) {
+  std::sort(v.begin(), v.end());
+  double total = 0;
+  std::optional<std::pair<OptClock::time_point, OptClock::time_point>> cur;
+  for (const auto& iv : v) {
+    if (cur && iv.first <= cur->second) {
+      cur->second = std::max(cur->second, iv.second);
+      continue;
+    }
+    if (cur) total += std::chrono::duration<double>(cur->second - cur->first).count();
+    cur = iv;
+  }
+  if (cur) total += std::chrono::duration<double>(cur->second - cur->first).count();
+  return total;
+}
+
+std::size_t dtype_bytes(DType d) { return d == DType::kF32 ? 4 : 2; }
+
+GradView slice(const GradView& g, std::uint64_t offset, std::uint64_t n) {
+  const auto* base = static_cast<const std::byte*>(g.data);
+  return {base + offset * dtype_bytes(g.dtype), n, g.dtype};
+}
+
+CopyOut slice(const CopyOut& o, std::uint64_t offset, std::uint64_t n) {
+  if (!o.enabled) return CopyOut::none();
+  auto* base = static_cast<std::byte*>(o.data);
+  return {base + offset * dtype_bytes(o.dtype), n, o.dtype, true};
+}
+
+}  // namespace
+
+StateTier parse_state_tier(std::string_view text, std::string_view what) {
+  if (text == "cpu") return StateTier::kCpu;
+  if (text == "nvme") return StateTier::kNvme;
+  throw UsageError("invalid " + std::string(what) + " '" + std::string(text) +
+                   "': expected cpu or nvme");
+}
+
+std::string_view state_tier_name(StateTier tier) noexcept {
+  return tier == StateTier::kCpu ? "cpu" : "nvme";
+}
+
+void validate_hyper(const AdamParams& hp) {
+  auto bad = [](const std::string& what) { throw UsageError("OffloadedOptimizer: " + what); };
+  if (!(hp.lr >= 0)) bad("lr must be >= 0, got " + std::to_string(hp.lr));
+  if (!(hp.beta1 >= 0 && hp.beta1 < 1)) bad("beta1 must be in [0, 1), got " + std::to_string(hp.beta1));
+  if (!(hp.beta2 >= 0 && hp.beta2 < 1)) bad("beta2 must be in [0, 1), got " + std::to_string(hp.beta2));
+  if (!(hp.eps >= 0)) bad("eps must be >= 0, got " + std::to_string(hp.eps));
+  if (!(hp.weight_decay >= 0)) bad("weight_decay must be >= 0, got " + std::to_string(hp.weight_decay));
+  if (!(std::isfinite(hp.grad_scale) && hp.grad_scale > 0)) {
+    bad("grad_scale must be finite and > 0, got " + std::to_string(hp.grad_scale));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Construction
+
+OffloadedOptimizer::Impl::Impl(OptimizerOptions o, std::vector<ParamGroupSpec> g)
+    : options(std::move(o)), groups(std::move(g)), adam(options.adam), hyper(options.hyper) {
+  if (groups.empty()) throw UsageError("OffloadedOptimizer: no parameter groups");
+  if (options.sub_group_elements == 0) {
+    throw UsageError("OffloadedOptimizer: sub_group_elements must be at least 1");
+  }
+  // 2^40 elements (12 TiB of state) per group keeps every byte count far from overflow.
+  constexpr std::uint64_t kMaxNumel = std::uint64_t{1} << 40;
+  std::unordered_set<std::string> names;
+  for (const auto& grp : groups) {
+    if (grp.numel == 0 || grp.numel > kMaxNumel) {
+      throw UsageError("OffloadedOptimizer: group '" + grp.name + "' numel " +
+                       std::to_string(grp.numel) + " is out of range [1, 2^40]");
+    }
+    if (grp.name.empty() || grp.name.find_first_of("\r\n") != std::string::npos) {
+      throw UsageError("OffloadedOptimizer: group names must be non-empty single lines");
+    }
+    if (!names.insert(grp.name).second) {
+      throw UsageError("OffloadedOptimizer: duplicate group name '" + grp.name + "'");
+    }
+  }
+  validate_hyper(hyper);
+  if (nvme()) {
+    if (options.pipeline_depth < 3) {
+      throw UsageError("OffloadedOptimizer: pipeline_depth must be at least 3 (read ahead, "
+                       "update, write back), got " + std::to_string(options.pipeline_depth));
+    }
+    if (options.directories.empty()) {
+      throw UsageError("OffloadedOptimizer: the nvme tier needs at least one directory");
+    }
+    for (const auto& d : options.directories) {
+      alignment = std::max(alignment, swap::probe_direct_io_alignment(d));
+    }
+  }
+
+  // Records: each group cut into sub-groups, the last one possibly short.
+  const std::uint64_t sub = std::min(options.sub_group_elements, kMaxNumel);
+  // A bound on the bookkeeping (a key and a lease per sub-group): 2^22 sub-groups.
+  constexpr std::uint64_t kMaxRecords = std::uint64_t{1} << 22;
+  std::uint64_t record_count = 0;
+  for (const auto& grp : groups) record_count += (grp.numel + sub - 1) / sub;
+  if (record_count > kMaxRecords) {
+    throw UsageError("OffloadedOptimizer: " + std::to_string(record_count) +
+                     " sub-groups exceed the limit of " + std::to_string(kMaxRecords) +
+                     "; raise sub_group_elements");
+  }
+  records.reserve(record_count);
+  group_records.resize(groups.size());
+  for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+    for (std::uint64_t off = 0, s = 0; off < groups[gi].numel; off += sub, ++s) {
+      Record r;
+      r.group = gi;
+      r.sub = s;
+      r.offset = off;
+      r.numel = std::min(sub, groups[gi].numel - off);
+      r.padded = round_up(r.numel * kStateBytesPerElement, alignment);
+      r.key = groups[gi].name + "#" + std::to_string(s);
+      max_record_bytes = std::max(max_record_bytes, r.padded);
+      state_bytes += r.padded;
+      group_records[gi].push_back(records.size());
+      records.push_back(std::move(r));
+    }
+  }
+  initialized.assign(groups.size(), false);
+
+  // The pinned-memory budget must hold the pipeline: checked before anything is created.
+  std::uint64_t need = 0;
+  std::string what;
+  if (nvme()) {
+    need = std::uint64_t{options.pipeline_depth} * max_record_bytes;
+    what = "the pipeline: depth " + std::to_string(options.pipeline_depth) + " x " +
+           std::to_string(max_record_bytes) + "-byte sub-group buffers (" +
+           std::to_string(std::min(sub, max_record_bytes / kStateBytesPerElement)) +
+           " elements x 12 bytes, padded to " + std::to_string(alignment) + ") = " +
+           std::to_string(need) + " bytes";
+  } else {
+    need = state_bytes;
+    what = "the cpu-tier state: " + std::to_string(records.size()) +
+           " sub-groups of 12 bytes per element, each padded to " + std::to_string(alignment) +
+           ", = " + std::to_string(need) + " bytes";
+  }
+  if (options.pinned_budget_bytes < need) {
+    throw UsageError("OffloadedOptimizer: pinned_budget_bytes=" +
+                     std::to_string(options.pinned_budget_bytes) + " cannot hold " + what +
+                     "; the smallest budget that works is " + std::to_string(need));
+  }
+
+  engine = swap::make_io_engine(options.io);
+  // The store first: a disk too small for the state is reported before any memory is mapped.
+  if (nvme()) {
+    swap::SwapStoreOptions so;
+    so.directories = options.directories;
+    so.capacity_bytes = state_bytes;
+    so.checksums = options.swap_checksums;
+    so.direct_io = options.direct_io;
+    if (options.swap_checksums) {
+      // Ranges are whole tensors here, so any stripe works; keep the 1 MiB default unless a
+      // record is smaller than a stripe (then checksums cover the record).
+      so.stripe_bytes = static_cast<std::uint32_t>(
+          std::min<std::uint64_t>(so.stripe_bytes, round_up(max_record_bytes, alignment)));
+    }
+    store = std::make_unique<swap::SwapStore>(so, *engine);  // IoError kNoSpace: disk too small
+    if (store->alignment() > alignment) {
+      throw Error("OffloadedOptimizer: swap store alignment " + std::to_string(store->alignment()) +
+                  " exceeds the probed direct-I/O alignment " + std::to_string(alignment));
+    }
+    if (options.precondition) store->precondition();
+    for (const auto& r : records) store->allocate(r.key, r.numel * kStateBytesPerElement);
+  }
+
+  swap::BufferPoolOptions po;
+  po.budget_bytes = need;
+  po.alignment = alignment;
+  po.huge_pages = true;
+  // The ring is reused every step: fault it in now rather than in the first step.
+  po.prefault = nvme();
+  pool = std::make_unique<swap::BufferPool>(po);
+  if (nvme()) {
+    for (std::uint32_t i = 0; i < options.pipeline_depth; ++i) {
+      ring.push_back(pool->acquire(max_record_bytes));
+    }
+    slots.resize(options.pipeline_depth);
+    std::span<std::byte> arena = pool->arena();
+    (void)engine->register_buffers(std::span<const std::span<std::byte>>(&arena, 1));
+  } else {
+    for (auto& r : records) r.state = pool->acquire(r.padded);
+  }
+
+  pipeline = std::jthread([this] { pipeline_main(); });
+}
+
+OffloadedOptimizer::Impl::~Impl() {
+  {
+    std::unique_lock lk(mu);
+    if (run.active) {
+      // Destroyed inside a step: let the queued work finish so no I/O outlives its buffers.
+      run.closed = true;
+      cv.notify_all();
+      cv.wait(lk, [&] { return run.finished; });
+      if (!run.error.ok()) {
+        log(LogLevel::kWarning, "OffloadedOptimizer destroyed inside a failed step: " +
+                                    run.error.to_string());
+      }
+    }
+    stop = true;
+  }
+  cv.notify_all();
+  if (pipeline.joinable()) pipeline.join();
+  if (store) {
+    Status s = store->close();
+    if (!s.ok()) log(LogLevel::kWarning, "OffloadedOptimizer: closing the swap store: " + s.to_string());
+  }
+}
+
+void OffloadedOptimizer::Impl::check_usable() const {
+  if (failure) throw EngineFailed(*failure);
+}
+
+void OffloadedOptimizer::Impl::check_idle(const char* what) const {
+  if (run.active) {
+    throw UsageError(std::string("OffloadedOptimizer::") + what + " inside an open step");
+  }
+}
+
+void OffloadedOptimizer::Impl::fail(const Status& cause) {
+  if (!failure) {
+    failure = cause;
+    log(LogLevel::kError, "OffloadedOptimizer failed, refusing further work: " + cause.to_string());
+  }
+}
+
+std::span<float> OffloadedOptimizer::Impl::params_of(std::byte* base, std::uint64_t n) {
+  return {reinterpret_cast<float*>(base), n};
+}
+std::span<float> OffloadedOptimizer::Impl::m_of(std::byte* base, std::uint64_t n) {
+  return {reinterpret_cast<float*>(base) + n, n};
+}
+std::span<float> OffloadedOptimizer::Impl::v_of(std::byte* base, std::uint64_t n) {
+  return {reinterpret_cast<float*>(base) + 2 * n, n};
+}
+
+void OffloadedOptimizer::Impl::ring_pipeline(
+    std::size_t count, const std::function<swap::IoTicket(std::size_t, swap::BufferLease&)>& start,
+    const std::function<swap::IoTicket(std::size_t, swap::BufferLease&)>& finish) {
+  // Items go round `depth` buffers: item i uses buffer i % depth once item i - depth has left
+  // it (both of its tickets complete). Starts run up to depth items ahead of finishes.
+  const bool cpu = !nvme();
+  const std::size_t depth = cpu ? kCpuWindow : ring.size();
+  std::vector<swap::IoTicket> first(depth), second(depth);
+  std::size_t next = 0;
+  try {
+    for (std::size_t i = 0; i < count; ++i) {
+      while (next < count && next < i + depth) {
+        const std::size_t s = next % depth;
+        second[s].wait();
+        swap::BufferLease dummy;
+        first[s] = start(next, cpu ? dummy : ring[s]);
+        ++next;
+      }
+      const std::size_t s = i % depth;
+      first[s].wait();
+      swap::BufferLease dummy;
+      second[s] = finish(i, cpu ? dummy : ring[s]);
+    }
+    for (auto& t : second) t.wait();
+  } catch (...) {
+    // No I/O may outlive this call: its buffers are reused by the next one.
+    for (auto& t : first) t.wait_status().ignore("draining after the first error");
+    for (auto& t : second) t.wait_status().ignore("draining after the first error");
+    throw;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The step pipeline
+//
+// One thread (pipeline_main) drives every step's sub-group tasks in the order step_group()
+// queued them, over a ring of `depth` buffers (kNvme):
+//   read:    task r's record is swapped in to buffer r % depth as soon as that buffer is idle
+//            (no read or write-back in flight) and r < c + depth: up to depth - 1 reads ahead
+//            of the update.
+//   update:  task c runs CpuAdam on its buffer once its read is in (CpuAdam's own pool does
+//            the arithmetic; this thread waits for it).
+//   write:   the buffer is swapped out at once, asynchronously; the buffer is reused only after
+//            that write's completion callback has marked it idle.
+// With depth 3 the drive sees the read of c+1 and the write-back of c-1 while c is updated.
+// kCpu has no I/O: tasks are updated in place, in order.
+//
+// Completions arrive as callbacks on engine threads that update the slot flags under `mu` and
+// notify `cv`; the thread sleeps on `cv` until some stage can move (pipeline_can_progress),
+// so it never polls. Bounds: depth buffers, depth reads plus depth writes in flight.
+//
+// Errors: the first failure (a callback's Status, or an exception from a submit or the
+// kernel) is kept in run.error; the remaining tasks are dropped, in-flight I/O drains, and
+// end_step() throws it. `run.modified` records whether any state may have changed (a
+// write-back submitted, or an in-place update): if so the optimizer fails for good (a mix of
+// old and new sub-groups must never be trained on); if not (a read failed before any
+// write-back), the step is undone and the optimizer stays usable.
+// Why a dedicated thread rather than the Asio pool: the driver spends its life waiting on I/O
+// completions and on CpuAdam (which has its own pool); one sequential loop keeps the ring's
+// invariants in one place.
+
+bool OffloadedOptimizer::Impl::pipeline_can_progress(std::size_t c, std::size_t r) const {
+  if (!run.active || run.finished) return false;
+  const std::size_t n = run.tasks.size();
+  const bool idle = std::none_of(slots.begin(), slots.end(),
+                                 [](const Slot& s) { return s.reading || s.writing; });
+  if (run.closed && c >= n && idle) return true;  // finish the step
+  if (!run.error.ok()) return c < n || r < n;     // drop queued tasks
+  if (!nvme()) return c < n;
+  const std::size_t depth = slots.size();
+  if (r < n && r < c + depth) {
+    const Slot& s = slots[r % depth];
+    if (!s.reading && !s.writing) return true;  // start a read
+  }
+  return c < r && !slots[c % depth].reading;    // update the next task
+}
+
+void OffloadedOptimizer::Impl::compute(const AdamParams& hp, const Task& t, std::byte* base) {
+  const Record& rec = records[t.record];
+  adam.step(hp, params_of(base, rec.numel), m_of(base, rec.numel), v_of(base, rec.numel),
+            t.grads, t.out);
+}
+
+void OffloadedOptimizer::Impl::pipeline_main() {
+  std::unique_lock lk(mu);
+  std::size_t c = 0;  // next task to update
+  std::size_t r = 0;  // next task to read (kNvme), r >= c
+  const std::size_t depth = slots.size();
+  auto note_error = [&](const Status& s) {
+    if (run.error.ok()) run.error = s;
+  };
+  // Completion callback of a read (write = false) or write-back: marks the slot idle and
+  // records the interval; runs on an engine thread, notifies under the lock so nothing of
+  // this object is touched once the lock is released.
+  auto on_done = [this](std::size_t si, bool write, std::uint64_t bytes, OptClock::time_point at) {
+    return [this, si, write, bytes, at](const Status& s) {
+      std::lock_guard g(mu);
+      const auto now = OptClock::now();
+      if (write) {
+        slots[si].writing = false;
+        run.writes.emplace_back(at, now);
+        if (s.ok()) run.stats.bytes_written += bytes;
+      } else {
+        slots[si].reading = false;
+        run.reads.emplace_back(at, now);
+        if (s.ok()) run.stats.bytes_read += bytes;
+      }
+      if (!s.ok() && run.error.ok()) run.error = s;
+      cv.notify_all();
+    };
+  };
+
+  for (;;) {
+    const bool waiting_for_io = run.active && !run.finished && run.error.ok() && c < run.tasks.size();
+    const auto wait_from = OptClock::now();
+    cv.wait(lk, [&] { return stop || pipeline_can_progress(c, r); });
+    if (waiting_for_io) {
+      run.stats.wait_seconds += std::chrono::duration<double>(OptClock::now() - wait_from).count();
+    }
+    if (!run.active || run.finished) {
+      if (stop) return;
+      continue;
+    }
+    const std::size_t n = run.tasks.size();
+    if (!run.error.ok()) {
+      c = r = n;  // drop what is queued; I/O in flight drains through its callbacks
+    }
+
+    // Read ahead.
+    if (!nvme()) r = n;
+    while (run.error.ok() && r < n && r < c + depth) {
+      const std::size_t si = r % depth;
+      Slot& s = slots[si];
+      if (s.reading || s.writing) break;
+      const Record& rec = records[run.tasks[r].record];
+      s.reading = true;
+      ++r;
+      const auto at = OptClock::now();
+      lk.unlock();
+      swap::IoTicket t;
+      std::optional<Status> err;
+      try {
+        t = store->swap_in(rec.key, ring[si].span(), on_done(si, false, rec.padded, at));
+      } catch (...) {
+        err = current_exception_status();
+      }
+      lk.lock();
+      if (err) {
+        slots[si].reading = false;
+        note_error(*err);
+      } else {
+        slots[si].read = std::move(t);
+      }
+    }
+
+    // Update the next task once its record is in, then write it back.
+    if (run.error.ok() && c < r && (!nvme() || !slots[c % depth].reading)) {
+      const Task task = run.tasks[c];
+      const AdamParams hp = run.hp;
+      const Record& rec = records[task.record];
+      const std::size_t si = nvme() ? c % depth : 0;
+      ++c;
+      run.modified = run.modified || !nvme();  // kCpu updates the state in place
+      if (nvme()) slots[si].writing = true;    // reserved until the write-back completes
+      std::byte* base = nvme() ? ring[si].data() : records[task.record].state.data();
+      lk.unlock();
+      std::optional<Status> err;
+      const auto t0 = OptClock::now();
+      try {
+        compute(hp, task, base);
+      } catch (...) {
+        err = current_exception_status();
+      }
+      const auto t1 = OptClock::now();
+      swap::IoTicket wt;
+      bool submitted = false;
+      if (!err && nvme()) {
+        try {
+          wt = store->swap_out(rec.key, ring[si].span(), on_done(si, true, rec.padded, t1));
+          submitted = true;
+        } catch (...) {
+          err = current_exception_status();
+        }
+      }
+      lk.lock();
+      run.stats.compute_seconds += std::chrono::duration<double>(t1 - t0).count();
+      if (nvme()) {
+        if (submitted) {
+          run.modified = true;
+          slots[si].write = std::move(wt);
+        } else {
+          slots[si].writing = false;
+        }
+      }
+      if (err) {
+        note_error(*err);
+      } else {
+        ++run.stats.sub_groups;
+        run.stats.elements += rec.numel;
+      }
+      continue;
+    }
+
+    // Close the step once end_step() asked, every task is done and no I/O is in flight.
+    const bool idle = std::none_of(slots.begin(), slots.end(),
+                                   [](const Slot& s) { return s.reading || s.writing; });
+    if (run.closed && c >= run.tasks.size() && idle) {
+      run.stats.seconds = std::chrono::duration<double>(OptClock::now() - run.began).count();
+      run.stats.read_seconds = union_seconds(run.reads);
+      run.stats.write_seconds = union_seconds(run.writes);
+      run.stats.step = run.hp.step;
+      run.finished = true;
+      for (auto& s : slots) s = Slot{};  // drop the tickets
+      c = r = 0;
+      cv.notify_all();
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Public API
+
+OffloadedOptimizer::OffloadedOptimizer(OptimizerOptions options, std::vector<ParamGroupSpec> groups)
+    : impl_(std::make_unique<Impl>(std::move(options), std::move(groups))) {}
+
+OffloadedOptimizer::~OffloadedOptimizer() = default;
+
+std::size_t OffloadedOptimizer::group_count() const noexcept { return impl_->groups.size(); }
+
+const ParamGroupSpec& OffloadedOptimizer::group(std::size_t index) const {
+  if (index >= impl_->groups.size()) {
+    throw UsageError("OffloadedOptimizer: group " + std::to_string(index) + " out of range (" +
+                     std::to_string(impl_->groups.size()) + " groups)");
+  }
+  return impl_->groups[index];
+}
+
+StateTier OffloadedOptimizer::tier() const noexcept { return impl_->options.tier; }
+std::uint64_t OffloadedOptimizer::step_count() const noexcept { return impl_->steps_done; }
+const AdamParams& OffloadedOptimizer::hyper() const noexcept { return impl_->hyper; }
+
+void OffloadedOptimizer::set_hyper(const AdamParams& hyper) {
+  impl_->check_idle("set_hyper");
+  validate_hyper(hyper);
+  impl_->hyper = hyper;
+}
+
+void OffloadedOptimizer::set_params(std::size_t group_index, std::span<const float> params) {
+  Impl& im = *impl_;
+  im.check_usable();
+  im.check_idle("set_params");
+  const ParamGroupSpec& g = group(group_index);
+  if (params.size() != g.numel) {
+    throw UsageError("OffloadedOptimizer::set_params: group '" + g.name + "' has " +
+                     std::to_string(g.numel) + " elements, got " + std::to_string(params.size()));
+  }
+  const auto& recs = im.group_records[group_index];
+  im.initialized[group_index] = false;
+  im.ring_pipeline(
+      recs.size(),
+      [&](std::size_t i, swap::BufferLease& buf) -> swap::IoTicket {
+        Record& rec = im.records[recs[i]];
+        std::byte* base = im.nvme() ? buf.data() : rec.state.data();
+        auto p = Impl::params_of(base, rec.numel);
+        std::copy_n(params.data() + rec.offset, rec.numel, p.data());
+        std::fill_n(p.data() + rec.numel, 2 * rec.numel, 0.0f);
+        // Zero the padding too, so that stored records (and checkpoints) are deterministic.
+        std::memset(base + rec.numel * kStateBytesPerElement, 0,
+                    rec.padded - rec.numel * kStateBytesPerElement);
+        if (!im.nvme()) return {};
+        return im.store->swap_out(rec.key, buf.span());
+      },
+      [](std::size_t, swap::BufferLease&) -> swap::IoTicket { return {}; });
+  im.initialized[group_index] = true;
+}
+
+void OffloadedOptimizer::read_state(std::size_t group_index, std::span<float> params,
+                                    std::span<float> m, std::span<float> v) {
+  Impl& im = *impl_;
+  im.check_usable();
+  im.check_idle("read_state");
+  const ParamGroupSpec& g = group(group_index);
+  for (auto* s : {&params, &m, &v}) {
+    if (!s->empty() && s->size() != g.numel) {
+      throw UsageError("OffloadedOptimizer::read_state: group '" + g.name + "' has " +
+                       std::to_string(g.numel) + " elements, got a span of " +
+                       std::to_string(s->size()));
+    }
+  }
+  if (!im.initialized[group_index]) {
+    throw UsageError("OffloadedOptimizer::read_state: group '" + g.name +
+                     "' has no state yet (call set_params first)");
+  }
+  const auto& recs = im.group_records[group_index];
+  im.ring_pipeline(
+      recs.size(),
+      [&](std::size_t i, swap::BufferLease& buf) -> swap::IoTicket {
+        if (!im.nvme()) return {};
+        return im.store->swap_in(im.records[recs[i]].key, buf.span());
+      },
+      [&](std::size_t i, swap::BufferLease& buf) -> swap::IoTicket {
+        Record& rec = im.records[recs[i]];
+        std::byte* base = im.nvme() ? buf.data() : rec.state.data();
+        if (!params.empty()) std::ranges::copy(Impl::params_of(base, rec.numel), params.data() + rec.offset);
+        if (!m.empty()) std::ranges::copy(Impl::m_of(base, rec.numel), m.data() + rec.offset);
+        if (!v.empty()) std::ranges::copy(Impl::v_of(base, rec.numel), v.data() + rec.offset);
+        return {};
+      });
+}
+
+StepStats OffloadedOptimizer::step(std::span<const GroupGrads> grads) {
+  // Every argument is checked before the step opens, so a bad one changes nothing.
+  impl_->check_usable();
+  std::vector<bool> seen(impl_->groups.size(), false);
+  for (const auto& g : grads) {
+    impl_->validate_group_grads(g.group, g.grads, g.out);
+    if (seen[g.group]) {
+      throw UsageError("OffloadedOptimizer::step: group '" + impl_->groups[g.group].name +
+                       "' given twice");
+    }
+    seen[g.group] = true;
+  }
+  begin_step();
+  for (const auto& g : grads) step_group(g.group, g.grads, g.out);
+  return end_step();
+}
+
+void OffloadedOptimizer::begin_step() {
+  Impl& im = *impl_;
+  im.check_usable();
+  std::lock_guard lk(im.mu);
+  if (im.run.active) throw UsageError("OffloadedOptimizer::begin_step: a step is already open");
+  im.run = StepRun{};
+  im.run.active = true;
+  im.run.given.assign(im.groups.size(), false);
+  im.run.hp = im.hyper;
+  im.run.hp.step = im.steps_done + 1;
+  im.run.began = OptClock::now();
+  ++im.steps_done;
+}
+
+void OffloadedOptimizer::Impl::validate_group_grads(std::size_t group_index, const GradView& grads,
+                                                    const CopyOut& out) const {
+  if (group_index >= groups.size()) {
+    throw UsageError("OffloadedOptimizer: group " + std::to_string(group_index) +
+                     " out of range (" + std::to_string(groups.size()) + " groups)");
+  }
+  const ParamGroupSpec& g = groups[group_index];
+  if (grads.size != g.numel || grads.data == nullptr) {
+    throw UsageError("OffloadedOptimizer::step_group: group '" + g.name + "' has " +
+                     std::to_string(g.numel) + " elements, got " + std::to_string(grads.size) +
+                     " gradients" + (grads.data == nullptr ? " (null)" : ""));
+  }
+  if (out.enabled && (out.size != g.numel || out.data == nullptr || out.dtype == DType::kF32)) {
+    throw UsageError("OffloadedOptimizer::step_group: group '" + g.name +
+                     "' copy-out must be a non-null bf16 or fp16 buffer of " +
+                     std::to_string(g.numel) + " elements");
+  }
+  if (!initialized[group_index]) {
+    throw UsageError("OffloadedOptimizer::step_group: group '" + g.name +
+                     "' has no state yet (call set_params first)");
+  }
+}
+
+void OffloadedOptimizer::step_group(std::size_t group_index, GradView grads, CopyOut out) {
+  Impl& im = *impl_;
+  im.check_usable();
+  im.validate_group_grads(group_index, grads, out);
+  const ParamGroupSpec& g = im.groups[group_index];
+  std::lock_guard lk(im.mu);
+  if (!im.run.active) throw UsageError("OffloadedOptimizer::step_group: no open step (begin_step)");
+  if (im.run.given[group_index]) {
+    throw UsageError("OffloadedOptimizer::step_group: group '" + g.name +
+                     "' was already given in this step");
+  }
+  im.run.given[group_index] = true;
+  for (std::size_t ri : im.group_records[group_index]) {
+    const Record& rec = im.records[ri];
+    im.run.tasks.push_back({ri, slice(grads, rec.offset, rec.numel), slice(out, rec.offset, rec.numel)});
+  }
+  im.cv.notify_all();
+}
+
+StepStats OffloadedOptimizer::end_step() {
+  Impl& im = *impl_;
+  std::unique_lock lk(im.mu);
+  if (!im.run.active) throw UsageError("OffloadedOptimizer::end_step: no open step");
+  im.run.closed = true;
+  im.cv.notify_all();
+  im.cv.wait(lk, [&] { return im.run.finished; });
+  im.run.active = false;
+  StepStats stats = im.run.stats;
+  const Status err = im.run.error;
+  const bool modified = im.run.modified;
+  im.run.tasks.clear();
+  lk.unlock();
+  if (!err.ok()) {
+    if (modified) {
+      im.fail(err);
+    } else {
+      --im.steps_done;  // nothing was written: the step never happened
+    }
+    throw IoError(err);
+  }
+  return stats;
+}
+
+void OffloadedOptimizer::save(const std::string& dir) {
+  impl_->check_usable();
+  impl_->check_idle("save");
+  impl_->save(dir);
+}
+
+void OffloadedOptimizer::load(const std::string& dir) {
+  impl_->check_usable();
+  impl_->check_idle("load");
+  impl_->load(dir);
+}
+
+std::uint64_t OffloadedOptimizer::pinned_bytes() const noexcept { return impl_->pool->bytes_in_use(); }
+std::uint64_t OffloadedOptimizer::pinned_bytes_peak() const noexcept {
+  return impl_->pool->peak_bytes_in_use();
+}
+std::uint64_t OffloadedOptimizer::record_bytes() const noexcept { return impl_->max_record_bytes; }
+std::string_view OffloadedOptimizer::engine_name() const noexcept { return impl_->engine->name(); }
+std::vector<std::string> OffloadedOptimizer::swap_file_paths() const {
+  return impl_->store ? impl_->store->file_paths() : std::vector<std::string>{};
+}
+bool OffloadedOptimizer::failed() const noexcept { return impl_->failure.has_value(); }
+
+}  // namespace zinf::offload

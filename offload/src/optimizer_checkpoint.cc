@@ -1,0 +1,501 @@
+// SPDX-License-Identifier: Apache-2.0
+// OffloadedOptimizer checkpoints: the state streamed record by record between the tier and
+// one checkpoint file through the ring (never the whole state in memory), a text manifest
+// with a CRC32C per record, fsync of files and directories, and an atomic switch of the
+// `LATEST` pointer.
+//
+// On-disk scheme, chosen so that a kill at any point leaves a loadable checkpoint:
+//   <dir>/LATEST            one line: the name of the current version directory
+//   <dir>/<version>/        state.bin (records at aligned offsets) and manifest
+// save() writes <dir>/<version>.tmp/, fsyncs both files and the directory, renames it to
+// <dir>/<version>/ and fsyncs <dir>; then writes <dir>/LATEST.tmp, fsyncs it, renames it over
+// LATEST and fsyncs <dir>. Only then are older versions and leftover .tmp entries removed.
+// Until the LATEST rename, LATEST names the previous (complete) version; after it, the new
+// one, which is complete and durable. load() follows LATEST only.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "optimizer_impl.h"
+#include "zinf/common/error.h"
+#include "zinf/common/log.h"
+#include "zinf/swap/crc32c.h"
+#include "zinf/swap/file.h"
+
+namespace zinf::offload {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kMagic = "zinf-optimizer-checkpoint";
+constexpr int kFormatVersion = 1;
+constexpr const char* kLatest = "LATEST";
+constexpr const char* kStateFile = "state.bin";
+constexpr const char* kManifestFile = "manifest";
+constexpr std::uint64_t kStateBytesPerElement = 12;
+
+[[noreturn]] void throw_errno(int err, const std::string& op, const std::string& path) {
+  throw IoError(Status::from_errno(err, op, path));
+}
+
+// An fd owner for the small files and directories handled here (swap::File is for data).
+class Fd {
+ public:
+  Fd(const std::string& path, int flags, mode_t mode = 0600) : path_(path) {
+    fd_ = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+    if (fd_ < 0) throw_errno(errno, "open", path);
+  }
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  void sync() {
+    if (::fsync(fd_) != 0) throw_errno(errno, "fsync", path_);
+  }
+  void close() {
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) throw_errno(errno, "close", path_);
+  }
+  int get() const { return fd_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+void fsync_dir(const std::string& dir) {
+  Fd d(dir, O_RDONLY | O_DIRECTORY);
+  d.sync();
+  d.close();
+}
+
+// Writes `text` to `path` (created or truncated) and fsyncs it.
+void write_synced(const std::string& path, const std::string& text) {
+  Fd f(path, O_WRONLY | O_CREAT | O_TRUNC);
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(f.get(), text.data() + done, text.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      throw IoError(Status::from_errno(err, "write", path, done, text.size() - done));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  f.sync();
+  f.close();
+}
+
+std::string read_small(const std::string& path) {
+  Fd f(path, O_RDONLY);
+  std::string out;
+  char buf[8192];
+  for (;;) {
+    const ssize_t n = ::read(f.get(), buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw_errno(errno, "read", path);
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<std::size_t>(n));
+    if (out.size() > (std::size_t{64} << 20)) {
+      throw IoError(Status::error(ErrorCode::kCorrupt, "file too large for a manifest")
+                        .with_operation("checkpoint load")
+                        .with_path(path));
+    }
+  }
+  return out;
+}
+
+void rename_or_throw(const std::string& from, const std::string& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0) throw_errno(errno, "rename to " + to, from);
+}
+
+std::string hexfloat(double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%a", v);
+  return b;
+}
+
+std::string hex32(std::uint32_t v) {
+  char b[16];
+  std::snprintf(b, sizeof b, "%08" PRIx32, v);
+  return b;
+}
+
+std::uint32_t text_crc(const std::string& s) {
+  return swap::crc32c(std::as_bytes(std::span<const char>(s.data(), s.size())));
+}
+
+IoError corrupt(const std::string& path, const std::string& what,
+                std::uint64_t offset = Status::kUnset, std::uint64_t length = Status::kUnset) {
+  return IoError(Status::error(ErrorCode::kCorrupt, what)
+                     .with_operation("checkpoint load")
+                     .with_path(path)
+                     .with_range(offset, length));
+}
+
+// A data file attached to the engine for the duration of a save or load.
+class Attached {
+ public:
+  Attached(swap::IoEngine& engine, swap::File& file) : engine_(engine), id_(engine.attach(file)) {}
+  ~Attached() { engine_.detach(id_); }
+  Attached(const Attached&) = delete;
+  Attached& operator=(const Attached&) = delete;
+  swap::FileId id() const { return id_; }
+
+ private:
+  swap::IoEngine& engine_;
+  swap::FileId id_;
+};
+
+struct ManifestRecord {
+  std::size_t group = 0;
+  std::uint64_t sub = 0;
+  std::uint64_t numel = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t padded = 0;
+  std::uint32_t crc = 0;
+};
+
+struct Manifest {
+  std::uint64_t step = 0;
+  AdamParams hp;
+  std::uint64_t sub_group_elements = 0;
+  std::vector<ParamGroupSpec> groups;
+  std::vector<ManifestRecord> records;
+};
+
+std::string render(const Manifest& m, const std::string& tier) {
+  std::ostringstream o;
+  o << kMagic << ' ' << kFormatVersion << '\n';
+  o << "tier " << tier << '\n';
+  o << "step " << m.step << '\n';
+  o << "lr " << hexfloat(m.hp.lr) << '\n';
+  o << "beta1 " << hexfloat(m.hp.beta1) << '\n';
+  o << "beta2 " << hexfloat(m.hp.beta2) << '\n';
+  o << "eps " << hexfloat(m.hp.eps) << '\n';
+  o << "weight_decay " << hexfloat(m.hp.weight_decay) << '\n';
+  o << "grad_scale " << hexfloat(m.hp.grad_scale) << '\n';
+  o << "bias_correction " << (m.hp.bias_correction ? 1 : 0) << '\n';
+  o << "mode " << (m.hp.mode == AdamMode::kAdamW ? "adamw" : "adam") << '\n';
+  o << "sub_group_elements " << m.sub_group_elements << '\n';
+  o << "groups " << m.groups.size() << '\n';
+  for (std::size_t i = 0; i < m.groups.size(); ++i) {
+    o << "group " << i << ' ' << m.groups[i].numel << ' ' << m.groups[i].name << '\n';
+  }
+  o << "records " << m.records.size() << '\n';
+  for (const auto& r : m.records) {
+    o << "record " << r.group << ' ' << r.sub << ' ' << r.numel << ' ' << r.offset << ' '
+      << r.padded << ' ' << hex32(r.crc) << '\n';
+  }
+  std::string body = o.str();
+  return body + "crc32c " + hex32(text_crc(body)) + '\n';
+}
+
+Manifest parse(const std::string& text, const std::string& path) {
+  auto bad = [&](const std::string& why) { return corrupt(path, "bad manifest: " + why); };
+  const auto crc_at = text.rfind("crc32c ");
+  if (crc_at == std::string::npos) throw bad("no crc32c line");
+  const std::string body = text.substr(0, crc_at);
+  const std::uint32_t want = static_cast<std::uint32_t>(std::strtoul(text.c_str() + crc_at + 7, nullptr, 16));
+  if (text_crc(body) != want) {
+    throw bad("CRC32C mismatch (stored " + hex32(want) + ", computed " + hex32(text_crc(body)) + ")");
+  }
+  std::istringstream in(body);
+  Manifest m;
+  std::string word;
+  int version = 0;
+  if (!(in >> word >> version) || word != kMagic) throw bad("not a zinf optimizer checkpoint");
+  if (version != kFormatVersion) throw bad("unsupported format version " + std::to_string(version));
+  auto expect = [&](const char* key) {
+    if (!(in >> word) || word != key) throw bad(std::string("expected '") + key + "'");
+  };
+  auto real = [&](const char* key) {
+    expect(key);
+    std::string v;
+    in >> v;
+    char* end = nullptr;
+    const double d = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end != '\0') throw bad(std::string("bad value for ") + key);
+    return d;
+  };
+  auto uint = [&](const char* key) {
+    expect(key);
+    std::uint64_t v = 0;
+    if (!(in >> v)) throw bad(std::string("bad value for ") + key);
+    return v;
+  };
+  expect("tier");
+  in >> word;  // informational: a checkpoint loads into either tier
+  m.step = uint("step");
+  m.hp.lr = real("lr");
+  m.hp.beta1 = real("beta1");
+  m.hp.beta2 = real("beta2");
+  m.hp.eps = real("eps");
+  m.hp.weight_decay = real("weight_decay");
+  m.hp.grad_scale = real("grad_scale");
+  m.hp.bias_correction = uint("bias_correction") != 0;
+  expect("mode");
+  in >> word;
+  if (word != "adam" && word != "adamw") throw bad("bad mode '" + word + "'");
+  m.hp.mode = word == "adamw" ? AdamMode::kAdamW : AdamMode::kAdam;
+  m.sub_group_elements = uint("sub_group_elements");
+  const std::uint64_t ng = uint("groups");
+  for (std::uint64_t i = 0; i < ng; ++i) {
+    expect("group");
+    std::uint64_t idx = 0;
+    ParamGroupSpec g;
+    if (!(in >> idx >> g.numel) || idx != i) throw bad("bad group line " + std::to_string(i));
+    in.get();  // the space before the name, which runs to the end of the line
+    std::getline(in, g.name);
+    m.groups.push_back(std::move(g));
+  }
+  const std::uint64_t nr = uint("records");
+  for (std::uint64_t i = 0; i < nr; ++i) {
+    expect("record");
+    ManifestRecord r;
+    std::string crc;
+    if (!(in >> r.group >> r.sub >> r.numel >> r.offset >> r.padded >> crc)) {
+      throw bad("bad record line " + std::to_string(i));
+    }
+    r.crc = static_cast<std::uint32_t>(std::strtoul(crc.c_str(), nullptr, 16));
+    m.records.push_back(r);
+  }
+  return m;
+}
+
+std::atomic<std::uint64_t> g_save_counter{0};
+
+// True for names save() gives version directories ("v" + 12 digits + "-..."), with or without
+// ".tmp": only those are ever removed from a checkpoint directory.
+bool is_version_name(const std::string& n) {
+  if (n.size() < 14 || n[0] != 'v' || n[13] != '-') return false;
+  for (std::size_t i = 1; i <= 12; ++i) {
+    if (n[i] < '0' || n[i] > '9') return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void OffloadedOptimizer::Impl::save(const std::string& dir) {
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    if (!initialized[g]) {
+      throw UsageError("OffloadedOptimizer::save: group '" + groups[g].name +
+                       "' has no state yet (call set_params first)");
+    }
+  }
+  auto hook = [&](std::string_view phase, std::uint64_t bytes) {
+    if (options.checkpoint_hook) options.checkpoint_hook(phase, bytes);
+  };
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw IoError(Status::from_errno(ec.value(), "create checkpoint directory", dir));
+
+  char name_buf[96];
+  std::snprintf(name_buf, sizeof name_buf, "v%012" PRIu64 "-%d-%" PRIu64, steps_done,
+                static_cast<int>(::getpid()), g_save_counter.fetch_add(1));
+  const std::string name = name_buf;
+  const std::string tmp = dir + "/" + name + ".tmp";
+  const std::string final_dir = dir + "/" + name;
+  fs::create_directory(tmp, ec);
+  if (ec) throw IoError(Status::from_errno(ec.value(), "create checkpoint directory", tmp));
+  // Removes the partial version on any failure (a kill leaves it for the next save to remove).
+  struct RemoveTmp {
+    std::string path;
+    bool armed = true;
+    ~RemoveTmp() {
+      if (!armed) return;
+      std::error_code e;
+      fs::remove_all(path, e);
+    }
+  } remove_tmp{tmp};
+
+  Manifest m;
+  m.step = steps_done;
+  m.hp = hyper;
+  m.sub_group_elements = options.sub_group_elements;
+  m.groups = groups;
+  std::uint64_t offset = 0;
+  for (const auto& r : records) {
+    m.records.push_back({r.group, r.sub, r.numel, offset, r.padded, 0});
+    offset += r.padded;
+  }
+  const std::uint64_t total = offset;
+
+  const std::string state_path = tmp + "/" + kStateFile;
+  swap::FileOptions fo;
+  fo.create = true;
+  fo.truncate = true;
+  fo.preallocate_bytes = total;
+  swap::File file = swap::File::open(state_path, fo);
+  if (file.alignment() > alignment) {
+    // Records are aligned to the store's alignment only: write this file buffered instead.
+    Status s = file.close();
+    s.ignore("reopened at once without O_DIRECT");
+    fo.direct = false;
+    file = swap::File::open(state_path, fo);
+  }
+  {
+    Attached att(*engine, file);
+    std::uint64_t written = 0;
+    ring_pipeline(
+        records.size(),
+        [&](std::size_t i, swap::BufferLease& buf) -> swap::IoTicket {
+          if (!nvme()) return {};
+          return store->swap_in(records[i].key, buf.span());
+        },
+        [&](std::size_t i, swap::BufferLease& buf) -> swap::IoTicket {
+          Record& rec = records[i];
+          std::byte* base = nvme() ? buf.data() : rec.state.data();
+          m.records[i].crc = swap::crc32c(std::span<const std::byte>(base, rec.numel * kStateBytesPerElement));
+          swap::IoRequest req{swap::IoOp::kWrite, att.id(), m.records[i].offset,
+                              std::span<std::byte>(base, rec.padded)};
+          swap::IoTicket t = engine->submit(std::span<const swap::IoRequest>(&req, 1));
+          written += rec.padded;
+          hook("data", written);
+          return t;
+        });
+  }
+  throw_if_error(file.sync());
+  throw_if_error(file.close());
+  write_synced(tmp + "/" + kManifestFile, render(m, std::string(state_tier_name(options.tier))));
+  fsync_dir(tmp);
+  hook("synced", total);
+
+  rename_or_throw(tmp, final_dir);
+  remove_tmp.armed = false;
+  fsync_dir(dir);
+  hook("committed", total);
+
+  const std::string latest_tmp = dir + "/" + std::string(kLatest) + ".tmp";
+  write_synced(latest_tmp, name + "\n");
+  rename_or_throw(latest_tmp, dir + "/" + kLatest);
+  fsync_dir(dir);
+  hook("latest", total);
+
+  // The new version is current and durable: remove older versions and leftovers of
+  // interrupted saves. Failures here only cost space, so they are logged.
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string n = entry.path().filename().string();
+    if (n == name || !is_version_name(n)) continue;
+    std::error_code e;
+    fs::remove_all(entry.path(), e);
+    if (e) log(LogLevel::kWarning, "checkpoint: cannot remove old version " + entry.path().string() + ": " + e.message());
+  }
+  hook("done", total);
+}
+
+void OffloadedOptimizer::Impl::load(const std::string& dir) {
+  const std::string latest_path = dir + "/" + kLatest;
+  std::string name = read_small(latest_path);
+  while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
+  if (!is_version_name(name) || name.find('/') != std::string::npos) {
+    throw corrupt(latest_path, "LATEST does not name a version directory");
+  }
+  const std::string vdir = dir + "/" + name;
+  const std::string manifest_path = vdir + "/" + kManifestFile;
+  const Manifest m = parse(read_small(manifest_path), manifest_path);
+
+  // The checkpoint must describe this optimizer's layout exactly.
+  auto mismatch = [&](const std::string& why) {
+    throw UsageError("OffloadedOptimizer::load: checkpoint " + vdir + " does not match: " + why);
+  };
+  if (m.groups.size() != groups.size()) {
+    mismatch(std::to_string(m.groups.size()) + " groups, this optimizer has " + std::to_string(groups.size()));
+  }
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    if (m.groups[i].name != groups[i].name || m.groups[i].numel != groups[i].numel) {
+      mismatch("group " + std::to_string(i) + " is '" + m.groups[i].name + "' of " +
+               std::to_string(m.groups[i].numel) + " elements, here '" + groups[i].name + "' of " +
+               std::to_string(groups[i].numel));
+    }
+  }
+  if (m.sub_group_elements != options.sub_group_elements) {
+    mismatch("sub_group_elements " + std::to_string(m.sub_group_elements) + ", here " +
+             std::to_string(options.sub_group_elements));
+  }
+  const std::string state_path = vdir + "/" + kStateFile;
+  std::uint64_t offset = 0;
+  if (m.records.size() != records.size()) throw corrupt(manifest_path, "wrong record count");
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    const auto& a = m.records[i];
+    const auto& b = records[i];
+    if (a.group != b.group || a.sub != b.sub || a.numel != b.numel || a.padded != b.padded ||
+        a.offset != offset) {
+      throw corrupt(manifest_path, "record " + std::to_string(i) + " does not match the layout");
+    }
+    offset += b.padded;
+  }
+  validate_hyper(m.hp);
+
+  swap::FileOptions fo;
+  fo.read_only = true;
+  swap::File file = swap::File::open(state_path, fo);
+  if (file.alignment() > alignment) {
+    Status s = file.close();
+    s.ignore("reopened at once without O_DIRECT");
+    fo.direct = false;
+    file = swap::File::open(state_path, fo);
+  }
+  if (file.size() < offset) {
+    throw corrupt(state_path, "file is " + std::to_string(file.size()) + " bytes, the manifest needs " +
+                                  std::to_string(offset));
+  }
+
+  // From here on the state is being overwritten: any failure leaves it inconsistent.
+  try {
+    Attached att(*engine, file);
+    ring_pipeline(
+        records.size(),
+        [&](std::size_t i, swap::BufferLease& buf) -> swap::IoTicket {
+          Record& rec = records[i];
+          std::byte* base = nvme() ? buf.data() : rec.state.data();
+          swap::IoRequest req{swap::IoOp::kRead, att.id(), m.records[i].offset,
+                              std::span<std::byte>(base, rec.padded)};
+          return engine->submit(std::span<const swap::IoRequest>(&req, 1));
+        },
+        [&](std::size_t i, swap::BufferLease& buf) -> swap::IoTicket {
+          Record& rec = records[i];
+          std::byte* base = nvme() ? buf.data() : rec.state.data();
+          const std::uint64_t bytes = rec.numel * kStateBytesPerElement;
+          const std::uint32_t got = swap::crc32c(std::span<const std::byte>(base, bytes));
+          if (got != m.records[i].crc) {
+            throw corrupt(state_path,
+                          "CRC32C mismatch in group '" + groups[rec.group].name + "' sub-group " +
+                              std::to_string(rec.sub) + ": stored " + hex32(m.records[i].crc) +
+                              ", computed " + hex32(got),
+                          m.records[i].offset, bytes);
+          }
+          if (!nvme()) return {};
+          return store->swap_out(rec.key, buf.span());
+        });
+  } catch (const IoError& e) {
+    fail(e.status());
+    throw;
+  } catch (const EngineFailed& e) {
+    fail(e.cause());
+    throw;
+  }
+  Status s = file.close();
+  s.ignore("read-only file: nothing to flush");
+  steps_done = m.step;
+  hyper = m.hp;
+  initialized.assign(groups.size(), true);
+}
+
+}  // namespace zinf::offload

@@ -1,0 +1,137 @@
+// SPDX-License-Identifier: Apache-2.0
+// OffloadedOptimizer's private state, shared by optimizer.cc (construction, the step pipeline,
+// parameter access) and optimizer_checkpoint.cc (save/load). Private to zinf::offload.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "zinf/common/status.h"
+#include "zinf/offload/cpu_adam.h"
+#include "zinf/offload/optimizer.h"
+#include "zinf/swap/buffer_pool.h"
+#include "zinf/swap/io_engine.h"
+#include "zinf/swap/swap_store.h"
+
+namespace zinf::offload {
+
+using OptClock = std::chrono::steady_clock;
+
+/// One sub-group: elements [offset, offset + numel) of a group, stored as one record
+/// [params | m | v] of 12 x numel bytes padded to `padded` bytes.
+struct Record {
+  std::size_t group = 0;
+  std::uint64_t sub = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t numel = 0;
+  std::uint64_t padded = 0;
+  std::string key;           // kNvme: the SwapStore key
+  swap::BufferLease state;   // kCpu: the record itself
+};
+
+/// One sub-group's update in the open step: the record and its slices of the caller's arrays.
+struct Task {
+  std::size_t record = 0;
+  GradView grads;
+  CopyOut out;
+};
+
+/// A ring buffer as the step pipeline sees it (guarded by Impl::mu).
+struct Slot {
+  bool reading = false;  // a read into the slot is in flight
+  bool writing = false;  // a write-back from the slot is in flight
+  swap::IoTicket read;
+  swap::IoTicket write;
+};
+
+/// The open step, shared by the controlling thread and the pipeline thread (guarded by mu).
+struct StepRun {
+  bool active = false;       // begin_step() .. end_step()
+  bool closed = false;       // end_step() called: no more tasks
+  bool finished = false;     // the pipeline has drained this step
+  std::vector<Task> tasks;
+  std::vector<bool> given;   // per group
+  AdamParams hp;
+  Status error;              // the first failure
+  bool modified = false;     // the stored state was (or may have been) changed
+  StepStats stats;
+  OptClock::time_point began{};
+  std::vector<std::pair<OptClock::time_point, OptClock::time_point>> reads;
+  std::vector<std::pair<OptClock::time_point, OptClock::time_point>> writes;
+};
+
+struct OffloadedOptimizer::Impl {
+  Impl(OptimizerOptions o, std::vector<ParamGroupSpec> g);
+  ~Impl();
+
+  // Setup, in construction order (members below are declared so that teardown runs in
+  // reverse: the pipeline thread first, then the ring, the store, the pool, the engine).
+  OptimizerOptions options;
+  std::vector<ParamGroupSpec> groups;
+  std::uint32_t alignment = 4096;
+  std::uint64_t max_record_bytes = 0;  // the largest padded record: one ring buffer
+  std::uint64_t state_bytes = 0;       // sum of padded records
+  std::vector<std::vector<std::size_t>> group_records;
+  std::vector<bool> initialized;
+
+  std::unique_ptr<swap::IoEngine> engine;
+  std::unique_ptr<swap::BufferPool> pool;
+  std::unique_ptr<swap::SwapStore> store;
+  std::vector<Record> records;
+  std::vector<swap::BufferLease> ring;  // kNvme
+  CpuAdam adam;
+
+  AdamParams hyper;
+  std::uint64_t steps_done = 0;
+  std::optional<Status> failure;  // set once: the optimizer refuses work afterwards
+
+  std::mutex mu;
+  std::condition_variable cv;
+  StepRun run;                 // guarded by mu
+  std::vector<Slot> slots;     // guarded by mu
+  bool stop = false;           // guarded by mu
+  std::jthread pipeline;       // last: joined first
+
+  bool nvme() const noexcept { return options.tier == StateTier::kNvme; }
+  void check_usable() const;   // EngineFailed once failed
+  void check_idle(const char* what) const;  // UsageError inside a step
+  void fail(const Status& cause);
+
+  // Three views of a record laid out in `base` (params, m, v).
+  static std::span<float> params_of(std::byte* base, std::uint64_t n);
+  static std::span<float> m_of(std::byte* base, std::uint64_t n);
+  static std::span<float> v_of(std::byte* base, std::uint64_t n);
+
+  // Runs `count` items through the ring on the calling thread (no step open): start(i, buf)
+  // submits item i's first I/O into ring buffer `buf` and returns its ticket; once that has
+  // completed, finish(i, buf) may submit a second I/O from the buffer (or return an empty
+  // ticket) that completes before the buffer is reused. Up to depth items are in flight.
+  // Every ticket is waited for before this returns or throws (the first error).
+  void ring_pipeline(std::size_t count,
+                     const std::function<swap::IoTicket(std::size_t, swap::BufferLease&)>& start,
+                     const std::function<swap::IoTicket(std::size_t, swap::BufferLease&)>& finish);
+
+  void pipeline_main();
+  bool pipeline_can_progress(std::size_t c, std::size_t r) const;
+  void compute(const AdamParams& hp, const Task& t, std::byte* base);
+  // UsageError unless `grads` and `out` fit the group and the group has state.
+  void validate_group_grads(std::size_t group, const GradView& grads, const CopyOut& out) const;
+
+  void save(const std::string& dir);
+  void load(const std::string& dir);
+};
+
+/// Validates hyper-parameters as CpuAdam::step would, so that a bad value is a UsageError at
+/// the call that sets it, never inside the pipeline.
+void validate_hyper(const AdamParams& hp);
+
+}  // namespace zinf::offload

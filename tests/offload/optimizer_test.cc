@@ -1,0 +1,305 @@
+// SPDX-License-Identifier: Apache-2.0
+// OffloadedOptimizer: parity of the nvme tier (every I/O backend), the cpu tier and the plain
+// in-memory kernel over K steps (bitwise, fp32 and bf16 gradients, odd sizes over several
+// groups and sub-groups); per-group stepping; copy-out; construction checks (budget, depth,
+// disk too small); usage errors; step statistics.
+#include "zinf/offload/optimizer.h"
+
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "optimizer_test_util.h"
+#include "support/test_dir.h"
+#include "zinf/common/error.h"
+#include "zinf/swap/io_engine.h"
+
+namespace zinf::offload {
+namespace {
+
+using test::odd_groups;
+
+constexpr std::uint64_t kSteps = 5;
+
+OptimizerOptions options_for(StateTier tier, swap::IoEngineKind kind, const test::TestDir& dir) {
+  OptimizerOptions o;
+  o.tier = tier;
+  o.sub_group_elements = test::kOddSubGroup;
+  o.pipeline_depth = 3;
+  o.hyper = test::test_hyper();
+  o.io.kind = kind;
+  o.io.queue_depth = 8;
+  if (tier == StateTier::kNvme) o.directories = {dir.subdir("nvme0"), dir.subdir("nvme1")};
+  return o;
+}
+
+std::string skip_reason(swap::IoEngineKind kind) {
+  if (kind != swap::IoEngineKind::kUring) return "";
+  return swap::io_uring_unavailable_reason();
+}
+
+// (tier, engine, gradient type)
+using ParityParam = std::tuple<StateTier, swap::IoEngineKind, DType>;
+
+class OptimizerParity : public ::testing::TestWithParam<ParityParam> {};
+
+TEST_P(OptimizerParity, MatchesThePlainKernelBitwise) {
+  const auto [tier, kind, dtype] = GetParam();
+  if (auto why = skip_reason(kind); !why.empty()) GTEST_SKIP() << "io_uring unavailable: " << why;
+  test::TestDir dir;
+  const auto groups = odd_groups();
+  OffloadedOptimizer opt(options_for(tier, kind, dir), groups);
+  test::init_all(opt);
+  test::run_steps(opt, 1, kSteps, dtype);
+  EXPECT_EQ(opt.step_count(), kSteps);
+  const test::State want = test::reference_run(groups, test::test_hyper(), kSteps, dtype);
+  EXPECT_EQ(test::diff(test::read_all(opt), want), "");
+}
+
+std::string parity_name(const ::testing::TestParamInfo<ParityParam>& info) {
+  const auto [tier, kind, dtype] = info.param;
+  return std::string(state_tier_name(tier)) + "_" + std::string(swap::io_engine_kind_name(kind)) +
+         "_" + std::string(dtype_name(dtype));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Tiers, OptimizerParity,
+    ::testing::Values(ParityParam{StateTier::kNvme, swap::IoEngineKind::kThreads, DType::kF32},
+                      ParityParam{StateTier::kNvme, swap::IoEngineKind::kThreads, DType::kBF16},
+                      ParityParam{StateTier::kNvme, swap::IoEngineKind::kUring, DType::kF32},
+                      ParityParam{StateTier::kNvme, swap::IoEngineKind::kUring, DType::kBF16},
+                      ParityParam{StateTier::kCpu, swap::IoEngineKind::kThreads, DType::kF32},
+                      ParityParam{StateTier::kCpu, swap::IoEngineKind::kThreads, DType::kBF16}),
+    parity_name);
+
+TEST(OffloadedOptimizer, NvmeAndCpuTiersAgreeBitwiseWithDeepRing) {
+  // A deeper ring reads further ahead; the result must not depend on it.
+  test::TestDir dir;
+  const auto groups = odd_groups();
+  auto o = options_for(StateTier::kNvme, swap::IoEngineKind::kThreads, dir);
+  o.pipeline_depth = 5;
+  o.swap_checksums = true;
+  OffloadedOptimizer nvme(o, groups);
+  OffloadedOptimizer cpu(options_for(StateTier::kCpu, swap::IoEngineKind::kThreads, dir), groups);
+  for (auto* opt : {&nvme, &cpu}) {
+    test::init_all(*opt);
+    test::run_steps(*opt, 1, 3);
+  }
+  EXPECT_EQ(test::diff(test::read_all(nvme), test::read_all(cpu)), "");
+}
+
+TEST(OffloadedOptimizer, PerGroupSteppingInAnyOrderMatchesStep) {
+  // Backward produces the last layer's gradients first: groups are handed over in reverse,
+  // one at a time, and the update of each runs while the caller goes on.
+  test::TestDir dir;
+  const auto groups = odd_groups();
+  OffloadedOptimizer staged(options_for(StateTier::kNvme, swap::IoEngineKind::kThreads, dir), groups);
+  test::init_all(staged);
+  for (std::uint64_t t = 1; t <= 3; ++t) {
+    test::StepGrads sg(groups, t, DType::kF32);
+    staged.begin_step();
+    for (std::size_t g = groups.size(); g-- > 0;) staged.step_group(g, sg.views[g].grads);
+    const StepStats st = staged.end_step();
+    EXPECT_EQ(st.step, t);
+    EXPECT_EQ(st.sub_groups, 3u + 4u + 1u);
+  }
+  const test::State want = test::reference_run(groups, test::test_hyper(), 3, DType::kF32);
+  EXPECT_EQ(test::diff(test::read_all(staged), want), "");
+}
+
+TEST(OffloadedOptimizer, GroupsLeftOutOfAStepAreNotUpdated) {
+  test::TestDir dir;
+  const auto groups = odd_groups();
+  OffloadedOptimizer opt(options_for(StateTier::kNvme, swap::IoEngineKind::kThreads, dir), groups);
+  test::init_all(opt);
+  const test::State before = test::read_all(opt);
+  test::StepGrads sg(groups, 1, DType::kF32);
+  opt.begin_step();
+  opt.step_group(1, sg.views[1].grads);
+  (void)opt.end_step();
+  const test::State after = test::read_all(opt);
+  EXPECT_EQ(after.p[0], before.p[0]);
+  EXPECT_EQ(after.p[2], before.p[2]);
+  EXPECT_NE(after.p[1], before.p[1]);
+}
+
+TEST(OffloadedOptimizer, CopyOutMatchesTheKernelsFusedCopy) {
+  test::TestDir dir;
+  const auto groups = odd_groups();
+  OffloadedOptimizer opt(options_for(StateTier::kNvme, swap::IoEngineKind::kThreads, dir), groups);
+  test::init_all(opt);
+  test::StepGrads sg(groups, 1, DType::kF32);
+  std::vector<std::vector<std::uint16_t>> out;
+  for (const auto& g : groups) out.emplace_back(g.numel, 0);
+  std::vector<GroupGrads> views = sg.views;
+  for (std::size_t g = 0; g < groups.size(); ++g) views[g].out = CopyOut::bf16(out[g]);
+  (void)opt.step(views);
+
+  CpuAdam adam;
+  AdamParams hp = test::test_hyper();
+  hp.step = 1;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    auto p = test::initial_params(g, groups[g].numel);
+    std::vector<float> m(p.size(), 0.0f), v(p.size(), 0.0f);
+    std::vector<std::uint16_t> want(p.size());
+    adam.step(hp, p, m, v, sg.views[g].grads, CopyOut::bf16(want));
+    EXPECT_EQ(out[g], want) << "group " << g;
+  }
+}
+
+TEST(OffloadedOptimizer, StepStatsCountEveryRecordOnce) {
+  test::TestDir dir;
+  const auto groups = odd_groups();
+  OffloadedOptimizer opt(options_for(StateTier::kNvme, swap::IoEngineKind::kThreads, dir), groups);
+  test::init_all(opt);
+  test::StepGrads sg(groups, 1, DType::kF32);
+  const StepStats st = opt.step(sg.views);
+  // 12 bytes per element, each sub-group padded to 4096: 5 full records of 4099 elements
+  // (49188 -> 53248 bytes) and the short ones (1809, 5 and 3 elements).
+  auto padded = [](std::uint64_t n) { return (n * 12 + 4095) / 4096 * 4096; };
+  const std::uint64_t state = 5 * padded(4099) + padded(1809) + padded(5) + padded(3);
+  EXPECT_EQ(st.bytes_read, state);
+  EXPECT_EQ(st.bytes_written, state);
+  EXPECT_EQ(st.elements, 10007u + 3 * 4099 + 5 + 3);
+  EXPECT_GT(st.seconds, 0.0);
+  EXPECT_GT(st.read_seconds, 0.0);
+  EXPECT_GT(st.write_seconds, 0.0);
+  EXPECT_GT(st.compute_seconds, 0.0);
+  EXPECT_LE(st.read_seconds, st.seconds);
+  EXPECT_EQ(opt.pinned_bytes_peak(), 3 * padded(4099));
+  EXPECT_EQ(opt.record_bytes(), padded(4099));
+}
+
+TEST(OffloadedOptimizer, BudgetTooSmallForThePipelineIsAnErrorAtConstruction) {
+  test::TestDir dir;
+  auto o = options_for(StateTier::kNvme, swap::IoEngineKind::kThreads, dir);
+  o.pinned_budget_bytes = 100000;
+  try {
+    OffloadedOptimizer opt(o, odd_groups());
+    FAIL() << "constructed with a budget below the pipeline";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "OffloadedOptimizer: pinned_budget_bytes=100000 cannot hold the pipeline: depth 3 "
+              "x 53248-byte sub-group buffers (4099 elements x 12 bytes, padded to 4096) = "
+              "159744 bytes; the smallest budget that works is 159744");
+  }
+  o.pinned_budget_bytes = 159744;
+  OffloadedOptimizer fits(o, odd_groups());
+  EXPECT_EQ(fits.pinned_bytes(), 159744u);
+}
+
+TEST(OffloadedOptimizer, CpuTierBudgetMustHoldTheState) {
+  test::TestDir dir;
+  auto o = options_for(StateTier::kCpu, swap::IoEngineKind::kThreads, dir);
+  o.pinned_budget_bytes = 4096;
+  try {
+    OffloadedOptimizer opt(o, {{"a", 1000}});
+    FAIL() << "constructed with a budget below the state";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "OffloadedOptimizer: pinned_budget_bytes=4096 cannot hold the cpu-tier state: 1 "
+              "sub-groups of 12 bytes per element, each padded to 4096, = 12288 bytes; the "
+              "smallest budget that works is 12288");
+  }
+}
+
+TEST(OffloadedOptimizer, RejectsBadOptions) {
+  test::TestDir dir;
+  auto o = options_for(StateTier::kNvme, swap::IoEngineKind::kThreads, dir);
+  o.pipeline_depth = 2;
+  EXPECT_THROW(OffloadedOptimizer(o, odd_groups()), UsageError);
+  o = options_for(StateTier::kNvme, swap::IoEngineKind::kThreads, dir);
+  o.directories.clear();
+  EXPECT_THROW(OffloadedOptimizer(o, odd_groups()), UsageError);
+  o = options_for(StateTier::kCpu, swap::IoEngineKind::kThreads, dir);
+  EXPECT_THROW(OffloadedOptimizer(o, {}), UsageError);
+  EXPECT_THROW(OffloadedOptimizer(o, {{"a", 0}}), UsageError);
+  EXPECT_THROW(OffloadedOptimizer(o, {{"a", 4}, {"a", 5}}), UsageError);
+  o.sub_group_elements = 0;
+  EXPECT_THROW(OffloadedOptimizer(o, {{"a", 4}}), UsageError);
+  o = options_for(StateTier::kCpu, swap::IoEngineKind::kThreads, dir);
+  o.hyper.beta1 = 1.0;
+  EXPECT_THROW(OffloadedOptimizer(o, {{"a", 4}}), UsageError);
+}
+
+TEST(OffloadedOptimizer, DiskTooSmallForTheStateIsAnErrorAtConstruction) {
+  test::TestDir dir;
+  auto o = options_for(StateTier::kNvme, swap::IoEngineKind::kThreads, dir);
+  o.directories = {dir.subdir("small")};
+  o.sub_group_elements = 1 << 24;  // 192 MiB records: 576 MiB of ring, never mapped here
+  // 2^40 elements: 12 TiB of state, more than any test machine's disk. The disk is checked
+  // before the ring is mapped.
+  try {
+    OffloadedOptimizer opt(o, {{"huge", std::uint64_t{1} << 40}});
+    FAIL() << "constructed a 12 TiB state";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kNoSpace) << e.what();
+    EXPECT_NE(std::string(e.what()).find(o.directories[0]), std::string::npos) << e.what();
+  }
+}
+
+TEST(OffloadedOptimizer, UsageErrorsLeaveTheOptimizerUsable) {
+  test::TestDir dir;
+  const auto groups = odd_groups();
+  OffloadedOptimizer opt(options_for(StateTier::kNvme, swap::IoEngineKind::kThreads, dir), groups);
+  test::StepGrads sg(groups, 1, DType::kF32);
+  // No parameters yet.
+  EXPECT_THROW((void)opt.step(sg.views), UsageError);
+  EXPECT_EQ(opt.step_count(), 0u);
+  test::init_all(opt);
+  EXPECT_THROW(opt.set_params(0, std::vector<float>(3)), UsageError);
+  // A group twice, a wrong size, an unknown group: refused before the step opens.
+  std::vector<GroupGrads> twice = {sg.views[0], sg.views[0]};
+  EXPECT_THROW((void)opt.step(twice), UsageError);
+  std::vector<float> short_grads(5);
+  std::vector<GroupGrads> wrong = {{0, GradView::f32(short_grads)}};
+  EXPECT_THROW((void)opt.step(wrong), UsageError);
+  std::vector<GroupGrads> unknown = {{7, sg.views[0].grads}};
+  EXPECT_THROW((void)opt.step(unknown), UsageError);
+  EXPECT_EQ(opt.step_count(), 0u);
+  // Per-group misuse.
+  EXPECT_THROW(opt.step_group(0, sg.views[0].grads), UsageError);  // no open step
+  EXPECT_THROW((void)opt.end_step(), UsageError);
+  opt.begin_step();
+  EXPECT_THROW(opt.begin_step(), UsageError);
+  opt.step_group(0, sg.views[0].grads);
+  EXPECT_THROW(opt.step_group(0, sg.views[0].grads), UsageError);
+  EXPECT_THROW(opt.save(dir.file("ckpt")), UsageError);
+  opt.step_group(1, sg.views[1].grads);
+  opt.step_group(2, sg.views[2].grads);
+  (void)opt.end_step();
+  EXPECT_EQ(opt.step_count(), 1u);
+  EXPECT_FALSE(opt.failed());
+  const test::State want = test::reference_run(groups, test::test_hyper(), 1, DType::kF32);
+  EXPECT_EQ(test::diff(test::read_all(opt), want), "");
+}
+
+TEST(OffloadedOptimizer, DestroyedInsideAStepFinishesItsWork) {
+  test::TestDir dir;
+  const auto groups = odd_groups();
+  test::StepGrads sg(groups, 1, DType::kF32);
+  {
+    OffloadedOptimizer opt(options_for(StateTier::kNvme, swap::IoEngineKind::kThreads, dir), groups);
+    test::init_all(opt);
+    opt.begin_step();
+    for (std::size_t g = 0; g < groups.size(); ++g) opt.step_group(g, sg.views[g].grads);
+  }  // no end_step: the destructor drains the pipeline before the buffers go
+  SUCCEED();
+}
+
+TEST(OffloadedOptimizer, ParsesTierNames) {
+  EXPECT_EQ(parse_state_tier("cpu", "--tier"), StateTier::kCpu);
+  EXPECT_EQ(parse_state_tier("nvme", "--tier"), StateTier::kNvme);
+  try {
+    (void)parse_state_tier("disk", "--tier");
+    FAIL();
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()), "invalid --tier 'disk': expected cpu or nvme");
+  }
+}
+
+}  // namespace
+}  // namespace zinf::offload

@@ -1,0 +1,184 @@
+// SPDX-License-Identifier: Apache-2.0
+// Helpers shared by the OffloadedOptimizer tests: a small multi-group layout with odd sizes,
+// deterministic parameters and gradients per (group, step), a reference run of the same
+// kernel on plain in-memory arrays, and bitwise comparison of states.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "zinf/offload/cpu_adam.h"
+#include "zinf/offload/optimizer.h"
+#include "zinf/swap/io_engine.h"
+
+namespace zinf::test {
+
+/// Odd sizes over several groups: sub-groups of 4099 elements cut the first two into 3 and 4
+/// pieces (the last ones short) and leave the third a single short one.
+inline std::vector<offload::ParamGroupSpec> odd_groups() {
+  return {{"embed", 10007}, {"w1", 3 * 4099 + 5}, {"bias", 3}};
+}
+constexpr std::uint64_t kOddSubGroup = 4099;
+
+inline offload::AdamParams test_hyper() {
+  offload::AdamParams hp;
+  hp.lr = 1e-2;
+  hp.weight_decay = 0.01;
+  hp.mode = offload::AdamMode::kAdamW;
+  return hp;
+}
+
+inline std::uint32_t mix(std::uint64_t a) {
+  a ^= a >> 33;
+  a *= 0xff51afd7ed558ccdull;
+  a ^= a >> 33;
+  return static_cast<std::uint32_t>(a);
+}
+
+/// Initial parameters of a group, in [-1, 1].
+inline std::vector<float> initial_params(std::size_t group, std::uint64_t numel) {
+  std::vector<float> p(numel);
+  for (std::uint64_t i = 0; i < numel; ++i) {
+    p[i] = static_cast<float>(mix(group * 1000003 + i) % 20001u) / 10000.0f - 1.0f;
+  }
+  return p;
+}
+
+/// fp32 gradients of a group in a step, around 1e-2.
+inline std::vector<float> grads_f32(std::size_t group, std::uint64_t step, std::uint64_t numel) {
+  std::vector<float> g(numel);
+  for (std::uint64_t i = 0; i < numel; ++i) {
+    g[i] = (static_cast<float>(mix(step * 7919 + group * 104729 + i * 31) % 20001u) / 10000.0f - 1.0f) * 1e-2f;
+  }
+  return g;
+}
+
+/// The same gradients as bf16 bits (truncated: any bf16 value will do).
+inline std::vector<std::uint16_t> grads_bf16(std::size_t group, std::uint64_t step, std::uint64_t numel) {
+  const auto f = grads_f32(group, step, numel);
+  std::vector<std::uint16_t> g(numel);
+  for (std::uint64_t i = 0; i < numel; ++i) {
+    g[i] = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(f[i]) >> 16);
+  }
+  return g;
+}
+
+/// The state of every group, as plain arrays.
+struct State {
+  std::vector<std::vector<float>> p, m, v;
+};
+
+inline State read_all(offload::OffloadedOptimizer& opt) {
+  State s;
+  for (std::size_t g = 0; g < opt.group_count(); ++g) {
+    const auto n = opt.group(g).numel;
+    s.p.emplace_back(n);
+    s.m.emplace_back(n);
+    s.v.emplace_back(n);
+    opt.read_state(g, s.p.back(), s.m.back(), s.v.back());
+  }
+  return s;
+}
+
+/// Returns "" if `a` and `b` are bitwise identical, else where they first differ.
+inline std::string diff(const State& a, const State& b) {
+  auto cmp = [](const char* what, std::size_t g, const std::vector<float>& x,
+                const std::vector<float>& y) -> std::string {
+    if (x.size() != y.size()) return std::string(what) + " size differs in group " + std::to_string(g);
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      if (std::bit_cast<std::uint32_t>(x[i]) != std::bit_cast<std::uint32_t>(y[i])) {
+        return std::string(what) + " differs in group " + std::to_string(g) + " at " +
+               std::to_string(i) + ": " + std::to_string(x[i]) + " vs " + std::to_string(y[i]);
+      }
+    }
+    return "";
+  };
+  if (a.p.size() != b.p.size()) return "group count differs";
+  for (std::size_t g = 0; g < a.p.size(); ++g) {
+    for (auto r : {cmp("params", g, a.p[g], b.p[g]), cmp("m", g, a.m[g], b.m[g]),
+                   cmp("v", g, a.v[g], b.v[g])}) {
+      if (!r.empty()) return r;
+    }
+  }
+  return "";
+}
+
+/// Gradients of every group for one step, kept alive for the step.
+struct StepGrads {
+  std::vector<std::vector<float>> f32;
+  std::vector<std::vector<std::uint16_t>> bf16;
+  std::vector<offload::GroupGrads> views;
+
+  StepGrads(const std::vector<offload::ParamGroupSpec>& groups, std::uint64_t step,
+            offload::DType dtype) {
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      if (dtype == offload::DType::kF32) {
+        f32.push_back(grads_f32(g, step, groups[g].numel));
+      } else {
+        bf16.push_back(grads_bf16(g, step, groups[g].numel));
+      }
+    }
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      views.push_back({g, dtype == offload::DType::kF32 ? offload::GradView::f32(f32[g])
+                                                        : offload::GradView::bf16(bf16[g])});
+    }
+  }
+};
+
+/// The reference: CpuAdam on whole in-memory arrays, `steps` steps from the initial state.
+inline State reference_run(const std::vector<offload::ParamGroupSpec>& groups,
+                           const offload::AdamParams& hyper, std::uint64_t steps,
+                           offload::DType dtype) {
+  offload::CpuAdam adam;
+  State s;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    s.p.push_back(initial_params(g, groups[g].numel));
+    s.m.emplace_back(groups[g].numel, 0.0f);
+    s.v.emplace_back(groups[g].numel, 0.0f);
+  }
+  for (std::uint64_t t = 1; t <= steps; ++t) {
+    StepGrads sg(groups, t, dtype);
+    offload::AdamParams hp = hyper;
+    hp.step = t;
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      adam.step(hp, s.p[g], s.m[g], s.v[g], sg.views[g].grads);
+    }
+  }
+  return s;
+}
+
+/// Sets every group's initial parameters.
+inline void init_all(offload::OffloadedOptimizer& opt) {
+  for (std::size_t g = 0; g < opt.group_count(); ++g) {
+    opt.set_params(g, initial_params(g, opt.group(g).numel));
+  }
+}
+
+/// Runs steps [from, to] with the deterministic gradients.
+inline void run_steps(offload::OffloadedOptimizer& opt, std::uint64_t from, std::uint64_t to,
+                      offload::DType dtype = offload::DType::kF32) {
+  std::vector<offload::ParamGroupSpec> groups;
+  for (std::size_t g = 0; g < opt.group_count(); ++g) groups.push_back(opt.group(g));
+  for (std::uint64_t t = from; t <= to; ++t) {
+    StepGrads sg(groups, t, dtype);
+    const auto stats = opt.step(sg.views);
+    ASSERT_EQ(stats.step, t);
+  }
+}
+
+}  // namespace zinf::test
+
+// Names the parameters in gtest output and ctest test names.
+namespace zinf::swap {
+inline void PrintTo(IoEngineKind kind, std::ostream* os) { *os << io_engine_kind_name(kind); }
+}  // namespace zinf::swap
+namespace zinf::offload {
+inline void PrintTo(StateTier tier, std::ostream* os) { *os << state_tier_name(tier); }
+inline void PrintTo(DType dtype, std::ostream* os) { *os << dtype_name(dtype); }
+}  // namespace zinf::offload

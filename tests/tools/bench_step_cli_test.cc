@@ -1,0 +1,67 @@
+// SPDX-License-Identifier: Apache-2.0
+// End-to-end checks of `zinf bench step` as a user runs it: a small run of each tier prints
+// the JSON keys compare_step.sh reads, and bad arguments are one-line errors with status 2.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "support/test_dir.h"
+
+namespace {
+
+struct ToolRun {
+  int status = -1;
+  std::string out;  // stdout and stderr together
+};
+
+ToolRun run_zinf(const std::string& args) {
+  ToolRun r;
+  const std::string cmd = std::string(ZINF_TOOL_PATH) + " " + args + " 2>&1";
+  std::FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf{};
+  std::size_t n = 0;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int st = ::pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+TEST(BenchStepCli, SmallRunOfEachTierPrintsTheJsonKeys) {
+  zinf::test::TestDir dir;
+  for (const char* tier : {"nvme", "cpu"}) {
+    // 64K elements in sub-groups of 16K: 4 records of 196608 bytes, a ring of 3.
+    ToolRun r = run_zinf("bench step --dir " + dir.path() + " --numel 64K --sub-group 16K " +
+                         "--depth 3 --steps 2 --engine threads --json --tier " + tier);
+    ASSERT_EQ(r.status, 0) << r.out;
+    const bool nvme = std::string(tier) == "nvme";
+    for (std::string key :
+         {std::string("\"tier\":\"") + tier + "\"", std::string("\"numel\":65536"),
+          std::string("\"sub_groups\":4"), std::string("\"step_seconds\":"),
+          std::string("\"read_seconds\":"), std::string("\"write_seconds\":"),
+          std::string("\"compute_seconds\":"),
+          std::string("\"bytes_read\":") + (nvme ? "786432" : "0"),
+          std::string("\"bytes_written\":") + (nvme ? "786432" : "0"),
+          std::string("\"pinned_bytes_peak\":") + (nvme ? "589824" : "786432")}) {
+      EXPECT_NE(r.out.find(key), std::string::npos) << key << " missing in " << r.out;
+    }
+  }
+}
+
+TEST(BenchStepCli, BadArgumentsAreOneLineErrors) {
+  ToolRun r = run_zinf("bench step --tier disk");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "zinf bench step: error: invalid --tier 'disk': expected cpu or nvme\n");
+  r = run_zinf("bench step --depth 2");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "zinf bench step: error: --depth must be in [3, 64]\n");
+  r = run_zinf("bench step --dir /nonexistent/zinf-nowhere");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "zinf bench step: error: not a directory: /nonexistent/zinf-nowhere\n");
+}
+
+}  // namespace

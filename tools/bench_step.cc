@@ -1,0 +1,264 @@
+// SPDX-License-Identifier: Apache-2.0
+// `zinf bench step`: times OffloadedOptimizer steps (state on NVMe or in pinned memory) on a
+// model-sized parameter group and reports the step time with the busy time of each pipeline
+// stage (read, update, write-back), so that it can be set against the drive's and the
+// kernel's own rates (bench/compare_step.sh).
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cli_args.h"
+#include "commands.h"
+#include "json_writer.h"
+#include "zinf/common/error.h"
+#include "zinf/offload/optimizer.h"
+
+namespace zinf::tools {
+namespace {
+
+using offload::DType;
+using offload::GradView;
+using offload::OffloadedOptimizer;
+using offload::StateTier;
+
+constexpr const char* kHelp = R"(usage: zinf bench step [options]
+
+Times steps of zinf's offloaded optimizer: the fp32 parameters and Adam moments (12 bytes per
+element) live on NVMe (--tier nvme, one swap file per --dir) or in pinned host memory (--tier
+cpu), and each step streams them through the CPU Adam kernel with fp32 gradients held in memory.
+Reports the median step and, for that step count, the median busy time of each stage.
+
+  --dir DIR          directory for the state (repeatable: striped over the files)
+                     [default: ./zinf-scratch, created if missing]
+  --numel N          parameters; K/M/G = 1024^n [256M: 3 GiB of state, 1 GiB of fp32 gradients]
+  --sub-group N      elements per sub-group [4194304]
+  --depth N          ring buffers of one sub-group each, >= 3 [4]
+  --threads N        CPU Adam threads including the caller [0 = one per hardware thread]
+  --tier T           nvme | cpu [nvme]
+  --steps N          timed steps after one untimed warm-up [5]
+  --engine KIND      auto | uring | threads [auto]
+  --queue-depth N    I/O requests in flight [16]
+  --grad-dtype T     fp32 | bf16 | fp16 [fp32]
+  --copy-out T       none | bf16 | fp16: also write the low-precision parameters [none]
+  --checksums        CRC32C per stripe of the swap files, verified on every read
+  --budget N         pinned-memory budget [the ring or the state, whichever the tier needs]
+  --json             one JSON object on stdout instead of the table
+
+Stage times: read/write = time with at least one state read/write-back in flight; compute =
+time inside the Adam kernel; they overlap, so the step takes about the longest of them.
+)";
+
+// Host memory for the gradients (and copy-out): 2 MiB aligned, advised onto huge pages.
+class HostArray {
+ public:
+  explicit HostArray(std::size_t bytes) {
+    constexpr std::size_t kAlign = std::size_t{2} << 20;
+    const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+    ptr_.reset(std::aligned_alloc(kAlign, rounded));
+    if (!ptr_) throw Error("bench step: cannot allocate " + std::to_string(rounded) + " bytes");
+    (void)::madvise(ptr_.get(), rounded, MADV_HUGEPAGE);  // advisory
+  }
+  template <typename T>
+  std::span<T> as(std::size_t n) {
+    return {static_cast<T*>(ptr_.get()), n};
+  }
+
+ private:
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  std::unique_ptr<void, Free> ptr_;
+};
+
+DType parse_dtype(const std::string& text, const char* what) {
+  if (text == "fp32") return DType::kF32;
+  if (text == "bf16") return DType::kBF16;
+  if (text == "fp16") return DType::kF16;
+  throw UsageError(std::string("invalid ") + what + " '" + text + "': expected fp32, bf16 or fp16");
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+int bench_step_main(const std::vector<std::string>& tokens) {
+  Args args("bench step", tokens);
+  if (args.help()) {
+    std::fputs(kHelp, stdout);
+    return 0;
+  }
+  std::vector<std::string> dirs = args.strings("dir");
+  const std::uint64_t numel = args.size("numel", std::uint64_t{256} << 20);
+  const std::uint64_t sub_group = args.size("sub-group", std::uint64_t{4} << 20);
+  const std::uint64_t depth = args.uint("depth", 4);
+  const std::uint64_t threads = args.uint("threads", 0);
+  const StateTier tier = offload::parse_state_tier(args.string("tier", "nvme"), "--tier");
+  const std::uint64_t steps = args.uint("steps", 5);
+  const auto engine_kind = swap::parse_io_engine_kind(args.string("engine", "auto"));
+  const std::uint64_t queue_depth = args.uint("queue-depth", 16);
+  const DType grad_dtype = parse_dtype(args.string("grad-dtype", "fp32"), "--grad-dtype");
+  const std::string copy_text = args.string("copy-out", "none");
+  const bool checksums = args.flag("checksums");
+  const std::uint64_t budget = args.size("budget", 0);
+  const bool json = args.flag("json");
+  args.finish();
+
+  if (numel == 0 || numel > (std::uint64_t{1} << 36)) {
+    throw UsageError("--numel " + std::to_string(numel) + " is out of range [1, 2^36]");
+  }
+  if (sub_group == 0) throw UsageError("--sub-group must be at least 1");
+  if (depth < 3 || depth > 64) throw UsageError("--depth must be in [3, 64]");
+  if (steps == 0) throw UsageError("--steps must be at least 1");
+  if (queue_depth == 0 || queue_depth > 4096) throw UsageError("--queue-depth must be in [1, 4096]");
+  bool copy_out = false;
+  DType copy_dtype = DType::kBF16;
+  if (copy_text != "none") {
+    copy_dtype = parse_dtype(copy_text, "--copy-out");
+    if (copy_dtype == DType::kF32) throw UsageError("invalid --copy-out 'fp32': expected none, bf16 or fp16");
+    copy_out = true;
+  }
+  if (tier == StateTier::kNvme && dirs.empty()) {
+    dirs.push_back("./zinf-scratch");
+    std::error_code ec;
+    std::filesystem::create_directories(dirs[0], ec);
+  }
+  for (const auto& d : dirs) {
+    if (!std::filesystem::is_directory(d)) throw UsageError("not a directory: " + d);
+  }
+
+  offload::OptimizerOptions o;
+  o.tier = tier;
+  o.sub_group_elements = sub_group;
+  o.pipeline_depth = static_cast<std::uint32_t>(depth);
+  o.hyper.lr = 1e-3;
+  o.hyper.weight_decay = 0.01;
+  o.hyper.mode = offload::AdamMode::kAdamW;
+  o.adam.threads = threads;
+  o.directories = dirs;
+  o.io.kind = engine_kind;
+  o.io.queue_depth = static_cast<std::uint32_t>(queue_depth);
+  o.swap_checksums = checksums;
+  // Unless told, the budget is exactly what the tier needs (the optimizer checks it).
+  const std::uint64_t record = (std::min(sub_group, numel) * 12 + 4095) / 4096 * 4096;
+  o.pinned_budget_bytes =
+      budget != 0 ? budget
+                  : (tier == StateTier::kNvme ? depth * record
+                                              : ((numel + sub_group - 1) / sub_group) * record);
+  if (budget == 0) o.pinned_budget_bytes += std::uint64_t{64} << 20;  // room for alignment > 4096
+  OffloadedOptimizer opt(o, {{"params", numel}});
+
+  const std::size_t n = numel;
+  const std::size_t grad_bytes = grad_dtype == DType::kF32 ? 4 : 2;
+  // One array serves first as the initial fp32 parameters, then as the gradients.
+  HostArray mem(n * 4);
+  {
+    auto p = mem.as<float>(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      p[i] = static_cast<float>(static_cast<std::uint32_t>(i * 2654435761u) % 2001u) / 1000.0f - 1.0f;
+    }
+    opt.set_params(0, p);
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto h = static_cast<std::uint32_t>(i * 2654435761u);
+    const float g = (static_cast<float>((h >> 11) % 2001u) / 1000.0f - 1.0f) * 1e-3f + 1e-5f;
+    if (grad_dtype == DType::kF32) {
+      mem.as<float>(n)[i] = g;
+    } else {
+      mem.as<std::uint16_t>(n)[i] =
+          grad_dtype == DType::kBF16 ? static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(g) >> 16)
+                                     : static_cast<std::uint16_t>(0x1400u | (h & 0x83ffu));
+    }
+  }
+  const GradView grads{mem.as<std::byte>(n * grad_bytes).data(), n, grad_dtype};
+  std::unique_ptr<HostArray> out_mem;
+  offload::CopyOut out;
+  if (copy_out) {
+    out_mem = std::make_unique<HostArray>(n * 2);
+    out = offload::CopyOut{out_mem->as<std::uint16_t>(n).data(), n, copy_dtype, true};
+  }
+  const offload::GroupGrads gg{0, grads, out};
+
+  std::vector<offload::StepStats> all;
+  for (std::uint64_t s = 0; s <= steps; ++s) {  // s == 0: untimed warm-up
+    const auto st = opt.step(std::span<const offload::GroupGrads>(&gg, 1));
+    if (s > 0) all.push_back(st);
+  }
+  std::vector<double> step_s, read_s, write_s, compute_s, wait_s;
+  for (const auto& st : all) {
+    step_s.push_back(st.seconds);
+    read_s.push_back(st.read_seconds);
+    write_s.push_back(st.write_seconds);
+    compute_s.push_back(st.compute_seconds);
+    wait_s.push_back(st.wait_seconds);
+  }
+  const double step_med = median(step_s);
+  const std::uint64_t bytes_read = all.front().bytes_read;
+  const std::uint64_t bytes_written = all.front().bytes_written;
+  const std::uint64_t sub_groups = all.front().sub_groups;
+  if (json) {
+    JsonWriter j;
+    j.field("bench", "step");
+    j.field("tier", std::string(offload::state_tier_name(tier)));
+    j.field("engine", std::string(opt.engine_name()));
+    j.field("numel", std::uint64_t{numel});
+    j.field("sub_group", sub_group);
+    j.field("sub_groups", sub_groups);
+    j.field("depth", depth);
+    j.field("threads", threads);
+    j.field("grad_dtype", std::string(offload::dtype_name(grad_dtype)));
+    j.field("copy_out", copy_text);
+    j.field("checksums", checksums);
+    j.field("steps", steps);
+    j.field("step_seconds", step_med);
+    j.field("step_seconds_min", *std::min_element(step_s.begin(), step_s.end()));
+    j.field("read_seconds", median(read_s));
+    j.field("write_seconds", median(write_s));
+    j.field("compute_seconds", median(compute_s));
+    j.field("wait_seconds", median(wait_s));
+    j.field("bytes_read", bytes_read);
+    j.field("bytes_written", bytes_written);
+    j.field("pinned_bytes_peak", opt.pinned_bytes_peak());
+    j.field("elements_per_s", static_cast<double>(numel) / step_med);
+    j.field("step_seconds_all", step_s);
+    j.field("dirs", dirs);
+    std::printf("%s\n", j.str().c_str());
+  } else {
+    std::printf("zinf bench step: tier=%s engine=%.*s numel=%llu sub-group=%llu (%llu) depth=%llu "
+                "grad=%s copy-out=%s steps=%llu (median)\n",
+                std::string(offload::state_tier_name(tier)).c_str(),
+                static_cast<int>(opt.engine_name().size()), opt.engine_name().data(),
+                static_cast<unsigned long long>(numel), static_cast<unsigned long long>(sub_group),
+                static_cast<unsigned long long>(sub_groups), static_cast<unsigned long long>(depth),
+                std::string(offload::dtype_name(grad_dtype)).c_str(), copy_text.c_str(),
+                static_cast<unsigned long long>(steps));
+    std::printf("  %-22s %10.3f s   (%.3f G elements/s)\n", "step", step_med,
+                static_cast<double>(numel) / step_med / 1e9);
+    std::printf("  %-22s %10.3f s   (%.2f GB/s over %.2f GB)\n", "read busy", median(read_s),
+                median(read_s) > 0 ? static_cast<double>(bytes_read) / median(read_s) / 1e9 : 0.0,
+                static_cast<double>(bytes_read) / 1e9);
+    std::printf("  %-22s %10.3f s   (%.2f GB/s over %.2f GB)\n", "write busy", median(write_s),
+                median(write_s) > 0 ? static_cast<double>(bytes_written) / median(write_s) / 1e9 : 0.0,
+                static_cast<double>(bytes_written) / 1e9);
+    std::printf("  %-22s %10.3f s\n", "compute busy", median(compute_s));
+    std::printf("  %-22s %10.3f s\n", "pipeline waiting", median(wait_s));
+    std::printf("  %-22s %10.1f MiB\n", "pinned peak",
+                static_cast<double>(opt.pinned_bytes_peak()) / (1 << 20));
+  }
+  return 0;
+}
+
+}  // namespace zinf::tools
