@@ -15,10 +15,12 @@ namespace zinf::offload::detail {
 namespace {
 
 // Software prefetch distance, in elements. On one thread, where a core's outstanding misses
-// limit bandwidth, prefetching 512 elements (2 KiB per fp32 stream) ahead measured 3-12%
-// faster than none and than 256 or 1024-1536 (100M elements, alternated runs, Zen 4, AVX-512
-// path); on two threads it made no difference within the noise.
-constexpr std::size_t kPrefetchElems = 512;
+// limit bandwidth, prefetching (into L1) beats none by 3-12% (100M elements, Zen 4, AVX-512).
+// 256 elements (1 KiB per fp32 stream) ahead measured ~7% faster than 512 against the
+// -O3 -march=native loop (median ratio 1.110 vs 1.038, 3 alternated adam_bench runs on a
+// shared machine; the AVX2 path gained too); 128-384 were within noise of 256, 1024 and an
+// extra L2 prefetch further ahead were slower. Two threads were not re-measured at 256.
+constexpr std::size_t kPrefetchElems = 256;
 
 // Prefetches one cache line; the address is formed as an integer because it may lie past the
 // end of the array (prefetch never faults, but pointer arithmetic there would be undefined).
