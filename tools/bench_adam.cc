@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.h"
 #include "cli_args.h"
 #include "commands.h"
 #include "zinf/common/error.h"
@@ -49,55 +50,6 @@ constexpr const char* kUsage =
     "  --steps S        timed steps (default 10)\n";
 
 constexpr std::size_t kAdamFp32BytesPerElement = 28;  // the unit: p, m, v r+w, g read
-
-// Host memory for one benchmark array: 2 MiB aligned and advised onto transparent huge pages,
-// so TLB misses do not blur the memory figure (applies to every kernel measured alike).
-class HostArray {
- public:
-  explicit HostArray(std::size_t bytes) {
-    constexpr std::size_t kAlign = std::size_t{2} << 20;
-    const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
-    ptr_.reset(std::aligned_alloc(kAlign, rounded));
-    if (!ptr_) throw Error("bench adam: cannot allocate " + std::to_string(rounded) + " bytes");
-    // Advisory only: without THP the run is still valid, just with 4 KiB pages.
-    (void)::madvise(ptr_.get(), rounded, MADV_HUGEPAGE);
-  }
-  template <typename T>
-  std::span<T> as(std::size_t n) {
-    return {static_cast<T*>(ptr_.get()), n};
-  }
-
- private:
-  struct Free {
-    void operator()(void* p) const { std::free(p); }
-  };
-  std::unique_ptr<void, Free> ptr_;
-};
-
-DType parse_dtype(const std::string& text, const char* what) {
-  if (text == "fp32") return DType::kF32;
-  if (text == "bf16") return DType::kBF16;
-  if (text == "fp16") return DType::kF16;
-  throw UsageError(std::string("invalid ") + what + " '" + text + "': expected fp32, bf16 or fp16");
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const auto colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(std::min(colon + 2, line.size()));
-    }
-  }
-  return "unknown";
-}
 
 std::string json_escape(const std::string& s) {
   std::string out;
@@ -149,9 +101,10 @@ int bench_adam_main(const std::vector<std::string>& tokens) {
 
   const std::size_t n = numel;
   const std::size_t grad_bytes = grad_dtype == DType::kF32 ? 4 : 2;
-  HostArray p_mem(n * 4), m_mem(n * 4), v_mem(n * 4), g_mem(n * grad_bytes);
+  HostArray p_mem(n * 4, "bench adam"), m_mem(n * 4, "bench adam"), v_mem(n * 4, "bench adam"),
+      g_mem(n * grad_bytes, "bench adam");
   std::optional<HostArray> out_mem;
-  if (copy_dtype) out_mem.emplace(n * 2);
+  if (copy_dtype) out_mem.emplace(n * 2, "bench adam");
   auto p = p_mem.as<float>(n);
   auto m = m_mem.as<float>(n);
   auto v = v_mem.as<float>(n);
@@ -184,8 +137,8 @@ int bench_adam_main(const std::vector<std::string>& tokens) {
   std::optional<HostArray> a_mem, b_mem;
   if (reference) {
     rmw.emplace(adam.threads());
-    a_mem.emplace(n * 4);
-    b_mem.emplace(n * 4);
+    a_mem.emplace(n * 4, "bench adam");
+    b_mem.emplace(n * 4, "bench adam");
     auto a = a_mem->as<float>(n);
     auto b = b_mem->as<float>(n);
     for (std::size_t i = 0; i < n; ++i) {

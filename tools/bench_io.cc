@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.h"
 #include "bench_io_pattern.h"
 #include "cli_args.h"
 #include "commands.h"
@@ -180,24 +181,6 @@ std::string fs_type_name(const std::string& dir) {
       return buf;
     }
   }
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      auto pos = line.find(':');
-      if (pos != std::string::npos) return line.substr(pos + 2);
-    }
-  }
-  return "unknown";
-}
-
-std::string kernel_release() {
-  struct utsname u {};
-  if (::uname(&u) != 0) return "unknown";
-  return u.release;
 }
 
 // Runs one sequential pass of `op` over all files with `queue_depth` requests in flight.

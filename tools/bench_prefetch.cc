@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "bench_io_pattern.h"
+#include "bench_common.h"
 #include "cli_args.h"
 #include "commands.h"
 #include "json_writer.h"
@@ -122,11 +123,6 @@ Config parse(const std::vector<std::string>& tokens, bool* help) {
   }
   for (const auto& d : c.dirs) check_dir(d);
   return c;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 std::string layer_key(std::uint64_t l) { return "layer" + std::to_string(l); }

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.h"
 #include "cli_args.h"
 #include "commands.h"
 #include "json_writer.h"
@@ -57,41 +58,6 @@ Reports the median step and, for that step count, the median busy time of each s
 Stage times: read/write = time with at least one state read/write-back in flight; compute =
 time inside the Adam kernel; they overlap, so the step takes about the longest of them.
 )";
-
-// Host memory for the gradients (and copy-out): 2 MiB aligned, advised onto huge pages.
-class HostArray {
- public:
-  explicit HostArray(std::size_t bytes) {
-    constexpr std::size_t kAlign = std::size_t{2} << 20;
-    const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
-    ptr_.reset(std::aligned_alloc(kAlign, rounded));
-    if (!ptr_) throw Error("bench step: cannot allocate " + std::to_string(rounded) + " bytes");
-    (void)::madvise(ptr_.get(), rounded, MADV_HUGEPAGE);  // advisory
-  }
-  template <typename T>
-  std::span<T> as(std::size_t n) {
-    return {static_cast<T*>(ptr_.get()), n};
-  }
-
- private:
-  struct Free {
-    void operator()(void* p) const { std::free(p); }
-  };
-  std::unique_ptr<void, Free> ptr_;
-};
-
-DType parse_dtype(const std::string& text, const char* what) {
-  if (text == "fp32") return DType::kF32;
-  if (text == "bf16") return DType::kBF16;
-  if (text == "fp16") return DType::kF16;
-  throw UsageError(std::string("invalid ") + what + " '" + text + "': expected fp32, bf16 or fp16");
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 }  // namespace
 
@@ -164,7 +130,7 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   const std::size_t n = numel;
   const std::size_t grad_bytes = grad_dtype == DType::kF32 ? 4 : 2;
   // One array serves first as the initial fp32 parameters, then as the gradients.
-  HostArray mem(n * 4);
+  HostArray mem(n * 4, "bench step");
   {
     auto p = mem.as<float>(n);
     for (std::size_t i = 0; i < n; ++i) {
@@ -187,7 +153,7 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   std::unique_ptr<HostArray> out_mem;
   offload::CopyOut out;
   if (copy_out) {
-    out_mem = std::make_unique<HostArray>(n * 2);
+    out_mem = std::make_unique<HostArray>(n * 2, "bench step");
     out = offload::CopyOut{out_mem->as<std::uint16_t>(n).data(), n, copy_dtype, true};
   }
   const offload::GroupGrads gg{0, grads, out};

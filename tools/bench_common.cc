@@ -1,0 +1,58 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "bench_common.h"
+
+#include <sys/mman.h>
+#include <sys/utsname.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+
+#include "zinf/common/error.h"
+
+namespace zinf::tools {
+
+HostArray::HostArray(std::size_t bytes, std::string_view who) {
+  constexpr std::size_t kAlign = std::size_t{2} << 20;
+  const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+  ptr_.reset(std::aligned_alloc(kAlign, rounded));
+  if (!ptr_) throw Error(std::string(who) + ": cannot allocate " + std::to_string(rounded) + " bytes");
+  // Advisory only: without THP the run is still valid, just with 4 KiB pages.
+  (void)::madvise(ptr_.get(), rounded, MADV_HUGEPAGE);
+}
+
+void HostArray::Free::operator()(void* p) const { std::free(p); }
+
+offload::DType parse_dtype(const std::string& text, const char* what) {
+  if (text == "fp32") return offload::DType::kF32;
+  if (text == "bf16") return offload::DType::kBF16;
+  if (text == "fp16") return offload::DType::kF16;
+  throw UsageError(std::string("invalid ") + what + " '" + text + "': expected fp32, bf16 or fp16");
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(std::min(colon + 2, line.size()));
+    }
+  }
+  return "unknown";
+}
+
+std::string kernel_release() {
+  struct utsname u {};
+  if (::uname(&u) != 0) return "unknown";
+  return u.release;
+}
+
+}  // namespace zinf::tools

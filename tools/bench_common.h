@@ -1,0 +1,44 @@
+// SPDX-License-Identifier: Apache-2.0
+// What the `zinf bench ...` commands share: benchmark arrays on huge pages, the dtype option,
+// the median, and the machine facts their JSON records.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "zinf/offload/cpu_adam.h"
+
+namespace zinf::tools {
+
+/// Host memory for one benchmark array: 2 MiB aligned and advised onto transparent huge pages,
+/// so TLB misses do not blur the memory figure (applies to every kernel measured alike).
+/// Throws zinf::Error naming `who` and the size if it cannot be allocated.
+class HostArray {
+ public:
+  HostArray(std::size_t bytes, std::string_view who);
+  template <typename T>
+  std::span<T> as(std::size_t n) {
+    return {static_cast<T*>(ptr_.get()), n};
+  }
+
+ private:
+  struct Free {
+    void operator()(void* p) const;
+  };
+  std::unique_ptr<void, Free> ptr_;
+};
+
+/// Parses fp32 | bf16 | fp16; UsageError naming `what` otherwise.
+offload::DType parse_dtype(const std::string& text, const char* what);
+/// The median (the mean of the middle two for an even count); 0 for none.
+double median(std::vector<double> v);
+/// The CPU's model name from /proc/cpuinfo, or "unknown".
+std::string cpu_model();
+/// The kernel release (uname -r), or "unknown".
+std::string kernel_release();
+
+}  // namespace zinf::tools
