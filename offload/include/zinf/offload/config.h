@@ -1,0 +1,116 @@
+// SPDX-License-Identifier: Apache-2.0
+// EngineConfig: what an OffloadEngine is built from, read from a DeepSpeed-style JSON config
+// (ds_config.json) so that an existing ZeRO-Infinity configuration works as it is, plus zinf's
+// own section. Parsing is strict: an unknown key is an error that suggests the closest known one.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "zinf/offload/cpu_adam.h"
+#include "zinf/swap/io_engine.h"
+
+namespace zinf::offload {
+
+/// Where a kind of state lives between uses (DeepSpeed's "device" of offload_param and
+/// offload_optimizer).
+enum class OffloadDevice : std::uint8_t {
+  kNone,  ///< not offloaded: parameters stay on the device; optimizer state in host memory
+  kCpu,   ///< pinned host memory
+  kNvme,  ///< files on NVMe (one per configured path), streamed through pinned buffers
+};
+/// "none" | "cpu" | "nvme".
+std::string_view offload_device_name(OffloadDevice device) noexcept;
+
+/// zero_optimization.offload_param. DeepSpeed's defaults unless noted.
+struct OffloadParamConfig {
+  OffloadDevice device = OffloadDevice::kNone;
+  std::string nvme_path;        ///< required for kNvme (or zinf.nvme_paths)
+  bool pin_memory = true;       ///< zinf's staging is always page-locked; false is accepted
+  std::uint32_t buffer_count = 5;            ///< parameter buffers in the prefetch window
+  std::uint64_t buffer_size = 100'000'000;   ///< elements per buffer; >= the largest layer
+  std::uint64_t max_in_cpu = 1'000'000'000;  ///< accepted (DeepSpeed's cpu cache); unused
+};
+
+/// zero_optimization.offload_optimizer.
+struct OffloadOptimizerConfig {
+  OffloadDevice device = OffloadDevice::kNone;
+  std::string nvme_path;      ///< required for kNvme (or zinf.nvme_paths)
+  bool pin_memory = true;
+  std::uint32_t buffer_count = 4;  ///< the optimizer pipeline's ring (>= 3)
+  bool pipeline_read = false;      ///< accepted; zinf always pipelines reads
+  bool pipeline_write = false;     ///< accepted; zinf always pipelines writes
+  bool fast_init = false;          ///< accepted; unused
+  double ratio = 1.0;              ///< accepted; must be 1.0 (partial offload not built)
+};
+
+/// The top-level "aio" block. Absent keys take zinf's measured defaults (IoOptions), not
+/// DeepSpeed's (queue_depth 8), because those are what the engine was measured with.
+struct AioConfig {
+  std::uint32_t block_size = 1u << 20;     ///< bytes per engine piece (multiple of 4096)
+  std::uint32_t queue_depth = 16;          ///< pieces in flight per engine
+  std::uint32_t intra_op_parallelism = 0;  ///< threads backend workers, 0: queue_depth (alias thread_count)
+  bool single_submit = false;              ///< accepted; zinf always submits in batches
+  bool overlap_events = true;              ///< accepted; zinf always overlaps
+  bool use_gds = false;                    ///< true is an error (GPUDirect Storage not built)
+};
+
+/// The "zinf" section: settings DeepSpeed has no key for.
+struct ZinfSection {
+  /// Extra NVMe directories; the state is striped over nvme_path and these (one file each).
+  std::vector<std::string> nvme_paths;
+  /// The most pinned host memory the engine holds (optimizer ring + parameter staging).
+  std::uint64_t pinned_budget_bytes = std::uint64_t{2} << 30;
+  bool checksums = false;      ///< CRC32C per stripe of every swap file, verified on read
+  swap::IoEngineKind backend = swap::IoEngineKind::kAuto;  ///< "auto" | "uring" | "threads"
+  bool direct_io = true;       ///< O_DIRECT where the file system allows it
+  bool precondition = false;   ///< write the swap files once at start (faster write-backs)
+  std::uint32_t prefetch_depth = 2;  ///< layers read ahead of the one computing
+  std::uint32_t adam_threads = 0;    ///< CpuAdam threads (0: one per hardware thread)
+};
+
+/// The optimizer: DeepSpeed's "optimizer" block ({"type": "Adam"|"AdamW", "params": {...}}).
+/// "Adam" follows DeepSpeed: decoupled decay unless params.adam_w_mode is false.
+struct OptimizerConfig {
+  AdamParams hyper;  ///< lr, betas, eps, weight_decay, bias_correction, mode
+};
+
+/// Everything an OffloadEngine needs, with the defaults above for absent keys.
+struct EngineConfig {
+  int zero_stage = 0;  ///< zero_optimization.stage, 0-3 (parameter offload needs 3)
+  OffloadParamConfig offload_param;
+  OffloadOptimizerConfig offload_optimizer;
+  std::uint64_t sub_group_size = 1'000'000'000;  ///< elements per optimizer sub-group
+  AioConfig aio;
+  OptimizerConfig optimizer;
+  ZinfSection zinf;
+  /// The parameter dtype implied by "bf16"/"fp16" {"enabled": true}: kBF16 if neither.
+  DType param_dtype = DType::kBF16;
+  /// Notices from parsing (aliases used, accepted keys that have no effect), one line each.
+  std::vector<std::string> notices;
+
+  /// The I/O engine options these settings give (aio block + zinf.backend).
+  swap::IoOptions io_options() const;
+  /// Every NVMe directory for `device`'s state (its nvme_path, then zinf.nvme_paths).
+  std::vector<std::string> nvme_directories(const std::string& nvme_path) const;
+};
+
+/// Parses a DeepSpeed-style JSON config. `source` names it in errors (a path, or "<string>").
+/// Integers may be written as 1e8 (as DeepSpeed accepts) if the value is integral and fits.
+/// Top-level DeepSpeed keys that zinf does not use (train_batch_size, gradient_clipping, ...)
+/// are accepted. Throws UsageError, one line, "<source>: <json path>: <what>", for malformed
+/// JSON (with line and column), an unknown key ("unknown key 'nvme_pth'; did you mean
+/// 'nvme_path'?"), a value of the wrong type or out of range, and contradictory settings
+/// (e.g. NVMe offload without a path, parameter offload below stage 3). Checks that need the
+/// model (a buffer smaller than the largest layer) happen in OffloadEngine's constructor.
+EngineConfig parse_config(std::string_view json, std::string_view source = "<string>");
+/// Reads and parses a config file. IoError if it cannot be read; UsageError as parse_config.
+EngineConfig load_config(const std::string& path);
+/// Writes `config` as JSON that parse_config reads back to the same settings: DeepSpeed's keys
+/// where DeepSpeed has them, the rest under "zinf". Real JSON booleans and numbers.
+std::string config_to_json(const EngineConfig& config);
+
+}  // namespace zinf::offload

@@ -1,0 +1,138 @@
+// SPDX-License-Identifier: Apache-2.0
+// OffloadEngine: what a trainer links. One object owns the parameter offload (layers' low-
+// precision parameters on the device, in pinned host memory or on NVMe, prefetched layer by
+// layer) and the optimizer offload (fp32 master weights and Adam moments in host memory or on
+// NVMe, updated per layer as gradients arrive), configured from a DeepSpeed-style config.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "zinf/cuda/device.h"
+#include "zinf/offload/config.h"
+#include "zinf/offload/cpu_adam.h"
+#include "zinf/offload/optimizer.h"
+
+namespace zinf::offload {
+
+/// One layer (or parameter shard) the engine manages: its element count and the dtype of its
+/// parameters on the device. The fp32 master copy and both moments live in the optimizer tier.
+struct LayerSpec {
+  std::string name;                 ///< for messages and checkpoints; unique, not empty
+  std::uint64_t numel = 0;          ///< > 0
+  DType param_dtype = DType::kBF16; ///< kBF16 or kF16 (the device copy; fp32 is the master)
+};
+
+/// Counters since construction (bytes, seconds) and the last step's figures.
+struct EngineStats {
+  std::uint64_t steps = 0;                 ///< steps completed
+  std::uint64_t param_bytes_read = 0;      ///< parameter bytes read from NVMe (padded)
+  std::uint64_t param_bytes_written = 0;   ///< updated parameter bytes written to NVMe
+  std::uint64_t param_bytes_to_device = 0; ///< parameter bytes copied host -> device
+  std::uint64_t optimizer_bytes_read = 0;     ///< optimizer state bytes read (NVMe tier)
+  std::uint64_t optimizer_bytes_written = 0;  ///< optimizer state bytes written (NVMe tier)
+  double nvme_read_gbps = 0;   ///< all NVMe bytes read / time with a read in flight (10^9 B/s)
+  double nvme_write_gbps = 0;  ///< all NVMe bytes written / time with a write in flight
+  double stall_seconds = 0;    ///< compute stream waiting for parameters (prefetch stalls)
+  double step_seconds = 0;     ///< total wall time inside step()
+  std::uint64_t prefetch_hits = 0;       ///< fetches whose layer was already being read
+  std::uint64_t prefetch_on_demand = 0;  ///< fetches that had to start the read themselves
+  std::uint64_t pinned_bytes = 0;        ///< pinned host memory held now
+  std::uint64_t pinned_bytes_peak = 0;   ///< the most ever held; never above the budget
+  StepStats last_step;                   ///< the optimizer's figures for the last step
+};
+
+/// The offload engine for one rank.
+///
+/// Use, per iteration:
+///   forward:  for each layer l in order: p = fetch(l); enqueue compute on the compute stream
+///             reading p; release(l)
+///   backward: for each layer l in reverse: p = fetch(l); compute; release(l);
+///             set_gradients(l, grads of l in host memory)   (its update starts at once)
+///   step();   (waits for the updates; the next fetch of a layer sees its new parameters)
+/// Before the first iteration every layer's fp32 master weights are set once with
+/// set_master_weights (or load() restores them).
+///
+/// Tiers (config.offload_param.device / offload_optimizer.device):
+/// - parameters kNone: each layer's device copy is resident; fetch returns it at once and
+///   step() refreshes updated layers on the compute stream. kCpu: the low-precision copy lives
+///   in pinned host memory and fetch copies it to device memory from a bounded pool. kNvme: it
+///   lives in a swap store and a LayerPrefetcher reads layers ahead of the compute (traced
+///   order), within config.offload_param.buffer_count buffers.
+/// - optimizer kNone / kCpu: state in host memory (kNone is not pinned); kNvme: an
+///   OffloadedOptimizer over the NVMe paths. In every combination the update is the same
+///   CpuAdam arithmetic, so the fp32 master weights after K steps are bitwise identical for
+///   every tier combination (a test).
+///
+/// Errors. The constructor checks the config against the layers before any file is created
+/// (UsageError: a layer larger than offload_param.buffer_size, a pinned budget that cannot hold
+/// the optimizer ring plus the parameter staging — naming the smallest budget that works —,
+/// NVMe offload without a path) and creates the swap files (IoError kNoSpace naming the
+/// directory when a drive is too small). I/O failures surface as IoError naming key, file,
+/// offset and length: a failed parameter read at that layer's fetch (retried by the next
+/// fetch); a failed write-back of optimizer state or parameters at step(), after which the
+/// engine is failed and every call throws EngineFailed quoting the first error.
+///
+/// Threads: one controlling thread (not thread-safe). Internal threads: the I/O engine, the
+/// optimizer pipeline, the device's stream workers.
+///
+/// Lifetime: the device and compute stream must outlive the engine. The destructor waits for
+/// work in flight, removes the swap files and never throws.
+class OffloadEngine {
+ public:
+  /// Validates `config` against `layers` (see Errors), creates the I/O engine, swap stores,
+  /// optimizer and prefetcher, and allocates the pinned buffers. Logs config.notices.
+  OffloadEngine(EngineConfig config, std::vector<LayerSpec> layers, cuda::Device& device,
+                cuda::StreamRef compute_stream);
+  ~OffloadEngine();
+  OffloadEngine(const OffloadEngine&) = delete;
+  OffloadEngine& operator=(const OffloadEngine&) = delete;
+
+  std::size_t layer_count() const noexcept;
+  const LayerSpec& layer(std::size_t index) const;
+  const EngineConfig& config() const noexcept;
+
+  /// Sets layer `layer`'s fp32 master weights (numel elements), zeroes its moments and writes
+  /// its low-precision device-tier copy (round to nearest even). Blocks. Outside an iteration.
+  void set_master_weights(std::size_t layer, std::span<const float> weights);
+  /// Copies the fp32 master weights out (numel elements). Blocks. Outside an iteration.
+  void read_master_weights(std::size_t layer, std::span<float> out);
+
+  /// Makes the compute stream wait until `layer`'s parameters (numel elements of its
+  /// param_dtype) are on the device and returns them; read-only for the caller, valid for work
+  /// enqueued on the compute stream until release(layer). Blocks the host only while the
+  /// layer's NVMe read is in flight or the window is full. IoError for a failed read of it.
+  cuda::DeviceSpan fetch(std::size_t layer);
+  /// The compute stream is done with `layer` once it reaches this point. Non-blocking.
+  void release(std::size_t layer);
+  /// Hands in `layer`'s gradients for this step (numel elements, host memory, fp32/bf16/fp16)
+  /// and starts its update on the optimizer's thread at once. `grads` must stay valid and
+  /// unchanged until step() returns. Each layer at most once per step, and only while it is not
+  /// fetched (released). UsageError otherwise.
+  void set_gradients(std::size_t layer, GradView grads);
+  /// Completes this step's updates (layers without gradients are not updated), makes every
+  /// updated layer's new parameters what the next fetch returns, and ends the iteration for
+  /// the prefetcher. Returns the optimizer's step figures. Throws as described under Errors.
+  StepStats step();
+
+  /// Sets the hyper-parameters from the next step on (e.g. a learning-rate schedule).
+  void set_hyper(const AdamParams& hyper);
+
+  /// Checkpoint of the optimizer state (master weights, moments, step count, hyper-parameters)
+  /// and the layer table under `dir`, atomically (OffloadedOptimizer::save). Outside a step.
+  void save(const std::string& dir);
+  /// Restores what save() wrote and rewrites every layer's low-precision copy from the
+  /// restored master weights. UsageError if the layer table differs.
+  void load(const std::string& dir);
+
+  EngineStats stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zinf::offload
