@@ -461,6 +461,28 @@ TEST(Config, ParsesARealZeroInfinityConfig) {
   EXPECT_TRUE(has_notice(c, "aio.thread_count: older name"));
 }
 
+TEST(Config, ParsesTheDocsExample) {
+  // docs/config.md's example, as printed there.
+  const EngineConfig c = parse_config(R"({
+  "train_batch_size": 16,
+  "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "weight_decay": 0.1}},
+  "bf16": {"enabled": true},
+  "zero_optimization": {
+    "stage": 3,
+    "sub_group_size": 1e8,
+    "offload_param": {"device": "nvme", "nvme_path": "/nvme0/zinf", "buffer_count": 5, "buffer_size": 1e8},
+    "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme0/zinf", "buffer_count": 4}
+  },
+  "aio": {"block_size": 1048576, "queue_depth": 16, "intra_op_parallelism": 0},
+  "zinf": {"nvme_paths": ["/nvme1/zinf"], "pinned_budget_bytes": 4e9, "checksums": true, "backend": "auto"}
+})");
+  EXPECT_EQ(c.nvme_directories(c.offload_optimizer.nvme_path),
+            (std::vector<std::string>{"/nvme0/zinf", "/nvme1/zinf"}));
+  EXPECT_EQ(c.zinf.pinned_budget_bytes, 4'000'000'000u);
+  EXPECT_EQ(c.notices, (std::vector<std::string>{
+                           "top level: accepted without effect in zinf: train_batch_size"}));
+}
+
 TEST(Config, LoadConfigOfAMissingFileNamesThePathAndErrno) {
   test::TestDir dir;
   const std::string path = dir.file("missing.json");
