@@ -303,6 +303,8 @@ TEST(Config, RejectsNonIntegralNegativeStringAndOutOfRangeIntegers) {
             "18446744073709551615)");
   EXPECT_EQ(error_of(R"({"zero_optimization": {"stage": 4}})"),
             "cfg.json: zero_optimization.stage: expected 0, 1, 2 or 3, got 4");
+  EXPECT_EQ(error_of(R"({"zero_optimization": {"stage": 4294967295}})"),
+            "cfg.json: zero_optimization.stage: expected 0, 1, 2 or 3, got 4294967295");
   EXPECT_EQ(error_of(R"({"zero_optimization": {"stage": "3"}})"),
             "cfg.json: zero_optimization.stage: expected an integer, got \"3\"");
   EXPECT_EQ(error_of(R"({"zero_optimization": {"sub_group_size": 0}})"),
