@@ -27,6 +27,8 @@ constexpr Command kCommands[] = {
      zinf::tools::bench_prefetch_main},
     {"bench step", "time optimizer steps with the state on NVMe or in pinned memory",
      zinf::tools::bench_step_main},
+    {"stress", "soak swap, optimizer and prefetch under injected faults, verifying every byte",
+     zinf::tools::stress_main},
 };
 
 void print_usage(std::FILE* out) {

@@ -23,7 +23,7 @@ bool matches(const FaultRule& rule, IoOp op, FileId file, std::uint64_t offset) 
 }  // namespace
 
 FaultPlan::FaultPlan(std::vector<FaultRule> rules, std::uint64_t seed)
-    : rules_(std::move(rules)), matches_(rules_.size(), 0), seed_(seed), rng_state_(seed) {}
+    : rules_(std::move(rules)), fired_(rules_.size(), 0), matches_(rules_.size(), 0), seed_(seed), rng_state_(seed) {}
 
 FaultDecision FaultPlan::decide(IoOp op, FileId file, std::uint64_t offset) {
   std::lock_guard lock(mu_);
@@ -42,6 +42,7 @@ FaultDecision FaultPlan::decide(IoOp op, FileId file, std::uint64_t offset) {
     }
     if (!fire) continue;
     d.fired = true;
+    ++fired_[i];
     d.kind = rule.kind;
     d.err = rule.err;
     d.short_bytes = rule.short_bytes / 512 * 512;
@@ -53,6 +54,11 @@ FaultDecision FaultPlan::decide(IoOp op, FileId file, std::uint64_t offset) {
     if (d.kind == FaultKind::kError) injected_errors_.fetch_add(1, std::memory_order_relaxed);
   }
   return d;
+}
+
+std::uint64_t FaultPlan::fired(std::size_t index) const {
+  std::lock_guard lock(mu_);
+  return index < fired_.size() ? fired_[index] : 0;
 }
 
 }  // namespace zinf::swap

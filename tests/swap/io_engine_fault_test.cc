@@ -77,6 +77,28 @@ class IoEngineFault : public test::BackendTest {
   std::shared_ptr<FaultPlan> plan_;
 };
 
+TEST(FaultPlan, FiredCountsTheFaultsEachRuleInjected) {
+  // Rule 0 fires on the 2nd and 3rd matching write; rule 1 on every read; a read at offset 0
+  // matches both but only the first rule in order that fires decides.
+  FaultRule eio;
+  eio.op = IoOp::kWrite;
+  eio.first_match = 1;
+  eio.times = 2;
+  FaultRule delay;
+  delay.kind = FaultKind::kDelay;
+  delay.op = IoOp::kRead;
+  delay.times = ~0ull;
+  FaultPlan plan({eio, delay}, 7);
+  const FileId f{0};
+  for (int i = 0; i < 5; ++i) (void)plan.decide(IoOp::kWrite, f, 0);
+  for (int i = 0; i < 3; ++i) (void)plan.decide(IoOp::kRead, f, 4096);
+  EXPECT_EQ(plan.fired(0), 2u);
+  EXPECT_EQ(plan.fired(1), 3u);
+  EXPECT_EQ(plan.fired(2), 0u);  // past the rules
+  EXPECT_EQ(plan.injected(), 5u);
+  EXPECT_EQ(plan.injected_errors(), 2u);
+}
+
 TEST_P(IoEngineFault, EioOnTheNthPieceNamesTheRequestAndTheEngineGoesOn) {
   FaultRule eio;
   eio.kind = FaultKind::kError;

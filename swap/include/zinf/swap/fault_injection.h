@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -71,10 +72,15 @@ struct FaultPlan {
   std::uint64_t injected() const noexcept { return injected_.load(); }
   std::uint64_t injected_errors() const noexcept { return injected_errors_.load(); }
   std::uint64_t seed() const noexcept { return seed_; }
+  /// Times rule `index` (in construction order) has decided a piece attempt, i.e. its faults
+  /// injected so far; 0 for an index past the rules. For callers that count faults by kind
+  /// (`zinf stress`: one rule per kind). Thread-safe.
+  std::uint64_t fired(std::size_t index) const;
 
  private:
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::vector<FaultRule> rules_;
+  std::vector<std::uint64_t> fired_;
   std::vector<std::uint64_t> matches_;
   std::uint64_t seed_;
   std::uint64_t rng_state_;

@@ -1,0 +1,117 @@
+// SPDX-License-Identifier: Apache-2.0
+// End-to-end checks of `zinf stress` as a user runs it: a short clean run passes with data
+// verified; a run with injected faults passes with every hard fault surfaced; a planted
+// corruption (the hidden self-test flag) fails the run and says what was found, with and
+// without checksums; bad options are one-line errors with status 2.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "support/test_dir.h"
+
+namespace {
+
+struct ToolRun {
+  int status = -1;
+  std::string out;  // stdout and stderr together
+};
+
+ToolRun run_zinf(const std::string& args) {
+  ToolRun r;
+  const std::string cmd = std::string(ZINF_TOOL_PATH) + " " + args + " 2>&1";
+  std::FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf{};
+  std::size_t n = 0;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int st = ::pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+// The value of "key":<unsigned> in the JSON line, or -1 if absent.
+long long json_uint(const std::string& out, const std::string& key) {
+  const std::string k = "\"" + key + "\":";
+  const auto at = out.find(k);
+  if (at == std::string::npos) return -1;
+  return std::stoll(out.substr(at + k.size()));
+}
+
+TEST(StressCli, ShortCleanRunPassesWithEveryByteVerified) {
+  zinf::test::TestDir dir;
+  ToolRun r = run_zinf("stress --dir " + dir.path() + " --duration 1500ms --seed 3 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("\"result\":\"pass\""), std::string::npos) << r.out;
+  EXPECT_EQ(json_uint(r.out, "mismatches"), 0) << r.out;
+  EXPECT_EQ(json_uint(r.out, "faults_injected"), 0) << r.out;
+  EXPECT_EQ(json_uint(r.out, "unexpected_errors"), 0) << r.out;
+  EXPECT_GT(json_uint(r.out, "operations"), 0) << r.out;
+  EXPECT_GT(json_uint(r.out, "swap_ins"), 0) << r.out;
+  EXPECT_GT(json_uint(r.out, "optimizer_steps"), 0) << r.out;
+  EXPECT_GT(json_uint(r.out, "prefetch_acquires"), 0) << r.out;
+  EXPECT_GT(json_uint(r.out, "bytes_verified"), 0) << r.out;
+  EXPECT_LE(json_uint(r.out, "pinned_peak_bytes"), json_uint(r.out, "pinned_budget_bytes"));
+  EXPECT_NE(r.out.find("\"budget_overrun\":false"), std::string::npos) << r.out;
+}
+
+TEST(StressCli, FaultsAreInjectedAndEveryHardOneSurfaces) {
+  zinf::test::TestDir dir;
+  ToolRun r = run_zinf("stress --dir " + dir.path() + " --duration 3s --faults 0.05 --seed 5 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(json_uint(r.out, "mismatches"), 0) << r.out;
+  EXPECT_EQ(json_uint(r.out, "hard_faults_unsurfaced"), 0) << r.out;
+  EXPECT_EQ(json_uint(r.out, "unexpected_errors"), 0) << r.out;
+  // Every kind was injected, and every hard fault counted was surfaced by its operation.
+  for (const char* kind : {"faults_eio", "faults_enospc", "faults_short", "faults_eagain", "faults_delay"}) {
+    EXPECT_GT(json_uint(r.out, kind), 0) << kind << " in " << r.out;
+  }
+  const long long hard = json_uint(r.out, "hard_faults");
+  EXPECT_EQ(hard, json_uint(r.out, "faults_eio") + json_uint(r.out, "faults_enospc"));
+  EXPECT_EQ(json_uint(r.out, "hard_faults_surfaced"), hard) << r.out;
+  EXPECT_GT(json_uint(r.out, "failed_operations"), 0) << r.out;
+  EXPECT_GT(json_uint(r.out, "bytes_verified"), 0) << r.out;
+}
+
+TEST(StressCli, PlantedCorruptionIsReportedAsAMismatch) {
+  zinf::test::TestDir dir;
+  ToolRun r = run_zinf("stress --dir " + dir.path() + " --duration 500ms --workers 1 --plant-corruption");
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("planted           flipped bytes [0, 64) of "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("problem: swap_in w0-t1 [0, +274489) of 274489: mismatch at tensor offset 0:"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("mismatches        0\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("FAIL"), std::string::npos) << r.out;
+}
+
+TEST(StressCli, PlantedCorruptionWithChecksumsSurfacesAsACorruptionError) {
+  zinf::test::TestDir dir;
+  ToolRun r = run_zinf("stress --dir " + dir.path() +
+                       " --duration 500ms --workers 1 --checksums --plant-corruption --json");
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("\"result\":\"fail\""), std::string::npos) << r.out;
+  EXPECT_GT(json_uint(r.out, "corruption_errors"), 0) << r.out;
+  EXPECT_EQ(json_uint(r.out, "mismatches"), 0) << r.out;  // caught before any byte was used
+  EXPECT_NE(r.out.find("swap_in w0-t1 [0, +274489) of 274489: corruption surfaced: "),
+            std::string::npos)
+      << r.out;
+}
+
+TEST(StressCli, BadOptionsAreOneLineErrors) {
+  ToolRun r = run_zinf("stress --duration 10parsecs");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "zinf stress: error: invalid --duration '10parsecs': expected e.g. 500ms, 10s, 2m, 1h\n");
+  r = run_zinf("stress --faults 0.9");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "zinf stress: error: invalid --faults: must be a probability in [0, 0.5]\n");
+  r = run_zinf("stress --budget 1M");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "zinf stress: error: invalid --budget: at least 4M\n");
+}
+
+}  // namespace
