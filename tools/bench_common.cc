@@ -2,10 +2,16 @@
 #include "bench_common.h"
 
 #include <sys/mman.h>
+#include <sys/statfs.h>
+#include <unistd.h>
 #include <sys/utsname.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "zinf/common/error.h"
@@ -53,6 +59,42 @@ std::string kernel_release() {
   struct utsname u {};
   if (::uname(&u) != 0) return "unknown";
   return u.release;
+}
+
+void check_dir(const std::string& dir) {
+  std::error_code ec;
+  auto st = std::filesystem::status(dir, ec);
+  if (ec || !std::filesystem::exists(st)) {
+    throw UsageError("directory does not exist: " + dir);
+  }
+  if (!std::filesystem::is_directory(st)) throw UsageError("not a directory: " + dir);
+  std::string probe = dir + "/.zinf-write-probe-" + std::to_string(::getpid());
+  std::FILE* f = std::fopen(probe.c_str(), "w");
+  if (f == nullptr) {
+    throw UsageError("directory is not writable: " + dir + " (" + std::strerror(errno) + ")");
+  }
+  std::fclose(f);
+  std::remove(probe.c_str());
+}
+
+std::string fs_type_name(const std::string& dir) {
+  struct statfs s {};
+  if (::statfs(dir.c_str(), &s) != 0) return "unknown";
+  switch (static_cast<unsigned long>(s.f_type)) {
+    case 0xEF53: return "ext4";
+    case 0x58465342: return "xfs";
+    case 0x9123683E: return "btrfs";
+    case 0x01021994: return "tmpfs";
+    case 0x2FC12FC1: return "zfs";
+    case 0x65735546: return "fuse";
+    case 0x6969: return "nfs";
+    case 0x794c7630: return "overlayfs";
+    default: {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "0x%lx", static_cast<unsigned long>(s.f_type));
+      return buf;
+    }
+  }
 }
 
 }  // namespace zinf::tools

@@ -40,5 +40,10 @@ double median(std::vector<double> v);
 std::string cpu_model();
 /// The kernel release (uname -r), or "unknown".
 std::string kernel_release();
+/// Checks that `dir` exists, is a directory and accepts a new file; UsageError (exit status
+/// 2) naming the directory otherwise.
+void check_dir(const std::string& dir);
+/// The file system type of `dir` ("ext4", "xfs", "tmpfs", ... or its magic number in hex).
+std::string fs_type_name(const std::string& dir);
 
 }  // namespace zinf::tools

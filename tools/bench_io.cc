@@ -96,23 +96,6 @@ std::uint32_t to_u32(std::uint64_t v, const char* what) {
   return static_cast<std::uint32_t>(v);
 }
 
-// Checks that `dir` exists, is a directory and accepts a new file; exit status 2 otherwise.
-void check_dir(const std::string& dir) {
-  std::error_code ec;
-  auto st = std::filesystem::status(dir, ec);
-  if (ec || !std::filesystem::exists(st)) {
-    throw UsageError("directory does not exist: " + dir);
-  }
-  if (!std::filesystem::is_directory(st)) throw UsageError("not a directory: " + dir);
-  std::string probe = dir + "/.zinf-write-probe-" + std::to_string(::getpid());
-  std::FILE* f = std::fopen(probe.c_str(), "w");
-  if (f == nullptr) {
-    throw UsageError("directory is not writable: " + dir + " (" + std::strerror(errno) + ")");
-  }
-  std::fclose(f);
-  std::remove(probe.c_str());
-}
-
 Config parse(const std::vector<std::string>& tokens, bool* help) {
   Args a("bench io", tokens);
   Config c;
@@ -161,26 +144,6 @@ double percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   std::size_t idx = static_cast<std::size_t>(p * static_cast<double>(v.size() - 1) + 0.5);
   return v[std::min(idx, v.size() - 1)];
-}
-
-std::string fs_type_name(const std::string& dir) {
-  struct statfs s {};
-  if (::statfs(dir.c_str(), &s) != 0) return "unknown";
-  switch (static_cast<unsigned long>(s.f_type)) {
-    case 0xEF53: return "ext4";
-    case 0x58465342: return "xfs";
-    case 0x9123683E: return "btrfs";
-    case 0x01021994: return "tmpfs";
-    case 0x2FC12FC1: return "zfs";
-    case 0x65735546: return "fuse";
-    case 0x6969: return "nfs";
-    case 0x794c7630: return "overlayfs";
-    default: {
-      char buf[32];
-      std::snprintf(buf, sizeof buf, "0x%lx", static_cast<unsigned long>(s.f_type));
-      return buf;
-    }
-  }
 }
 
 // Runs one sequential pass of `op` over all files with `queue_depth` requests in flight.

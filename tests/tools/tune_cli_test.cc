@@ -1,0 +1,146 @@
+// SPDX-License-Identifier: Apache-2.0
+// `zinf tune` and `zinf plan` as a user runs them: a tiny-budget tune whose --out config
+// parse_config accepts with the chosen values, its report read by `zinf plan --tune`, the
+// memlock warning's exact line, and the one-line errors (exit 2) for bad arguments.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "json_reader.h"
+#include "support/test_dir.h"
+#include "zinf/offload/config.h"
+
+namespace {
+
+struct ToolRun {
+  int status = -1;
+  std::string out;  // stdout and stderr together
+};
+
+ToolRun run_shell(const std::string& cmd) {
+  ToolRun r;
+  std::FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf{};
+  std::size_t n = 0;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int st = ::pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+ToolRun run_zinf(const std::string& args) { return run_shell(std::string(ZINF_TOOL_PATH) + " " + args); }
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+TEST(TuneCli, TinyBudgetWritesAConfigTheReaderAcceptsWithTheChosenValues) {
+  zinf::test::TestDir dir;
+  std::string data = dir.subdir("data");
+  std::string cfg = dir.file("zinf.json"), rep = dir.file("report.json");
+  ToolRun r = run_zinf("tune --dir " + data + " --time-budget 2 --block-sizes 256K,1M "
+                       "--queue-depths 4,8 --out " + cfg + " --report " + rep);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("chosen: backend="), std::string::npos) << r.out;
+
+  zinf::offload::EngineConfig c = zinf::offload::load_config(cfg);
+  zinf::tools::JsonValue report = zinf::tools::parse_json(slurp(rep), rep);
+  const zinf::tools::JsonValue* chosen = report.find("chosen");
+  ASSERT_NE(chosen, nullptr);
+  EXPECT_EQ(c.aio.block_size, static_cast<std::uint32_t>(chosen->find("block_size")->number));
+  EXPECT_EQ(c.aio.queue_depth, static_cast<std::uint32_t>(chosen->find("queue_depth")->number));
+  const std::string backend = chosen->find("backend")->string;
+  EXPECT_EQ(zinf::swap::io_engine_kind_name(c.zinf.backend), backend);
+  EXPECT_EQ(c.aio.intra_op_parallelism,
+            backend == "threads" ? static_cast<std::uint32_t>(chosen->find("threads")->number) : 1u);
+  EXPECT_FALSE(c.aio.single_submit);
+  EXPECT_TRUE(c.aio.overlap_events);
+  EXPECT_TRUE(c.notices.empty());
+  EXPECT_GT(chosen->find("mixed_gbps")->number, 0);
+  EXPECT_GT(chosen->find("read_gbps")->number, 0);
+  EXPECT_GT(chosen->find("write_gbps")->number, 0);
+  // Only the block sizes and depths asked for were swept.
+  for (const auto& p : report.find("sweep")->array) {
+    double b = p.find("block_size")->number;
+    EXPECT_TRUE(b == 262144 || b == 1048576) << b;
+    double q = p.find("queue_depth")->number;
+    EXPECT_TRUE(q == 4 || q == 8) << q;
+  }
+  // The test files are gone.
+  EXPECT_FALSE(std::ifstream(data + "/zinf-tune.0.dat").good());
+
+  // plan reads the report for the drive bandwidth and predicts I/O time.
+  ToolRun p = run_zinf("plan --params 1B --gpus 1 --offload-optimizer nvme --tune " + rep + " --json");
+  ASSERT_EQ(p.status, 0) << p.out;
+  zinf::tools::JsonValue pj = zinf::tools::parse_json(p.out, "plan --json");
+  const auto& row = pj.find("setups")->array.at(0);
+  EXPECT_EQ(row.find("offload_optimizer")->string, "nvme");
+  EXPECT_EQ(row.find("nvme_read_bytes_per_step_per_node")->number, 12e9);
+  EXPECT_NEAR(row.find("io_seconds_per_step")->number,
+              24e9 / (chosen->find("mixed_gbps")->number * 1e9), 1e-6 * 24);
+}
+
+TEST(TuneCli, WarnsWhenMemlockIsBelowThePinnedBudget) {
+  zinf::test::TestDir dir;
+  // Without CAP_IPC_LOCK (root has it) the limit applies; setpriv drops it for the child.
+  if (run_shell("command -v setpriv").status != 0) GTEST_SKIP() << "setpriv not installed";
+  ToolRun r = run_shell("ulimit -l 8192 && setpriv --inh-caps -ipc_lock --bounding-set -ipc_lock " +
+                        std::string(ZINF_TOOL_PATH) + " tune --dir " + dir.path() +
+                        " --time-budget 1 --block-sizes 1M --queue-depths 4 --backends threads");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("zinf tune: warning: memlock limit 8 MiB (RLIMIT_MEMLOCK) is below the "
+                       "pinned budget 2.0 GiB: io_uring buffer registration will be refused and "
+                       "I/O runs unregistered; raise it (ulimit -l, LimitMEMLOCK= in systemd, "
+                       "--ulimit memlock=-1 in docker)\n"),
+            std::string::npos)
+      << r.out;
+}
+
+TEST(TuneCli, BadArgumentsExit2WithOneLine) {
+  ToolRun r = run_zinf("tune");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "zinf tune: error: --dir is required (a directory on the drive to tune; repeatable)\n");
+  r = run_zinf("tune --dir /nonexistent/zinf-nowhere");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "zinf tune: error: directory does not exist: /nonexistent/zinf-nowhere\n");
+  r = run_zinf("tune --dir /tmp --backends spdk");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "zinf tune: error: invalid --backends entry 'spdk': expected uring or threads\n");
+}
+
+TEST(PlanCli, BadArgumentsExit2WithOneLine) {
+  ToolRun r = run_zinf("plan --params 13B --gpus 12 --tp 8");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "zinf plan: error: --gpus 12 is not divisible by --tp 8 x --pp 1 = 8: the "
+                   "data-parallel degree GPUs / (TP x PP) must be a whole number\n");
+  r = run_zinf("plan");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "zinf plan: error: --params is required (e.g. --params 13B)\n");
+  r = run_zinf("plan --params 13B --offload-optimizer disk");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "zinf plan: error: invalid --offload-optimizer 'disk': expected none, cpu or nvme\n");
+  r = run_zinf("plan --params 13B --seq-len 2048");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "zinf plan: error: activation memory needs all of --seq-len, --hidden, --layers, "
+                   "--micro-batch and --heads (each at least 1)\n");
+}
+
+TEST(PlanCli, RecommendsAndPrintsTheTable) {
+  ToolRun r = run_zinf("plan --params 7.5B --gpus 64 --gpu-mem 20GB");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("recommended: zero-2 optimizer=none params=none (GPU 16.6 GB of 20.0"),
+            std::string::npos)
+      << r.out;
+}
+
+}  // namespace

@@ -1,0 +1,244 @@
+// SPDX-License-Identifier: Apache-2.0
+// `zinf plan`: what fits where. Reads the model size, parallelism, offload choice and
+// hardware from the command line (and drive bandwidth from `zinf tune`'s report), prints the
+// per-GPU / per-node needs of each ZeRO setup and the least costly one that fits.
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli_args.h"
+#include "commands.h"
+#include "json_reader.h"
+#include "json_writer.h"
+#include "plan_model.h"
+#include "zinf/common/error.h"
+
+namespace zinf::tools {
+namespace {
+
+constexpr const char* kHelp = R"(usage: zinf plan --params N [options]
+
+Per-GPU memory of the model states for ZeRO stages 0-3 (the ZeRO paper's accounting), what
+offloading the optimizer state and parameters to cpu or nvme moves where, and, given the
+hardware, the least costly setup that fits. GB in the output means 10^9 bytes.
+
+model
+  --params N                 parameters of the whole model: 13e9, 13B, 1.3M, 350K (required)
+  --bytes-per-param P,G,O    bytes per parameter of parameters, gradients, optimizer state
+                             [2,2,12: fp16 mixed precision with Adam; plain fp32: 4,4,8]
+parallelism
+  --gpus N                   GPUs in the job [1]
+  --tp N / --pp N            tensor / pipeline parallel degree [1]; DP = GPUs / (TP x PP)
+  --gpus-per-node N          [8]
+offload (show only this placement; default: every candidate)
+  --offload-optimizer T      none | cpu | nvme
+  --offload-params T         none | cpu | nvme (needs stage 3)
+  --sub-group-size N         optimizer sub-group elements [1e9], 4 of them pinned for nvme
+activations (all five, or none)
+  --seq-len N --hidden N --layers N --micro-batch N --heads N
+  --activation-checkpointing full recomputation: keep only each layer's input
+hardware (limits not given are not checked; a recommendation needs --gpu-mem)
+  --gpu-mem N                memory per GPU, e.g. 80G (GiB) or 80GB (10^9 bytes)
+  --cpu-mem N                host memory per node usable for pinned buffers
+  --nvme-free N              free NVMe space per node
+  --tune FILE                `zinf tune --report FILE` output: drive bandwidth for I/O time
+output
+  --json                     one JSON object instead of the table
+)";
+
+std::uint32_t to_u32(std::uint64_t v, const char* what) {
+  if (v == 0 || v > 0xffffffffull) {
+    throw UsageError(std::string("invalid ") + what + ": must be between 1 and 4294967295");
+  }
+  return static_cast<std::uint32_t>(v);
+}
+
+std::optional<double> optional_size(Args& a, const char* name) {
+  std::string s = a.string(name, "");
+  if (s.empty()) return std::nullopt;
+  return static_cast<double>(parse_size(s, std::string("--") + name));
+}
+
+DriveBandwidth read_tune_report(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw UsageError("cannot read --tune file: " + path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  JsonValue doc = parse_json(ss.str(), path);
+  const JsonValue* chosen = doc.find("chosen");
+  DriveBandwidth d;
+  double* dst[] = {&d.read_gbps, &d.write_gbps, &d.mixed_gbps};
+  const char* keys[] = {"read_gbps", "write_gbps", "mixed_gbps"};
+  for (int i = 0; i < 3; ++i) {
+    const JsonValue* v = chosen != nullptr ? chosen->find(keys[i]) : nullptr;
+    if (v == nullptr || v->kind != JsonValue::Kind::kNumber || v->number <= 0) {
+      throw UsageError(path + ": not a zinf tune report (needs \"chosen\" with positive "
+                       "read_gbps, write_gbps and mixed_gbps)");
+    }
+    *dst[i] = v->number;
+  }
+  return d;
+}
+
+double g(double bytes) { return bytes / 1e9; }
+
+std::string row_json(const PlanRow& r) {
+  JsonWriter j;
+  j.field("stage", std::int64_t{r.setup.stage});
+  j.field("offload_optimizer", std::string(tier_name(r.setup.optimizer)));
+  j.field("offload_params", std::string(tier_name(r.setup.params)));
+  j.field("gpu_params_bytes", r.gpu_params);
+  j.field("gpu_grads_bytes", r.gpu_grads);
+  j.field("gpu_optimizer_bytes", r.gpu_optimizer);
+  j.field("gpu_model_states_bytes", r.gpu_model_states);
+  j.field("gpu_live_params_bytes", r.gpu_live_params);
+  j.field("gpu_activation_bytes", r.gpu_activations);
+  j.field("gpu_total_bytes", r.gpu_total);
+  j.field("host_pinned_bytes_per_node", r.host_per_node);
+  j.field("nvme_bytes_per_node", r.nvme_per_node);
+  j.field("nvme_read_bytes_per_step_per_node", r.nvme_read_per_step);
+  j.field("nvme_write_bytes_per_step_per_node", r.nvme_write_per_step);
+  if (r.io_seconds) {
+    j.field("io_seconds_per_step", *r.io_seconds);
+  } else {
+    j.field("io_seconds_per_step", std::nan(""));  // null: no drive bandwidth given
+  }
+  j.field("fits", r.fits);
+  j.field("why_not", r.why_not);
+  return j.str();
+}
+
+}  // namespace
+
+int plan_main(const std::vector<std::string>& tokens) {
+  Args a("plan", tokens);
+  const bool help = a.help();
+  PlanInput in;
+  std::string params = a.string("params", "");
+  std::string bpp = a.string("bytes-per-param", "");
+  in.gpus = to_u32(a.uint("gpus", 1), "--gpus");
+  in.tp = to_u32(a.uint("tp", 1), "--tp");
+  in.pp = to_u32(a.uint("pp", 1), "--pp");
+  in.gpus_per_node = to_u32(a.uint("gpus-per-node", 8), "--gpus-per-node");
+  std::string opt = a.string("offload-optimizer", "");
+  std::string par = a.string("offload-params", "");
+  in.sub_group_size = a.uint("sub-group-size", in.sub_group_size);
+  ActivationShape shape;
+  shape.seq_len = a.uint("seq-len", 0);
+  shape.hidden = a.uint("hidden", 0);
+  shape.layers = a.uint("layers", 0);
+  shape.micro_batch = a.uint("micro-batch", 0);
+  shape.heads = a.uint("heads", 0);
+  shape.checkpointing = a.flag("activation-checkpointing");
+  in.gpu_mem = optional_size(a, "gpu-mem");
+  in.cpu_mem = optional_size(a, "cpu-mem");
+  in.nvme_free = optional_size(a, "nvme-free");
+  std::string tune = a.string("tune", "");
+  const bool json = a.flag("json");
+  a.finish();
+  if (help) {
+    std::fputs(kHelp, stdout);
+    return 0;
+  }
+  if (params.empty()) throw UsageError("--params is required (e.g. --params 13B)");
+  in.params = parse_param_count(params, "--params");
+  if (!bpp.empty()) in.bytes = parse_bytes_per_param(bpp);
+  if (in.sub_group_size == 0) throw UsageError("invalid --sub-group-size: must be at least 1");
+  if (shape.seq_len || shape.hidden || shape.layers || shape.micro_batch || shape.heads ||
+      shape.checkpointing) {
+    in.activations = shape;
+  }
+  std::optional<Tier> opt_tier, par_tier;
+  if (!opt.empty()) opt_tier = parse_tier(opt, "--offload-optimizer");
+  if (!par.empty()) par_tier = parse_tier(par, "--offload-params");
+  if (!tune.empty()) in.drive = read_tune_report(tune);
+
+  const Plan plan = make_plan(in, opt_tier, par_tier);
+
+  if (json) {
+    JsonWriter head;
+    head.field("params", in.params);
+    head.field("bytes_per_param", std::vector<double>{in.bytes.params, in.bytes.grads, in.bytes.optimizer});
+    head.field("gpus", std::uint64_t{in.gpus});
+    head.field("tp", std::uint64_t{in.tp});
+    head.field("pp", std::uint64_t{in.pp});
+    head.field("dp", std::uint64_t{plan.dp});
+    head.field("gpus_per_node", std::uint64_t{plan.gpus_per_node});
+    head.field("nodes", std::uint64_t{plan.nodes});
+    head.field("params_per_model_slice", plan.params_per_model_slice);
+    head.field("activation_bytes", in.activations ? activation_bytes(*in.activations, in.tp) : 0.0);
+    std::string out = head.str();
+    out.pop_back();  // reopen the object to append the nested members
+    out += ",\"setups\":[";
+    for (std::size_t i = 0; i < plan.rows.size(); ++i) {
+      out += (i ? "," : "") + row_json(plan.rows[i]);
+    }
+    out += "],\"recommended\":";
+    out += plan.recommended ? row_json(plan.rows[*plan.recommended]) : "null";
+    out += "}";
+    std::printf("%s\n", out.c_str());
+    return 0;
+  }
+
+  char count[32];
+  if (in.params >= 1e9) {
+    std::snprintf(count, sizeof count, "%.4gB", in.params / 1e9);
+  } else if (in.params >= 1e6) {
+    std::snprintf(count, sizeof count, "%.4gM", in.params / 1e6);
+  } else {
+    std::snprintf(count, sizeof count, "%.4g", in.params);
+  }
+  std::printf("zinf plan: %s parameters, %u GPUs (TP %u x PP %u x DP %u), %u GPUs per node, "
+              "%u node%s; bytes per parameter P,G,O = %g,%g,%g\n",
+              count, in.gpus, in.tp, in.pp, plan.dp, plan.gpus_per_node, plan.nodes,
+              plan.nodes == 1 ? "" : "s", in.bytes.params, in.bytes.grads, in.bytes.optimizer);
+  if (in.activations) {
+    const auto& s = *in.activations;
+    std::printf("activations: %.2f GB per GPU (s=%llu b=%llu h=%llu a=%llu L=%llu, %s; "
+                "Korthikanti et al. 2022)\n",
+                g(activation_bytes(s, in.tp)), static_cast<unsigned long long>(s.seq_len),
+                static_cast<unsigned long long>(s.micro_batch),
+                static_cast<unsigned long long>(s.hidden), static_cast<unsigned long long>(s.heads),
+                static_cast<unsigned long long>(s.layers),
+                s.checkpointing ? "full checkpointing" : "no checkpointing");
+  }
+  if (in.drive) {
+    std::printf("drives (from %s): read %.2f GB/s, write %.2f GB/s, optimizer read+write mix "
+                "%.2f GB/s per node\n",
+                tune.c_str(), in.drive->read_gbps, in.drive->write_gbps, in.drive->mixed_gbps);
+  }
+  std::printf("\nGB per GPU (model states, stage-3 live parameters, activations), per node "
+              "(host pinned, NVMe) and NVMe traffic per step per node\n");
+  std::printf("%-5s %-5s %-5s %8s %8s %8s %8s %7s %7s %9s %10s %10s %12s %9s  %s\n", "stage",
+              "opt->", "par->", "params", "grads", "optim", "states", "live", "activ", "GPU total",
+              "host/node", "NVMe/node", "NVMe r+w/st", "I/O s/st", "fits");
+  for (const auto& r : plan.rows) {
+    char io[32] = "n/a";
+    if (r.io_seconds) std::snprintf(io, sizeof io, "%.2f", *r.io_seconds);
+    std::printf("%-5d %-5s %-5s %8.1f %8.1f %8.1f %8.1f %7.1f %7.1f %9.1f %10.1f %10.1f %12.1f %9s  %s\n",
+                r.setup.stage, std::string(tier_name(r.setup.optimizer)).c_str(),
+                std::string(tier_name(r.setup.params)).c_str(), g(r.gpu_params), g(r.gpu_grads),
+                g(r.gpu_optimizer), g(r.gpu_model_states), g(r.gpu_live_params),
+                g(r.gpu_activations), g(r.gpu_total), g(r.host_per_node), g(r.nvme_per_node),
+                g(r.nvme_read_per_step + r.nvme_write_per_step), io,
+                r.fits ? (in.gpu_mem ? "yes" : "-") : ("no: " + r.why_not).c_str());
+  }
+  if (!in.gpu_mem) {
+    std::printf("\nno recommendation: give --gpu-mem (and --cpu-mem, --nvme-free) to choose\n");
+  } else if (plan.recommended) {
+    const PlanRow& r = plan.rows[*plan.recommended];
+    std::printf("\nrecommended: %s (GPU %.1f GB of %.1f, host %.1f GB/node, NVMe %.1f GB/node",
+                setup_name(r.setup).c_str(), g(r.gpu_total), g(*in.gpu_mem), g(r.host_per_node),
+                g(r.nvme_per_node));
+    if (r.io_seconds) std::printf(", NVMe I/O %.2f s/step", *r.io_seconds);
+    std::printf(")\n");
+  } else {
+    std::printf("\nnothing fits: add GPUs, raise --tp/--pp, or use activation checkpointing\n");
+  }
+  return 0;
+}
+
+}  // namespace zinf::tools

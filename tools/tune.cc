@@ -1,0 +1,606 @@
+// SPDX-License-Identifier: Apache-2.0
+// `zinf tune`: checks the setup (O_DIRECT, memlock, io_uring, huge pages, free space), then
+// sweeps backend x block size x queue depth (x threads) on the user's directories with the
+// optimizer step's I/O pattern, and writes the winner as a zinf config with a DeepSpeed "aio"
+// block (--out) and the figures behind it (--report, read by `zinf plan --tune`).
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench_common.h"
+#include "bench_io_pattern.h"
+#include "cli_args.h"
+#include "commands.h"
+#include "json_writer.h"
+#include "tune_checks.h"
+#include "zinf/common/error.h"
+#include "zinf/swap/buffer_pool.h"
+#include "zinf/swap/file.h"
+#include "zinf/swap/io_engine.h"
+
+namespace zinf::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kHelp = R"(usage: zinf tune --dir DIR [--dir DIR2 ...] [options]
+
+Checks the setup, then measures which I/O settings move the optimizer step's traffic fastest on
+these directories (reads of sub-group i+1 interleaved with writes of sub-group i-1, equal bytes,
+every byte verified), and writes them as a config zinf and DeepSpeed accept.
+
+  --dir DIR            directory to tune (repeatable: the state is striped over them)
+  --time-budget S      seconds for the whole sweep [60]
+  --out FILE           write the chosen settings: DeepSpeed "aio" block + "zinf" section
+  --report FILE        write the figures (per-dir read/write GB/s, the sweep) as JSON, for
+                       `zinf plan --tune FILE`
+  --json               print the report JSON on stdout instead of the table
+  --backends LIST      uring,threads [both where available]
+  --block-sizes LIST   [256K,1M,4M]
+  --queue-depths LIST  [8,16,32]
+  --pinned-budget N    pinned memory the engine will hold, for the memlock check [2G]
+
+GB/s means 10^9 bytes per second; the mixed figure counts bytes read plus bytes written.
+)";
+
+// The sweep's default axes: block sizes around the 1 MiB where the drives here saturate
+// (shared/BENCHMARKS.md), queue depths around zinf's default 16, threads for the threads backend.
+constexpr std::uint32_t kDefaultBlocks[] = {256u << 10, 1u << 20, 4u << 20};
+constexpr std::uint32_t kDefaultDepths[] = {8, 16, 32};
+constexpr std::uint32_t kThreadCounts[] = {4, 8, 16};
+// The optimizer pipeline needs >= 3 sub-groups in flight (read, update, write); 8 per pass
+// keeps the start and end of the pipeline (where only one direction runs) a small share.
+constexpr std::uint64_t kGroupsPerPass = 8;
+constexpr std::uint64_t kMiB = 1u << 20;
+
+struct Point {
+  swap::IoEngineKind kind = swap::IoEngineKind::kUring;
+  std::uint32_t block = 1u << 20;
+  std::uint32_t depth = 16;
+  std::uint32_t threads = 0;  // threads backend only
+  std::vector<double> runs;   // mixed GB/s per pass
+  double score() const { return median(runs); }
+};
+
+std::string size_text(std::uint64_t b) {
+  char buf[32];
+  if (b % kMiB == 0) {
+    std::snprintf(buf, sizeof buf, "%lluM", static_cast<unsigned long long>(b / kMiB));
+  } else {
+    std::snprintf(buf, sizeof buf, "%lluK", static_cast<unsigned long long>(b >> 10));
+  }
+  return buf;
+}
+
+std::string gib(double b) { return human_bytes(static_cast<std::uint64_t>(b)); }
+
+std::vector<std::uint64_t> parse_list(const std::string& text, const char* what) {
+  std::vector<std::uint64_t> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    std::uint64_t v = parse_size(item, what);
+    if (v == 0 || v > 0xffffffffull) {
+      throw UsageError(std::string("invalid ") + what + " '" + item + "': out of range");
+    }
+    out.push_back(v);
+  }
+  if (out.empty()) throw UsageError(std::string("invalid ") + what + ": empty list");
+  return out;
+}
+
+bool has_cap_ipc_lock() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("CapEff:", 0) == 0) {
+      unsigned long long caps = std::strtoull(line.c_str() + 7, nullptr, 16);
+      return (caps >> 14) & 1u;  // CAP_IPC_LOCK = 14
+    }
+  }
+  return false;
+}
+
+// The checks run before measuring; each problem is one warning line (also in the report).
+std::vector<std::string> check_setup(const std::vector<std::string>& dirs,
+                                     std::uint64_t pinned_budget, bool* uring_ok,
+                                     bool* memlock_ok) {
+  std::vector<std::string> w;
+  for (const auto& d : dirs) {
+    // A quiet probe: File::open would log its own fallback notice.
+    std::string probe = d + "/.zinf-tune-direct-" + std::to_string(::getpid());
+    int fd = ::open(probe.c_str(), O_CREAT | O_RDWR | O_DIRECT | O_CLOEXEC, 0600);
+    int err = errno;
+    if (fd >= 0) {
+      ::close(fd);
+    } else {
+      fd = ::open(probe.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+      if (fd >= 0) ::close(fd);
+      w.push_back(direct_io_warning(d, fs_type_name(d), err));
+    }
+    ::unlink(probe.c_str());
+  }
+  struct rlimit rl {};
+  *memlock_ok = true;
+  if (::getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+      !has_cap_ipc_lock()) {
+    std::string m = memlock_warning(rl.rlim_cur, pinned_budget);
+    if (!m.empty()) {
+      *memlock_ok = false;
+      w.push_back(m);
+    }
+  }
+  *uring_ok = true;
+  try {
+    swap::IoOptions o;
+    o.kind = swap::IoEngineKind::kUring;
+    o.queue_depth = 4;
+    (void)swap::make_io_engine(o);
+  } catch (const std::exception& e) {
+    *uring_ok = false;
+    std::string why = swap::io_uring_unavailable_reason();
+    w.push_back(uring_warning(why.empty() ? std::string(e.what()) : why));
+  }
+  std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string mode;
+  std::getline(thp, mode);
+  std::string t = thp_warning(mode);
+  if (!t.empty()) w.push_back(t);
+  return w;
+}
+
+std::uint64_t free_bytes(const std::string& dir) {
+  struct statvfs s {};
+  if (::statvfs(dir.c_str(), &s) != 0) return 0;
+  return static_cast<std::uint64_t>(s.f_bavail) * s.f_frsize;
+}
+
+// The test files and the optimizer step's pattern over them.
+//
+// The state is `groups` sub-groups of `group_bytes`, striped over the files (sub-group j in
+// file j % n at offset (j / n) * group_bytes), as SwapStore stripes. A mixed pass is the
+// pipeline of OffloadedOptimizer::step: at step k it submits the read of sub-group k and the
+// write of sub-group k-2, and meanwhile "updates" k-1 (verifies what was read, restamps it with
+// the next generation); then it waits for both. Three buffers rotate. Every byte read is
+// checked against the generation last written there; a mismatch is an Error naming the file
+// and offset, and a failed request an IoError from its ticket. Bounded by 3 sub-group buffers.
+class Workload {
+ public:
+  /// `register_buffers`: register the buffers with each engine, as the engine does where the
+  /// memlock limit allows (where it does not, each refusal would log a notice).
+  Workload(const std::vector<std::string>& dirs, std::uint64_t group_bytes, std::uint64_t groups,
+           bool register_buffers)
+      : group_bytes_(group_bytes), groups_(groups), register_(register_buffers),
+        generation_(groups, 0) {
+    const std::uint64_t per_file = (groups + dirs.size() - 1) / dirs.size() * group_bytes;
+    for (std::size_t i = 0; i < dirs.size(); ++i) {
+      std::string path = dirs[i] + "/zinf-tune." + std::to_string(i) + ".dat";
+      paths_.push_back(path);
+      swap::FileOptions fo;
+      fo.create = true;
+      fo.truncate = true;
+      fo.preallocate_bytes = per_file;
+      files_.push_back(swap::File::open(path, fo));
+      alignment_ = std::max(alignment_, files_.back().alignment());
+      direct_.push_back(files_.back().is_direct());
+    }
+    swap::BufferPoolOptions po;
+    po.budget_bytes = 3 * group_bytes;
+    po.alignment = std::max<std::uint32_t>(alignment_, 4096);
+    po.huge_pages = true;
+    po.prefault = true;
+    pool_ = std::make_unique<swap::BufferPool>(po);
+    for (auto& b : bufs_) b = pool_->acquire(group_bytes);
+  }
+  ~Workload() {
+    for (auto& b : bufs_) b.reset();
+    files_.clear();
+    for (const auto& p : paths_) std::remove(p.c_str());
+  }
+  Workload(const Workload&) = delete;
+  Workload& operator=(const Workload&) = delete;
+
+  std::uint64_t bytes() const { return group_bytes_ * groups_; }
+  bool direct(std::size_t i) const { return direct_[i]; }
+  std::uint32_t alignment() const { return alignment_; }
+
+  std::unique_ptr<swap::IoEngine> engine(const Point& p) {
+    swap::IoOptions o;
+    o.kind = p.kind;
+    o.block_size = p.block;
+    o.queue_depth = p.depth;
+    o.threads = p.threads;
+    auto e = swap::make_io_engine(o);
+    ids_.clear();
+    for (const auto& f : files_) ids_.push_back(e->attach(f));
+    if (register_) {
+      std::span<std::byte> arena = pool_->arena();
+      (void)e->register_buffers(std::span<const std::span<std::byte>>(&arena, 1));
+    }
+    return e;
+  }
+
+  /// Returns bytes read+written per second of one mixed pass.
+  double mixed_pass(swap::IoEngine& e) {
+    const auto start = Clock::now();
+    for (std::uint64_t k = 0; k < groups_ + 2; ++k) {
+      swap::IoTicket rd, wr;
+      if (k < groups_) rd = submit(e, swap::IoOp::kRead, k);
+      if (k >= 2) wr = submit(e, swap::IoOp::kWrite, k - 2);
+      if (k >= 1 && k <= groups_) {
+        verify(k - 1);
+        stamp(k - 1, generation_[k - 1] + 1);
+      }
+      rd.wait();
+      wr.wait();
+      if (k >= 2) ++generation_[k - 2];
+    }
+    return 2.0 * static_cast<double>(bytes()) / seconds_since(start) / 1e9;
+  }
+
+  /// One sequential pass of `op` over the sub-groups of `file` (all files if < 0), three in
+  /// flight; returns GB/s. Writes lay down the next generation; reads verify.
+  double single_pass(swap::IoEngine& e, swap::IoOp op, int file) {
+    std::vector<std::uint64_t> todo;
+    for (std::uint64_t j = 0; j < groups_; ++j) {
+      if (file < 0 || j % files_.size() == static_cast<std::uint64_t>(file)) todo.push_back(j);
+    }
+    std::array<swap::IoTicket, 3> t;
+    std::array<std::uint64_t, 3> which{};
+    const auto start = Clock::now();
+    auto finish = [&](std::size_t slot) {
+      t[slot].wait();
+      if (op == swap::IoOp::kRead) {
+        verify_in(slot, which[slot]);
+      } else {
+        ++generation_[which[slot]];
+      }
+    };
+    for (std::size_t i = 0; i < todo.size(); ++i) {
+      std::size_t slot = i % 3;
+      if (i >= 3) finish(slot);
+      which[slot] = todo[i];
+      if (op == swap::IoOp::kWrite) stamp_in(slot, todo[i], generation_[todo[i]] + 1);
+      t[slot] = submit_in(e, op, todo[i], slot);
+    }
+    for (std::size_t i = todo.size() > 3 ? todo.size() - 3 : 0; i < todo.size(); ++i) finish(i % 3);
+    return static_cast<double>(todo.size() * group_bytes_) / seconds_since(start) / 1e9;
+  }
+
+ private:
+  static double seconds_since(Clock::time_point t) {
+    return std::max(1e-9, std::chrono::duration<double>(Clock::now() - t).count());
+  }
+  std::uint32_t file_of(std::uint64_t g) const { return static_cast<std::uint32_t>(g % files_.size()); }
+  std::uint64_t offset_of(std::uint64_t g) const { return g / files_.size() * group_bytes_; }
+  swap::IoTicket submit(swap::IoEngine& e, swap::IoOp op, std::uint64_t g) {
+    return submit_in(e, op, g, static_cast<std::size_t>(g % 3));
+  }
+  swap::IoTicket submit_in(swap::IoEngine& e, swap::IoOp op, std::uint64_t g, std::size_t slot) {
+    swap::IoRequest req{op, ids_[file_of(g)], offset_of(g), bufs_[slot].span()};
+    return e.submit(std::span<const swap::IoRequest>(&req, 1));
+  }
+  void stamp(std::uint64_t g, std::uint32_t gen) { stamp_in(static_cast<std::size_t>(g % 3), g, gen); }
+  void stamp_in(std::size_t slot, std::uint64_t g, std::uint32_t gen) {
+    fill_bulk(bufs_[slot].span(), gen);
+    stamp_headers(bufs_[slot].span(), file_of(g), offset_of(g), gen);
+  }
+  void verify(std::uint64_t g) { verify_in(static_cast<std::size_t>(g % 3), g); }
+  void verify_in(std::size_t slot, std::uint64_t g) {
+    std::string err = verify_block(bufs_[slot].span(), file_of(g), offset_of(g), generation_[g]);
+    if (!err.empty()) {
+      throw Error("verification failed: " + paths_[file_of(g)] + " offset=" +
+                  std::to_string(offset_of(g)) + " length=" + std::to_string(group_bytes_) + ": " +
+                  err);
+    }
+  }
+
+  std::uint64_t group_bytes_;
+  std::uint64_t groups_;
+  bool register_;
+  std::vector<std::uint32_t> generation_;  // per sub-group: what its bytes on disk carry
+  std::vector<std::string> paths_;
+  std::vector<swap::File> files_;
+  std::vector<bool> direct_;
+  std::uint32_t alignment_ = 4096;
+  std::unique_ptr<swap::BufferPool> pool_;
+  std::array<swap::BufferLease, 3> bufs_;
+  std::vector<swap::FileId> ids_;
+};
+
+std::string point_json(const Point& p) {
+  JsonWriter j;
+  j.field("backend", std::string(swap::io_engine_kind_name(p.kind)));
+  j.field("block_size", std::uint64_t{p.block});
+  j.field("queue_depth", std::uint64_t{p.depth});
+  j.field("threads", std::uint64_t{p.threads});
+  j.field("mixed_gbps", p.score());
+  j.field("runs_gbps", p.runs);
+  return j.str();
+}
+
+// The config zinf's parse_config and DeepSpeed both read: DeepSpeed's "aio" keys with real
+// numbers and booleans, zinf's backend and O_DIRECT choice in its own section.
+std::string config_json(const Point& p, bool direct) {
+  const std::uint32_t intra = p.kind == swap::IoEngineKind::kThreads ? p.threads : 1;
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "{\n  \"aio\": {\n    \"block_size\": %u,\n    \"queue_depth\": %u,\n"
+                "    \"intra_op_parallelism\": %u,\n    \"single_submit\": false,\n"
+                "    \"overlap_events\": true\n  },\n  \"zinf\": {\n    \"backend\": \"%.*s\",\n"
+                "    \"direct_io\": %s\n  }\n}\n",
+                p.block, p.depth, intra,
+                static_cast<int>(swap::io_engine_kind_name(p.kind).size()),
+                swap::io_engine_kind_name(p.kind).data(), direct ? "true" : "false");
+  return buf;
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::trunc);
+  f << text;
+  f.close();
+  if (!f) throw Error("cannot write " + path + ": " + std::strerror(errno));
+}
+
+}  // namespace
+
+int tune_main(const std::vector<std::string>& tokens) {
+  Args a("tune", tokens);
+  const bool help = a.help();
+  std::vector<std::string> dirs = a.strings("dir");
+  const double budget_s = a.number("time-budget", 60);
+  const std::string out = a.string("out", "");
+  const std::string report = a.string("report", "");
+  const bool json = a.flag("json");
+  std::string backends = a.string("backends", "");
+  std::string block_list = a.string("block-sizes", "");
+  std::string depth_list = a.string("queue-depths", "");
+  const std::uint64_t pinned_budget = a.size("pinned-budget", std::uint64_t{2} << 30);
+  a.finish();
+  if (help) {
+    std::fputs(kHelp, stdout);
+    return 0;
+  }
+  if (dirs.empty()) throw UsageError("--dir is required (a directory on the drive to tune; repeatable)");
+  if (!(budget_s > 0) || budget_s > 86400) {
+    throw UsageError("invalid --time-budget: must be between 0 and 86400 seconds");
+  }
+  for (const auto& d : dirs) check_dir(d);
+  std::vector<std::uint64_t> blocks(std::begin(kDefaultBlocks), std::end(kDefaultBlocks));
+  std::vector<std::uint64_t> depths(std::begin(kDefaultDepths), std::end(kDefaultDepths));
+  if (!block_list.empty()) blocks = parse_list(block_list, "--block-sizes");
+  if (!depth_list.empty()) depths = parse_list(depth_list, "--queue-depths");
+  for (auto b : blocks) {
+    if (b % 4096 != 0) {
+      throw UsageError("invalid --block-sizes entry " + std::to_string(b) +
+                       ": must be a multiple of 4096");
+    }
+  }
+  bool want_uring = true, want_threads = true;
+  if (!backends.empty()) {
+    want_uring = want_threads = false;
+    std::stringstream ss(backends);
+    std::string b;
+    while (std::getline(ss, b, ',')) {
+      if (b == "uring") {
+        want_uring = true;
+      } else if (b == "threads") {
+        want_threads = true;
+      } else {
+        throw UsageError("invalid --backends entry '" + b + "': expected uring or threads");
+      }
+    }
+  }
+
+  const auto t0 = Clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  const bool tty = ::isatty(STDERR_FILENO) != 0;
+
+  // 1. Checks.
+  bool uring_ok = false, memlock_ok = false;
+  std::vector<std::string> warnings = check_setup(dirs, pinned_budget, &uring_ok, &memlock_ok);
+  for (const auto& w : warnings) std::fprintf(stderr, "zinf tune: warning: %s\n", w.c_str());
+  if (want_uring && !uring_ok) {
+    want_uring = false;
+    if (!want_threads) throw UsageError("--backends uring: io_uring is unavailable here");
+  }
+
+  std::vector<Point> points;
+  for (auto b : blocks) {
+    for (auto d : depths) {
+      if (want_uring) points.push_back({swap::IoEngineKind::kUring, static_cast<std::uint32_t>(b),
+                                        static_cast<std::uint32_t>(d), 0, {}});
+      if (want_threads) {
+        for (auto t : kThreadCounts) {
+          if (t > d) continue;
+          points.push_back({swap::IoEngineKind::kThreads, static_cast<std::uint32_t>(b),
+                            static_cast<std::uint32_t>(d), t, {}});
+        }
+      }
+    }
+  }
+  const std::uint64_t max_block = *std::max_element(blocks.begin(), blocks.end());
+
+  // 2. Calibrate with a small state at zinf's default setting, then size the test state so
+  // that one pass per point fills ~55% of the budget (repeats of the best take ~25%, the
+  // per-dir read/write figures the rest).
+  std::uint64_t min_free = ~std::uint64_t{0};
+  for (const auto& d : dirs) min_free = std::min(min_free, free_bytes(d));
+  auto group_for = [&](std::uint64_t total) {
+    std::uint64_t g = total / kGroupsPerPass / max_block * max_block;
+    return std::max<std::uint64_t>(g, max_block);
+  };
+  const std::uint64_t dir_count = dirs.size();
+  std::uint64_t calib_group = group_for(std::uint64_t{64} * kMiB * dir_count);
+  if (calib_group * kGroupsPerPass / dir_count > min_free / 2) {
+    throw Error("not enough free space to tune: " + gib(static_cast<double>(min_free)) +
+                " free, the smallest test needs " +
+                gib(static_cast<double>(2 * calib_group * kGroupsPerPass / dir_count)) + " per dir");
+  }
+  double calib_gbps = 0;
+  {
+    Workload w(dirs, calib_group, kGroupsPerPass, memlock_ok);
+    Point def{uring_ok && want_uring ? swap::IoEngineKind::kUring : swap::IoEngineKind::kThreads,
+              static_cast<std::uint32_t>(std::min<std::uint64_t>(max_block, 1u << 20)), 16, 16, {}};
+    auto e = w.engine(def);
+    (void)w.single_pass(*e, swap::IoOp::kWrite, -1);  // lay the files out
+    calib_gbps = w.mixed_pass(*e);
+  }
+  const double remaining = std::max(0.0, budget_s - elapsed());
+  const double per_point_s = remaining * 0.55 / static_cast<double>(points.size());
+  double want_total = calib_gbps * 1e9 * per_point_s / 2;  // a pass moves the state twice
+  std::uint64_t cap = std::min<std::uint64_t>(std::uint64_t{4} << 30, min_free / 2) * dir_count;
+  std::uint64_t total = std::clamp<std::uint64_t>(static_cast<std::uint64_t>(want_total),
+                                                  calib_group * kGroupsPerPass, std::max(cap, calib_group * kGroupsPerPass));
+  if (static_cast<double>(total) < want_total && cap < static_cast<std::uint64_t>(want_total)) {
+    std::string w = "free space limits the test state to " + gib(static_cast<double>(total)) +
+                    " (the time budget asks for " + gib(want_total) + "); short passes are noisier";
+    std::fprintf(stderr, "zinf tune: warning: %s\n", w.c_str());
+    warnings.push_back(w);
+  }
+  const std::uint64_t group = group_for(total);
+  Workload w(dirs, group, kGroupsPerPass, memlock_ok);
+  if (!json) {
+    std::fprintf(stderr, "zinf tune: %zu settings, %s test state in %llu sub-groups of %s, %.0f s budget\n",
+                 points.size(), gib(static_cast<double>(w.bytes())).c_str(),
+                 static_cast<unsigned long long>(kGroupsPerPass), size_text(group).c_str(), budget_s);
+  }
+  {
+    Point def = points.front();
+    auto e = w.engine(def);
+    (void)w.single_pass(*e, swap::IoOp::kWrite, -1);
+  }
+
+  // 3. Sweep: every point once while the budget lasts, then repeats of the three best.
+  auto measure = [&](Point& p) {
+    auto e = w.engine(p);
+    p.runs.push_back(w.mixed_pass(*e));
+  };
+  std::size_t measured = 0;
+  const double phase1_end = budget_s * 0.75;
+  for (auto& p : points) {
+    if (measured > 0 && elapsed() > phase1_end) break;
+    measure(p);
+    ++measured;
+    if (tty && !json) {
+      std::fprintf(stderr, "\r  %zu/%zu  %-7s %5s qd %-3u %8.2f GB/s ", measured, points.size(),
+                   std::string(swap::io_engine_kind_name(p.kind)).c_str(), size_text(p.block).c_str(),
+                   p.depth, p.runs.back());
+    }
+  }
+  if (tty && !json) std::fprintf(stderr, "\r%70s\r", "");
+  const std::size_t planned = points.size();
+  points.resize(measured);
+  auto by_score = [](const Point& x, const Point& y) { return x.score() > y.score(); };
+  std::stable_sort(points.begin(), points.end(), by_score);
+  for (int round = 0; round < 2; ++round) {
+    for (std::size_t i = 0; i < std::min<std::size_t>(3, points.size()); ++i) {
+      if (elapsed() > budget_s * 0.85) break;
+      measure(points[i]);
+    }
+  }
+  std::stable_sort(points.begin(), points.end(), by_score);
+  const Point& best = points.front();
+
+  // 4. The chosen setting's read and write figures, all dirs together and each alone.
+  auto e = w.engine(best);
+  const double write_gbps = w.single_pass(*e, swap::IoOp::kWrite, -1);
+  const double read_gbps = w.single_pass(*e, swap::IoOp::kRead, -1);
+  std::vector<std::pair<double, double>> per_dir;
+  for (std::size_t i = 0; i < dirs.size(); ++i) {
+    if (dirs.size() == 1) {
+      per_dir.emplace_back(read_gbps, write_gbps);
+    } else {
+      double wg = w.single_pass(*e, swap::IoOp::kWrite, static_cast<int>(i));
+      double rg = w.single_pass(*e, swap::IoOp::kRead, static_cast<int>(i));
+      per_dir.emplace_back(rg, wg);
+    }
+  }
+  bool all_direct = true;
+  for (std::size_t i = 0; i < dirs.size(); ++i) all_direct = all_direct && w.direct(i);
+
+  // 5. Report.
+  std::string rep = "{\"tool\":\"zinf tune\",\"dirs\":[";
+  for (std::size_t i = 0; i < dirs.size(); ++i) {
+    JsonWriter j;
+    j.field("dir", dirs[i]);
+    j.field("file_system", fs_type_name(dirs[i]));
+    j.field("direct", w.direct(i));
+    j.field("free_bytes", free_bytes(dirs[i]));
+    j.field("read_gbps", per_dir[i].first);
+    j.field("write_gbps", per_dir[i].second);
+    rep += (i ? "," : "") + j.str();
+  }
+  JsonWriter head;
+  head.field("warnings", warnings);
+  head.field("time_budget_s", budget_s);
+  head.field("elapsed_s", elapsed());
+  head.field("test_state_bytes", w.bytes());
+  head.field("sub_group_bytes", group);
+  head.field("settings_planned", std::uint64_t{planned});
+  head.field("kernel", kernel_release());
+  head.field("cpu", cpu_model());
+  std::string h = head.str();
+  rep += "]," + h.substr(1, h.size() - 2) + ",\"sweep\":[";
+  for (std::size_t i = 0; i < points.size(); ++i) rep += (i ? "," : "") + point_json(points[i]);
+  std::string chosen = point_json(best);
+  chosen.pop_back();
+  char extra[128];
+  std::snprintf(extra, sizeof extra, ",\"read_gbps\":%.6g,\"write_gbps\":%.6g}", read_gbps, write_gbps);
+  rep += "],\"chosen\":" + chosen + extra + "}";
+
+  if (!out.empty()) write_file(out, config_json(best, all_direct));
+  if (!report.empty()) write_file(report, rep + "\n");
+  if (json) {
+    std::printf("%s\n", rep.c_str());
+    return 0;
+  }
+  std::printf("zinf tune: %zu dir%s, %s test state, sub-groups of %s, %zu of %zu settings in "
+              "%.1f s; mixed = optimizer-step reads+writes, GB/s = 1e9 B/s\n",
+              dirs.size(), dirs.size() == 1 ? "" : "s", gib(static_cast<double>(w.bytes())).c_str(),
+              size_text(group).c_str(), points.size(), planned, elapsed());
+  std::printf("%-8s %6s %5s %8s %11s   %s\n", "backend", "block", "qd", "threads", "mixed GB/s",
+              "runs");
+  for (const auto& p : points) {
+    std::string runs;
+    for (double r : p.runs) {
+      char b[16];
+      std::snprintf(b, sizeof b, "%.2f ", r);
+      runs += b;
+    }
+    std::printf("%-8s %6s %5u %8s %11.2f   %s\n", std::string(swap::io_engine_kind_name(p.kind)).c_str(),
+                size_text(p.block).c_str(), p.depth,
+                p.kind == swap::IoEngineKind::kThreads ? std::to_string(p.threads).c_str() : "-",
+                p.score(), runs.c_str());
+  }
+  std::printf("chosen: backend=%s block_size=%s queue_depth=%u%s: mixed %.2f GB/s, read %.2f GB/s, "
+              "write %.2f GB/s\n",
+              std::string(swap::io_engine_kind_name(best.kind)).c_str(), size_text(best.block).c_str(),
+              best.depth,
+              best.kind == swap::IoEngineKind::kThreads ? (" threads=" + std::to_string(best.threads)).c_str() : "",
+              best.score(), read_gbps, write_gbps);
+  for (std::size_t i = 0; i < dirs.size(); ++i) {
+    std::printf("  %s (%s%s): read %.2f GB/s, write %.2f GB/s\n", dirs[i].c_str(),
+                fs_type_name(dirs[i]).c_str(), w.direct(i) ? ", O_DIRECT" : ", buffered",
+                per_dir[i].first, per_dir[i].second);
+  }
+  if (!out.empty()) std::printf("wrote %s (DeepSpeed \"aio\" block + \"zinf\" section)\n", out.c_str());
+  if (!report.empty()) std::printf("wrote %s (for zinf plan --tune)\n", report.c_str());
+  return 0;
+}
+
+}  // namespace zinf::tools
