@@ -4,6 +4,8 @@
 // per-GPU / per-node needs of each ZeRO setup and the least costly one that fits.
 #include <cstdio>
 #include <fstream>
+
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -11,7 +13,6 @@
 
 #include "cli_args.h"
 #include "commands.h"
-#include "json_reader.h"
 #include "json_writer.h"
 #include "plan_model.h"
 #include "zinf/common/error.h"
@@ -65,20 +66,24 @@ std::optional<double> optional_size(Args& a, const char* name) {
 DriveBandwidth read_tune_report(const std::string& path) {
   std::ifstream f(path);
   if (!f) throw UsageError("cannot read --tune file: " + path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  JsonValue doc = parse_json(ss.str(), path);
-  const JsonValue* chosen = doc.find("chosen");
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(path + ": " + e.what());
+  }
   DriveBandwidth d;
   double* dst[] = {&d.read_gbps, &d.write_gbps, &d.mixed_gbps};
   const char* keys[] = {"read_gbps", "write_gbps", "mixed_gbps"};
+  const auto chosen = doc.is_object() ? doc.find("chosen") : doc.end();
   for (int i = 0; i < 3; ++i) {
-    const JsonValue* v = chosen != nullptr ? chosen->find(keys[i]) : nullptr;
-    if (v == nullptr || v->kind != JsonValue::Kind::kNumber || v->number <= 0) {
+    const bool ok = chosen != doc.end() && chosen->is_object() && chosen->contains(keys[i]) &&
+                    (*chosen)[keys[i]].is_number() && (*chosen)[keys[i]].get<double>() > 0;
+    if (!ok) {
       throw UsageError(path + ": not a zinf tune report (needs \"chosen\" with positive "
                        "read_gbps, write_gbps and mixed_gbps)");
     }
-    *dst[i] = v->number;
+    *dst[i] = (*chosen)[keys[i]].get<double>();
   }
   return d;
 }

@@ -5,7 +5,6 @@
 
 #include <gtest/gtest.h>
 
-#include "json_reader.h"
 #include "zinf/common/error.h"
 
 namespace zinf::tools {
@@ -224,24 +223,6 @@ TEST(PlanModel, RecommendsTheLeastCostlySetupThatFits) {
   p = make_plan(in);
   EXPECT_FALSE(p.recommended.has_value());
   EXPECT_EQ(p.rows.back().why_not, "NVMe needs 182.0 GB per node > --nvme-free 100.0 GB");
-}
-
-TEST(JsonReader, ParsesNestedValuesAndReportsPosition) {
-  JsonValue v = parse_json(R"({"a": [1, 2.5e3, true, null], "b": {"c": "x\"\u00e9"}})", "t");
-  ASSERT_EQ(v.kind, JsonValue::Kind::kObject);
-  ASSERT_NE(v.find("a"), nullptr);
-  EXPECT_EQ(v.find("a")->array.size(), 4u);
-  EXPECT_EQ(v.find("a")->array[1].number, 2500);
-  EXPECT_TRUE(v.find("a")->array[2].boolean);
-  EXPECT_EQ(v.find("b")->find("c")->string, "x\"\xc3\xa9");
-  try {
-    parse_json("{\"a\": 1,\n \"b\" 2}", "f.json");
-    FAIL() << "no error";
-  } catch (const UsageError& e) {
-    EXPECT_STREQ(e.what(), "f.json: line 2 column 6: expected ':'");
-  }
-  EXPECT_THROW(parse_json("[1,]", "t"), UsageError);
-  EXPECT_THROW(parse_json("{} x", "t"), UsageError);
 }
 
 }  // namespace

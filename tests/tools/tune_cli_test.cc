@@ -12,7 +12,7 @@
 
 #include <gtest/gtest.h>
 
-#include "json_reader.h"
+#include <nlohmann/json.hpp>
 #include "support/test_dir.h"
 #include "zinf/offload/config.h"
 
@@ -54,26 +54,26 @@ TEST(TuneCli, TinyBudgetWritesAConfigTheReaderAcceptsWithTheChosenValues) {
   EXPECT_NE(r.out.find("chosen: backend="), std::string::npos) << r.out;
 
   zinf::offload::EngineConfig c = zinf::offload::load_config(cfg);
-  zinf::tools::JsonValue report = zinf::tools::parse_json(slurp(rep), rep);
-  const zinf::tools::JsonValue* chosen = report.find("chosen");
-  ASSERT_NE(chosen, nullptr);
-  EXPECT_EQ(c.aio.block_size, static_cast<std::uint32_t>(chosen->find("block_size")->number));
-  EXPECT_EQ(c.aio.queue_depth, static_cast<std::uint32_t>(chosen->find("queue_depth")->number));
-  const std::string backend = chosen->find("backend")->string;
+  const nlohmann::json report = nlohmann::json::parse(slurp(rep));
+  ASSERT_TRUE(report.contains("chosen"));
+  const nlohmann::json& chosen = report["chosen"];
+  EXPECT_EQ(c.aio.block_size, static_cast<std::uint32_t>(chosen["block_size"].get<double>()));
+  EXPECT_EQ(c.aio.queue_depth, static_cast<std::uint32_t>(chosen["queue_depth"].get<double>()));
+  const std::string backend = chosen["backend"].get<std::string>();
   EXPECT_EQ(zinf::swap::io_engine_kind_name(c.zinf.backend), backend);
   EXPECT_EQ(c.aio.intra_op_parallelism,
-            backend == "threads" ? static_cast<std::uint32_t>(chosen->find("threads")->number) : 1u);
+            backend == "threads" ? static_cast<std::uint32_t>(chosen["threads"].get<double>()) : 1u);
   EXPECT_FALSE(c.aio.single_submit);
   EXPECT_TRUE(c.aio.overlap_events);
   EXPECT_TRUE(c.notices.empty());
-  EXPECT_GT(chosen->find("mixed_gbps")->number, 0);
-  EXPECT_GT(chosen->find("read_gbps")->number, 0);
-  EXPECT_GT(chosen->find("write_gbps")->number, 0);
+  EXPECT_GT(chosen["mixed_gbps"].get<double>(), 0);
+  EXPECT_GT(chosen["read_gbps"].get<double>(), 0);
+  EXPECT_GT(chosen["write_gbps"].get<double>(), 0);
   // Only the block sizes and depths asked for were swept.
-  for (const auto& p : report.find("sweep")->array) {
-    double b = p.find("block_size")->number;
+  for (const auto& p : report["sweep"]) {
+    double b = p["block_size"].get<double>();
     EXPECT_TRUE(b == 262144 || b == 1048576) << b;
-    double q = p.find("queue_depth")->number;
+    double q = p["queue_depth"].get<double>();
     EXPECT_TRUE(q == 4 || q == 8) << q;
   }
   // The test files are gone.
@@ -82,12 +82,12 @@ TEST(TuneCli, TinyBudgetWritesAConfigTheReaderAcceptsWithTheChosenValues) {
   // plan reads the report for the drive bandwidth and predicts I/O time.
   ToolRun p = run_zinf("plan --params 1B --gpus 1 --offload-optimizer nvme --tune " + rep + " --json");
   ASSERT_EQ(p.status, 0) << p.out;
-  zinf::tools::JsonValue pj = zinf::tools::parse_json(p.out, "plan --json");
-  const auto& row = pj.find("setups")->array.at(0);
-  EXPECT_EQ(row.find("offload_optimizer")->string, "nvme");
-  EXPECT_EQ(row.find("nvme_read_bytes_per_step_per_node")->number, 12e9);
-  EXPECT_NEAR(row.find("io_seconds_per_step")->number,
-              24e9 / (chosen->find("mixed_gbps")->number * 1e9), 1e-6 * 24);
+  const nlohmann::json pj = nlohmann::json::parse(p.out);
+  const nlohmann::json& row = pj["setups"].at(0);
+  EXPECT_EQ(row["offload_optimizer"].get<std::string>(), "nvme");
+  EXPECT_EQ(row["nvme_read_bytes_per_step_per_node"].get<double>(), 12e9);
+  EXPECT_NEAR(row["io_seconds_per_step"].get<double>(),
+              24e9 / (chosen["mixed_gbps"].get<double>() * 1e9), 1e-6 * 24);
 }
 
 TEST(TuneCli, WarnsWhenMemlockIsBelowThePinnedBudget) {
