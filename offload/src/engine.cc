@@ -428,41 +428,37 @@ cuda::DeviceSpan OffloadEngine::Impl::fetch_cpu(std::size_t index) {
   Layer& st = state[index];
   const std::uint64_t bytes = param_bytes(layers[index]);
   const auto entered = Clock::now();
-  for (;;) {
-    // A buffer that still holds this layer's current bytes is reused without a copy (reads
-    // only, ordered on the compute stream after its earlier use).
-    std::size_t pick = kNoLayer;
+  // A buffer that still holds this layer's current bytes is reused without a copy (reads only,
+  // ordered on the compute stream after its earlier use).
+  std::size_t pick = kNoLayer;
+  for (std::size_t b = 0; b < pool.size(); ++b) {
+    if (!pool[b].held && pool[b].layer == index && pool[b].version == st.version) pick = b;
+  }
+  if (pick == kNoLayer) {
+    // Else the least recently used free buffer, once the compute stream is past its release.
     for (std::size_t b = 0; b < pool.size(); ++b) {
-      if (!pool[b].held && pool[b].layer == index && pool[b].version == st.version) pick = b;
+      if (pool[b].held) continue;
+      if (pick == kNoLayer || pool[b].last_use < pool[pick].last_use) pick = b;
     }
     if (pick == kNoLayer) {
-      // Else the least recently used free buffer the compute stream is done with.
-      std::size_t oldest = kNoLayer;
-      for (std::size_t b = 0; b < pool.size(); ++b) {
-        if (pool[b].held) continue;
-        if (oldest == kNoLayer || pool[b].last_use < pool[oldest].last_use) oldest = b;
-      }
-      if (oldest == kNoLayer) {
-        throw UsageError("OffloadEngine::fetch: all " + std::to_string(pool.size()) +
-                         " parameter buffers (offload_param.buffer_count) hold fetched layers; "
-                         "release some first");
-      }
-      pool[oldest].released.synchronize();  // blocks only while the stream still uses it
-      pick = oldest;
-      DevBuf& b = pool[pick];
-      device.copy_to_device(compute, b.buffer.span(0, bytes), st.pinned.span().first(bytes));
-      device.record(st.host_read, compute);
-      b.layer = index;
-      b.version = st.version;
-      param_to_device += bytes;
+      throw UsageError("OffloadEngine::fetch: all " + std::to_string(pool.size()) +
+                       " parameter buffers (offload_param.buffer_count) hold fetched layers; "
+                       "release some first");
     }
     DevBuf& b = pool[pick];
-    b.held = true;
-    b.last_use = ++use_clock;
-    st.buffer = pick;
-    host_stall_seconds += std::chrono::duration<double>(Clock::now() - entered).count();
-    return b.buffer.span(0, bytes);
+    b.released.synchronize();  // blocks only while the stream still uses the buffer
+    device.copy_to_device(compute, b.buffer.span(0, bytes), st.pinned.span().first(bytes));
+    device.record(st.host_read, compute);
+    b.layer = index;
+    b.version = st.version;
+    param_to_device += bytes;
   }
+  DevBuf& b = pool[pick];
+  b.held = true;
+  b.last_use = ++use_clock;
+  st.buffer = pick;
+  host_stall_seconds += std::chrono::duration<double>(Clock::now() - entered).count();
+  return b.buffer.span(0, bytes);
 }
 
 // ---------------------------------------------------------------------------------------------
