@@ -1,0 +1,205 @@
+/* SPDX-License-Identifier: Apache-2.0
+ * zinf.h: the C API of zinf's OffloadEngine, for callers in C and in other languages (ctypes,
+ * cffi, FFI). C99, no C++ types; every function is in libzinf.so (link -lzinf, or
+ * find_package(zinf) -> zinf::zinf). It wraps zinf/offload/engine.h; read that header's class
+ * comment for what the engine does per iteration.
+ *
+ * Contract, for every function:
+ * - Errors. Every function that can fail returns a zinf_status; ZINF_OK (0) is success. On
+ *   failure the message (one line, the same text as the C++ exception's what(), naming path,
+ *   offset, length and errno where there are some) is available from zinf_last_error() on the
+ *   calling thread and, for calls on an engine, from zinf_engine_last_error(engine). A
+ *   successful call leaves both messages as they were. Out-parameters are written only on
+ *   success. No C++ exception ever leaves a zinf_ function (std::bad_alloc included: it is
+ *   ZINF_ERR_NO_MEMORY).
+ * - Threads. An engine is used by one thread at a time (the caller serialises); different
+ *   engines may be used from different threads at once. zinf_version, zinf_status_name and
+ *   zinf_last_error are thread-safe. The engine runs its own threads (I/O, optimizer, device
+ *   streams); they never call back into the caller.
+ * - Ownership and lifetimes. zinf_engine_create* returns an engine the caller owns and ends
+ *   with zinf_engine_destroy. Every pointer the caller passes in is read during the call only,
+ *   except gradients (see zinf_engine_set_gradients). Strings returned by the library are
+ *   owned by it and valid as each function says.
+ * - NULL. A NULL engine or a NULL required pointer is ZINF_ERR_USAGE (never a crash).
+ */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** The outcome of a call. The values are stable (part of the ABI); new ones are appended. */
+typedef enum zinf_status {
+  ZINF_OK = 0,
+  ZINF_ERR_USAGE = 1,       /**< misuse: bad config, bad argument, wrong size, call order */
+  ZINF_ERR_IO = 2,          /**< a storage operation failed (errno in the message) */
+  ZINF_ERR_NO_SPACE = 3,    /**< ENOSPC/EDQUOT: a drive or quota is full */
+  ZINF_ERR_NOT_FOUND = 4,   /**< ENOENT/ENODEV: a file or directory does not exist */
+  ZINF_ERR_PERMISSION = 5,  /**< EACCES/EPERM/EROFS */
+  ZINF_ERR_CORRUPT = 6,     /**< a checksum mismatch or an inconsistent file on disk */
+  ZINF_ERR_DEVICE = 7,      /**< the device (CUDA or its host simulation) failed */
+  ZINF_ERR_FAILED = 8,      /**< the engine is failed by an earlier error; destroy it */
+  ZINF_ERR_NO_MEMORY = 9,   /**< host memory allocation failed */
+  ZINF_ERR_INTERNAL = 10    /**< anything else (a bug: please report the message) */
+} zinf_status;
+
+/** Element types. Values are stable. */
+typedef enum zinf_dtype {
+  ZINF_DTYPE_F32 = 0,   /**< IEEE fp32 */
+  ZINF_DTYPE_BF16 = 1,  /**< bfloat16, as raw uint16_t bits */
+  ZINF_DTYPE_F16 = 2    /**< IEEE fp16, as raw uint16_t bits */
+} zinf_dtype;
+
+/** Which device backend an engine runs on. */
+typedef enum zinf_device_kind {
+  ZINF_DEVICE_HOST = 0,  /**< the host simulation: "device" memory is host memory (default) */
+  ZINF_DEVICE_CUDA = 1,  /**< a CUDA GPU, or ZINF_ERR_DEVICE saying why there is none */
+  ZINF_DEVICE_AUTO = 2   /**< CUDA if a GPU is visible, else the host simulation */
+} zinf_device_kind;
+
+/** One layer (parameter shard) the engine manages. */
+typedef struct zinf_layer_spec {
+  const char* name;        /**< unique, not empty; copied */
+  uint64_t numel;          /**< elements, > 0 */
+  zinf_dtype param_dtype;  /**< the device copy's type: ZINF_DTYPE_BF16 or ZINF_DTYPE_F16 */
+} zinf_layer_spec;
+
+/** How to build an engine beyond its config. All-zero (or NULL) means the defaults. */
+typedef struct zinf_engine_options {
+  zinf_device_kind device;  /**< default ZINF_DEVICE_HOST */
+  int device_index;         /**< CUDA device ordinal; ignored by the host simulation */
+} zinf_engine_options;
+
+/** The optimizer's figures for one step (zinf::offload::StepStats). */
+typedef struct zinf_step_stats {
+  uint64_t step;           /**< step number, from 1 */
+  uint64_t sub_groups;     /**< sub-groups updated */
+  uint64_t elements;       /**< elements updated */
+  double seconds;          /**< wall time of the step */
+  double read_seconds;     /**< time with a state read in flight */
+  double write_seconds;    /**< time with a write-back in flight */
+  double compute_seconds;  /**< time inside the CPU Adam kernel */
+  double wait_seconds;     /**< time waiting for a read or a free buffer */
+  uint64_t bytes_read;     /**< optimizer state bytes read */
+  uint64_t bytes_written;  /**< optimizer state bytes written */
+} zinf_step_stats;
+
+/** Counters since the engine was made (zinf::offload::EngineStats). Fields are only ever
+ *  appended. */
+typedef struct zinf_stats {
+  uint64_t steps;
+  uint64_t param_bytes_read;
+  uint64_t param_bytes_written;
+  uint64_t param_bytes_to_device;
+  uint64_t optimizer_bytes_read;
+  uint64_t optimizer_bytes_written;
+  double nvme_read_gbps;   /**< 10^9 bytes/s while a read was in flight */
+  double nvme_write_gbps;  /**< 10^9 bytes/s while a write was in flight */
+  double stall_seconds;    /**< compute waiting for parameters */
+  double step_seconds;     /**< total time inside step */
+  uint64_t prefetch_hits;
+  uint64_t prefetch_on_demand;
+  uint64_t pinned_bytes;
+  uint64_t pinned_bytes_peak;
+  zinf_step_stats last_step;
+} zinf_stats;
+
+/** Adam hyper-parameters (zinf::offload::AdamParams, less the step number the engine keeps). */
+typedef struct zinf_adam_params {
+  double lr;
+  double beta1;
+  double beta2;
+  double eps;
+  double weight_decay;
+  int bias_correction;  /**< nonzero: divide by 1 - beta^step */
+  double grad_scale;    /**< gradients are multiplied by this (1/loss scale) */
+  int adamw;            /**< nonzero: decoupled weight decay (AdamW) */
+} zinf_adam_params;
+
+/** An engine: opaque, owned by the caller. */
+typedef struct zinf_engine zinf_engine;
+
+/** Returns the library version ("0.1.0"). Static storage. */
+const char* zinf_version(void);
+/** Returns the lower-case name of `status` ("ok", "usage", "no_space", ...; "unknown" for a
+ *  value not in the enum). Static storage. */
+const char* zinf_status_name(zinf_status status);
+/** Returns the message of the latest failed zinf_ call on this thread, or "" if none has
+ *  failed. Valid until the next failed zinf_ call on this thread. */
+const char* zinf_last_error(void);
+
+/** Builds an engine from a DeepSpeed-style JSON config (text, `config_json`) and a layer
+ *  table. Parses the config (ZINF_ERR_USAGE with the reader's message for malformed JSON, an
+ *  unknown key, a contradiction), makes the device, checks the config against the layers and
+ *  creates the swap files (ZINF_ERR_NO_SPACE etc.). `options` may be NULL. Blocks. On success
+ *  *out is the new engine; on failure *out is left as it was. */
+zinf_status zinf_engine_create(const char* config_json, const zinf_layer_spec* layers,
+                               size_t layer_count, const zinf_engine_options* options,
+                               zinf_engine** out);
+/** As zinf_engine_create, with the config read from the file `config_path` (ZINF_ERR_NOT_FOUND
+ *  etc. naming it if it cannot be read). */
+zinf_status zinf_engine_create_from_file(const char* config_path, const zinf_layer_spec* layers,
+                                         size_t layer_count, const zinf_engine_options* options,
+                                         zinf_engine** out);
+/** Waits for the engine's work in flight, removes its swap files, frees everything. Never
+ *  fails; NULL is a no-op. The engine and every pointer it returned are invalid afterwards. */
+void zinf_engine_destroy(zinf_engine* engine);
+
+/** Returns the message of the latest failed call on `engine` ("" if none; "" for NULL). Valid
+ *  until the next failed call on `engine` or its destruction. */
+const char* zinf_engine_last_error(const zinf_engine* engine);
+/** Writes the number of layers to *count. */
+zinf_status zinf_engine_layer_count(const zinf_engine* engine, size_t* count);
+
+/** Sets layer `layer`'s fp32 master weights from `weights` (`count` elements, which must be
+ *  the layer's numel), zeroes its moments and writes its low-precision copy. Blocks. Outside
+ *  an iteration (between step and the next fetch). */
+zinf_status zinf_engine_set_master_weights(zinf_engine* engine, size_t layer,
+                                           const float* weights, size_t count);
+/** Copies layer `layer`'s fp32 master weights into `out` (`count` = the layer's numel).
+ *  Blocks. Outside an iteration. */
+zinf_status zinf_engine_read_master_weights(zinf_engine* engine, size_t layer, float* out,
+                                            size_t count);
+
+/** Makes layer `layer`'s parameters (numel elements of its param_dtype) present on the device
+ *  and writes their device address to *data and their size in bytes to *bytes. Blocks until
+ *  they are there (unlike the C++ fetch, which returns at once and orders the engine's compute
+ *  stream). With ZINF_DEVICE_HOST the address is host memory the caller may read. Read-only
+ *  for the caller; valid until zinf_engine_release(layer), and every use of it (kernels on any
+ *  stream included) must have completed before that call. */
+zinf_status zinf_engine_fetch(zinf_engine* engine, size_t layer, void** data, size_t* bytes);
+/** Ends the caller's use of the parameters fetch returned for `layer`. Non-blocking. */
+zinf_status zinf_engine_release(zinf_engine* engine, size_t layer);
+/** Hands in `layer`'s gradients for this step: `count` (= numel) elements of `dtype` (fp32,
+ *  or bf16/fp16 as raw bits) in host memory, and starts the layer's update at once. `grads`
+ *  must stay valid and unchanged until zinf_engine_step returns. Each layer at most once per
+ *  step, only while it is released. */
+zinf_status zinf_engine_set_gradients(zinf_engine* engine, size_t layer, const void* grads,
+                                      size_t count, zinf_dtype dtype);
+/** Completes the step's updates (layers without gradients are not updated) and makes the new
+ *  parameters what the next fetch returns. Writes the step's figures to *out unless it is
+ *  NULL. A failed write-back leaves the engine failed (ZINF_ERR_FAILED from then on). */
+zinf_status zinf_engine_step(zinf_engine* engine, zinf_step_stats* out);
+
+/** Writes the current hyper-parameters (the config's optimizer block, or the latest
+ *  zinf_engine_set_hyper) to *out. */
+zinf_status zinf_engine_get_hyper(const zinf_engine* engine, zinf_adam_params* out);
+/** Sets the hyper-parameters from the next step on (e.g. a learning-rate schedule).
+ *  ZINF_ERR_USAGE for out-of-range values. */
+zinf_status zinf_engine_set_hyper(zinf_engine* engine, const zinf_adam_params* params);
+
+/** Writes a checkpoint (master weights, moments, step count, hyper-parameters, layer table)
+ *  under directory `dir`, atomically. Outside a step. Blocks. */
+zinf_status zinf_engine_save(zinf_engine* engine, const char* dir);
+/** Restores what zinf_engine_save wrote (ZINF_ERR_USAGE if the layer table differs). Blocks. */
+zinf_status zinf_engine_load(zinf_engine* engine, const char* dir);
+
+/** Writes the engine's counters to *out. */
+zinf_status zinf_engine_stats(const zinf_engine* engine, zinf_stats* out);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif

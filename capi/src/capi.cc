@@ -1,0 +1,398 @@
+// SPDX-License-Identifier: Apache-2.0
+// The C API (zinf.h) over zinf::offload::OffloadEngine. Every entry point runs its body inside
+// guarded(), which turns any exception into a zinf_status and records its what() text for
+// zinf_last_error() (per thread) and zinf_engine_last_error() (per engine), so no exception
+// crosses the C boundary.
+#include "zinf.h"
+
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <new>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "zinf/common/error.h"
+#include "zinf/common/status.h"
+#include "zinf/config.h"
+#include "zinf/cuda/device.h"
+#include "zinf/offload/config.h"
+#include "zinf/offload/engine.h"
+
+namespace off = zinf::offload;
+
+/// The engine handle: the device and compute stream the engine runs on, declared before the
+/// engine so they are destroyed after it (the engine's contract).
+struct zinf_engine {
+  std::unique_ptr<zinf::cuda::Device> device;
+  zinf::cuda::Stream stream;
+  std::unique_ptr<off::OffloadEngine> engine;
+  off::AdamParams hyper;   // what get_hyper reports (the engine has no getter)
+  std::string last_error;  // zinf_engine_last_error
+};
+
+namespace {
+
+thread_local std::string t_last_error;
+// Used when recording a message itself runs out of memory.
+constexpr const char* kNoMemoryForMessage = "out of memory (while recording an error message)";
+thread_local const char* t_last_error_fallback = nullptr;
+
+void record(zinf_engine* engine, const char* message) noexcept {
+  try {
+    t_last_error = message;
+    t_last_error_fallback = nullptr;
+  } catch (...) {
+    t_last_error_fallback = kNoMemoryForMessage;
+  }
+  if (engine != nullptr) {
+    try {
+      engine->last_error = message;
+    } catch (...) {
+      engine->last_error.clear();  // never throws; the thread's message still holds the text
+    }
+  }
+}
+
+zinf_status status_of_io(zinf::ErrorCode code) noexcept {
+  switch (code) {
+    case zinf::ErrorCode::kNoSpace: return ZINF_ERR_NO_SPACE;
+    case zinf::ErrorCode::kNotFound: return ZINF_ERR_NOT_FOUND;
+    case zinf::ErrorCode::kPermission: return ZINF_ERR_PERMISSION;
+    case zinf::ErrorCode::kCorrupt: return ZINF_ERR_CORRUPT;
+    case zinf::ErrorCode::kFailedState: return ZINF_ERR_FAILED;
+    case zinf::ErrorCode::kInvalidArgument: return ZINF_ERR_USAGE;
+    case zinf::ErrorCode::kResource: return ZINF_ERR_NO_MEMORY;
+    default: return ZINF_ERR_IO;
+  }
+}
+
+/// Runs `body` (which returns nothing or throws) and maps what it throws to a status,
+/// recording the message. `engine` (may be null) also records it.
+template <typename Body>
+zinf_status guarded(zinf_engine* engine, Body&& body) noexcept {
+  try {
+    body();
+    return ZINF_OK;
+  } catch (const zinf::UsageError& e) {
+    record(engine, e.what());
+    return ZINF_ERR_USAGE;
+  } catch (const zinf::IoError& e) {
+    record(engine, e.what());
+    return status_of_io(e.code());
+  } catch (const zinf::DeviceError& e) {
+    record(engine, e.what());
+    return ZINF_ERR_DEVICE;
+  } catch (const zinf::EngineFailed& e) {
+    record(engine, e.what());
+    return ZINF_ERR_FAILED;
+  } catch (const std::bad_alloc& e) {
+    record(engine, "out of memory (std::bad_alloc)");
+    return ZINF_ERR_NO_MEMORY;
+  } catch (const std::exception& e) {
+    record(engine, e.what());
+    return ZINF_ERR_INTERNAL;
+  } catch (...) {
+    record(engine, "unknown exception");
+    return ZINF_ERR_INTERNAL;
+  }
+}
+
+// The C API's own argument checks; their messages name the function.
+void require(bool condition, const char* function, const char* what) {
+  if (!condition) throw zinf::UsageError(std::string(function) + ": " + what);
+}
+
+off::OffloadEngine& engine_of(zinf_engine* engine, const char* function) {
+  require(engine != nullptr, function, "engine is NULL");
+  return *engine->engine;
+}
+
+off::DType dtype_of(zinf_dtype dtype, const char* function) {
+  switch (dtype) {
+    case ZINF_DTYPE_F32: return off::DType::kF32;
+    case ZINF_DTYPE_BF16: return off::DType::kBF16;
+    case ZINF_DTYPE_F16: return off::DType::kF16;
+  }
+  throw zinf::UsageError(std::string(function) + ": unknown dtype " +
+                         std::to_string(static_cast<int>(dtype)));
+}
+
+// The layer's element count, after checking the index, so a count mismatch is named here
+// rather than as a span out of bounds inside the engine.
+std::uint64_t checked_numel(off::OffloadEngine& engine, std::size_t layer, std::size_t count,
+                            const char* function) {
+  if (layer >= engine.layer_count()) {
+    throw zinf::UsageError(std::string(function) + ": layer " + std::to_string(layer) +
+                           " out of range (the engine has " +
+                           std::to_string(engine.layer_count()) + " layers)");
+  }
+  const off::LayerSpec& spec = engine.layer(layer);
+  if (count != spec.numel) {
+    throw zinf::UsageError(std::string(function) + ": layer " + std::to_string(layer) + " ('" +
+                           spec.name + "') has " + std::to_string(spec.numel) +
+                           " elements, got " + std::to_string(count));
+  }
+  return spec.numel;
+}
+
+zinf_status create(off::EngineConfig (*read)(const char*), const char* config,
+                   const zinf_layer_spec* layers, std::size_t layer_count,
+                   const zinf_engine_options* options, zinf_engine** out, const char* function) {
+  return guarded(nullptr, [&] {
+    require(config != nullptr, function, "config is NULL");
+    require(out != nullptr, function, "out is NULL");
+    require(layers != nullptr || layer_count == 0, function, "layers is NULL");
+    off::EngineConfig parsed = read(config);
+    std::vector<off::LayerSpec> specs;
+    specs.reserve(layer_count);
+    for (std::size_t i = 0; i < layer_count; ++i) {
+      if (layers[i].name == nullptr) {
+        throw zinf::UsageError(std::string(function) + ": layers[" + std::to_string(i) +
+                               "].name is NULL");
+      }
+      specs.push_back(off::LayerSpec{layers[i].name, layers[i].numel,
+                                     dtype_of(layers[i].param_dtype, function)});
+    }
+    zinf::cuda::DeviceOptions device_options;
+    const zinf_engine_options defaults{};
+    const zinf_engine_options& opts = options != nullptr ? *options : defaults;
+    switch (opts.device) {
+      case ZINF_DEVICE_HOST: device_options.kind = zinf::cuda::DeviceKind::kHost; break;
+      case ZINF_DEVICE_CUDA: device_options.kind = zinf::cuda::DeviceKind::kCuda; break;
+      case ZINF_DEVICE_AUTO: device_options.kind = zinf::cuda::DeviceKind::kAuto; break;
+      default:
+        throw zinf::UsageError(std::string(function) + ": unknown device kind " +
+                               std::to_string(static_cast<int>(opts.device)));
+    }
+    device_options.device_index = opts.device_index;
+
+    auto handle = std::make_unique<zinf_engine>();
+    handle->hyper = parsed.optimizer.hyper;
+    handle->device = zinf::cuda::make_device(device_options);
+    handle->stream = handle->device->create_stream();
+    handle->engine = std::make_unique<off::OffloadEngine>(std::move(parsed), std::move(specs),
+                                                          *handle->device, handle->stream.ref());
+    *out = handle.release();
+  });
+}
+
+zinf_step_stats to_c(const off::StepStats& s) noexcept {
+  zinf_step_stats c{};
+  c.step = s.step;
+  c.sub_groups = s.sub_groups;
+  c.elements = s.elements;
+  c.seconds = s.seconds;
+  c.read_seconds = s.read_seconds;
+  c.write_seconds = s.write_seconds;
+  c.compute_seconds = s.compute_seconds;
+  c.wait_seconds = s.wait_seconds;
+  c.bytes_read = s.bytes_read;
+  c.bytes_written = s.bytes_written;
+  return c;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* zinf_version(void) { return ZINF_VERSION; }
+
+const char* zinf_status_name(zinf_status status) {
+  switch (status) {
+    case ZINF_OK: return "ok";
+    case ZINF_ERR_USAGE: return "usage";
+    case ZINF_ERR_IO: return "io";
+    case ZINF_ERR_NO_SPACE: return "no_space";
+    case ZINF_ERR_NOT_FOUND: return "not_found";
+    case ZINF_ERR_PERMISSION: return "permission";
+    case ZINF_ERR_CORRUPT: return "corrupt";
+    case ZINF_ERR_DEVICE: return "device";
+    case ZINF_ERR_FAILED: return "failed";
+    case ZINF_ERR_NO_MEMORY: return "no_memory";
+    case ZINF_ERR_INTERNAL: return "internal";
+  }
+  return "unknown";
+}
+
+const char* zinf_last_error(void) {
+  return t_last_error_fallback != nullptr ? t_last_error_fallback : t_last_error.c_str();
+}
+
+zinf_status zinf_engine_create(const char* config_json, const zinf_layer_spec* layers,
+                               size_t layer_count, const zinf_engine_options* options,
+                               zinf_engine** out) {
+  return create([](const char* json) { return off::parse_config(json); }, config_json, layers,
+                layer_count, options, out, "zinf_engine_create");
+}
+
+zinf_status zinf_engine_create_from_file(const char* config_path, const zinf_layer_spec* layers,
+                                         size_t layer_count, const zinf_engine_options* options,
+                                         zinf_engine** out) {
+  return create([](const char* path) { return off::load_config(path); }, config_path, layers,
+                layer_count, options, out, "zinf_engine_create_from_file");
+}
+
+void zinf_engine_destroy(zinf_engine* engine) {
+  // ~OffloadEngine, ~Stream and ~Device never throw (their contracts); delete cannot either.
+  delete engine;
+}
+
+const char* zinf_engine_last_error(const zinf_engine* engine) {
+  return engine != nullptr ? engine->last_error.c_str() : "";
+}
+
+zinf_status zinf_engine_layer_count(const zinf_engine* engine, size_t* count) {
+  return guarded(const_cast<zinf_engine*>(engine), [&] {
+    const char* fn = "zinf_engine_layer_count";
+    off::OffloadEngine& e = engine_of(const_cast<zinf_engine*>(engine), fn);
+    require(count != nullptr, fn, "count is NULL");
+    *count = e.layer_count();
+  });
+}
+
+zinf_status zinf_engine_set_master_weights(zinf_engine* engine, size_t layer,
+                                           const float* weights, size_t count) {
+  return guarded(engine, [&] {
+    const char* fn = "zinf_engine_set_master_weights";
+    off::OffloadEngine& e = engine_of(engine, fn);
+    require(weights != nullptr, fn, "weights is NULL");
+    checked_numel(e, layer, count, fn);
+    e.set_master_weights(layer, std::span<const float>(weights, count));
+  });
+}
+
+zinf_status zinf_engine_read_master_weights(zinf_engine* engine, size_t layer, float* out,
+                                            size_t count) {
+  return guarded(engine, [&] {
+    const char* fn = "zinf_engine_read_master_weights";
+    off::OffloadEngine& e = engine_of(engine, fn);
+    require(out != nullptr, fn, "out is NULL");
+    checked_numel(e, layer, count, fn);
+    e.read_master_weights(layer, std::span<float>(out, count));
+  });
+}
+
+zinf_status zinf_engine_fetch(zinf_engine* engine, size_t layer, void** data, size_t* bytes) {
+  return guarded(engine, [&] {
+    const char* fn = "zinf_engine_fetch";
+    off::OffloadEngine& e = engine_of(engine, fn);
+    require(data != nullptr, fn, "data is NULL");
+    require(bytes != nullptr, fn, "bytes is NULL");
+    const zinf::cuda::DeviceSpan span = e.fetch(layer);
+    // The C contract is synchronous: the caller has no handle on the compute stream, so the
+    // parameters must be in place when the call returns.
+    engine->device->synchronize(engine->stream.ref());
+    *data = span.data();
+    *bytes = span.size();
+  });
+}
+
+zinf_status zinf_engine_release(zinf_engine* engine, size_t layer) {
+  return guarded(engine, [&] { engine_of(engine, "zinf_engine_release").release(layer); });
+}
+
+zinf_status zinf_engine_set_gradients(zinf_engine* engine, size_t layer, const void* grads,
+                                      size_t count, zinf_dtype dtype) {
+  return guarded(engine, [&] {
+    const char* fn = "zinf_engine_set_gradients";
+    off::OffloadEngine& e = engine_of(engine, fn);
+    require(grads != nullptr, fn, "grads is NULL");
+    const off::DType type = dtype_of(dtype, fn);
+    checked_numel(e, layer, count, fn);
+    e.set_gradients(layer, off::GradView{grads, count, type});
+  });
+}
+
+zinf_status zinf_engine_step(zinf_engine* engine, zinf_step_stats* out) {
+  return guarded(engine, [&] {
+    const off::StepStats s = engine_of(engine, "zinf_engine_step").step();
+    if (out != nullptr) *out = to_c(s);
+  });
+}
+
+zinf_status zinf_engine_get_hyper(const zinf_engine* engine, zinf_adam_params* out) {
+  return guarded(const_cast<zinf_engine*>(engine), [&] {
+    const char* fn = "zinf_engine_get_hyper";
+    engine_of(const_cast<zinf_engine*>(engine), fn);
+    require(out != nullptr, fn, "out is NULL");
+    const off::AdamParams& h = engine->hyper;
+    zinf_adam_params c{};
+    c.lr = h.lr;
+    c.beta1 = h.beta1;
+    c.beta2 = h.beta2;
+    c.eps = h.eps;
+    c.weight_decay = h.weight_decay;
+    c.bias_correction = h.bias_correction ? 1 : 0;
+    c.grad_scale = h.grad_scale;
+    c.adamw = h.mode == off::AdamMode::kAdamW ? 1 : 0;
+    *out = c;
+  });
+}
+
+zinf_status zinf_engine_set_hyper(zinf_engine* engine, const zinf_adam_params* params) {
+  return guarded(engine, [&] {
+    const char* fn = "zinf_engine_set_hyper";
+    off::OffloadEngine& e = engine_of(engine, fn);
+    require(params != nullptr, fn, "params is NULL");
+    off::AdamParams h = engine->hyper;
+    h.lr = params->lr;
+    h.beta1 = params->beta1;
+    h.beta2 = params->beta2;
+    h.eps = params->eps;
+    h.weight_decay = params->weight_decay;
+    h.bias_correction = params->bias_correction != 0;
+    h.grad_scale = params->grad_scale;
+    h.mode = params->adamw != 0 ? off::AdamMode::kAdamW : off::AdamMode::kAdam;
+    e.set_hyper(h);
+    engine->hyper = h;
+  });
+}
+
+zinf_status zinf_engine_save(zinf_engine* engine, const char* dir) {
+  return guarded(engine, [&] {
+    const char* fn = "zinf_engine_save";
+    off::OffloadEngine& e = engine_of(engine, fn);
+    require(dir != nullptr, fn, "dir is NULL");
+    e.save(dir);
+  });
+}
+
+zinf_status zinf_engine_load(zinf_engine* engine, const char* dir) {
+  return guarded(engine, [&] {
+    const char* fn = "zinf_engine_load";
+    off::OffloadEngine& e = engine_of(engine, fn);
+    require(dir != nullptr, fn, "dir is NULL");
+    e.load(dir);
+  });
+}
+
+zinf_status zinf_engine_stats(const zinf_engine* engine, zinf_stats* out) {
+  return guarded(const_cast<zinf_engine*>(engine), [&] {
+    const char* fn = "zinf_engine_stats";
+    const off::OffloadEngine& e = engine_of(const_cast<zinf_engine*>(engine), fn);
+    require(out != nullptr, fn, "out is NULL");
+    const off::EngineStats s = e.stats();
+    zinf_stats c{};
+    c.steps = s.steps;
+    c.param_bytes_read = s.param_bytes_read;
+    c.param_bytes_written = s.param_bytes_written;
+    c.param_bytes_to_device = s.param_bytes_to_device;
+    c.optimizer_bytes_read = s.optimizer_bytes_read;
+    c.optimizer_bytes_written = s.optimizer_bytes_written;
+    c.nvme_read_gbps = s.nvme_read_gbps;
+    c.nvme_write_gbps = s.nvme_write_gbps;
+    c.stall_seconds = s.stall_seconds;
+    c.step_seconds = s.step_seconds;
+    c.prefetch_hits = s.prefetch_hits;
+    c.prefetch_on_demand = s.prefetch_on_demand;
+    c.pinned_bytes = s.pinned_bytes;
+    c.pinned_bytes_peak = s.pinned_bytes_peak;
+    c.last_step = to_c(s.last_step);
+    *out = c;
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,34 @@
+/* SPDX-License-Identifier: Apache-2.0
+ * zinf.h compiled as strict C99 (-std=c99 -Wpedantic -Werror) and called from C: the header is
+ * valid C and the functions have C linkage. capi_test.cc runs zinf_capi_c_smoke. */
+#include "zinf.h"
+
+#include <stdio.h>
+#include <string.h>
+
+int zinf_capi_c_smoke(char* message, size_t capacity);
+
+int zinf_capi_c_smoke(char* message, size_t capacity) {
+  zinf_engine* engine = NULL;
+  zinf_layer_spec layer = {"x", 16, ZINF_DTYPE_BF16};
+  zinf_engine_options options = {ZINF_DEVICE_HOST, 0};
+  zinf_status status;
+  if (strlen(zinf_version()) == 0) {
+    snprintf(message, capacity, "empty version");
+    return 1;
+  }
+  status = zinf_engine_create("{\"nope\": 1}", &layer, 1, &options, &engine);
+  if (status != ZINF_ERR_USAGE || engine != NULL || zinf_last_error()[0] == '\0') {
+    snprintf(message, capacity, "bad config gave %s: '%s'", zinf_status_name(status),
+             zinf_last_error());
+    return 1;
+  }
+  status = zinf_engine_step(NULL, NULL);
+  if (status != ZINF_ERR_USAGE || strcmp(zinf_last_error(), "zinf_engine_step: engine is NULL")) {
+    snprintf(message, capacity, "step(NULL) gave %s: '%s'", zinf_status_name(status),
+             zinf_last_error());
+    return 1;
+  }
+  zinf_engine_destroy(NULL);
+  return 0;
+}

@@ -1,0 +1,418 @@
+// SPDX-License-Identifier: Apache-2.0
+// The C API (zinf.h): every function's error codes and messages (the C++ exception's text,
+// per thread and per engine), NULL handling, size checks, and a round trip whose bytes and
+// master weights equal the C++ OffloadEngine's.
+#include "zinf.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/test_dir.h"
+#include "zinf/common/error.h"
+#include "zinf/config.h"
+#include "zinf/cuda/device.h"
+#include "zinf/offload/config.h"
+#include "zinf/offload/engine.h"
+
+extern "C" int zinf_capi_c_smoke(char* message, std::size_t capacity);  // capi_c_smoke.c
+
+namespace {
+
+namespace off = zinf::offload;
+
+const char* kConfig = R"({
+  "zero_optimization": {"stage": 3, "sub_group_size": 4096,
+    "offload_param": {"device": "cpu", "buffer_count": 2, "buffer_size": 4096},
+    "offload_optimizer": {"device": "cpu"}},
+  "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}}
+})";
+
+const zinf_layer_spec kLayers[] = {{"a", 1000, ZINF_DTYPE_BF16}, {"b", 257, ZINF_DTYPE_F16}};
+
+// The text the C++ API throws for `body`, or "" if it does not throw.
+template <typename Body>
+std::string what_of(Body&& body) {
+  try {
+    body();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::uint16_t bf16_of(float f) {
+  std::uint32_t bits = 0;
+  std::memcpy(&bits, &f, sizeof bits);
+  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even (finite values)
+  return static_cast<std::uint16_t>(bits >> 16);
+}
+
+std::vector<float> weights_of(std::size_t n, float scale) {
+  std::vector<float> w(n);
+  for (std::size_t i = 0; i < n; ++i) w[i] = scale * static_cast<float>(i % 89) - 0.3f;
+  return w;
+}
+
+std::vector<float> grads_of(std::size_t n) {
+  std::vector<float> g(n);
+  for (std::size_t i = 0; i < n; ++i) g[i] = 0.01f * static_cast<float>(i % 13) - 0.05f;
+  return g;
+}
+
+// Owns a C engine for a test.
+struct Engine {
+  zinf_engine* e = nullptr;
+  Engine() {
+    const zinf_status s = zinf_engine_create(kConfig, kLayers, 2, nullptr, &e);
+    EXPECT_EQ(s, ZINF_OK) << zinf_last_error();
+  }
+  ~Engine() { zinf_engine_destroy(e); }
+};
+
+TEST(CApi, VersionIsTheBuildVersion) {
+  EXPECT_STREQ(zinf_version(), ZINF_VERSION);
+}
+
+TEST(CApi, StatusNames) {
+  EXPECT_STREQ(zinf_status_name(ZINF_OK), "ok");
+  EXPECT_STREQ(zinf_status_name(ZINF_ERR_USAGE), "usage");
+  EXPECT_STREQ(zinf_status_name(ZINF_ERR_IO), "io");
+  EXPECT_STREQ(zinf_status_name(ZINF_ERR_NO_SPACE), "no_space");
+  EXPECT_STREQ(zinf_status_name(ZINF_ERR_NOT_FOUND), "not_found");
+  EXPECT_STREQ(zinf_status_name(ZINF_ERR_PERMISSION), "permission");
+  EXPECT_STREQ(zinf_status_name(ZINF_ERR_CORRUPT), "corrupt");
+  EXPECT_STREQ(zinf_status_name(ZINF_ERR_DEVICE), "device");
+  EXPECT_STREQ(zinf_status_name(ZINF_ERR_FAILED), "failed");
+  EXPECT_STREQ(zinf_status_name(ZINF_ERR_NO_MEMORY), "no_memory");
+  EXPECT_STREQ(zinf_status_name(ZINF_ERR_INTERNAL), "internal");
+  EXPECT_STREQ(zinf_status_name(static_cast<zinf_status>(15)), "unknown");
+}
+
+TEST(CApi, BadConfigIsUsageWithTheReadersText) {
+  for (const char* json : {R"({"zero_optimization": {"stagee": 3}})", "{\"aio\": ", "[1]"}) {
+    const std::string want = what_of([&] { off::parse_config(json); });
+    ASSERT_FALSE(want.empty()) << json;
+    zinf_engine* sentinel = reinterpret_cast<zinf_engine*>(0x1);
+    zinf_engine* out = sentinel;
+    EXPECT_EQ(zinf_engine_create(json, kLayers, 2, nullptr, &out), ZINF_ERR_USAGE) << json;
+    EXPECT_EQ(zinf_last_error(), want);
+    EXPECT_EQ(out, sentinel) << "out is written only on success";
+  }
+}
+
+TEST(CApi, UnreadableConfigFileNamesIt) {
+  zinf::test::TestDir dir;
+  const std::string path = dir.file("missing.json");
+  const std::string want = what_of([&] { off::load_config(path); });
+  ASSERT_NE(want.find(path), std::string::npos) << want;
+  zinf_engine* out = nullptr;
+  EXPECT_EQ(zinf_engine_create_from_file(path.c_str(), kLayers, 2, nullptr, &out),
+            ZINF_ERR_NOT_FOUND);
+  EXPECT_EQ(zinf_last_error(), want);
+  EXPECT_EQ(out, nullptr);
+}
+
+TEST(CApi, CreatesFromAFile) {
+  zinf::test::TestDir dir;
+  const std::string path = dir.file("ds_config.json");
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs(kConfig, f);
+  std::fclose(f);
+  zinf_engine* e = nullptr;
+  ASSERT_EQ(zinf_engine_create_from_file(path.c_str(), kLayers, 2, nullptr, &e), ZINF_OK)
+      << zinf_last_error();
+  std::size_t count = 0;
+  EXPECT_EQ(zinf_engine_layer_count(e, &count), ZINF_OK);
+  EXPECT_EQ(count, 2u);
+  zinf_engine_destroy(e);
+}
+
+TEST(CApi, ModelChecksOfTheEngineAreUsageErrors) {
+  // A layer larger than offload_param.buffer_size (4096 elements): the engine's check.
+  const zinf_layer_spec big[] = {{"big", 5000, ZINF_DTYPE_BF16}};
+  zinf_engine* out = nullptr;
+  EXPECT_EQ(zinf_engine_create(kConfig, big, 1, nullptr, &out), ZINF_ERR_USAGE);
+  EXPECT_NE(std::string(zinf_last_error()).find("big"), std::string::npos) << zinf_last_error();
+  EXPECT_EQ(out, nullptr);
+}
+
+TEST(CApi, CreateArgumentErrors) {
+  zinf_engine* out = nullptr;
+  EXPECT_EQ(zinf_engine_create(nullptr, kLayers, 2, nullptr, &out), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(), "zinf_engine_create: config is NULL");
+  EXPECT_EQ(zinf_engine_create_from_file(nullptr, kLayers, 2, nullptr, &out), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(), "zinf_engine_create_from_file: config is NULL");
+  EXPECT_EQ(zinf_engine_create(kConfig, kLayers, 2, nullptr, nullptr), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(), "zinf_engine_create: out is NULL");
+  EXPECT_EQ(zinf_engine_create(kConfig, nullptr, 2, nullptr, &out), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(), "zinf_engine_create: layers is NULL");
+
+  const zinf_layer_spec unnamed[] = {{"a", 10, ZINF_DTYPE_BF16}, {nullptr, 10, ZINF_DTYPE_BF16}};
+  EXPECT_EQ(zinf_engine_create(kConfig, unnamed, 2, nullptr, &out), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(), "zinf_engine_create: layers[1].name is NULL");
+  const zinf_layer_spec bad_dtype[] = {{"a", 10, static_cast<zinf_dtype>(3)}};
+  EXPECT_EQ(zinf_engine_create(kConfig, bad_dtype, 1, nullptr, &out), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(), "zinf_engine_create: unknown dtype 3");
+  const zinf_engine_options bad_device{static_cast<zinf_device_kind>(3), 0};
+  EXPECT_EQ(zinf_engine_create(kConfig, kLayers, 2, &bad_device, &out), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(), "zinf_engine_create: unknown device kind 3");
+  EXPECT_EQ(out, nullptr);
+}
+
+TEST(CApi, CudaWithoutAGpuIsADeviceErrorWithTheReason) {
+  if (zinf::cuda::probe_cuda().available()) GTEST_SKIP() << "a CUDA device is visible";
+  const std::string want = what_of([] {
+    zinf::cuda::make_device({.kind = zinf::cuda::DeviceKind::kCuda});
+  });
+  const zinf_engine_options cuda{ZINF_DEVICE_CUDA, 0};
+  zinf_engine* out = nullptr;
+  EXPECT_EQ(zinf_engine_create(kConfig, kLayers, 2, &cuda, &out), ZINF_ERR_DEVICE);
+  EXPECT_EQ(zinf_last_error(), want);
+  EXPECT_EQ(out, nullptr);
+}
+
+TEST(CApi, NullEngineIsUsageForEveryFunction) {
+  float f[1] = {};
+  void* data = nullptr;
+  std::size_t n = 0;
+  zinf_stats stats{};
+  zinf_adam_params hyper{};
+  struct Case {
+    zinf_status status;
+    const char* function;
+  };
+  const Case cases[] = {
+      {zinf_engine_layer_count(nullptr, &n), "zinf_engine_layer_count"},
+      {zinf_engine_set_master_weights(nullptr, 0, f, 1), "zinf_engine_set_master_weights"},
+      {zinf_engine_read_master_weights(nullptr, 0, f, 1), "zinf_engine_read_master_weights"},
+      {zinf_engine_fetch(nullptr, 0, &data, &n), "zinf_engine_fetch"},
+      {zinf_engine_release(nullptr, 0), "zinf_engine_release"},
+      {zinf_engine_set_gradients(nullptr, 0, f, 1, ZINF_DTYPE_F32), "zinf_engine_set_gradients"},
+      {zinf_engine_step(nullptr, nullptr), "zinf_engine_step"},
+      {zinf_engine_get_hyper(nullptr, &hyper), "zinf_engine_get_hyper"},
+      {zinf_engine_set_hyper(nullptr, &hyper), "zinf_engine_set_hyper"},
+      {zinf_engine_save(nullptr, "/tmp"), "zinf_engine_save"},
+      {zinf_engine_load(nullptr, "/tmp"), "zinf_engine_load"},
+      {zinf_engine_stats(nullptr, &stats), "zinf_engine_stats"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(c.status, ZINF_ERR_USAGE) << c.function;
+  }
+  // The message is the last call's; check one function fully.
+  EXPECT_EQ(zinf_engine_stats(nullptr, &stats), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(), "zinf_engine_stats: engine is NULL");
+  EXPECT_STREQ(zinf_engine_last_error(nullptr), "");
+  zinf_engine_destroy(nullptr);  // a no-op
+}
+
+TEST(CApi, NullOutputsAreUsageErrors) {
+  Engine h;
+  ASSERT_NE(h.e, nullptr);
+  std::size_t n = 0;
+  void* data = nullptr;
+  EXPECT_EQ(zinf_engine_layer_count(h.e, nullptr), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(), "zinf_engine_layer_count: count is NULL");
+  EXPECT_EQ(zinf_engine_set_master_weights(h.e, 0, nullptr, 1000), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(), "zinf_engine_set_master_weights: weights is NULL");
+  EXPECT_EQ(zinf_engine_read_master_weights(h.e, 0, nullptr, 1000), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(), "zinf_engine_read_master_weights: out is NULL");
+  EXPECT_EQ(zinf_engine_fetch(h.e, 0, nullptr, &n), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(), "zinf_engine_fetch: data is NULL");
+  EXPECT_EQ(zinf_engine_fetch(h.e, 0, &data, nullptr), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(), "zinf_engine_fetch: bytes is NULL");
+  EXPECT_EQ(zinf_engine_set_gradients(h.e, 0, nullptr, 1000, ZINF_DTYPE_F32), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(), "zinf_engine_set_gradients: grads is NULL");
+  EXPECT_EQ(zinf_engine_get_hyper(h.e, nullptr), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(), "zinf_engine_get_hyper: out is NULL");
+  EXPECT_EQ(zinf_engine_set_hyper(h.e, nullptr), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(), "zinf_engine_set_hyper: params is NULL");
+  EXPECT_EQ(zinf_engine_save(h.e, nullptr), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(), "zinf_engine_save: dir is NULL");
+  EXPECT_EQ(zinf_engine_load(h.e, nullptr), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(), "zinf_engine_load: dir is NULL");
+  EXPECT_EQ(zinf_engine_stats(h.e, nullptr), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(), "zinf_engine_stats: out is NULL");
+  // Each failure is also the engine's message.
+  EXPECT_STREQ(zinf_engine_last_error(h.e), "zinf_engine_stats: out is NULL");
+}
+
+TEST(CApi, WrongSizesAndIndicesAreUsageErrors) {
+  Engine h;
+  ASSERT_NE(h.e, nullptr);
+  std::vector<float> buf(2000);
+  EXPECT_EQ(zinf_engine_set_master_weights(h.e, 0, buf.data(), 999), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(),
+               "zinf_engine_set_master_weights: layer 0 ('a') has 1000 elements, got 999");
+  EXPECT_EQ(zinf_engine_read_master_weights(h.e, 1, buf.data(), 1000), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(),
+               "zinf_engine_read_master_weights: layer 1 ('b') has 257 elements, got 1000");
+  EXPECT_EQ(zinf_engine_set_gradients(h.e, 2, buf.data(), 1000, ZINF_DTYPE_F32), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(),
+               "zinf_engine_set_gradients: layer 2 out of range (the engine has 2 layers)");
+  EXPECT_EQ(zinf_engine_set_gradients(h.e, 0, buf.data(), 1000, static_cast<zinf_dtype>(3)),
+            ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(), "zinf_engine_set_gradients: unknown dtype 3");
+  EXPECT_STREQ(zinf_engine_last_error(h.e), "zinf_engine_set_gradients: unknown dtype 3");
+}
+
+TEST(CApi, EngineErrorsCarryTheEnginesText) {
+  Engine h;
+  ASSERT_NE(h.e, nullptr);
+  // Releasing a layer that was never fetched, and a fetch out of range: whatever the engine
+  // throws reaches the caller as usage with the same text.
+  std::vector<off::LayerSpec> specs = {{"a", 1000, off::DType::kBF16}, {"b", 257, off::DType::kF16}};
+  auto device = zinf::cuda::make_device({.kind = zinf::cuda::DeviceKind::kHost});
+  zinf::cuda::Stream stream = device->create_stream();
+  off::OffloadEngine cpp(off::parse_config(kConfig), specs, *device, stream);
+  void* data = nullptr;
+  std::size_t bytes = 0;
+  const std::string want = what_of([&] { cpp.fetch(5); });
+  ASSERT_FALSE(want.empty());
+  EXPECT_EQ(zinf_engine_fetch(h.e, 5, &data, &bytes), ZINF_ERR_USAGE);
+  EXPECT_EQ(zinf_last_error(), want);
+  EXPECT_EQ(zinf_engine_last_error(h.e), want);
+  EXPECT_EQ(data, nullptr);
+}
+
+TEST(CApi, MessagesArePerThreadAndPerEngine) {
+  Engine a;
+  Engine b;
+  ASSERT_NE(a.e, nullptr);
+  ASSERT_NE(b.e, nullptr);
+  float f[1] = {};
+  EXPECT_EQ(zinf_engine_set_master_weights(a.e, 0, f, 1), ZINF_ERR_USAGE);
+  const std::string msg = zinf_last_error();
+  EXPECT_EQ(zinf_engine_last_error(a.e), msg);
+  EXPECT_STREQ(zinf_engine_last_error(b.e), "");
+  std::string other_thread = "unset";
+  std::thread([&] { other_thread = zinf_last_error(); }).join();
+  EXPECT_EQ(other_thread, "");
+  // A successful call leaves both messages as they were.
+  std::size_t n = 0;
+  EXPECT_EQ(zinf_engine_layer_count(a.e, &n), ZINF_OK);
+  EXPECT_EQ(zinf_last_error(), msg);
+  EXPECT_EQ(zinf_engine_last_error(a.e), msg);
+}
+
+// Set weights, fetch (bytes = bf16/fp16 of them), step with gradients, read: the master
+// weights equal those of the C++ engine doing the same, bit for bit.
+TEST(CApi, RoundTripMatchesTheCppEngine) {
+  Engine h;
+  ASSERT_NE(h.e, nullptr);
+  std::vector<off::LayerSpec> specs = {{"a", 1000, off::DType::kBF16}, {"b", 257, off::DType::kF16}};
+  auto device = zinf::cuda::make_device({.kind = zinf::cuda::DeviceKind::kHost});
+  zinf::cuda::Stream stream = device->create_stream();
+  off::OffloadEngine cpp(off::parse_config(kConfig), specs, *device, stream);
+
+  std::vector<std::vector<float>> w(2), g(2);
+  for (std::size_t l = 0; l < 2; ++l) {
+    w[l] = weights_of(specs[l].numel, 0.01f * static_cast<float>(l + 1));
+    g[l] = grads_of(specs[l].numel);
+    ASSERT_EQ(zinf_engine_set_master_weights(h.e, l, w[l].data(), w[l].size()), ZINF_OK)
+        << zinf_last_error();
+    cpp.set_master_weights(l, w[l]);
+  }
+  // Layer 0 is bf16: its fetched bytes are the round-to-nearest-even bf16 of the weights.
+  void* data = nullptr;
+  std::size_t bytes = 0;
+  ASSERT_EQ(zinf_engine_fetch(h.e, 0, &data, &bytes), ZINF_OK) << zinf_last_error();
+  ASSERT_EQ(bytes, 2000u);
+  std::vector<std::uint16_t> fetched(1000);
+  std::memcpy(fetched.data(), data, bytes);
+  ASSERT_EQ(zinf_engine_release(h.e, 0), ZINF_OK) << zinf_last_error();
+  for (std::size_t i = 0; i < 1000; ++i) ASSERT_EQ(fetched[i], bf16_of(w[0][i])) << i;
+  // Layer 1 (fp16): the same bytes as the C++ engine's fetch.
+  ASSERT_EQ(zinf_engine_fetch(h.e, 1, &data, &bytes), ZINF_OK) << zinf_last_error();
+  zinf::cuda::DeviceSpan cpp_span = cpp.fetch(1);
+  device->synchronize(stream);
+  ASSERT_EQ(bytes, cpp_span.size());
+  EXPECT_EQ(std::memcmp(data, cpp_span.data(), bytes), 0);
+  ASSERT_EQ(zinf_engine_release(h.e, 1), ZINF_OK);
+  cpp.release(1);
+
+  for (int step = 0; step < 3; ++step) {
+    for (std::size_t l = 0; l < 2; ++l) {
+      ASSERT_EQ(zinf_engine_set_gradients(h.e, l, g[l].data(), g[l].size(), ZINF_DTYPE_F32),
+                ZINF_OK)
+          << zinf_last_error();
+      cpp.set_gradients(l, off::GradView::f32(g[l]));
+    }
+    zinf_step_stats s{};
+    ASSERT_EQ(zinf_engine_step(h.e, &s), ZINF_OK) << zinf_last_error();
+    const off::StepStats cs = cpp.step();
+    EXPECT_EQ(s.step, cs.step);
+    EXPECT_EQ(s.elements, cs.elements);
+    EXPECT_EQ(s.elements, 1257u);
+  }
+  for (std::size_t l = 0; l < 2; ++l) {
+    std::vector<float> c_out(specs[l].numel), cpp_out(specs[l].numel);
+    ASSERT_EQ(zinf_engine_read_master_weights(h.e, l, c_out.data(), c_out.size()), ZINF_OK);
+    cpp.read_master_weights(l, cpp_out);
+    EXPECT_EQ(std::memcmp(c_out.data(), cpp_out.data(), c_out.size() * sizeof(float)), 0) << l;
+    EXPECT_NE(c_out, w[l]) << "the steps changed nothing";
+  }
+  zinf_stats stats{};
+  ASSERT_EQ(zinf_engine_stats(h.e, &stats), ZINF_OK);
+  const off::EngineStats cpp_stats = cpp.stats();
+  EXPECT_EQ(stats.steps, 3u);
+  EXPECT_EQ(stats.steps, cpp_stats.steps);
+  EXPECT_EQ(stats.last_step.step, cpp_stats.last_step.step);
+  EXPECT_EQ(stats.pinned_bytes_peak, cpp_stats.pinned_bytes_peak);
+}
+
+TEST(CApi, SaveAndLoadRestoreTheWeights) {
+  zinf::test::TestDir dir;
+  Engine h;
+  ASSERT_NE(h.e, nullptr);
+  const std::vector<float> w = weights_of(1000, 0.02f);
+  const std::vector<float> g = grads_of(1000);
+  const std::vector<float> w1 = weights_of(257, 0.03f);
+  ASSERT_EQ(zinf_engine_set_master_weights(h.e, 0, w.data(), 1000), ZINF_OK);
+  ASSERT_EQ(zinf_engine_set_master_weights(h.e, 1, w1.data(), 257), ZINF_OK);
+  const std::string ckpt = dir.subdir("ckpt");
+  ASSERT_EQ(zinf_engine_save(h.e, ckpt.c_str()), ZINF_OK) << zinf_last_error();
+  ASSERT_EQ(zinf_engine_set_gradients(h.e, 0, g.data(), 1000, ZINF_DTYPE_F32), ZINF_OK);
+  ASSERT_EQ(zinf_engine_step(h.e, nullptr), ZINF_OK) << zinf_last_error();
+  ASSERT_EQ(zinf_engine_load(h.e, ckpt.c_str()), ZINF_OK) << zinf_last_error();
+  std::vector<float> out(1000);
+  ASSERT_EQ(zinf_engine_read_master_weights(h.e, 0, out.data(), 1000), ZINF_OK);
+  EXPECT_EQ(out, w);
+
+  const std::string missing = dir.file("nothing-here");
+  EXPECT_NE(zinf_engine_load(h.e, missing.c_str()), ZINF_OK);
+  EXPECT_NE(std::string(zinf_last_error()).find(missing), std::string::npos) << zinf_last_error();
+}
+
+TEST(CApi, HyperParametersRoundTrip) {
+  Engine h;
+  ASSERT_NE(h.e, nullptr);
+  zinf_adam_params p{};
+  ASSERT_EQ(zinf_engine_get_hyper(h.e, &p), ZINF_OK);
+  EXPECT_DOUBLE_EQ(p.lr, 0.01);
+  EXPECT_DOUBLE_EQ(p.weight_decay, 0.1);
+  EXPECT_EQ(p.adamw, 1);
+  EXPECT_EQ(p.bias_correction, 1);
+  p.lr = 0.5;
+  ASSERT_EQ(zinf_engine_set_hyper(h.e, &p), ZINF_OK) << zinf_last_error();
+  zinf_adam_params q{};
+  ASSERT_EQ(zinf_engine_get_hyper(h.e, &q), ZINF_OK);
+  EXPECT_DOUBLE_EQ(q.lr, 0.5);
+  q.beta1 = 1.5;  // out of [0, 1): the optimizer's check, and nothing changes
+  EXPECT_EQ(zinf_engine_set_hyper(h.e, &q), ZINF_ERR_USAGE);
+  EXPECT_NE(std::string(zinf_last_error()).find("beta1"), std::string::npos) << zinf_last_error();
+  ASSERT_EQ(zinf_engine_get_hyper(h.e, &p), ZINF_OK);
+  EXPECT_DOUBLE_EQ(p.beta1, 0.9);
+}
+
+TEST(CApi, CallableFromC99) {
+  char message[512] = {};
+  EXPECT_EQ(zinf_capi_c_smoke(message, sizeof message), 0) << message;
+}
+
+}  // namespace
