@@ -14,28 +14,14 @@
 
 #include <nlohmann/json.hpp>
 #include "support/test_dir.h"
+#include "support/tool_run.h"
 #include "zinf/offload/config.h"
 
 namespace {
 
-struct ToolRun {
-  int status = -1;
-  std::string out;  // stdout and stderr together
-};
-
-ToolRun run_shell(const std::string& cmd) {
-  ToolRun r;
-  std::FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf{};
-  std::size_t n = 0;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int st = ::pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
-
-ToolRun run_zinf(const std::string& args) { return run_shell(std::string(ZINF_TOOL_PATH) + " " + args); }
+using zinf::test::run_shell;
+using zinf::test::run_zinf;
+using zinf::test::ToolRun;
 
 std::string slurp(const std::string& path) {
   std::ifstream f(path);

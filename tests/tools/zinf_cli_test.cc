@@ -11,26 +11,13 @@
 #include <gtest/gtest.h>
 
 #include "support/test_dir.h"
+#include "support/tool_run.h"
 
 namespace {
 
-struct ToolRun {
-  int status = -1;
-  std::string out;  // stdout and stderr together
-};
-
-ToolRun run_zinf(const std::string& args) {
-  ToolRun r;
-  std::string cmd = std::string(ZINF_TOOL_PATH) + " " + args + " 2>&1";
-  std::FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf{};
-  std::size_t n = 0;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int st = ::pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+using zinf::test::run_shell;
+using zinf::test::run_zinf;
+using zinf::test::ToolRun;
 
 TEST(ZinfCli, NoArgumentsPrintsUsageAndExits2) {
   ToolRun r = run_zinf("");
