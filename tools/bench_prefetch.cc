@@ -74,16 +74,6 @@ struct Config {
   bool json = false;
 };
 
-void check_dir(const std::string& dir) {
-  std::error_code ec;
-  auto st = std::filesystem::status(dir, ec);
-  if (ec || !std::filesystem::exists(st)) throw UsageError("directory does not exist: " + dir);
-  if (!std::filesystem::is_directory(st)) throw UsageError("not a directory: " + dir);
-  if (::access(dir.c_str(), W_OK) != 0) {
-    throw UsageError("directory is not writable: " + dir + " (" + std::strerror(errno) + ")");
-  }
-}
-
 Config parse(const std::vector<std::string>& tokens, bool* help) {
   Args a("bench prefetch", tokens);
   Config c;

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_common.h"
 #include "cli_args.h"
 #include "commands.h"
 #include "json_writer.h"
@@ -106,16 +107,6 @@ std::chrono::milliseconds parse_duration(const std::string& text) {
   }
   if (!(ms >= 1) || ms > 7 * 24 * 3600e3) throw bad();
   return std::chrono::milliseconds(static_cast<std::int64_t>(ms));
-}
-
-void check_dir(const std::string& dir) {
-  std::error_code ec;
-  auto st = std::filesystem::status(dir, ec);
-  if (ec || !std::filesystem::exists(st)) throw UsageError("directory does not exist: " + dir);
-  if (!std::filesystem::is_directory(st)) throw UsageError("not a directory: " + dir);
-  if (::access(dir.c_str(), W_OK) != 0) {
-    throw UsageError("directory is not writable: " + dir + " (" + std::strerror(errno) + ")");
-  }
 }
 
 Config parse(const std::vector<std::string>& tokens, bool* help) {

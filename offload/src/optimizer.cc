@@ -779,20 +779,26 @@ void OffloadedOptimizer::step_group(std::size_t group_index, GradView grads, Cop
   Impl& im = *impl_;
   im.check_usable();
   im.validate_group_grads(group_index, grads, out);
-  const ParamGroupSpec& g = im.groups[group_index];
-  std::lock_guard lk(im.mu);
-  if (!im.run.active) throw UsageError("OffloadedOptimizer::step_group: no open step (begin_step)");
-  if (im.run.given[group_index]) {
+  im.queue_group(group_index, grads, out, nullptr);
+}
+
+void OffloadedOptimizer::Impl::queue_group(std::size_t group_index, const GradView& grads,
+                                           const CopyOut& out,
+                                           const std::shared_ptr<const StoreCopyOut>& target) {
+  const ParamGroupSpec& g = groups[group_index];
+  std::lock_guard lk(mu);
+  if (!run.active) throw UsageError("OffloadedOptimizer::step_group: no open step (begin_step)");
+  if (run.given[group_index]) {
     throw UsageError("OffloadedOptimizer::step_group: group '" + g.name +
                      "' was already given in this step");
   }
-  im.run.given[group_index] = true;
-  for (std::size_t ri : im.group_records[group_index]) {
-    const Record& rec = im.records[ri];
-    im.run.tasks.push_back(
-        {ri, slice(grads, rec.offset, rec.numel), slice(out, rec.offset, rec.numel), nullptr});
+  run.given[group_index] = true;
+  for (std::size_t ri : group_records[group_index]) {
+    const Record& rec = records[ri];
+    run.tasks.push_back(
+        {ri, slice(grads, rec.offset, rec.numel), slice(out, rec.offset, rec.numel), target});
   }
-  im.cv.notify_all();
+  cv.notify_all();
 }
 
 void OffloadedOptimizer::Impl::validate_store_out(std::size_t group_index,
@@ -839,20 +845,7 @@ void OffloadedOptimizer::step_group(std::size_t group_index, GradView grads, con
   im.check_usable();
   im.validate_group_grads(group_index, grads, CopyOut::none());
   im.validate_store_out(group_index, out);
-  const ParamGroupSpec& g = im.groups[group_index];
-  auto target = std::make_shared<const StoreCopyOut>(out);
-  std::lock_guard lk(im.mu);
-  if (!im.run.active) throw UsageError("OffloadedOptimizer::step_group: no open step (begin_step)");
-  if (im.run.given[group_index]) {
-    throw UsageError("OffloadedOptimizer::step_group: group '" + g.name +
-                     "' was already given in this step");
-  }
-  im.run.given[group_index] = true;
-  for (std::size_t ri : im.group_records[group_index]) {
-    const Record& rec = im.records[ri];
-    im.run.tasks.push_back({ri, slice(grads, rec.offset, rec.numel), CopyOut::none(), target});
-  }
-  im.cv.notify_all();
+  im.queue_group(group_index, grads, CopyOut::none(), std::make_shared<const StoreCopyOut>(out));
 }
 
 StepStats OffloadedOptimizer::end_step() {

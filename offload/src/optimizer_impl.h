@@ -138,6 +138,10 @@ struct OffloadedOptimizer::Impl {
   void compute(const AdamParams& hp, const Task& t, std::byte* base);
   // UsageError unless `grads` and `out` fit the group and the group has state.
   void validate_group_grads(std::size_t group, const GradView& grads, const CopyOut& out) const;
+  // Queues a validated group's sub-group tasks in the open step (UsageError if none is open or
+  // the group was given already), with either a caller-buffer copy-out or a store target.
+  void queue_group(std::size_t group, const GradView& grads, const CopyOut& out,
+                   const std::shared_ptr<const StoreCopyOut>& target);
 
   void save(const std::string& dir);
   void load(const std::string& dir);
