@@ -100,20 +100,17 @@ class Mlp {
   std::size_t next_backward_ = 0; // the layer backward() expects next, + 1 (0: none)
 };
 
-/// The teacher: fixed parameters of every layer and its forward pass, giving the targets.
-class Teacher {
- public:
-  Teacher(MlpShape shape, std::uint64_t seed);
-  /// Writes step `step`'s inputs into net.input() and returns the teacher's outputs for them.
-  std::span<const float> make_batch(Mlp& net, std::uint64_t step);
-
- private:
-  MlpShape shape_;
-  std::uint64_t seed_;
-  std::vector<std::vector<float>> params_;
-  Mlp net_;
-  std::vector<float> target_;
+/// The training set: `batch` input samples (batch x hidden, uniform in [-1, 1)) and the
+/// teacher's outputs for them. Every step trains on the whole set (full-batch training), so the
+/// loss curve is the training loss itself, without sampling noise.
+struct TrainingSet {
+  std::vector<float> inputs;
+  std::vector<float> targets;
 };
+
+/// Makes the training set for `shape` from `seed`: inputs from make_inputs(seed, 0), targets
+/// from a forward pass of the teacher (init_teacher_layer for every layer). Deterministic.
+TrainingSet make_training_set(MlpShape shape, std::uint64_t seed);
 
 /// What a reference run gives: the loss of every step and the final fp32 master weights of
 /// every layer.

@@ -40,10 +40,9 @@ TEST(DemoModel, GradientsMatchFiniteDifferences) {
     }
   }
   Mlp net(shape);
-  Teacher teacher(shape, seed);
-  const std::vector<float> target(teacher.make_batch(net, 0).begin(),
-                                  teacher.make_batch(net, 0).end());
-  const std::vector<float> x(net.input().begin(), net.input().end());
+  const TrainingSet data = make_training_set(shape, seed);
+  const std::vector<float>& target = data.targets;
+  const std::vector<float>& x = data.inputs;
 
   Params grads(shape.layers, std::vector<float>(layer_numel(shape.hidden)));
   const double base = loss_of(net, p, x, target);
@@ -77,8 +76,9 @@ TEST(DemoModel, SameInputsGiveBitwiseSameResults) {
   double loss1 = 0, loss2 = 0;
   for (int run = 0; run < 2; ++run) {
     Mlp net(shape);
-    Teacher teacher(shape, 3);
-    const std::span<const float> t = teacher.make_batch(net, 5);
+    const TrainingSet data = make_training_set(shape, 3);
+    const std::vector<float>& t = data.targets;
+    std::copy(data.inputs.begin(), data.inputs.end(), net.input().begin());
     for (std::size_t l = 0; l < shape.layers; ++l) net.forward(l, p[l]);
     (run == 0 ? loss1 : loss2) = net.loss(t);
     auto& g = run == 0 ? g1 : g2;
@@ -150,11 +150,32 @@ TEST(DemoModel, RejectsMisuse) {
   net.backward(0, p, g);
 }
 
+TEST(DemoModel, TrainingSetIsTheTeachersOutputOnFixedInputs) {
+  const MlpShape shape{2, 8, 3};
+  const TrainingSet a = make_training_set(shape, 11);
+  const TrainingSet b = make_training_set(shape, 11);
+  EXPECT_EQ(a.inputs, b.inputs);
+  EXPECT_EQ(a.targets, b.targets);
+  ASSERT_EQ(a.targets.size(), 24u);
+  // The targets are the teacher's forward pass, recomputed here by hand.
+  Mlp teacher(shape);
+  std::copy(a.inputs.begin(), a.inputs.end(), teacher.input().begin());
+  std::vector<float> p(layer_numel(8));
+  for (std::size_t l = 0; l < 2; ++l) {
+    init_teacher_layer(p, 8, 11, l);
+    teacher.forward(l, p);
+  }
+  EXPECT_TRUE(std::equal(a.targets.begin(), a.targets.end(), teacher.output().begin()));
+  EXPECT_NE(make_training_set(shape, 12).targets, a.targets);
+}
+
 TEST(DemoModel, ReferenceTrainingLearnsTheTeacher) {
   offload::AdamParams hyper;
   hyper.lr = 1e-2;
   const ReferenceRun run = train_reference(MlpShape{3, 32, 16}, 1, 60, hyper);
   ASSERT_EQ(run.losses.size(), 60u);
+  ASSERT_EQ(run.master.size(), 3u);
+  EXPECT_EQ(run.master, train_reference(MlpShape{3, 32, 16}, 1, 60, hyper).master);
   EXPECT_LT(run.losses.back(), 0.5 * run.losses.front())
       << "first " << run.losses.front() << " last " << run.losses.back();
 }
