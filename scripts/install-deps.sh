@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config liburing-dev libboost-dev
-          libgtest-dev libbenchmark-dev fio python3)
+          libgtest-dev libbenchmark-dev nlohmann-json3-dev fio python3)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "chunk_pool.h"
 #include "cpu_adam_kernel.h"
@@ -357,6 +358,48 @@ void CpuAdam::step(const AdamParams& hp, std::span<float> params, std::span<floa
   job.args.out = out.enabled ? out.data : nullptr;
   job.args.out_type = elem_type(out.dtype);
   impl_->pool.run(n, params.data(), sizeof(float), run_adam_chunk, &job);
+}
+
+void CpuAdam::copy_out(std::span<const float> params, CopyOut out) {
+  const std::size_t n = params.size();
+  check_array("params", params.data(), n, n);
+  if (!out.enabled || out.dtype == DType::kF32) {
+    throw UsageError("cpu adam: copy_out needs a bf16 or fp16 copy-out");
+  }
+  check_array("copy-out", out.data, out.size, n);
+  // The kernel itself, with an update that leaves every parameter exactly as it is, so that
+  // the conversion is the very code (and ISA) of step()'s copy-out: zero gradients and moments
+  // give m / denom = 0 with denom = eps = 1, and p = fma(-0.0f, 0, p) is p bit for bit
+  // (-0 + p keeps the sign of a zero p). Chunks through small scratch arrays on this thread.
+  constexpr std::size_t kChunk = 16384;
+  const std::size_t c = std::min(n, kChunk);
+  std::vector<float> p(c), zeros(c * 3, 0.0f);
+  detail::KernelArgs a{};
+  a.grad_type = detail::ElemType::kF32;
+  a.out_type = elem_type(out.dtype);
+  a.decay_kind = detail::DecayKind::kNone;
+  a.grad_scale = 1.0f;
+  a.weight_decay = 0.0f;
+  a.decay_factor = 1.0f;
+  a.beta1 = 0.0f;
+  a.one_minus_beta1 = 1.0f;
+  a.beta2 = 0.0f;
+  a.one_minus_beta2 = 1.0f;
+  a.inv_sqrt_bc2 = 1.0f;
+  a.eps = 1.0f;
+  a.neg_step_size = -0.0f;
+  const std::size_t elem = dtype_bytes(out.dtype);
+  for (std::size_t begin = 0; begin < n; begin += kChunk) {
+    const std::size_t len = std::min(kChunk, n - begin);
+    std::copy_n(params.data() + begin, len, p.data());
+    std::fill(zeros.begin(), zeros.end(), 0.0f);
+    a.params = p.data();
+    a.m = zeros.data();
+    a.v = zeros.data() + c;
+    a.grads = zeros.data() + 2 * c;
+    a.out = static_cast<std::byte*>(out.data) + begin * elem;
+    impl_->kernel(a, 0, len);
+  }
 }
 
 struct StreamRmw::Impl {

@@ -74,7 +74,87 @@ CopyOut slice(const CopyOut& o, std::uint64_t offset, std::uint64_t n) {
   return {base + offset * dtype_bytes(o.dtype), n, o.dtype, true};
 }
 
+// What the pinned budget must hold, and how to say it in an error.
+struct PinnedPlan {
+  std::uint64_t need = 0;
+  std::string what;
+};
+
+std::uint64_t copy_out_staging_bytes(std::uint64_t sub, std::uint64_t max_group_numel,
+                                     std::uint32_t alignment) {
+  return round_up(std::min(sub, max_group_numel) * 2, alignment);
+}
+
+PinnedPlan plan_pinned(const OptimizerOptions& o, std::uint64_t sub, std::uint64_t max_record_bytes,
+                       std::uint64_t state_bytes, std::size_t record_count,
+                       std::uint64_t max_group_numel, std::uint32_t alignment) {
+  PinnedPlan plan;
+  if (o.tier == StateTier::kNvme) {
+    plan.need = std::uint64_t{o.pipeline_depth} * max_record_bytes;
+    plan.what = "the pipeline: depth " + std::to_string(o.pipeline_depth) + " x " +
+                std::to_string(max_record_bytes) + "-byte sub-group buffers (" +
+                std::to_string(std::min(sub, max_record_bytes / kStateBytesPerElement)) +
+                " elements x 12 bytes, padded to " + std::to_string(alignment) + ") = " +
+                std::to_string(plan.need) + " bytes";
+  } else {
+    plan.need = state_bytes;
+    plan.what = "the cpu-tier state: " + std::to_string(record_count) +
+                " sub-groups of 12 bytes per element, each padded to " + std::to_string(alignment) +
+                ", = " + std::to_string(plan.need) + " bytes";
+  }
+  if (o.store_copy_out) {
+    const std::uint64_t staging = copy_out_staging_bytes(sub, max_group_numel, alignment);
+    const std::uint64_t count = copy_out_buffer_count(o);
+    plan.need += count * staging;
+    plan.what += ", plus the copy-out staging: " + std::to_string(count) + " x " +
+                 std::to_string(staging) + " bytes";
+  }
+  return plan;
+}
+
 }  // namespace
+
+std::uint32_t copy_out_buffer_count(const OptimizerOptions& options) {
+  return std::max<std::uint32_t>(options.pipeline_depth, 2);
+}
+
+std::uint64_t store_copy_out_sub_group(std::uint64_t requested, const swap::SwapStore& store) {
+  const std::uint64_t unit = store.checksums()
+                                 ? std::max<std::uint64_t>(store.stripe_bytes(), store.alignment())
+                                 : store.alignment();
+  return round_up(std::max<std::uint64_t>(requested, 1) * 2, unit) / 2;
+}
+
+std::uint64_t optimizer_pinned_bytes_needed(const OptimizerOptions& options,
+                                            const std::vector<ParamGroupSpec>& groups) {
+  if (groups.empty()) throw UsageError("OffloadedOptimizer: no parameter groups");
+  if (options.sub_group_elements == 0) {
+    throw UsageError("OffloadedOptimizer: sub_group_elements must be at least 1");
+  }
+  std::uint32_t alignment = 4096;
+  if (options.tier == StateTier::kNvme) {
+    for (const auto& d : options.directories) {
+      alignment = std::max(alignment, swap::probe_direct_io_alignment(d));
+    }
+  }
+  const std::uint64_t sub = options.sub_group_elements;
+  std::uint64_t max_record = 0;
+  std::uint64_t state = 0;
+  std::uint64_t max_numel = 0;
+  std::size_t count = 0;
+  for (const auto& g : groups) {
+    max_numel = std::max(max_numel, g.numel);
+    const std::uint64_t full = g.numel / sub;
+    const std::uint64_t rest = g.numel % sub;
+    const std::uint64_t full_bytes = round_up(sub * kStateBytesPerElement, alignment);
+    const std::uint64_t rest_bytes = round_up(rest * kStateBytesPerElement, alignment);
+    if (full > 0) max_record = std::max(max_record, full_bytes);
+    if (rest > 0) max_record = std::max(max_record, rest_bytes);
+    state += full * full_bytes + rest_bytes;
+    count += static_cast<std::size_t>(full + (rest > 0 ? 1 : 0));
+  }
+  return plan_pinned(options, sub, max_record, state, count, max_numel, alignment).need;
+}
 
 StateTier parse_state_tier(std::string_view text, std::string_view what) {
   if (text == "cpu") return StateTier::kCpu;
@@ -168,21 +248,12 @@ OffloadedOptimizer::Impl::Impl(OptimizerOptions o, std::vector<ParamGroupSpec> g
   initialized.assign(groups.size(), false);
 
   // The pinned-memory budget must hold the pipeline: checked before anything is created.
-  std::uint64_t need = 0;
-  std::string what;
-  if (nvme()) {
-    need = std::uint64_t{options.pipeline_depth} * max_record_bytes;
-    what = "the pipeline: depth " + std::to_string(options.pipeline_depth) + " x " +
-           std::to_string(max_record_bytes) + "-byte sub-group buffers (" +
-           std::to_string(std::min(sub, max_record_bytes / kStateBytesPerElement)) +
-           " elements x 12 bytes, padded to " + std::to_string(alignment) + ") = " +
-           std::to_string(need) + " bytes";
-  } else {
-    need = state_bytes;
-    what = "the cpu-tier state: " + std::to_string(records.size()) +
-           " sub-groups of 12 bytes per element, each padded to " + std::to_string(alignment) +
-           ", = " + std::to_string(need) + " bytes";
-  }
+  std::uint64_t max_group_numel = 0;
+  for (const auto& grp : groups) max_group_numel = std::max(max_group_numel, grp.numel);
+  const PinnedPlan plan = plan_pinned(options, sub, max_record_bytes, state_bytes, records.size(),
+                                      max_group_numel, alignment);
+  const std::uint64_t need = plan.need;
+  const std::string& what = plan.what;
   if (options.pinned_budget_bytes < need) {
     throw UsageError("OffloadedOptimizer: pinned_budget_bytes=" +
                      std::to_string(options.pinned_budget_bytes) + " cannot hold " + what +
@@ -228,6 +299,13 @@ OffloadedOptimizer::Impl::Impl(OptimizerOptions o, std::vector<ParamGroupSpec> g
     (void)engine->register_buffers(std::span<const std::span<std::byte>>(&arena, 1));
   } else {
     for (auto& r : records) r.state = pool->acquire(r.padded);
+  }
+  if (options.store_copy_out) {
+    const std::uint64_t bytes = copy_out_staging_bytes(sub, max_group_numel, alignment);
+    for (std::uint32_t i = 0; i < copy_out_buffer_count(options); ++i) {
+      out_staging.push_back(pool->acquire(bytes));
+    }
+    out_slots.resize(out_staging.size());
   }
 
   pipeline = std::jthread([this] { pipeline_main(); });
@@ -347,17 +425,24 @@ void OffloadedOptimizer::Impl::ring_pipeline(
 bool OffloadedOptimizer::Impl::pipeline_can_progress(std::size_t c, std::size_t r) const {
   if (!run.active || run.finished) return false;
   const std::size_t n = run.tasks.size();
-  const bool idle = std::none_of(slots.begin(), slots.end(),
-                                 [](const Slot& s) { return s.reading || s.writing; });
-  if (run.closed && c >= n && idle) return true;  // finish the step
+  if (run.closed && c >= n && io_idle()) return true;  // finish the step
   if (!run.error.ok()) return c < n || r < n;     // drop queued tasks
-  if (!nvme()) return c < n;
+  // A task with a StoreCopyOut also needs its staging buffer's previous write to be over.
+  auto out_free = [&](std::size_t t) {
+    return !run.tasks[t].store_out || !out_slots[t % out_slots.size()].writing;
+  };
+  if (!nvme()) return c < n && out_free(c);
   const std::size_t depth = slots.size();
   if (r < n && r < c + depth) {
     const Slot& s = slots[r % depth];
     if (!s.reading && !s.writing) return true;  // start a read
   }
-  return c < r && !slots[c % depth].reading;    // update the next task
+  return c < r && !slots[c % depth].reading && out_free(c);  // update the next task
+}
+
+bool OffloadedOptimizer::Impl::io_idle() const {
+  return std::none_of(slots.begin(), slots.end(), [](const Slot& s) { return s.reading || s.writing; }) &&
+         std::none_of(out_slots.begin(), out_slots.end(), [](const OutSlot& s) { return s.writing; });
 }
 
 void OffloadedOptimizer::Impl::compute(const AdamParams& hp, const Task& t, std::byte* base) {
@@ -390,6 +475,17 @@ void OffloadedOptimizer::Impl::pipeline_main() {
         run.reads.emplace_back(at, now);
         if (s.ok()) run.stats.bytes_read += bytes;
       }
+      if (!s.ok() && run.error.ok()) run.error = s;
+      cv.notify_all();
+    };
+  };
+  // Completion callback of a copy-out write (runs on the parameter store's engine thread).
+  auto on_out_done = [this](std::size_t oi, std::uint64_t bytes, OptClock::time_point at) {
+    return [this, oi, bytes, at](const Status& s) {
+      std::lock_guard g(mu);
+      out_slots[oi].writing = false;
+      run.writes.emplace_back(at, OptClock::now());
+      if (s.ok()) run.stats.copy_out_bytes += bytes;
       if (!s.ok() && run.error.ok()) run.error = s;
       cv.notify_all();
     };
@@ -439,8 +535,15 @@ void OffloadedOptimizer::Impl::pipeline_main() {
     }
 
     // Update the next task once its record is in, then write it back.
-    if (run.error.ok() && c < r && (!nvme() || !slots[c % depth].reading)) {
-      const Task task = run.tasks[c];
+    if (run.error.ok() && c < r && (!nvme() || !slots[c % depth].reading) &&
+        (!run.tasks[c].store_out || !out_slots[c % out_slots.size()].writing)) {
+      Task task = run.tasks[c];
+      const std::size_t oi = task.store_out ? c % out_slots.size() : 0;
+      if (task.store_out) {
+        out_slots[oi].writing = true;  // reserved until the copy-out write completes
+        task.out = {out_staging[oi].data(), static_cast<std::size_t>(records[task.record].numel),
+                    task.store_out->dtype, true};
+      }
       const AdamParams hp = run.hp;
       const Record& rec = records[task.record];
       const std::size_t si = nvme() ? c % depth : 0;
@@ -457,6 +560,24 @@ void OffloadedOptimizer::Impl::pipeline_main() {
         err = current_exception_status();
       }
       const auto t1 = OptClock::now();
+      swap::IoTicket ot;
+      bool out_submitted = false;
+      if (!err && task.store_out) {
+        const StoreCopyOut& so = *task.store_out;
+        const std::uint64_t len = rec.numel * 2;
+        const std::uint64_t padded = so.store->padded_size(len);
+        // The range's padding (at the tensor's end) is written too: zero it, so that the
+        // stored bytes are deterministic.
+        std::memset(out_staging[oi].data() + len, 0, padded - len);
+        try {
+          ot = so.store->swap_out_range(so.key, rec.offset * 2, len,
+                                        out_staging[oi].span().first(padded),
+                                        on_out_done(oi, len, t1));
+          out_submitted = true;
+        } catch (...) {
+          err = current_exception_status();
+        }
+      }
       swap::IoTicket wt;
       bool submitted = false;
       if (!err && nvme()) {
@@ -469,6 +590,14 @@ void OffloadedOptimizer::Impl::pipeline_main() {
       }
       lk.lock();
       run.stats.compute_seconds += std::chrono::duration<double>(t1 - t0).count();
+      if (task.store_out) {
+        if (out_submitted) {
+          run.modified = true;  // the parameter store's key changed
+          out_slots[oi].write = std::move(ot);
+        } else {
+          out_slots[oi].writing = false;
+        }
+      }
       if (nvme()) {
         if (submitted) {
           run.modified = true;
@@ -487,15 +616,14 @@ void OffloadedOptimizer::Impl::pipeline_main() {
     }
 
     // Close the step once end_step() asked, every task is done and no I/O is in flight.
-    const bool idle = std::none_of(slots.begin(), slots.end(),
-                                   [](const Slot& s) { return s.reading || s.writing; });
-    if (run.closed && c >= run.tasks.size() && idle) {
+    if (run.closed && c >= run.tasks.size() && io_idle()) {
       run.stats.seconds = std::chrono::duration<double>(OptClock::now() - run.began).count();
       run.stats.read_seconds = union_seconds(run.reads);
       run.stats.write_seconds = union_seconds(run.writes);
       run.stats.step = run.hp.step;
       run.finished = true;
       for (auto& s : slots) s = Slot{};  // drop the tickets
+      for (auto& s : out_slots) s = OutSlot{};
       c = r = 0;
       cv.notify_all();
     }
@@ -661,7 +789,68 @@ void OffloadedOptimizer::step_group(std::size_t group_index, GradView grads, Cop
   im.run.given[group_index] = true;
   for (std::size_t ri : im.group_records[group_index]) {
     const Record& rec = im.records[ri];
-    im.run.tasks.push_back({ri, slice(grads, rec.offset, rec.numel), slice(out, rec.offset, rec.numel)});
+    im.run.tasks.push_back(
+        {ri, slice(grads, rec.offset, rec.numel), slice(out, rec.offset, rec.numel), nullptr});
+  }
+  im.cv.notify_all();
+}
+
+void OffloadedOptimizer::Impl::validate_store_out(std::size_t group_index,
+                                                  const StoreCopyOut& out) const {
+  const ParamGroupSpec& g = groups[group_index];
+  const std::string where = "OffloadedOptimizer::step_group: group '" + g.name + "' copy-out";
+  if (!options.store_copy_out) {
+    throw UsageError(where + " into a swap store needs OptimizerOptions::store_copy_out");
+  }
+  if (out.store == nullptr) throw UsageError(where + ": no swap store");
+  if (out.dtype == DType::kF32) throw UsageError(where + ": dtype must be bf16 or fp16");
+  if (!out.store->contains(out.key)) throw UsageError(where + ": unknown key '" + out.key + "'");
+  if (out.store->size_of(out.key) != g.numel * 2) {
+    throw UsageError(where + ": key '" + out.key + "' holds " +
+                     std::to_string(out.store->size_of(out.key)) + " bytes, the group needs " +
+                     std::to_string(g.numel * 2));
+  }
+  if (out.store->alignment() > alignment ||
+      out.store->padded_size(std::min(options.sub_group_elements, g.numel) * 2) >
+          out_staging.front().size()) {
+    throw UsageError(where + ": the store's alignment " + std::to_string(out.store->alignment()) +
+                     " exceeds the optimizer's " + std::to_string(alignment));
+  }
+  if (group_records[group_index].size() > 1) {
+    const bool sums = out.store->checksums();
+    const std::uint64_t unit = sums ? std::max<std::uint64_t>(out.store->stripe_bytes(),
+                                                              out.store->alignment())
+                                    : out.store->alignment();
+    const std::uint64_t bytes = options.sub_group_elements * 2;
+    if (bytes % unit != 0) {
+      throw UsageError(where + " into key '" + out.key + "': sub-group bytes (2 x " +
+                       std::to_string(options.sub_group_elements) + " = " + std::to_string(bytes) +
+                       ") must be a multiple of " + std::to_string(unit) +
+                       (sums ? " (the store's stripe_bytes, with checksums)" : " (the store's alignment)") +
+                       "; sub_group_elements " +
+                       std::to_string(store_copy_out_sub_group(options.sub_group_elements, *out.store)) +
+                       " works");
+    }
+  }
+}
+
+void OffloadedOptimizer::step_group(std::size_t group_index, GradView grads, const StoreCopyOut& out) {
+  Impl& im = *impl_;
+  im.check_usable();
+  im.validate_group_grads(group_index, grads, CopyOut::none());
+  im.validate_store_out(group_index, out);
+  const ParamGroupSpec& g = im.groups[group_index];
+  auto target = std::make_shared<const StoreCopyOut>(out);
+  std::lock_guard lk(im.mu);
+  if (!im.run.active) throw UsageError("OffloadedOptimizer::step_group: no open step (begin_step)");
+  if (im.run.given[group_index]) {
+    throw UsageError("OffloadedOptimizer::step_group: group '" + g.name +
+                     "' was already given in this step");
+  }
+  im.run.given[group_index] = true;
+  for (std::size_t ri : im.group_records[group_index]) {
+    const Record& rec = im.records[ri];
+    im.run.tasks.push_back({ri, slice(grads, rec.offset, rec.numel), CopyOut::none(), target});
   }
   im.cv.notify_all();
 }

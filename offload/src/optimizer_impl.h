@@ -43,6 +43,15 @@ struct Task {
   std::size_t record = 0;
   GradView grads;
   CopyOut out;
+  // StoreCopyOut: the target (shared by the group's tasks); out is then set by the pipeline
+  // to a staging buffer, written to the key at byte 2 x Record::offset.
+  std::shared_ptr<const StoreCopyOut> store_out;
+};
+
+/// A copy-out staging buffer as the step pipeline sees it (guarded by Impl::mu).
+struct OutSlot {
+  bool writing = false;  // the swap_out_range from this buffer is in flight
+  swap::IoTicket write;
 };
 
 /// A ring buffer as the step pipeline sees it (guarded by Impl::mu).
@@ -88,6 +97,7 @@ struct OffloadedOptimizer::Impl {
   std::unique_ptr<swap::SwapStore> store;
   std::vector<Record> records;
   std::vector<swap::BufferLease> ring;  // kNvme
+  std::vector<swap::BufferLease> out_staging;  // options.store_copy_out
   CpuAdam adam;
 
   AdamParams hyper;
@@ -98,10 +108,13 @@ struct OffloadedOptimizer::Impl {
   std::condition_variable cv;
   StepRun run;                 // guarded by mu
   std::vector<Slot> slots;     // guarded by mu
+  std::vector<OutSlot> out_slots;  // guarded by mu; one per out_staging buffer
   bool stop = false;           // guarded by mu
   std::jthread pipeline;       // last: joined first
 
   bool nvme() const noexcept { return options.tier == StateTier::kNvme; }
+  bool io_idle() const;  // no read, write-back or copy-out write in flight (mu held)
+  void validate_store_out(std::size_t group, const StoreCopyOut& out) const;
   void check_usable() const;   // EngineFailed once failed
   void check_idle(const char* what) const;  // UsageError inside a step
   void fail(const Status& cause);
@@ -129,6 +142,9 @@ struct OffloadedOptimizer::Impl {
   void save(const std::string& dir);
   void load(const std::string& dir);
 };
+
+/// The copy-out staging buffers options.store_copy_out reserves.
+std::uint32_t copy_out_buffer_count(const OptimizerOptions& options);
 
 /// Validates hyper-parameters as CpuAdam::step would, so that a bad value is a UsageError at
 /// the call that sets it, never inside the pipeline.

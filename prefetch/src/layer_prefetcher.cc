@@ -103,6 +103,9 @@ struct Slot {
   cuda::Event copy_event;     // recorded on the copy stream after the copy of the latest issue
   cuda::Event release_event;  // recorded on the compute stream by release()
   std::uint64_t generation = 0;  // issues so far
+  // suspend() .. resume(): the layer's stored bytes are being rewritten; never issued, never
+  // handed out, and no copy of it is kept in the window.
+  bool suspended = false;
   // The generation whose copy has completed, stored by the copy stream's host function and
   // read by the compute stream's probe (late or not).
   std::shared_ptr<std::atomic<std::uint64_t>> copied_generation =
@@ -504,7 +507,7 @@ void LayerPrefetcher::Impl::fill_window() {
   const std::size_t n = std::min(options.depth, order.size());
   for (std::size_t k = 0; k < n; ++k) {
     const std::size_t layer = order[(position + k) % order.size()];
-    if (slots[layer].state != SlotState::kIdle) continue;
+    if (slots[layer].state != SlotState::kIdle || slots[layer].suspended) continue;
     if (window_count() >= options.depth + 1) break;
     if (!try_issue(layer)) break;  // keep the order: no smaller later layer jumps the queue
   }
@@ -599,6 +602,10 @@ cuda::DeviceSpan LayerPrefetcher::acquire(std::size_t layer) {
   std::unique_lock lock(m.mu);
   m.check_failed();
   Slot& s = m.slot_of(layer, "acquire");
+  if (s.suspended) {
+    throw UsageError("layer prefetcher: acquire of layer " + std::to_string(layer) +
+                     ", which is suspended (resume it first)");
+  }
   if (s.state == SlotState::kAcquired) {
     throw UsageError("layer prefetcher: layer " + std::to_string(layer) +
                      " acquired again before its release");
@@ -704,6 +711,67 @@ void LayerPrefetcher::end_iteration() {
   } catch (const DeviceError&) {
     m.fail_and_rethrow(std::current_exception());
   }
+}
+
+void LayerPrefetcher::suspend(std::size_t layer) {
+  Impl& m = *impl_;
+  std::unique_lock lock(m.mu);
+  m.check_failed();
+  Slot& s = m.slot_of(layer, "suspend");
+  if (s.state == SlotState::kAcquired) {
+    throw UsageError("layer prefetcher: suspend of layer " + std::to_string(layer) +
+                     ", which is acquired (release it first)");
+  }
+  if (s.suspended) {
+    throw UsageError("layer prefetcher: suspend of layer " + std::to_string(layer) +
+                     ", which is already suspended");
+  }
+  s.suspended = true;  // from here on nothing issues it
+  try {
+    // Drop every copy of the layer: wait until its read (the store must see no swap_in of the
+    // key once this returns), its copy to the device and the compute stream's use of it are
+    // over, then recycle it. A read still in flight is waited for, never abandoned: its
+    // completion would otherwise copy old bytes into a buffer already given to another layer.
+    for (;;) {
+      const std::uint64_t seen = m.progress->epoch();
+      if (s.state == SlotState::kIdle) break;
+      if (s.issue && s.issue->phase.load(std::memory_order_acquire) == Issue::kFailed &&
+          s.issue->device_failure) {
+        m.fail_and_rethrow(std::make_exception_ptr(DeviceError(s.issue->device_failure_text)));
+      }
+      if (m.issue_done(s) && m.release_done(s)) {
+        if (s.state == SlotState::kWindow) ++m.stats.evictions;
+        m.recycle(s);
+        break;
+      }
+      m.wait_progress(seen, lock);
+    }
+    m.fill_window();
+  } catch (const DeviceError&) {
+    m.fail_and_rethrow(std::current_exception());
+  }
+}
+
+void LayerPrefetcher::resume(std::size_t layer) {
+  Impl& m = *impl_;
+  std::lock_guard lock(m.mu);
+  m.check_failed();
+  Slot& s = m.slot_of(layer, "resume");
+  if (!s.suspended) {
+    throw UsageError("layer prefetcher: resume of layer " + std::to_string(layer) +
+                     ", which is not suspended");
+  }
+  s.suspended = false;
+  try {
+    m.fill_window();
+  } catch (const DeviceError&) {
+    m.fail_and_rethrow(std::current_exception());
+  }
+}
+
+bool LayerPrefetcher::suspended(std::size_t layer) const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->slot_of(layer, "suspended").suspended;
 }
 
 std::size_t LayerPrefetcher::layer_count() const noexcept { return impl_->slots.size(); }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -92,6 +93,12 @@ struct EngineConfig {
   /// Notices from parsing (aliases used, accepted keys that have no effect), one line each.
   std::vector<std::string> notices;
 
+  /// Test-only (never read from or written to JSON): faults injected into the I/O engine of
+  /// the parameter swap store and into the optimizer's (IoOptions::faults), so that tests and
+  /// `zinf stress` can prove how an OffloadEngine handles failed reads and write-backs.
+  std::shared_ptr<swap::FaultPlan> param_faults;
+  std::shared_ptr<swap::FaultPlan> optimizer_faults;
+
   /// The I/O engine options these settings give (aio block + zinf.backend).
   swap::IoOptions io_options() const;
   /// Every NVMe directory for `device`'s state (its nvme_path, then zinf.nvme_paths).
@@ -101,16 +108,20 @@ struct EngineConfig {
 /// Parses a DeepSpeed-style JSON config. `source` names it in errors (a path, or "<string>").
 /// Integers may be written as 1e8 (as DeepSpeed accepts) if the value is integral and fits.
 /// Top-level DeepSpeed keys that zinf does not use (train_batch_size, gradient_clipping, ...)
-/// are accepted. Throws UsageError, one line, "<source>: <json path>: <what>", for malformed
-/// JSON (with line and column), an unknown key ("unknown key 'nvme_pth'; did you mean
+/// are accepted. Throws UsageError, one line, "<source>: <json path>: <what>", for an unknown
+/// key ("<source>: zero_optimization.offload_param.nvme_pth: unknown key; did you mean
 /// 'nvme_path'?"), a value of the wrong type or out of range, and contradictory settings
-/// (e.g. NVMe offload without a path, parameter offload below stage 3). Checks that need the
-/// model (a buffer smaller than the largest layer) happen in OffloadEngine's constructor.
+/// (e.g. NVMe offload without a path, parameter offload below stage 3); malformed JSON reads
+/// "<source>: line L, column C: <what>", a duplicate key "<source>: line L, column C: <json
+/// path>: duplicate key (...)". Checks that need the model (a buffer smaller than the largest
+/// layer) happen in OffloadEngine's constructor. Does not block; thread-safe.
 EngineConfig parse_config(std::string_view json, std::string_view source = "<string>");
 /// Reads and parses a config file. IoError if it cannot be read; UsageError as parse_config.
 EngineConfig load_config(const std::string& path);
 /// Writes `config` as JSON that parse_config reads back to the same settings: DeepSpeed's keys
 /// where DeepSpeed has them, the rest under "zinf". Real JSON booleans and numbers.
+/// `notices` are not written. Throws UsageError for param_dtype kF32, which no config spells
+/// (parameters are bf16 or fp16).
 std::string config_to_json(const EngineConfig& config);
 
 }  // namespace zinf::offload

@@ -138,6 +138,12 @@ class CpuAdam {
   void step(const AdamParams& hp, std::span<float> params, std::span<float> m,
             std::span<float> v, GradView grads, CopyOut out = {});
 
+  /// Writes `params` rounded to `out`'s type (bf16/fp16, round to nearest even) with exactly
+  /// the conversion step()'s copy-out uses on this instance's code path (the kernel itself,
+  /// run as an update that changes nothing), so that a copy made here is bitwise what a step
+  /// would have written. Runs on the calling thread. UsageError for a size mismatch, a null
+  /// pointer or a copy-out that is not bf16/fp16.
+  void copy_out(std::span<const float> params, CopyOut out);
   /// Returns the code path this instance runs.
   Isa isa() const noexcept;
   /// Returns the number of threads that run a step (calling thread included).

@@ -15,6 +15,7 @@
 
 #include "zinf/offload/cpu_adam.h"
 #include "zinf/swap/io_engine.h"
+#include "zinf/swap/swap_store.h"
 
 namespace zinf::offload {
 
@@ -66,6 +67,10 @@ struct OptimizerOptions {
   /// kNvme: write every block of the swap files once at construction, so that write-backs
   /// overwrite blocks rather than fill unwritten extents (faster on most drives).
   bool precondition = false;
+  /// Reserve the pinned staging that step_group(..., StoreCopyOut) writes through:
+  /// max(pipeline_depth, 2) buffers of 2 x sub_group_elements bytes (padded to the
+  /// alignment), counted in pinned_budget_bytes. Without it a StoreCopyOut is a UsageError.
+  bool store_copy_out = false;
   /// Test-only: called on the saving thread as a checkpoint progresses, with the phase
   /// ("data" after each record is written, with the data bytes written so far; "synced",
   /// "committed", "latest", "done") so that a test can kill the process at a chosen point.
@@ -84,7 +89,35 @@ struct StepStats {
   double wait_seconds = 0;         ///< time the pipeline waited for a read or a free buffer
   std::uint64_t bytes_read = 0;    ///< state bytes read (padded records)
   std::uint64_t bytes_written = 0; ///< state bytes written back (padded records)
+  std::uint64_t copy_out_bytes = 0;  ///< low-precision bytes written to a StoreCopyOut key
 };
+
+/// A copy-out that goes straight into a parameter SwapStore key rather than a caller buffer:
+/// each sub-group's updated parameters, rounded to nearest even, are written from a small
+/// pinned staging buffer with swap_out_range at byte offset 2 x (the sub-group's first
+/// element). The key holds the group's numel elements of `dtype` (size_of == 2 x numel).
+/// The store's alignment rules for ranges apply: unless the group is one sub-group, 2 x
+/// sub_group_elements must be a multiple of the store's alignment (and of its stripe_bytes
+/// when it keeps checksums); store_copy_out_sub_group() gives the sub-group size that works.
+/// No swap of the key may be in flight while the step writes it (SwapStore refuses overlaps).
+struct StoreCopyOut {
+  swap::SwapStore* store = nullptr;
+  std::string key;
+  DType dtype = DType::kBF16;  ///< kBF16 or kF16
+};
+
+/// The smallest sub-group size >= `requested` whose 2-byte copy-out ranges satisfy `store`'s
+/// swap_out_range rules (a multiple of alignment()/2 elements, or of stripe_bytes()/2 with
+/// checksums).
+std::uint64_t store_copy_out_sub_group(std::uint64_t requested, const swap::SwapStore& store);
+
+/// The pinned bytes an OffloadedOptimizer built from `options` and `groups` holds (what its
+/// constructor checks pinned_budget_bytes against): kNvme depth x padded sub-group record,
+/// kCpu the whole padded state, plus the StoreCopyOut staging if options.store_copy_out.
+/// kNvme probes the directories' direct-I/O alignment (creates no lasting file). Throws
+/// UsageError for options the constructor would refuse.
+std::uint64_t optimizer_pinned_bytes_needed(const OptimizerOptions& options,
+                                            const std::vector<ParamGroupSpec>& groups);
 
 /// The gradients (and optional low-precision copy-out) of one group for one step.
 struct GroupGrads {
@@ -153,6 +186,14 @@ class OffloadedOptimizer {
   /// Queues one group's update in the open step and returns at once. UsageError for an
   /// unknown group, a group already given in this step, a size mismatch, or no open step.
   void step_group(std::size_t group, GradView grads, CopyOut out = {});
+  /// As above, with the updated low-precision parameters written into a SwapStore key (see
+  /// StoreCopyOut). Also UsageError (before anything is queued) without
+  /// options.store_copy_out, for an unknown key, a key whose size is not 2 x numel, a dtype
+  /// other than bf16/fp16, or a sub-group size that breaks the store's range rules (the
+  /// message names a sub_group_elements that works). A failed write of the copy-out follows
+  /// the write-back rules: end_step() throws the store's IoError (key, file, offset, length)
+  /// and the optimizer is failed.
+  void step_group(std::size_t group, GradView grads, const StoreCopyOut& out);
   /// Waits for the open step's work, closes it and returns its stats. Throws as described
   /// under Failures.
   StepStats end_step();

@@ -133,6 +133,10 @@ struct PrefetcherStats {
 /// quoting it. Misuse (bad layer index, acquiring a layer twice, releasing one not acquired)
 /// throws UsageError.
 ///
+/// Rewrites. A layer whose stored bytes change (the engine writing a step's updated
+/// parameters) is suspend()ed for the rewrite and resume()d after it, so that a copy read
+/// before the rewrite is never handed out again (see suspend).
+///
 /// Thread-safety: every member is thread-safe (one mutex); a trainer normally calls from one
 /// thread. The device memory returned by acquire() is valid for work enqueued on the compute
 /// stream until release(); treat it as read-only (a layer kept resident in the window is
@@ -165,6 +169,22 @@ class LayerPrefetcher {
   /// before the predicted order did, and starts prefetching the next iteration's first layers.
   /// Non-blocking.
   void end_iteration();
+
+  /// Takes `layer` out of the window while its stored bytes are rewritten (e.g. the optimizer
+  /// writing updated parameters into its SwapStore key): drops every copy of it the window
+  /// holds (issued, resident or released-and-cached), waiting for its NVMe read, its copy to
+  /// the device and the compute stream's passing of its release if those are in flight, and
+  /// issues no read of it until resume(layer). So once suspend() returns, the prefetcher has
+  /// no swap_in of the key in flight (SwapStore refuses a swap_out overlapping one) and will
+  /// never hand out bytes read before the rewrite. Blocks only for that in-flight work.
+  /// Throws UsageError for a layer that is acquired (not released) or already suspended;
+  /// DeviceError/EngineFailed as acquire. acquire() of a suspended layer is a UsageError.
+  void suspend(std::size_t layer);
+  /// Lets `layer` be issued again; the next acquire reads it anew from the store. Non-blocking.
+  /// Throws UsageError if it is not suspended.
+  void resume(std::size_t layer);
+  /// True between suspend(layer) and resume(layer).
+  bool suspended(std::size_t layer) const;
 
   std::size_t layer_count() const noexcept;
   /// Device bytes of `layer` (its SwapStore size).

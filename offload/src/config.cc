@@ -1,0 +1,827 @@
+// SPDX-License-Identifier: Apache-2.0
+// The DeepSpeed-style config reader behind zinf/offload/config.h: strict JSON parsing (line and
+// column for malformed input, duplicate keys refused), every key checked against the block it
+// sits in (unknown keys suggest the closest known one), typed values, and the cross-key checks
+// that must fail before any file is created. nlohmann::json stays private to this file.
+#include "zinf/offload/config.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <iterator>
+#include <limits>
+#include <memory>
+#include <set>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "zinf/common/error.h"
+#include "zinf/common/status.h"
+
+namespace zinf::offload {
+namespace {
+
+// ordered_json keeps the file's key order, so the first error reported is the first in the file
+// and config_to_json writes keys in the order the docs list them.
+using Json = nlohmann::ordered_json;
+
+// ---------------------------------------------------------------------------------------------
+// Key tables. "with effect" keys are read below; "accepted" keys are DeepSpeed's (taken from
+// deepspeed/runtime/zero/config.py, offload_config.py, precision_config.py and
+// docs/_pages/config-json.md) that zinf accepts without effect, so an existing ds_config works.
+
+constexpr std::string_view kTopKeys[] = {"zero_optimization", "aio", "optimizer", "bf16",
+                                         "bfloat16", "fp16", "zinf"};
+constexpr std::string_view kTopAccepted[] = {
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+    "managed_gradient_accumulation", "scheduler", "communication_data_type",
+    "seq_parallel_communication_data_type", "gradient_allreduce_op", "prescale_gradients",
+    "gradient_predivide_factor", "sparse_gradients", "amp", "torch_autocast",
+    "gradient_clipping", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
+    "steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state", "autotuning",
+    "flops_profiler", "activation_checkpointing", "sparse_attention", "data_efficiency",
+    "curriculum_learning", "tensorboard", "wandb", "comet", "csv_monitor", "comms_logger",
+    "elasticity", "compression_training", "checkpoint", "data_types", "tensor_parallel",
+    "expert_parallel", "hybrid_engine", "pipeline", "eigenvalue", "progressive_layer_drop",
+    "disable_allgather", "dataloader_drop_last", "compile", "nebula", "quantize_training",
+    "weight_quantization", "check_overflow", "fp32_allreduce"};
+
+constexpr std::string_view kZeroKeys[] = {"stage", "offload_param", "offload_optimizer",
+                                          "sub_group_size"};
+constexpr std::string_view kZeroAccepted[] = {
+    "contiguous_gradients", "overlap_comm", "reduce_scatter", "reduce_bucket_size",
+    "use_multi_rank_bucket_allreduce", "allgather_partitions", "allgather_bucket_size",
+    "load_from_fp32_weights", "elastic_checkpoint", "grad_hooks",
+    "stage3_prefetch_bucket_size", "prefetch_bucket_size",
+    "stage3_param_persistence_threshold", "param_persistence_threshold",
+    "stage3_model_persistence_threshold", "model_persistence_threshold",
+    "stage3_max_live_parameters", "max_live_parameters", "stage3_max_reuse_distance",
+    "max_reuse_distance", "stage3_gather_16bit_weights_on_model_save",
+    "gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+    "stage3_module_granularity_threshold", "module_granularity_threshold",
+    "stage3_use_all_reduce_for_fetch_params", "use_all_reduce_for_fetch_params",
+    "stage3_allgather_sequential", "allgather_sequential",
+    "stage3_partition_stream_chunk_size", "partition_stream_chunk_size",
+    "ignore_unused_parameters", "legacy_stage1", "round_robin_gradients",
+    "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_nontrainable_weights",
+    "zero_quantized_gradients", "zeropp_loco_param", "mics_shard_size",
+    "mics_hierarchical_params_gather", "memory_efficient_linear", "pipeline_loading_checkpoint",
+    "override_module_apply", "log_trace_cache_warnings", "enable_sanity_checks",
+    "save_muon_momentum_buffer_in_memory", "leaf_module", "zenflow", "cpu_offload",
+    "cpu_offload_param", "cpu_offload_use_pin_memory"};
+// The deprecated spellings of offload: accepted, but a notice says they do nothing here.
+constexpr std::string_view kZeroDeprecatedOffload[] = {"cpu_offload", "cpu_offload_param",
+                                                       "cpu_offload_use_pin_memory"};
+
+constexpr std::string_view kParamKeys[] = {"device",       "nvme_path",  "pin_memory",
+                                           "buffer_count", "buffer_size", "max_in_cpu"};
+constexpr std::string_view kOptimizerOffloadKeys[] = {
+    "device", "nvme_path", "pin_memory", "buffer_count", "pipeline_read", "pipeline_write",
+    "fast_init", "ratio"};
+constexpr std::string_view kOptimizerOffloadAccepted[] = {"super_offload", "convert_grad_on_cpu",
+                                                          "cpuadam_cores_perc"};
+constexpr std::string_view kAioKeys[] = {"block_size",     "queue_depth",   "intra_op_parallelism",
+                                         "thread_count",   "single_submit", "overlap_events",
+                                         "use_gds"};
+constexpr std::string_view kOptimizerKeys[] = {"type", "params"};
+constexpr std::string_view kOptimizerAccepted[] = {"legacy_fusion"};
+constexpr std::string_view kAdamKeys[] = {"lr",           "betas",          "eps",
+                                          "weight_decay", "bias_correction", "adam_w_mode",
+                                          "amsgrad"};
+constexpr std::string_view kAdamAccepted[] = {"torch_adam", "fp32_optimizer_states"};
+constexpr std::string_view kPrecisionKeys[] = {"enabled"};  // bf16, bfloat16 and fp16
+constexpr std::string_view kBf16Accepted[] = {"immediate_grad_update", "check_grad_overflow",
+                                              "bf16_master_weights_and_grads",
+                                              "bf16_optimizer_states"};
+constexpr std::string_view kFp16Accepted[] = {
+    "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
+    "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads"};
+constexpr std::string_view kZinfKeys[] = {"nvme_paths",   "pinned_budget_bytes", "checksums",
+                                          "backend",      "direct_io",           "precondition",
+                                          "prefetch_depth", "adam_threads"};
+
+bool contains(std::span<const std::string_view> keys, std::string_view key) {
+  return std::find(keys.begin(), keys.end(), key) != keys.end();
+}
+
+// Levenshtein distance; keys are short, so the O(n*m) table is nothing.
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t above = row[j];
+      const std::size_t substitute = diagonal + (a[i - 1] == b[j - 1] ? 0 : 1);
+      row[j] = std::min({above + 1, row[j - 1] + 1, substitute});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Malformed JSON and duplicate keys.
+
+// nlohmann's parser reads through an iterator; this one records how far it got, so that the
+// duplicate-key callback (which nlohmann gives no position) can name a line and column. At a
+// key event the lexer has read exactly through the key's closing quote.
+class CountingIterator {
+ public:
+  using iterator_category = std::input_iterator_tag;
+  using value_type = char;
+  using difference_type = std::ptrdiff_t;
+  using pointer = const char*;
+  using reference = const char&;
+
+  CountingIterator() = default;
+  CountingIterator(const char* p, const char* base, std::size_t* consumed)
+      : p_(p), base_(base), consumed_(consumed) {}
+  reference operator*() const { return *p_; }
+  CountingIterator& operator++() {
+    ++p_;
+    if (consumed_ != nullptr) *consumed_ = static_cast<std::size_t>(p_ - base_);
+    return *this;
+  }
+  CountingIterator operator++(int) {
+    CountingIterator before = *this;
+    ++*this;
+    return before;
+  }
+  friend bool operator==(const CountingIterator& a, const CountingIterator& b) {
+    return a.p_ == b.p_;
+  }
+
+ private:
+  const char* p_ = nullptr;
+  const char* base_ = nullptr;
+  std::size_t* consumed_ = nullptr;
+};
+
+// "line L, column C" of the character before byte offset `end` (1-based, columns in bytes).
+std::string line_column(std::string_view text, std::size_t end) {
+  std::size_t line = 1;
+  std::size_t column = 0;
+  for (std::size_t i = 0; i < end && i < text.size(); ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      column = 0;
+    } else {
+      ++column;
+    }
+  }
+  return "line " + std::to_string(line) + ", column " + std::to_string(std::max<std::size_t>(column, 1));
+}
+
+// One open object or array while parsing: what it is, the keys seen so far (objects), and the
+// current key or element index, which together spell the JSON path of a duplicate key.
+struct Frame {
+  bool is_object = true;
+  std::set<std::string> keys;
+  std::string key;
+  std::size_t index = 0;
+};
+
+std::string frames_path(const std::vector<Frame>& frames, std::string_view last) {
+  std::string path;
+  // frames[0] is the root object; each deeper frame is named by its parent's current key/index.
+  for (std::size_t i = 0; i + 1 < frames.size(); ++i) {
+    const Frame& parent = frames[i];
+    if (parent.is_object) {
+      if (!path.empty()) path += '.';
+      path += parent.key;
+    } else {
+      path += '[' + std::to_string(parent.index) + ']';
+    }
+  }
+  if (!path.empty()) path += '.';
+  path += last;
+  return path;
+}
+
+Json parse_json(std::string_view text, std::string_view source) {
+  std::size_t consumed = 0;
+  std::vector<Frame> frames;
+  const auto element_done = [&frames] {
+    if (!frames.empty() && !frames.back().is_object) ++frames.back().index;
+  };
+  const Json::parser_callback_t callback = [&](int /*depth*/, Json::parse_event_t event,
+                                               Json& parsed) -> bool {
+    using Event = Json::parse_event_t;
+    switch (event) {
+      case Event::object_start:
+        frames.push_back(Frame{true, {}, {}, 0});
+        break;
+      case Event::array_start:
+        frames.push_back(Frame{false, {}, {}, 0});
+        break;
+      case Event::key: {
+        Frame& top = frames.back();
+        std::string key = parsed.get<std::string>();
+        if (!top.keys.insert(key).second) {
+          throw UsageError(std::string(source) + ": " + line_column(text, consumed) + ": " +
+                           frames_path(frames, key) +
+                           ": duplicate key (DeepSpeed would silently keep the last value)");
+        }
+        top.key = std::move(key);
+        break;
+      }
+      case Event::object_end:
+      case Event::array_end:
+        frames.pop_back();
+        element_done();
+        break;
+      case Event::value:
+        element_done();
+        break;
+    }
+    return true;
+  };
+  try {
+    return Json::parse(CountingIterator(text.data(), text.data(), &consumed),
+                       CountingIterator(text.data() + text.size(), text.data(), nullptr),
+                       callback, /*allow_exceptions=*/true, /*ignore_comments=*/false);
+  } catch (const Json::parse_error& e) {
+    // e.what(): "[json.exception.parse_error.101] parse error at line 3, column 5: syntax error
+    // while parsing object - unexpected '}'; expected string literal". Keep what follows the
+    // position; compute the position from e.byte so it does not depend on the message format.
+    std::string what = e.what();
+    const std::size_t column_at = what.find(", column ");
+    const std::size_t colon = column_at == std::string::npos ? what.find(": ")
+                                                             : what.find(": ", column_at);
+    if (colon != std::string::npos) what = what.substr(colon + 2);
+    throw UsageError(std::string(source) + ": " + line_column(text, e.byte) + ": " + what);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Typed access to one block. Every error is "<source>: <path>.<key>: <what>".
+
+class Block {
+ public:
+  Block(const Json& object, std::string path, std::string_view source,
+        std::vector<std::string>* notices)
+      : object_(object), path_(std::move(path)), source_(source), notices_(notices) {}
+
+  std::string key_path(std::string_view key) const {
+    return path_.empty() ? std::string(key) : path_ + "." + std::string(key);
+  }
+  [[noreturn]] void fail(std::string_view key, const std::string& what) const {
+    throw UsageError(std::string(source_) + ": " + key_path(key) + ": " + what);
+  }
+
+  // Refuses keys outside `known` and `accepted` (suggesting the closest of either), and records
+  // one notice listing the accepted keys present, which have no effect in zinf.
+  void check_keys(std::span<const std::string_view> known,
+                  std::span<const std::string_view> accepted = {}) const {
+    std::vector<std::string> without_effect;
+    for (const auto& item : object_.items()) {
+      const std::string& key = item.key();
+      if (contains(known, key)) continue;
+      if (contains(accepted, key)) {
+        without_effect.push_back(key);
+        continue;
+      }
+      std::string_view best;
+      std::size_t best_distance = std::numeric_limits<std::size_t>::max();
+      for (auto list : {known, accepted}) {
+        for (std::string_view candidate : list) {
+          const std::size_t d = edit_distance(key, candidate);
+          if (d < best_distance) {
+            best_distance = d;
+            best = candidate;
+          }
+        }
+      }
+      // Close means a typo, not a different word: at most 2 edits, or a quarter of the key.
+      const std::size_t limit = std::max<std::size_t>(2, key.size() / 4);
+      std::string what = "unknown key";
+      if (!best.empty() && best_distance <= limit) {
+        what += "; did you mean '" + std::string(best) + "'?";
+      }
+      fail(key, what);
+    }
+    if (!without_effect.empty()) {
+      std::string line = (path_.empty() ? std::string("top level") : path_) +
+                         ": accepted without effect in zinf: ";
+      for (std::size_t i = 0; i < without_effect.size(); ++i) {
+        line += (i == 0 ? "" : ", ") + without_effect[i];
+      }
+      notice(line);
+    }
+  }
+
+  void notice(std::string line) const { notices_->push_back(std::move(line)); }
+
+  const Json* find(std::string_view key) const {
+    const auto it = object_.find(std::string(key));
+    return it == object_.end() ? nullptr : &*it;
+  }
+
+  // A nested block: nullptr if absent or JSON null (DeepSpeed's Optional blocks), else it must
+  // be an object.
+  std::optional<Block> child(std::string_view key) const {
+    const Json* v = find(key);
+    if (v == nullptr || v->is_null()) return std::nullopt;
+    if (!v->is_object()) fail(key, "expected an object {...}, got " + v->dump());
+    return Block(*v, key_path(key), source_, notices_);
+  }
+
+  void read_bool(std::string_view key, bool& out) const {
+    const Json* v = find(key);
+    if (v == nullptr) return;
+    if (!v->is_boolean()) fail(key, "expected true or false, got " + v->dump());
+    out = v->get<bool>();
+  }
+
+  template <typename T>
+  void read_uint(std::string_view key, T& out, T min = 0) const {
+    const Json* v = find(key);
+    if (v == nullptr) return;
+    out = to_uint<T>(key, *v, min);
+  }
+
+  // An unsigned integer; JSON floats such as 1e8 are accepted where integral (as DeepSpeed).
+  template <typename T>
+  T to_uint(std::string_view key, const Json& v, T min) const {
+    constexpr std::uint64_t kMax = std::numeric_limits<T>::max();
+    std::uint64_t value = 0;
+    if (v.is_number_unsigned()) {
+      value = v.get<std::uint64_t>();
+    } else if (v.is_number_integer()) {
+      fail(key, "expected a non-negative integer, got " + v.dump());
+    } else if (v.is_number_float()) {
+      const double d = v.get<double>();
+      if (!std::isfinite(d) || d != std::floor(d)) {
+        fail(key, "expected an integer, got " + v.dump());
+      }
+      if (d < 0) fail(key, "expected a non-negative integer, got " + v.dump());
+      // 2^64 is exactly representable; anything at or above it does not fit in uint64.
+      if (d >= 18446744073709551616.0) {
+        fail(key, v.dump() + " is out of range (at most " + std::to_string(kMax) + ")");
+      }
+      value = static_cast<std::uint64_t>(d);
+    } else {
+      fail(key, "expected an integer, got " + v.dump());
+    }
+    if (value > kMax) {
+      fail(key, v.dump() + " is out of range (at most " + std::to_string(kMax) + ")");
+    }
+    if (value < min) {
+      fail(key, v.dump() + " is too small (at least " + std::to_string(min) + ")");
+    }
+    return static_cast<T>(value);
+  }
+
+  double to_number(std::string_view key, const Json& v) const {
+    if (!v.is_number()) fail(key, "expected a number, got " + v.dump());
+    return v.get<double>();
+  }
+
+  void read_number(std::string_view key, double& out) const {
+    const Json* v = find(key);
+    if (v == nullptr) return;
+    out = to_number(key, *v);
+  }
+
+  // A string; `allow_null` for DeepSpeed's Optional[Path] (null means absent).
+  void read_string(std::string_view key, std::string& out, bool allow_null = false) const {
+    const Json* v = find(key);
+    if (v == nullptr || (allow_null && v->is_null())) return;
+    if (!v->is_string()) fail(key, "expected a string, got " + v->dump());
+    out = v->get<std::string>();
+  }
+
+ private:
+  const Json& object_;
+  std::string path_;
+  std::string_view source_;
+  std::vector<std::string>* notices_;
+};
+
+OffloadDevice parse_device(const Block& block) {
+  std::string text = "none";
+  block.read_string("device", text);
+  if (text == "none") return OffloadDevice::kNone;
+  if (text == "cpu") return OffloadDevice::kCpu;
+  if (text == "nvme") return OffloadDevice::kNvme;
+  block.fail("device", "expected \"none\", \"cpu\" or \"nvme\", got \"" + text + "\"");
+}
+
+void read_nvme_path(const Block& block, std::string& out) {
+  block.read_string("nvme_path", out, /*allow_null=*/true);
+  if (block.find("nvme_path") != nullptr && !block.find("nvme_path")->is_null() && out.empty()) {
+    block.fail("nvme_path", "empty path (give a directory, or omit the key)");
+  }
+}
+
+void parse_offload_param(const Block& block, OffloadParamConfig& out) {
+  block.check_keys(kParamKeys);
+  out.device = parse_device(block);
+  read_nvme_path(block, out.nvme_path);
+  block.read_bool("pin_memory", out.pin_memory);
+  block.read_uint("buffer_count", out.buffer_count);
+  block.read_uint("buffer_size", out.buffer_size);
+  block.read_uint("max_in_cpu", out.max_in_cpu);
+  if (block.find("max_in_cpu") != nullptr) {
+    block.notice(block.key_path("max_in_cpu") + ": accepted without effect in zinf (no CPU cache "
+                                                 "of NVMe parameters)");
+  }
+  if (!out.pin_memory) {
+    block.notice(block.key_path("pin_memory") + ": false has no effect; zinf always stages "
+                                                 "through page-locked memory");
+  }
+}
+
+void parse_offload_optimizer(const Block& block, OffloadOptimizerConfig& out) {
+  block.check_keys(kOptimizerOffloadKeys, kOptimizerOffloadAccepted);
+  out.device = parse_device(block);
+  read_nvme_path(block, out.nvme_path);
+  block.read_bool("pin_memory", out.pin_memory);
+  block.read_uint("buffer_count", out.buffer_count);
+  block.read_bool("pipeline_read", out.pipeline_read);
+  block.read_bool("pipeline_write", out.pipeline_write);
+  block.read_bool("fast_init", out.fast_init);
+  block.read_number("ratio", out.ratio);
+  if (out.ratio != 1.0) {
+    block.fail("ratio", "only 1.0 is supported (partial optimizer offload is not built), got " +
+                            block.find("ratio")->dump());
+  }
+  if (!out.pin_memory) {
+    block.notice(block.key_path("pin_memory") + ": false has no effect; zinf always stages "
+                                                 "through page-locked memory");
+  }
+}
+
+void parse_zero(const Json& value, std::string_view source, EngineConfig& config) {
+  if (value.is_boolean()) {
+    // DeepSpeed's oldest form: "zero_optimization": true means stage 1.
+    config.zero_stage = value.get<bool>() ? 1 : 0;
+    config.notices.push_back("zero_optimization: the boolean form is deprecated; read as stage " +
+                             std::to_string(config.zero_stage));
+    return;
+  }
+  if (value.is_null()) return;
+  if (!value.is_object()) {
+    throw UsageError(std::string(source) +
+                     ": zero_optimization: expected an object {...}, got " + value.dump());
+  }
+  const Block zero(value, "zero_optimization", source, &config.notices);
+  zero.check_keys(kZeroKeys, kZeroAccepted);
+  if (const Json* stage = zero.find("stage")) {
+    config.zero_stage = static_cast<int>(zero.to_uint<std::uint32_t>("stage", *stage, 0));
+    if (config.zero_stage > 3) {
+      zero.fail("stage", "expected 0, 1, 2 or 3, got " + stage->dump());
+    }
+  }
+  zero.read_uint("sub_group_size", config.sub_group_size, std::uint64_t{1});
+  for (std::string_view key : kZeroDeprecatedOffload) {
+    if (zero.find(key) != nullptr) {
+      zero.notice(zero.key_path(key) + ": deprecated DeepSpeed key with no effect in zinf; use "
+                                       "offload_param / offload_optimizer {\"device\": \"cpu\"}");
+    }
+  }
+  if (const auto param = zero.child("offload_param")) {
+    parse_offload_param(*param, config.offload_param);
+  }
+  if (const auto optimizer = zero.child("offload_optimizer")) {
+    parse_offload_optimizer(*optimizer, config.offload_optimizer);
+  }
+}
+
+void parse_aio(const Block& aio, AioConfig& out) {
+  aio.check_keys(kAioKeys);
+  aio.read_uint("block_size", out.block_size, 1u);
+  if (out.block_size % 4096 != 0) {
+    aio.fail("block_size", "must be a multiple of 4096 (O_DIRECT alignment), got " +
+                               aio.find("block_size")->dump());
+  }
+  aio.read_uint("queue_depth", out.queue_depth, 1u);
+  const Json* intra = aio.find("intra_op_parallelism");
+  const Json* old = aio.find("thread_count");
+  if (intra != nullptr && old != nullptr) {
+    aio.fail("thread_count", "both intra_op_parallelism and its older name thread_count are "
+                             "given; keep intra_op_parallelism");
+  }
+  if (intra != nullptr) {
+    out.intra_op_parallelism = aio.to_uint<std::uint32_t>("intra_op_parallelism", *intra, 0);
+  } else if (old != nullptr) {
+    out.intra_op_parallelism = aio.to_uint<std::uint32_t>("thread_count", *old, 0);
+    aio.notice(aio.key_path("thread_count") +
+               ": older name of aio.intra_op_parallelism; read as intra_op_parallelism " +
+               std::to_string(out.intra_op_parallelism));
+  }
+  aio.read_bool("single_submit", out.single_submit);
+  aio.read_bool("overlap_events", out.overlap_events);
+  aio.read_bool("use_gds", out.use_gds);
+  if (out.use_gds) {
+    aio.fail("use_gds", "true is not supported: GPUDirect Storage is not built into zinf");
+  }
+  if (out.single_submit) {
+    aio.notice(aio.key_path("single_submit") +
+               ": true has no effect; zinf always submits in batches");
+  }
+  if (!out.overlap_events) {
+    aio.notice(aio.key_path("overlap_events") +
+               ": false has no effect; zinf always overlaps submission and completion");
+  }
+}
+
+std::string lower(std::string_view text) {
+  std::string out(text);
+  for (char& c : out) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
+  return out;
+}
+
+void parse_optimizer(const Block& block, OptimizerConfig& out) {
+  block.check_keys(kOptimizerKeys, kOptimizerAccepted);
+  std::string type = "Adam";
+  block.read_string("type", type);
+  const std::string name = lower(type);  // DeepSpeed compares its own optimizers lower-cased
+  if (name != "adam" && name != "adamw") {
+    block.fail("type", "\"" + type + "\" is not supported; zinf's CPU optimizer implements "
+                       "\"Adam\" and \"AdamW\"");
+  }
+  AdamParams& hp = out.hyper;
+  // DeepSpeed: "Adam" means decoupled decay unless params.adam_w_mode is false; "AdamW" always.
+  bool adam_w_mode = true;
+  if (const auto params = block.child("params")) {
+    params->check_keys(kAdamKeys, kAdamAccepted);
+    params->read_number("lr", hp.lr);
+    if (hp.lr < 0 || !std::isfinite(hp.lr)) {
+      params->fail("lr", "must be finite and >= 0, got " + params->find("lr")->dump());
+    }
+    if (const Json* betas = params->find("betas")) {
+      if (!betas->is_array() || betas->size() != 2) {
+        params->fail("betas", "expected [beta1, beta2], got " + betas->dump());
+      }
+      hp.beta1 = params->to_number("betas", (*betas)[0]);
+      hp.beta2 = params->to_number("betas", (*betas)[1]);
+      if (!(hp.beta1 >= 0 && hp.beta1 < 1) || !(hp.beta2 >= 0 && hp.beta2 < 1)) {
+        params->fail("betas", "each beta must be in [0, 1), got " + betas->dump());
+      }
+    }
+    params->read_number("eps", hp.eps);
+    if (hp.eps < 0 || !std::isfinite(hp.eps)) {
+      params->fail("eps", "must be finite and >= 0, got " + params->find("eps")->dump());
+    }
+    params->read_number("weight_decay", hp.weight_decay);
+    if (hp.weight_decay < 0 || !std::isfinite(hp.weight_decay)) {
+      params->fail("weight_decay",
+                   "must be finite and >= 0, got " + params->find("weight_decay")->dump());
+    }
+    params->read_bool("bias_correction", hp.bias_correction);
+    params->read_bool("adam_w_mode", adam_w_mode);
+    bool amsgrad = false;
+    params->read_bool("amsgrad", amsgrad);
+    if (amsgrad) params->fail("amsgrad", "true is not supported by zinf's CPU Adam");
+  }
+  hp.mode = (name == "adamw" || adam_w_mode) ? AdamMode::kAdamW : AdamMode::kAdam;
+}
+
+// bf16 / bfloat16 / fp16: {"enabled": bool, ...}; returns whether enabled.
+bool parse_precision(const Block& block, std::span<const std::string_view> accepted) {
+  block.check_keys(kPrecisionKeys, accepted);
+  bool enabled = false;
+  block.read_bool("enabled", enabled);
+  return enabled;
+}
+
+void parse_zinf(const Block& block, ZinfSection& out) {
+  block.check_keys(kZinfKeys);
+  if (const Json* paths = block.find("nvme_paths")) {
+    if (!paths->is_array()) {
+      block.fail("nvme_paths", "expected an array of directories, got " + paths->dump());
+    }
+    out.nvme_paths.clear();
+    for (std::size_t i = 0; i < paths->size(); ++i) {
+      const Json& p = (*paths)[i];
+      const std::string key = "nvme_paths[" + std::to_string(i) + "]";
+      if (!p.is_string()) block.fail(key, "expected a string, got " + p.dump());
+      if (p.get<std::string>().empty()) block.fail(key, "empty path");
+      out.nvme_paths.push_back(p.get<std::string>());
+    }
+  }
+  block.read_uint("pinned_budget_bytes", out.pinned_budget_bytes, std::uint64_t{1});
+  block.read_bool("checksums", out.checksums);
+  if (const Json* backend = block.find("backend")) {
+    if (!backend->is_string()) {
+      block.fail("backend", "expected \"auto\", \"uring\" or \"threads\", got " + backend->dump());
+    }
+    const std::string text = backend->get<std::string>();
+    if (text == "auto") {
+      out.backend = swap::IoEngineKind::kAuto;
+    } else if (text == "uring") {
+      out.backend = swap::IoEngineKind::kUring;
+    } else if (text == "threads") {
+      out.backend = swap::IoEngineKind::kThreads;
+    } else {
+      block.fail("backend", "expected \"auto\", \"uring\" or \"threads\", got " + backend->dump());
+    }
+  }
+  block.read_bool("direct_io", out.direct_io);
+  block.read_bool("precondition", out.precondition);
+  block.read_uint("prefetch_depth", out.prefetch_depth);
+  block.read_uint("adam_threads", out.adam_threads);
+  if (out.adam_threads > 1024) {
+    block.fail("adam_threads", "at most 1024, got " + block.find("adam_threads")->dump());
+  }
+}
+
+// Settings that contradict each other; checked after every key has been read, before any engine
+// or file exists.
+void check_contradictions(const EngineConfig& c, std::string_view source) {
+  const auto fail = [source](const std::string& what) {
+    throw UsageError(std::string(source) + ": " + what);
+  };
+  const auto check_nvme = [&](OffloadDevice device, const std::string& path,
+                              const std::string& block) {
+    if (device == OffloadDevice::kNvme && path.empty() && c.zinf.nvme_paths.empty()) {
+      fail(block + ".nvme_path: device is \"nvme\" but no NVMe directory is given (set " + block +
+           ".nvme_path or zinf.nvme_paths)");
+    }
+  };
+  check_nvme(c.offload_param.device, c.offload_param.nvme_path, "zero_optimization.offload_param");
+  check_nvme(c.offload_optimizer.device, c.offload_optimizer.nvme_path,
+             "zero_optimization.offload_optimizer");
+  if (c.offload_param.device != OffloadDevice::kNone && c.zero_stage < 3) {
+    fail("zero_optimization.offload_param.device: parameter offload (\"" +
+         std::string(offload_device_name(c.offload_param.device)) +
+         "\") needs zero_optimization.stage 3, but stage is " + std::to_string(c.zero_stage));
+  }
+  if (c.offload_optimizer.device == OffloadDevice::kNvme && c.offload_optimizer.buffer_count < 3) {
+    fail("zero_optimization.offload_optimizer.buffer_count: the NVMe optimizer pipeline needs at "
+         "least 3 buffers (one being read ahead, one being updated, one being written back), "
+         "got " + std::to_string(c.offload_optimizer.buffer_count));
+  }
+}
+
+}  // namespace
+
+std::string_view offload_device_name(OffloadDevice device) noexcept {
+  switch (device) {
+    case OffloadDevice::kNone:
+      return "none";
+    case OffloadDevice::kCpu:
+      return "cpu";
+    case OffloadDevice::kNvme:
+      return "nvme";
+  }
+  return "unknown";
+}
+
+swap::IoOptions EngineConfig::io_options() const {
+  swap::IoOptions options;
+  options.kind = zinf.backend;
+  options.block_size = aio.block_size;
+  options.queue_depth = aio.queue_depth;
+  options.threads = aio.intra_op_parallelism;
+  return options;
+}
+
+std::vector<std::string> EngineConfig::nvme_directories(const std::string& nvme_path) const {
+  // Repeats are kept on purpose: naming a directory twice gives it two swap files, and with
+  // them twice the share of the stripes (SwapStoreOptions::directories).
+  std::vector<std::string> dirs;
+  if (!nvme_path.empty()) dirs.push_back(nvme_path);
+  dirs.insert(dirs.end(), zinf.nvme_paths.begin(), zinf.nvme_paths.end());
+  return dirs;
+}
+
+EngineConfig parse_config(std::string_view json, std::string_view source) {
+  const Json root = parse_json(json, source);
+  if (!root.is_object()) {
+    throw UsageError(std::string(source) + ": the config must be a JSON object {...}, got " +
+                     root.dump());
+  }
+  EngineConfig config;
+  const Block top(root, "", source, &config.notices);
+  top.check_keys(kTopKeys, kTopAccepted);
+
+  if (const Json* zero = top.find("zero_optimization")) parse_zero(*zero, source, config);
+  if (const auto aio = top.child("aio")) parse_aio(*aio, config.aio);
+  if (const auto optimizer = top.child("optimizer")) {
+    parse_optimizer(*optimizer, config.optimizer);
+  } else {
+    config.optimizer.hyper.mode = AdamMode::kAdam;  // no block: torch.optim.Adam's defaults
+  }
+
+  if (top.find("bf16") != nullptr && top.find("bfloat16") != nullptr) {
+    top.fail("bfloat16", "both bf16 and its older name bfloat16 are given; keep bf16");
+  }
+  bool bf16 = false;
+  if (const auto b = top.child("bf16")) bf16 = parse_precision(*b, kBf16Accepted);
+  if (const auto b = top.child("bfloat16")) {
+    bf16 = parse_precision(*b, kBf16Accepted);
+    config.notices.push_back("bfloat16: older name of bf16; read as bf16");
+  }
+  bool fp16 = false;
+  if (const auto f = top.child("fp16")) fp16 = parse_precision(*f, kFp16Accepted);
+  if (bf16 && fp16) {
+    top.fail("fp16", "bf16.enabled and fp16.enabled are both true; enable one of them");
+  }
+  config.param_dtype = fp16 ? DType::kF16 : DType::kBF16;
+
+  if (const auto z = top.child("zinf")) parse_zinf(*z, config.zinf);
+  check_contradictions(config, source);
+  return config;
+}
+
+EngineConfig load_config(const std::string& path) {
+  struct FileCloser {
+    void operator()(std::FILE* f) const noexcept { std::fclose(f); }
+  };
+  std::unique_ptr<std::FILE, FileCloser> file(std::fopen(path.c_str(), "rb"));
+  if (!file) throw IoError(Status::from_errno(errno, "open config", path));
+  std::string text;
+  char chunk[1 << 16];
+  for (;;) {
+    const std::size_t n = std::fread(chunk, 1, sizeof chunk, file.get());
+    text.append(chunk, n);
+    if (n < sizeof chunk) {
+      if (std::ferror(file.get()) != 0) {
+        throw IoError(Status::from_errno(errno != 0 ? errno : EIO, "read config", path));
+      }
+      break;
+    }
+  }
+  return parse_config(text, path);
+}
+
+std::string config_to_json(const EngineConfig& c) {
+  if (c.param_dtype == DType::kF32) {
+    throw UsageError("config_to_json: param_dtype fp32 has no DeepSpeed form (parameters are "
+                     "bf16 or fp16)");
+  }
+  const auto offload_common = [](OffloadDevice device, const std::string& nvme_path,
+                                 bool pin_memory) {
+    Json block = Json::object();
+    block["device"] = std::string(offload_device_name(device));
+    if (!nvme_path.empty()) block["nvme_path"] = nvme_path;
+    block["pin_memory"] = pin_memory;
+    return block;
+  };
+  Json param = offload_common(c.offload_param.device, c.offload_param.nvme_path,
+                              c.offload_param.pin_memory);
+  param["buffer_count"] = c.offload_param.buffer_count;
+  param["buffer_size"] = c.offload_param.buffer_size;
+  param["max_in_cpu"] = c.offload_param.max_in_cpu;
+
+  const OffloadOptimizerConfig& o = c.offload_optimizer;
+  Json optimizer_offload = offload_common(o.device, o.nvme_path, o.pin_memory);
+  optimizer_offload["buffer_count"] = o.buffer_count;
+  optimizer_offload["pipeline_read"] = o.pipeline_read;
+  optimizer_offload["pipeline_write"] = o.pipeline_write;
+  optimizer_offload["fast_init"] = o.fast_init;
+  optimizer_offload["ratio"] = o.ratio;
+
+  Json root = Json::object();
+  Json& zero = root["zero_optimization"];
+  zero["stage"] = c.zero_stage;
+  zero["offload_param"] = std::move(param);
+  zero["offload_optimizer"] = std::move(optimizer_offload);
+  zero["sub_group_size"] = c.sub_group_size;
+
+  Json& aio = root["aio"];
+  aio["block_size"] = c.aio.block_size;
+  aio["queue_depth"] = c.aio.queue_depth;
+  aio["intra_op_parallelism"] = c.aio.intra_op_parallelism;
+  aio["single_submit"] = c.aio.single_submit;
+  aio["overlap_events"] = c.aio.overlap_events;
+  aio["use_gds"] = c.aio.use_gds;
+
+  const AdamParams& hp = c.optimizer.hyper;
+  Json& optimizer = root["optimizer"];
+  optimizer["type"] = hp.mode == AdamMode::kAdamW ? "AdamW" : "Adam";
+  Json& params = optimizer["params"];
+  params["lr"] = hp.lr;
+  params["betas"] = Json::array({hp.beta1, hp.beta2});
+  params["eps"] = hp.eps;
+  params["weight_decay"] = hp.weight_decay;
+  params["bias_correction"] = hp.bias_correction;
+  params["adam_w_mode"] = hp.mode == AdamMode::kAdamW;
+
+  root["bf16"]["enabled"] = c.param_dtype == DType::kBF16;
+  root["fp16"]["enabled"] = c.param_dtype == DType::kF16;
+
+  Json& z = root["zinf"];
+  z["nvme_paths"] = c.zinf.nvme_paths;
+  z["pinned_budget_bytes"] = c.zinf.pinned_budget_bytes;
+  z["checksums"] = c.zinf.checksums;
+  z["backend"] = std::string(swap::io_engine_kind_name(c.zinf.backend));
+  z["direct_io"] = c.zinf.direct_io;
+  z["precondition"] = c.zinf.precondition;
+  z["prefetch_depth"] = c.zinf.prefetch_depth;
+  z["adam_threads"] = c.zinf.adam_threads;
+  return root.dump(2) + "\n";
+}
+
+}  // namespace zinf::offload

@@ -1,0 +1,250 @@
+// SPDX-License-Identifier: Apache-2.0
+// OffloadEngine on the HostDevice: the same synthetic training loop gives bitwise identical
+// master weights for every parameter/optimizer tier combination, every fetch returns exactly
+// the rounded current masters, out-of-order fetches work, save/load resumes bitwise, config
+// contradictions are refused with their exact text before any file exists, misuse is refused.
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "engine_test_util.h"
+#include "zinf/common/error.h"
+#include "zinf/offload/engine.h"
+
+namespace zinf::offload {
+namespace {
+
+using test::EngineRig;
+using test::master_diff;
+
+constexpr std::uint64_t kSteps = 3;
+using Tiers = std::pair<OffloadDevice, OffloadDevice>;
+
+std::vector<std::vector<float>> train(Tiers tiers, std::uint64_t steps = kSteps) {
+  test::TestDir dir;
+  EngineRig rig;
+  rig.make(test::engine_config(tiers.first, tiers.second, dir));
+  rig.init_weights();
+  for (std::uint64_t t = 1; t <= steps; ++t) rig.iteration(t);
+  // After the last step too: every fetch is the new masters, rounded.
+  for (std::size_t l = 0; l < rig.engine().layer_count(); ++l) {
+    EXPECT_EQ(rig.fetch_bits(l), rig.expected_bits(l)) << "layer " << l;
+  }
+  const EngineStats st = rig.engine().stats();
+  EXPECT_EQ(st.steps, steps);
+  EXPECT_EQ(st.last_step.step, steps);
+  EXPECT_LE(st.pinned_bytes_peak, rig.engine().config().zinf.pinned_budget_bytes);
+  if (tiers.first == OffloadDevice::kNvme) {
+    EXPECT_GT(st.param_bytes_read, 0u);
+    EXPECT_GT(st.param_bytes_written, 0u);
+    EXPECT_GT(st.prefetch_hits + st.prefetch_on_demand, 0u);
+  }
+  if (tiers.second == OffloadDevice::kNvme) {
+    EXPECT_GT(st.optimizer_bytes_read, 0u);
+    EXPECT_GT(st.optimizer_bytes_written, 0u);
+  }
+  return rig.masters();
+}
+
+TEST(OffloadEngine, EveryTierCombinationGivesBitwiseIdenticalMasters) {
+  const auto reference = train({OffloadDevice::kNone, OffloadDevice::kNone});
+  // The masters did move.
+  EXPECT_NE(master_diff(reference, [] {
+              std::vector<std::vector<float>> init;
+              for (std::size_t l = 0; l < test::engine_layers().size(); ++l) {
+                init.push_back(test::initial_weights(l, test::engine_layers()[l].numel));
+              }
+              return init;
+            }()),
+            "");
+  for (Tiers tiers : {Tiers{OffloadDevice::kCpu, OffloadDevice::kCpu},
+                      Tiers{OffloadDevice::kNvme, OffloadDevice::kNvme},
+                      Tiers{OffloadDevice::kNvme, OffloadDevice::kCpu},
+                      Tiers{OffloadDevice::kNone, OffloadDevice::kNvme}}) {
+    SCOPED_TRACE(std::string(offload_device_name(tiers.first)) + "/" +
+                 std::string(offload_device_name(tiers.second)));
+    EXPECT_EQ(master_diff(train(tiers), reference), "");
+  }
+}
+
+TEST(OffloadEngine, OutOfOrderFetchesReturnTheRightLayer) {
+  for (OffloadDevice p : {OffloadDevice::kNvme, OffloadDevice::kCpu}) {
+    test::TestDir dir;
+    EngineRig rig;
+    rig.make(test::engine_config(p, OffloadDevice::kCpu, dir));
+    rig.init_weights();
+    rig.iteration(1);                    // traces 0,1,2,3 (+ reverse)
+    rig.iteration(2, true, {2, 0, 3, 1});  // deviates: re-traces, fetches on demand
+    rig.iteration(3, true, {3, 3 - 3, 1, 2});
+    for (std::size_t l : {3u, 1u, 0u, 2u, 2u}) EXPECT_EQ(rig.fetch_bits(l), rig.expected_bits(l));
+  }
+}
+
+TEST(OffloadEngine, SaveLoadResumesBitwise) {
+  for (Tiers tiers : {Tiers{OffloadDevice::kNvme, OffloadDevice::kNvme},
+                      Tiers{OffloadDevice::kCpu, OffloadDevice::kCpu},
+                      Tiers{OffloadDevice::kNone, OffloadDevice::kNvme}}) {
+    SCOPED_TRACE(std::string(offload_device_name(tiers.first)));
+    test::TestDir dir;
+    const std::string ckpt = dir.subdir("ckpt");
+    std::vector<std::vector<float>> uninterrupted;
+    {
+      EngineRig rig;
+      rig.make(test::engine_config(tiers.first, tiers.second, dir));
+      rig.init_weights();
+      rig.iteration(1);
+      rig.iteration(2);
+      rig.engine().save(ckpt);
+      rig.iteration(3);
+      uninterrupted = rig.masters();
+    }
+    test::TestDir dir2;
+    EngineRig rig;
+    rig.make(test::engine_config(tiers.first, tiers.second, dir2));
+    rig.engine().load(ckpt);
+    // load rewrote the low-precision copies from the restored masters.
+    for (std::size_t l = 0; l < rig.engine().layer_count(); ++l) {
+      EXPECT_EQ(rig.fetch_bits(l), rig.expected_bits(l)) << "layer " << l;
+    }
+    rig.iteration(3);
+    EXPECT_EQ(rig.engine().stats().last_step.step, 3u);
+    EXPECT_EQ(master_diff(rig.masters(), uninterrupted), "");
+  }
+}
+
+TEST(OffloadEngine, LoadRefusesAnotherLayerTable) {
+  test::TestDir dir;
+  const std::string ckpt = dir.subdir("ckpt");
+  EngineRig rig;
+  rig.make(test::engine_config(OffloadDevice::kCpu, OffloadDevice::kCpu, dir));
+  rig.init_weights();
+  rig.engine().save(ckpt);
+  auto layers = test::engine_layers();
+  layers[1].numel += 1;
+  rig.make(test::engine_config(OffloadDevice::kCpu, OffloadDevice::kCpu, dir), layers);
+  try {
+    rig.engine().load(ckpt);
+    ADD_FAILURE() << "no throw";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()), "OffloadEngine::load: the checkpoint's layer table " + ckpt +
+                                         "/zinf-engine-layers differs from this engine's layers "
+                                         "(names, element counts, dtypes)");
+  }
+}
+
+bool empty_dir(const std::string& path) {
+  return std::filesystem::is_empty(path);
+}
+
+TEST(OffloadEngine, LayerLargerThanTheBufferIsRefusedBeforeAnyFile) {
+  test::TestDir dir;
+  EngineRig rig;
+  EngineConfig c = test::engine_config(OffloadDevice::kNvme, OffloadDevice::kNvme, dir);
+  c.offload_param.buffer_size = 4096;
+  try {
+    rig.make(c);
+    ADD_FAILURE() << "no throw";
+  } catch (const UsageError& e) {
+    EXPECT_STREQ(e.what(), "OffloadEngine: layer 'l0' has 5000 elements, more than "
+                           "offload_param.buffer_size 4096; raise offload_param.buffer_size to at "
+                           "least 5000");
+  }
+  EXPECT_TRUE(empty_dir(c.offload_param.nvme_path));
+  EXPECT_TRUE(empty_dir(c.offload_optimizer.nvme_path));
+}
+
+TEST(OffloadEngine, PinnedBudgetTooSmallNamesTheSmallestThatWorks) {
+  test::TestDir dir;
+  EngineRig rig;
+  EngineConfig c = test::engine_config(OffloadDevice::kNvme, OffloadDevice::kCpu, dir);
+  c.offload_optimizer.buffer_count = 4;
+  c.zinf.prefetch_depth = 2;
+  c.zinf.pinned_budget_bytes = 1000;
+  const std::vector<LayerSpec> one = {{"w", 2048, DType::kBF16}};
+  // Optimizer (cpu tier): 2048 x 12 bytes of state + 4 copy-out staging buffers of 4096;
+  // parameters: (depth 2 + 2) x 4096 bytes of staging.
+  try {
+    rig.make(c, one);
+    ADD_FAILURE() << "no throw";
+  } catch (const UsageError& e) {
+    EXPECT_STREQ(e.what(), "OffloadEngine: zinf.pinned_budget_bytes 1000 cannot hold the "
+                           "optimizer's 40960 bytes plus the parameter staging's 16384 bytes; the "
+                           "smallest budget that works is 57344");
+  }
+  EXPECT_TRUE(empty_dir(c.offload_param.nvme_path));
+  c.zinf.pinned_budget_bytes = 57343;
+  EXPECT_THROW(rig.make(c, one), UsageError);
+  EXPECT_TRUE(empty_dir(c.offload_param.nvme_path));
+  c.zinf.pinned_budget_bytes = 57344;
+  rig.make(c, one);
+  EXPECT_EQ(rig.engine().stats().pinned_bytes, 57344u);
+}
+
+TEST(OffloadEngine, NvmeWithoutAPathIsRefused) {
+  test::TestDir dir;
+  EngineRig rig;
+  EngineConfig c = test::engine_config(OffloadDevice::kNvme, OffloadDevice::kCpu, dir);
+  c.offload_param.nvme_path.clear();
+  try {
+    rig.make(c);
+    ADD_FAILURE() << "no throw";
+  } catch (const UsageError& e) {
+    EXPECT_STREQ(e.what(), "OffloadEngine: offload_param.device is nvme but no NVMe path is set "
+                           "(offload_param.nvme_path or zinf.nvme_paths)");
+  }
+  c = test::engine_config(OffloadDevice::kCpu, OffloadDevice::kNvme, dir);
+  c.offload_optimizer.nvme_path.clear();
+  try {
+    rig.make(c);
+    ADD_FAILURE() << "no throw";
+  } catch (const UsageError& e) {
+    EXPECT_STREQ(e.what(), "OffloadEngine: offload_optimizer.device is nvme but no NVMe path is "
+                           "set (offload_optimizer.nvme_path or zinf.nvme_paths)");
+  }
+}
+
+TEST(OffloadEngine, RefusesMisuse) {
+  test::TestDir dir;
+  EngineRig rig;
+  rig.make(test::engine_config(OffloadDevice::kNvme, OffloadDevice::kCpu, dir));
+  auto expect_usage = [](auto&& f, const std::string& want) {
+    try {
+      f();
+      ADD_FAILURE() << "no throw: " << want;
+    } catch (const UsageError& e) {
+      EXPECT_EQ(std::string(e.what()), want);
+    }
+  };
+  expect_usage([&] { (void)rig.engine().fetch(0); },
+               "OffloadEngine::fetch: layer 'l0' has no weights yet (set_master_weights or load first)");
+  rig.init_weights();
+  expect_usage([&] { (void)rig.engine().fetch(9); }, "OffloadEngine::fetch: layer 9 out of range (4 layers)");
+  (void)rig.engine().fetch(0);
+  expect_usage([&] { (void)rig.engine().fetch(0); },
+               "OffloadEngine::fetch: layer 'l0' is already fetched (release it first)");
+  std::vector<float> g(5000, 0.0f);
+  expect_usage([&] { rig.engine().set_gradients(0, GradView::f32(g)); },
+               "OffloadEngine::set_gradients: layer 'l0' is fetched (release it first)");
+  expect_usage([&] { (void)rig.engine().step(); },
+               "OffloadEngine::step: layer 'l0' is still fetched (release it first)");
+  rig.engine().release(0);
+  expect_usage([&] { rig.engine().release(0); }, "OffloadEngine::release: layer 'l0' is not fetched");
+  rig.engine().set_gradients(0, GradView::f32(g));
+  expect_usage([&] { rig.engine().set_gradients(0, GradView::f32(g)); },
+               "OffloadEngine::set_gradients: layer 'l0' already has gradients in this step");
+  expect_usage([&] { (void)rig.engine().fetch(0); },
+               "OffloadEngine::fetch: layer 'l0' has its gradients handed in for this step; fetch it after step()");
+  expect_usage([&] { rig.engine().save(dir.subdir("x")); },
+               "OffloadEngine::save inside a step (gradients were handed in; call step() first)");
+  std::vector<float> short_g(3, 0.0f);
+  expect_usage([&] { rig.engine().set_gradients(1, GradView::f32(short_g)); },
+               "OffloadEngine::set_gradients: layer 'l1' has 4103 elements, got 3 gradients");
+  (void)rig.engine().step();
+  EXPECT_EQ(rig.fetch_bits(0), rig.expected_bits(0));
+  EXPECT_EQ(rig.fetch_bits(1), rig.expected_bits(1));
+}
+
+}  // namespace
+}  // namespace zinf::offload
