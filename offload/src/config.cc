@@ -475,10 +475,9 @@ void parse_zero(const Json& value, std::string_view source, EngineConfig& config
   const Block zero(value, "zero_optimization", source, &config.notices);
   zero.check_keys(kZeroKeys, kZeroAccepted);
   if (const Json* stage = zero.find("stage")) {
-    config.zero_stage = static_cast<int>(zero.to_uint<std::uint32_t>("stage", *stage, 0));
-    if (config.zero_stage > 3) {
-      zero.fail("stage", "expected 0, 1, 2 or 3, got " + stage->dump());
-    }
+    const std::uint32_t number = zero.to_uint<std::uint32_t>("stage", *stage, 0);
+    if (number > 3) zero.fail("stage", "expected 0, 1, 2 or 3, got " + stage->dump());
+    config.zero_stage = static_cast<int>(number);
   }
   zero.read_uint("sub_group_size", config.sub_group_size, std::uint64_t{1});
   for (std::string_view key : kZeroDeprecatedOffload) {

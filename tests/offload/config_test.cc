@@ -1,0 +1,579 @@
+// SPDX-License-Identifier: Apache-2.0
+// EngineConfig parsing: every key and alias, the exact text of every error a user can see,
+// integers written as 1e8, a real ZeRO-Infinity ds_config, load_config's file errors, and the
+// config_to_json round trip.
+#include "zinf/offload/config.h"
+
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "support/test_dir.h"
+#include "zinf/common/error.h"
+
+namespace zinf::offload {
+namespace {
+
+// The exact one-line message parse_config throws for `json` (source "cfg.json").
+std::string error_of(const std::string& json) {
+  try {
+    (void)parse_config(json, "cfg.json");
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+bool has_notice(const EngineConfig& c, const std::string& part) {
+  for (const std::string& n : c.notices) {
+    if (n.find(part) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// Field-by-field equality (EngineConfig has no operator==; notices are not compared).
+void expect_same(const EngineConfig& a, const EngineConfig& b) {
+  EXPECT_EQ(a.zero_stage, b.zero_stage);
+  EXPECT_EQ(a.offload_param.device, b.offload_param.device);
+  EXPECT_EQ(a.offload_param.nvme_path, b.offload_param.nvme_path);
+  EXPECT_EQ(a.offload_param.pin_memory, b.offload_param.pin_memory);
+  EXPECT_EQ(a.offload_param.buffer_count, b.offload_param.buffer_count);
+  EXPECT_EQ(a.offload_param.buffer_size, b.offload_param.buffer_size);
+  EXPECT_EQ(a.offload_param.max_in_cpu, b.offload_param.max_in_cpu);
+  EXPECT_EQ(a.offload_optimizer.device, b.offload_optimizer.device);
+  EXPECT_EQ(a.offload_optimizer.nvme_path, b.offload_optimizer.nvme_path);
+  EXPECT_EQ(a.offload_optimizer.pin_memory, b.offload_optimizer.pin_memory);
+  EXPECT_EQ(a.offload_optimizer.buffer_count, b.offload_optimizer.buffer_count);
+  EXPECT_EQ(a.offload_optimizer.pipeline_read, b.offload_optimizer.pipeline_read);
+  EXPECT_EQ(a.offload_optimizer.pipeline_write, b.offload_optimizer.pipeline_write);
+  EXPECT_EQ(a.offload_optimizer.fast_init, b.offload_optimizer.fast_init);
+  EXPECT_EQ(a.offload_optimizer.ratio, b.offload_optimizer.ratio);
+  EXPECT_EQ(a.sub_group_size, b.sub_group_size);
+  EXPECT_EQ(a.aio.block_size, b.aio.block_size);
+  EXPECT_EQ(a.aio.queue_depth, b.aio.queue_depth);
+  EXPECT_EQ(a.aio.intra_op_parallelism, b.aio.intra_op_parallelism);
+  EXPECT_EQ(a.aio.single_submit, b.aio.single_submit);
+  EXPECT_EQ(a.aio.overlap_events, b.aio.overlap_events);
+  EXPECT_EQ(a.aio.use_gds, b.aio.use_gds);
+  const AdamParams& x = a.optimizer.hyper;
+  const AdamParams& y = b.optimizer.hyper;
+  EXPECT_EQ(x.lr, y.lr);
+  EXPECT_EQ(x.beta1, y.beta1);
+  EXPECT_EQ(x.beta2, y.beta2);
+  EXPECT_EQ(x.eps, y.eps);
+  EXPECT_EQ(x.weight_decay, y.weight_decay);
+  EXPECT_EQ(x.bias_correction, y.bias_correction);
+  EXPECT_EQ(x.mode, y.mode);
+  EXPECT_EQ(a.zinf.nvme_paths, b.zinf.nvme_paths);
+  EXPECT_EQ(a.zinf.pinned_budget_bytes, b.zinf.pinned_budget_bytes);
+  EXPECT_EQ(a.zinf.checksums, b.zinf.checksums);
+  EXPECT_EQ(a.zinf.backend, b.zinf.backend);
+  EXPECT_EQ(a.zinf.direct_io, b.zinf.direct_io);
+  EXPECT_EQ(a.zinf.precondition, b.zinf.precondition);
+  EXPECT_EQ(a.zinf.prefetch_depth, b.zinf.prefetch_depth);
+  EXPECT_EQ(a.zinf.adam_threads, b.zinf.adam_threads);
+  EXPECT_EQ(a.param_dtype, b.param_dtype);
+}
+
+TEST(Config, EmptyObjectGivesDefaults) {
+  const EngineConfig c = parse_config("{}");
+  expect_same(c, EngineConfig{});
+  EXPECT_TRUE(c.notices.empty());
+  EXPECT_EQ(c.optimizer.hyper.mode, AdamMode::kAdam);
+  EXPECT_EQ(c.param_dtype, DType::kBF16);
+}
+
+TEST(Config, ReadsEveryZeroOptimizationKey) {
+  const EngineConfig c = parse_config(R"({"zero_optimization": {
+      "stage": 3, "sub_group_size": 12345,
+      "offload_param": {"device": "nvme", "nvme_path": "/p", "pin_memory": false,
+                        "buffer_count": 7, "buffer_size": 2000000, "max_in_cpu": 99},
+      "offload_optimizer": {"device": "cpu", "nvme_path": "/o", "pin_memory": false,
+                            "buffer_count": 6, "pipeline_read": true, "pipeline_write": true,
+                            "fast_init": true, "ratio": 1.0}}})");
+  EXPECT_EQ(c.zero_stage, 3);
+  EXPECT_EQ(c.sub_group_size, 12345u);
+  EXPECT_EQ(c.offload_param.device, OffloadDevice::kNvme);
+  EXPECT_EQ(c.offload_param.nvme_path, "/p");
+  EXPECT_FALSE(c.offload_param.pin_memory);
+  EXPECT_EQ(c.offload_param.buffer_count, 7u);
+  EXPECT_EQ(c.offload_param.buffer_size, 2000000u);
+  EXPECT_EQ(c.offload_param.max_in_cpu, 99u);
+  EXPECT_EQ(c.offload_optimizer.device, OffloadDevice::kCpu);
+  EXPECT_EQ(c.offload_optimizer.nvme_path, "/o");
+  EXPECT_FALSE(c.offload_optimizer.pin_memory);
+  EXPECT_EQ(c.offload_optimizer.buffer_count, 6u);
+  EXPECT_TRUE(c.offload_optimizer.pipeline_read);
+  EXPECT_TRUE(c.offload_optimizer.pipeline_write);
+  EXPECT_TRUE(c.offload_optimizer.fast_init);
+  EXPECT_EQ(c.offload_optimizer.ratio, 1.0);
+  EXPECT_TRUE(has_notice(c, "zero_optimization.offload_param.pin_memory: false has no effect"));
+  EXPECT_TRUE(has_notice(c, "zero_optimization.offload_param.max_in_cpu: accepted without effect"));
+}
+
+TEST(Config, ReadsEveryAioKey) {
+  const EngineConfig c = parse_config(R"({"aio": {"block_size": 262144, "queue_depth": 32,
+      "intra_op_parallelism": 4, "single_submit": true, "overlap_events": false,
+      "use_gds": false}})");
+  EXPECT_EQ(c.aio.block_size, 262144u);
+  EXPECT_EQ(c.aio.queue_depth, 32u);
+  EXPECT_EQ(c.aio.intra_op_parallelism, 4u);
+  EXPECT_TRUE(c.aio.single_submit);
+  EXPECT_FALSE(c.aio.overlap_events);
+  EXPECT_FALSE(c.aio.use_gds);
+  EXPECT_TRUE(has_notice(c, "aio.single_submit: true has no effect"));
+  EXPECT_TRUE(has_notice(c, "aio.overlap_events: false has no effect"));
+}
+
+TEST(Config, ThreadCountIsTheOlderNameOfIntraOpParallelism) {
+  const EngineConfig c = parse_config(R"({"aio": {"thread_count": 3}})");
+  EXPECT_EQ(c.aio.intra_op_parallelism, 3u);
+  ASSERT_EQ(c.notices.size(), 1u);
+  EXPECT_EQ(c.notices[0],
+            "aio.thread_count: older name of aio.intra_op_parallelism; read as "
+            "intra_op_parallelism 3");
+  EXPECT_EQ(error_of(R"({"aio": {"thread_count": 1, "intra_op_parallelism": 2}})"),
+            "cfg.json: aio.thread_count: both intra_op_parallelism and its older name "
+            "thread_count are given; keep intra_op_parallelism");
+}
+
+TEST(Config, IoOptionsComeFromAioAndBackend) {
+  const EngineConfig c = parse_config(R"({"aio": {"block_size": 524288, "queue_depth": 4,
+      "intra_op_parallelism": 2}, "zinf": {"backend": "threads"}})");
+  const swap::IoOptions o = c.io_options();
+  EXPECT_EQ(o.kind, swap::IoEngineKind::kThreads);
+  EXPECT_EQ(o.block_size, 524288u);
+  EXPECT_EQ(o.queue_depth, 4u);
+  EXPECT_EQ(o.threads, 2u);
+  const swap::IoOptions d = EngineConfig{}.io_options();
+  EXPECT_EQ(d.kind, swap::IoEngineKind::kAuto);
+  EXPECT_EQ(d.block_size, swap::IoOptions{}.block_size);
+  EXPECT_EQ(d.queue_depth, swap::IoOptions{}.queue_depth);
+  EXPECT_EQ(d.threads, 0u);
+}
+
+TEST(Config, ReadsTheOptimizerBlock) {
+  const EngineConfig c = parse_config(R"({"optimizer": {"type": "AdamW", "params": {
+      "lr": 0.01, "betas": [0.8, 0.95], "eps": 1e-6, "weight_decay": 0.1,
+      "bias_correction": false}}})");
+  const AdamParams& hp = c.optimizer.hyper;
+  EXPECT_EQ(hp.lr, 0.01);
+  EXPECT_EQ(hp.beta1, 0.8);
+  EXPECT_EQ(hp.beta2, 0.95);
+  EXPECT_EQ(hp.eps, 1e-6);
+  EXPECT_EQ(hp.weight_decay, 0.1);
+  EXPECT_FALSE(hp.bias_correction);
+  EXPECT_EQ(hp.mode, AdamMode::kAdamW);
+}
+
+TEST(Config, AdamMeansAdamWUnlessAdamWModeIsFalseAsInDeepSpeed) {
+  EXPECT_EQ(parse_config(R"({"optimizer": {"type": "Adam"}})").optimizer.hyper.mode,
+            AdamMode::kAdamW);
+  EXPECT_EQ(parse_config(R"({"optimizer": {"type": "adam", "params": {"adam_w_mode": false}}})")
+                .optimizer.hyper.mode,
+            AdamMode::kAdam);
+  EXPECT_EQ(parse_config(R"({"optimizer": {"type": "ADAMW", "params": {"adam_w_mode": false}}})")
+                .optimizer.hyper.mode,
+            AdamMode::kAdamW);
+  EXPECT_EQ(error_of(R"({"optimizer": {"type": "Lamb"}})"),
+            "cfg.json: optimizer.type: \"Lamb\" is not supported; zinf's CPU optimizer "
+            "implements \"Adam\" and \"AdamW\"");
+  EXPECT_EQ(error_of(R"({"optimizer": {"params": {"amsgrad": true}}})"),
+            "cfg.json: optimizer.params.amsgrad: true is not supported by zinf's CPU Adam");
+  EXPECT_EQ(error_of(R"({"optimizer": {"params": {"betas": [0.9]}}})"),
+            "cfg.json: optimizer.params.betas: expected [beta1, beta2], got [0.9]");
+  EXPECT_EQ(error_of(R"({"optimizer": {"params": {"betas": [0.9, 1.0]}}})"),
+            "cfg.json: optimizer.params.betas: each beta must be in [0, 1), got [0.9,1.0]");
+  EXPECT_EQ(error_of(R"({"optimizer": {"params": {"lr": -1}}})"),
+            "cfg.json: optimizer.params.lr: must be finite and >= 0, got -1");
+  EXPECT_EQ(error_of(R"({"optimizer": {"params": {"eps": "1e-8"}}})"),
+            "cfg.json: optimizer.params.eps: expected a number, got \"1e-8\"");
+  EXPECT_EQ(error_of(R"({"optimizer": {"params": {"weight_decay": -0.5}}})"),
+            "cfg.json: optimizer.params.weight_decay: must be finite and >= 0, got -0.5");
+}
+
+TEST(Config, PrecisionBlocksSetTheParameterDtype) {
+  EXPECT_EQ(parse_config(R"({"bf16": {"enabled": true}})").param_dtype, DType::kBF16);
+  EXPECT_EQ(parse_config(R"({"fp16": {"enabled": true, "loss_scale": 0,
+                                      "initial_scale_power": 16}})").param_dtype,
+            DType::kF16);
+  EXPECT_EQ(parse_config(R"({"fp16": {"enabled": false}})").param_dtype, DType::kBF16);
+  const EngineConfig old = parse_config(R"({"bfloat16": {"enabled": true}})");
+  EXPECT_EQ(old.param_dtype, DType::kBF16);
+  EXPECT_TRUE(has_notice(old, "bfloat16: older name of bf16"));
+  EXPECT_EQ(error_of(R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})"),
+            "cfg.json: fp16: bf16.enabled and fp16.enabled are both true; enable one of them");
+  EXPECT_EQ(error_of(R"({"bf16": {}, "bfloat16": {}})"),
+            "cfg.json: bfloat16: both bf16 and its older name bfloat16 are given; keep bf16");
+  EXPECT_EQ(error_of(R"({"bf16": {"enabled": "auto"}})"),
+            "cfg.json: bf16.enabled: expected true or false, got \"auto\"");
+  EXPECT_EQ(error_of(R"({"fp16": {"enable": true}})"),
+            "cfg.json: fp16.enable: unknown key; did you mean 'enabled'?");
+}
+
+TEST(Config, ReadsEveryZinfKey) {
+  const EngineConfig c = parse_config(R"({"zinf": {"nvme_paths": ["/a", "/b", "/a"],
+      "pinned_budget_bytes": 1e9, "checksums": true, "backend": "uring", "direct_io": false,
+      "precondition": true, "prefetch_depth": 4, "adam_threads": 8}})");
+  EXPECT_EQ(c.zinf.nvme_paths, (std::vector<std::string>{"/a", "/b", "/a"}));
+  EXPECT_EQ(c.zinf.pinned_budget_bytes, 1'000'000'000u);
+  EXPECT_TRUE(c.zinf.checksums);
+  EXPECT_EQ(c.zinf.backend, swap::IoEngineKind::kUring);
+  EXPECT_FALSE(c.zinf.direct_io);
+  EXPECT_TRUE(c.zinf.precondition);
+  EXPECT_EQ(c.zinf.prefetch_depth, 4u);
+  EXPECT_EQ(c.zinf.adam_threads, 8u);
+  EXPECT_EQ(parse_config(R"({"zinf": {"backend": "auto"}})").zinf.backend,
+            swap::IoEngineKind::kAuto);
+  EXPECT_EQ(error_of(R"({"zinf": {"backend": "aio"}})"),
+            "cfg.json: zinf.backend: expected \"auto\", \"uring\" or \"threads\", got \"aio\"");
+  EXPECT_EQ(error_of(R"({"zinf": {"nvme_paths": "/a"}})"),
+            "cfg.json: zinf.nvme_paths: expected an array of directories, got \"/a\"");
+  EXPECT_EQ(error_of(R"({"zinf": {"nvme_paths": ["/a", 3]}})"),
+            "cfg.json: zinf.nvme_paths[1]: expected a string, got 3");
+  EXPECT_EQ(error_of(R"({"zinf": {"nvme_paths": [""]}})"),
+            "cfg.json: zinf.nvme_paths[0]: empty path");
+  EXPECT_EQ(error_of(R"({"zinf": {"adam_threads": 2000}})"),
+            "cfg.json: zinf.adam_threads: at most 1024, got 2000");
+  EXPECT_EQ(error_of(R"({"zinf": {"pinned_budget_bytes": 0}})"),
+            "cfg.json: zinf.pinned_budget_bytes: 0 is too small (at least 1)");
+}
+
+TEST(Config, NvmeDirectoriesArePathThenZinfPathsWithRepeatsKept) {
+  const EngineConfig c = parse_config(R"({"zinf": {"nvme_paths": ["/b", "/a", "/b"]}})");
+  EXPECT_EQ(c.nvme_directories("/a"), (std::vector<std::string>{"/a", "/b", "/a", "/b"}));
+  EXPECT_EQ(c.nvme_directories(""), (std::vector<std::string>{"/b", "/a", "/b"}));
+  EXPECT_TRUE(EngineConfig{}.nvme_directories("").empty());
+}
+
+TEST(Config, AcceptsDeepSpeedKeysWithoutEffectAndSaysSo) {
+  const EngineConfig c = parse_config(R"({"train_batch_size": 8, "gradient_clipping": 1.0,
+      "scheduler": {"type": "WarmupLR", "anything": [1, 2]}, "flops_profiler": {},
+      "zero_optimization": {"overlap_comm": true, "reduce_bucket_size": "auto",
+                            "stage3_max_live_parameters": 1e9, "cpu_offload": true},
+      "zero_allow_untested_optimizer": true})");
+  EXPECT_EQ(c.notices.size(), 3u);
+  EXPECT_TRUE(has_notice(c, "top level: accepted without effect in zinf: train_batch_size, "
+                            "gradient_clipping, scheduler, flops_profiler, "
+                            "zero_allow_untested_optimizer"));
+  EXPECT_TRUE(has_notice(c, "zero_optimization: accepted without effect in zinf: overlap_comm, "
+                            "reduce_bucket_size, stage3_max_live_parameters, cpu_offload"));
+  EXPECT_TRUE(has_notice(c, "zero_optimization.cpu_offload: deprecated DeepSpeed key"));
+  // The oldest boolean form of zero_optimization.
+  EXPECT_EQ(parse_config(R"({"zero_optimization": true})").zero_stage, 1);
+}
+
+TEST(Config, IntegersMayBeWrittenAsIntegralFloats) {
+  const EngineConfig c = parse_config(R"({"zero_optimization": {"sub_group_size": 1e8,
+      "offload_param": {"buffer_size": 5e8, "max_in_cpu": 1.5e3}},
+      "aio": {"block_size": 1.048576e6}})");
+  EXPECT_EQ(c.sub_group_size, 100'000'000u);
+  EXPECT_EQ(c.offload_param.buffer_size, 500'000'000u);
+  EXPECT_EQ(c.offload_param.max_in_cpu, 1500u);  // 1.5e3 is the integer 1500
+  EXPECT_EQ(c.aio.block_size, 1u << 20);
+  EXPECT_EQ(parse_config(R"({"zinf": {"pinned_budget_bytes": 1.8446744073709550e19}})")
+                .zinf.pinned_budget_bytes,
+            18446744073709549568u);  // the largest double below 2^64
+}
+
+TEST(Config, RejectsNonIntegralNegativeStringAndOutOfRangeIntegers) {
+  EXPECT_EQ(error_of(R"({"zero_optimization": {"offload_param": {"buffer_size": 1.5}}})"),
+            "cfg.json: zero_optimization.offload_param.buffer_size: expected an integer, got 1.5");
+  EXPECT_EQ(error_of(R"({"zero_optimization": {"offload_param": {"buffer_count": 2.5e-1}}})"),
+            "cfg.json: zero_optimization.offload_param.buffer_count: expected an integer, got "
+            "0.25");
+  EXPECT_EQ(error_of(R"({"zero_optimization": {"offload_param": {"buffer_size": -100}}})"),
+            "cfg.json: zero_optimization.offload_param.buffer_size: expected a non-negative "
+            "integer, got -100");
+  EXPECT_EQ(error_of(R"({"zero_optimization": {"sub_group_size": -1e8}})"),
+            "cfg.json: zero_optimization.sub_group_size: expected a non-negative integer, got "
+            "-100000000.0");
+  EXPECT_EQ(error_of(R"({"zero_optimization": {"offload_param": {"buffer_size": "100"}}})"),
+            "cfg.json: zero_optimization.offload_param.buffer_size: expected an integer, got "
+            "\"100\"");
+  EXPECT_EQ(error_of(R"({"aio": {"queue_depth": 4294967296}})"),
+            "cfg.json: aio.queue_depth: 4294967296 is out of range (at most 4294967295)");
+  EXPECT_EQ(error_of(R"({"aio": {"queue_depth": 1e10}})"),
+            "cfg.json: aio.queue_depth: 10000000000.0 is out of range (at most 4294967295)");
+  EXPECT_EQ(error_of(R"({"zinf": {"pinned_budget_bytes": 2e19}})"),
+            "cfg.json: zinf.pinned_budget_bytes: 2e+19 is out of range (at most "
+            "18446744073709551615)");
+  EXPECT_EQ(error_of(R"({"zero_optimization": {"stage": 4}})"),
+            "cfg.json: zero_optimization.stage: expected 0, 1, 2 or 3, got 4");
+  EXPECT_EQ(error_of(R"({"zero_optimization": {"stage": 4294967295}})"),
+            "cfg.json: zero_optimization.stage: expected 0, 1, 2 or 3, got 4294967295");
+  EXPECT_EQ(error_of(R"({"zero_optimization": {"stage": "3"}})"),
+            "cfg.json: zero_optimization.stage: expected an integer, got \"3\"");
+  EXPECT_EQ(error_of(R"({"zero_optimization": {"sub_group_size": 0}})"),
+            "cfg.json: zero_optimization.sub_group_size: 0 is too small (at least 1)");
+}
+
+TEST(Config, BooleansMustBeJsonBooleans) {
+  EXPECT_EQ(error_of(R"({"zero_optimization": {"offload_param": {"pin_memory": "true"}}})"),
+            "cfg.json: zero_optimization.offload_param.pin_memory: expected true or false, got "
+            "\"true\"");
+  EXPECT_EQ(error_of(R"({"aio": {"single_submit": 0}})"),
+            "cfg.json: aio.single_submit: expected true or false, got 0");
+  EXPECT_EQ(error_of(R"({"zinf": {"checksums": null}})"),
+            "cfg.json: zinf.checksums: expected true or false, got null");
+}
+
+TEST(Config, UnknownKeysAreErrorsThatSuggestTheClosestKey) {
+  EXPECT_EQ(error_of(R"({"zero_optimization": {"offload_param": {"nvme_pth": "/x"}}})"),
+            "cfg.json: zero_optimization.offload_param.nvme_pth: unknown key; did you mean "
+            "'nvme_path'?");
+  EXPECT_EQ(error_of(R"({"aio": {"thread_cnt": 1}})"),
+            "cfg.json: aio.thread_cnt: unknown key; did you mean 'thread_count'?");
+  EXPECT_EQ(error_of(R"({"aio": {"intra_op_parallel": 1}})"),
+            "cfg.json: aio.intra_op_parallel: unknown key; did you mean 'intra_op_parallelism'?");
+  EXPECT_EQ(error_of(R"({"trian_batch_size": 1})"),
+            "cfg.json: trian_batch_size: unknown key; did you mean 'train_batch_size'?");
+  EXPECT_EQ(error_of(R"({"zero_optimization": {"Stage": 3}})"),
+            "cfg.json: zero_optimization.Stage: unknown key; did you mean 'stage'?");
+  EXPECT_EQ(error_of(R"({"zero_optimization": {"stage3_max_live_parameter": 1}})"),
+            "cfg.json: zero_optimization.stage3_max_live_parameter: unknown key; did you mean "
+            "'stage3_max_live_parameters'?");
+  EXPECT_EQ(error_of(R"({"zinf": {"nvme_path": ["/a"]}})"),
+            "cfg.json: zinf.nvme_path: unknown key; did you mean 'nvme_paths'?");
+  EXPECT_EQ(error_of(R"({"optimizer": {"params": {"betass": [0.9, 0.9]}}})"),
+            "cfg.json: optimizer.params.betass: unknown key; did you mean 'betas'?");
+  // Nothing close: no suggestion.
+  EXPECT_EQ(error_of(R"({"aio": {"xyz": 1}})"), "cfg.json: aio.xyz: unknown key");
+  EXPECT_EQ(error_of(R"({"completely_different_thing": 1})"),
+            "cfg.json: completely_different_thing: unknown key");
+}
+
+TEST(Config, ValueErrorsOfTheOffloadAndAioBlocks) {
+  EXPECT_EQ(error_of(R"({"zero_optimization": {"offload_param": {"device": "gpu"}}})"),
+            "cfg.json: zero_optimization.offload_param.device: expected \"none\", \"cpu\" or "
+            "\"nvme\", got \"gpu\"");
+  EXPECT_EQ(error_of(R"({"zero_optimization": {"offload_optimizer": {"ratio": 0.5}}})"),
+            "cfg.json: zero_optimization.offload_optimizer.ratio: only 1.0 is supported "
+            "(partial optimizer offload is not built), got 0.5");
+  EXPECT_EQ(error_of(R"({"zero_optimization": {"offload_param": {"nvme_path": ""}}})"),
+            "cfg.json: zero_optimization.offload_param.nvme_path: empty path (give a directory, "
+            "or omit the key)");
+  EXPECT_EQ(error_of(R"({"zero_optimization": {"offload_param": 5}})"),
+            "cfg.json: zero_optimization.offload_param: expected an object {...}, got 5");
+  EXPECT_EQ(error_of(R"({"aio": {"block_size": 1000}})"),
+            "cfg.json: aio.block_size: must be a multiple of 4096 (O_DIRECT alignment), got 1000");
+  EXPECT_EQ(error_of(R"({"aio": {"block_size": 0}})"),
+            "cfg.json: aio.block_size: 0 is too small (at least 1)");
+  EXPECT_EQ(error_of(R"({"aio": {"queue_depth": 0}})"),
+            "cfg.json: aio.queue_depth: 0 is too small (at least 1)");
+  EXPECT_EQ(error_of(R"({"aio": {"use_gds": true}})"),
+            "cfg.json: aio.use_gds: true is not supported: GPUDirect Storage is not built into "
+            "zinf");
+  // DeepSpeed's Optional blocks and paths may be null.
+  const EngineConfig c = parse_config(R"({"aio": null, "zero_optimization": {
+      "offload_param": null, "offload_optimizer": {"device": "cpu", "nvme_path": null}}})");
+  EXPECT_EQ(c.offload_optimizer.device, OffloadDevice::kCpu);
+  EXPECT_TRUE(c.offload_optimizer.nvme_path.empty());
+}
+
+TEST(Config, ContradictionsAreErrors) {
+  EXPECT_EQ(error_of(R"({"zero_optimization": {"stage": 3,
+      "offload_param": {"device": "nvme"}}})"),
+            "cfg.json: zero_optimization.offload_param.nvme_path: device is \"nvme\" but no NVMe "
+            "directory is given (set zero_optimization.offload_param.nvme_path or "
+            "zinf.nvme_paths)");
+  EXPECT_EQ(error_of(R"({"zero_optimization": {"offload_optimizer": {"device": "nvme"}}})"),
+            "cfg.json: zero_optimization.offload_optimizer.nvme_path: device is \"nvme\" but no "
+            "NVMe directory is given (set zero_optimization.offload_optimizer.nvme_path or "
+            "zinf.nvme_paths)");
+  // zinf.nvme_paths alone is enough.
+  EXPECT_EQ(parse_config(R"({"zero_optimization": {"stage": 3, "offload_param": {"device":
+      "nvme"}, "offload_optimizer": {"device": "nvme"}}, "zinf": {"nvme_paths": ["/n"]}})")
+                .offload_param.device,
+            OffloadDevice::kNvme);
+  EXPECT_EQ(error_of(R"({"zero_optimization": {"stage": 2,
+      "offload_param": {"device": "cpu"}}})"),
+            "cfg.json: zero_optimization.offload_param.device: parameter offload (\"cpu\") needs "
+            "zero_optimization.stage 3, but stage is 2");
+  EXPECT_EQ(error_of(R"({"zero_optimization": {"offload_param": {"device": "nvme",
+      "nvme_path": "/x"}}})"),
+            "cfg.json: zero_optimization.offload_param.device: parameter offload (\"nvme\") "
+            "needs zero_optimization.stage 3, but stage is 0");
+  EXPECT_EQ(error_of(R"({"zero_optimization": {"offload_optimizer": {"device": "nvme",
+      "nvme_path": "/x", "buffer_count": 2}}})"),
+            "cfg.json: zero_optimization.offload_optimizer.buffer_count: the NVMe optimizer "
+            "pipeline needs at least 3 buffers (one being read ahead, one being updated, one "
+            "being written back), got 2");
+  // The ring exists only for NVMe: fewer buffers are fine with the state in host memory.
+  EXPECT_EQ(parse_config(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu",
+      "buffer_count": 1}}})").offload_optimizer.buffer_count,
+            1u);
+}
+
+TEST(Config, MalformedJsonNamesLineAndColumn) {
+  EXPECT_EQ(error_of("{\n  \"aio\": {\n    \"block_size\": 4096,\n  }\n}"),
+            "cfg.json: line 4, column 3: syntax error while parsing object key - unexpected "
+            "'}'; expected string literal");
+  EXPECT_EQ(error_of("{\"aio\": {\"block_size\": 40x96}}"),
+            "cfg.json: line 1, column 26: syntax error while parsing object - invalid literal; "
+            "last read: '40x'; expected '}'");
+  EXPECT_EQ(error_of(""),
+            "cfg.json: line 1, column 1: syntax error while parsing value - unexpected end of "
+            "input; expected '[', '{', or a literal");
+  EXPECT_EQ(error_of("{\"a\": 1} // comment"),
+            "cfg.json: line 1, column 10: syntax error while parsing value - invalid literal; "
+            "last read: '1} /'; expected end of input");
+  EXPECT_EQ(error_of("[1, 2]"), "cfg.json: the config must be a JSON object {...}, got [1,2]");
+}
+
+TEST(Config, DuplicateKeysAreErrors) {
+  // The position is that of the repeated key's closing quote.
+  EXPECT_EQ(error_of("{\n  \"zero_optimization\": {\"stage\": 3,\n    \"stage\": 2}\n}"),
+            "cfg.json: line 3, column 11: zero_optimization.stage: duplicate key (DeepSpeed "
+            "would silently keep the last value)");
+  EXPECT_EQ(error_of(R"({"aio": {}, "aio": {}})"),
+            "cfg.json: line 1, column 17: aio: duplicate key (DeepSpeed would silently keep the "
+            "last value)");
+  // The path of a key inside an array element, and the same key in sibling objects is fine.
+  EXPECT_EQ(error_of(R"({"scheduler": {"params": [{"a": 1}, {"a": 1, "a": 2}]}})"),
+            "cfg.json: line 1, column 48: scheduler.params[1].a: duplicate key (DeepSpeed would "
+            "silently keep the last value)");
+}
+
+TEST(Config, ParsesARealZeroInfinityConfig) {
+  const EngineConfig c = load_config(ZINF_CONFIG_TEST_DATA "/zero_infinity_ds_config.json");
+  EXPECT_EQ(c.zero_stage, 3);
+  EXPECT_EQ(c.offload_param.device, OffloadDevice::kNvme);
+  EXPECT_EQ(c.offload_param.nvme_path, "/local_nvme");
+  EXPECT_EQ(c.offload_param.buffer_count, 5u);
+  EXPECT_EQ(c.offload_param.buffer_size, 100'000'000u);
+  EXPECT_EQ(c.offload_param.max_in_cpu, 1'000'000'000u);
+  EXPECT_EQ(c.offload_optimizer.device, OffloadDevice::kNvme);
+  EXPECT_EQ(c.offload_optimizer.nvme_path, "/local_nvme");
+  EXPECT_EQ(c.offload_optimizer.buffer_count, 4u);
+  EXPECT_EQ(c.sub_group_size, 100'000'000u);
+  EXPECT_EQ(c.aio.block_size, 1u << 20);
+  EXPECT_EQ(c.aio.queue_depth, 8u);
+  EXPECT_EQ(c.aio.intra_op_parallelism, 1u);
+  EXPECT_EQ(c.optimizer.hyper.mode, AdamMode::kAdamW);
+  EXPECT_EQ(c.optimizer.hyper.lr, 3e-4);
+  EXPECT_EQ(c.optimizer.hyper.beta2, 0.95);
+  EXPECT_EQ(c.optimizer.hyper.weight_decay, 0.1);
+  EXPECT_EQ(c.param_dtype, DType::kBF16);
+  EXPECT_EQ(c.nvme_directories(c.offload_param.nvme_path),
+            (std::vector<std::string>{"/local_nvme"}));
+  EXPECT_TRUE(has_notice(c, "aio.thread_count: older name"));
+}
+
+TEST(Config, ParsesTheDocsExample) {
+  // docs/config.md's example, as printed there.
+  const EngineConfig c = parse_config(R"({
+  "train_batch_size": 16,
+  "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "weight_decay": 0.1}},
+  "bf16": {"enabled": true},
+  "zero_optimization": {
+    "stage": 3,
+    "sub_group_size": 1e8,
+    "offload_param": {"device": "nvme", "nvme_path": "/nvme0/zinf", "buffer_count": 5, "buffer_size": 1e8},
+    "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme0/zinf", "buffer_count": 4}
+  },
+  "aio": {"block_size": 1048576, "queue_depth": 16, "intra_op_parallelism": 0},
+  "zinf": {"nvme_paths": ["/nvme1/zinf"], "pinned_budget_bytes": 4e9, "checksums": true, "backend": "auto"}
+})");
+  EXPECT_EQ(c.nvme_directories(c.offload_optimizer.nvme_path),
+            (std::vector<std::string>{"/nvme0/zinf", "/nvme1/zinf"}));
+  EXPECT_EQ(c.zinf.pinned_budget_bytes, 4'000'000'000u);
+  EXPECT_EQ(c.notices, (std::vector<std::string>{
+                           "top level: accepted without effect in zinf: train_batch_size"}));
+}
+
+TEST(Config, LoadConfigOfAMissingFileNamesThePathAndErrno) {
+  test::TestDir dir;
+  const std::string path = dir.file("missing.json");
+  try {
+    (void)load_config(path);
+    FAIL() << "no error";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.sys_errno(), ENOENT);
+    EXPECT_EQ(e.code(), ErrorCode::kNotFound);
+    const std::string what = e.what();
+    EXPECT_NE(what.find(path), std::string::npos) << what;
+    EXPECT_NE(what.find("ENOENT"), std::string::npos) << what;
+    EXPECT_NE(what.find("open config"), std::string::npos) << what;
+  }
+}
+
+TEST(Config, LoadConfigNamesTheFileInParseErrors) {
+  test::TestDir dir;
+  const std::string path = dir.file("bad.json");
+  std::ofstream(path) << "{\"aio\": {\"queue_dept\": 8}}";
+  try {
+    (void)load_config(path);
+    FAIL() << "no error";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              path + ": aio.queue_dept: unknown key; did you mean 'queue_depth'?");
+  }
+}
+
+TEST(Config, RoundTripsTheDefaults) {
+  const EngineConfig defaults;
+  const std::string json = config_to_json(defaults);
+  const EngineConfig back = parse_config(json);
+  expect_same(back, defaults);
+  // max_in_cpu is written (so it round-trips) and read with a notice that it has no effect.
+  EXPECT_EQ(back.notices, (std::vector<std::string>{
+                              "zero_optimization.offload_param.max_in_cpu: accepted without "
+                              "effect in zinf (no CPU cache of NVMe parameters)"}))
+      << json;
+}
+
+TEST(Config, RoundTripsAConfigWithEveryFieldChanged) {
+  EngineConfig c;
+  c.zero_stage = 3;
+  c.offload_param = {OffloadDevice::kNvme, "/nvme0/p", false, 9, 123'456'789, 77};
+  c.offload_optimizer.device = OffloadDevice::kNvme;
+  c.offload_optimizer.nvme_path = "/nvme0/o";
+  c.offload_optimizer.pin_memory = false;
+  c.offload_optimizer.buffer_count = 6;
+  c.offload_optimizer.pipeline_read = true;
+  c.offload_optimizer.pipeline_write = true;
+  c.offload_optimizer.fast_init = true;
+  c.sub_group_size = 18'000'000'000'000'000'001u;  // above 2^53: must stay an exact integer
+  c.aio = {1u << 18, 64, 7, true, false, false};
+  c.optimizer.hyper.lr = 0.1 / 3;  // not a short decimal: needs all 17 digits
+  c.optimizer.hyper.beta1 = 0.85;
+  c.optimizer.hyper.beta2 = 0.9876;
+  c.optimizer.hyper.eps = 1e-12;
+  c.optimizer.hyper.weight_decay = 0.05;
+  c.optimizer.hyper.bias_correction = false;
+  c.optimizer.hyper.mode = AdamMode::kAdamW;
+  c.zinf.nvme_paths = {"/nvme1", "/nvme2", "/nvme1"};
+  c.zinf.pinned_budget_bytes = 3ull << 30;
+  c.zinf.checksums = true;
+  c.zinf.backend = swap::IoEngineKind::kThreads;
+  c.zinf.direct_io = false;
+  c.zinf.precondition = true;
+  c.zinf.prefetch_depth = 5;
+  c.zinf.adam_threads = 3;
+  c.param_dtype = DType::kF16;
+  const std::string json = config_to_json(c);
+  expect_same(parse_config(json), c);
+
+  // The other values of the enums and of the optimizer's mode.
+  c.optimizer.hyper.mode = AdamMode::kAdam;
+  c.param_dtype = DType::kBF16;
+  c.zinf.backend = swap::IoEngineKind::kUring;
+  c.offload_param.device = OffloadDevice::kCpu;
+  c.offload_optimizer.device = OffloadDevice::kCpu;
+  expect_same(parse_config(config_to_json(c)), c);
+  c.param_dtype = DType::kF32;
+  EXPECT_THROW((void)config_to_json(c), UsageError);
+}
+
+TEST(Config, OffloadDeviceNames) {
+  EXPECT_EQ(offload_device_name(OffloadDevice::kNone), "none");
+  EXPECT_EQ(offload_device_name(OffloadDevice::kCpu), "cpu");
+  EXPECT_EQ(offload_device_name(OffloadDevice::kNvme), "nvme");
+}
+
+}  // namespace
+}  // namespace zinf::offload
