@@ -12,5 +12,6 @@ int bench_io_main(const std::vector<std::string>& args);
 int bench_adam_main(const std::vector<std::string>& args);
 int bench_prefetch_main(const std::vector<std::string>& args);
 int bench_step_main(const std::vector<std::string>& args);
+int demo_main(const std::vector<std::string>& args);
 
 }  // namespace zinf::tools
