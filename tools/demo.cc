@@ -283,7 +283,7 @@ int demo_main(const std::vector<std::string>& tokens) {
                   static_cast<unsigned long long>(s + 1), static_cast<unsigned long long>(steps),
                   loss, step_s, st.nvme_read_gbps, st.nvme_write_gbps, 100.0 * stall_share);
     if (tty) {
-      std::fprintf(out, "\r%s", line);
+      std::fprintf(out, "\r%s\x1b[K", line);  // clear what a longer line left
       if (s + 1 == steps) std::fputc('\n', out);
       std::fflush(out);
     } else if (s == 0 || (s + 1) % every == 0 || s + 1 == steps) {
