@@ -34,8 +34,10 @@ struct EngineStats {
   std::uint64_t param_bytes_to_device = 0; ///< parameter bytes copied host -> device
   std::uint64_t optimizer_bytes_read = 0;     ///< optimizer state bytes read (NVMe tier)
   std::uint64_t optimizer_bytes_written = 0;  ///< optimizer state bytes written (NVMe tier)
-  double nvme_read_gbps = 0;   ///< all NVMe bytes read / time with a read in flight (10^9 B/s)
-  double nvme_write_gbps = 0;  ///< all NVMe bytes written / time with a write in flight
+  /// Optimizer state bytes read / the optimizer's time with a read in flight (10^9 B/s).
+  /// Parameter reads overlap compute and are not timed here (docs/engine.md).
+  double nvme_read_gbps = 0;
+  double nvme_write_gbps = 0;  ///< optimizer state bytes written / time with a write in flight
   double stall_seconds = 0;    ///< compute stream waiting for parameters (prefetch stalls)
   double step_seconds = 0;     ///< total wall time inside step()
   std::uint64_t prefetch_hits = 0;       ///< fetches whose layer was already being read
@@ -62,8 +64,9 @@ struct EngineStats {
 ///   in pinned host memory and fetch copies it to device memory from a bounded pool. kNvme: it
 ///   lives in a swap store and a LayerPrefetcher reads layers ahead of the compute (traced
 ///   order), within config.offload_param.buffer_count buffers.
-/// - optimizer kNone / kCpu: state in host memory (kNone is not pinned); kNvme: an
-///   OffloadedOptimizer over the NVMe paths. In every combination the update is the same
+/// - optimizer kNone / kCpu: state in pinned host memory (OffloadedOptimizer's cpu tier; kNone
+///   is the same tier, counted in the pinned budget); kNvme: an OffloadedOptimizer over the
+///   NVMe paths. In every combination the update is the same
 ///   CpuAdam arithmetic, so the fp32 master weights after K steps are bitwise identical for
 ///   every tier combination (a test).
 ///
