@@ -27,6 +27,8 @@ constexpr Command kCommands[] = {
      zinf::tools::bench_prefetch_main},
     {"bench step", "time optimizer steps with the state on NVMe or in pinned memory",
      zinf::tools::bench_step_main},
+    {"demo", "train a small network with parameters and optimizer state offloaded (none|cpu|nvme)",
+     zinf::tools::demo_main},
     {"plan", "what fits where: ZeRO stage, offload and memory per GPU and node",
      zinf::tools::plan_main},
     {"tune", "check the setup and find the fastest I/O settings for the optimizer's pattern",

@@ -8,9 +8,9 @@
 
 namespace zinf::test {
 
-ToolRun run_shell(const std::string& cmd) {
+ToolRun run_shell(const std::string& cmd, bool merge_stderr) {
   ToolRun r;
-  std::FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  std::FILE* p = ::popen((cmd + (merge_stderr ? " 2>&1" : " 2>/dev/null")).c_str(), "r");
   if (p == nullptr) return r;
   std::array<char, 4096> buf{};
   std::size_t n = 0;

@@ -1,0 +1,163 @@
+// SPDX-License-Identifier: Apache-2.0
+// End-to-end checks of `zinf demo` as a user runs it: a tiny model trained with each offload
+// tier (none, cpu, nvme) ends with bitwise the same fp32 master weights — the same as the
+// in-memory CpuAdam reference trainer — and a loss well below where it started; the Adam
+// thread count does not change the result; a config file is honoured and overridden; bad
+// arguments are one-line errors with status 2.
+#include <sys/wait.h>
+
+#include <array>
+#include <bit>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "demo_model.h"
+#include "sha256.h"
+#include "support/test_dir.h"
+#include "support/tool_run.h"
+
+namespace {
+
+using zinf::test::run_zinf;
+using zinf::test::ToolRun;
+
+// The raw text of a top-level field of the one-line JSON summary ("" if absent).
+std::string field(const std::string& json, const std::string& key) {
+  const std::string k = "\"" + key + "\":";
+  const std::size_t at = json.find(k);
+  if (at == std::string::npos) return "";
+  std::size_t begin = at + k.size();
+  std::size_t end = begin;
+  if (json[begin] == '"') {
+    end = json.find('"', begin + 1);
+    return json.substr(begin + 1, end - begin - 1);
+  }
+  while (end < json.size() && json[end] != ',' && json[end] != '}') ++end;
+  return json.substr(begin, end - begin);
+}
+
+// The tiny model every run here trains (seconds, even in the debug build).
+constexpr const char* kTiny = "--layers 3 --hidden 32 --batch 8 --steps 30 --lr 1e-2 --seed 5";
+
+std::string reference_sha256() {
+  zinf::offload::AdamParams hyper;
+  hyper.lr = 1e-2;
+  const auto run = zinf::tools::demo::train_reference({3, 32, 8}, 5, 30, hyper);
+  zinf::tools::Sha256 h;
+  for (const auto& layer : run.master) {
+    std::string bytes;
+    for (float f : layer) {
+      const auto u = std::bit_cast<std::uint32_t>(f);
+      for (int b = 0; b < 4; ++b) bytes += static_cast<char>((u >> (8 * b)) & 0xff);
+    }
+    h.update(bytes);
+  }
+  return zinf::tools::to_hex(h.finish());
+}
+
+TEST(DemoCli, EveryTierGivesTheReferenceWeightsAndTheLossFalls) {
+  zinf::test::TestDir dir;
+  const std::string expected = reference_sha256();
+  for (const char* tier : {"none", "cpu", "nvme"}) {
+    const ToolRun r = run_zinf(std::string("demo --json --offload ") + tier + " --dir " +
+                                   dir.path() + " " + kTiny,
+                               false);
+    ASSERT_EQ(r.status, 0) << tier << ": " << run_zinf(std::string("demo --offload ") + tier +
+                                                           " --dir " + dir.path() + " " + kTiny,
+                                                       true).out;
+    EXPECT_EQ(field(r.out, "offload"), tier);
+    EXPECT_EQ(field(r.out, "steps"), "30");
+    EXPECT_EQ(field(r.out, "layers"), "3");
+    EXPECT_EQ(field(r.out, "hidden"), "32");
+    EXPECT_EQ(field(r.out, "weights_sha256"), expected) << tier << ": " << r.out;
+    const double initial = std::atof(field(r.out, "initial_loss").c_str());
+    const double final_loss = std::atof(field(r.out, "final_loss").c_str());
+    EXPECT_GT(initial, 0.0) << r.out;
+    EXPECT_LT(final_loss, 0.5 * initial) << r.out;
+    for (const char* key : {"step_seconds", "nvme_read_gbps", "nvme_write_gbps", "stall_share",
+                            "pinned_bytes_peak"}) {
+      EXPECT_FALSE(field(r.out, key).empty()) << key << " missing in " << r.out;
+    }
+    const bool nvme = std::string(tier) == "nvme";
+    EXPECT_EQ(field(r.out, "nvme_bytes_read") != "0", nvme) << r.out;
+    EXPECT_EQ(field(r.out, "nvme_bytes_written") != "0", nvme) << r.out;
+  }
+}
+
+TEST(DemoCli, AdamThreadCountDoesNotChangeTheWeights) {
+  zinf::test::TestDir dir;
+  std::string first;
+  for (const char* threads : {"1", "2", "3"}) {
+    const ToolRun r = run_zinf(std::string("demo --json --offload cpu --adam-threads ") +
+                                   threads + " " + kTiny,
+                               false);
+    ASSERT_EQ(r.status, 0) << r.out;
+    const std::string sha = field(r.out, "weights_sha256");
+    ASSERT_EQ(sha.size(), 64u) << r.out;
+    if (first.empty()) first = sha;
+    EXPECT_EQ(sha, first) << threads << " threads";
+  }
+}
+
+TEST(DemoCli, ProgressWithoutATerminalIsOneLinePerNSteps) {
+  const ToolRun r = run_zinf(std::string("demo --offload none --every 10 ") + kTiny, true);
+  ASSERT_EQ(r.status, 0) << r.out;
+  // Step 1, then every 10th: 1, 10, 20, 30; no carriage returns.
+  std::size_t lines = 0;
+  for (std::size_t at = r.out.find("step "); at != std::string::npos;
+       at = r.out.find("\nstep ", at + 1)) {
+    ++lines;
+  }
+  EXPECT_EQ(lines, 4u) << r.out;
+  EXPECT_EQ(r.out.find('\r'), std::string::npos);
+  EXPECT_NE(r.out.find("step   30/30  loss "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("weights_sha256 "), std::string::npos) << r.out;
+}
+
+TEST(DemoCli, ConfigFileIsReadAndTheCommandLineOverridesIt) {
+  zinf::test::TestDir dir;
+  const std::string nvme_dir = dir.subdir("from-config");
+  const std::string path = dir.file("ds_config.json");
+  std::ofstream(path) << R"({
+  "zero_optimization": {"stage": 3,
+    "offload_param": {"device": "nvme", "nvme_path": ")" << nvme_dir << R"("},
+    "offload_optimizer": {"device": "nvme", "nvme_path": ")" << nvme_dir << R"("}},
+  "optimizer": {"type": "Adam", "params": {"lr": 0.02}}
+})";
+  ToolRun r = run_zinf("demo --json --config " + path + " --layers 2 --hidden 16 --batch 4 --steps 3",
+                       false);
+  ASSERT_EQ(r.status, 0) << run_zinf("demo --config " + path, true).out;
+  EXPECT_EQ(field(r.out, "offload"), "nvme");
+  EXPECT_EQ(field(r.out, "dir"), nvme_dir);
+  EXPECT_EQ(field(r.out, "lr"), "0.02");
+  r = run_zinf("demo --json --config " + path + " --offload cpu --lr 0.005 --layers 2 --hidden 16 "
+               "--batch 4 --steps 3",
+               false);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(field(r.out, "offload"), "cpu");
+  EXPECT_EQ(field(r.out, "lr"), "0.005");
+  EXPECT_EQ(field(r.out, "nvme_bytes_read"), "0");
+}
+
+TEST(DemoCli, BadArgumentsAreOneLineErrors) {
+  ToolRun r = run_zinf("demo --offload disk", true);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "zinf demo: error: invalid --offload 'disk': expected none, cpu or nvme\n");
+  r = run_zinf("demo --device cuda", true);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out,
+            "zinf demo: error: --device cuda is not supported: the demo's forward and backward "
+            "are plain C++ over host memory; use --device host\n");
+  r = run_zinf("demo --steps 0", true);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "zinf demo: error: --steps must be in [1, 1000000]\n");
+  r = run_zinf("demo --hiden 8", true);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.out.find("--hidden"), std::string::npos) << r.out;
+}
+
+}  // namespace

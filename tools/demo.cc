@@ -1,0 +1,347 @@
+// SPDX-License-Identifier: Apache-2.0
+// `zinf demo`: a small but real training job through OffloadEngine. A stack of dense tanh
+// layers (demo_model.h) learns a random teacher network's outputs; each layer is one engine
+// layer of bf16 parameters, fetched for forward and backward, with its fp32 gradients handed in
+// as backward produces them and its fp32 master weights and Adam moments in the chosen tier.
+// Prints the loss, step time, NVMe rates and prefetch stall share; --json a summary whose
+// weights_sha256 is the same for every offload tier.
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "bench_common.h"
+#include "cli_args.h"
+#include "commands.h"
+#include "demo_model.h"
+#include "json_writer.h"
+#include "sha256.h"
+#include "zinf/common/error.h"
+#include "zinf/cuda/device.h"
+#include "zinf/offload/config.h"
+#include "zinf/offload/engine.h"
+
+namespace zinf::tools {
+namespace {
+
+using offload::EngineConfig;
+using offload::OffloadDevice;
+
+constexpr const char* kHelp = R"(usage: zinf demo [options]
+
+Trains a small network through zinf's OffloadEngine: --layers dense layers of width --hidden
+with tanh between them learn to reproduce a fixed random "teacher" network of the same shape on
+--batch fixed random inputs (mean squared error, full batch, Adam). Each layer's bf16
+parameters are fetched through the engine for forward and backward; its fp32 gradients go to
+the engine as backward produces them, and the fp32 master weights and Adam moments live in the
+--offload tier. The forward and backward run in plain C++ on the host device's compute stream.
+The final weights (weights_sha256) are bitwise the same for every --offload tier.
+
+  --offload T        none | cpu | nvme: parameters and optimizer state [nvme, or the config's]
+  --dir DIR          directory for the NVMe swap files [./zinf-scratch, created if missing]
+  --config FILE      a DeepSpeed-style JSON config (docs/config.md); --offload and --dir
+                     override its offload devices and NVMe paths, --lr its learning rate
+  --steps N          training steps [50]
+  --layers N         dense layers [8]
+  --hidden N         layer width: hidden x hidden weights + hidden biases per layer [1024]
+  --batch N          training samples [32]
+  --lr X             Adam learning rate [1e-3, or the config's]
+  --seed N           seed of the teacher, the inputs and the initial weights [1]
+  --adam-threads N   CPU Adam threads, 0 = one per hardware thread [0, or the config's]
+  --every N          print one line every N steps when not on a terminal [steps / 10]
+  --device D         host (the only one: the compute is plain C++ over host memory) [host]
+  --json             print a JSON summary on stdout (progress goes to stderr)
+)";
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Builds the engine config: the file's (if any), then the command line on top.
+EngineConfig make_config(const std::string& config_path, const std::string& offload_text,
+                         const std::string& dir_option, double lr, std::uint64_t adam_threads,
+                         bool adam_threads_given, std::string& dir_used) {
+  EngineConfig config = config_path.empty() ? EngineConfig{} : offload::load_config(config_path);
+  if (config_path.empty() && offload_text.empty()) {
+    config.offload_param.device = OffloadDevice::kNvme;
+    config.offload_optimizer.device = OffloadDevice::kNvme;
+  }
+  if (!offload_text.empty()) {
+    OffloadDevice device;
+    if (offload_text == "none") {
+      device = OffloadDevice::kNone;
+    } else if (offload_text == "cpu") {
+      device = OffloadDevice::kCpu;
+    } else if (offload_text == "nvme") {
+      device = OffloadDevice::kNvme;
+    } else {
+      throw UsageError("invalid --offload '" + offload_text + "': expected none, cpu or nvme");
+    }
+    config.offload_param.device = device;
+    config.offload_optimizer.device = device;
+  }
+  // Parameter offload is ZeRO stage 3 in DeepSpeed's terms.
+  if (config.offload_param.device != OffloadDevice::kNone && config.zero_stage < 3) {
+    config.zero_stage = 3;
+  }
+  const bool nvme = config.offload_param.device == OffloadDevice::kNvme ||
+                    config.offload_optimizer.device == OffloadDevice::kNvme;
+  // --dir wins; without it, an NVMe tier whose path the config does not give uses the default.
+  auto set_path = [&](std::string& path, OffloadDevice device) {
+    if (device != OffloadDevice::kNvme) return;
+    if (!dir_option.empty() || (path.empty() && config.zinf.nvme_paths.empty())) {
+      path = dir_option.empty() ? "./zinf-scratch" : dir_option;
+      dir_used = path;
+    } else if (dir_used.empty()) {
+      dir_used = path.empty() ? config.zinf.nvme_paths.front() : path;
+    }
+  };
+  set_path(config.offload_param.nvme_path, config.offload_param.device);
+  set_path(config.offload_optimizer.nvme_path, config.offload_optimizer.device);
+  if (nvme && !dir_option.empty()) config.zinf.nvme_paths.clear();
+  if (!std::isnan(lr)) config.optimizer.hyper.lr = lr;
+  if (adam_threads_given) config.zinf.adam_threads = static_cast<std::uint32_t>(adam_threads);
+  if (config.param_dtype != offload::DType::kBF16) {
+    throw UsageError("zinf demo trains bf16 parameters, but the config enables fp16; remove "
+                     "\"fp16\" or enable \"bf16\"");
+  }
+  return config;
+}
+
+// The hash of every layer's fp32 master weights in layer order, as little-endian bytes.
+std::string weights_sha256(offload::OffloadEngine& engine) {
+  Sha256 hash;
+  std::vector<float> master;
+  std::vector<std::byte> bytes;
+  for (std::size_t l = 0; l < engine.layer_count(); ++l) {
+    master.resize(engine.layer(l).numel);
+    engine.read_master_weights(l, master);
+    bytes.resize(master.size() * 4);
+    for (std::size_t k = 0; k < master.size(); ++k) {
+      const auto u = std::bit_cast<std::uint32_t>(master[k]);
+      for (std::size_t b = 0; b < 4; ++b) bytes[4 * k + b] = static_cast<std::byte>(u >> (8 * b));
+    }
+    hash.update(bytes);
+  }
+  return to_hex(hash.finish());
+}
+
+std::string format_bytes(double bytes) {
+  char b[32];
+  if (bytes >= 1e9) {
+    std::snprintf(b, sizeof b, "%.2f GB", bytes / 1e9);
+  } else {
+    std::snprintf(b, sizeof b, "%.1f MB", bytes / 1e6);
+  }
+  return b;
+}
+
+}  // namespace
+
+int demo_main(const std::vector<std::string>& tokens) {
+  Args args("demo", tokens);
+  if (args.help()) {
+    std::fputs(kHelp, stdout);
+    return 0;
+  }
+  const std::string offload_text = args.string("offload", "");
+  const std::string dir_option = args.string("dir", "");
+  const std::string config_path = args.string("config", "");
+  const std::uint64_t steps = args.uint("steps", 50);
+  demo::MlpShape shape;
+  shape.layers = args.uint("layers", 8);
+  shape.hidden = args.uint("hidden", 1024);
+  shape.batch = args.uint("batch", 32);
+  const double lr = args.number("lr", std::nan(""));
+  const std::uint64_t seed = args.uint("seed", 1);
+  constexpr std::uint64_t kUnset = ~std::uint64_t{0};
+  const std::uint64_t adam_threads = args.uint("adam-threads", kUnset);
+  const std::uint64_t every_option = args.uint("every", 0);
+  const std::string device_text = args.string("device", "host");
+  const bool json = args.flag("json");
+  args.finish();
+
+  if (steps == 0 || steps > 1'000'000) throw UsageError("--steps must be in [1, 1000000]");
+  if (shape.layers == 0 || shape.layers > 4096) throw UsageError("--layers must be in [1, 4096]");
+  if (shape.hidden == 0 || shape.hidden > 16384) throw UsageError("--hidden must be in [1, 16384]");
+  if (shape.batch == 0 || shape.batch > 65536) throw UsageError("--batch must be in [1, 65536]");
+  if (!std::isnan(lr) && !(lr > 0 && std::isfinite(lr))) {
+    throw UsageError("--lr must be a finite number > 0");
+  }
+  if (adam_threads != kUnset && adam_threads > 1024) {
+    throw UsageError("--adam-threads must be in [0, 1024]");
+  }
+  if (device_text == "cuda") {
+    throw UsageError("--device cuda is not supported: the demo's forward and backward are plain "
+                     "C++ over host memory; use --device host");
+  }
+  if (device_text != "host") throw UsageError("invalid --device '" + device_text + "': expected host");
+
+  std::string dir_used;
+  EngineConfig config = make_config(config_path, offload_text, dir_option, lr, adam_threads,
+                                    adam_threads != kUnset, dir_used);
+  if (!dir_used.empty() && dir_used == (dir_option.empty() ? "./zinf-scratch" : dir_option)) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir_used, ec);
+    if (ec) throw UsageError("cannot create --dir " + dir_used + ": " + ec.message());
+  }
+  const std::string offload_name =
+      config.offload_param.device == config.offload_optimizer.device
+          ? std::string(offload::offload_device_name(config.offload_param.device))
+          : std::string(offload::offload_device_name(config.offload_param.device)) + "/" +
+                std::string(offload::offload_device_name(config.offload_optimizer.device));
+
+  const std::size_t numel = demo::layer_numel(shape.hidden);
+  std::vector<offload::LayerSpec> specs;
+  for (std::size_t l = 0; l < shape.layers; ++l) {
+    specs.push_back({"dense" + std::to_string(l), numel, offload::DType::kBF16});
+  }
+
+  cuda::DeviceOptions device_options;
+  device_options.kind = cuda::DeviceKind::kHost;
+  const auto device = cuda::make_device(device_options);
+  cuda::Stream compute = device->create_stream();
+  offload::OffloadEngine engine(config, specs, *device, compute);
+
+  {
+    std::vector<float> init(numel);
+    for (std::size_t l = 0; l < shape.layers; ++l) {
+      demo::init_student_layer(init, shape.hidden, seed, l);
+      engine.set_master_weights(l, init);
+    }
+  }
+  const demo::TrainingSet data = demo::make_training_set(shape, seed);
+  demo::Mlp net(shape);
+  std::copy(data.inputs.begin(), data.inputs.end(), net.input().begin());
+  std::vector<std::vector<float>> grads(shape.layers, std::vector<float>(numel));
+
+  std::FILE* out = json ? stderr : stdout;
+  const bool tty = isatty(fileno(out)) != 0;
+  const std::uint64_t every = every_option != 0 ? every_option : std::max<std::uint64_t>(1, steps / 10);
+  const double param_bytes = static_cast<double>(shape.layers * numel * 2);
+  std::fprintf(out,
+               "zinf demo: %zu layers x %zu (%zu parameters, %s bf16, %s fp32 master + Adam), "
+               "batch %zu, offload %s%s%s, lr %g\n",
+               shape.layers, shape.hidden, shape.layers * numel,
+               format_bytes(param_bytes).c_str(), format_bytes(param_bytes * 6).c_str(),
+               shape.batch, offload_name.c_str(), dir_used.empty() ? "" : " in ",
+               dir_used.c_str(), config.optimizer.hyper.lr);
+  std::fflush(out);
+
+  // One iteration: forward through every layer (the compute runs on the compute stream as host
+  // work, reading the fetched bf16 parameters), the loss, then backward in reverse; after each
+  // layer's backward the stream is synchronised so its gradients are complete before they go
+  // to the engine (whose update of that layer then overlaps the next layer's backward).
+  std::vector<double> losses, step_times;
+  const auto run_start = std::chrono::steady_clock::now();
+  double stall_before = 0;
+  for (std::uint64_t s = 0; s < steps; ++s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::size_t l = 0; l < shape.layers; ++l) {
+      const cuda::DeviceSpan p = engine.fetch(l);
+      const std::span<const std::uint16_t> bits(reinterpret_cast<const std::uint16_t*>(p.data()),
+                                                numel);
+      device->enqueue_host_work(compute, [&net, l, bits] { net.forward_bf16(l, bits); });
+      engine.release(l);
+    }
+    device->synchronize(compute);
+    const double loss = net.loss(data.targets);
+    if (!std::isfinite(loss)) {
+      throw Error("training diverged: the loss is " + std::to_string(loss) + " at step " +
+                  std::to_string(s + 1) + "; try a smaller --lr");
+    }
+    for (std::size_t l = shape.layers; l-- > 0;) {
+      const cuda::DeviceSpan p = engine.fetch(l);
+      const std::span<const std::uint16_t> bits(reinterpret_cast<const std::uint16_t*>(p.data()),
+                                                numel);
+      std::span<float> g = grads[l];
+      device->enqueue_host_work(compute, [&net, l, bits, g] { net.backward_bf16(l, bits, g); });
+      engine.release(l);
+      device->synchronize(compute);
+      engine.set_gradients(l, offload::GradView::f32(grads[l]));
+    }
+    engine.step();
+    const double step_s = seconds_since(t0);
+    losses.push_back(loss);
+    step_times.push_back(step_s);
+
+    const offload::EngineStats st = engine.stats();
+    const double stall_share = step_s > 0 ? (st.stall_seconds - stall_before) / step_s : 0;
+    stall_before = st.stall_seconds;
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "step %4llu/%llu  loss %.6f  step %.3f s  nvme read %.2f GB/s write %.2f GB/s  "
+                  "stall %4.1f%%",
+                  static_cast<unsigned long long>(s + 1), static_cast<unsigned long long>(steps),
+                  loss, step_s, st.nvme_read_gbps, st.nvme_write_gbps, 100.0 * stall_share);
+    if (tty) {
+      std::fprintf(out, "\r%s\x1b[K", line);  // clear what a longer line left
+      if (s + 1 == steps) std::fputc('\n', out);
+      std::fflush(out);
+    } else if (s == 0 || (s + 1) % every == 0 || s + 1 == steps) {
+      std::fprintf(out, "%s\n", line);
+      std::fflush(out);
+    }
+  }
+  const double total_s = seconds_since(run_start);
+
+  const offload::EngineStats st = engine.stats();
+  const std::string sha = weights_sha256(engine);
+  const double stall_share = total_s > 0 ? st.stall_seconds / total_s : 0;
+  const double step_median = median(step_times);
+  const std::uint64_t nvme_read = st.param_bytes_read + st.optimizer_bytes_read;
+  const std::uint64_t nvme_written = st.param_bytes_written + st.optimizer_bytes_written;
+
+  std::fprintf(out,
+               "loss %.6f -> %.6f (x%.3f) in %llu steps, %.1f s; median step %.3f s\n"
+               "nvme: read %s (%.2f GB/s), written %s (%.2f GB/s); prefetch stall %.1f%% "
+               "(%llu hits, %llu on demand); pinned peak %s\n"
+               "weights_sha256 %s\n",
+               losses.front(), losses.back(), losses.back() / losses.front(),
+               static_cast<unsigned long long>(steps), total_s, step_median,
+               format_bytes(static_cast<double>(nvme_read)).c_str(), st.nvme_read_gbps,
+               format_bytes(static_cast<double>(nvme_written)).c_str(), st.nvme_write_gbps,
+               100.0 * stall_share, static_cast<unsigned long long>(st.prefetch_hits),
+               static_cast<unsigned long long>(st.prefetch_on_demand),
+               format_bytes(static_cast<double>(st.pinned_bytes_peak)).c_str(), sha.c_str());
+  if (json) {
+    JsonWriter j;
+    j.field("command", "demo");
+    j.field("offload", offload_name);
+    j.field("layers", std::uint64_t{shape.layers});
+    j.field("hidden", std::uint64_t{shape.hidden});
+    j.field("batch", std::uint64_t{shape.batch});
+    j.field("seed", seed);
+    j.field("lr", config.optimizer.hyper.lr);
+    j.field("parameters", std::uint64_t{shape.layers * numel});
+    j.field("steps", steps);
+    j.field("initial_loss", losses.front());
+    j.field("final_loss", losses.back());
+    j.field("losses", losses);
+    j.field("step_seconds", step_median);
+    j.field("total_seconds", total_s);
+    j.field("nvme_bytes_read", nvme_read);
+    j.field("nvme_bytes_written", nvme_written);
+    j.field("nvme_read_gbps", st.nvme_read_gbps);
+    j.field("nvme_write_gbps", st.nvme_write_gbps);
+    j.field("stall_seconds", st.stall_seconds);
+    j.field("stall_share", stall_share);
+    j.field("prefetch_hits", st.prefetch_hits);
+    j.field("prefetch_on_demand", st.prefetch_on_demand);
+    j.field("pinned_bytes_peak", st.pinned_bytes_peak);
+    j.field("dir", dir_used);
+    j.field("weights_sha256", sha);
+    std::printf("%s\n", j.str().c_str());
+  }
+  return 0;
+}
+
+}  // namespace zinf::tools
