@@ -463,10 +463,15 @@ int tune_main(const std::vector<std::string>& tokens) {
   const double remaining = std::max(0.0, budget_s - elapsed());
   const double per_point_s = remaining * 0.55 / static_cast<double>(points.size());
   double want_total = calib_gbps * 1e9 * per_point_s / 2;  // a pass moves the state twice
-  std::uint64_t cap = std::min<std::uint64_t>(std::uint64_t{4} << 30, min_free / 2) * dir_count;
+  // 4 GiB per directory is enough for steady passes (a longer budget buys more passes, not
+  // bigger ones); only less free space than that is worth a warning.
+  constexpr std::uint64_t kMaxPerDir = std::uint64_t{4} << 30;
+  const bool space_limited = min_free / 2 < kMaxPerDir;
+  std::uint64_t cap = std::min<std::uint64_t>(kMaxPerDir, min_free / 2) * dir_count;
   std::uint64_t total = std::clamp<std::uint64_t>(static_cast<std::uint64_t>(want_total),
                                                   calib_group * kGroupsPerPass, std::max(cap, calib_group * kGroupsPerPass));
-  if (static_cast<double>(total) < want_total && cap < static_cast<std::uint64_t>(want_total)) {
+  if (space_limited && static_cast<double>(total) < want_total &&
+      cap < static_cast<std::uint64_t>(want_total)) {
     std::string w = "free space limits the test state to " + gib(static_cast<double>(total)) +
                     " (the time budget asks for " + gib(want_total) + "); short passes are noisier";
     std::fprintf(stderr, "zinf tune: warning: %s\n", w.c_str());
