@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Sets up zinf and runs its main job on a scratch folder under the current directory:
-# installs the Debian packages, builds the release preset, then measures the swap path with
-# `zinf bench io` (every byte verified). Extra arguments go to `zinf bench io`.
+# installs the Debian packages, builds the release preset, then runs `zinf demo`, a small
+# training job whose parameters and optimizer state are offloaded to NVMe files in
+# ./zinf-scratch through OffloadEngine (loss per step, step time, NVMe GB/s, prefetch stalls).
+# Extra arguments go to `zinf demo` (e.g. --offload cpu, --steps 100, --json).
 set -euo pipefail
 here=$(pwd)
 src="$(cd "$(dirname "$0")/.." && pwd)"
@@ -9,4 +11,4 @@ src="$(cd "$(dirname "$0")/.." && pwd)"
 cmake -S "$src" --preset release >/dev/null
 cmake --build "$src/build/release" --target zinf -j "$(nproc)"
 mkdir -p "$here/zinf-scratch"
-exec "$src/build/release/tools/zinf" bench io --dir "$here/zinf-scratch" --size 1G "$@"
+exec "$src/build/release/tools/zinf" demo --offload nvme --dir "$here/zinf-scratch" "$@"
