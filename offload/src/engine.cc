@@ -730,6 +730,8 @@ EngineStats OffloadEngine::stats() const {
     s.stall_seconds += std::chrono::duration<double>(p.stall_time).count();
     s.prefetch_hits = p.hits;
     s.prefetch_on_demand = p.on_demand;
+    const double busy = std::chrono::duration<double>(p.read_busy_time).count();
+    if (busy > 0) s.param_read_gbps = static_cast<double>(p.bytes_read) / busy / 1e9;
   }
   if (m.opt_read_seconds > 0) s.nvme_read_gbps = static_cast<double>(m.opt_read) / m.opt_read_seconds / 1e9;
   if (m.opt_write_seconds > 0) {

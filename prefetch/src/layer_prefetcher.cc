@@ -172,6 +172,27 @@ struct LayerPrefetcher::Impl {
   std::atomic<std::uint64_t> bytes_to_device{0};
   std::atomic<std::uint64_t> read_failures{0};
 
+  // Time with at least one read in flight. Its own lock: completions run on engine threads,
+  // which must never take mu.
+  struct ReadBusy {
+    mutable std::mutex mu;
+    std::size_t in_flight = 0;
+    std::chrono::steady_clock::time_point since;
+    std::chrono::nanoseconds total{0};
+    void begin() {
+      std::lock_guard lock(mu);
+      if (in_flight++ == 0) since = std::chrono::steady_clock::now();
+    }
+    void end() {
+      std::lock_guard lock(mu);
+      if (--in_flight == 0) total += std::chrono::steady_clock::now() - since;
+    }
+    std::chrono::nanoseconds now_total() const {
+      std::lock_guard lock(mu);
+      return in_flight == 0 ? total : total + (std::chrono::steady_clock::now() - since);
+    }
+  } read_busy;
+
   cuda::Stream copy_stream;  // last: destroyed (drained) first
 };
 
@@ -447,10 +468,12 @@ bool LayerPrefetcher::Impl::try_issue(std::size_t layer) {
   s.state = SlotState::kWindow;
   ++stats.layers_issued;
   stats.peak_held_bytes = std::max(stats.peak_held_bytes, held_bytes());
+  read_busy.begin();  // before the submit: the completion may run inline
   try {
     issue->ticket = store.swap_in(s.key, issue->staging.span(),
                                   [this, issue, layer](const Status& st) { on_read_complete(issue, layer, st); });
   } catch (const Error&) {
+    read_busy.end();
     issue->submit_error = std::current_exception();
     issue->staging.reset();
     issue->phase.store(Issue::kFailed, std::memory_order_release);
@@ -463,6 +486,7 @@ bool LayerPrefetcher::Impl::try_issue(std::size_t layer) {
 // Never takes mu (the caller may hold it while it waits on nothing of ours) and never throws.
 void LayerPrefetcher::Impl::on_read_complete(const std::shared_ptr<Issue>& issue, std::size_t layer,
                                              const Status& status) {
+  read_busy.end();
   if (!status.ok()) {
     read_failures.fetch_add(1, std::memory_order_relaxed);
     issue->read_failure = status;
@@ -797,6 +821,7 @@ PrefetcherStats LayerPrefetcher::stats() const {
   s.bytes_read = m.bytes_read.load(std::memory_order_relaxed);
   s.bytes_to_device = m.bytes_to_device.load(std::memory_order_relaxed);
   s.read_failures = m.read_failures.load(std::memory_order_relaxed);
+  s.read_busy_time = m.read_busy.now_total();
   return s;
 }
 

@@ -40,6 +40,9 @@ std::vector<std::vector<float>> train(Tiers tiers, std::uint64_t steps = kSteps)
     EXPECT_GT(st.param_bytes_read, 0u);
     EXPECT_GT(st.param_bytes_written, 0u);
     EXPECT_GT(st.prefetch_hits + st.prefetch_on_demand, 0u);
+    EXPECT_GT(st.param_read_gbps, 0.0);
+  } else {
+    EXPECT_EQ(st.param_read_gbps, 0.0);
   }
   if (tiers.second == OffloadDevice::kNvme) {
     EXPECT_GT(st.optimizer_bytes_read, 0u);

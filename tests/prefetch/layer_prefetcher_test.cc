@@ -38,6 +38,7 @@ RigOptions uniform(std::size_t layers, std::uint64_t bytes = kLayer) {
 TEST(LayerPrefetcher, DeliversEveryByteInTheGivenOrder) {
   Rig rig(uniform(6));
   auto p = rig.make(rig.options(2, forward(6)));
+  const auto start = std::chrono::steady_clock::now();
   for (int iteration = 0; iteration < 3; ++iteration) {
     run_order(*p, rig, forward(6));
     p->end_iteration();
@@ -50,6 +51,9 @@ TEST(LayerPrefetcher, DeliversEveryByteInTheGivenOrder) {
   EXPECT_EQ(s.read_failures, 0u);
   EXPECT_GE(s.bytes_to_device, 18 * kLayer);  // no layer is reused in a forward-only order
   EXPECT_LE(s.bytes_to_device, s.layers_issued * kLayer);
+  // Reads were in flight for some of the run, and never for longer than the run.
+  EXPECT_GT(s.read_busy_time.count(), 0);
+  EXPECT_LE(s.read_busy_time, std::chrono::steady_clock::now() - start);
 }
 
 TEST(LayerPrefetcher, OddSizedLayersArriveExactly) {

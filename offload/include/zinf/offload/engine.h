@@ -35,9 +35,12 @@ struct EngineStats {
   std::uint64_t optimizer_bytes_read = 0;     ///< optimizer state bytes read (NVMe tier)
   std::uint64_t optimizer_bytes_written = 0;  ///< optimizer state bytes written (NVMe tier)
   /// Optimizer state bytes read / the optimizer's time with a read in flight (10^9 B/s).
-  /// Parameter reads overlap compute and are not timed here (docs/engine.md).
+  /// Parameter reads have their own figure, param_read_gbps.
   double nvme_read_gbps = 0;
   double nvme_write_gbps = 0;  ///< optimizer state bytes written / time with a write in flight
+  /// Parameter bytes read from NVMe / the prefetcher's time with a read in flight (nvme
+  /// parameter tier; 0 otherwise).
+  double param_read_gbps = 0;
   double stall_seconds = 0;    ///< compute stream waiting for parameters (prefetch stalls)
   double step_seconds = 0;     ///< total wall time inside step()
   std::uint64_t prefetch_hits = 0;       ///< fetches whose layer was already being read

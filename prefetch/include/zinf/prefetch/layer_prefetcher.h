@@ -80,6 +80,9 @@ struct PrefetcherStats {
   /// The most bytes held at once (staging leases + device memory), never above max_bytes.
   std::uint64_t peak_held_bytes = 0;
   std::uint64_t read_failures = 0;
+  /// Time with at least one layer's NVMe read in flight: bytes_read / read_busy_time is the
+  /// rate the reads ran at (they overlap compute, so wall time would understate it).
+  std::chrono::nanoseconds read_busy_time{0};
 };
 
 /// A bounded window of layers in flight NVMe -> pinned staging -> device.
