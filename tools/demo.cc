@@ -302,13 +302,14 @@ int demo_main(const std::vector<std::string>& tokens) {
 
   std::fprintf(out,
                "loss %.6f -> %.6f (x%.3f) in %llu steps, %.1f s; median step %.3f s\n"
-               "nvme: read %s (%.2f GB/s), written %s (%.2f GB/s); prefetch stall %.1f%% "
+               "nvme: read %s (optimizer state %.2f GB/s, parameters %.2f GB/s), written %s "
+               "(%.2f GB/s); prefetch stall %.1f%% "
                "(%llu hits, %llu on demand); pinned peak %s\n"
                "weights_sha256 %s\n",
                losses.front(), losses.back(), losses.back() / losses.front(),
                static_cast<unsigned long long>(steps), total_s, step_median,
                format_bytes(static_cast<double>(nvme_read)).c_str(), st.nvme_read_gbps,
-               format_bytes(static_cast<double>(nvme_written)).c_str(), st.nvme_write_gbps,
+               st.param_read_gbps, format_bytes(static_cast<double>(nvme_written)).c_str(), st.nvme_write_gbps,
                100.0 * stall_share, static_cast<unsigned long long>(st.prefetch_hits),
                static_cast<unsigned long long>(st.prefetch_on_demand),
                format_bytes(static_cast<double>(st.pinned_bytes_peak)).c_str(), sha.c_str());
@@ -332,6 +333,7 @@ int demo_main(const std::vector<std::string>& tokens) {
     j.field("nvme_bytes_written", nvme_written);
     j.field("nvme_read_gbps", st.nvme_read_gbps);
     j.field("nvme_write_gbps", st.nvme_write_gbps);
+    j.field("param_read_gbps", st.param_read_gbps);
     j.field("stall_seconds", st.stall_seconds);
     j.field("stall_share", stall_share);
     j.field("prefetch_hits", st.prefetch_hits);
