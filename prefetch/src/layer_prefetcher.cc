@@ -609,6 +609,9 @@ void LayerPrefetcher::Impl::wait_for_read(Slot& s, std::unique_lock<std::mutex>&
   for (;;) {
     const std::uint64_t seen = progress->epoch();
     if (s.issue->phase.load(std::memory_order_acquire) != Issue::kReading) return;
+    // The caller is blocked here while the compute stream moves on: advance the window as
+    // releases are passed, so that the next reads need not wait until this one is done.
+    fill_window();
     wait_progress(seen, lock);
   }
 }
