@@ -21,6 +21,7 @@
 #include "bench_common.h"
 #include "cli_args.h"
 #include "commands.h"
+#include "json_writer.h"
 #include "zinf/common/error.h"
 #include "zinf/offload/cpu_adam.h"
 #include "zinf/offload/stream_rmw.h"
@@ -50,15 +51,6 @@ constexpr const char* kUsage =
     "  --steps S        timed steps (default 10)\n";
 
 constexpr std::size_t kAdamFp32BytesPerElement = 28;  // the issue's unit: p, m, v r+w, g read
-
-std::string json_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) >= 0x20) out += c;
-  }
-  return out;
-}
 
 template <typename Fn>
 double time_seconds(Fn&& fn) {
@@ -185,18 +177,27 @@ int bench_adam_main(const std::vector<std::string>& tokens) {
   const std::string isa(offload::isa_name(adam.isa()));
   const std::string gt(offload::dtype_name(grad_dtype));
   if (json) {
-    std::printf(
-        "{\"bench\":\"adam\",\"isa\":\"%s\",\"threads\":%zu,\"numel\":%zu,\"grad_dtype\":\"%s\","
-        "\"copy_out\":\"%s\",\"steps\":%llu,\"seconds_per_step\":%.6g,\"seconds_per_step_min\":%.6g,"
-        "\"elements_per_s\":%.6g,\"bytes_per_element\":%zu,\"gbps\":%.4g",
-        isa.c_str(), adam.threads(), n, gt.c_str(), copy_text.c_str(),
-        static_cast<unsigned long long>(steps), sec, best_sec, eps, bytes_per_element, gbps);
+    JsonWriter j;
+    j.field("bench", "adam");
+    j.field("isa", isa);
+    j.field("threads", std::uint64_t{adam.threads()});
+    j.field("numel", std::uint64_t{n});
+    j.field("grad_dtype", gt);
+    j.field("copy_out", copy_text);
+    j.field("steps", steps);
+    j.field("seconds_per_step", sec);
+    j.field("seconds_per_step_min", best_sec);
+    j.field("elements_per_s", eps);
+    j.field("bytes_per_element", std::uint64_t{bytes_per_element});
+    j.field("gbps", gbps);
     if (rmw) {
-      std::printf(",\"rmw_gbps\":%.4g,\"rmw_bound_elements_per_s\":%.6g,\"ratio_to_rmw_bound\":%.4g,"
-                  "\"ratio_to_rmw_bound_best\":%.4g",
-                  rmw_gbps, bound_eps, ratio, ratio_best);
+      j.field("rmw_gbps", rmw_gbps);
+      j.field("rmw_bound_elements_per_s", bound_eps);
+      j.field("ratio_to_rmw_bound", ratio);
+      j.field("ratio_to_rmw_bound_best", ratio_best);
     }
-    std::printf(",\"cpu\":\"%s\"}\n", json_escape(cpu_model()).c_str());
+    j.field("cpu", cpu_model());
+    std::printf("%s\n", j.str().c_str());
   } else {
     std::printf("cpu adam  isa=%s threads=%zu numel=%zu grad=%s copy-out=%s steps=%llu (median)\n",
                 isa.c_str(), adam.threads(), n, gt.c_str(), copy_text.c_str(),

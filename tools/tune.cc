@@ -564,9 +564,10 @@ int tune_main(const std::vector<std::string>& tokens) {
   for (std::size_t i = 0; i < points.size(); ++i) rep += (i ? "," : "") + point_json(points[i]);
   std::string chosen = point_json(best);
   chosen.pop_back();
-  char extra[128];
-  std::snprintf(extra, sizeof extra, ",\"read_gbps\":%.6g,\"write_gbps\":%.6g}", read_gbps, write_gbps);
-  rep += "],\"chosen\":" + chosen + extra + "}";
+  JsonWriter rates;
+  rates.field("read_gbps", read_gbps);
+  rates.field("write_gbps", write_gbps);
+  rep += "],\"chosen\":" + chosen + "," + rates.str().substr(1) + "}";
 
   if (!out.empty()) write_file(out, config_json(best, all_direct));
   if (!report.empty()) write_file(report, rep + "\n");
