@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // HostDevice: streams as worker threads over an operation queue, events as generation counters,
-// "device memory" as aligned host memory, copies optionally throttled by a shared CopyLane.
+// "device memory" as aligned host memory, copies as a copy engine makes them (dma_copy),
+// optionally throttled by a shared CopyLane.
 #include "host_device.h"
 
 #include <condition_variable>
@@ -14,6 +15,7 @@
 #include <utility>
 #include <variant>
 
+#include "dma_copy.h"
 #include "zinf/common/error.h"
 #include "zinf/common/log.h"
 
@@ -178,13 +180,13 @@ class HostStream final : public StreamImpl {
   void copy(const CopyOp& op) {
     CopyLane& lane = device_.lane(op.direction);
     if (!lane.capped()) {
-      std::memcpy(op.dst, op.src, op.n);
+      dma_copy(op.dst, op.src, op.n);
       return;
     }
     // The copy itself runs at memory speed; sleeping to the end of the lane's slot makes it
     // take n / bandwidth, as over PCIe.
     auto done = lane.reserve(op.n);
-    std::memcpy(op.dst, op.src, op.n);
+    dma_copy(op.dst, op.src, op.n);
     std::this_thread::sleep_until(done);
   }
 
