@@ -297,6 +297,10 @@ int bench_prefetch_main(const std::vector<std::string>& tokens) {
     j.field("wall_seconds_passes", walls);
     j.field("io_seconds_passes", ios);
     j.field("read_gbps", total_bytes / io_s / 1e9);
+    // The rate the reads ran at inside the prefetch pass (bytes over the time any read was in
+    // flight): below read_gbps, the drive itself was slower while compute and copies ran.
+    const double busy = std::chrono::duration<double>(mid.stats.read_busy_time).count();
+    j.field("pass_read_gbps", busy > 0 ? static_cast<double>(mid.stats.bytes_read) / busy / 1e9 : 0.0);
     j.field("hits", mid.stats.hits);
     j.field("on_demand", mid.stats.on_demand);
     j.field("late_layers", mid.stats.late_layers);
