@@ -125,7 +125,7 @@ struct PrefetcherStats {
 /// when the stream reaches the layer (and whether its copy is done: a late layer), then the
 /// wait on the copy event, then a host function that timestamps again; the difference is the
 /// stall. On CUDA these host functions cost a few microseconds each; cudaEvent timing would
-/// be cheaper (TODO(#5)).
+/// be cheaper, worth measuring once a GPU run shows them in a profile.
 ///
 /// Errors. A failed NVMe read surfaces at the acquire() of that layer as the zinf::IoError of
 /// the swap layer (same text: key, file, offset, length, errno); the layer is then dropped, so
