@@ -49,6 +49,9 @@ read back verified (a mismatch is an error, exit status 1).
   --no-verify          do not check the data (faster, not recommended)
   --no-precondition    time writes into fresh (fallocated) space instead of overwrites
   --no-huge-pages      do not ask for 2 MiB pages for the buffers
+  --buffer-bytes N     pinned memory the requests rotate over [queue depth x block size, as
+                       fio]; set it to a pipeline's buffer ring (e.g. bench step's
+                       pinned_bytes_peak) to measure the drive with that footprint
   --keep               keep the data files afterwards
   --json               one JSON object per op on stdout instead of the table
 
@@ -60,6 +63,7 @@ struct Config {
   std::uint64_t size = 0;
   std::uint32_t block_size = 0;
   std::uint32_t queue_depth = 0;
+  std::uint64_t buffer_bytes = 0;  // 0: queue_depth * block_size
   std::uint32_t threads = 0;
   swap::IoEngineKind engine = swap::IoEngineKind::kAuto;
   bool do_read = true;
@@ -118,6 +122,7 @@ Config parse(const std::vector<std::string>& tokens, bool* help) {
   c.verify = !a.flag("no-verify");
   c.precondition = !a.flag("no-precondition");
   c.huge_pages = !a.flag("no-huge-pages");
+  c.buffer_bytes = a.size("buffer-bytes", 0);
   c.keep = a.flag("keep");
   c.json = a.flag("json");
   a.finish();
@@ -131,6 +136,13 @@ Config parse(const std::vector<std::string>& tokens, bool* help) {
   if (c.block_size % 4096 != 0) {
     throw UsageError("invalid --block-size " + std::to_string(c.block_size) +
                      ": must be a multiple of 4096 (the direct-I/O alignment zinf uses)");
+  }
+  const std::uint64_t window = std::uint64_t{c.queue_depth} * c.block_size;
+  if (c.buffer_bytes == 0) c.buffer_bytes = window;
+  if (c.buffer_bytes < window || c.buffer_bytes % c.block_size != 0) {
+    throw UsageError("invalid --buffer-bytes " + std::to_string(c.buffer_bytes) +
+                     ": must be a multiple of --block-size and at least queue depth x block size (" +
+                     std::to_string(window) + ")");
   }
   if (c.size < std::uint64_t{c.block_size} * c.dirs.size()) {
     throw UsageError("--size " + std::to_string(c.size) + " is smaller than one block per file (" +
@@ -146,19 +158,22 @@ double percentile(std::vector<double> v, double p) {
   return v[std::min(idx, v.size() - 1)];
 }
 
-// Runs one sequential pass of `op` over all files with `queue_depth` requests in flight.
+// Runs one sequential pass of `op` over all files with `queue_depth` requests in flight, the
+// requests taking the buffer_bytes / block_size buffers in turn.
 //
 // Phases: fill the window with queue_depth requests, then each time a request completes (its
 // callback pushes the slot onto `done`), verify its buffer (reads) and reuse the slot for the
 // next block. Latency is submit -> the engine's completion time. Errors: the first failed
 // ticket throws IoError (file, offset, length); a verification mismatch throws Error naming
-// the file and offset. Bounded by queue_depth buffers of block_size bytes.
+// the file and offset. Bounded by buffer_bytes of buffers.
 class Runner {
  public:
   Runner(const Config& cfg, swap::IoEngine& engine, swap::BufferPool& pool,
          std::vector<swap::File>& files, std::vector<swap::FileId>& ids, std::uint64_t file_size)
       : cfg_(cfg), engine_(engine), files_(files), ids_(ids), file_size_(file_size) {
-    for (std::uint32_t i = 0; i < cfg.queue_depth; ++i) slots_.push_back({pool.acquire(cfg.block_size)});
+    for (std::uint64_t i = 0; i < cfg.buffer_bytes / cfg.block_size; ++i) {
+      slots_.push_back({pool.acquire(cfg.block_size)});
+    }
   }
 
   PassResult run(swap::IoOp op, std::uint32_t generation, bool timed_progress, const char* label) {
@@ -173,19 +188,22 @@ class Runner {
     result.latencies_us.reserve(total_blocks);
     std::uint64_t next_block = 0;
     std::uint64_t completed = 0;
+    std::uint64_t in_flight = 0;
+    // FIFO: a finished buffer goes to the back, so every buffer of the footprint takes turns.
     std::deque<std::size_t> free_slots;
     for (std::size_t i = 0; i < slots_.size(); ++i) free_slots.push_back(i);
     const bool progress = timed_progress && ::isatty(STDERR_FILENO) != 0;
     auto last_progress = Clock::now();
     const auto start = Clock::now();
     while (completed < total_blocks) {
-      while (!free_slots.empty() && next_block < total_blocks) {
+      while (!free_slots.empty() && next_block < total_blocks && in_flight < cfg_.queue_depth) {
         std::size_t si = free_slots.front();
         free_slots.pop_front();
         Slot& s = slots_[si];
         s.file = static_cast<std::uint32_t>(next_block % files_.size());
         s.offset = (next_block / files_.size()) * cfg_.block_size;
         ++next_block;
+        ++in_flight;
         if (stamp) stamp_headers(s.lease.span(), s.file, s.offset, generation);
         swap::IoRequest req{op, ids_[s.file], s.offset, s.lease.span()};
         s.submitted = Clock::now();
@@ -217,6 +235,7 @@ class Runner {
         }
       }
       ++completed;
+      --in_flight;
       free_slots.push_back(si);
       if (progress && Clock::now() - last_progress > std::chrono::milliseconds(200)) {
         last_progress = Clock::now();
@@ -329,7 +348,7 @@ int bench_io_main(const std::vector<std::string>& tokens) {
   auto engine = swap::make_io_engine(io);
 
   swap::BufferPoolOptions po;
-  po.budget_bytes = std::uint64_t{cfg.queue_depth} * cfg.block_size;
+  po.budget_bytes = cfg.buffer_bytes;
   po.alignment = alignment;
   po.huge_pages = cfg.huge_pages;
   po.prefault = true;  // fault the pages in now, not during the first timed pass
@@ -379,6 +398,7 @@ int bench_io_main(const std::vector<std::string>& tokens) {
       j.field("lat_p99_us", s.lat_p99_us);
       j.field("block_size", std::uint64_t{cfg.block_size});
       j.field("queue_depth", std::uint64_t{cfg.queue_depth});
+      j.field("buffer_bytes", cfg.buffer_bytes);
       j.field("threads", std::uint64_t{engine->options().threads});
       j.field("direct", direct);
       j.field("huge_pages", pool.huge_pages());

@@ -66,6 +66,18 @@ TEST(BenchIoCli, UnalignedBlockSizeExits2) {
             "direct-I/O alignment zinf uses)\n");
 }
 
+TEST(BenchIoCli, BufferBytesBelowTheQueueOrUnalignedExits2) {
+  zinf::test::TestDir dir;
+  for (const char* bad : {"8M", "16781312"}) {
+    ToolRun r = run_zinf("bench io --dir " + dir.path() + " --queue-depth 16 --buffer-bytes " + bad);
+    EXPECT_EQ(r.status, 2);
+    EXPECT_EQ(r.out, std::string("zinf bench io: error: invalid --buffer-bytes ") +
+                         (bad[0] == '8' ? "8388608" : "16781312") +
+                         ": must be a multiple of --block-size and at least queue depth x block "
+                         "size (16777216)\n");
+  }
+}
+
 TEST(BenchIoCli, UnknownOptionSuggests) {
   ToolRun r = run_zinf("bench io --queue-dept 4");
   EXPECT_EQ(r.status, 2);
@@ -97,6 +109,16 @@ TEST(BenchIoCli, SmallVerifiedRunOverTwoDirsPrintsJson) {
   }
   // Without --keep the data files are gone.
   EXPECT_FALSE(std::ifstream(a + "/zinf-bench-io.0.dat").good());
+}
+
+// The requests rotate over a footprint larger than the queue: still every byte verified.
+TEST(BenchIoCli, LargerBufferFootprintIsVerifiedAndReported) {
+  zinf::test::TestDir dir;
+  ToolRun r = run_zinf("bench io --dir " + dir.path() + " --size 8M --block-size 256K --queue-depth 2 "
+                       "--buffer-bytes 3M --loops 1 --json --engine threads");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("\"buffer_bytes\":3145728"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"verified\":true"), std::string::npos) << r.out;
 }
 
 TEST(BenchPrefetchCli, SmallHostRunPrintsJsonWithTheKeys) {
