@@ -42,7 +42,7 @@ Reports the median step and, for that step count, the median busy time of each s
   --dir DIR          directory for the state (repeatable: striped over the files)
                      [default: ./zinf-scratch, created if missing]
   --numel N          parameters; K/M/G = 1024^n [256M: 3 GiB of state, 1 GiB of fp32 gradients]
-  --sub-group N      elements per sub-group [4194304]
+  --sub-group N      elements per sub-group [1048576]
   --depth N          ring buffers of one sub-group each, >= 3 [4]
   --threads N        CPU Adam threads including the caller [0 = one per hardware thread]
   --tier T           nvme | cpu [nvme]
@@ -69,7 +69,7 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   }
   std::vector<std::string> dirs = args.strings("dir");
   const std::uint64_t numel = args.size("numel", std::uint64_t{256} << 20);
-  const std::uint64_t sub_group = args.size("sub-group", std::uint64_t{4} << 20);
+  const std::uint64_t sub_group = args.size("sub-group", std::uint64_t{1} << 20);
   const std::uint64_t depth = args.uint("depth", 4);
   const std::uint64_t threads = args.uint("threads", 0);
   const StateTier tier = offload::parse_state_tier(args.string("tier", "nvme"), "--tier");

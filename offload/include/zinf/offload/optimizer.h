@@ -39,11 +39,14 @@ struct ParamGroupSpec {
 struct OptimizerOptions {
   StateTier tier = StateTier::kCpu;
   /// Elements per sub-group (DeepSpeed's sub_group_size): the unit of one read, one update and
-  /// one write-back. The last sub-group of a group may be shorter. 4M elements (48 MiB of
-  /// state): at 256M elements that is 64 sub-groups, so filling (one read) and draining (one
-  /// write-back) the pipeline adds about 2/64 of a step, while each transfer (48 x 1 MiB
-  /// engine pieces) is long enough to keep the queue full (bench/compare_step.sh).
-  std::uint64_t sub_group_elements = std::uint64_t{4} << 20;
+  /// one write-back. The last sub-group of a group may be shorter. 1M elements (12 MiB of
+  /// state, a 48 MiB ring at depth 4): each transfer (12 x 1 MiB engine pieces) still keeps
+  /// the queue full, and filling and draining the pipeline costs 2/256 of a 256M-element step.
+  /// The ring's footprint itself sets the drive's rate on virtual disks: on the build VM
+  /// (bench/compare_step.sh, 256M elements, 3 rounds alternated per size) steps took 1.09-1.19x
+  /// the 16 MiB-footprint ideal with 1M elements against 1.29-1.31x with 4M (192 MiB ring);
+  /// 512K was no faster than 1M.
+  std::uint64_t sub_group_elements = std::uint64_t{1} << 20;
   /// Buffers in the kNvme ring, >= 3: one being updated, one being read ahead, one being
   /// written back; more buffers read further ahead. 4: on the build VM (256M elements,
   /// bench/compare_step.sh, 3 rounds each) depth 3 ran at 1.26x the ideal and depth 4 at
