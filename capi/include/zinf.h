@@ -96,8 +96,8 @@ typedef struct zinf_stats {
   uint64_t param_bytes_to_device;
   uint64_t optimizer_bytes_read;
   uint64_t optimizer_bytes_written;
-  double nvme_read_gbps;   /**< 10^9 bytes/s while a read was in flight */
-  double nvme_write_gbps;  /**< 10^9 bytes/s while a write was in flight */
+  double nvme_read_gbps;   /**< optimizer state: 10^9 bytes/s while a read was in flight */
+  double nvme_write_gbps;  /**< optimizer state: 10^9 bytes/s while a write was in flight */
   double stall_seconds;    /**< compute waiting for parameters */
   double step_seconds;     /**< total time inside step */
   uint64_t prefetch_hits;
@@ -105,6 +105,9 @@ typedef struct zinf_stats {
   uint64_t pinned_bytes;
   uint64_t pinned_bytes_peak;
   zinf_step_stats last_step;
+  /** Parameters (offload_param "nvme"): 10^9 bytes/s read from NVMe while the prefetcher had a
+   *  read in flight; 0 for the other parameter tiers. */
+  double param_read_gbps;
 } zinf_stats;
 
 /** Adam hyper-parameters (zinf::offload::AdamParams, less the step number the engine keeps). */

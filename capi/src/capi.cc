@@ -391,6 +391,7 @@ zinf_status zinf_engine_stats(const zinf_engine* engine, zinf_stats* out) {
     c.pinned_bytes = s.pinned_bytes;
     c.pinned_bytes_peak = s.pinned_bytes_peak;
     c.last_step = to_c(s.last_step);
+    c.param_read_gbps = s.param_read_gbps;
     *out = c;
   });
 }

@@ -366,6 +366,46 @@ TEST(CApi, RoundTripMatchesTheCppEngine) {
   EXPECT_EQ(stats.pinned_bytes_peak, cpp_stats.pinned_bytes_peak);
 }
 
+// zinf_stats mirrors EngineStats field for field, param_read_gbps (the parameters' NVMe read
+// rate, which the demo and trainers report) included: nonzero with NVMe parameters, zero in
+// the cpu tier.
+TEST(CApi, StatsCarryTheParameterReadRate) {
+  zinf::test::TestDir dir;
+  const std::string config = R"({"zero_optimization": {"stage": 3, "sub_group_size": 4096,
+      "offload_param": {"device": "nvme", "nvme_path": ")" + dir.subdir("param") + R"(",
+                        "buffer_count": 2, "buffer_size": 4096},
+      "offload_optimizer": {"device": "cpu"}}, "zinf": {"backend": "threads"}})";
+  zinf_engine* e = nullptr;
+  ASSERT_EQ(zinf_engine_create(config.c_str(), kLayers, 2, nullptr, &e), ZINF_OK)
+      << zinf_last_error();
+  std::vector<std::vector<float>> g(2);
+  for (std::size_t l = 0; l < 2; ++l) {
+    const std::vector<float> w = weights_of(kLayers[l].numel, 0.01f);
+    g[l] = grads_of(kLayers[l].numel);
+    ASSERT_EQ(zinf_engine_set_master_weights(e, l, w.data(), w.size()), ZINF_OK);
+  }
+  for (std::size_t l = 0; l < 2; ++l) {
+    void* data = nullptr;
+    std::size_t bytes = 0;
+    ASSERT_EQ(zinf_engine_fetch(e, l, &data, &bytes), ZINF_OK) << zinf_last_error();
+    ASSERT_EQ(zinf_engine_release(e, l), ZINF_OK);
+    ASSERT_EQ(zinf_engine_set_gradients(e, l, g[l].data(), g[l].size(), ZINF_DTYPE_F32), ZINF_OK);
+  }
+  ASSERT_EQ(zinf_engine_step(e, nullptr), ZINF_OK) << zinf_last_error();
+  zinf_stats nvme{};
+  ASSERT_EQ(zinf_engine_stats(e, &nvme), ZINF_OK);
+  zinf_engine_destroy(e);
+  EXPECT_GE(nvme.param_bytes_read, 1000u * 2 + 257u * 2);  // both layers were read
+  EXPECT_GT(nvme.param_read_gbps, 0.0);
+
+  Engine cpu;
+  ASSERT_NE(cpu.e, nullptr);
+  zinf_stats host{};
+  host.param_read_gbps = -1;
+  ASSERT_EQ(zinf_engine_stats(cpu.e, &host), ZINF_OK);
+  EXPECT_EQ(host.param_read_gbps, 0.0);
+}
+
 TEST(CApi, SaveAndLoadRestoreTheWeights) {
   zinf::test::TestDir dir;
   Engine h;
