@@ -27,8 +27,34 @@ set(ZINF_HAVE_CUDA FALSE)
 if(NOT ZINF_WITH_CUDA STREQUAL "OFF")
   find_package(CUDAToolkit QUIET)
   set(ZINF_HAVE_CUDA ${CUDAToolkit_FOUND})
+  # The backend has one kernel (cuda/src/busy_kernel.cu), so the toolkit must come with a
+  # working nvcc. Point CMake at the toolkit's own nvcc when it is not on PATH.
+  if(ZINF_HAVE_CUDA AND NOT CMAKE_CUDA_COMPILER AND CUDAToolkit_NVCC_EXECUTABLE)
+    set(CMAKE_CUDA_COMPILER ${CUDAToolkit_NVCC_EXECUTABLE})
+  endif()
+  if(ZINF_HAVE_CUDA)
+    include(CheckLanguage)
+    check_language(CUDA)
+    if(NOT CMAKE_CUDA_COMPILER)
+      message(STATUS "zinf: the CUDA toolkit was found but no working nvcc; building without CUDA")
+      set(ZINF_HAVE_CUDA FALSE)
+    endif()
+  endif()
 endif()
-zinf_resolve_option(ZINF_WITH_CUDA ZINF_HAVE_CUDA "the CUDA toolkit")
+zinf_resolve_option(ZINF_WITH_CUDA ZINF_HAVE_CUDA "the CUDA toolkit with nvcc")
+if(ZINF_HAVE_CUDA)
+  # Machine code for the GPUs users train on, data-centre (sm_80 A100, sm_90 H100/H200) and
+  # consumer (sm_86, sm_89), plus sm_90 PTX that the driver compiles for newer ones (DESIGN.md).
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    set(CMAKE_CUDA_ARCHITECTURES 80-real 86-real 89-real 90)
+  endif()
+  # One CUDA runtime per process: the layer links the shared cudart (CUDA::cudart), so the
+  # kernel's launch stubs must use it too, not the static runtime CMake would pick.
+  set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
+  set(CMAKE_CUDA_STANDARD 17)  # CMake 3.25 has no CUDA20 for nvcc 13; the kernel needs none
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+  enable_language(CUDA)
+endif()
 
 set(ZINF_HAVE_NCCL FALSE)
 if(NOT ZINF_WITH_NCCL STREQUAL "OFF" AND ZINF_HAVE_CUDA)

@@ -19,8 +19,9 @@ endif()
 add_library(zinf_sanitizers INTERFACE)
 add_library(zinf::sanitizers ALIAS zinf_sanitizers)
 if(ZINF_SANITIZE)
-  target_compile_options(zinf_sanitizers INTERFACE -fsanitize=${ZINF_SANITIZE}
-    -fno-omit-frame-pointer -fno-sanitize-recover=all)
+  # C and C++ only: nvcc takes no -fsanitize (the one kernel's host stub is trivial).
+  target_compile_options(zinf_sanitizers INTERFACE $<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=${ZINF_SANITIZE}
+    -fno-omit-frame-pointer -fno-sanitize-recover=all>)
   target_link_options(zinf_sanitizers INTERFACE -fsanitize=${ZINF_SANITIZE})
 endif()
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "busy_kernel.h"
 #include "cuda_check.h"
 #include "zinf/common/error.h"
 #include "zinf/common/log.h"
@@ -289,6 +290,12 @@ void CudaDevice::do_host_work(StreamImpl& stream, std::function<void()> work) {
   ZINF_CUDA_CHECK(cudaLaunchHostFunc(s.stream, run_host_work, call.get()));
   call.release();  // owned by the callback now
   ++s.host_functions;
+}
+
+void CudaDevice::do_busy(StreamImpl& stream, std::chrono::nanoseconds duration) {
+  auto& s = static_cast<CudaStream&>(stream);
+  select();
+  ZINF_CUDA_CHECK(launch_busy_kernel(s.stream, static_cast<std::uint64_t>(duration.count())));
 }
 
 void CudaDevice::do_synchronize(StreamImpl& stream) {

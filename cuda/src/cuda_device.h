@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // CudaDevice: the Device backend over the CUDA runtime API (cudaMalloc, non-blocking streams,
-// cudaMemcpyAsync, events without timing, cudaLaunchHostFunc, cudaHostRegister). Plain C++
-// against CUDA::cudart; no kernels yet. Private to zinf::cuda; only built with CUDA.
+// cudaMemcpyAsync, events without timing, cudaLaunchHostFunc, cudaHostRegister), plain C++
+// against CUDA::cudart; its one kernel (busy_kernel.cu) serves enqueue_busy. Private to
+// zinf::cuda; only built with CUDA.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -42,6 +44,7 @@ class CudaDevice final : public DeviceBase {
   void do_record(EventImpl& event, StreamImpl& stream) override;
   void do_wait(StreamImpl& stream, EventImpl& event) override;
   void do_host_work(StreamImpl& stream, std::function<void()> work) override;
+  void do_busy(StreamImpl& stream, std::chrono::nanoseconds duration) override;
   void do_synchronize(StreamImpl& stream) override;
   bool query_event(const EventImpl& event) override;
   void synchronize_event(const EventImpl& event) override;

@@ -170,6 +170,16 @@ void DeviceBase::enqueue_host_work(StreamRef stream, std::function<void()> work)
   do_host_work(s, std::move(work));
 }
 
+void DeviceBase::enqueue_busy(StreamRef stream, std::chrono::nanoseconds duration) {
+  StreamImpl& s = checked_stream(stream, "enqueue_busy");
+  if (duration < std::chrono::nanoseconds::zero()) {
+    throw UsageError(usage_text("enqueue_busy", "negative duration " +
+                                                    std::to_string(duration.count()) + " ns"));
+  }
+  if (duration == std::chrono::nanoseconds::zero()) return;
+  do_busy(s, duration);
+}
+
 void DeviceBase::synchronize(StreamRef stream) {
   do_synchronize(checked_stream(stream, "synchronize"));
 }

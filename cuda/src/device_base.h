@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -54,6 +55,7 @@ class DeviceBase : public Device {
   void record(Event& event, StreamRef stream) final;
   void wait(StreamRef stream, const Event& event) final;
   void enqueue_host_work(StreamRef stream, std::function<void()> work) final;
+  void enqueue_busy(StreamRef stream, std::chrono::nanoseconds duration) final;
   void synchronize(StreamRef stream) final;
   DeviceStats stats() const final;
 
@@ -83,6 +85,7 @@ class DeviceBase : public Device {
   virtual void do_record(EventImpl& event, StreamImpl& stream) = 0;
   virtual void do_wait(StreamImpl& stream, EventImpl& event) = 0;
   virtual void do_host_work(StreamImpl& stream, std::function<void()> work) = 0;
+  virtual void do_busy(StreamImpl& stream, std::chrono::nanoseconds duration) = 0;  // > 0
   virtual void do_synchronize(StreamImpl& stream) = 0;
 
   // Device's owner callbacks, with the accounting around the hooks.

@@ -88,7 +88,10 @@ struct WaitOp {
 struct WorkOp {
   std::function<void()> work;
 };
-using Op = std::variant<CopyOp, RecordOp, WaitOp, WorkOp>;
+struct BusyOp {
+  std::chrono::nanoseconds duration;
+};
+using Op = std::variant<CopyOp, RecordOp, WaitOp, WorkOp, BusyOp>;
 
 class HostStream final : public StreamImpl {
  public:
@@ -166,6 +169,10 @@ class HostStream final : public StreamImpl {
             } else if constexpr (std::is_same_v<T, WaitOp>) {
               if (failed) return Status::ok_status();
               return o.event->wait_for(o.generation);
+            } else if constexpr (std::is_same_v<T, BusyOp>) {
+              // Sleeping, not spinning: a kernel leaves the host's CPUs to the host.
+              if (!failed) std::this_thread::sleep_for(o.duration);
+              return Status::ok_status();
             } else {
               if (failed) return Status::ok_status();
               return run_work(o.work);
@@ -289,6 +296,10 @@ void HostDevice::do_wait(StreamImpl& stream, EventImpl& event) {
 
 void HostDevice::do_host_work(StreamImpl& stream, std::function<void()> work) {
   static_cast<HostStream&>(stream).enqueue(WorkOp{std::move(work)});
+}
+
+void HostDevice::do_busy(StreamImpl& stream, std::chrono::nanoseconds duration) {
+  static_cast<HostStream&>(stream).enqueue(BusyOp{duration});
 }
 
 void HostDevice::do_synchronize(StreamImpl& stream) { static_cast<HostStream&>(stream).synchronize(); }

@@ -55,6 +55,7 @@ class HostDevice final : public DeviceBase {
   void do_record(EventImpl& event, StreamImpl& stream) override;
   void do_wait(StreamImpl& stream, EventImpl& event) override;
   void do_host_work(StreamImpl& stream, std::function<void()> work) override;
+  void do_busy(StreamImpl& stream, std::chrono::nanoseconds duration) override;
   void do_synchronize(StreamImpl& stream) override;
   bool query_event(const EventImpl& event) override;
   void synchronize_event(const EventImpl& event) override;

@@ -167,6 +167,35 @@ TEST_P(DeviceContract, StreamWaitsForEventOfAnotherStreamWithoutBlockingHost) {
   EXPECT_TRUE(ready.query());
 }
 
+TEST_P(DeviceContract, BusyHoldsItsStreamAndWhatWaitsOnItWithoutBlockingHost) {
+  // busy(1 s) -> copy in -> record(e) on one stream; wait(e) -> copy back on another. The host
+  // returns from every enqueue at once (the event is still pending right after), the copy back
+  // sees the copy in, and nothing completes before the busy time has passed.
+  using namespace std::chrono_literals;
+  constexpr std::size_t kSize = 64 * 1024;
+  DeviceBuffer buf = device_->allocate(kSize);
+  PageBuffer in = patterned(kSize, 9, 1);
+  PageBuffer out(kSize);
+  PinnedRegistration r1 = device_->register_host(in);
+  PinnedRegistration r2 = device_->register_host(out);
+  Stream s = device_->create_stream();
+  Stream t = device_->create_stream();
+  Event e = device_->create_event();
+  const auto start = std::chrono::steady_clock::now();
+  device_->enqueue_busy(s, 1s);
+  device_->copy_to_device(s, buf.span(), in);
+  device_->record(e, s);
+  device_->wait(t, e);
+  device_->copy_to_host(t, out, buf.span());
+  EXPECT_FALSE(e.query()) << "the busy time is spent on the device, not in the enqueue";
+  device_->synchronize(t);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 1s);
+  EXPECT_TRUE(e.query());
+  EXPECT_EQ(check_pattern(out, 9, 0, 1), "");
+  device_->enqueue_busy(s, 0s);  // nothing to do
+  device_->synchronize(s);
+}
+
 TEST_P(DeviceContract, EventQueryBeforeAndAfterItsWork) {
   Stream s = device_->create_stream();
   Event e = device_->create_event();
@@ -384,6 +413,10 @@ TEST_P(DeviceContract, MisuseIsUsageErrorWithExactText) {
   expect_usage([&] { (void)empty_event.query(); }, "Event::query: empty event");
   expect_usage([&] { device_->enqueue_host_work(s, {}); },
                "enqueue_host_work on " + n + ": empty function");
+  expect_usage([&] { device_->enqueue_busy(s, std::chrono::nanoseconds(-5)); },
+               "enqueue_busy on " + n + ": negative duration -5 ns");
+  expect_usage([&] { device_->enqueue_busy(StreamRef{}, std::chrono::milliseconds(1)); },
+               "enqueue_busy on " + n + ": empty stream");
 
   std::unique_ptr<Device> other = make_device(GetParam().options);
   Stream other_stream = other->create_stream();

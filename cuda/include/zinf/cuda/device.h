@@ -5,6 +5,7 @@
 // made only through make_device(). Never includes cuda_runtime.h.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -322,6 +323,14 @@ class Device {
   /// `work` must not call into any Device (CUDA forbids runtime calls there). If it throws,
   /// the stream fails with the exception's text.
   virtual void enqueue_host_work(StreamRef stream, std::function<void()> work) = 0;
+  /// Enqueues `duration` of simulated compute: the stream is busy for that long, as with a
+  /// kernel of that length, and later operations on it wait. On CUDA a one-thread kernel waits
+  /// on the GPU's global timer, so the host, the CPU and the runtime's host-function thread stay
+  /// free (CUDA may run the host functions of all streams on one thread, so a sleeping host
+  /// function would also hold back every other stream's host work); on host the stream's worker
+  /// sleeps. For benchmarks and tests that model a trainer's compute. Zero enqueues nothing;
+  /// a negative duration throws UsageError. A failed stream may skip it.
+  virtual void enqueue_busy(StreamRef stream, std::chrono::nanoseconds duration) = 0;
   /// Blocks until everything enqueued on `stream` so far has completed. Throws DeviceError if
   /// the stream has failed (see the contract above) or for a device error.
   virtual void synchronize(StreamRef stream) = 0;
