@@ -6,14 +6,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "bench_io_pattern.h"
@@ -37,10 +35,11 @@ constexpr const char* kHelp = R"(usage: zinf bench prefetch [options]
 
 Measures how much of the NVMe read time the layer prefetcher hides behind compute. Layers are
 written once to a swap store on DIR; each pass then acquires every layer in order, with a
-simulated compute of --compute-ms per layer on the compute stream, and also reads the layers
-alone (NVMe -> pinned, back to back into as many buffers as the prefetcher's staging holds,
-no compute) for the I/O time of the same run. Every byte is verified
-after the timed passes unless --no-verify.
+simulated compute of --compute-ms per layer on the compute stream (a GPU kernel that waits on
+the GPU's timer with --device cuda, a sleeping stream worker on host). Each pass also reads the
+layers alone (NVMe -> pinned, back to back into as many buffers as the prefetcher's staging
+holds, no compute) and runs the compute alone, for the I/O and compute times of the same run.
+Every byte is verified after the timed passes unless --no-verify.
 
   --dir DIR            directory for the layers (repeatable: striped over the directories)
                        [default: ./zinf-scratch, created if missing]
@@ -153,9 +152,23 @@ double read_alone(const Config& cfg, swap::SwapStore& store, swap::IoEngine& eng
 
 struct PassResult {
   double wall = 0;
-  double compute = 0;  // measured durations of the simulated compute
   prefetch::PrefetcherStats stats;
 };
+
+std::chrono::nanoseconds per_layer_compute(const Config& cfg) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double, std::milli>(cfg.compute_ms));
+}
+
+// The compute alone: the layers' simulated compute back to back on the compute stream, as the
+// prefetch pass enqueues it (Device::enqueue_busy: a kernel on CUDA, a sleeping worker on host),
+// timed from the host. Its overheads (launches, the sleep's overshoot) are the pass's too.
+double compute_alone(const Config& cfg, cuda::Device& device, cuda::StreamRef compute) {
+  const auto start = Clock::now();
+  for (std::uint64_t l = 0; l < cfg.layers; ++l) device.enqueue_busy(compute, per_layer_compute(cfg));
+  device.synchronize(compute);
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
 
 // One timed pass through a fresh prefetcher (its staging arena is made, prefaulted and
 // registered before the clock starts).
@@ -166,23 +179,14 @@ PassResult prefetch_pass(const Config& cfg, swap::SwapStore& store, swap::IoEngi
   prefetch::PrefetcherOptions o = po;
   o.register_with_engine = &engine;
   prefetch::LayerPrefetcher p(o, store, device, compute);
-  auto compute_ns = std::make_shared<std::atomic<std::int64_t>>(0);
-  const auto per_layer = std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double, std::milli>(cfg.compute_ms));
   const auto start = Clock::now();
   for (std::uint64_t l = 0; l < cfg.layers; ++l) {
     (void)p.acquire(l);
-    // Sleeping (not spinning) leaves the CPUs to the I/O and copy threads, as a GPU kernel does.
-    device.enqueue_host_work(compute, [per_layer, compute_ns] {
-      const auto t0 = Clock::now();
-      std::this_thread::sleep_until(t0 + per_layer);
-      compute_ns->fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
-    });
+    device.enqueue_busy(compute, per_layer_compute(cfg));
     p.release(l);
   }
   device.synchronize(compute);
   r.wall = std::chrono::duration<double>(Clock::now() - start).count();
-  r.compute = static_cast<double>(compute_ns->load()) / 1e9;
   r.stats = p.stats();
   return r;
 }
@@ -270,15 +274,15 @@ int bench_prefetch_main(const std::vector<std::string>& tokens) {
   po.max_bytes = (cfg.depth + 2) * (padded + cfg.layer_bytes);
   po.prefault_staging = true;
 
-  // Alternate I/O alone and prefetch passes (A B A B ...), so that drift on a shared machine
-  // hits both alike.
+  // Alternate I/O alone, compute alone and prefetch passes (A B C A B C ...), so that drift on
+  // a shared machine hits all alike.
   std::vector<double> walls, computes, ios, stalls, blocked;
   std::vector<PassResult> results;
   for (std::uint64_t pass = 0; pass < cfg.passes; ++pass) {
     ios.push_back(read_alone(cfg, store, *engine, pool, alone_buffers, false));
+    computes.push_back(compute_alone(cfg, *device, compute));
     PassResult r = prefetch_pass(cfg, store, *engine, *device, compute, po);
     walls.push_back(r.wall);
-    computes.push_back(r.compute);
     stalls.push_back(std::chrono::duration<double>(r.stats.stall_time).count());
     blocked.push_back(std::chrono::duration<double>(r.stats.acquire_blocked_time).count());
     results.push_back(r);
