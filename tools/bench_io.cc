@@ -23,6 +23,7 @@
 #include "commands.h"
 #include "json_writer.h"
 #include "zinf/common/error.h"
+#include "zinf/cuda/device.h"
 #include "zinf/swap/buffer_pool.h"
 #include "zinf/swap/file.h"
 #include "zinf/swap/io_engine.h"
@@ -412,7 +413,10 @@ int bench_io_main(const std::vector<std::string>& tokens) {
       j.field("file_system", fs);
       j.field("kernel", kernel_release());
       j.field("cpu", cpu_model());
-      j.field("gpu", std::string("none"));
+      // What the machine has, for reading figures later; this benchmark never touches a GPU.
+      const cuda::CudaAvailability gpu = cuda::probe_cuda();
+      j.field("gpu", gpu.available() ? std::to_string(gpu.device_count) + " CUDA device(s)"
+                                     : "none (" + gpu.reason + ")");
       std::printf("%s\n", j.str().c_str());
     }
   } else {
