@@ -29,7 +29,6 @@ struct zinf_engine {
   std::unique_ptr<zinf::cuda::Device> device;
   zinf::cuda::Stream stream;
   std::unique_ptr<off::OffloadEngine> engine;
-  off::AdamParams hyper;   // what get_hyper reports (the engine has no getter)
   std::string last_error;  // zinf_engine_last_error
 };
 
@@ -170,7 +169,6 @@ zinf_status create(off::EngineConfig (*read)(const char*), const char* config,
     device_options.device_index = opts.device_index;
 
     auto handle = std::make_unique<zinf_engine>();
-    handle->hyper = parsed.optimizer.hyper;
     handle->device = zinf::cuda::make_device(device_options);
     handle->stream = handle->device->create_stream();
     handle->engine = std::make_unique<off::OffloadEngine>(std::move(parsed), std::move(specs),
@@ -316,9 +314,9 @@ zinf_status zinf_engine_step(zinf_engine* engine, zinf_step_stats* out) {
 zinf_status zinf_engine_get_hyper(const zinf_engine* engine, zinf_adam_params* out) {
   return guarded(const_cast<zinf_engine*>(engine), [&] {
     const char* fn = "zinf_engine_get_hyper";
-    engine_of(const_cast<zinf_engine*>(engine), fn);
+    const off::OffloadEngine& e = engine_of(const_cast<zinf_engine*>(engine), fn);
     require(out != nullptr, fn, "out is NULL");
-    const off::AdamParams& h = engine->hyper;
+    const off::AdamParams h = e.hyper();
     zinf_adam_params c{};
     c.lr = h.lr;
     c.beta1 = h.beta1;
@@ -337,7 +335,7 @@ zinf_status zinf_engine_set_hyper(zinf_engine* engine, const zinf_adam_params* p
     const char* fn = "zinf_engine_set_hyper";
     off::OffloadEngine& e = engine_of(engine, fn);
     require(params != nullptr, fn, "params is NULL");
-    off::AdamParams h = engine->hyper;
+    off::AdamParams h = e.hyper();  // keeps what the C struct does not carry
     h.lr = params->lr;
     h.beta1 = params->beta1;
     h.beta2 = params->beta2;
@@ -347,7 +345,6 @@ zinf_status zinf_engine_set_hyper(zinf_engine* engine, const zinf_adam_params* p
     h.grad_scale = params->grad_scale;
     h.mode = params->adamw != 0 ? off::AdamMode::kAdamW : off::AdamMode::kAdam;
     e.set_hyper(h);
-    engine->hyper = h;
   });
 }
 

@@ -635,9 +635,11 @@ void parse_zinf(const Block& block, ZinfSection& out) {
   }
 }
 
+}  // namespace
+
 // Settings that contradict each other; checked after every key has been read, before any engine
 // or file exists.
-void check_contradictions(const EngineConfig& c, std::string_view source) {
+void check_config(const EngineConfig& c, std::string_view source) {
   const auto fail = [source](const std::string& what) {
     throw UsageError(std::string(source) + ": " + what);
   };
@@ -662,8 +664,6 @@ void check_contradictions(const EngineConfig& c, std::string_view source) {
          "got " + std::to_string(c.offload_optimizer.buffer_count));
   }
 }
-
-}  // namespace
 
 std::string_view offload_device_name(OffloadDevice device) noexcept {
   switch (device) {
@@ -730,7 +730,7 @@ EngineConfig parse_config(std::string_view json, std::string_view source) {
   config.param_dtype = fp16 ? DType::kF16 : DType::kBF16;
 
   if (const auto z = top.child("zinf")) parse_zinf(*z, config.zinf);
-  check_contradictions(config, source);
+  check_config(config, source);
   return config;
 }
 

@@ -174,6 +174,7 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
       otier(config.offload_optimizer.device),
       convert(CpuAdamOptions{1, std::nullopt}) {
   // ---- Validation: everything the config and the layers can contradict, before any file.
+  check_config(config, "OffloadEngine");
   if (layers.empty()) throw UsageError("OffloadEngine: no layers");
   if (compute.empty() || compute.device() != &device) {
     throw UsageError("OffloadEngine: the compute stream must be a stream of device " +
@@ -204,14 +205,6 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
   }
   const auto param_dirs = config.nvme_directories(config.offload_param.nvme_path);
   const auto opt_dirs = config.nvme_directories(config.offload_optimizer.nvme_path);
-  if (ptier == OffloadDevice::kNvme && param_dirs.empty()) {
-    throw UsageError("OffloadEngine: offload_param.device is nvme but no NVMe path is set "
-                     "(offload_param.nvme_path or zinf.nvme_paths)");
-  }
-  if (otier == OffloadDevice::kNvme && opt_dirs.empty()) {
-    throw UsageError("OffloadEngine: offload_optimizer.device is nvme but no NVMe path is set "
-                     "(offload_optimizer.nvme_path or zinf.nvme_paths)");
-  }
 
   // The sub-group size: with the nvme parameter tier each sub-group's copy-out is a range write
   // into the layer's key, so 2 x sub_group must be a multiple of the store's alignment (and of
@@ -228,6 +221,7 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
                                                      : param_align;
     const std::uint64_t rounded = round_up(sub_group * 2, unit) / 2;
     if (rounded != sub_group) {
+      // Info, not notice: the default 1e9 is rounded on every run, by a few thousand elements.
       log(LogLevel::kInfo, "OffloadEngine: sub_group_size " + std::to_string(sub_group) +
                                " rounded up to " + std::to_string(rounded) +
                                " so that each sub-group's parameter copy-out is whole " +
@@ -275,7 +269,9 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
   }
   oo.pinned_budget_bytes = opt_need;
 
-  for (const auto& notice : config.notices) log(LogLevel::kInfo, "config: " + notice);
+  // Notice level, shown by default: a notice says the config means something other than what
+  // it reads as (an old key name, a rounded size).
+  for (const auto& notice : config.notices) log(LogLevel::kNotice, "config: " + notice);
 
   // ---- Construction.
   state.resize(layers.size());
@@ -669,6 +665,8 @@ void OffloadEngine::set_hyper(const AdamParams& hyper) {
   if (impl_->step_open) throw UsageError("OffloadEngine::set_hyper inside a step (call step() first)");
   impl_->optimizer->set_hyper(hyper);
 }
+
+AdamParams OffloadEngine::hyper() const { return impl_->optimizer->hyper(); }
 
 void OffloadEngine::save(const std::string& dir) {
   Impl& m = *impl_;

@@ -125,12 +125,61 @@ std::uint64_t store_copy_out_sub_group(std::uint64_t requested, const swap::Swap
   return round_up(std::max<std::uint64_t>(requested, 1) * 2, unit) / 2;
 }
 
-std::uint64_t optimizer_pinned_bytes_needed(const OptimizerOptions& options,
-                                            const std::vector<ParamGroupSpec>& groups) {
+namespace {
+
+// 2^40 elements (12 TiB of state) per group keeps every byte count far from overflow.
+constexpr std::uint64_t kMaxNumel = std::uint64_t{1} << 40;
+// A bound on the bookkeeping (a key and a lease per sub-group): 2^22 sub-groups.
+constexpr std::uint64_t kMaxRecords = std::uint64_t{1} << 22;
+
+// Every check of the options and groups that needs no file and no memory, in one place: the
+// constructor runs it first, and optimizer_pinned_bytes_needed runs it too, so that a caller
+// (OffloadEngine) learns of any refusal before it creates files of its own. Returns the
+// number of sub-group records.
+std::uint64_t check_options(const OptimizerOptions& options, const std::vector<ParamGroupSpec>& groups) {
   if (groups.empty()) throw UsageError("OffloadedOptimizer: no parameter groups");
   if (options.sub_group_elements == 0) {
     throw UsageError("OffloadedOptimizer: sub_group_elements must be at least 1");
   }
+  std::unordered_set<std::string> names;
+  for (const auto& grp : groups) {
+    if (grp.numel == 0 || grp.numel > kMaxNumel) {
+      throw UsageError("OffloadedOptimizer: group '" + grp.name + "' numel " +
+                       std::to_string(grp.numel) + " is out of range [1, 2^40]");
+    }
+    if (grp.name.empty() || grp.name.find_first_of("\r\n") != std::string::npos) {
+      throw UsageError("OffloadedOptimizer: group names must be non-empty single lines");
+    }
+    if (!names.insert(grp.name).second) {
+      throw UsageError("OffloadedOptimizer: duplicate group name '" + grp.name + "'");
+    }
+  }
+  validate_hyper(options.hyper);
+  if (options.tier == StateTier::kNvme) {
+    if (options.pipeline_depth < 3) {
+      throw UsageError("OffloadedOptimizer: pipeline_depth must be at least 3 (read ahead, "
+                       "update, write back), got " + std::to_string(options.pipeline_depth));
+    }
+    if (options.directories.empty()) {
+      throw UsageError("OffloadedOptimizer: the nvme tier needs at least one directory");
+    }
+  }
+  const std::uint64_t sub = std::min(options.sub_group_elements, kMaxNumel);
+  std::uint64_t record_count = 0;
+  for (const auto& grp : groups) record_count += (grp.numel + sub - 1) / sub;
+  if (record_count > kMaxRecords) {
+    throw UsageError("OffloadedOptimizer: " + std::to_string(record_count) +
+                     " sub-groups exceed the limit of " + std::to_string(kMaxRecords) +
+                     "; raise sub_group_elements");
+  }
+  return record_count;
+}
+
+}  // namespace
+
+std::uint64_t optimizer_pinned_bytes_needed(const OptimizerOptions& options,
+                                            const std::vector<ParamGroupSpec>& groups) {
+  (void)check_options(options, groups);
   std::uint32_t alignment = 4096;
   if (options.tier == StateTier::kNvme) {
     for (const auto& d : options.directories) {
@@ -184,34 +233,8 @@ void validate_hyper(const AdamParams& hp) {
 
 OffloadedOptimizer::Impl::Impl(OptimizerOptions o, std::vector<ParamGroupSpec> g)
     : options(std::move(o)), groups(std::move(g)), adam(options.adam), hyper(options.hyper) {
-  if (groups.empty()) throw UsageError("OffloadedOptimizer: no parameter groups");
-  if (options.sub_group_elements == 0) {
-    throw UsageError("OffloadedOptimizer: sub_group_elements must be at least 1");
-  }
-  // 2^40 elements (12 TiB of state) per group keeps every byte count far from overflow.
-  constexpr std::uint64_t kMaxNumel = std::uint64_t{1} << 40;
-  std::unordered_set<std::string> names;
-  for (const auto& grp : groups) {
-    if (grp.numel == 0 || grp.numel > kMaxNumel) {
-      throw UsageError("OffloadedOptimizer: group '" + grp.name + "' numel " +
-                       std::to_string(grp.numel) + " is out of range [1, 2^40]");
-    }
-    if (grp.name.empty() || grp.name.find_first_of("\r\n") != std::string::npos) {
-      throw UsageError("OffloadedOptimizer: group names must be non-empty single lines");
-    }
-    if (!names.insert(grp.name).second) {
-      throw UsageError("OffloadedOptimizer: duplicate group name '" + grp.name + "'");
-    }
-  }
-  validate_hyper(hyper);
+  const std::uint64_t record_count = check_options(options, groups);
   if (nvme()) {
-    if (options.pipeline_depth < 3) {
-      throw UsageError("OffloadedOptimizer: pipeline_depth must be at least 3 (read ahead, "
-                       "update, write back), got " + std::to_string(options.pipeline_depth));
-    }
-    if (options.directories.empty()) {
-      throw UsageError("OffloadedOptimizer: the nvme tier needs at least one directory");
-    }
     for (const auto& d : options.directories) {
       alignment = std::max(alignment, swap::probe_direct_io_alignment(d));
     }
@@ -219,15 +242,6 @@ OffloadedOptimizer::Impl::Impl(OptimizerOptions o, std::vector<ParamGroupSpec> g
 
   // Records: each group cut into sub-groups, the last one possibly short.
   const std::uint64_t sub = std::min(options.sub_group_elements, kMaxNumel);
-  // A bound on the bookkeeping (a key and a lease per sub-group): 2^22 sub-groups.
-  constexpr std::uint64_t kMaxRecords = std::uint64_t{1} << 22;
-  std::uint64_t record_count = 0;
-  for (const auto& grp : groups) record_count += (grp.numel + sub - 1) / sub;
-  if (record_count > kMaxRecords) {
-    throw UsageError("OffloadedOptimizer: " + std::to_string(record_count) +
-                     " sub-groups exceed the limit of " + std::to_string(kMaxRecords) +
-                     "; raise sub_group_elements");
-  }
   records.reserve(record_count);
   group_records.resize(groups.size());
   for (std::size_t gi = 0; gi < groups.size(); ++gi) {

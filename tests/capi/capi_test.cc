@@ -424,6 +424,17 @@ TEST(CApi, SaveAndLoadRestoreTheWeights) {
   ASSERT_EQ(zinf_engine_read_master_weights(h.e, 0, out.data(), 1000), ZINF_OK);
   EXPECT_EQ(out, w);
 
+  // The checkpoint's hyper-parameters come back with it: a learning rate set after the save
+  // is replaced by the saved one, and get_hyper says so.
+  zinf_adam_params p{};
+  ASSERT_EQ(zinf_engine_get_hyper(h.e, &p), ZINF_OK);
+  const double saved_lr = p.lr;
+  p.lr = saved_lr * 4;
+  ASSERT_EQ(zinf_engine_set_hyper(h.e, &p), ZINF_OK) << zinf_last_error();
+  ASSERT_EQ(zinf_engine_load(h.e, ckpt.c_str()), ZINF_OK) << zinf_last_error();
+  ASSERT_EQ(zinf_engine_get_hyper(h.e, &p), ZINF_OK);
+  EXPECT_DOUBLE_EQ(p.lr, saved_lr);
+
   const std::string missing = dir.file("nothing-here");
   EXPECT_NE(zinf_engine_load(h.e, missing.c_str()), ZINF_OK);
   EXPECT_NE(std::string(zinf_last_error()).find(missing), std::string::npos) << zinf_last_error();

@@ -3,6 +3,7 @@
 // master weights for every parameter/optimizer tier combination, every fetch returns exactly
 // the rounded current masters, out-of-order fetches work, save/load resumes bitwise, config
 // contradictions are refused with their exact text before any file exists, misuse is refused.
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -11,6 +12,8 @@
 
 #include "engine_test_util.h"
 #include "zinf/common/error.h"
+#include "zinf/common/log.h"
+#include "zinf/offload/config.h"
 #include "zinf/offload/engine.h"
 
 namespace zinf::offload {
@@ -158,6 +161,56 @@ TEST(OffloadEngine, LayerLargerThanTheBufferIsRefusedBeforeAnyFile) {
   EXPECT_TRUE(empty_dir(c.offload_optimizer.nvme_path));
 }
 
+// What the optimizer refuses and what only a config built in code can contradict are refused
+// before the parameter store makes its files, as the config's own checks are.
+TEST(OffloadEngine, OptimizerRefusalsAndContradictionsComeBeforeAnyFile) {
+  test::TestDir dir;
+  EngineRig rig;
+  EngineConfig c = test::engine_config(OffloadDevice::kNvme, OffloadDevice::kNvme, dir);
+  c.optimizer.hyper.lr = -1;
+  try {
+    rig.make(c);
+    ADD_FAILURE() << "no throw";
+  } catch (const UsageError& e) {
+    EXPECT_STREQ(e.what(), "OffloadedOptimizer: lr must be >= 0, got -1.000000");
+  }
+  EXPECT_TRUE(empty_dir(c.offload_param.nvme_path));
+  EXPECT_TRUE(empty_dir(c.offload_optimizer.nvme_path));
+
+  c = test::engine_config(OffloadDevice::kNvme, OffloadDevice::kNvme, dir);
+  c.zero_stage = 2;
+  try {
+    rig.make(c);
+    ADD_FAILURE() << "no throw";
+  } catch (const UsageError& e) {
+    EXPECT_STREQ(e.what(), "OffloadEngine: zero_optimization.offload_param.device: parameter "
+                           "offload (\"nvme\") needs zero_optimization.stage 3, but stage is 2");
+  }
+  EXPECT_TRUE(empty_dir(c.offload_param.nvme_path));
+  EXPECT_TRUE(empty_dir(c.offload_optimizer.nvme_path));
+}
+
+// A config notice (an old key name read as the new one) reaches the log at the default level,
+// so a user sees it without asking for more output.
+TEST(OffloadEngine, ConfigNoticesAreLoggedAtTheDefaultLevel) {
+  test::TestDir dir;
+  EngineRig rig;
+  EngineConfig c = test::engine_config(OffloadDevice::kCpu, OffloadDevice::kCpu, dir);
+  c.notices = parse_config(R"({"aio": {"thread_count": 3}})").notices;
+  ASSERT_EQ(c.notices.size(), 1u);
+  std::vector<std::string> lines;
+  const LogLevel old_level = log_level();
+  set_log_level(LogLevel::kNotice);  // the default (tests may run with ZINF_LOG_LEVEL set)
+  LogSink old = set_log_sink([&](LogLevel level, std::string_view m) {
+    if (level >= LogLevel::kNotice) lines.emplace_back(m);
+  });
+  rig.make(c);
+  set_log_sink(std::move(old));
+  set_log_level(old_level);
+  EXPECT_NE(std::find(lines.begin(), lines.end(), "config: " + c.notices[0]), lines.end())
+      << testing::PrintToString(lines);
+}
+
 TEST(OffloadEngine, PinnedBudgetTooSmallNamesTheSmallestThatWorks) {
   test::TestDir dir;
   EngineRig rig;
@@ -194,8 +247,9 @@ TEST(OffloadEngine, NvmeWithoutAPathIsRefused) {
     rig.make(c);
     ADD_FAILURE() << "no throw";
   } catch (const UsageError& e) {
-    EXPECT_STREQ(e.what(), "OffloadEngine: offload_param.device is nvme but no NVMe path is set "
-                           "(offload_param.nvme_path or zinf.nvme_paths)");
+    EXPECT_STREQ(e.what(), "OffloadEngine: zero_optimization.offload_param.nvme_path: device is "
+                           "\"nvme\" but no NVMe directory is given (set "
+                           "zero_optimization.offload_param.nvme_path or zinf.nvme_paths)");
   }
   c = test::engine_config(OffloadDevice::kCpu, OffloadDevice::kNvme, dir);
   c.offload_optimizer.nvme_path.clear();
@@ -203,8 +257,9 @@ TEST(OffloadEngine, NvmeWithoutAPathIsRefused) {
     rig.make(c);
     ADD_FAILURE() << "no throw";
   } catch (const UsageError& e) {
-    EXPECT_STREQ(e.what(), "OffloadEngine: offload_optimizer.device is nvme but no NVMe path is "
-                           "set (offload_optimizer.nvme_path or zinf.nvme_paths)");
+    EXPECT_STREQ(e.what(), "OffloadEngine: zero_optimization.offload_optimizer.nvme_path: device "
+                           "is \"nvme\" but no NVMe directory is given (set "
+                           "zero_optimization.offload_optimizer.nvme_path or zinf.nvme_paths)");
   }
 }
 

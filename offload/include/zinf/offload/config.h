@@ -118,6 +118,11 @@ struct EngineConfig {
 EngineConfig parse_config(std::string_view json, std::string_view source = "<string>");
 /// Reads and parses a config file. IoError if it cannot be read; UsageError as parse_config.
 EngineConfig load_config(const std::string& path);
+/// Throws UsageError, "<source>: <json path>: <what>", for settings of `config` that contradict
+/// each other (the checks parse_config ends with): NVMe offload without a directory, parameter
+/// offload below stage 3, an NVMe optimizer pipeline of fewer than 3 buffers. For configs
+/// built in code; OffloadEngine's constructor runs it before anything else. Thread-safe.
+void check_config(const EngineConfig& config, std::string_view source = "EngineConfig");
 /// Writes `config` as JSON that parse_config reads back to the same settings: DeepSpeed's keys
 /// where DeepSpeed has them, the rest under "zinf". Real JSON booleans and numbers.
 /// `notices` are not written. Throws UsageError for param_dtype kF32, which no config spells

@@ -126,6 +126,9 @@ class OffloadEngine {
 
   /// Sets the hyper-parameters from the next step on (e.g. a learning-rate schedule).
   void set_hyper(const AdamParams& hyper);
+  /// The hyper-parameters the next step uses: the config's, then set_hyper's, or a loaded
+  /// checkpoint's after load(). Works in the failed state too (for reporting).
+  AdamParams hyper() const;
 
   /// Checkpoint of the optimizer state (master weights, moments, step count, hyper-parameters)
   /// and the layer table under `dir`, atomically (OffloadedOptimizer::save). Outside a step.
