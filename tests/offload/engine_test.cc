@@ -144,21 +144,28 @@ bool empty_dir(const std::string& path) {
   return std::filesystem::is_empty(path);
 }
 
+// Builds an engine from `c`, expects UsageError `want`, and that neither NVMe directory got a
+// file.
+void expect_refused_before_any_file(EngineRig& rig, const EngineConfig& c, const std::string& want) {
+  try {
+    rig.make(c);
+    ADD_FAILURE() << "no throw; expected: " << want;
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()), want);
+  }
+  EXPECT_TRUE(empty_dir(c.offload_param.nvme_path));
+  EXPECT_TRUE(empty_dir(c.offload_optimizer.nvme_path));
+}
+
 TEST(OffloadEngine, LayerLargerThanTheBufferIsRefusedBeforeAnyFile) {
   test::TestDir dir;
   EngineRig rig;
   EngineConfig c = test::engine_config(OffloadDevice::kNvme, OffloadDevice::kNvme, dir);
   c.offload_param.buffer_size = 4096;
-  try {
-    rig.make(c);
-    ADD_FAILURE() << "no throw";
-  } catch (const UsageError& e) {
-    EXPECT_STREQ(e.what(), "OffloadEngine: layer 'l0' has 5000 elements, more than "
-                           "offload_param.buffer_size 4096; raise offload_param.buffer_size to at "
-                           "least 5000");
-  }
-  EXPECT_TRUE(empty_dir(c.offload_param.nvme_path));
-  EXPECT_TRUE(empty_dir(c.offload_optimizer.nvme_path));
+  expect_refused_before_any_file(rig, c,
+                                 "OffloadEngine: layer 'l0' has 5000 elements, more than "
+                                 "offload_param.buffer_size 4096; raise offload_param.buffer_size "
+                                 "to at least 5000");
 }
 
 // What the optimizer refuses and what only a config built in code can contradict are refused
@@ -168,26 +175,12 @@ TEST(OffloadEngine, OptimizerRefusalsAndContradictionsComeBeforeAnyFile) {
   EngineRig rig;
   EngineConfig c = test::engine_config(OffloadDevice::kNvme, OffloadDevice::kNvme, dir);
   c.optimizer.hyper.lr = -1;
-  try {
-    rig.make(c);
-    ADD_FAILURE() << "no throw";
-  } catch (const UsageError& e) {
-    EXPECT_STREQ(e.what(), "OffloadedOptimizer: lr must be >= 0, got -1.000000");
-  }
-  EXPECT_TRUE(empty_dir(c.offload_param.nvme_path));
-  EXPECT_TRUE(empty_dir(c.offload_optimizer.nvme_path));
-
+  expect_refused_before_any_file(rig, c, "OffloadedOptimizer: lr must be >= 0, got -1.000000");
   c = test::engine_config(OffloadDevice::kNvme, OffloadDevice::kNvme, dir);
   c.zero_stage = 2;
-  try {
-    rig.make(c);
-    ADD_FAILURE() << "no throw";
-  } catch (const UsageError& e) {
-    EXPECT_STREQ(e.what(), "OffloadEngine: zero_optimization.offload_param.device: parameter "
-                           "offload (\"nvme\") needs zero_optimization.stage 3, but stage is 2");
-  }
-  EXPECT_TRUE(empty_dir(c.offload_param.nvme_path));
-  EXPECT_TRUE(empty_dir(c.offload_optimizer.nvme_path));
+  expect_refused_before_any_file(rig, c,
+                                 "OffloadEngine: zero_optimization.offload_param.device: parameter "
+                                 "offload (\"nvme\") needs zero_optimization.stage 3, but stage is 2");
 }
 
 // A config notice (an old key name read as the new one) reaches the log at the default level,
