@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Helpers for the Device tests: page-aligned host memory (cudaHostRegister pins whole pages, so
 // ranges registered separately must not share one), a gate that host work blocks on (ordering
-// without sleeps) and a log capture.
+// without sleeps); the log capture is tests/support/log_capture.h.
 #pragma once
 
 #include <condition_variable>
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "zinf/common/log.h"
+#include "support/log_capture.h"
 
 namespace zinf::test {
 
@@ -75,46 +75,6 @@ class Gate {
     bool open = false;
   };
   std::shared_ptr<State> state_;
-};
-
-/// Collects log lines at `level` and above while it lives.
-class LogCapture {
- public:
-  explicit LogCapture(LogLevel level = LogLevel::kNotice) : old_level_(log_level()) {
-    set_log_level(level);
-    old_sink_ = set_log_sink([this](LogLevel l, std::string_view m) {
-      std::lock_guard lock(mu_);
-      lines_.push_back(std::string(level_tag(l)) + std::string(m));
-    });
-  }
-  ~LogCapture() {
-    set_log_sink(std::move(old_sink_));
-    set_log_level(old_level_);
-  }
-  LogCapture(const LogCapture&) = delete;
-  LogCapture& operator=(const LogCapture&) = delete;
-
-  std::vector<std::string> lines() const {
-    std::lock_guard lock(mu_);
-    return lines_;
-  }
-
- private:
-  static const char* level_tag(LogLevel l) {
-    switch (l) {
-      case LogLevel::kDebug: return "debug: ";
-      case LogLevel::kInfo: return "info: ";
-      case LogLevel::kNotice: return "notice: ";
-      case LogLevel::kWarning: return "warning: ";
-      case LogLevel::kError: return "error: ";
-    }
-    return "";
-  }
-
-  LogLevel old_level_;
-  LogSink old_sink_;
-  mutable std::mutex mu_;
-  std::vector<std::string> lines_;
 };
 
 }  // namespace zinf::test

@@ -11,8 +11,8 @@
 #include <gtest/gtest.h>
 
 #include "engine_test_util.h"
+#include "support/log_capture.h"
 #include "zinf/common/error.h"
-#include "zinf/common/log.h"
 #include "zinf/offload/config.h"
 #include "zinf/offload/engine.h"
 
@@ -192,15 +192,12 @@ TEST(OffloadEngine, ConfigNoticesAreLoggedAtTheDefaultLevel) {
   c.notices = parse_config(R"({"aio": {"thread_count": 3}})").notices;
   ASSERT_EQ(c.notices.size(), 1u);
   std::vector<std::string> lines;
-  const LogLevel old_level = log_level();
-  set_log_level(LogLevel::kNotice);  // the default (tests may run with ZINF_LOG_LEVEL set)
-  LogSink old = set_log_sink([&](LogLevel level, std::string_view m) {
-    if (level >= LogLevel::kNotice) lines.emplace_back(m);
-  });
-  rig.make(c);
-  set_log_sink(std::move(old));
-  set_log_level(old_level);
-  EXPECT_NE(std::find(lines.begin(), lines.end(), "config: " + c.notices[0]), lines.end())
+  {
+    test::LogCapture log(LogLevel::kNotice);  // the default (tests may run with ZINF_LOG_LEVEL set)
+    rig.make(c);
+    lines = log.lines();
+  }
+  EXPECT_NE(std::find(lines.begin(), lines.end(), "notice: config: " + c.notices[0]), lines.end())
       << testing::PrintToString(lines);
 }
 
