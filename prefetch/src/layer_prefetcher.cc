@@ -86,6 +86,20 @@ struct Issue {
   std::uint64_t generation = 0;
 };
 
+// The text of a failed issue's read: the engine's Status, or the synchronous refusal.
+std::string read_failure_text(const Issue& issue) {
+  if (issue.submit_error) {
+    try {
+      std::rethrow_exception(issue.submit_error);
+    } catch (const std::exception& e) {
+      return e.what();
+    } catch (...) {
+      return "unknown error";
+    }
+  }
+  return issue.read_failure.to_string();
+}
+
 enum class SlotState {
   kIdle,      // nothing held
   kWindow,    // issued (reading, copying or copied), not acquired
@@ -126,6 +140,7 @@ struct LayerPrefetcher::Impl {
   std::uint64_t held_bytes() const { return pool.bytes_in_use() + device_bytes; }
   std::size_t window_count() const;
   bool issue_done(Slot& s);
+  void wait_for_reads();
   bool release_done(Slot& s) { return s.release_event.query(); }
   bool predicted_soon(std::size_t layer) const;
   void recycle(Slot& s);
@@ -298,9 +313,9 @@ void LayerPrefetcher::Impl::preallocate() {
   }
 }
 
-LayerPrefetcher::Impl::~Impl() {
-  // Reads in flight use staging leases and enqueue copies into the slots' buffers: wait for
-  // every completion callback (a ticket's wait returns after its callback has returned).
+void LayerPrefetcher::Impl::wait_for_reads() {
+  // A ticket's wait returns after its completion callback has returned, so once these are
+  // done every issue's phase is final (reads issued later are not waited for).
   std::vector<swap::IoTicket> tickets;
   {
     std::lock_guard lock(mu);
@@ -308,7 +323,29 @@ LayerPrefetcher::Impl::~Impl() {
       if (s.issue) tickets.push_back(s.issue->ticket);
     }
   }
-  for (auto& t : tickets) t.wait_status().ignore("the layer was never acquired, or its acquire reported it");
+  for (auto& t : tickets) t.wait_status().ignore("a failure surfaces at acquire or is logged at destruction");
+}
+
+LayerPrefetcher::Impl::~Impl() {
+  // Reads in flight use staging leases and enqueue copies into the slots' buffers: wait for
+  // every completion callback.
+  wait_for_reads();
+  // A read issued ahead that failed and was never acquired: nothing is lost (the layer would
+  // have been read again), but the drive failed and no caller was told. Say so.
+  try {
+    std::lock_guard lock(mu);
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      const Slot& s = slots[i];
+      if (s.state != SlotState::kWindow || !s.issue) continue;
+      if (s.issue->phase.load(std::memory_order_acquire) != Issue::kFailed) continue;
+      if (s.issue->device_failure) continue;  // the copy's: it already failed the prefetcher
+      log(LogLevel::kWarning, "layer prefetcher: the read of layer " + std::to_string(i) +
+                                  ", issued ahead and never acquired, failed: " +
+                                  read_failure_text(*s.issue));
+    }
+  } catch (...) {
+    // Logging is best effort in a destructor.
+  }
   // The engine's registration pins the arena's pages: once the arena is unmapped, a later
   // arena mapped at the same address would be read into the old pages. Drop it while no read
   // of ours is in flight.
@@ -413,18 +450,9 @@ bool LayerPrefetcher::Impl::evict_one() {
     if (s.state != SlotState::kWindow || !issue_done(s) || !release_done(s)) continue;
     if (s.issue && s.issue->phase.load(std::memory_order_acquire) == Issue::kFailed) {
       ++stats.evictions;
-      std::string what = s.issue->read_failure.to_string();
-      if (s.issue->submit_error) {
-        try {
-          std::rethrow_exception(s.issue->submit_error);
-        } catch (const std::exception& e) {
-          what = e.what();
-        } catch (...) {
-        }
-      }
       log(LogLevel::kWarning, "layer prefetcher: dropping the failed read of layer " +
                                   std::to_string(i) + ", evicted before any acquire (it will "
-                                  "be read again when acquired): " + what);
+                                  "be read again when acquired): " + read_failure_text(*s.issue));
     } else {
       ++stats.evictions;
     }
@@ -811,6 +839,8 @@ std::vector<std::size_t> LayerPrefetcher::predicted_order() const {
   std::lock_guard lock(impl_->mu);
   return impl_->tracing ? std::vector<std::size_t>{} : impl_->order;
 }
+
+void LayerPrefetcher::wait_for_reads() { impl_->wait_for_reads(); }
 
 PrefetcherStats LayerPrefetcher::stats() const {
   const Impl& m = *impl_;

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "prefetch_test_util.h"
+#include "support/log_capture.h"
 #include "zinf/common/error.h"
 
 namespace zinf::prefetch {
@@ -146,6 +147,34 @@ TEST_P(LayerPrefetcherFault, ShortAndDelayedReadsStillDeliverEveryByte) {
   EXPECT_EQ(rig.mismatches(), std::vector<std::string>{});
   EXPECT_GT(rig.plan().injected(), 0u);
   EXPECT_EQ(p->stats().read_failures, 0u);
+}
+
+// A read issued ahead fails and its layer is never acquired (the trainer stops first): nothing
+// is lost, but the drive failed, so wait_for_reads() counts it and the destructor says so in a
+// warning with the swap layer's text (file, offset, length, errno).
+TEST_P(LayerPrefetcherFault, AFailedReadNobodyAcquiredIsCountedAndLogged) {
+  Rig rig(options(3, {read_eio_in_layer(2, 1)}));
+  std::vector<std::string> lines;
+  {
+    auto p = rig.make(rig.options(2, forward(3)));
+    run_order(*p, rig, {0});  // its release issues layers 1 and 2
+    p->wait_for_reads();
+    EXPECT_EQ(p->stats().read_failures, 1u);
+    EXPECT_EQ(rig.plan().injected_errors(), 1u);
+    test::LogCapture log(LogLevel::kWarning);
+    p.reset();
+    lines = log.lines();
+  }
+  ASSERT_EQ(lines.size(), 1u) << testing::PrintToString(lines);
+  EXPECT_EQ(lines[0].rfind("warning: layer prefetcher: the read of layer 2, issued ahead and never "
+                           "acquired, failed: swap_in of key 'layer2': read failed: " +
+                           rig.store().file_paths()[0] +
+                           " offset=2097152 length=1048576",
+                           0),
+            0u)
+      << lines[0];
+  EXPECT_NE(lines[0].find("(EIO)"), std::string::npos) << lines[0];
+  EXPECT_EQ(rig.mismatches(), std::vector<std::string>{});
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, LayerPrefetcherFault,

@@ -147,7 +147,8 @@ struct PrefetcherStats {
 ///
 /// Lifetime: the store, the device and the compute stream must outlive the prefetcher. The
 /// destructor waits for reads in flight and for the compute stream (so that no enqueued work
-/// still uses the layers' memory), and never throws.
+/// still uses the layers' memory), logs the failed reads of layers never acquired (a drive
+/// error no caller saw), and never throws.
 class LayerPrefetcher {
  public:
   /// Checks the options and allocates and pins the staging arena; issues no I/O (the window
@@ -188,6 +189,14 @@ class LayerPrefetcher {
   void resume(std::size_t layer);
   /// True between suspend(layer) and resume(layer).
   bool suspended(std::size_t layer) const;
+
+  /// Blocks until every read issued so far has completed or failed (reads are issued ahead of
+  /// the acquires, so some may be in flight when the caller is done with the prefetcher).
+  /// Acquires nothing and keeps the window as it is: a failed read still surfaces at that
+  /// layer's acquire. Afterwards stats().read_failures counts every failed read issued so far,
+  /// including those of layers nobody has acquired; the destructor logs each of those as a
+  /// warning naming the layer and the swap layer's error. Throws nothing.
+  void wait_for_reads();
 
   std::size_t layer_count() const noexcept;
   /// Device bytes of `layer` (its SwapStore size).
