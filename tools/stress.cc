@@ -208,6 +208,7 @@ struct Tally {
   std::uint64_t swap_outs = 0, swap_ins = 0;
   std::uint64_t opt_steps = 0, opt_undone = 0, opt_rebuilds = 0, opt_state_reads = 0;
   std::uint64_t prefetch_passes = 0, prefetch_acquires = 0, prefetch_layer_writes = 0;
+  std::uint64_t prefetch_reads_dropped = 0;  // failed reads issued ahead, never acquired
   std::uint64_t bytes_verified = 0, bytes_written = 0;
   FaultCounts injected;
   std::uint64_t failed_ops = 0;
@@ -233,6 +234,7 @@ struct Tally {
     prefetch_passes += o.prefetch_passes;
     prefetch_acquires += o.prefetch_acquires;
     prefetch_layer_writes += o.prefetch_layer_writes;
+    prefetch_reads_dropped += o.prefetch_reads_dropped;
     bytes_verified += o.bytes_verified;
     bytes_written += o.bytes_written;
     injected += o.injected;
@@ -869,6 +871,7 @@ class PrefetchWorker {
     std::uint64_t errors = 0;
     std::string first_error;
     OpError other;
+    std::uint64_t dropped = 0;
     {
       prefetch::LayerPrefetcher p(po, *store_, *device_, compute_.ref());
       try {
@@ -879,15 +882,29 @@ class PrefetchWorker {
       } catch (const Error& e) {
         other = error_of(e);  // not a read failure of a layer: judged below
       }
-      peak_held_ = std::max(peak_held_, p.stats().peak_held_bytes);
+      // The window has read ahead into the next iteration: let those reads finish, so that
+      // the counts are final. A failed read nobody acquired is then in read_failures but in
+      // no acquire's error; the destructor logs it (a warning naming file, offset, length).
+      p.wait_for_reads();
+      const prefetch::PrefetcherStats st = p.stats();
+      if (st.read_failures > errors) dropped = st.read_failures - errors;
+      peak_held_ = std::max(peak_held_, st.peak_held_bytes);
     }  // the destructor waits for every read in flight, so the plan's counts are final
     ++tally_.prefetch_passes;
+    tally_.prefetch_reads_dropped += dropped;
     const FaultCounts delta = counts_of(plan_.get()) - before;
     if (other.failed) {
       judge(tally_, "prefetch segment", FaultCounts{}, other);
       return;
     }
     const std::string what = "prefetch segment " + std::to_string(tally_.prefetch_passes);
+    if (errors == 0 && dropped > 0 && delta.hard() > 0) {
+      // Surfaced as the prefetcher's warning: the only failed reads were of layers read
+      // ahead and never acquired (nothing was handed out from them).
+      ++tally_.failed_ops;
+      tally_.hard_surfaced += delta.hard();
+      return;
+    }
     OpError seg;
     if (errors > 0) seg = {true, ErrorCode::kIo, first_error};
     if (errors > 0 && delta.hard() > 0) tally_.failed_ops += errors - 1;  // judge adds one
@@ -952,8 +969,9 @@ void guarded(Tally& tally, const char* who, Body body) {
   }
 }
 
-// Under faults the library logs each failure it handles (a failed optimizer, ...): expected
-// here, and each is judged as an operation's error. The first few are shown; the rest counted.
+// Under faults the library logs each failure it handles (a failed optimizer, a dropped read
+// ahead, ...): expected here, and each is judged as an operation's error. The first few
+// errors and the first few warnings are shown; the rest counted.
 class LogThrottle {
  public:
   static constexpr std::uint64_t kShown = 5;
@@ -962,6 +980,9 @@ class LogThrottle {
       if (level >= LogLevel::kError) {
         std::lock_guard lock(mu_);
         if (++errors_ > kShown) return;
+      } else if (level == LogLevel::kWarning) {
+        std::lock_guard lock(mu_);
+        if (++warnings_ > kShown) return;
       }
       static constexpr const char* kNames[] = {"debug", "info", "notice", "warning", "error"};
       std::fprintf(stderr, "zinf %s: %.*s\n", kNames[static_cast<int>(level)],
@@ -975,10 +996,15 @@ class LogThrottle {
     std::lock_guard lock(mu_);
     return errors_;
   }
+  std::uint64_t warnings() {
+    std::lock_guard lock(mu_);
+    return warnings_;
+  }
 
  private:
   std::mutex mu_;
   std::uint64_t errors_ = 0;
+  std::uint64_t warnings_ = 0;
   LogSink previous_;
 };
 
@@ -1082,6 +1108,7 @@ int stress_main(const std::vector<std::string>& tokens) {
     j.field("prefetch_segments", t.prefetch_passes);
     j.field("prefetch_acquires", t.prefetch_acquires);
     j.field("prefetch_layer_writes", t.prefetch_layer_writes);
+    j.field("prefetch_reads_dropped", t.prefetch_reads_dropped);
     j.field("bytes_verified", t.bytes_verified);
     j.field("bytes_written", t.bytes_written);
     j.field("faults_injected", t.injected.total());
@@ -1101,6 +1128,7 @@ int stress_main(const std::vector<std::string>& tokens) {
     j.field("pinned_peak_bytes", peak);
     j.field("budget_overrun", overrun);
     j.field("library_errors_logged", log_throttle.errors());
+    j.field("library_warnings_logged", log_throttle.warnings());
     j.field("planted", planted);
     j.field("problems", t.problems);
     std::printf("%s\n", j.str().c_str());
@@ -1134,6 +1162,9 @@ int stress_main(const std::vector<std::string>& tokens) {
                 static_cast<unsigned long long>(t.hard_surfaced),
                 static_cast<unsigned long long>(t.failed_ops),
                 static_cast<unsigned long long>(t.hard_unsurfaced));
+    std::printf("  prefetch          %llu failed reads of layers read ahead and never acquired "
+                "(logged as warnings)\n",
+                static_cast<unsigned long long>(t.prefetch_reads_dropped));
     std::printf("  optimizer         %llu steps undone by failed reads, %llu rebuilds after failures\n",
                 static_cast<unsigned long long>(t.opt_undone),
                 static_cast<unsigned long long>(t.opt_rebuilds));
