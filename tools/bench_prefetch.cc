@@ -34,9 +34,10 @@ using Clock = std::chrono::steady_clock;
 constexpr const char* kHelp = R"(usage: zinf bench prefetch [options]
 
 Measures how much of the NVMe read time the layer prefetcher hides behind compute. Layers are
-written once to a swap store on DIR; each pass then acquires every layer in order, with a
-simulated compute of --compute-ms per layer on the compute stream (a GPU kernel that waits on
-the GPU's timer with --device cuda, a sleeping stream worker on host). Each pass also reads the
+written once to a swap store on DIR; each pass is then one iteration of one prefetcher (after
+an untimed first one, as in training) that acquires every layer in order, with a simulated
+compute of --compute-ms per layer on the compute stream (a GPU kernel that waits on the GPU's
+timer with --device cuda, a sleeping stream worker on host). Each pass also reads the
 layers alone (NVMe -> pinned, back to back into as many buffers as the prefetcher's staging
 holds, no compute) and runs the compute alone, for the I/O and compute times of the same run.
 Every byte is verified after the timed passes unless --no-verify.
@@ -170,26 +171,69 @@ double compute_alone(const Config& cfg, cuda::Device& device, cuda::StreamRef co
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// One timed pass through a fresh prefetcher (its staging arena is made, prefaulted and
-// registered before the clock starts).
-PassResult prefetch_pass(const Config& cfg, swap::SwapStore& store, swap::IoEngine& engine,
-                         cuda::Device& device, cuda::StreamRef compute,
-                         const prefetch::PrefetcherOptions& po) {
-  PassResult r;
-  prefetch::PrefetcherOptions o = po;
-  o.register_with_engine = &engine;
-  prefetch::LayerPrefetcher p(o, store, device, compute);
-  const auto start = Clock::now();
-  for (std::uint64_t l = 0; l < cfg.layers; ++l) {
-    (void)p.acquire(l);
-    device.enqueue_busy(compute, per_layer_compute(cfg));
-    p.release(l);
-  }
-  device.synchronize(compute);
-  r.wall = std::chrono::duration<double>(Clock::now() - start).count();
-  r.stats = p.stats();
-  return r;
+// The pass counters of one iteration: `after` less `before` (the peak is the run's so far).
+prefetch::PrefetcherStats pass_stats(const prefetch::PrefetcherStats& after,
+                                     const prefetch::PrefetcherStats& before) {
+  prefetch::PrefetcherStats d = after;
+  d.acquires -= before.acquires;
+  d.hits -= before.hits;
+  d.on_demand -= before.on_demand;
+  d.late_layers -= before.late_layers;
+  d.stall_time -= before.stall_time;
+  d.acquire_blocked_time -= before.acquire_blocked_time;
+  d.retraces -= before.retraces;
+  d.layers_issued -= before.layers_issued;
+  d.evictions -= before.evictions;
+  d.bytes_read -= before.bytes_read;
+  d.bytes_to_device -= before.bytes_to_device;
+  d.read_failures -= before.read_failures;
+  d.read_busy_time -= before.read_busy_time;
+  return d;
 }
+
+// The passes are consecutive iterations of one prefetcher, as a training run uses it, after
+// one untimed iteration. Not a fresh prefetcher per pass: on the build VM memory fresh from
+// the kernel copies up to 25x slower for its first ~100 ms of use even after it was
+// prefaulted (a 32 MiB copy out of a just-touched MADV_HUGEPAGE buffer took 44-58 ms, then
+// 2 ms), which charged each pass the first layers' copies at that rate. Between passes the
+// window has read ahead into the next iteration (as in training); wait_for_reads() lets those
+// reads finish before the references run. The clock starts at the first acquire.
+class PassRunner {
+ public:
+  PassRunner(const Config& cfg, swap::SwapStore& store, swap::IoEngine& engine,
+             cuda::Device& device, cuda::StreamRef compute, prefetch::PrefetcherOptions po)
+      : cfg_(cfg), device_(device), compute_(compute),
+        prefetcher_(with_engine(std::move(po), engine), store, device, compute) {
+    (void)run();  // warm-up
+  }
+
+  PassResult run() {
+    PassResult r;
+    const prefetch::PrefetcherStats before = prefetcher_.stats();
+    const auto start = Clock::now();
+    for (std::uint64_t l = 0; l < cfg_.layers; ++l) {
+      (void)prefetcher_.acquire(l);
+      device_.enqueue_busy(compute_, per_layer_compute(cfg_));
+      prefetcher_.release(l);
+    }
+    device_.synchronize(compute_);
+    r.wall = std::chrono::duration<double>(Clock::now() - start).count();
+    r.stats = pass_stats(prefetcher_.stats(), before);
+    prefetcher_.end_iteration();
+    prefetcher_.wait_for_reads();
+    return r;
+  }
+
+ private:
+  static prefetch::PrefetcherOptions with_engine(prefetch::PrefetcherOptions po, swap::IoEngine& engine) {
+    po.register_with_engine = &engine;
+    return po;
+  }
+  const Config& cfg_;
+  cuda::Device& device_;
+  cuda::StreamRef compute_;
+  prefetch::LayerPrefetcher prefetcher_;
+};
 
 // Acquires every layer once more and copies it back to the host to check every byte.
 void verify_through_prefetcher(const Config& cfg, swap::SwapStore& store, cuda::Device& device,
@@ -278,10 +322,11 @@ int bench_prefetch_main(const std::vector<std::string>& tokens) {
   // a shared machine hits all alike.
   std::vector<double> walls, computes, ios, stalls, blocked;
   std::vector<PassResult> results;
+  PassRunner runner(cfg, store, *engine, *device, compute.ref(), po);
   for (std::uint64_t pass = 0; pass < cfg.passes; ++pass) {
     ios.push_back(read_alone(cfg, store, *engine, pool, alone_buffers, false));
     computes.push_back(compute_alone(cfg, *device, compute));
-    PassResult r = prefetch_pass(cfg, store, *engine, *device, compute, po);
+    PassResult r = runner.run();
     walls.push_back(r.wall);
     stalls.push_back(std::chrono::duration<double>(r.stats.stall_time).count());
     blocked.push_back(std::chrono::duration<double>(r.stats.acquire_blocked_time).count());
