@@ -387,6 +387,10 @@ int bench_io_main(const std::vector<std::string>& tokens) {
 
   const std::string fs = fs_type_name(cfg.dirs[0]);
   if (cfg.json) {
+    // What the machine has, for reading figures later; this benchmark never touches a GPU.
+    const cuda::CudaAvailability gpu = cuda::probe_cuda();
+    const std::string gpu_text = gpu.available() ? std::to_string(gpu.device_count) + " CUDA device(s)"
+                                                 : "none (" + gpu.reason + ")";
     for (const auto& s : summaries) {
       JsonWriter j;
       j.field("op", s.op);
@@ -413,10 +417,7 @@ int bench_io_main(const std::vector<std::string>& tokens) {
       j.field("file_system", fs);
       j.field("kernel", kernel_release());
       j.field("cpu", cpu_model());
-      // What the machine has, for reading figures later; this benchmark never touches a GPU.
-      const cuda::CudaAvailability gpu = cuda::probe_cuda();
-      j.field("gpu", gpu.available() ? std::to_string(gpu.device_count) + " CUDA device(s)"
-                                     : "none (" + gpu.reason + ")");
+      j.field("gpu", gpu_text);
       std::printf("%s\n", j.str().c_str());
     }
   } else {
