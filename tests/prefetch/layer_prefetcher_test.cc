@@ -404,8 +404,13 @@ TEST(LayerPrefetcher, ComputeStreamFailureFailsThePrefetcher) {
   Rig rig(uniform(3));
   auto p = rig.make(rig.options(1, forward(3)));
   (void)p->acquire(0);
+  // Held until release(0) has returned: otherwise the stream may fail and complete layer 0's
+  // release event while release() is still polling, and the error surfaces at release(0).
+  test::Gate gate;
+  rig.device().enqueue_host_work(rig.compute(), gate.waiter());
   rig.device().enqueue_host_work(rig.compute(), [] { throw std::runtime_error("kernel exploded"); });
   p->release(0);
+  gate.open();
   EXPECT_THROW(rig.device().synchronize(rig.compute()), DeviceError);  // the stream got there
   // acquire(1) queries layer 0's release event, recorded after the failure.
   try {
