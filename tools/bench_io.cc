@@ -1,37 +1,23 @@
 // SPDX-License-Identifier: Apache-2.0
 // `zinf bench io`: sequential read/write bandwidth of the swap path (File + IoEngine +
 // BufferPool) on the user's directories, verified byte for byte, in the shape fio reports.
-#include <sys/statfs.h>
-#include <sys/utsname.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <chrono>
-#include <condition_variable>
 #include <cstdio>
-#include <cstring>
-#include <deque>
 #include <filesystem>
-#include <fstream>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "bench_common.h"
-#include "bench_io_pattern.h"
 #include "cli_args.h"
 #include "commands.h"
+#include "io_bench.h"
 #include "json_writer.h"
 #include "zinf/common/error.h"
 #include "zinf/cuda/device.h"
-#include "zinf/swap/buffer_pool.h"
-#include "zinf/swap/file.h"
 #include "zinf/swap/io_engine.h"
 
 namespace zinf::tools {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 constexpr const char* kHelp = R"(usage: zinf bench io [options]
 
@@ -75,12 +61,6 @@ struct Config {
   bool huge_pages = true;
   bool keep = false;
   bool json = false;
-};
-
-struct PassResult {
-  double seconds = 0;
-  std::uint64_t bytes = 0;
-  std::vector<double> latencies_us;
 };
 
 struct OpSummary {
@@ -159,120 +139,7 @@ double percentile(std::vector<double> v, double p) {
   return v[std::min(idx, v.size() - 1)];
 }
 
-// Runs one sequential pass of `op` over all files with `queue_depth` requests in flight, the
-// requests taking the buffer_bytes / block_size buffers in turn.
-//
-// Phases: fill the window with queue_depth requests, then each time a request completes (its
-// callback pushes the slot onto `done`), verify its buffer (reads) and reuse the slot for the
-// next block. Latency is submit -> the engine's completion time. Errors: the first failed
-// ticket throws IoError (file, offset, length); a verification mismatch throws Error naming
-// the file and offset. Bounded by buffer_bytes of buffers.
-class Runner {
- public:
-  Runner(const Config& cfg, swap::IoEngine& engine, swap::BufferPool& pool,
-         std::vector<swap::File>& files, std::vector<swap::FileId>& ids, std::uint64_t file_size)
-      : cfg_(cfg), engine_(engine), files_(files), ids_(ids), file_size_(file_size) {
-    for (std::uint64_t i = 0; i < cfg.buffer_bytes / cfg.block_size; ++i) {
-      slots_.push_back({pool.acquire(cfg.block_size)});
-    }
-  }
-
-  PassResult run(swap::IoOp op, std::uint32_t generation, bool timed_progress, const char* label) {
-    const std::uint64_t blocks_per_file = file_size_ / cfg_.block_size;
-    const std::uint64_t total_blocks = blocks_per_file * files_.size();
-    const bool check = op == swap::IoOp::kRead && cfg_.verify;
-    const bool stamp = op == swap::IoOp::kWrite;
-    if (stamp) {
-      for (auto& s : slots_) fill_bulk(s.lease.span(), generation);
-    }
-    PassResult result;
-    result.latencies_us.reserve(total_blocks);
-    std::uint64_t next_block = 0;
-    std::uint64_t completed = 0;
-    std::uint64_t in_flight = 0;
-    // FIFO: a finished buffer goes to the back, so every buffer of the footprint takes turns.
-    std::deque<std::size_t> free_slots;
-    for (std::size_t i = 0; i < slots_.size(); ++i) free_slots.push_back(i);
-    const bool progress = timed_progress && ::isatty(STDERR_FILENO) != 0;
-    auto last_progress = Clock::now();
-    const auto start = Clock::now();
-    while (completed < total_blocks) {
-      while (!free_slots.empty() && next_block < total_blocks && in_flight < cfg_.queue_depth) {
-        std::size_t si = free_slots.front();
-        free_slots.pop_front();
-        Slot& s = slots_[si];
-        s.file = static_cast<std::uint32_t>(next_block % files_.size());
-        s.offset = (next_block / files_.size()) * cfg_.block_size;
-        ++next_block;
-        ++in_flight;
-        if (stamp) stamp_headers(s.lease.span(), s.file, s.offset, generation);
-        swap::IoRequest req{op, ids_[s.file], s.offset, s.lease.span()};
-        s.submitted = Clock::now();
-        s.ticket = engine_.submit(std::span<const swap::IoRequest>(&req, 1), [this, si](const Status&) {
-          {
-            std::lock_guard lock(mu_);
-            done_.push_back(si);
-          }
-          cv_.notify_one();
-        });
-      }
-      std::size_t si = 0;
-      {
-        std::unique_lock lock(mu_);
-        cv_.wait(lock, [&] { return !done_.empty(); });
-        si = done_.front();
-        done_.pop_front();
-      }
-      Slot& s = slots_[si];
-      s.ticket.wait();  // throws IoError naming file, offset and length
-      auto at = s.ticket.completed_at().value_or(Clock::now());
-      result.latencies_us.push_back(std::chrono::duration<double, std::micro>(at - s.submitted).count());
-      if (check) {
-        std::string err = verify_block(s.lease.span(), s.file, s.offset, generation);
-        if (!err.empty()) {
-          throw Error("verification failed: " + files_[s.file].path() + " offset=" +
-                      std::to_string(s.offset) + " length=" + std::to_string(cfg_.block_size) +
-                      ": " + err);
-        }
-      }
-      ++completed;
-      --in_flight;
-      free_slots.push_back(si);
-      if (progress && Clock::now() - last_progress > std::chrono::milliseconds(200)) {
-        last_progress = Clock::now();
-        double secs = std::chrono::duration<double>(last_progress - start).count();
-        double gb = static_cast<double>(completed) * cfg_.block_size / 1e9;
-        std::fprintf(stderr, "\r  %s %5.1f%%  %6.2f GB/s ", label,
-                     100.0 * static_cast<double>(completed) / static_cast<double>(total_blocks),
-                     secs > 0 ? gb / secs : 0.0);
-      }
-    }
-    result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    result.bytes = total_blocks * cfg_.block_size;
-    if (progress) std::fprintf(stderr, "\r%60s\r", "");
-    return result;
-  }
-
- private:
-  struct Slot {
-    swap::BufferLease lease;
-    swap::IoTicket ticket{};
-    std::uint32_t file = 0;
-    std::uint64_t offset = 0;
-    Clock::time_point submitted{};
-  };
-  const Config& cfg_;
-  swap::IoEngine& engine_;
-  std::vector<swap::File>& files_;
-  std::vector<swap::FileId>& ids_;
-  std::uint64_t file_size_;
-  std::vector<Slot> slots_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::size_t> done_;
-};
-
-OpSummary summarize(const std::string& op, const std::vector<PassResult>& passes,
+OpSummary summarize(const std::string& op, const std::vector<IoPassResult>& passes,
                     std::uint32_t block_size) {
   OpSummary s;
   s.op = op;
@@ -286,7 +153,7 @@ OpSummary summarize(const std::string& op, const std::vector<PassResult>& passes
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(),
             [&](std::size_t a, std::size_t b) { return s.gbps_per_loop[a] < s.gbps_per_loop[b]; });
-  const PassResult& mid = passes[order[order.size() / 2]];
+  const IoPassResult& mid = passes[order[order.size() / 2]];
   s.seconds = mid.seconds;
   s.bytes = mid.bytes;
   s.gbps = static_cast<double>(mid.bytes) / mid.seconds / 1e9;
@@ -306,82 +173,34 @@ int bench_io_main(const std::vector<std::string>& tokens) {
     return 0;
   }
 
-  const auto file_count = static_cast<std::uint64_t>(cfg.dirs.size());
-  const std::uint64_t file_size = cfg.size / file_count / cfg.block_size * cfg.block_size;
+  IoBenchOptions bo;
+  bo.dirs = cfg.dirs;
+  bo.size = cfg.size;
+  bo.io.kind = cfg.engine;
+  bo.io.block_size = cfg.block_size;
+  bo.io.queue_depth = cfg.queue_depth;
+  bo.io.threads = cfg.threads;
+  bo.buffer_bytes = cfg.buffer_bytes;
+  bo.huge_pages = cfg.huge_pages;
+  bo.verify = cfg.verify;
+  bo.keep = cfg.keep;
+  IoBench bench(bo);
+  const auto file_count = static_cast<std::uint64_t>(bench.file_count());
+  const std::uint64_t file_size = bench.file_size();
 
-  std::vector<swap::File> files;
-  std::vector<std::string> paths;
-  for (std::size_t i = 0; i < cfg.dirs.size(); ++i) {
-    std::string path = cfg.dirs[i] + "/zinf-bench-io." + std::to_string(i) + ".dat";
-    swap::FileOptions fo;
-    fo.create = true;
-    fo.preallocate_bytes = file_size;
-    files.push_back(swap::File::open(path, fo));
-    paths.push_back(path);
-  }
-  // Removes the data files on every way out unless --keep.
-  struct Cleanup {
-    const std::vector<std::string>& paths;
-    bool keep;
-    ~Cleanup() {
-      if (keep) return;
-      for (const auto& p : paths) std::remove(p.c_str());
-    }
-  } cleanup{paths, cfg.keep};
-
-  std::uint32_t alignment = 4096;
-  bool direct = true;
-  for (const auto& f : files) {
-    alignment = std::max(alignment, f.alignment());
-    direct = direct && f.is_direct();
-  }
-  if (cfg.block_size % alignment != 0) {
-    throw UsageError("invalid --block-size " + std::to_string(cfg.block_size) +
-                     ": must be a multiple of the direct-I/O alignment " + std::to_string(alignment) +
-                     " of " + cfg.dirs[0]);
-  }
-
-  swap::IoOptions io;
-  io.kind = cfg.engine;
-  io.block_size = cfg.block_size;
-  io.queue_depth = cfg.queue_depth;
-  io.threads = cfg.threads;
-  auto engine = swap::make_io_engine(io);
-
-  swap::BufferPoolOptions po;
-  po.budget_bytes = cfg.buffer_bytes;
-  po.alignment = alignment;
-  po.huge_pages = cfg.huge_pages;
-  po.prefault = true;  // fault the pages in now, not during the first timed pass
-  swap::BufferPool pool(po);
-  std::span<std::byte> arena = pool.arena();
-  bool registered = engine->register_buffers(std::span<const std::span<std::byte>>(&arena, 1));
-
-  std::vector<swap::FileId> ids;
-  for (const auto& f : files) ids.push_back(engine->attach(f));
-
-  Runner runner(cfg, *engine, pool, files, ids, file_size);
-  std::uint32_t generation = 1;
   // Reads need data on disk, and steady-state writes need blocks written before (an optimizer
   // overwrites its state every step): one untimed pass lays the files out.
-  if (cfg.do_read || cfg.precondition) {
-    runner.run(swap::IoOp::kWrite, generation, !cfg.json, "precondition");
-  }
+  if (cfg.do_read || cfg.precondition) bench.write(!cfg.json, "precondition");
 
   std::vector<OpSummary> summaries;
   if (cfg.do_write) {
-    std::vector<PassResult> passes;
-    for (std::uint32_t l = 0; l < cfg.loops; ++l) {
-      ++generation;
-      passes.push_back(runner.run(swap::IoOp::kWrite, generation, !cfg.json, "write"));
-    }
+    std::vector<IoPassResult> passes;
+    for (std::uint32_t l = 0; l < cfg.loops; ++l) passes.push_back(bench.write(!cfg.json, "write"));
     summaries.push_back(summarize("write", passes, cfg.block_size));
   }
   if (cfg.do_read) {
-    std::vector<PassResult> passes;
-    for (std::uint32_t l = 0; l < cfg.loops; ++l) {
-      passes.push_back(runner.run(swap::IoOp::kRead, generation, !cfg.json, "read"));
-    }
+    std::vector<IoPassResult> passes;
+    for (std::uint32_t l = 0; l < cfg.loops; ++l) passes.push_back(bench.read(!cfg.json, "read"));
     summaries.push_back(summarize("read", passes, cfg.block_size));
   }
 
@@ -394,7 +213,7 @@ int bench_io_main(const std::vector<std::string>& tokens) {
     for (const auto& s : summaries) {
       JsonWriter j;
       j.field("op", s.op);
-      j.field("engine", std::string(engine->name()));
+      j.field("engine", std::string(bench.engine_name()));
       j.field("bytes", s.bytes);
       j.field("seconds", s.seconds);
       j.field("gbps", s.gbps);
@@ -404,10 +223,10 @@ int bench_io_main(const std::vector<std::string>& tokens) {
       j.field("block_size", std::uint64_t{cfg.block_size});
       j.field("queue_depth", std::uint64_t{cfg.queue_depth});
       j.field("buffer_bytes", cfg.buffer_bytes);
-      j.field("threads", std::uint64_t{engine->options().threads});
-      j.field("direct", direct);
-      j.field("huge_pages", pool.huge_pages());
-      j.field("registered_buffers", registered);
+      j.field("threads", std::uint64_t{bench.engine_threads()});
+      j.field("direct", bench.direct());
+      j.field("huge_pages", bench.huge_pages());
+      j.field("registered_buffers", bench.registered_buffers());
       j.field("verified", s.op == "read" ? cfg.verify : false);
       j.field("precondition", cfg.precondition);
       j.field("loops", std::uint64_t{cfg.loops});
@@ -423,10 +242,10 @@ int bench_io_main(const std::vector<std::string>& tokens) {
   } else {
     std::printf("zinf bench io: engine=%.*s files=%zu size=%.2f GiB block=%u KiB qd=%u direct=%s "
                 "huge_pages=%s registered=%s fs=%s verify=%s\n",
-                static_cast<int>(engine->name().size()), engine->name().data(), files.size(),
+                static_cast<int>(bench.engine_name().size()), bench.engine_name().data(), bench.file_count(),
                 static_cast<double>(file_size * file_count) / (1u << 30), cfg.block_size / 1024,
-                cfg.queue_depth, direct ? "yes" : "no", pool.huge_pages() ? "yes" : "no",
-                registered ? "yes" : "no", fs.c_str(), cfg.verify ? "every byte" : "off");
+                cfg.queue_depth, bench.direct() ? "yes" : "no", bench.huge_pages() ? "yes" : "no",
+                bench.registered_buffers() ? "yes" : "no", fs.c_str(), cfg.verify ? "every byte" : "off");
     std::printf("%-6s %14s %10s %10s %10s   %s\n", "op", "GB/s (1e9B/s)", "IOPS", "p50 us",
                 "p99 us", "GB/s per loop");
     for (const auto& s : summaries) {

@@ -1,0 +1,218 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "io_bench.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <mutex>
+#include <utility>
+
+#include "bench_io_pattern.h"
+#include "zinf/common/error.h"
+#include "zinf/swap/buffer_pool.h"
+#include "zinf/swap/file.h"
+
+namespace zinf::tools {
+
+using Clock = std::chrono::steady_clock;
+
+// Runs sequential passes of one op over all files with queue_depth requests in flight, the
+// requests taking the buffer_bytes / block_size buffers in turn.
+//
+// Phases: fill the window with queue_depth requests, then each time a request completes (its
+// callback pushes the slot onto `done`), verify its buffer (reads) and reuse the slot for the
+// next block. Latency is submit -> the engine's completion time. Errors: the first failed
+// ticket throws IoError (file, offset, length); a verification mismatch throws Error naming
+// the file and offset. Bounded by buffer_bytes of buffers.
+class IoBench::Runner {
+ public:
+  Runner(const IoBenchOptions& o, std::vector<swap::File> files)
+      : o_(o), files_(std::move(files)), engine_(swap::make_io_engine(o.io)), pool_([&] {
+          swap::BufferPoolOptions po;
+          po.budget_bytes = o.buffer_bytes;
+          po.alignment = alignment_of(files_);
+          po.huge_pages = o.huge_pages;
+          po.prefault = true;  // fault the pages in now, not during the first timed pass
+          return po;
+        }()) {
+    std::span<std::byte> arena = pool_.arena();
+    registered_ = engine_->register_buffers(std::span<const std::span<std::byte>>(&arena, 1));
+    for (const auto& f : files_) ids_.push_back(engine_->attach(f));
+    for (std::uint64_t i = 0; i < o.buffer_bytes / o.io.block_size; ++i) {
+      slots_.push_back({pool_.acquire(o.io.block_size)});
+    }
+  }
+
+  static std::uint32_t alignment_of(const std::vector<swap::File>& files) {
+    std::uint32_t a = 4096;
+    for (const auto& f : files) a = std::max(a, f.alignment());
+    return a;
+  }
+
+  IoPassResult run(swap::IoOp op, std::uint64_t file_size, std::uint32_t generation, bool timed_progress,
+                   const char* label) {
+    const std::uint32_t block = o_.io.block_size;
+    const std::uint64_t blocks_per_file = file_size / block;
+    const std::uint64_t total_blocks = blocks_per_file * files_.size();
+    const bool check = op == swap::IoOp::kRead && o_.verify;
+    const bool stamp = op == swap::IoOp::kWrite;
+    if (stamp) {
+      for (auto& s : slots_) fill_bulk(s.lease.span(), generation);
+    }
+    IoPassResult result;
+    result.latencies_us.reserve(total_blocks);
+    std::uint64_t next_block = 0;
+    std::uint64_t completed = 0;
+    std::uint64_t in_flight = 0;
+    // FIFO: a finished buffer goes to the back, so every buffer of the footprint takes turns.
+    std::deque<std::size_t> free_slots;
+    for (std::size_t i = 0; i < slots_.size(); ++i) free_slots.push_back(i);
+    const bool progress = timed_progress && ::isatty(STDERR_FILENO) != 0;
+    auto last_progress = Clock::now();
+    const auto start = Clock::now();
+    while (completed < total_blocks) {
+      while (!free_slots.empty() && next_block < total_blocks && in_flight < o_.io.queue_depth) {
+        std::size_t si = free_slots.front();
+        free_slots.pop_front();
+        Slot& s = slots_[si];
+        s.file = static_cast<std::uint32_t>(next_block % files_.size());
+        s.offset = (next_block / files_.size()) * block;
+        ++next_block;
+        ++in_flight;
+        if (stamp) stamp_headers(s.lease.span(), s.file, s.offset, generation);
+        swap::IoRequest req{op, ids_[s.file], s.offset, s.lease.span()};
+        s.submitted = Clock::now();
+        s.ticket = engine_->submit(std::span<const swap::IoRequest>(&req, 1), [this, si](const Status&) {
+          {
+            std::lock_guard lock(mu_);
+            done_.push_back(si);
+          }
+          cv_.notify_one();
+        });
+      }
+      std::size_t si = 0;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return !done_.empty(); });
+        si = done_.front();
+        done_.pop_front();
+      }
+      Slot& s = slots_[si];
+      s.ticket.wait();  // throws IoError naming file, offset and length
+      auto at = s.ticket.completed_at().value_or(Clock::now());
+      result.latencies_us.push_back(std::chrono::duration<double, std::micro>(at - s.submitted).count());
+      if (check) {
+        std::string err = verify_block(s.lease.span(), s.file, s.offset, generation);
+        if (!err.empty()) {
+          throw Error("verification failed: " + files_[s.file].path() + " offset=" +
+                      std::to_string(s.offset) + " length=" + std::to_string(block) + ": " + err);
+        }
+      }
+      ++completed;
+      --in_flight;
+      free_slots.push_back(si);
+      if (progress && Clock::now() - last_progress > std::chrono::milliseconds(200)) {
+        last_progress = Clock::now();
+        double secs = std::chrono::duration<double>(last_progress - start).count();
+        double gb = static_cast<double>(completed) * block / 1e9;
+        std::fprintf(stderr, "\r  %s %5.1f%%  %6.2f GB/s ", label,
+                     100.0 * static_cast<double>(completed) / static_cast<double>(total_blocks),
+                     secs > 0 ? gb / secs : 0.0);
+      }
+    }
+    result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    result.bytes = total_blocks * block;
+    if (progress) std::fprintf(stderr, "\r%60s\r", "");
+    return result;
+  }
+
+  swap::IoEngine& engine() { return *engine_; }
+  bool huge_pages() const { return pool_.huge_pages(); }
+  bool registered() const { return registered_; }
+
+ private:
+  struct Slot {
+    swap::BufferLease lease;
+    swap::IoTicket ticket{};
+    std::uint32_t file = 0;
+    std::uint64_t offset = 0;
+    Clock::time_point submitted{};
+  };
+  const IoBenchOptions& o_;
+  std::vector<swap::File> files_;
+  std::unique_ptr<swap::IoEngine> engine_;
+  swap::BufferPool pool_;
+  std::vector<swap::FileId> ids_;
+  bool registered_ = false;
+  // Declared after the pool and engine: leases go back to the pool, and tickets are done,
+  // before either is torn down.
+  std::vector<Slot> slots_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::size_t> done_;
+};
+
+IoBench::IoBench(IoBenchOptions options) : options_(std::move(options)) {
+  const std::uint32_t block = options_.io.block_size;
+  const std::uint64_t count = options_.dirs.size();
+  if (count == 0 || block == 0 || options_.size < std::uint64_t{block} * count) {
+    throw UsageError("bench io: size " + std::to_string(options_.size) + " is smaller than one block per file (" +
+                     std::to_string(std::uint64_t{block} * count) + " bytes)");
+  }
+  if (options_.buffer_bytes == 0) options_.buffer_bytes = std::uint64_t{options_.io.queue_depth} * block;
+  file_size_ = options_.size / count / block * block;
+
+  std::vector<swap::File> files;
+  // Removes what was created if the constructor throws part way.
+  struct Undo {
+    std::vector<std::string>& paths;
+    bool armed = true;
+    ~Undo() {
+      if (!armed) return;
+      for (const auto& p : paths) std::remove(p.c_str());
+    }
+  } undo{paths_};
+  for (std::size_t i = 0; i < options_.dirs.size(); ++i) {
+    std::string path = options_.dirs[i] + "/" + options_.file_stem + "." + std::to_string(i) + ".dat";
+    swap::FileOptions fo;
+    fo.create = true;
+    fo.preallocate_bytes = file_size_;
+    paths_.push_back(path);
+    files.push_back(swap::File::open(path, fo));
+    direct_ = direct_ && files.back().is_direct();
+  }
+  const std::uint32_t alignment = Runner::alignment_of(files);
+  if (block % alignment != 0) {
+    throw UsageError("invalid --block-size " + std::to_string(block) +
+                     ": must be a multiple of the direct-I/O alignment " + std::to_string(alignment) +
+                     " of " + options_.dirs[0]);
+  }
+  runner_ = std::make_unique<Runner>(options_, std::move(files));
+  registered_ = runner_->registered();
+  undo.armed = false;
+}
+
+IoBench::~IoBench() {
+  runner_.reset();  // the engine and files close before their paths go
+  if (options_.keep) return;
+  for (const auto& p : paths_) std::remove(p.c_str());
+}
+
+IoPassResult IoBench::write(bool progress, const char* label) {
+  ++generation_;
+  return runner_->run(swap::IoOp::kWrite, file_size_, generation_, progress, label);
+}
+
+IoPassResult IoBench::read(bool progress, const char* label) {
+  if (generation_ == 0) throw UsageError("IoBench::read before any write");
+  return runner_->run(swap::IoOp::kRead, file_size_, generation_, progress, label);
+}
+
+std::string_view IoBench::engine_name() const { return runner_->engine().name(); }
+std::uint32_t IoBench::engine_threads() const { return runner_->engine().options().threads; }
+bool IoBench::huge_pages() const noexcept { return runner_->huge_pages(); }
+
+}  // namespace zinf::tools

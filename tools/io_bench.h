@@ -1,0 +1,78 @@
+// SPDX-License-Identifier: Apache-2.0
+// The measuring core of `zinf bench io`: sequential O_DIRECT passes over one data file per
+// directory through zinf's own File + IoEngine + BufferPool, every byte written with a checkable
+// pattern and verified on read. `zinf bench step --reference` runs the same passes between its
+// steps, so that the drive rates a step is judged by come from this code and the same moment.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "zinf/swap/io_engine.h"
+
+namespace zinf::tools {
+
+struct IoBenchOptions {
+  std::vector<std::string> dirs;   ///< one data file each; must exist and be writable
+  std::uint64_t size = 0;          ///< bytes over all files (rounded down to whole blocks per file)
+  swap::IoOptions io;              ///< engine kind, block size (bytes per request), queue depth
+  std::uint64_t buffer_bytes = 0;  ///< pinned memory the requests rotate over; 0: qd x block (fio)
+  bool huge_pages = true;          ///< ask for 2 MiB pages for the buffers
+  bool verify = true;              ///< check every byte read
+  bool keep = false;               ///< leave the data files in place afterwards
+  std::string file_stem = "zinf-bench-io";  ///< files are DIR/<stem>.<index>.dat
+};
+
+/// One timed pass.
+struct IoPassResult {
+  double seconds = 0;
+  std::uint64_t bytes = 0;
+  std::vector<double> latencies_us;  ///< submit -> completion, one per request
+  double gbps() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
+};
+
+/// Creates (preallocates) the data files, the engine and the buffer pool at construction and
+/// removes the files in the destructor unless options.keep.
+/// Errors: UsageError for a block size that is not a multiple of a file's direct-I/O
+/// alignment or a size below one block per file; IoError (file, offset, length) for a failed
+/// request; zinf::Error naming file and offset for a verification mismatch.
+/// Threads: one caller at a time. Memory: buffer_bytes of pinned buffers.
+class IoBench {
+ public:
+  explicit IoBench(IoBenchOptions options);
+  ~IoBench();
+  IoBench(const IoBench&) = delete;
+  IoBench& operator=(const IoBench&) = delete;
+
+  /// Writes the files once more with a new generation of the pattern. `label` names the pass
+  /// on a progress line (stderr, only when it is a terminal and `progress` is set).
+  IoPassResult write(bool progress = false, const char* label = "write");
+  /// Reads the files back, verifying the last generation written (unless !verify). Needs a
+  /// write() before it.
+  IoPassResult read(bool progress = false, const char* label = "read");
+
+  const IoBenchOptions& options() const noexcept { return options_; }
+  std::string_view engine_name() const;
+  std::uint32_t engine_threads() const;
+  std::uint64_t file_size() const noexcept { return file_size_; }
+  std::size_t file_count() const noexcept { return options_.dirs.size(); }
+  bool direct() const noexcept { return direct_; }
+  bool huge_pages() const noexcept;
+  bool registered_buffers() const noexcept { return registered_; }
+
+ private:
+  class Runner;
+  IoBenchOptions options_;
+  std::uint64_t file_size_ = 0;
+  std::vector<std::string> paths_;
+  bool direct_ = true;
+  bool registered_ = false;
+  std::uint32_t generation_ = 0;
+  std::unique_ptr<Runner> runner_;  // owns files, engine, pool
+};
+
+}  // namespace zinf::tools
