@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "bench_common.h"
 #include "cli_args.h"
 #include "commands.h"
+#include "io_bench.h"
 #include "json_writer.h"
 #include "zinf/common/error.h"
 #include "zinf/offload/optimizer.h"
@@ -53,11 +55,85 @@ Reports the median step and, for that step count, the median busy time of each s
   --copy-out T       none | bf16 | fp16: also write the low-precision parameters [none]
   --checksums        CRC32C per stripe of the swap files, verified on every read
   --budget N         pinned-memory budget [the ring or the state, whichever the tier needs]
+  --reference        before each timed step, measure what the step is judged by: one write and
+                     one read pass of the state's size through `zinf bench io`'s code (same
+                     engine, queue depth and 1 MiB requests over fio's footprint of queue depth
+                     x 1 MiB, on a file of its own in each --dir) and one Adam step over the
+                     same elements in plain memory; reports each step against
+                       ideal = max(bytes read / read rate + bytes written / write rate, Adam)
+                     from the passes just before it. Needs 12 bytes per element more memory
+                     and the state's size again on the drive.
   --json             one JSON object on stdout instead of the table
 
 Stage times: read/write = time with at least one state read/write-back in flight; compute =
 time inside the Adam kernel; they overlap, so the step takes about the longest of them.
 )";
+
+// The ideal a step is judged by, measured right before it (--reference): the drive's own rates
+// from one write and one read pass of the state's size, and the Adam kernel alone on arrays in
+// memory. Interleaving them with the steps puts each step and its reference within a few
+// seconds of each other, which matters on shared virtual disks whose rate moves 2-3x from one
+// minute to the next.
+class StepReference {
+ public:
+  StepReference(const std::vector<std::string>& dirs, std::uint64_t state_bytes, const swap::IoOptions& io,
+                std::size_t numel, const offload::CpuAdamOptions& adam, const GradView& grads, const offload::CopyOut& out)
+      : n_(numel), grads_(grads), out_(out), adam_(adam), mem_(numel * 12, "bench step --reference") {
+    if (!dirs.empty()) {
+      IoBenchOptions bo;
+      bo.dirs = dirs;
+      // At least one request per file; the state's bytes rounded up to whole requests.
+      const std::uint64_t per_file = (state_bytes / dirs.size() + io.block_size - 1) / io.block_size;
+      bo.size = std::max<std::uint64_t>(per_file, 1) * io.block_size * dirs.size();
+      bo.io = io;
+      bo.file_stem = "zinf-bench-step-ref";
+      io_.emplace(bo);
+      io_->write();  // lays the files out: the timed writes are overwrites, as the step's are
+    }
+    auto p = mem_.as<float>(3 * n_);
+    for (std::size_t i = 0; i < n_; ++i) {
+      p[i] = static_cast<float>(static_cast<std::uint32_t>(i * 2654435761u) % 2001u) / 1000.0f - 1.0f;
+      p[n_ + i] = 0.0f;
+      p[2 * n_ + i] = 0.0f;
+    }
+  }
+
+  struct Figures {
+    double read_gbps = 0;   // 0 without I/O (tier cpu)
+    double write_gbps = 0;
+    double adam_seconds = 0;
+    double ideal(std::uint64_t bytes_read, std::uint64_t bytes_written) const {
+      double io = 0;
+      if (read_gbps > 0) io += static_cast<double>(bytes_read) / (read_gbps * 1e9);
+      if (write_gbps > 0) io += static_cast<double>(bytes_written) / (write_gbps * 1e9);
+      return std::max(io, adam_seconds);
+    }
+  };
+
+  Figures measure(offload::AdamParams hp) {
+    Figures f;
+    if (io_) {
+      f.write_gbps = io_->write().gbps();
+      f.read_gbps = io_->read().gbps();
+    }
+    auto all = mem_.as<float>(3 * n_);
+    ++step_;
+    hp.step = step_;
+    const auto t0 = std::chrono::steady_clock::now();
+    adam_.step(hp, all.first(n_), all.subspan(n_, n_), all.subspan(2 * n_, n_), grads_, out_);
+    f.adam_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return f;
+  }
+
+ private:
+  std::size_t n_;
+  GradView grads_;
+  offload::CopyOut out_;
+  offload::CpuAdam adam_;
+  HostArray mem_;
+  std::optional<IoBench> io_;
+  std::uint64_t step_ = 0;
+};
 
 }  // namespace
 
@@ -80,6 +156,7 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   const std::string copy_text = args.string("copy-out", "none");
   const bool checksums = args.flag("checksums");
   const std::uint64_t budget = args.size("budget", 0);
+  const bool reference = args.flag("reference");
   const bool json = args.flag("json");
   args.finish();
 
@@ -159,10 +236,25 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   const offload::GroupGrads gg{0, grads, out};
 
   std::vector<offload::StepStats> all;
+  std::unique_ptr<StepReference> ref;
+  std::vector<StepReference::Figures> refs;
+  std::vector<double> ideal_s, ratio;
   for (std::uint64_t s = 0; s <= steps; ++s) {  // s == 0: untimed warm-up
+    if (s == 1 && reference) {
+      // After the warm-up, which says how many bytes a step moves.
+      ref = std::make_unique<StepReference>(tier == StateTier::kNvme ? dirs : std::vector<std::string>{},
+                                            all.front().bytes_read, o.io, n, o.adam, grads, out);
+      all.clear();
+    }
+    if (ref) refs.push_back(ref->measure(o.hyper));
     const auto st = opt.step(std::span<const offload::GroupGrads>(&gg, 1));
-    if (s > 0) all.push_back(st);
+    all.push_back(st);
+    if (ref) {
+      ideal_s.push_back(refs.back().ideal(st.bytes_read, st.bytes_written));
+      ratio.push_back(st.seconds / ideal_s.back());
+    }
   }
+  if (!ref) all.erase(all.begin());  // the warm-up
   std::vector<double> step_s, read_s, write_s, compute_s, wait_s;
   for (const auto& st : all) {
     step_s.push_back(st.seconds);
@@ -172,6 +264,12 @@ int bench_step_main(const std::vector<std::string>& tokens) {
     wait_s.push_back(st.wait_seconds);
   }
   const double step_med = median(step_s);
+  std::vector<double> rr, rw, ra;  // the references' read and write rates, Adam seconds
+  for (const auto& f : refs) {
+    rr.push_back(f.read_gbps);
+    rw.push_back(f.write_gbps);
+    ra.push_back(f.adam_seconds);
+  }
   const std::uint64_t bytes_read = all.front().bytes_read;
   const std::uint64_t bytes_written = all.front().bytes_written;
   const std::uint64_t sub_groups = all.front().sub_groups;
@@ -200,6 +298,16 @@ int bench_step_main(const std::vector<std::string>& tokens) {
     j.field("pinned_bytes_peak", opt.pinned_bytes_peak());
     j.field("elements_per_s", static_cast<double>(numel) / step_med);
     j.field("step_seconds_all", step_s);
+    if (ref) {
+      j.field("ref_read_gbps", median(rr));
+      j.field("ref_write_gbps", median(rw));
+      j.field("ref_adam_seconds", median(ra));
+      j.field("ideal_seconds", median(ideal_s));
+      j.field("ratio_to_ideal", median(ratio));
+      j.field("ratio_to_ideal_all", ratio);
+      j.field("ref_read_gbps_all", rr);
+      j.field("ref_write_gbps_all", rw);
+    }
     j.field("dirs", dirs);
     std::printf("%s\n", j.str().c_str());
   } else {
@@ -223,6 +331,12 @@ int bench_step_main(const std::vector<std::string>& tokens) {
     std::printf("  %-22s %10.3f s\n", "pipeline waiting", median(wait_s));
     std::printf("  %-22s %10.1f MiB\n", "pinned peak",
                 static_cast<double>(opt.pinned_bytes_peak()) / (1 << 20));
+    if (ref) {
+      std::printf("reference before each step (median): drive read %.2f GB/s, write %.2f GB/s, "
+                  "Adam alone %.3f s\n", median(rr), median(rw), median(ra));
+      std::printf("  %-22s %10.3f s\n", "ideal", median(ideal_s));
+      std::printf("  %-22s %10.3f   (median of the steps' own ratios)\n", "step / ideal", median(ratio));
+    }
   }
   return 0;
 }

@@ -3,8 +3,10 @@
 // the JSON keys compare_step.sh reads, and bad arguments are one-line errors with status 2.
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
+#include <fstream>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -37,6 +39,47 @@ TEST(BenchStepCli, SmallRunOfEachTierPrintsTheJsonKeys) {
       EXPECT_NE(r.out.find(key), std::string::npos) << key << " missing in " << r.out;
     }
   }
+}
+
+// The number after "key": in a one-line JSON object (-1 if absent).
+double json_number(const std::string& out, const std::string& key) {
+  const auto at = out.find("\"" + key + "\":");
+  if (at == std::string::npos) return -1;
+  return std::stod(out.substr(at + key.size() + 3));
+}
+
+// --reference measures the drive and the kernel before each step and judges the step by them;
+// its data files go when the run ends. The cpu tier has no I/O: its ideal is the kernel alone.
+TEST(BenchStepCli, ReferenceReportsTheIdealAndRemovesItsFiles) {
+  zinf::test::TestDir dir;
+  for (const char* tier : {"nvme", "cpu"}) {
+    ToolRun r = run_zinf("bench step --dir " + dir.path() + " --numel 64K --sub-group 16K " +
+                         "--depth 3 --steps 2 --engine threads --reference --json --tier " + tier);
+    ASSERT_EQ(r.status, 0) << r.out;
+    const bool nvme = std::string(tier) == "nvme";
+    for (const char* key : {"ref_read_gbps", "ref_write_gbps", "ref_adam_seconds", "ideal_seconds",
+                            "ratio_to_ideal"}) {
+      EXPECT_GE(json_number(r.out, key), 0.0) << key << " missing in " << r.out;
+    }
+    EXPECT_GT(json_number(r.out, "ref_adam_seconds"), 0.0) << r.out;
+    EXPECT_GT(json_number(r.out, "ideal_seconds"), 0.0) << r.out;
+    EXPECT_GT(json_number(r.out, "ratio_to_ideal"), 0.0) << r.out;
+    if (nvme) {
+      EXPECT_GT(json_number(r.out, "ref_read_gbps"), 0.0) << r.out;
+      EXPECT_GT(json_number(r.out, "ref_write_gbps"), 0.0) << r.out;
+    } else {
+      EXPECT_EQ(json_number(r.out, "ref_read_gbps"), 0.0) << r.out;
+      // Without I/O the ideal is the kernel alone.
+      EXPECT_EQ(json_number(r.out, "ideal_seconds"), json_number(r.out, "ref_adam_seconds")) << r.out;
+    }
+    // One ratio per timed step.
+    const auto all = r.out.find("\"ratio_to_ideal_all\":[");
+    ASSERT_NE(all, std::string::npos) << r.out;
+    const std::string list = r.out.substr(all, r.out.find(']', all) - all);
+    EXPECT_EQ(std::count(list.begin(), list.end(), ','), 1) << list;
+  }
+  // Nothing of the reference's is left in the directory.
+  EXPECT_FALSE(std::ifstream(dir.path() + "/zinf-bench-step-ref.0.dat").good());
 }
 
 TEST(BenchStepCli, BadArgumentsAreOneLineErrors) {
