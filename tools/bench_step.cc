@@ -55,25 +55,26 @@ Reports the median step and, for that step count, the median busy time of each s
   --copy-out T       none | bf16 | fp16: also write the low-precision parameters [none]
   --checksums        CRC32C per stripe of the swap files, verified on every read
   --budget N         pinned-memory budget [the ring or the state, whichever the tier needs]
-  --reference        before each timed step, measure what the step is judged by: one write and
-                     one read pass of the state's size through `zinf bench io`'s code (same
-                     engine, queue depth and 1 MiB requests over fio's footprint of queue depth
-                     x 1 MiB, on a file of its own in each --dir) and one Adam step over the
-                     same elements in plain memory; reports each step against
+  --reference K      every K timed steps (and after the last), measure what the steps are
+                     judged by: one write and one read pass of the state's size through `zinf
+                     bench io`'s code (same engine, queue depth and 1 MiB requests over fio's
+                     footprint of queue depth x 1 MiB, on a file of its own in each --dir) and
+                     one Adam step over the same elements in plain memory; reports each step
+                     against the mean of the two references around its block of K steps:
                        ideal = max(bytes read / read rate + bytes written / write rate, Adam)
-                     from the passes just before it. Needs 12 bytes per element more memory
-                     and the state's size again on the drive.
+                     K > 1 keeps steps back to back, as a trainer's are. Needs 12 bytes per
+                     element more memory and the state's size again on the drive.
   --json             one JSON object on stdout instead of the table
 
 Stage times: read/write = time with at least one state read/write-back in flight; compute =
 time inside the Adam kernel; they overlap, so the step takes about the longest of them.
 )";
 
-// The ideal a step is judged by, measured right before it (--reference): the drive's own rates
+// The ideal steps are judged by, measured around them (--reference K): the drive's own rates
 // from one write and one read pass of the state's size, and the Adam kernel alone on arrays in
-// memory. Interleaving them with the steps puts each step and its reference within a few
-// seconds of each other, which matters on shared virtual disks whose rate moves 2-3x from one
-// minute to the next.
+// memory. Interleaving them with the steps puts each step within a few seconds of its
+// references, which matters on shared virtual disks whose rate moves 2-3x from one minute to
+// the next; the mean of the references before and after a block stands for the block.
 class StepReference {
  public:
   StepReference(const std::vector<std::string>& dirs, std::uint64_t state_bytes, const swap::IoOptions& io,
@@ -156,7 +157,7 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   const std::string copy_text = args.string("copy-out", "none");
   const bool checksums = args.flag("checksums");
   const std::uint64_t budget = args.size("budget", 0);
-  const bool reference = args.flag("reference");
+  const std::uint64_t reference_every = args.uint("reference", 0);
   const bool json = args.flag("json");
   args.finish();
 
@@ -166,6 +167,10 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   if (sub_group == 0) throw UsageError("--sub-group must be at least 1");
   if (depth < 3 || depth > 64) throw UsageError("--depth must be in [3, 64]");
   if (steps == 0) throw UsageError("--steps must be at least 1");
+  if (reference_every > steps) {
+    throw UsageError("--reference " + std::to_string(reference_every) + " exceeds --steps " +
+                     std::to_string(steps) + ": the references must bracket at least one block of steps");
+  }
   if (queue_depth == 0 || queue_depth > 4096) throw UsageError("--queue-depth must be in [1, 4096]");
   bool copy_out = false;
   DType copy_dtype = DType::kBF16;
@@ -240,21 +245,26 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   std::vector<StepReference::Figures> refs;
   std::vector<double> ideal_s, ratio;
   for (std::uint64_t s = 0; s <= steps; ++s) {  // s == 0: untimed warm-up
-    if (s == 1 && reference) {
+    if (s == 1 && reference_every > 0) {
       // After the warm-up, which says how many bytes a step moves.
       ref = std::make_unique<StepReference>(tier == StateTier::kNvme ? dirs : std::vector<std::string>{},
                                             all.front().bytes_read, o.io, n, o.adam, grads, out);
-      all.clear();
     }
-    if (ref) refs.push_back(ref->measure(o.hyper));
-    const auto st = opt.step(std::span<const offload::GroupGrads>(&gg, 1));
-    all.push_back(st);
-    if (ref) {
-      ideal_s.push_back(refs.back().ideal(st.bytes_read, st.bytes_written));
+    if (ref && (s - 1) % reference_every == 0) refs.push_back(ref->measure(o.hyper));
+    all.push_back(opt.step(std::span<const offload::GroupGrads>(&gg, 1)));
+  }
+  all.erase(all.begin());  // the warm-up
+  if (ref) {
+    // The closing reference, then each step against the mean of the ideals around its block.
+    refs.push_back(ref->measure(o.hyper));
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      const std::size_t b = i / reference_every;
+      const auto& st = all[i];
+      ideal_s.push_back((refs[b].ideal(st.bytes_read, st.bytes_written) +
+                         refs[b + 1].ideal(st.bytes_read, st.bytes_written)) / 2);
       ratio.push_back(st.seconds / ideal_s.back());
     }
   }
-  if (!ref) all.erase(all.begin());  // the warm-up
   std::vector<double> step_s, read_s, write_s, compute_s, wait_s;
   for (const auto& st : all) {
     step_s.push_back(st.seconds);
@@ -299,6 +309,8 @@ int bench_step_main(const std::vector<std::string>& tokens) {
     j.field("elements_per_s", static_cast<double>(numel) / step_med);
     j.field("step_seconds_all", step_s);
     if (ref) {
+      j.field("reference_every", reference_every);
+      j.field("references", std::uint64_t{refs.size()});
       j.field("ref_read_gbps", median(rr));
       j.field("ref_write_gbps", median(rw));
       j.field("ref_adam_seconds", median(ra));
@@ -332,8 +344,8 @@ int bench_step_main(const std::vector<std::string>& tokens) {
     std::printf("  %-22s %10.1f MiB\n", "pinned peak",
                 static_cast<double>(opt.pinned_bytes_peak()) / (1 << 20));
     if (ref) {
-      std::printf("reference before each step (median): drive read %.2f GB/s, write %.2f GB/s, "
-                  "Adam alone %.3f s\n", median(rr), median(rw), median(ra));
+      std::printf("references (median of %zu): drive read %.2f GB/s, write %.2f GB/s, "
+                  "Adam alone %.3f s\n", refs.size(), median(rr), median(rw), median(ra));
       std::printf("  %-22s %10.3f s\n", "ideal", median(ideal_s));
       std::printf("  %-22s %10.3f   (median of the steps' own ratios)\n", "step / ideal", median(ratio));
     }

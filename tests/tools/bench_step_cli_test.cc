@@ -48,14 +48,17 @@ double json_number(const std::string& out, const std::string& key) {
   return std::stod(out.substr(at + key.size() + 3));
 }
 
-// --reference measures the drive and the kernel before each step and judges the step by them;
-// its data files go when the run ends. The cpu tier has no I/O: its ideal is the kernel alone.
+// --reference K measures the drive and the kernel around every block of K steps and judges
+// the steps by them; its data files go when the run ends. The cpu tier has no I/O: its ideal
+// is the kernel alone.
 TEST(BenchStepCli, ReferenceReportsTheIdealAndRemovesItsFiles) {
   zinf::test::TestDir dir;
   for (const char* tier : {"nvme", "cpu"}) {
     ToolRun r = run_zinf("bench step --dir " + dir.path() + " --numel 64K --sub-group 16K " +
-                         "--depth 3 --steps 2 --engine threads --reference --json --tier " + tier);
+                         "--depth 3 --steps 2 --engine threads --reference 1 --json --tier " + tier);
     ASSERT_EQ(r.status, 0) << r.out;
+    // Before each of the 2 steps and after the last.
+    EXPECT_EQ(json_number(r.out, "references"), 3.0) << r.out;
     const bool nvme = std::string(tier) == "nvme";
     for (const char* key : {"ref_read_gbps", "ref_write_gbps", "ref_adam_seconds", "ideal_seconds",
                             "ratio_to_ideal"}) {
@@ -68,9 +71,9 @@ TEST(BenchStepCli, ReferenceReportsTheIdealAndRemovesItsFiles) {
       EXPECT_GT(json_number(r.out, "ref_read_gbps"), 0.0) << r.out;
       EXPECT_GT(json_number(r.out, "ref_write_gbps"), 0.0) << r.out;
     } else {
-      EXPECT_EQ(json_number(r.out, "ref_read_gbps"), 0.0) << r.out;
       // Without I/O the ideal is the kernel alone.
-      EXPECT_EQ(json_number(r.out, "ideal_seconds"), json_number(r.out, "ref_adam_seconds")) << r.out;
+      EXPECT_EQ(json_number(r.out, "ref_read_gbps"), 0.0) << r.out;
+      EXPECT_EQ(json_number(r.out, "ref_write_gbps"), 0.0) << r.out;
     }
     // One ratio per timed step.
     const auto all = r.out.find("\"ratio_to_ideal_all\":[");
@@ -80,6 +83,25 @@ TEST(BenchStepCli, ReferenceReportsTheIdealAndRemovesItsFiles) {
   }
   // Nothing of the reference's is left in the directory.
   EXPECT_FALSE(std::ifstream(dir.path() + "/zinf-bench-step-ref.0.dat").good());
+}
+
+// Blocks of K back-to-back steps: a reference before each block and one after the last, a
+// partial last block included.
+TEST(BenchStepCli, ReferenceEveryKStepsBracketsEachBlock) {
+  zinf::test::TestDir dir;
+  ToolRun r = run_zinf("bench step --dir " + dir.path() + " --numel 64K --sub-group 16K --depth 3 " +
+                       "--steps 5 --engine threads --reference 2 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(json_number(r.out, "reference_every"), 2.0) << r.out;
+  EXPECT_EQ(json_number(r.out, "references"), 4.0) << r.out;  // before 1, 3, 5 and after 5
+  const auto all = r.out.find("\"ratio_to_ideal_all\":[");
+  ASSERT_NE(all, std::string::npos) << r.out;
+  const std::string list = r.out.substr(all, r.out.find(']', all) - all);
+  EXPECT_EQ(std::count(list.begin(), list.end(), ','), 4) << list;
+  r = run_zinf("bench step --dir " + dir.path() + " --steps 2 --reference 3");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "zinf bench step: error: --reference 3 exceeds --steps 2: the references must "
+                   "bracket at least one block of steps\n");
 }
 
 TEST(BenchStepCli, BadArgumentsAreOneLineErrors) {
