@@ -13,6 +13,9 @@
 # 16 MiB rates, so the ring ideal is the one its target is judged by; both are printed. Prints
 # each round, the median ratios (the target: <= 1.15 at 256M elements), and the
 # fastest step against the ideal from the fastest reference passes (steadier on a shared host).
+# The references here run 10-20 s away from the step they judge; on a disk whose rate moves in
+# that time, `zinf bench step --reference` (the same passes and kernel, taken in-process right
+# before each step) gives the steadier ratio.
 #
 # usage: bench/compare_step.sh [--dir DIR] [--numel 256M] [--sub-group 1M] [--depth 4]
 #                              [--threads 0] [--steps 5] [--rounds 3] [--zinf PATH] [-- step args]
