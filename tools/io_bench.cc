@@ -29,11 +29,11 @@ using Clock = std::chrono::steady_clock;
 // the file and offset. Bounded by buffer_bytes of buffers.
 class IoBench::Runner {
  public:
-  Runner(const IoBenchOptions& o, std::vector<swap::File> files)
+  Runner(const IoBenchOptions& o, std::vector<swap::File> files, std::uint32_t alignment)
       : o_(o), files_(std::move(files)), engine_(swap::make_io_engine(o.io)), pool_([&] {
           swap::BufferPoolOptions po;
           po.budget_bytes = o.buffer_bytes;
-          po.alignment = alignment_of(files_);
+          po.alignment = alignment;
           po.huge_pages = o.huge_pages;
           po.prefault = true;  // fault the pages in now, not during the first timed pass
           return po;
@@ -44,12 +44,6 @@ class IoBench::Runner {
     for (std::uint64_t i = 0; i < o.buffer_bytes / o.io.block_size; ++i) {
       slots_.push_back({pool_.acquire(o.io.block_size)});
     }
-  }
-
-  static std::uint32_t alignment_of(const std::vector<swap::File>& files) {
-    std::uint32_t a = 4096;
-    for (const auto& f : files) a = std::max(a, f.alignment());
-    return a;
   }
 
   IoPassResult run(swap::IoOp op, std::uint64_t file_size, std::uint32_t generation, bool timed_progress,
@@ -159,46 +153,39 @@ IoBench::IoBench(IoBenchOptions options) : options_(std::move(options)) {
   const std::uint32_t block = options_.io.block_size;
   const std::uint64_t count = options_.dirs.size();
   if (count == 0 || block == 0 || options_.size < std::uint64_t{block} * count) {
-    throw UsageError("bench io: size " + std::to_string(options_.size) + " is smaller than one block per file (" +
+    throw UsageError("--size " + std::to_string(options_.size) + " is smaller than one block per file (" +
                      std::to_string(std::uint64_t{block} * count) + " bytes)");
   }
   if (options_.buffer_bytes == 0) options_.buffer_bytes = std::uint64_t{options_.io.queue_depth} * block;
   file_size_ = options_.size / count / block * block;
 
   std::vector<swap::File> files;
-  // Removes what was created if the constructor throws part way.
-  struct Undo {
-    std::vector<std::string>& paths;
-    bool armed = true;
-    ~Undo() {
-      if (!armed) return;
-      for (const auto& p : paths) std::remove(p.c_str());
-    }
-  } undo{paths_};
+  std::uint32_t alignment = 4096;
   for (std::size_t i = 0; i < options_.dirs.size(); ++i) {
     std::string path = options_.dirs[i] + "/" + options_.file_stem + "." + std::to_string(i) + ".dat";
     swap::FileOptions fo;
     fo.create = true;
     fo.preallocate_bytes = file_size_;
-    paths_.push_back(path);
+    files_.paths.push_back(path);
     files.push_back(swap::File::open(path, fo));
     direct_ = direct_ && files.back().is_direct();
+    alignment = std::max(alignment, files.back().alignment());
   }
-  const std::uint32_t alignment = Runner::alignment_of(files);
   if (block % alignment != 0) {
     throw UsageError("invalid --block-size " + std::to_string(block) +
                      ": must be a multiple of the direct-I/O alignment " + std::to_string(alignment) +
                      " of " + options_.dirs[0]);
   }
-  runner_ = std::make_unique<Runner>(options_, std::move(files));
+  runner_ = std::make_unique<Runner>(options_, std::move(files), alignment);
   registered_ = runner_->registered();
-  undo.armed = false;
+  files_.keep = options_.keep;
 }
 
-IoBench::~IoBench() {
-  runner_.reset();  // the engine and files close before their paths go
-  if (options_.keep) return;
-  for (const auto& p : paths_) std::remove(p.c_str());
+IoBench::~IoBench() = default;
+
+IoBench::Files::~Files() {
+  if (keep) return;
+  for (const auto& p : paths) std::remove(p.c_str());
 }
 
 IoPassResult IoBench::write(bool progress, const char* label) {

@@ -68,7 +68,13 @@ class IoBench {
   class Runner;
   IoBenchOptions options_;
   std::uint64_t file_size_ = 0;
-  std::vector<std::string> paths_;
+  // Removes the data files when destroyed (after runner_, which closes them), unless keep:
+  // false until the constructor has succeeded, so a failed construction leaves nothing.
+  struct Files {
+    std::vector<std::string> paths;
+    bool keep = false;
+    ~Files();
+  } files_;
   bool direct_ = true;
   bool registered_ = false;
   std::uint32_t generation_ = 0;

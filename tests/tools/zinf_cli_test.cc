@@ -57,6 +57,15 @@ TEST(BenchIoCli, UnparseableSizeExits2) {
             "2GiB or 1e8\n");
 }
 
+TEST(BenchIoCli, SizeBelowOneBlockPerFileExits2AndLeavesNoFile) {
+  zinf::test::TestDir dir;
+  ToolRun r = run_zinf("bench io --dir " + dir.path() + " --dir " + dir.path() + " --size 1M");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "zinf bench io: error: --size 1048576 is smaller than one block per file "
+                   "(2097152 bytes)\n");
+  EXPECT_FALSE(std::ifstream(dir.path() + "/zinf-bench-io.0.dat").good());
+}
+
 TEST(BenchIoCli, UnalignedBlockSizeExits2) {
   zinf::test::TestDir dir;
   ToolRun r = run_zinf("bench io --dir " + dir.path() + " --block-size 1000");
