@@ -6,7 +6,6 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <bit>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -100,25 +99,12 @@ int bench_adam_main(const std::vector<std::string>& tokens) {
   auto p = p_mem.as<float>(n);
   auto m = m_mem.as<float>(n);
   auto v = v_mem.as<float>(n);
-  // Parameters in [-1, 1], gradients around 1e-3: every value stays a normal float through
-  // the steps, so no subnormal slow path is measured.
   for (std::size_t i = 0; i < n; ++i) {
-    const auto h = static_cast<std::uint32_t>(i * 2654435761u);
-    p[i] = static_cast<float>(h % 2001u) / 1000.0f - 1.0f;
+    p[i] = bench_param(i);
     m[i] = 0.0f;
     v[i] = 0.0f;
-    const float g = (static_cast<float>((h >> 11) % 2001u) / 1000.0f - 1.0f) * 1e-3f + 1e-5f;
-    if (grad_dtype == DType::kF32) {
-      g_mem.as<float>(n)[i] = g;
-    } else {
-      // Truncation is fine here: any bf16 value near g will do for timing. fp16: 0x1400 is
-      // 2^-10, with varying mantissa and sign.
-      g_mem.as<std::uint16_t>(n)[i] =
-          grad_dtype == DType::kBF16
-              ? static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(g) >> 16)
-              : static_cast<std::uint16_t>(0x1400u | (h & 0x83ffu));
-    }
   }
+  fill_bench_grads(g_mem.as<std::byte>(n * grad_bytes).data(), n, grad_dtype);
   const GradView grads = grad_dtype == DType::kF32
                              ? GradView::f32(g_mem.as<const float>(n))
                              : GradView{g_mem.as<const std::uint16_t>(n).data(), n, grad_dtype};

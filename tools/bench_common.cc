@@ -7,6 +7,8 @@
 #include <sys/utsname.h>
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +30,26 @@ HostArray::HostArray(std::size_t bytes, std::string_view who) {
 }
 
 void HostArray::Free::operator()(void* p) const { std::free(p); }
+
+namespace {
+std::uint32_t bench_hash(std::size_t i) { return static_cast<std::uint32_t>(i * 2654435761u); }
+}  // namespace
+
+float bench_param(std::size_t i) { return static_cast<float>(bench_hash(i) % 2001u) / 1000.0f - 1.0f; }
+
+void fill_bench_grads(void* out, std::size_t n, offload::DType dtype) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t h = bench_hash(i);
+    const float g = (static_cast<float>((h >> 11) % 2001u) / 1000.0f - 1.0f) * 1e-3f + 1e-5f;
+    if (dtype == offload::DType::kF32) {
+      static_cast<float*>(out)[i] = g;
+    } else {
+      static_cast<std::uint16_t*>(out)[i] =
+          dtype == offload::DType::kBF16 ? static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(g) >> 16)
+                                         : static_cast<std::uint16_t>(0x1400u | (h & 0x83ffu));
+    }
+  }
+}
 
 offload::DType parse_dtype(const std::string& text, const char* what) {
   if (text == "fp32") return offload::DType::kF32;

@@ -32,6 +32,13 @@ class HostArray {
   std::unique_ptr<void, Free> ptr_;
 };
 
+/// The benchmarks' data (bench adam, bench step): parameter i in [-1, 1]. With the gradients
+/// below, every value stays a normal float through the steps, so no subnormal slow path is
+/// measured.
+float bench_param(std::size_t i);
+/// Writes gradients 0..n-1 (around 1e-3) into `out` (n elements of `dtype`). bf16 is truncated
+/// (any value near will do for timing); fp16 is 2^-10 with varying mantissa and sign.
+void fill_bench_grads(void* out, std::size_t n, offload::DType dtype);
 /// Parses fp32 | bf16 | fp16; UsageError naming `what` otherwise.
 offload::DType parse_dtype(const std::string& text, const char* what);
 /// The median (the mean of the middle two for an even count); 0 for none.

@@ -6,7 +6,6 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <bit>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -93,7 +92,7 @@ class StepReference {
     }
     auto p = mem_.as<float>(3 * n_);
     for (std::size_t i = 0; i < n_; ++i) {
-      p[i] = static_cast<float>(static_cast<std::uint32_t>(i * 2654435761u) % 2001u) / 1000.0f - 1.0f;
+      p[i] = bench_param(i);
       p[n_ + i] = 0.0f;
       p[2 * n_ + i] = 0.0f;
     }
@@ -215,22 +214,10 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   HostArray mem(n * 4, "bench step");
   {
     auto p = mem.as<float>(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      p[i] = static_cast<float>(static_cast<std::uint32_t>(i * 2654435761u) % 2001u) / 1000.0f - 1.0f;
-    }
+    for (std::size_t i = 0; i < n; ++i) p[i] = bench_param(i);
     opt.set_params(0, p);
   }
-  for (std::size_t i = 0; i < n; ++i) {
-    const auto h = static_cast<std::uint32_t>(i * 2654435761u);
-    const float g = (static_cast<float>((h >> 11) % 2001u) / 1000.0f - 1.0f) * 1e-3f + 1e-5f;
-    if (grad_dtype == DType::kF32) {
-      mem.as<float>(n)[i] = g;
-    } else {
-      mem.as<std::uint16_t>(n)[i] =
-          grad_dtype == DType::kBF16 ? static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(g) >> 16)
-                                     : static_cast<std::uint16_t>(0x1400u | (h & 0x83ffu));
-    }
-  }
+  fill_bench_grads(mem.as<std::byte>(n * grad_bytes).data(), n, grad_dtype);
   const GradView grads{mem.as<std::byte>(n * grad_bytes).data(), n, grad_dtype};
   std::unique_ptr<HostArray> out_mem;
   offload::CopyOut out;
