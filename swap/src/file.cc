@@ -17,6 +17,7 @@
 
 #include "zinf/common/error.h"
 #include "zinf/common/log.h"
+#include "zinf/swap/dir.h"
 
 namespace zinf::swap {
 namespace {
@@ -94,50 +95,145 @@ File::~File() {
   if (!s.ok()) log(LogLevel::kWarning, s.to_string());
 }
 
+namespace {
+
+// Opens `name` relative to `dirfd` (AT_FDCWD for a plain path) with `flags`, asking for
+// O_DIRECT first where options.direct says so: EINVAL with O_DIRECT means the file system has
+// no direct I/O (older tmpfs, some FUSE), and the file is reopened buffered with one notice.
+// `shown` is the path errors and notices name.
+int open_with_direct_fallback(int dirfd, const char* name, int flags, const FileOptions& options,
+                              const std::string& shown, bool& direct) {
+  direct = false;
+  if (options.direct) {
+    const int fd = ::openat(dirfd, name, flags | O_DIRECT, 0600);
+    if (fd >= 0) {
+      direct = true;
+      return fd;
+    }
+    const int err = errno;
+    if (err != EINVAL) throw_errno(err, "open", shown);
+    log(LogLevel::kNotice, "O_DIRECT refused for " + shown + " (EINVAL); using buffered I/O");
+  }
+  const int fd = ::openat(dirfd, name, flags, 0600);
+  if (fd < 0) throw_errno(errno, "open", shown);
+  return fd;
+}
+
+int base_flags(const FileOptions& options) {
+  return O_CLOEXEC | (options.read_only ? O_RDONLY : O_RDWR);
+}
+
+}  // namespace
+
+File File::adopt(int fd, bool direct, std::string shown, const FileOptions& options) {
+  File f;  // owns fd from here: a failed preallocation closes it
+  f.fd_ = fd;
+  f.direct_ = direct;
+  f.path_ = std::move(shown);
+  f.alignment_ = direct ? probe_alignment(fd, f.path_) : 1;
+  if (options.preallocate_bytes > 0) f.preallocate(options.preallocate_bytes);
+  return f;
+}
+
 File File::open(const std::string& path, const FileOptions& options) {
-  int flags = O_CLOEXEC | (options.read_only ? O_RDONLY : O_RDWR);
+  int flags = base_flags(options);
   if (options.create) flags |= O_CREAT;
   if (options.truncate) flags |= O_TRUNC;
-  File f;
-  f.path_ = path;
+  bool direct = false;
+  const int fd = open_with_direct_fallback(AT_FDCWD, path.c_str(), flags, options, path, direct);
+  return adopt(fd, direct, path, options);
+}
+
+File File::create_unnamed(const Dir& dir, std::string_view label, const FileOptions& options) {
+  if (options.read_only) throw UsageError("File::create_unnamed: a new file cannot be read-only");
+  const std::string shown = dir.path_of(label) + " (unlinked)";
+  bool direct = false;
   int fd = -1;
-  if (options.direct) {
-    fd = ::open(path.c_str(), flags | O_DIRECT, 0600);
-    if (fd < 0) {
-      const int err = errno;
-      if (err != EINVAL) throw_errno(err, "open", path);
-      // EINVAL with O_DIRECT: this file system has no direct I/O (older tmpfs, some FUSE).
-      log(LogLevel::kNotice, "O_DIRECT refused for " + path + " (EINVAL); using buffered I/O");
-    } else {
-      f.direct_ = true;
+  try {
+    fd = open_with_direct_fallback(dir.fd(), ".", base_flags(options) | O_TMPFILE | O_EXCL,
+                                   options, shown, direct);
+  } catch (const IoError& e) {
+    // No O_TMPFILE here (EOPNOTSUPP, or EISDIR from kernels and file systems that predate
+    // it): a name nobody can predict, created exclusively and removed straight away.
+    const int err = e.status().sys_errno();
+    if (err != EOPNOTSUPP && err != EISDIR) throw;
+    const std::string name = unique_name(".zinf-tmp-");
+    fd = open_with_direct_fallback(dir.fd(), name.c_str(),
+                                   base_flags(options) | O_CREAT | O_EXCL | O_NOFOLLOW, options,
+                                   shown, direct);
+    if (::unlinkat(dir.fd(), name.c_str(), 0) != 0) {
+      const int uerr = errno;
+      ::close(fd);
+      throw_errno(uerr, "unlink new file", dir.path_of(name));
     }
   }
-  if (fd < 0) {
-    fd = ::open(path.c_str(), flags, 0600);
-    if (fd < 0) throw_errno(errno, "open", path);
-  }
-  f.fd_ = fd;
-  f.alignment_ = f.direct_ ? probe_alignment(fd, path) : 1;
+  return adopt(fd, direct, shown, options);
+}
 
-  if (options.preallocate_bytes > 0) {
-    const auto length = static_cast<off_t>(options.preallocate_bytes);
-    int rc;
-    do {
-      rc = ::fallocate(fd, 0, 0, length);
-    } while (rc != 0 && errno == EINTR);
-    if (rc != 0) {
-      const int err = errno;
-      if (err != EOPNOTSUPP) throw_errno(err, "preallocate", path, 0, options.preallocate_bytes);
-      // No fallocate on this file system: at least give the file its size (sparse).
-      if (f.size() < options.preallocate_bytes) {
-        do {
-          rc = ::ftruncate(fd, length);
-        } while (rc != 0 && errno == EINTR);
-        if (rc != 0) throw_errno(errno, "preallocate (ftruncate)", path, 0, options.preallocate_bytes);
-      }
+File File::create_exclusive(const Dir& dir, std::string_view name, const FileOptions& options) {
+  if (options.read_only) throw UsageError("File::create_exclusive: a new file cannot be read-only");
+  const std::string shown = dir.path_of(name);
+  const std::string n(name);
+  bool direct = false;
+  const int fd = open_with_direct_fallback(
+      dir.fd(), n.c_str(), base_flags(options) | O_CREAT | O_EXCL | O_NOFOLLOW, options, shown,
+      direct);
+  return adopt(fd, direct, shown, options);
+}
+
+File File::open_existing(const Dir& dir, std::string_view name, const FileOptions& options) {
+  if (options.create || options.truncate) {
+    throw UsageError("File::open_existing: create and truncate do not apply");
+  }
+  const std::string shown = dir.path_of(name);
+  const std::string n(name);
+  // Opened buffered and non-blocking first (a FIFO would otherwise wait for a writer forever),
+  // checked to be a regular file, and only then switched to O_DIRECT: F_SETFL can set it.
+  const int fd = ::openat(dir.fd(), n.c_str(), base_flags(options) | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) throw_errno(errno, "open", shown);
+  File f;  // owns fd from here
+  f.fd_ = fd;
+  f.path_ = shown;
+  f.alignment_ = 1;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw_errno(errno, "fstat", shown);
+  if (!S_ISREG(st.st_mode)) {
+    throw IoError(Status::from_errno(EINVAL, "open", shown)
+                      .with_message("not a regular file but " + std::string(file_kind(st.st_mode)) +
+                                    "; zinf only reads files it wrote"));
+  }
+  const int fl = ::fcntl(fd, F_GETFL);
+  if (fl < 0) throw_errno(errno, "fcntl", shown);
+  if (::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) throw_errno(errno, "fcntl", shown);
+  if (options.direct) {
+    if (::fcntl(fd, F_SETFL, (fl & ~O_NONBLOCK) | O_DIRECT) == 0) {
+      f.direct_ = true;
+      f.alignment_ = probe_alignment(fd, shown);
+    } else if (errno == EINVAL) {
+      log(LogLevel::kNotice, "O_DIRECT refused for " + shown + " (EINVAL); using buffered I/O");
+    } else {
+      throw_errno(errno, "fcntl O_DIRECT", shown);
     }
   }
   return f;
+}
+
+void File::preallocate(std::uint64_t bytes) {
+  const auto length = static_cast<off_t>(bytes);
+  int rc;
+  do {
+    rc = ::fallocate(fd_, 0, 0, length);
+  } while (rc != 0 && errno == EINTR);
+  if (rc == 0) return;
+  const int err = errno;
+  if (err != EOPNOTSUPP) throw_errno(err, "preallocate", path_, 0, bytes);
+  // No fallocate on this file system: at least give the file its size (sparse).
+  if (size() < bytes) {
+    do {
+      rc = ::ftruncate(fd_, length);
+    } while (rc != 0 && errno == EINTR);
+    if (rc != 0) throw_errno(errno, "preallocate (ftruncate)", path_, 0, bytes);
+  }
 }
 
 std::uint64_t File::size() const {

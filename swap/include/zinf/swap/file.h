@@ -5,10 +5,13 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "zinf/common/status.h"
 
 namespace zinf::swap {
+
+class Dir;
 
 /// How File::open treats the file.
 struct FileOptions {
@@ -34,6 +37,19 @@ class File {
   /// logs one notice naming the path. Throws zinf::IoError (path, errno) on failure, including
   /// ENOSPC from preallocation.
   static File open(const std::string& path, const FileOptions& options);
+  /// Creates a data file in `dir` that no name points to: O_TMPFILE where the file system has
+  /// it, else a file created exclusively under a unique_name() and unlinked at once. Either
+  /// way it disappears with its last descriptor, so a killed process leaves nothing behind and
+  /// no link or file planted in `dir` is ever opened. path() is "<dir>/<label> (unlinked)", for
+  /// messages. options.create/truncate are implied; the rest as open().
+  static File create_unnamed(const Dir& dir, std::string_view label, const FileOptions& options);
+  /// Creates file `name` in `dir` exclusively and without following a link (O_CREAT|O_EXCL|
+  /// O_NOFOLLOW): anything already at that name is an IoError EEXIST naming it.
+  static File create_exclusive(const Dir& dir, std::string_view name, const FileOptions& options);
+  /// Opens the existing file `name` in `dir` without following a link and without blocking
+  /// (a FIFO), and refuses anything but a regular file with an IoError naming it and what it
+  /// is. options.create/truncate must be false.
+  static File open_existing(const Dir& dir, std::string_view name, const FileOptions& options);
 
   bool is_open() const noexcept { return fd_ >= 0; }
   int fd() const noexcept { return fd_; }
@@ -53,6 +69,11 @@ class File {
   Status close();
 
  private:
+  // Takes ownership of `fd` (closed if this throws), probes its alignment and
+  // preallocates as `options` says.
+  static File adopt(int fd, bool direct, std::string shown, const FileOptions& options);
+  void preallocate(std::uint64_t bytes);
+
   int fd_ = -1;
   bool direct_ = false;
   std::uint32_t alignment_ = 4096;
