@@ -207,7 +207,9 @@ TEST(File, OpenExistingRefusesFifoLinkAndDirectoryWithoutBlocking) {
   // Direct I/O is switched on after the checks, where the file system has it.
   File g = File::open_existing(d, "regular", FileOptions{.read_only = true});
   EXPECT_EQ(g.is_direct(), test::supports_direct_io(dir.path()));
-  if (g.is_direct()) EXPECT_GE(g.alignment(), 512u);
+  if (g.is_direct()) {
+    EXPECT_GE(g.alignment(), 512u);
+  }
 }
 
 TEST(Dir, ReplaceFileDurablyReplacesALinkInsteadOfWritingThroughIt) {
