@@ -16,6 +16,11 @@ for p in "${presets[@]}"; do
   cmake --build --preset "$p" -j "$jobs"
 done
 cmake --build build/release --target zinf_check_headers -j "$jobs"
+# A test declared with several labels must keep them all (CTest once kept only the first).
+if ! ctest --test-dir build/release -N -L contract | grep -q 'OffloadEngine\.'; then
+  echo "test.sh: 'ctest -L contract' lists no OffloadEngine test: multi-label registration broke" >&2
+  exit 1
+fi
 for p in "${presets[@]}"; do
   echo "== test: $p"
   ctest --preset "$p" -j "$jobs"
