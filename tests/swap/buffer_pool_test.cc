@@ -3,11 +3,16 @@
 // timed acquisition, FIFO service, the oversize error text, and the huge-page flag.
 #include "zinf/swap/buffer_pool.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -228,42 +233,58 @@ TEST(BufferPool, TryAcquireTimesOut) {
 TEST(BufferPool, TimedOutHeadDoesNotBlockOthers) {
   BufferPool pool(options(4 * kBlock));
   BufferLease half = pool.acquire(2 * kBlock);
-  std::atomic<bool> small_done{false};
-  BufferLease small;
   // The head wants everything and gives up; the small request queued behind it must then be
-  // served from the two free blocks without any release happening.
-  std::thread head([&] { EXPECT_FALSE(pool.try_acquire(4 * kBlock, std::chrono::milliseconds(50))); });
-  wait_until([&] { return pool.waiting() == 1; });
-  std::thread second([&] {
-    small = pool.acquire(kBlock);
-    small_done = true;
+  // served from the two free blocks without any release happening. The second request starts
+  // once the head waits and is checked to queue behind it (waiting() == 2) well before the
+  // head's timeout, so the hand-over on timeout is what the test exercises.
+  std::thread head([&] {
+    EXPECT_FALSE(pool.try_acquire(4 * kBlock, std::chrono::seconds(1)));
   });
+  wait_until([&] { return pool.waiting() == 1; });
+  BufferLease small;
+  std::thread second([&] {
+    // Generous, and a failure rather than a hang if the timed-out head keeps it waiting.
+    small = pool.try_acquire(kBlock, std::chrono::seconds(30));
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(900);
+  bool queued_behind = false;
+  while (!queued_behind && std::chrono::steady_clock::now() < deadline) {
+    queued_behind = pool.waiting() == 2;
+    std::this_thread::yield();
+  }
+  EXPECT_TRUE(queued_behind) << "the small request did not wait behind the head";
   head.join();
   second.join();
-  EXPECT_TRUE(small_done.load());
+  ASSERT_TRUE(small) << "the request behind a timed-out head was never served";
   EXPECT_EQ(small.size(), kBlock);
 }
 
-TEST(BufferPool, HugePagesFlag) {
-  BufferPool off(options(4 << 20, 4096, /*huge=*/false));
-  EXPECT_FALSE(off.huge_pages());
-
-  std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
-  std::string mode;
-  std::getline(in, mode);
-  BufferPool on(options(4 << 20, 4096, /*huge=*/true));
-  if (mode.empty() || mode.find("[never]") != std::string::npos) {
-    EXPECT_FALSE(on.huge_pages()) << "THP mode: '" << mode << "'";
-  } else {
-    EXPECT_TRUE(on.huge_pages()) << "THP mode: '" << mode << "'";
+// Pages of the arena resident in memory now (mincore), counted in base pages.
+std::size_t resident_pages(std::span<std::byte> arena) {
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> vec((arena.size() + page - 1) / page);
+  if (::mincore(arena.data(), arena.size(), vec.data()) != 0) {
+    ADD_FAILURE() << "mincore: " << std::strerror(errno);
+    return 0;
   }
+  std::size_t n = 0;
+  for (unsigned char v : vec) n += (v & 1u);
+  return n;
 }
 
-TEST(BufferPool, PrefaultedArenaIsUsable) {
-  BufferPoolOptions o = options(8 << 20, 4096, /*huge=*/true);
+TEST(BufferPool, PrefaultedArenaIsResidentAndUsable) {
+  constexpr std::size_t kBytes = 8 << 20;
+  BufferPoolOptions o = options(kBytes, 4096, /*huge=*/true);
+  o.prefault = false;
+  const BufferPool lazy(o);
+  // Untouched anonymous memory has no pages yet: the check below can tell the difference.
+  EXPECT_LT(resident_pages(lazy.arena()), kBytes / ::sysconf(_SC_PAGESIZE) / 2);
+
   o.prefault = true;
   BufferPool pool(o);
-  BufferLease l = pool.acquire(8 << 20);
+  const std::size_t pages = kBytes / static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  EXPECT_EQ(resident_pages(pool.arena()), pages) << "prefault left pages to fault in later";
+  BufferLease l = pool.acquire(kBytes);
   // Fresh anonymous memory reads as zero, prefaulted or not.
   for (std::size_t i = 0; i < l.size(); i += 4096) ASSERT_EQ(l.data()[i], std::byte{0});
   std::memset(l.data(), 0xab, l.size());
