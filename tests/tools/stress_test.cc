@@ -11,6 +11,7 @@
 #include <string>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "support/test_dir.h"
 #include "support/tool_run.h"
@@ -21,17 +22,25 @@ using zinf::test::run_shell;
 using zinf::test::run_zinf;
 using zinf::test::ToolRun;
 
-// The value of "key":<unsigned> in the JSON line, or -1 if absent.
+// The unsigned value of `key` in the run's JSON summary. A summary that does not parse or
+// lacks the key fails the test here, so a renamed field cannot pass as "0 <= 0".
 long long json_uint(const std::string& out, const std::string& key) {
-  const std::string k = "\"" + key + "\":";
-  const auto at = out.find(k);
-  if (at == std::string::npos) return -1;
-  return std::stoll(out.substr(at + k.size()));
+  const auto j = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    ADD_FAILURE() << "not one JSON document: " << out;
+    return -1;
+  }
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_number_unsigned()) {
+    ADD_FAILURE() << "no unsigned field '" << key << "' in " << out;
+    return -1;
+  }
+  return it->get<long long>();
 }
 
 TEST(StressCli, ShortCleanRunPassesWithEveryByteVerified) {
   zinf::test::TestDir dir;
-  ToolRun r = run_zinf("stress --dir " + dir.path() + " --duration 1500ms --seed 3 --json");
+  ToolRun r = run_zinf("stress --dir " + dir.path() + " --duration 1500ms --seed 3 --json", /*merge_stderr=*/false);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("\"result\":\"pass\""), std::string::npos) << r.out;
   EXPECT_EQ(json_uint(r.out, "mismatches"), 0) << r.out;
@@ -48,7 +57,7 @@ TEST(StressCli, ShortCleanRunPassesWithEveryByteVerified) {
 
 TEST(StressCli, FaultsAreInjectedAndEveryHardOneSurfaces) {
   zinf::test::TestDir dir;
-  ToolRun r = run_zinf("stress --dir " + dir.path() + " --duration 3s --faults 0.05 --seed 5 --json");
+  ToolRun r = run_zinf("stress --dir " + dir.path() + " --duration 3s --faults 0.05 --seed 5 --json", /*merge_stderr=*/false);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(json_uint(r.out, "mismatches"), 0) << r.out;
   EXPECT_EQ(json_uint(r.out, "hard_faults_unsurfaced"), 0) << r.out;
@@ -79,7 +88,8 @@ TEST(StressCli, PlantedCorruptionIsReportedAsAMismatch) {
 TEST(StressCli, PlantedCorruptionWithChecksumsSurfacesAsACorruptionError) {
   zinf::test::TestDir dir;
   ToolRun r = run_zinf("stress --dir " + dir.path() +
-                       " --duration 500ms --workers 1 --checksums --plant-corruption --json");
+                       " --duration 500ms --workers 1 --checksums --plant-corruption --json",
+                       /*merge_stderr=*/false);
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_NE(r.out.find("\"result\":\"fail\""), std::string::npos) << r.out;
   EXPECT_GT(json_uint(r.out, "corruption_errors"), 0) << r.out;
