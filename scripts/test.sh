@@ -1,27 +1,27 @@
 #!/usr/bin/env bash
-# Sets up and runs zinf's test suite: installs the Debian packages, builds the release and the
-# address/undefined-sanitizer presets, runs every label on release and the unit, contract and
-# fault labels under the sanitizers. GPU tests skip with a reason where no GPU is visible.
-# Usage: scripts/test.sh [--quick]   (--quick: release preset only)
+# Sets up and runs zinf's test suite: installs the Debian packages, then runs the CMake
+# workflows: `ci` (release build, public-header check, every label), `ci-asan` (address +
+# undefined sanitizers) and `ci-tsan` (thread sanitizer), the sanitizer ones on the unit,
+# contract and fault labels. GPU tests skip with a reason where no GPU is visible.
+# Usage: scripts/test.sh [--quick]   (--quick: the release workflow only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 
-jobs=$(nproc)
-presets=(release asan)
-[ "${1:-}" = "--quick" ] && presets=(release)
-for p in "${presets[@]}"; do
-  echo "== configure + build: $p"
-  cmake --preset "$p" >/dev/null
-  cmake --build --preset "$p" -j "$jobs"
-done
-cmake --build build/release --target zinf_check_headers -j "$jobs"
-# A test declared with several labels must keep them all (CTest once kept only the first).
-if ! ctest --test-dir build/release -N -L contract | grep -q 'OffloadEngine\.'; then
-  echo "test.sh: 'ctest -L contract' lists no OffloadEngine test: multi-label registration broke" >&2
-  exit 1
-fi
-for p in "${presets[@]}"; do
-  echo "== test: $p"
-  ctest --preset "$p" -j "$jobs"
+# cmake --workflow takes no -j: these are what cmake --build and ctest read instead.
+export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
+export CTEST_PARALLEL_LEVEL="${CTEST_PARALLEL_LEVEL:-$(nproc)}"
+
+workflows=(ci ci-asan)
+[ "${1:-}" = "--quick" ] && workflows=(ci)
+for w in "${workflows[@]}"; do
+  echo "== workflow: $w"
+  cmake --workflow --preset "$w"
+  if [ "$w" = ci ]; then
+    # A test declared with several labels must keep them all (CTest once kept only the first).
+    if ! ctest --test-dir build/release -N -L contract | grep -q 'OffloadEngine\.'; then
+      echo "test.sh: 'ctest -L contract' lists no OffloadEngine test: multi-label registration broke" >&2
+      exit 1
+    fi
+  fi
 done
