@@ -12,7 +12,7 @@ scripts/install-deps.sh
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 export CTEST_PARALLEL_LEVEL="${CTEST_PARALLEL_LEVEL:-$(nproc)}"
 
-workflows=(ci ci-asan)
+workflows=(ci ci-asan ci-tsan)
 [ "${1:-}" = "--quick" ] && workflows=(ci)
 for w in "${workflows[@]}"; do
   echo "== workflow: $w"

@@ -514,13 +514,16 @@ bool LayerPrefetcher::Impl::try_issue(std::size_t layer) {
 // Never takes mu (the caller may hold it while it waits on nothing of ours) and never throws.
 void LayerPrefetcher::Impl::on_read_complete(const std::shared_ptr<Issue>& issue, std::size_t layer,
                                              const Status& status) {
+  // Once the phase below is final, an acquirer may take the layer, release it and destroy the
+  // prefetcher before this thread's last step: the wake-up goes through its own reference.
+  const std::shared_ptr<Progress> wake = progress;
   read_busy.end();
   if (!status.ok()) {
     read_failures.fetch_add(1, std::memory_order_relaxed);
     issue->read_failure = status;
     issue->staging.reset();
     issue->phase.store(Issue::kFailed, std::memory_order_release);
-    progress->notify();
+    wake->notify();
     return;
   }
   Slot& s = slots[layer];  // the vector never resizes; the slot keeps this issue until done
@@ -548,7 +551,7 @@ void LayerPrefetcher::Impl::on_read_complete(const std::shared_ptr<Issue>& issue
     issue->device_failure_text = "copying layer " + std::to_string(layer) + " to the device: unknown exception";
     issue->phase.store(Issue::kFailed, std::memory_order_release);
   }
-  progress->notify();
+  wake->notify();
 }
 
 // Issues the predicted layers that fit: at most depth acquisitions ahead of the next one, while
