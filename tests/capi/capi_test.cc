@@ -26,7 +26,7 @@ namespace {
 namespace off = zinf::offload;
 
 const char* kConfig = R"({
-  "zero_optimization": {"stage": 3, "sub_group_size": 4096,
+  "zero_optimization": {"stage": 3, "sub_group_size": 32768,
     "offload_param": {"device": "cpu", "buffer_count": 2, "buffer_size": 4096},
     "offload_optimizer": {"device": "cpu"}},
   "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}}
@@ -371,7 +371,7 @@ TEST(CApi, RoundTripMatchesTheCppEngine) {
 // the cpu tier.
 TEST(CApi, StatsCarryTheParameterReadRate) {
   zinf::test::TestDir dir;
-  const std::string config = R"({"zero_optimization": {"stage": 3, "sub_group_size": 4096,
+  const std::string config = R"({"zero_optimization": {"stage": 3, "sub_group_size": 32768,
       "offload_param": {"device": "nvme", "nvme_path": ")" + dir.subdir("param") + R"(",
                         "buffer_count": 2, "buffer_size": 4096},
       "offload_optimizer": {"device": "cpu"}}, "zinf": {"backend": "threads"}})";
