@@ -555,7 +555,10 @@ TEST(Config, DeepNestingIsRefusedWithoutRecursion) {
   for (int i = 0; i < 100000; ++i) objects += "{\"a\":";
   e = error_of(objects);
   EXPECT_TRUE(contains(e, "nesting deeper than 64 levels")) << e;
-  // Closed, well-formed nesting is refused the same way.
+  // Closed, well-formed nesting is refused the same way (100000 levels of it crashed the
+  // reader: "must be a JSON object, got <dump>" recursed once per level).
+  e = error_of(arrays + std::string(100000, ']'));
+  EXPECT_TRUE(contains(e, "nesting deeper than 64 levels")) << e;
   e = error_of("{\"zinf\": " + std::string(100, '[') + std::string(100, ']') + "}");
   EXPECT_TRUE(contains(e, "cfg.json: line 1, column ")) << e;
   EXPECT_TRUE(contains(e, "nesting deeper than 64 levels")) << e;
