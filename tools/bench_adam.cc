@@ -67,7 +67,7 @@ int bench_adam_main(const std::vector<std::string>& tokens) {
     return 0;
   }
   const std::uint64_t numel = args.uint("numel", 100'000'000);
-  const std::uint64_t threads = args.uint("threads", 0);
+  const std::uint64_t threads = args.uint("threads", 0, 0, 1024);  // CpuAdam's limit
   const std::string isa_text = args.string("isa", "auto");
   const DType grad_dtype = parse_dtype(args.string("grad-dtype", "fp32"), "--grad-dtype");
   const std::string copy_text = args.string("copy-out", "none");

@@ -89,7 +89,7 @@ Config parse(const std::vector<std::string>& tokens, bool* help) {
   c.size = a.size("size", 1ull << 30);
   c.block_size = to_u32(a.size("block-size", 1u << 20), "--block-size");
   c.queue_depth = to_u32(a.uint("queue-depth", 16), "--queue-depth");
-  c.threads = static_cast<std::uint32_t>(a.uint("threads", 0));
+  c.threads = static_cast<std::uint32_t>(a.uint("threads", 0, 0, UINT32_MAX));
   c.engine = swap::parse_io_engine_kind(a.string("engine", "auto"));
   std::string op = a.string("op", "both");
   if (op == "read") {

@@ -147,7 +147,7 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   const std::uint64_t numel = args.size("numel", std::uint64_t{256} << 20);
   const std::uint64_t sub_group = args.size("sub-group", std::uint64_t{1} << 20);
   const std::uint64_t depth = args.uint("depth", 4);
-  const std::uint64_t threads = args.uint("threads", 0);
+  const std::uint64_t threads = args.uint("threads", 0, 0, 1024);  // CpuAdam's limit
   const StateTier tier = offload::parse_state_tier(args.string("tier", "nvme"), "--tier");
   const std::uint64_t steps = args.uint("steps", 5);
   const auto engine_kind = swap::parse_io_engine_kind(args.string("engine", "auto"));

@@ -4,8 +4,15 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <utility>
 
 #include "zinf/common/error.h"
 
@@ -37,7 +44,47 @@ double parse_number(std::string_view text, std::string_view what) {
   return v;
 }
 
+// Decimal digits only, the whole of `text`, into a uint64; nullopt for anything else or
+// overflow (std::from_chars refuses signs, spaces and hex, and reports overflow).
+std::optional<std::uint64_t> parse_digits(std::string_view text) {
+  std::uint64_t value = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (text.empty() || ec != std::errc() || ptr != end) return std::nullopt;
+  return value;
+}
+
 }  // namespace
+
+std::uint64_t parse_uint(std::string_view text, std::string_view what, std::uint64_t min,
+                         std::uint64_t max) {
+  const auto bad = [&]() {
+    return UsageError("invalid " + std::string(what) + " '" + std::string(text) +
+                      "': expected an integer in [" + std::to_string(min) + ", " +
+                      std::to_string(max) + "]");
+  };
+  std::optional<std::uint64_t> value = parse_digits(text);
+  if (!value) {
+    // "1e8", "2.5e6": digits, one '.', an exponent; no sign before the number, no hex, no
+    // "inf" (strtod would take those). Exact only up to 2^53.
+    const bool scientific =
+        !text.empty() && std::isdigit(static_cast<unsigned char>(text[0])) &&
+        text.find_first_of("eE") != std::string_view::npos &&
+        text.find_first_not_of("0123456789.eE+-") == std::string_view::npos;
+    if (!scientific) throw bad();
+    const std::string s(text);
+    char* end = nullptr;
+    errno = 0;
+    const double d = std::strtod(s.c_str(), &end);
+    if (end != s.c_str() + s.size() || errno != 0 || !(d >= 0 && d <= 9007199254740992.0) ||
+        d != std::floor(d)) {
+      throw bad();
+    }
+    value = static_cast<std::uint64_t>(d);
+  }
+  if (*value < min || *value > max) throw bad();
+  return *value;
+}
 
 std::string closest(std::string_view word, const std::vector<std::string>& candidates) {
   std::string best;
@@ -68,6 +115,24 @@ std::uint64_t parse_size(std::string_view text, std::string_view what) {
                       "': expected a size such as 4096, 512K, 1M, 2GiB or 1e8");
   };
   if (num.empty()) throw bad();
+  // Whole numbers with a binary or no suffix stay integers: exact up to 2^64 - 1, and an
+  // overflow is refused rather than rounded.
+  static constexpr std::pair<std::string_view, std::uint64_t> kExact[] = {
+      {"", 1},           {"B", 1},
+      {"K", 1ull << 10}, {"k", 1ull << 10}, {"KiB", 1ull << 10},
+      {"M", 1ull << 20}, {"m", 1ull << 20}, {"MiB", 1ull << 20},
+      {"G", 1ull << 30}, {"g", 1ull << 30}, {"GiB", 1ull << 30},
+      {"T", 1ull << 40}, {"t", 1ull << 40}, {"TiB", 1ull << 40},
+      {"kB", 1000},      {"KB", 1000},      {"MB", 1000000},
+      {"GB", 1000000000}, {"TB", 1000000000000}};
+  if (const auto whole = parse_digits(num)) {
+    for (const auto& [name, mult] : kExact) {
+      if (suffix != name) continue;
+      if (*whole > UINT64_MAX / mult) throw bad();
+      return *whole * mult;
+    }
+    throw bad();
+  }
   double v = 0;
   try {
     v = parse_number(num, what);
@@ -142,15 +207,10 @@ std::uint64_t Args::size(std::string_view name, std::uint64_t fallback) {
   return v ? parse_size(*v, "--" + std::string(name)) : fallback;
 }
 
-std::uint64_t Args::uint(std::string_view name, std::uint64_t fallback) {
+std::uint64_t Args::uint(std::string_view name, std::uint64_t fallback, std::uint64_t min,
+                         std::uint64_t max) {
   auto v = take(name);
-  if (!v) return fallback;
-  double d = parse_number(*v, "--" + std::string(name));
-  if (d < 0 || d != std::floor(d) || d > 1.8e19) {
-    throw UsageError("invalid --" + std::string(name) + " '" + *v +
-                     "': expected a non-negative integer");
-  }
-  return static_cast<std::uint64_t>(d);
+  return v ? parse_uint(*v, "--" + std::string(name), min, max) : fallback;
 }
 
 double Args::number(std::string_view name, double fallback) {

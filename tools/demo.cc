@@ -163,7 +163,8 @@ int demo_main(const std::vector<std::string>& tokens) {
   const double lr = args.number("lr", std::nan(""));
   const std::uint64_t seed = args.uint("seed", 1);
   constexpr std::uint64_t kUnset = ~std::uint64_t{0};
-  const std::uint64_t adam_threads = args.uint("adam-threads", kUnset);
+  // kUnset is outside the range, so no value given can be mistaken for it.
+  const std::uint64_t adam_threads = args.uint("adam-threads", kUnset, 0, 1024);
   const std::uint64_t every_option = args.uint("every", 0);
   const std::string device_text = args.string("device", "host");
   const bool json = args.flag("json");
@@ -175,9 +176,6 @@ int demo_main(const std::vector<std::string>& tokens) {
   if (shape.batch == 0 || shape.batch > 65536) throw UsageError("--batch must be in [1, 65536]");
   if (!std::isnan(lr) && !(lr > 0 && std::isfinite(lr))) {
     throw UsageError("--lr must be a finite number > 0");
-  }
-  if (adam_threads != kUnset && adam_threads > 1024) {
-    throw UsageError("--adam-threads must be in [0, 1024]");
   }
   if (device_text == "cuda") {
     throw UsageError("--device cuda is not supported: the demo's forward and backward are plain "

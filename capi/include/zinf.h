@@ -110,15 +110,17 @@ typedef struct zinf_stats {
   double param_read_gbps;
 } zinf_stats;
 
-/** Adam hyper-parameters (zinf::offload::AdamParams, less the step number the engine keeps). */
+/** Adam hyper-parameters (zinf::offload::AdamParams, less the step number the engine keeps).
+ *  The kernel computes in fp32, so each value must be finite as an fp32 (FLT_MAX is
+ *  3.4028235e38; NaN and infinities are refused). */
 typedef struct zinf_adam_params {
-  double lr;
-  double beta1;
-  double beta2;
-  double eps;
-  double weight_decay;
+  double lr;            /**< in [0, FLT_MAX] */
+  double beta1;         /**< in [0, 1) */
+  double beta2;         /**< in [0, 1) */
+  double eps;           /**< in [1e-45, FLT_MAX]: > 0 once rounded to fp32 */
+  double weight_decay;  /**< in [0, FLT_MAX], and lr * weight_decay <= FLT_MAX */
   int bias_correction;  /**< nonzero: divide by 1 - beta^step */
-  double grad_scale;    /**< gradients are multiplied by this (1/loss scale) */
+  double grad_scale;    /**< in [1e-45, FLT_MAX]: gradients are multiplied by this (1/loss scale) */
   int adamw;            /**< nonzero: decoupled weight decay (AdamW) */
 } zinf_adam_params;
 
@@ -136,14 +138,17 @@ const char* zinf_last_error(void);
 
 /** Builds an engine from a DeepSpeed-style JSON config (text, `config_json`) and a layer
  *  table. Parses the config (ZINF_ERR_USAGE with the reader's message for malformed JSON, an
- *  unknown key, a contradiction), makes the device, checks the config against the layers and
+ *  unknown key, a value out of range such as 1e309 or an infinite lr, a contradiction, more
+ *  than 16 MiB of text or more than 64 levels of nesting: docs/config.md "Limits"), makes the
+ *  device, checks the config against the layers and
  *  creates the swap files (ZINF_ERR_NO_SPACE etc.). `options` may be NULL. Blocks. On success
  *  *out is the new engine; on failure *out is left as it was. */
 zinf_status zinf_engine_create(const char* config_json, const zinf_layer_spec* layers,
                                size_t layer_count, const zinf_engine_options* options,
                                zinf_engine** out);
 /** As zinf_engine_create, with the config read from the file `config_path` (ZINF_ERR_NOT_FOUND
- *  etc. naming it if it cannot be read). */
+ *  etc. naming it if it cannot be read; ZINF_ERR_USAGE naming it, without reading or blocking,
+ *  if it is not a regular file: a FIFO, device, directory or socket). */
 zinf_status zinf_engine_create_from_file(const char* config_path, const zinf_layer_spec* layers,
                                          size_t layer_count, const zinf_engine_options* options,
                                          zinf_engine** out);
@@ -191,13 +196,17 @@ zinf_status zinf_engine_step(zinf_engine* engine, zinf_step_stats* out);
  *  zinf_engine_set_hyper) to *out. */
 zinf_status zinf_engine_get_hyper(const zinf_engine* engine, zinf_adam_params* out);
 /** Sets the hyper-parameters from the next step on (e.g. a learning-rate schedule).
- *  ZINF_ERR_USAGE for out-of-range values. */
+ *  ZINF_ERR_USAGE, naming the field, for a value outside the ranges zinf_adam_params states
+ *  (infinite or NaN included), or inside a step. A refused call changes nothing: the engine
+ *  stays usable with its hyper-parameters and state as they were. */
 zinf_status zinf_engine_set_hyper(zinf_engine* engine, const zinf_adam_params* params);
 
 /** Writes a checkpoint (master weights, moments, step count, hyper-parameters, layer table)
- *  under directory `dir`, atomically. Outside a step. Blocks. */
+ *  under directory `dir`, atomically. Outside a step. Blocks. ZINF_ERR_USAGE for an empty
+ *  `dir` (""). */
 zinf_status zinf_engine_save(zinf_engine* engine, const char* dir);
-/** Restores what zinf_engine_save wrote (ZINF_ERR_USAGE if the layer table differs). Blocks. */
+/** Restores what zinf_engine_save wrote (ZINF_ERR_USAGE if the layer table differs or `dir` is
+ *  ""). Blocks. */
 zinf_status zinf_engine_load(zinf_engine* engine, const char* dir);
 
 /** Writes the engine's counters to *out. */

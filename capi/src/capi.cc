@@ -344,6 +344,12 @@ zinf_status zinf_engine_set_hyper(zinf_engine* engine, const zinf_adam_params* p
     h.bias_correction = params->bias_correction != 0;
     h.grad_scale = params->grad_scale;
     h.mode = params->adamw != 0 ? off::AdamMode::kAdamW : off::AdamMode::kAdam;
+    // The engine refuses the same values; checked here too so the message names this function
+    // and the C struct's field. Refused before the engine sees them: nothing changes.
+    if (auto bad = off::check_adam_params(h)) {
+      throw zinf::UsageError(std::string(fn) + ": params->" + std::string(bad->field) + " " +
+                             bad->what);
+    }
     e.set_hyper(h);
   });
 }
@@ -353,6 +359,7 @@ zinf_status zinf_engine_save(zinf_engine* engine, const char* dir) {
     const char* fn = "zinf_engine_save";
     off::OffloadEngine& e = engine_of(engine, fn);
     require(dir != nullptr, fn, "dir is NULL");
+    require(dir[0] != '\0', fn, "dir is empty");
     e.save(dir);
   });
 }
@@ -362,6 +369,7 @@ zinf_status zinf_engine_load(zinf_engine* engine, const char* dir) {
     const char* fn = "zinf_engine_load";
     off::OffloadEngine& e = engine_of(engine, fn);
     require(dir != nullptr, fn, "dir is NULL");
+    require(dir[0] != '\0', fn, "dir is empty");
     e.load(dir);
   });
 }

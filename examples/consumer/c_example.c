@@ -12,7 +12,7 @@
 #define N 777
 
 static const char* kConfig =
-    "{\"zero_optimization\": {\"stage\": 3, \"sub_group_size\": 4096,"
+    "{\"zero_optimization\": {\"stage\": 3, \"sub_group_size\": 32768,"
     "  \"offload_param\": {\"device\": \"cpu\", \"buffer_count\": 2, \"buffer_size\": 4096},"
     "  \"offload_optimizer\": {\"device\": \"cpu\"}},"
     " \"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": 0.01}}}";

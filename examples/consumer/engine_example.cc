@@ -26,7 +26,7 @@ std::uint16_t to_bf16(float f) {
 int run() {
   namespace off = zinf::offload;
   const char* kConfig = R"({
-    "zero_optimization": {"stage": 3, "sub_group_size": 4096,
+    "zero_optimization": {"stage": 3, "sub_group_size": 32768,
       "offload_param": {"device": "cpu", "buffer_count": 2, "buffer_size": 4096},
       "offload_optimizer": {"device": "cpu"}},
     "optimizer": {"type": "Adam", "params": {"lr": 0.01}}

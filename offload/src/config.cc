@@ -5,6 +5,10 @@
 // that must fail before any file is created. nlohmann::json stays private to this file.
 #include "zinf/offload/config.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -109,7 +113,25 @@ bool contains(std::span<const std::string_view> keys, std::string_view key) {
   return std::find(keys.begin(), keys.end(), key) != keys.end();
 }
 
-// Levenshtein distance; keys are short, so the O(n*m) table is nothing.
+// Hostile-input bounds (config.h says why their values).
+constexpr std::size_t kMaxConfigBytes = kConfigMaxBytes;
+constexpr std::size_t kMaxDepth = kConfigMaxDepth;
+// The most characters of a value or key an error message quotes.
+constexpr std::size_t kMaxShown = 80;
+
+// `text`, cut to kMaxShown characters with "..." if longer: an error line stays one line of
+// readable size whatever the input holds.
+std::string clip(std::string_view text) {
+  if (text.size() <= kMaxShown) return std::string(text);
+  return std::string(text.substr(0, kMaxShown)) + "...";
+}
+
+// A value as JSON for an error message, clipped. Safe on any parsed value: parse_json refuses
+// nesting deeper than kMaxDepth, so dump()'s recursion is bounded.
+std::string shown(const Json& value) { return clip(value.dump()); }
+
+// Levenshtein distance; known keys are short, and check_keys compares no key longer than
+// kMaxShown, so the O(n*m) table is nothing.
 std::size_t edit_distance(std::string_view a, std::string_view b) {
   std::vector<std::size_t> row(b.size() + 1);
   for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
@@ -195,17 +217,36 @@ std::string frames_path(const std::vector<Frame>& frames, std::string_view last)
     const Frame& parent = frames[i];
     if (parent.is_object) {
       if (!path.empty()) path += '.';
-      path += parent.key;
+      path += clip(parent.key);
     } else {
       path += '[' + std::to_string(parent.index) + ']';
     }
   }
   if (!path.empty()) path += '.';
-  path += last;
+  path += clip(last);
+  return path;
+}
+
+// The JSON path of the value being read now: every open frame's current key or index
+// ("optimizer.params.lr", "optimizer.params.betas[1]"); "" at the top level.
+std::string current_path(const std::vector<Frame>& frames) {
+  std::string path;
+  for (const Frame& frame : frames) {
+    if (frame.is_object) {
+      if (!path.empty()) path += '.';
+      path += clip(frame.key);
+    } else {
+      path += '[' + std::to_string(frame.index) + ']';
+    }
+  }
   return path;
 }
 
 Json parse_json(std::string_view text, std::string_view source) {
+  if (text.size() > kMaxConfigBytes) {
+    throw UsageError(std::string(source) + ": the config is larger than the limit of " +
+                     std::to_string(kMaxConfigBytes) + " bytes (16 MiB)");
+  }
   std::size_t consumed = 0;
   std::vector<Frame> frames;
   const auto element_done = [&frames] {
@@ -216,10 +257,15 @@ Json parse_json(std::string_view text, std::string_view source) {
     using Event = Json::parse_event_t;
     switch (event) {
       case Event::object_start:
-        frames.push_back(Frame{true, {}, {}, 0});
-        break;
       case Event::array_start:
-        frames.push_back(Frame{false, {}, {}, 0});
+        // Refused as the level opens, so nothing (parser, value, destructor or error message)
+        // ever holds deeper input.
+        if (frames.size() >= kMaxDepth) {
+          throw UsageError(std::string(source) + ": " + line_column(text, consumed) +
+                           ": nesting deeper than " + std::to_string(kMaxDepth) +
+                           " levels of objects and arrays (the limit of a config)");
+        }
+        frames.push_back(Frame{event == Event::object_start, {}, {}, 0});
         break;
       case Event::key: {
         Frame& top = frames.back();
@@ -256,7 +302,25 @@ Json parse_json(std::string_view text, std::string_view source) {
     const std::size_t colon = column_at == std::string::npos ? what.find(": ")
                                                              : what.find(": ", column_at);
     if (colon != std::string::npos) what = what.substr(colon + 2);
+    // The message quotes the last token read, which can be as long as the input.
+    if (what.size() > 2 * kMaxShown) what = what.substr(0, 2 * kMaxShown) + "...";
     throw UsageError(std::string(source) + ": " + line_column(text, e.byte) + ": " + what);
+  } catch (const Json::out_of_range& e) {
+    // nlohmann throws this (406, "number overflow parsing '1e309'") for a number beyond a
+    // double's range, with no position; the frames still say which key it was read for.
+    // The number ends just before the lexer's position (which may be one lookahead past it).
+    const auto in_number = [&](std::size_t i) {
+      return std::string_view("0123456789+-.eE").find(text[i]) != std::string_view::npos;
+    };
+    std::size_t end = std::min(consumed, text.size());
+    if (end > 0 && !in_number(end - 1)) --end;
+    std::size_t begin = end;
+    while (begin > 0 && in_number(begin - 1)) --begin;
+    const std::string token = clip(text.substr(begin, end - begin));
+    const std::string path = current_path(frames);
+    throw UsageError(std::string(source) + ": " + line_column(text, begin + 1) + ": " +
+                     (path.empty() ? std::string() : path + ": ") + "number out of range (" +
+                     token + " is beyond a double's +-1.8e308)");
   }
 }
 
@@ -270,7 +334,7 @@ class Block {
       : object_(object), path_(std::move(path)), source_(source), notices_(notices) {}
 
   std::string key_path(std::string_view key) const {
-    return path_.empty() ? std::string(key) : path_ + "." + std::string(key);
+    return path_.empty() ? clip(key) : path_ + "." + clip(key);
   }
   [[noreturn]] void fail(std::string_view key, const std::string& what) const {
     throw UsageError(std::string(source_) + ": " + key_path(key) + ": " + what);
@@ -290,7 +354,10 @@ class Block {
       }
       std::string_view best;
       std::size_t best_distance = std::numeric_limits<std::size_t>::max();
+      // A key longer than any known one by far is no typo; skipping it keeps a hostile key of
+      // megabytes from costing megabytes x every known key in edit distances.
       for (auto list : {known, accepted}) {
+        if (key.size() > kMaxShown) break;
         for (std::string_view candidate : list) {
           const std::size_t d = edit_distance(key, candidate);
           if (d < best_distance) {
@@ -329,14 +396,14 @@ class Block {
   std::optional<Block> child(std::string_view key) const {
     const Json* v = find(key);
     if (v == nullptr || v->is_null()) return std::nullopt;
-    if (!v->is_object()) fail(key, "expected an object {...}, got " + v->dump());
+    if (!v->is_object()) fail(key, "expected an object {...}, got " + shown(*v));
     return Block(*v, key_path(key), source_, notices_);
   }
 
   void read_bool(std::string_view key, bool& out) const {
     const Json* v = find(key);
     if (v == nullptr) return;
-    if (!v->is_boolean()) fail(key, "expected true or false, got " + v->dump());
+    if (!v->is_boolean()) fail(key, "expected true or false, got " + shown(*v));
     out = v->get<bool>();
   }
 
@@ -355,32 +422,32 @@ class Block {
     if (v.is_number_unsigned()) {
       value = v.get<std::uint64_t>();
     } else if (v.is_number_integer()) {
-      fail(key, "expected a non-negative integer, got " + v.dump());
+      fail(key, "expected a non-negative integer, got " + shown(v));
     } else if (v.is_number_float()) {
       const double d = v.get<double>();
       if (!std::isfinite(d) || d != std::floor(d)) {
-        fail(key, "expected an integer, got " + v.dump());
+        fail(key, "expected an integer, got " + shown(v));
       }
-      if (d < 0) fail(key, "expected a non-negative integer, got " + v.dump());
+      if (d < 0) fail(key, "expected a non-negative integer, got " + shown(v));
       // 2^64 is exactly representable; anything at or above it does not fit in uint64.
       if (d >= 18446744073709551616.0) {
-        fail(key, v.dump() + " is out of range (at most " + std::to_string(kMax) + ")");
+        fail(key, shown(v) + " is out of range (at most " + std::to_string(kMax) + ")");
       }
       value = static_cast<std::uint64_t>(d);
     } else {
-      fail(key, "expected an integer, got " + v.dump());
+      fail(key, "expected an integer, got " + shown(v));
     }
     if (value > kMax) {
-      fail(key, v.dump() + " is out of range (at most " + std::to_string(kMax) + ")");
+      fail(key, shown(v) + " is out of range (at most " + std::to_string(kMax) + ")");
     }
     if (value < min) {
-      fail(key, v.dump() + " is too small (at least " + std::to_string(min) + ")");
+      fail(key, shown(v) + " is too small (at least " + std::to_string(min) + ")");
     }
     return static_cast<T>(value);
   }
 
   double to_number(std::string_view key, const Json& v) const {
-    if (!v.is_number()) fail(key, "expected a number, got " + v.dump());
+    if (!v.is_number()) fail(key, "expected a number, got " + shown(v));
     return v.get<double>();
   }
 
@@ -394,7 +461,7 @@ class Block {
   void read_string(std::string_view key, std::string& out, bool allow_null = false) const {
     const Json* v = find(key);
     if (v == nullptr || (allow_null && v->is_null())) return;
-    if (!v->is_string()) fail(key, "expected a string, got " + v->dump());
+    if (!v->is_string()) fail(key, "expected a string, got " + shown(*v));
     out = v->get<std::string>();
   }
 
@@ -411,7 +478,8 @@ OffloadDevice parse_device(const Block& block) {
   if (text == "none") return OffloadDevice::kNone;
   if (text == "cpu") return OffloadDevice::kCpu;
   if (text == "nvme") return OffloadDevice::kNvme;
-  block.fail("device", "expected \"none\", \"cpu\" or \"nvme\", got \"" + text + "\"");
+  block.fail("device", "expected \"none\", \"cpu\" or \"nvme\", got " +
+                          shown(*block.find("device")));
 }
 
 void read_nvme_path(const Block& block, std::string& out) {
@@ -451,7 +519,7 @@ void parse_offload_optimizer(const Block& block, OffloadOptimizerConfig& out) {
   block.read_number("ratio", out.ratio);
   if (out.ratio != 1.0) {
     block.fail("ratio", "only 1.0 is supported (partial optimizer offload is not built), got " +
-                            block.find("ratio")->dump());
+                            shown(*block.find("ratio")));
   }
   if (!out.pin_memory) {
     block.notice(block.key_path("pin_memory") + ": false has no effect; zinf always stages "
@@ -470,16 +538,24 @@ void parse_zero(const Json& value, std::string_view source, EngineConfig& config
   if (value.is_null()) return;
   if (!value.is_object()) {
     throw UsageError(std::string(source) +
-                     ": zero_optimization: expected an object {...}, got " + value.dump());
+                     ": zero_optimization: expected an object {...}, got " + shown(value));
   }
   const Block zero(value, "zero_optimization", source, &config.notices);
   zero.check_keys(kZeroKeys, kZeroAccepted);
   if (const Json* stage = zero.find("stage")) {
     const std::uint32_t number = zero.to_uint<std::uint32_t>("stage", *stage, 0);
-    if (number > 3) zero.fail("stage", "expected 0, 1, 2 or 3, got " + stage->dump());
+    if (number > 3) zero.fail("stage", "expected 0, 1, 2 or 3, got " + shown(*stage));
     config.zero_stage = static_cast<int>(number);
   }
-  zero.read_uint("sub_group_size", config.sub_group_size, std::uint64_t{1});
+  zero.read_uint("sub_group_size", config.sub_group_size);
+  if (config.sub_group_size < kConfigMinSubGroupSize) {
+    zero.fail("sub_group_size",
+              shown(*zero.find("sub_group_size")) + " is too small: the smallest accepted is " +
+                  std::to_string(kConfigMinSubGroupSize) + " (each sub-group's 12-byte-per-element "
+                  "record is padded to the 4096-byte I/O alignment; from " +
+                  std::to_string(kConfigMinSubGroupSize) + " elements on the padding is at most "
+                  "~1% of the state)");
+  }
   for (std::string_view key : kZeroDeprecatedOffload) {
     if (zero.find(key) != nullptr) {
       zero.notice(zero.key_path(key) + ": deprecated DeepSpeed key with no effect in zinf; use "
@@ -499,7 +575,7 @@ void parse_aio(const Block& aio, AioConfig& out) {
   aio.read_uint("block_size", out.block_size, 1u);
   if (out.block_size % 4096 != 0) {
     aio.fail("block_size", "must be a multiple of 4096 (O_DIRECT alignment), got " +
-                               aio.find("block_size")->dump());
+                               shown(*aio.find("block_size")));
   }
   aio.read_uint("queue_depth", out.queue_depth, 1u);
   const Json* intra = aio.find("intra_op_parallelism");
@@ -546,8 +622,8 @@ void parse_optimizer(const Block& block, OptimizerConfig& out) {
   block.read_string("type", type);
   const std::string name = lower(type);  // DeepSpeed compares its own optimizers lower-cased
   if (name != "adam" && name != "adamw") {
-    block.fail("type", "\"" + type + "\" is not supported; zinf's CPU optimizer implements "
-                       "\"Adam\" and \"AdamW\"");
+    block.fail("type", shown(*block.find("type")) + " is not supported; zinf's CPU optimizer "
+                                                    "implements \"Adam\" and \"AdamW\"");
   }
   AdamParams& hp = out.hyper;
   // DeepSpeed: "Adam" means decoupled decay unless params.adam_w_mode is false; "AdamW" always.
@@ -555,28 +631,21 @@ void parse_optimizer(const Block& block, OptimizerConfig& out) {
   if (const auto params = block.child("params")) {
     params->check_keys(kAdamKeys, kAdamAccepted);
     params->read_number("lr", hp.lr);
-    if (hp.lr < 0 || !std::isfinite(hp.lr)) {
-      params->fail("lr", "must be finite and >= 0, got " + params->find("lr")->dump());
-    }
     if (const Json* betas = params->find("betas")) {
       if (!betas->is_array() || betas->size() != 2) {
-        params->fail("betas", "expected [beta1, beta2], got " + betas->dump());
+        params->fail("betas", "expected [beta1, beta2], got " + shown(*betas));
       }
       hp.beta1 = params->to_number("betas", (*betas)[0]);
       hp.beta2 = params->to_number("betas", (*betas)[1]);
       if (!(hp.beta1 >= 0 && hp.beta1 < 1) || !(hp.beta2 >= 0 && hp.beta2 < 1)) {
-        params->fail("betas", "each beta must be in [0, 1), got " + betas->dump());
+        params->fail("betas", "each beta must be in [0, 1), got " + shown(*betas));
       }
     }
     params->read_number("eps", hp.eps);
-    if (hp.eps < 0 || !std::isfinite(hp.eps)) {
-      params->fail("eps", "must be finite and >= 0, got " + params->find("eps")->dump());
-    }
     params->read_number("weight_decay", hp.weight_decay);
-    if (hp.weight_decay < 0 || !std::isfinite(hp.weight_decay)) {
-      params->fail("weight_decay",
-                   "must be finite and >= 0, got " + params->find("weight_decay")->dump());
-    }
+    // The optimizer's own check (shared with set_hyper and the C API), so a config cannot
+    // hold a value the first step would refuse; its field names are the config's keys.
+    if (auto bad = check_adam_params(hp)) params->fail(bad->field, bad->what);
     params->read_bool("bias_correction", hp.bias_correction);
     params->read_bool("adam_w_mode", adam_w_mode);
     bool amsgrad = false;
@@ -598,13 +667,13 @@ void parse_zinf(const Block& block, ZinfSection& out) {
   block.check_keys(kZinfKeys);
   if (const Json* paths = block.find("nvme_paths")) {
     if (!paths->is_array()) {
-      block.fail("nvme_paths", "expected an array of directories, got " + paths->dump());
+      block.fail("nvme_paths", "expected an array of directories, got " + shown(*paths));
     }
     out.nvme_paths.clear();
     for (std::size_t i = 0; i < paths->size(); ++i) {
       const Json& p = (*paths)[i];
       const std::string key = "nvme_paths[" + std::to_string(i) + "]";
-      if (!p.is_string()) block.fail(key, "expected a string, got " + p.dump());
+      if (!p.is_string()) block.fail(key, "expected a string, got " + shown(p));
       if (p.get<std::string>().empty()) block.fail(key, "empty path");
       out.nvme_paths.push_back(p.get<std::string>());
     }
@@ -613,7 +682,7 @@ void parse_zinf(const Block& block, ZinfSection& out) {
   block.read_bool("checksums", out.checksums);
   if (const Json* backend = block.find("backend")) {
     if (!backend->is_string()) {
-      block.fail("backend", "expected \"auto\", \"uring\" or \"threads\", got " + backend->dump());
+      block.fail("backend", "expected \"auto\", \"uring\" or \"threads\", got " + shown(*backend));
     }
     const std::string text = backend->get<std::string>();
     if (text == "auto") {
@@ -623,7 +692,7 @@ void parse_zinf(const Block& block, ZinfSection& out) {
     } else if (text == "threads") {
       out.backend = swap::IoEngineKind::kThreads;
     } else {
-      block.fail("backend", "expected \"auto\", \"uring\" or \"threads\", got " + backend->dump());
+      block.fail("backend", "expected \"auto\", \"uring\" or \"threads\", got " + shown(*backend));
     }
   }
   block.read_bool("direct_io", out.direct_io);
@@ -631,7 +700,7 @@ void parse_zinf(const Block& block, ZinfSection& out) {
   block.read_uint("prefetch_depth", out.prefetch_depth);
   block.read_uint("adam_threads", out.adam_threads);
   if (out.adam_threads > 1024) {
-    block.fail("adam_threads", "at most 1024, got " + block.find("adam_threads")->dump());
+    block.fail("adam_threads", "at most 1024, got " + shown(*block.find("adam_threads")));
   }
 }
 
@@ -699,7 +768,7 @@ EngineConfig parse_config(std::string_view json, std::string_view source) {
   const Json root = parse_json(json, source);
   if (!root.is_object()) {
     throw UsageError(std::string(source) + ": the config must be a JSON object {...}, got " +
-                     root.dump());
+                     shown(root));
   }
   EngineConfig config;
   const Block top(root, "", source, &config.notices);
@@ -734,24 +803,51 @@ EngineConfig parse_config(std::string_view json, std::string_view source) {
   return config;
 }
 
+namespace {
+
+// What a non-regular file is, for the refusal's message.
+const char* file_type_name(mode_t mode) {
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+}  // namespace
+
 EngineConfig load_config(const std::string& path) {
-  struct FileCloser {
-    void operator()(std::FILE* f) const noexcept { std::fclose(f); }
-  };
-  std::unique_ptr<std::FILE, FileCloser> file(std::fopen(path.c_str(), "rb"));
-  if (!file) throw IoError(Status::from_errno(errno, "open config", path));
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever; the
+  // fstat below refuses it (and every other non-regular file) before anything is read.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw IoError(Status::from_errno(errno, "open config", path));
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw IoError(Status::from_errno(errno, "stat config", path));
+  if (!S_ISREG(st.st_mode)) {
+    throw UsageError(path + ": the config is " + file_type_name(st.st_mode) +
+                     ", not a regular file; give a JSON file");
+  }
+  const UsageError too_big(path + ": the config is larger than the limit of " +
+                          std::to_string(kConfigMaxBytes) + " bytes (16 MiB)");
+  if (static_cast<std::uint64_t>(st.st_size) > kConfigMaxBytes) throw too_big;
+  // Reads at most one byte past the cap, so a file that grows while it is read is bounded too.
   std::string text;
   char chunk[1 << 16];
-  for (;;) {
-    const std::size_t n = std::fread(chunk, 1, sizeof chunk, file.get());
-    text.append(chunk, n);
-    if (n < sizeof chunk) {
-      if (std::ferror(file.get()) != 0) {
-        throw IoError(Status::from_errno(errno != 0 ? errno : EIO, "read config", path));
-      }
-      break;
+  while (text.size() <= kConfigMaxBytes) {
+    const ssize_t n = ::read(fd, chunk, sizeof chunk);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw IoError(Status::from_errno(errno, "read config", path));
     }
+    if (n == 0) break;
+    text.append(chunk, static_cast<std::size_t>(n));
   }
+  if (text.size() > kConfigMaxBytes) throw too_big;
   return parse_config(text, path);
 }
 

@@ -5,9 +5,12 @@
 #include "zinf/offload/cpu_adam.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -174,19 +177,20 @@ void check_array(const char* name, const void* data, std::size_t size, std::size
   }
 }
 
+// Shortest text that reads back to `v` ("0.001", "1e+300", "inf", "nan"): std::to_string
+// would print 1e-9 as "0.000000", hiding the value that was refused.
+template <typename Float>
+std::string number_text(Float v) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
 void check_hyper(const AdamParams& hp) {
-  auto fail = [](const std::string& what) { throw UsageError("cpu adam: " + what); };
-  if (!(hp.lr >= 0) || !std::isfinite(hp.lr)) fail("lr=" + std::to_string(hp.lr) + " must be >= 0 and finite");
-  if (!(hp.beta1 >= 0 && hp.beta1 < 1)) fail("beta1=" + std::to_string(hp.beta1) + " must be in [0, 1)");
-  if (!(hp.beta2 >= 0 && hp.beta2 < 1)) fail("beta2=" + std::to_string(hp.beta2) + " must be in [0, 1)");
-  if (!(hp.eps >= 0) || !std::isfinite(hp.eps)) fail("eps=" + std::to_string(hp.eps) + " must be >= 0 and finite");
-  if (!(hp.weight_decay >= 0) || !std::isfinite(hp.weight_decay)) {
-    fail("weight_decay=" + std::to_string(hp.weight_decay) + " must be >= 0 and finite");
+  if (auto bad = check_adam_params(hp)) {
+    throw UsageError("cpu adam: " + std::string(bad->field) + " " + bad->what);
   }
-  if (hp.step == 0) fail("step=0: steps count from 1");
-  if (!(hp.grad_scale > 0) || !std::isfinite(hp.grad_scale)) {
-    fail("grad_scale=" + std::to_string(hp.grad_scale) + " must be > 0 and finite");
-  }
+  if (hp.step == 0) throw UsageError("cpu adam: step=0: steps count from 1");
 }
 
 // Folds the hyper-parameters in double (beta powers included) and rounds each constant to
@@ -238,6 +242,36 @@ void run_rmw_chunk(const void* ctx, std::size_t begin, std::size_t end) {
 }
 
 }  // namespace
+
+std::optional<AdamParamsError> check_adam_params(const AdamParams& hp) {
+  // The kernel rounds every constant to fp32 (make_args): a value past fp32's range becomes
+  // inf there, and a positive eps or grad_scale below its smallest value becomes 0.
+  constexpr double kMax = std::numeric_limits<float>::max();
+  constexpr double kTiny = std::numeric_limits<float>::denorm_min();
+  const std::string max_text = number_text(std::numeric_limits<float>::max());
+  const std::string tiny_text = number_text(std::numeric_limits<float>::denorm_min());
+  const auto bad = [&](std::string_view field, const std::string& range, double v) {
+    return AdamParamsError{field, "must be in " + range + ", got " + number_text(v)};
+  };
+  // Written as !(in range) so that NaN, which fails every comparison, is refused too.
+  if (!(hp.lr >= 0 && hp.lr <= kMax)) return bad("lr", "[0, " + max_text + "]", hp.lr);
+  if (!(hp.beta1 >= 0 && hp.beta1 < 1)) return bad("beta1", "[0, 1)", hp.beta1);
+  if (!(hp.beta2 >= 0 && hp.beta2 < 1)) return bad("beta2", "[0, 1)", hp.beta2);
+  if (!(hp.eps >= kTiny && hp.eps <= kMax)) {
+    return bad("eps", "[" + tiny_text + ", " + max_text + "]", hp.eps);
+  }
+  if (!(hp.weight_decay >= 0 && hp.weight_decay <= kMax)) {
+    return bad("weight_decay", "[0, " + max_text + "]", hp.weight_decay);
+  }
+  if (!(hp.lr * hp.weight_decay <= kMax)) {
+    return AdamParamsError{"weight_decay", "times lr must be at most " + max_text + ", got " +
+                                               number_text(hp.lr * hp.weight_decay)};
+  }
+  if (!(hp.grad_scale >= kTiny && hp.grad_scale <= kMax)) {
+    return bad("grad_scale", "[" + tiny_text + ", " + max_text + "]", hp.grad_scale);
+  }
+  return std::nullopt;
+}
 
 std::string_view isa_name(Isa isa) noexcept {
   switch (isa) {

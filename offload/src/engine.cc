@@ -41,6 +41,14 @@ std::uint64_t round_up(std::uint64_t v, std::uint64_t to) { return (v + to - 1) 
 std::uint64_t param_bytes(const LayerSpec& l) { return l.numel * 2; }
 std::string in_quotes(const std::string& s) { return "'" + s + "'"; }
 
+// "" + "/" + name would be a file at the root of the file system, not in a checkpoint.
+void check_checkpoint_dir(const std::string& dir, const char* function) {
+  if (dir.empty()) {
+    throw UsageError(std::string(function) + ": the checkpoint directory is empty (\"\"); give "
+                     "a directory");
+  }
+}
+
 // Writes `text` to `path` atomically: a temporary file, fsync, rename, fsync of the directory.
 void write_file_atomically(const std::string& dir, const std::string& name, const std::string& text) {
   const std::string path = dir + "/" + name;
@@ -669,6 +677,7 @@ void OffloadEngine::set_hyper(const AdamParams& hyper) {
 AdamParams OffloadEngine::hyper() const { return impl_->optimizer->hyper(); }
 
 void OffloadEngine::save(const std::string& dir) {
+  check_checkpoint_dir(dir, "OffloadEngine::save");
   Impl& m = *impl_;
   m.check_usable();
   m.check_outside_step("save");
@@ -684,6 +693,7 @@ void OffloadEngine::save(const std::string& dir) {
 }
 
 void OffloadEngine::load(const std::string& dir) {
+  check_checkpoint_dir(dir, "OffloadEngine::load");
   Impl& m = *impl_;
   m.check_usable();
   m.check_outside_step("load");

@@ -216,15 +216,21 @@ std::string_view state_tier_name(StateTier tier) noexcept {
   return tier == StateTier::kCpu ? "cpu" : "nvme";
 }
 
+namespace {
+
+// "" + "/LATEST" would be a path at the root of the file system, not a checkpoint.
+void check_checkpoint_dir(const std::string& dir, const char* function) {
+  if (dir.empty()) {
+    throw UsageError(std::string(function) + ": the checkpoint directory is empty (\"\"); give "
+                     "a directory");
+  }
+}
+
+}  // namespace
+
 void validate_hyper(const AdamParams& hp) {
-  auto bad = [](const std::string& what) { throw UsageError("OffloadedOptimizer: " + what); };
-  if (!(hp.lr >= 0)) bad("lr must be >= 0, got " + std::to_string(hp.lr));
-  if (!(hp.beta1 >= 0 && hp.beta1 < 1)) bad("beta1 must be in [0, 1), got " + std::to_string(hp.beta1));
-  if (!(hp.beta2 >= 0 && hp.beta2 < 1)) bad("beta2 must be in [0, 1), got " + std::to_string(hp.beta2));
-  if (!(hp.eps >= 0)) bad("eps must be >= 0, got " + std::to_string(hp.eps));
-  if (!(hp.weight_decay >= 0)) bad("weight_decay must be >= 0, got " + std::to_string(hp.weight_decay));
-  if (!(std::isfinite(hp.grad_scale) && hp.grad_scale > 0)) {
-    bad("grad_scale must be finite and > 0, got " + std::to_string(hp.grad_scale));
+  if (auto bad = check_adam_params(hp)) {
+    throw UsageError("OffloadedOptimizer: " + std::string(bad->field) + " " + bad->what);
   }
 }
 
@@ -887,12 +893,14 @@ StepStats OffloadedOptimizer::end_step() {
 }
 
 void OffloadedOptimizer::save(const std::string& dir) {
+  check_checkpoint_dir(dir, "OffloadedOptimizer::save");
   impl_->check_usable();
   impl_->check_idle("save");
   impl_->save(dir);
 }
 
 void OffloadedOptimizer::load(const std::string& dir) {
+  check_checkpoint_dir(dir, "OffloadedOptimizer::load");
   impl_->check_usable();
   impl_->check_idle("load");
   impl_->load(dir);

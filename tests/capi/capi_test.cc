@@ -6,10 +6,19 @@
 
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <future>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "support/test_dir.h"
@@ -26,7 +35,7 @@ namespace {
 namespace off = zinf::offload;
 
 const char* kConfig = R"({
-  "zero_optimization": {"stage": 3, "sub_group_size": 4096,
+  "zero_optimization": {"stage": 3, "sub_group_size": 32768,
     "offload_param": {"device": "cpu", "buffer_count": 2, "buffer_size": 4096},
     "offload_optimizer": {"device": "cpu"}},
   "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}}
@@ -371,7 +380,7 @@ TEST(CApi, RoundTripMatchesTheCppEngine) {
 // the cpu tier.
 TEST(CApi, StatsCarryTheParameterReadRate) {
   zinf::test::TestDir dir;
-  const std::string config = R"({"zero_optimization": {"stage": 3, "sub_group_size": 4096,
+  const std::string config = R"({"zero_optimization": {"stage": 3, "sub_group_size": 32768,
       "offload_param": {"device": "nvme", "nvme_path": ")" + dir.subdir("param") + R"(",
                         "buffer_count": 2, "buffer_size": 4096},
       "offload_optimizer": {"device": "cpu"}}, "zinf": {"backend": "threads"}})";
@@ -459,6 +468,131 @@ TEST(CApi, HyperParametersRoundTrip) {
   EXPECT_NE(std::string(zinf_last_error()).find("beta1"), std::string::npos) << zinf_last_error();
   ASSERT_EQ(zinf_engine_get_hyper(h.e, &p), ZINF_OK);
   EXPECT_DOUBLE_EQ(p.beta1, 0.9);
+}
+
+// Hostile configs are usage errors with the reader's message, never a crash or a hang.
+TEST(CApi, HostileConfigsAreUsageErrors) {
+  zinf_engine* out = nullptr;
+  // 100000 nested '[' overflowed the stack while the error message printed the value.
+  const std::string deep(100000, '[');
+  EXPECT_EQ(zinf_engine_create(deep.c_str(), kLayers, 2, nullptr, &out), ZINF_ERR_USAGE);
+  EXPECT_NE(std::string(zinf_last_error()).find("nesting deeper than 64 levels"),
+            std::string::npos)
+      << zinf_last_error();
+  // An overflowing number escaped the reader as nlohmann's own exception (ZINF_ERR_INTERNAL).
+  EXPECT_EQ(zinf_engine_create(R"({"optimizer": {"params": {"lr": 1e309}}})", kLayers, 2, nullptr,
+                               &out),
+            ZINF_ERR_USAGE);
+  EXPECT_NE(std::string(zinf_last_error()).find("optimizer.params.lr: number out of range"),
+            std::string::npos)
+      << zinf_last_error();
+  EXPECT_EQ(out, nullptr);
+
+  zinf::test::TestDir dir;
+  const std::string fifo = dir.file("config.fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  auto status = std::async(std::launch::async, [&] {
+    zinf_engine* e = nullptr;
+    const zinf_status s = zinf_engine_create_from_file(fifo.c_str(), kLayers, 2, nullptr, &e);
+    zinf_engine_destroy(e);
+    return std::make_pair(s, std::string(zinf_last_error()));
+  });
+  if (status.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    ADD_FAILURE() << "zinf_engine_create_from_file blocked on a FIFO";
+    const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // unblock it: end of file
+    if (fd >= 0) ::close(fd);
+  }
+  const auto [s, message] = status.get();
+  EXPECT_EQ(s, ZINF_ERR_USAGE);
+  EXPECT_EQ(message, fifo + ": the config is a FIFO, not a regular file; give a JSON file");
+}
+
+// A set_hyper with a non-finite or out-of-range value is refused, naming the field, and
+// changes nothing: the next step gives exactly what an engine that never had the call gives.
+// (It used to be accepted; the next step then failed and left a cpu-tier engine failed.)
+TEST(CApi, RefusedSetHyperLeavesTheEngineUsableAndItsStateIntact) {
+  Engine spoiled;
+  Engine clean;
+  ASSERT_NE(spoiled.e, nullptr);
+  ASSERT_NE(clean.e, nullptr);
+  std::vector<std::vector<float>> g(2);
+  for (zinf_engine* e : {spoiled.e, clean.e}) {
+    for (std::size_t l = 0; l < 2; ++l) {
+      const std::vector<float> w = weights_of(kLayers[l].numel, 0.02f);
+      ASSERT_EQ(zinf_engine_set_master_weights(e, l, w.data(), w.size()), ZINF_OK);
+    }
+  }
+  zinf_adam_params before{};
+  ASSERT_EQ(zinf_engine_get_hyper(spoiled.e, &before), ZINF_OK);
+  const std::vector<std::pair<const char*, void (*)(zinf_adam_params&)>> bad = {
+      {"lr", [](zinf_adam_params& p) { p.lr = INFINITY; }},
+      {"lr", [](zinf_adam_params& p) { p.lr = NAN; }},
+      {"lr", [](zinf_adam_params& p) { p.lr = 1e39; }},
+      {"beta2", [](zinf_adam_params& p) { p.beta2 = 1.0; }},
+      {"eps", [](zinf_adam_params& p) { p.eps = INFINITY; }},
+      {"eps", [](zinf_adam_params& p) { p.eps = NAN; }},
+      {"eps", [](zinf_adam_params& p) { p.eps = 0.0; }},
+      {"weight_decay", [](zinf_adam_params& p) { p.weight_decay = INFINITY; }},
+      {"weight_decay", [](zinf_adam_params& p) { p.weight_decay = -1.0; }},
+      {"grad_scale", [](zinf_adam_params& p) { p.grad_scale = NAN; }},
+      {"grad_scale", [](zinf_adam_params& p) { p.grad_scale = 0.0; }},
+  };
+  for (const auto& [field, spoil] : bad) {
+    zinf_adam_params p = before;
+    spoil(p);
+    EXPECT_EQ(zinf_engine_set_hyper(spoiled.e, &p), ZINF_ERR_USAGE) << field;
+    const std::string want = std::string("zinf_engine_set_hyper: params->") + field + " must be";
+    EXPECT_EQ(std::string(zinf_last_error()).rfind(want, 0), 0u) << zinf_last_error();
+    zinf_adam_params now{};
+    ASSERT_EQ(zinf_engine_get_hyper(spoiled.e, &now), ZINF_OK);
+    EXPECT_TRUE(now.lr == before.lr && now.beta1 == before.beta1 &&
+                now.beta2 == before.beta2 && now.eps == before.eps &&
+                now.weight_decay == before.weight_decay && now.grad_scale == before.grad_scale &&
+                now.adamw == before.adamw && now.bias_correction == before.bias_correction)
+        << field;
+  }
+  for (zinf_engine* e : {spoiled.e, clean.e}) {
+    for (std::size_t l = 0; l < 2; ++l) {
+      g[l] = grads_of(kLayers[l].numel);
+      ASSERT_EQ(zinf_engine_set_gradients(e, l, g[l].data(), g[l].size(), ZINF_DTYPE_F32),
+                ZINF_OK);
+    }
+    ASSERT_EQ(zinf_engine_step(e, nullptr), ZINF_OK) << zinf_last_error();
+  }
+  for (std::size_t l = 0; l < 2; ++l) {
+    std::vector<float> a(kLayers[l].numel), b(kLayers[l].numel);
+    ASSERT_EQ(zinf_engine_read_master_weights(spoiled.e, l, a.data(), a.size()), ZINF_OK);
+    ASSERT_EQ(zinf_engine_read_master_weights(clean.e, l, b.data(), b.size()), ZINF_OK);
+    EXPECT_EQ(a, b) << "layer " << l;
+  }
+}
+
+// "" + "/LATEST" is a path at the root of the file system: an empty directory is misuse.
+TEST(CApi, EmptyCheckpointDirectoryIsUsage) {
+  Engine h;
+  ASSERT_NE(h.e, nullptr);
+  const std::vector<float> w = weights_of(1000, 0.02f);
+  const std::vector<float> w1 = weights_of(257, 0.03f);
+  ASSERT_EQ(zinf_engine_set_master_weights(h.e, 0, w.data(), 1000), ZINF_OK);
+  ASSERT_EQ(zinf_engine_set_master_weights(h.e, 1, w1.data(), 257), ZINF_OK);
+  EXPECT_EQ(zinf_engine_save(h.e, ""), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(), "zinf_engine_save: dir is empty");
+  EXPECT_EQ(zinf_engine_load(h.e, ""), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(), "zinf_engine_load: dir is empty");
+  // The C++ entry points refuse it too.
+  const std::string want = what_of([&] {
+    zinf::test::TestDir dir;
+    auto device = zinf::cuda::make_device({.kind = zinf::cuda::DeviceKind::kHost});
+    zinf::cuda::Stream compute = device->create_stream();
+    off::OffloadEngine engine(off::parse_config(kConfig),
+                              {{"a", 1000, off::DType::kBF16}, {"b", 257, off::DType::kF16}},
+                              *device, compute.ref());
+    engine.load("");
+  });
+  EXPECT_EQ(want, "OffloadEngine::load: the checkpoint directory is empty (\"\"); give a directory");
+  const std::vector<float> g = grads_of(1000);
+  ASSERT_EQ(zinf_engine_set_gradients(h.e, 0, g.data(), 1000, ZINF_DTYPE_F32), ZINF_OK);
+  EXPECT_EQ(zinf_engine_step(h.e, nullptr), ZINF_OK) << zinf_last_error();
 }
 
 TEST(CApi, CallableFromC99) {

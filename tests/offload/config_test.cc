@@ -1,13 +1,24 @@
 // SPDX-License-Identifier: Apache-2.0
 // EngineConfig parsing: every key and alias, the exact text of every error a user can see,
-// integers written as 1e8, a real ZeRO-Infinity ds_config, load_config's file errors, and the
+// integers written as 1e8, a real ZeRO-Infinity ds_config, load_config's file errors, hostile
+// input (deep nesting, huge or special files, overflowing numbers, absurd values), and the
 // config_to_json round trip.
 #include "zinf/offload/config.h"
 
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <future>
 #include <string>
 #include <vector>
 
@@ -88,14 +99,14 @@ TEST(Config, EmptyObjectGivesDefaults) {
 
 TEST(Config, ReadsEveryZeroOptimizationKey) {
   const EngineConfig c = parse_config(R"({"zero_optimization": {
-      "stage": 3, "sub_group_size": 12345,
+      "stage": 3, "sub_group_size": 123457,
       "offload_param": {"device": "nvme", "nvme_path": "/p", "pin_memory": false,
                         "buffer_count": 7, "buffer_size": 2000000, "max_in_cpu": 99},
       "offload_optimizer": {"device": "cpu", "nvme_path": "/o", "pin_memory": false,
                             "buffer_count": 6, "pipeline_read": true, "pipeline_write": true,
                             "fast_init": true, "ratio": 1.0}}})");
   EXPECT_EQ(c.zero_stage, 3);
-  EXPECT_EQ(c.sub_group_size, 12345u);
+  EXPECT_EQ(c.sub_group_size, 123457u);
   EXPECT_EQ(c.offload_param.device, OffloadDevice::kNvme);
   EXPECT_EQ(c.offload_param.nvme_path, "/p");
   EXPECT_FALSE(c.offload_param.pin_memory);
@@ -188,11 +199,11 @@ TEST(Config, AdamMeansAdamWUnlessAdamWModeIsFalseAsInDeepSpeed) {
   EXPECT_EQ(error_of(R"({"optimizer": {"params": {"betas": [0.9, 1.0]}}})"),
             "cfg.json: optimizer.params.betas: each beta must be in [0, 1), got [0.9,1.0]");
   EXPECT_EQ(error_of(R"({"optimizer": {"params": {"lr": -1}}})"),
-            "cfg.json: optimizer.params.lr: must be finite and >= 0, got -1");
+            "cfg.json: optimizer.params.lr: must be in [0, 3.4028235e+38], got -1");
   EXPECT_EQ(error_of(R"({"optimizer": {"params": {"eps": "1e-8"}}})"),
             "cfg.json: optimizer.params.eps: expected a number, got \"1e-8\"");
   EXPECT_EQ(error_of(R"({"optimizer": {"params": {"weight_decay": -0.5}}})"),
-            "cfg.json: optimizer.params.weight_decay: must be finite and >= 0, got -0.5");
+            "cfg.json: optimizer.params.weight_decay: must be in [0, 3.4028235e+38], got -0.5");
 }
 
 TEST(Config, PrecisionBlocksSetTheParameterDtype) {
@@ -308,7 +319,9 @@ TEST(Config, RejectsNonIntegralNegativeStringAndOutOfRangeIntegers) {
   EXPECT_EQ(error_of(R"({"zero_optimization": {"stage": "3"}})"),
             "cfg.json: zero_optimization.stage: expected an integer, got \"3\"");
   EXPECT_EQ(error_of(R"({"zero_optimization": {"sub_group_size": 0}})"),
-            "cfg.json: zero_optimization.sub_group_size: 0 is too small (at least 1)");
+            "cfg.json: zero_optimization.sub_group_size: 0 is too small: the smallest accepted "
+            "is 32768 (each sub-group's 12-byte-per-element record is padded to the 4096-byte "
+            "I/O alignment; from 32768 elements on the padding is at most ~1% of the state)");
 }
 
 TEST(Config, BooleansMustBeJsonBooleans) {
@@ -512,6 +525,171 @@ TEST(Config, LoadConfigNamesTheFileInParseErrors) {
     EXPECT_EQ(std::string(e.what()),
               path + ": aio.queue_dept: unknown key; did you mean 'queue_depth'?");
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hostile input: every case is a one-line UsageError naming the source, never a crash, a hang,
+// unbounded memory or an unbounded message.
+
+// The message of the UsageError load_config throws for `path`, or "(no error)".
+std::string load_error_of(const std::string& path) {
+  try {
+    (void)load_config(path);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(Config, DeepNestingIsRefusedWithoutRecursion) {
+  // 100000 levels overflowed the stack in the error message's dump() of the value.
+  const std::string arrays(100000, '[');
+  std::string e = error_of(arrays);
+  EXPECT_EQ(e, "cfg.json: line 1, column 65: nesting deeper than 64 levels of objects and arrays "
+               "(the limit of a config)");
+  std::string objects;
+  for (int i = 0; i < 100000; ++i) objects += "{\"a\":";
+  e = error_of(objects);
+  EXPECT_TRUE(contains(e, "nesting deeper than 64 levels")) << e;
+  // Closed, well-formed nesting is refused the same way (100000 levels of it crashed the
+  // reader: "must be a JSON object, got <dump>" recursed once per level).
+  e = error_of(arrays + std::string(100000, ']'));
+  EXPECT_TRUE(contains(e, "nesting deeper than 64 levels")) << e;
+  e = error_of("{\"zinf\": " + std::string(100, '[') + std::string(100, ']') + "}");
+  EXPECT_TRUE(contains(e, "cfg.json: line 1, column ")) << e;
+  EXPECT_TRUE(contains(e, "nesting deeper than 64 levels")) << e;
+  // 64 levels are a config (refused for what it says, not for its depth).
+  e = error_of("{\"zinf\": {\"nvme_paths\": " + std::string(62, '[') + std::string(62, ']') + "}}");
+  EXPECT_TRUE(contains(e, "cfg.json: zinf.nvme_paths[0]: expected a string, got [[[[")) << e;
+
+  test::TestDir dir;
+  const std::string path = dir.file("deep.json");
+  std::ofstream(path) << arrays;
+  e = load_error_of(path);
+  EXPECT_EQ(e, path + ": line 1, column 65: nesting deeper than 64 levels of objects and arrays "
+                      "(the limit of a config)");
+}
+
+TEST(Config, OversizedConfigIsRefused) {
+  // 16 MiB + 1 of spaces around an empty object: valid JSON, refused for its size alone.
+  constexpr std::size_t kLimit = std::size_t{16} << 20;  // kConfigMaxBytes
+  const std::string big = "{}" + std::string(kLimit - 1, ' ');
+  EXPECT_EQ(error_of(big),
+            "cfg.json: the config is larger than the limit of 16777216 bytes (16 MiB)");
+  EXPECT_NO_THROW((void)parse_config("{}" + std::string(kLimit - 2, ' ')));
+  test::TestDir dir;
+  const std::string path = dir.file("big.json");
+  std::ofstream(path) << big;
+  EXPECT_EQ(load_error_of(path),
+            path + ": the config is larger than the limit of 16777216 bytes (16 MiB)");
+}
+
+TEST(Config, FifoIsRefusedWithoutBlocking) {
+  test::TestDir dir;
+  const std::string path = dir.file("config.fifo");
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0) << std::strerror(errno);
+  auto result = std::async(std::launch::async, [&] { return load_error_of(path); });
+  if (result.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    ADD_FAILURE() << "load_config blocked on a FIFO";
+    // Unblock the reader (a writer that closes at once gives it end of file) so the test ends.
+    const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK);
+    if (fd >= 0) ::close(fd);
+  }
+  EXPECT_EQ(result.get(), path + ": the config is a FIFO, not a regular file; give a JSON file");
+}
+
+// Runs in a death-test child: load_config("/dev/zero") with 1 GiB of address space above what
+// the child has, so that a reader that tried to read it whole would fail quickly instead of
+// taking the machine down. Exits 0 if it was refused as a device.
+[[noreturn]] void load_dev_zero_with_bounded_memory() {
+  unsigned long pages = 0;
+  if (std::FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%lu", &pages) != 1) pages = 0;
+    std::fclose(f);
+  }
+  const rlim_t limit = static_cast<rlim_t>(pages) * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE)) +
+                       (rlim_t{1} << 30);
+  const struct rlimit lim = {limit, limit};
+  ::setrlimit(RLIMIT_AS, &lim);
+  const std::string e = load_error_of("/dev/zero");
+  std::fprintf(stderr, "%s\n", e.c_str());
+  std::exit(e == "/dev/zero: the config is a character device, not a regular file; give a JSON "
+                 "file"
+                ? 0
+                : 1);
+}
+
+TEST(Config, DevicesAndDirectoriesAreRefusedBeforeAnyRead) {
+  test::TestDir dir;
+  EXPECT_EQ(load_error_of(dir.path()),
+            dir.path() + ": the config is a directory, not a regular file; give a JSON file");
+  // /dev/zero never ends: a reader that tried would grow its buffer until memory ran out;
+  // refused from fstat, it reads nothing.
+  EXPECT_EXIT(load_dev_zero_with_bounded_memory(), ::testing::ExitedWithCode(0),
+              "/dev/zero: the config is a character device");
+}
+
+TEST(Config, NumberOutOfRangeNamesTheKeyAndTheFile) {
+  // nlohmann's "number overflow" was thrown as its own exception: no file, no key, exit 1.
+  EXPECT_EQ(error_of(R"({"optimizer": {"params": {"lr": 1e309}}})"),
+            "cfg.json: line 1, column 33: optimizer.params.lr: number out of range (1e309 is "
+            "beyond a double's +-1.8e308)");
+  EXPECT_EQ(error_of("{\"optimizer\": {\"params\": {\"betas\": [0.9,\n -1e400]}}}"),
+            "cfg.json: line 2, column 2: optimizer.params.betas[1]: number out of range (-1e400 "
+            "is beyond a double's +-1.8e308)");
+  EXPECT_EQ(error_of("1e999"),
+            "cfg.json: line 1, column 1: number out of range (1e999 is beyond a double's "
+            "+-1.8e308)");
+  test::TestDir dir;
+  const std::string path = dir.file("lr.json");
+  std::ofstream(path) << R"({"optimizer": {"params": {"lr": 1e309}}})";
+  EXPECT_EQ(load_error_of(path), path + ": line 1, column 33: optimizer.params.lr: number out of "
+                                        "range (1e309 is beyond a double's +-1.8e308)");
+}
+
+TEST(Config, NonFiniteOrAbsurdHyperParametersAreRefusedNamingTheKey) {
+  EXPECT_EQ(error_of(R"({"optimizer": {"params": {"lr": 1e39}}})"),
+            "cfg.json: optimizer.params.lr: must be in [0, 3.4028235e+38], got 1e+39");
+  EXPECT_EQ(error_of(R"({"optimizer": {"params": {"eps": 0}}})"),
+            "cfg.json: optimizer.params.eps: must be in [1e-45, 3.4028235e+38], got 0");
+  EXPECT_EQ(error_of(R"({"optimizer": {"params": {"eps": 1e300}}})"),
+            "cfg.json: optimizer.params.eps: must be in [1e-45, 3.4028235e+38], got 1e+300");
+  EXPECT_EQ(error_of(R"({"optimizer": {"params": {"weight_decay": 1e300}}})"),
+            "cfg.json: optimizer.params.weight_decay: must be in [0, 3.4028235e+38], got 1e+300");
+  EXPECT_EQ(error_of(R"({"optimizer": {"params": {"lr": 1e20, "weight_decay": 1e20}}})"),
+            "cfg.json: optimizer.params.weight_decay: times lr must be at most 3.4028235e+38, "
+            "got 1e+40");
+}
+
+TEST(Config, SubGroupSizeBelowTheMinimumIsRefusedNamingIt) {
+  // sub_group_size 1 padded every 12-byte record to 4096 bytes: 341 times the state on disk.
+  EXPECT_EQ(error_of(R"({"zero_optimization": {"sub_group_size": 1}})"),
+            "cfg.json: zero_optimization.sub_group_size: 1 is too small: the smallest accepted "
+            "is 32768 (each sub-group's 12-byte-per-element record is padded to the 4096-byte "
+            "I/O alignment; from 32768 elements on the padding is at most ~1% of the state)");
+  EXPECT_EQ(parse_config(R"({"zero_optimization": {"sub_group_size": 32768}})").sub_group_size,
+            32768u);
+}
+
+TEST(Config, ValuesAndKeysInErrorsAreCutShort) {
+  const std::string long_text(100000, 'x');
+  std::string e = error_of(R"({"optimizer": {"type": ")" + long_text + "\"}}");
+  EXPECT_EQ(e, "cfg.json: optimizer.type: \"" + std::string(79, 'x') +
+                   "... is not supported; zinf's CPU optimizer implements \"Adam\" and \"AdamW\"");
+  // A key of 10 MB: no suggestion (no edit distance over megabytes), the key cut short.
+  e = error_of("{\"" + std::string(10'000'000, 'k') + "\": 1}");
+  EXPECT_EQ(e, "cfg.json: " + std::string(80, 'k') + "...: unknown key");
+  // A malformed token as long as the input is not quoted whole.
+  e = error_of("{\"zinf\": " + long_text + "}");
+  EXPECT_LT(e.size(), 300u) << e;
+  EXPECT_TRUE(contains(e, "cfg.json: line 1, column ")) << e;
+  e = error_of("{\"zinf\": {\"nvme_paths\": [" + std::string(50, '[') + "1" +
+               std::string(50, ']') + "]}}");
+  EXPECT_LT(e.size(), 200u) << e;
 }
 
 TEST(Config, RoundTripsTheDefaults) {

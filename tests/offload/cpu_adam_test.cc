@@ -569,20 +569,36 @@ TEST(CpuAdam, RejectsBadHyperParameters) {
     return step_error(hp, 4, 4, 4, 4);
   };
   EXPECT_EQ(with([](AdamParams& h) { h.lr = -1e-3; }),
-            "cpu adam: lr=-0.001000 must be >= 0 and finite");
-  EXPECT_EQ(with([](AdamParams& h) { h.lr = NAN; }), "cpu adam: lr=nan must be >= 0 and finite");
-  EXPECT_EQ(with([](AdamParams& h) { h.beta1 = 1.0; }), "cpu adam: beta1=1.000000 must be in [0, 1)");
+            "cpu adam: lr must be in [0, 3.4028235e+38], got -0.001");
+  EXPECT_EQ(with([](AdamParams& h) { h.lr = NAN; }),
+            "cpu adam: lr must be in [0, 3.4028235e+38], got nan");
+  EXPECT_EQ(with([](AdamParams& h) { h.lr = INFINITY; }),
+            "cpu adam: lr must be in [0, 3.4028235e+38], got inf");
+  // Finite in double but inf once the kernel rounds it to fp32.
+  EXPECT_EQ(with([](AdamParams& h) { h.lr = 1e39; }),
+            "cpu adam: lr must be in [0, 3.4028235e+38], got 1e+39");
+  EXPECT_EQ(with([](AdamParams& h) { h.beta1 = 1.0; }), "cpu adam: beta1 must be in [0, 1), got 1");
   EXPECT_EQ(with([](AdamParams& h) { h.beta1 = -0.1; }),
-            "cpu adam: beta1=-0.100000 must be in [0, 1)");
-  EXPECT_EQ(with([](AdamParams& h) { h.beta2 = 1.5; }), "cpu adam: beta2=1.500000 must be in [0, 1)");
-  EXPECT_EQ(with([](AdamParams& h) { h.eps = -1; }), "cpu adam: eps=-1.000000 must be >= 0 and finite");
+            "cpu adam: beta1 must be in [0, 1), got -0.1");
+  EXPECT_EQ(with([](AdamParams& h) { h.beta2 = 1.5; }), "cpu adam: beta2 must be in [0, 1), got 1.5");
+  EXPECT_EQ(with([](AdamParams& h) { h.eps = -1; }),
+            "cpu adam: eps must be in [1e-45, 3.4028235e+38], got -1");
+  // eps = 0 divides 0 by 0 for an element whose gradients were all 0 (NaN parameters).
+  EXPECT_EQ(with([](AdamParams& h) { h.eps = 0; }),
+            "cpu adam: eps must be in [1e-45, 3.4028235e+38], got 0");
+  EXPECT_EQ(with([](AdamParams& h) { h.eps = 1e-50; }),
+            "cpu adam: eps must be in [1e-45, 3.4028235e+38], got 1e-50");
   EXPECT_EQ(with([](AdamParams& h) { h.weight_decay = -0.5; }),
-            "cpu adam: weight_decay=-0.500000 must be >= 0 and finite");
+            "cpu adam: weight_decay must be in [0, 3.4028235e+38], got -0.5");
+  EXPECT_EQ(with([](AdamParams& h) { h.weight_decay = INFINITY; }),
+            "cpu adam: weight_decay must be in [0, 3.4028235e+38], got inf");
+  EXPECT_EQ(with([](AdamParams& h) { h.lr = 1e20; h.weight_decay = 1e20; }),
+            "cpu adam: weight_decay times lr must be at most 3.4028235e+38, got 1e+40");
   EXPECT_EQ(with([](AdamParams& h) { h.step = 0; }), "cpu adam: step=0: steps count from 1");
   EXPECT_EQ(with([](AdamParams& h) { h.grad_scale = 0; }),
-            "cpu adam: grad_scale=0.000000 must be > 0 and finite");
+            "cpu adam: grad_scale must be in [1e-45, 3.4028235e+38], got 0");
   EXPECT_EQ(with([](AdamParams& h) { h.grad_scale = INFINITY; }),
-            "cpu adam: grad_scale=inf must be > 0 and finite");
+            "cpu adam: grad_scale must be in [1e-45, 3.4028235e+38], got inf");
   EXPECT_EQ(with([](AdamParams& h) { h.beta1 = 0; h.beta2 = 0; h.lr = 0; }), "no error");
 }
 

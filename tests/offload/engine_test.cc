@@ -4,8 +4,10 @@
 // the rounded current masters, out-of-order fetches work, save/load resumes bitwise, config
 // contradictions are refused with their exact text before any file exists, misuse is refused.
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -175,7 +177,7 @@ TEST(OffloadEngine, OptimizerRefusalsAndContradictionsComeBeforeAnyFile) {
   EngineRig rig;
   EngineConfig c = test::engine_config(OffloadDevice::kNvme, OffloadDevice::kNvme, dir);
   c.optimizer.hyper.lr = -1;
-  expect_refused_before_any_file(rig, c, "OffloadedOptimizer: lr must be >= 0, got -1.000000");
+  expect_refused_before_any_file(rig, c, "OffloadedOptimizer: lr must be in [0, 3.4028235e+38], got -1");
   c = test::engine_config(OffloadDevice::kNvme, OffloadDevice::kNvme, dir);
   c.zero_stage = 2;
   expect_refused_before_any_file(rig, c,
@@ -292,6 +294,77 @@ TEST(OffloadEngine, RefusesMisuse) {
   (void)rig.engine().step();
   EXPECT_EQ(rig.fetch_bits(0), rig.expected_bits(0));
   EXPECT_EQ(rig.fetch_bits(1), rig.expected_bits(1));
+}
+
+// set_hyper with a non-finite or out-of-range value used to be accepted; the next step then
+// failed inside the pipeline and, with the optimizer state in host memory (its only copy),
+// left the engine failed. Refused at the call, it changes nothing: the next step gives exactly
+// the masters of a run that never made the call.
+TEST(OffloadEngine, RefusedSetHyperLeavesTheEngineUsableAndItsStateIntact) {
+  for (Tiers tiers : {Tiers{OffloadDevice::kNone, OffloadDevice::kCpu},
+                      Tiers{OffloadDevice::kCpu, OffloadDevice::kNvme}}) {
+    SCOPED_TRACE(std::string(offload_device_name(tiers.second)));
+    const auto reference = train(tiers, 2);
+    test::TestDir dir;
+    EngineRig rig;
+    rig.make(test::engine_config(tiers.first, tiers.second, dir));
+    rig.init_weights();
+    rig.iteration(1);
+    const AdamParams before = rig.engine().hyper();
+    const std::vector<std::pair<const char*, void (*)(AdamParams&)>> bad = {
+        {"lr", [](AdamParams& h) { h.lr = INFINITY; }},
+        {"lr", [](AdamParams& h) { h.lr = NAN; }},
+        {"lr", [](AdamParams& h) { h.lr = -1e-3; }},
+        {"beta1", [](AdamParams& h) { h.beta1 = 1.0; }},
+        {"beta2", [](AdamParams& h) { h.beta2 = NAN; }},
+        {"eps", [](AdamParams& h) { h.eps = INFINITY; }},
+        {"eps", [](AdamParams& h) { h.eps = NAN; }},
+        {"eps", [](AdamParams& h) { h.eps = 0; }},
+        {"weight_decay", [](AdamParams& h) { h.weight_decay = INFINITY; }},
+        {"weight_decay", [](AdamParams& h) { h.weight_decay = NAN; }},
+        {"grad_scale", [](AdamParams& h) { h.grad_scale = INFINITY; }},
+        {"grad_scale", [](AdamParams& h) { h.grad_scale = 0; }},
+    };
+    for (const auto& [field, spoil] : bad) {
+      AdamParams h = before;
+      spoil(h);
+      try {
+        rig.engine().set_hyper(h);
+        ADD_FAILURE() << "set_hyper accepted a bad " << field;
+      } catch (const UsageError& e) {
+        EXPECT_EQ(std::string(e.what()).rfind(std::string("OffloadedOptimizer: ") + field +
+                                                  " must be ",
+                                              0),
+                  0u)
+            << e.what();
+      }
+      EXPECT_EQ(rig.engine().hyper().lr, before.lr);
+      EXPECT_EQ(rig.engine().hyper().eps, before.eps);
+    }
+    rig.iteration(2);
+    EXPECT_EQ(rig.engine().stats().last_step.step, 2u);
+    EXPECT_EQ(master_diff(rig.masters(), reference), "");
+  }
+}
+
+// "" + "/LATEST" is a path at the root of the file system: an empty directory is misuse.
+TEST(OffloadEngine, EmptyCheckpointDirectoryIsRefused) {
+  test::TestDir dir;
+  EngineRig rig;
+  rig.make(test::engine_config(OffloadDevice::kNone, OffloadDevice::kCpu, dir));
+  rig.init_weights();
+  for (const bool save : {true, false}) {
+    try {
+      save ? rig.engine().save("") : rig.engine().load("");
+      ADD_FAILURE() << (save ? "save" : "load") << "(\"\") was accepted";
+    } catch (const UsageError& e) {
+      EXPECT_EQ(std::string(e.what()), std::string("OffloadEngine::") + (save ? "save" : "load") +
+                                           ": the checkpoint directory is empty (\"\"); give a "
+                                           "directory");
+    }
+  }
+  rig.iteration(1);  // still usable
+  EXPECT_EQ(rig.engine().stats().steps, 1u);
 }
 
 }  // namespace

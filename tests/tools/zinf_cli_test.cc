@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // End-to-end checks of the zinf tool as a user runs it: exit status, the one-line errors for
-// bad arguments, and small verified `bench io` and `bench prefetch` runs with their JSON.
+// bad arguments and hostile configs, and small verified `bench io` and `bench prefetch` runs
+// with their JSON.
 #include <sys/wait.h>
 
 #include <array>
@@ -29,6 +30,65 @@ TEST(ZinfCli, UnknownCommandExits2) {
   ToolRun r = run_zinf("frobnicate");
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.out.find("zinf: unknown command 'frobnicate'"), std::string::npos) << r.out;
+}
+
+// Integer options are range-checked against what they feed, never truncated: --threads
+// 4294967297 used to become 1 thread.
+TEST(ZinfCli, IntegerOptionsOutOfRangeExit2NamingTheRange) {
+  zinf::test::TestDir dir;
+  ToolRun r = run_zinf("bench io --dir " + dir.path() +
+                       " --size 1M --block-size 64K --loops 1 --threads 4294967297");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "zinf bench io: error: invalid --threads '4294967297': expected an integer in "
+                   "[0, 4294967295]\n");
+  r = run_zinf("bench adam --numel 4096 --steps 1 --threads 18446744073709551617");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "zinf bench adam: error: invalid --threads '18446744073709551617': expected "
+                   "an integer in [0, 1024]\n");
+  for (const char* bad : {"-1", "0x10", "3abc", "1.5"}) {
+    r = run_zinf(std::string("demo --layers ") + bad);
+    EXPECT_EQ(r.status, 2) << bad;
+    EXPECT_EQ(r.out, std::string("zinf demo: error: invalid --layers '") + bad +
+                         "': expected an integer in [0, 18446744073709551615]\n");
+  }
+}
+
+// Every config error is a usage error (exit 2) naming the file, never a crash, a hang or exit 1.
+TEST(ZinfCli, HostileConfigsExit2NamingTheFile) {
+  zinf::test::TestDir dir;
+  const std::string deep = dir.file("deep.json");
+  std::ofstream(deep) << std::string(100000, '[');
+  ToolRun r = run_zinf("demo --config " + deep);
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(r.out, "zinf demo: error: " + deep + ": line 1, column 65: nesting deeper than 64 "
+                   "levels of objects and arrays (the limit of a config)\n");
+
+  const std::string lr = dir.file("lr.json");
+  std::ofstream(lr) << R"({"optimizer": {"params": {"lr": 1e309}}})";
+  r = run_zinf("demo --config " + lr);
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(r.out, "zinf demo: error: " + lr + ": line 1, column 33: optimizer.params.lr: number "
+                   "out of range (1e309 is beyond a double's +-1.8e308)\n");
+
+  const std::string eps = dir.file("eps.json");
+  std::ofstream(eps) << R"({"optimizer": {"params": {"eps": 0}}})";
+  r = run_zinf("demo --config " + eps);
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(r.out, "zinf demo: error: " + eps + ": optimizer.params.eps: must be in [1e-45, "
+                   "3.4028235e+38], got 0\n");
+
+  // A FIFO: `timeout` ends the tool (status 124) if it blocks waiting for a writer.
+  const std::string fifo = dir.file("config.fifo");
+  ASSERT_EQ(run_shell("mkfifo " + fifo).status, 0);
+  r = run_shell("timeout 20 " + std::string(ZINF_TOOL_PATH) + " demo --config " + fifo);
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(r.out, "zinf demo: error: " + fifo +
+                       ": the config is a FIFO, not a regular file; give a JSON file\n");
+  // A device is refused for what it is (config_test reads /dev/zero with bounded memory).
+  r = run_zinf("demo --config /dev/null");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(r.out, "zinf demo: error: /dev/null: the config is a character device, not a "
+                   "regular file; give a JSON file\n");
 }
 
 TEST(BenchIoCli, MissingDirectoryExits2WithOneLine) {

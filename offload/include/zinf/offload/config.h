@@ -4,6 +4,7 @@
 // own section. Parsing is strict: an unknown key is an error that suggests the closest known one.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -105,18 +106,39 @@ struct EngineConfig {
   std::vector<std::string> nvme_directories(const std::string& nvme_path) const;
 };
 
+/// Hostile-input bounds of a config (parse_config and load_config refuse anything past them
+/// with a UsageError saying which): a real ds_config is a few KiB and about 5 levels deep, so
+/// these are far above any real one, and keep a bad input from exhausting memory or the stack.
+inline constexpr std::size_t kConfigMaxBytes = std::size_t{16} << 20;  ///< 16 MiB of text
+inline constexpr std::size_t kConfigMaxDepth = 64;  ///< nested objects and arrays
+/// The smallest zero_optimization.sub_group_size a config may give. Each sub-group is one
+/// record of 12 bytes per element (fp32 master, m, v) padded to the 4096-byte I/O alignment,
+/// so a record of 32768 elements (384 KiB) or more wastes at most ~1% on padding, where
+/// sub_group_size 1 would waste 341x the state. (EngineConfig built in code, and
+/// OptimizerOptions::sub_group_elements, are not held to it: tests use small sub-groups to
+/// cut small tensors into many records.)
+inline constexpr std::uint64_t kConfigMinSubGroupSize = 32768;
+
 /// Parses a DeepSpeed-style JSON config. `source` names it in errors (a path, or "<string>").
 /// Integers may be written as 1e8 (as DeepSpeed accepts) if the value is integral and fits.
 /// Top-level DeepSpeed keys that zinf does not use (train_batch_size, gradient_clipping, ...)
 /// are accepted. Throws UsageError, one line, "<source>: <json path>: <what>", for an unknown
 /// key ("<source>: zero_optimization.offload_param.nvme_pth: unknown key; did you mean
 /// 'nvme_path'?"), a value of the wrong type or out of range, and contradictory settings
-/// (e.g. NVMe offload without a path, parameter offload below stage 3); malformed JSON reads
-/// "<source>: line L, column C: <what>", a duplicate key "<source>: line L, column C: <json
-/// path>: duplicate key (...)". Checks that need the model (a buffer smaller than the largest
-/// layer) happen in OffloadEngine's constructor. Does not block; thread-safe.
+/// (e.g. NVMe offload without a path, parameter offload below stage 3), hyper-parameters that
+/// check_adam_params() refuses (non-finite or out of range, named by their key), and a
+/// sub_group_size below kConfigMinSubGroupSize; malformed JSON reads "<source>: line L,
+/// column C: <what>", a duplicate key "<source>: line L, column C: <json path>: duplicate key
+/// (...)", a number beyond a double's range "<source>: line L, column C: <json path>: number
+/// out of range (...)". Input over kConfigMaxBytes or nested deeper than kConfigMaxDepth is
+/// refused before it is parsed further (no recursion on it, ever). Values and keys quoted in
+/// messages are cut to 80 characters. Checks that need the model (a buffer smaller than the
+/// largest layer) happen in OffloadEngine's constructor. Does not block; thread-safe.
 EngineConfig parse_config(std::string_view json, std::string_view source = "<string>");
-/// Reads and parses a config file. IoError if it cannot be read; UsageError as parse_config.
+/// Reads and parses a config file. IoError if it cannot be opened or read (errno, path);
+/// UsageError, naming the path, for anything but a regular file (a FIFO, device, directory or
+/// socket: refused from fstat before a byte is read, so a FIFO never blocks and /dev/zero is
+/// never read), for a file over kConfigMaxBytes, and as parse_config.
 EngineConfig load_config(const std::string& path);
 /// Throws UsageError, "<source>: <json path>: <what>", for settings of `config` that contradict
 /// each other (the checks parse_config ends with): NVMe offload without a directory, parameter

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -47,18 +48,37 @@ Isa best_isa() noexcept;
 /// Returns every supported ISA, fastest first; kScalar is always last.
 std::vector<Isa> supported_isas();
 
-/// The hyper-parameters of one update. Defaults are torch.optim.Adam's.
+/// The hyper-parameters of one update. Defaults are torch.optim.Adam's. The kernel computes in
+/// fp32, so every value must be finite as an fp32; check_adam_params() states the ranges.
 struct AdamParams {
-  double lr = 1e-3;             ///< >= 0
+  double lr = 1e-3;             ///< finite, >= 0
   double beta1 = 0.9;           ///< in [0, 1)
   double beta2 = 0.999;         ///< in [0, 1)
-  double eps = 1e-8;            ///< >= 0, added after the bias-corrected sqrt(v) (PyTorch)
-  double weight_decay = 0.0;    ///< >= 0; meaning set by `mode`
+  double eps = 1e-8;            ///< finite, > 0 (added after the bias-corrected sqrt(v), PyTorch)
+  double weight_decay = 0.0;    ///< finite, >= 0; meaning set by `mode`
   std::uint64_t step = 1;       ///< this update's step number, counting from 1
   bool bias_correction = true;  ///< divide by 1 - beta^step (powers computed in double)
-  double grad_scale = 1.0;      ///< > 0 and finite: 1/loss-scale times a clipping coefficient
+  double grad_scale = 1.0;      ///< finite, > 0: 1/loss-scale times a clipping coefficient
   AdamMode mode = AdamMode::kAdam;
 };
+
+/// Why a set of hyper-parameters cannot be used: the field ("lr", "beta1", "beta2", "eps",
+/// "weight_decay", "grad_scale") and what it must be, with the value ("must be finite and
+/// >= 0, got inf").
+struct AdamParamsError {
+  std::string_view field;
+  std::string what;
+};
+/// The one range check of the hyper-parameters, shared by CpuAdam::step, OffloadedOptimizer,
+/// OffloadEngine::set_hyper, the config reader and the C API, so that every layer refuses the
+/// same values (each adds its own prefix: the function, or the config file and key). Returns
+/// the first bad field, or std::nullopt if `hp` is valid: lr and weight_decay in [0, FLT_MAX]
+/// (3.4028235e+38), beta1 and beta2 in [0, 1), eps and grad_scale in [FLT_TRUE_MIN, FLT_MAX]
+/// ([1e-45, 3.4028235e+38]: > 0 once rounded to fp32; eps = 0 divides 0 by 0 for an element
+/// whose gradients have all been 0, giving NaN parameters), and lr * weight_decay at most
+/// FLT_MAX (the decay factor must stay finite). NaN and infinities fail. `step` is not checked
+/// here (the optimizer numbers its own steps; CpuAdam::step refuses 0).
+std::optional<AdamParamsError> check_adam_params(const AdamParams& hp);
 
 /// The gradients of one update: a view of caller-owned memory of `size` elements of `dtype`.
 struct GradView {
@@ -133,8 +153,7 @@ class CpuAdam {
   /// until every element is done. All arrays must have the same length and must not overlap;
   /// no alignment is required. Throws UsageError (before touching any memory) on mismatched
   /// lengths, a null pointer with a non-zero length, overlapping arrays, a copy-out type other
-  /// than bf16/fp16, lr < 0, betas outside [0, 1), eps < 0, weight_decay < 0, step == 0, or a
-  /// grad_scale that is not finite and > 0.
+  /// than bf16/fp16, hyper-parameters that check_adam_params() refuses, or step == 0.
   void step(const AdamParams& hp, std::span<float> params, std::span<float> m,
             std::span<float> v, GradView grads, CopyOut out = {});
 

@@ -124,7 +124,10 @@ class OffloadEngine {
   /// the prefetcher. Returns the optimizer's step figures. Throws as described under Errors.
   StepStats step();
 
-  /// Sets the hyper-parameters from the next step on (e.g. a learning-rate schedule).
+  /// Sets the hyper-parameters from the next step on (e.g. a learning-rate schedule);
+  /// `hyper.step` is ignored. UsageError inside a step or for values check_adam_params()
+  /// refuses (inf, NaN, out of range); a refused call changes nothing, so the engine stays
+  /// usable and its state intact.
   void set_hyper(const AdamParams& hyper);
   /// The hyper-parameters the next step uses: the config's, then set_hyper's, or a loaded
   /// checkpoint's after load(). Works in the failed state too (for reporting).
@@ -132,9 +135,10 @@ class OffloadEngine {
 
   /// Checkpoint of the optimizer state (master weights, moments, step count, hyper-parameters)
   /// and the layer table under `dir`, atomically (OffloadedOptimizer::save). Outside a step.
+  /// UsageError for an empty `dir` (before anything is written).
   void save(const std::string& dir);
   /// Restores what save() wrote and rewrites every layer's low-precision copy from the
-  /// restored master weights. UsageError if the layer table differs.
+  /// restored master weights. UsageError if the layer table differs or `dir` is empty.
   void load(const std::string& dir);
 
   EngineStats stats() const;

@@ -170,7 +170,8 @@ class OffloadedOptimizer {
   std::uint64_t step_count() const noexcept;
   const AdamParams& hyper() const noexcept;
   /// Replaces the hyper-parameters from the next step on (e.g. a learning-rate schedule);
-  /// `step` is ignored. UsageError inside a step or for invalid values.
+  /// `step` is ignored. UsageError inside a step or for values check_adam_params() refuses;
+  /// a refused call changes nothing.
   void set_hyper(const AdamParams& hyper);
 
   /// Sets a group's fp32 master parameters (numel elements) and zeroes its moments. Every
@@ -204,13 +205,14 @@ class OffloadedOptimizer {
   /// Writes a checkpoint of the state, step counter and hyper-parameters under `dir` (created
   /// if missing): a new version directory is written, synced and renamed into place, then the
   /// `LATEST` pointer is replaced atomically, so a crash at any point leaves the previous
-  /// checkpoint loadable. Streams through bounded buffers. UsageError inside a step; IoError
-  /// on failure (the optimizer state itself is untouched by a failed save).
+  /// checkpoint loadable. Streams through bounded buffers. UsageError inside a step or for an
+  /// empty `dir`; IoError on failure (the optimizer state itself is untouched by a failed
+  /// save).
   void save(const std::string& dir);
-  /// Restores what save() wrote. Throws UsageError if the checkpoint's groups or sub-group
-  /// size differ from this optimizer's, IoError (kCorrupt naming file and offset) on a
-  /// checksum mismatch, IoError on a read failure. A load that fails after it began to
-  /// overwrite the state leaves the optimizer failed (EngineFailed afterwards).
+  /// Restores what save() wrote. Throws UsageError for an empty `dir` or if the checkpoint's
+  /// groups or sub-group size differ from this optimizer's, IoError (kCorrupt naming file and
+  /// offset) on a checksum mismatch, IoError on a read failure. A load that fails after it
+  /// began to overwrite the state leaves the optimizer failed (EngineFailed afterwards).
   void load(const std::string& dir);
 
   /// Pinned bytes the optimizer holds (ring or state) and the most ever held.
