@@ -121,6 +121,16 @@ int open_unnamed_probe(const swap::Dir& dir, int extra_flags) {
   return fd;
 }
 
+void write_output_file(const std::string& path, std::string_view text) {
+  const std::size_t slash = path.rfind('/');
+  const std::string parent = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (name.empty() || name == "." || name == "..") {
+    throw UsageError("invalid output file '" + path + "': expected a file name, not a directory");
+  }
+  swap::replace_file_durably(swap::Dir::open(parent), name, text);
+}
+
 std::string fs_type_name(const std::string& dir) {
   struct statfs s {};
   if (::statfs(dir.c_str(), &s) != 0) return "unknown";

@@ -60,6 +60,12 @@ swap::Dir check_dir(const std::string& dir);
 /// or -errno. Quiet, unlike File::create_unnamed, which logs its fallback from O_DIRECT: for
 /// probes whose failure is itself the answer.
 int open_unnamed_probe(const swap::Dir& dir, int extra_flags);
+/// Writes `text` as the file at `path`, a file the user named (--out, --report): to a fresh
+/// temporary in the same directory, fsynced, then renamed over `path` (swap::
+/// replace_file_durably). So a reader never sees half a file, a crash leaves the old one, and
+/// a link at `path` is replaced by the file rather than followed (zinf may run as root in a
+/// directory others can write to). Throws IoError naming the file.
+void write_output_file(const std::string& path, std::string_view text);
 /// The file system type of `dir` ("ext4", "xfs", "tmpfs", ... or its magic number in hex).
 std::string fs_type_name(const std::string& dir);
 
