@@ -20,6 +20,7 @@
 #include "bench_common.h"
 #include "cli_args.h"
 #include "commands.h"
+#include "interrupt.h"
 #include "io_bench.h"
 #include "json_writer.h"
 #include "zinf/common/error.h"
@@ -232,6 +233,7 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   std::vector<StepReference::Figures> refs;
   std::vector<double> ideal_s, ratio;
   for (std::uint64_t s = 0; s <= steps; ++s) {  // s == 0: untimed warm-up
+    throw_if_interrupted();  // between steps: nothing in flight, the optimizer's files go with it
     if (s == 1 && reference_every > 0) {
       // After the warm-up, which says how many bytes a step moves.
       ref = std::make_unique<StepReference>(tier == StateTier::kNvme ? dirs : std::vector<std::string>{},

@@ -21,6 +21,7 @@
 #include "bench_common.h"
 #include "cli_args.h"
 #include "commands.h"
+#include "interrupt.h"
 #include "demo_model.h"
 #include "json_writer.h"
 #include "sha256.h"
@@ -244,6 +245,9 @@ int demo_main(const std::vector<std::string>& tokens) {
   const auto run_start = std::chrono::steady_clock::now();
   double stall_before = 0;
   for (std::uint64_t s = 0; s < steps; ++s) {
+    // Between steps nothing is half done; unwinding closes the engine (its requests drain and
+    // its swap files go).
+    throw_if_interrupted();
     const auto t0 = std::chrono::steady_clock::now();
     for (std::size_t l = 0; l < shape.layers; ++l) {
       const cuda::DeviceSpan p = engine.fetch(l);
