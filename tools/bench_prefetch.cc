@@ -60,6 +60,9 @@ Every byte is verified after the timed passes unless --no-verify.
 The wall time of a pass runs from the first acquire to the compute stream's last layer done.
 Target: with depth >= 2 and I/O about equal to compute, wall <= 1.10 x max(compute, io);
 with depth 0 the wall time is about compute + io.
+
+SIGINT, SIGTERM and SIGHUP stop the run between passes and remove its files (exit status 128 +
+the signal's number, e.g. 130 for SIGINT).
 )";
 
 struct Config {

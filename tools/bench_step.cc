@@ -58,7 +58,7 @@ Reports the median step and, for that step count, the median busy time of each s
   --reference K      every K timed steps (and after the last), measure what the steps are
                      judged by: one write and one read pass of the state's size through `zinf
                      bench io`'s code (same engine, queue depth and 1 MiB requests over fio's
-                     footprint of queue depth x 1 MiB, on a file of its own in each --dir) and
+                     footprint of queue depth x 1 MiB, on a file without a name in each --dir) and
                      one Adam step over the same elements in plain memory; reports each step
                      against the mean of the two references around its block of K steps:
                        ideal = max(bytes read / read rate + bytes written / write rate, Adam)
@@ -68,6 +68,9 @@ Reports the median step and, for that step count, the median busy time of each s
 
 Stage times: read/write = time with at least one state read/write-back in flight; compute =
 time inside the Adam kernel; they overlap, so the step takes about the longest of them.
+
+SIGINT, SIGTERM and SIGHUP stop the run between steps and remove its files (exit status 128 +
+the signal's number, e.g. 130 for SIGINT).
 )";
 
 // The ideal steps are judged by, measured around them (--reference K): the drive's own rates

@@ -60,6 +60,9 @@ The final weights (weights_sha256) are bitwise the same for every --offload tier
   --every N          print one line every N steps when not on a terminal [steps / 10]
   --device D         host (the only one: the compute is plain C++ over host memory) [host]
   --json             print a JSON summary on stdout (progress goes to stderr)
+
+SIGINT, SIGTERM and SIGHUP stop training between steps and remove the swap files (exit status
+128 + the signal's number, e.g. 130 for SIGINT).
 )";
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {

@@ -64,7 +64,8 @@ every recoverable one must be absorbed with correct data.
   --json             one JSON object on stdout instead of the report
 
 Exit status: 0 if nothing was lost, 1 on any mismatch, unsurfaced hard fault, unexpected error
-or budget overrun, 2 on bad options. See docs/stress.md.
+or budget overrun, 2 on bad options, 128 + the signal's number when SIGINT, SIGTERM or SIGHUP
+ends the soak early (no report then). See docs/stress.md.
 )";
 
 // Self-test, deliberately left out of --help (docs/stress.md): `--plant-corruption` flips
