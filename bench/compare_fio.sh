@@ -32,7 +32,7 @@ fio_file="$dir/compare-fio.dat"
 work=$(mktemp -d)
 old_hp=$(cat /proc/sys/vm/nr_hugepages)
 cleanup() {
-  rm -f "$fio_file" "$dir/zinf-bench-io.0.dat"
+  rm -f "$fio_file" "$dir"/zinf-bench-io-*.dat
   rm -rf "$work"
   if [ "$(id -u)" -eq 0 ]; then echo "$old_hp" > /proc/sys/vm/nr_hugepages; fi
 }
@@ -46,9 +46,10 @@ fio_common=(--filename="$fio_file" --size="$size" --bs="$bs" --direct=1 --ioengi
             --iodepth="$qd" --numjobs=1 --group_reporting)
 # Both programs write their file in full right before each timed pass (zinf bench io calls it
 # preconditioning): a read of never-written extents returns zeros without touching the disk, and
-# writes are timed as overwrites. Both files are kept until the end (zinf: --keep), because
-# deleting gigabytes on a file system mounted with `discard` sends TRIMs that slow down
-# whichever program runs next.
+# writes are timed as overwrites. Both programs' files are kept until the end (zinf: --keep),
+# because deleting gigabytes on a file system mounted with `discard` sends TRIMs that slow down
+# whichever program runs next. zinf never reuses a file (each --keep run names a fresh one), so
+# its files add up: 2 x rounds x size at the end.
 for op in write read; do
   for r in $(seq 1 "$rounds"); do
     fio --name=layout "${fio_common[@]}" --rw=write >/dev/null

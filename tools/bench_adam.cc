@@ -20,6 +20,7 @@
 #include "bench_common.h"
 #include "cli_args.h"
 #include "commands.h"
+#include "interrupt.h"
 #include "json_writer.h"
 #include "zinf/common/error.h"
 #include "zinf/offload/cpu_adam.h"
@@ -131,6 +132,7 @@ int bench_adam_main(const std::vector<std::string>& tokens) {
   hp.mode = offload::AdamMode::kAdamW;
   std::vector<double> adam_s, rmw_s;
   for (std::uint64_t s = 0; s <= steps; ++s) {  // s == 0: untimed warm-up (first touch)
+    throw_if_interrupted();
     hp.step = s + 1;
     const double t = time_seconds([&] { adam.step(hp, p, m, v, grads, out); });
     double r = 0;

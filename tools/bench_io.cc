@@ -39,7 +39,13 @@ read back verified (a mismatch is an error, exit status 1).
   --buffer-bytes N     pinned memory the requests rotate over [queue depth x block size, as
                        fio]; set it to a pipeline's buffer ring (e.g. bench step's
                        pinned_bytes_peak) to measure the drive with that footprint
-  --keep               keep the data files afterwards
+  --keep               keep the data files afterwards, under fresh names printed on stderr
+                       (zinf-bench-io-<pid>-<random>.dat); an interrupted run removes them
+
+Without --keep the data files have no name (O_TMPFILE, or a random name unlinked at once): they
+vanish when zinf exits however it exits, a link planted in DIR is never followed, and runs in
+one directory never share a file. SIGINT, SIGTERM and SIGHUP stop the run (exit status 128 +
+the signal's number, e.g. 130 for SIGINT).
   --json               one JSON object per op on stdout instead of the table
 
 GB/s means 10^9 bytes per second.
@@ -254,6 +260,9 @@ int bench_io_main(const std::vector<std::string>& tokens) {
       std::printf("%-6s %14.2f %10.0f %10.0f %10.0f   %s\n", s.op.c_str(), s.gbps, s.iops,
                   s.lat_p50_us, s.lat_p99_us, per.c_str());
     }
+  }
+  if (cfg.keep) {
+    for (const auto& p : bench.keep_files()) std::fprintf(stderr, "zinf bench io: kept %s\n", p.c_str());
   }
   return 0;
 }

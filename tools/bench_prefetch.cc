@@ -18,6 +18,7 @@
 #include "bench_common.h"
 #include "cli_args.h"
 #include "commands.h"
+#include "interrupt.h"
 #include "json_writer.h"
 #include "zinf/common/error.h"
 #include "zinf/cuda/device.h"
@@ -59,6 +60,9 @@ Every byte is verified after the timed passes unless --no-verify.
 The wall time of a pass runs from the first acquire to the compute stream's last layer done.
 Target: with depth >= 2 and I/O about equal to compute, wall <= 1.10 x max(compute, io);
 with depth 0 the wall time is about compute + io.
+
+SIGINT, SIGTERM and SIGHUP stop the run between passes and remove its files (exit status 128 +
+the signal's number, e.g. 130 for SIGINT).
 )";
 
 struct Config {
@@ -143,6 +147,11 @@ double read_alone(const Config& cfg, swap::SwapStore& store, swap::IoEngine& eng
   const auto start = Clock::now();
   swap::IoTicket previous;
   for (std::uint64_t l = 0; l < cfg.layers; ++l) {
+    if (interrupted()) {
+      // Stop with nothing in flight: the leases go back to the pool as this unwinds.
+      if (l > 0) previous.wait();
+      throw_if_interrupted();
+    }
     swap::IoTicket ticket = store.swap_in(layer_key(l), leases[l % buffers].span());
     if (l > 0) done(previous, l - 1);
     previous = std::move(ticket);
@@ -292,6 +301,7 @@ int bench_prefetch_main(const std::vector<std::string>& tokens) {
       store.allocate(layer_key(l), cfg.layer_bytes);
       stamp_headers(w.span().first(cfg.layer_bytes), static_cast<std::uint32_t>(l), 0, 1);
       store.swap_out(layer_key(l), w.span()).wait();
+      throw_if_interrupted();
     }
   }
 
@@ -324,6 +334,7 @@ int bench_prefetch_main(const std::vector<std::string>& tokens) {
   std::vector<PassResult> results;
   PassRunner runner(cfg, store, *engine, *device, compute.ref(), po);
   for (std::uint64_t pass = 0; pass < cfg.passes; ++pass) {
+    throw_if_interrupted();  // between passes: the runner has waited for its reads
     ios.push_back(read_alone(cfg, store, *engine, pool, alone_buffers, false));
     computes.push_back(compute_alone(cfg, *device, compute));
     PassResult r = runner.run();
@@ -332,6 +343,7 @@ int bench_prefetch_main(const std::vector<std::string>& tokens) {
     blocked.push_back(std::chrono::duration<double>(r.stats.acquire_blocked_time).count());
     results.push_back(r);
   }
+  throw_if_interrupted();
   if (cfg.verify) verify_through_prefetcher(cfg, store, *device, compute.ref(), po, pool);
 
   // The pass with the median wall time stands for the run (its counters come with it).

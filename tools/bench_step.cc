@@ -20,6 +20,7 @@
 #include "bench_common.h"
 #include "cli_args.h"
 #include "commands.h"
+#include "interrupt.h"
 #include "io_bench.h"
 #include "json_writer.h"
 #include "zinf/common/error.h"
@@ -57,7 +58,7 @@ Reports the median step and, for that step count, the median busy time of each s
   --reference K      every K timed steps (and after the last), measure what the steps are
                      judged by: one write and one read pass of the state's size through `zinf
                      bench io`'s code (same engine, queue depth and 1 MiB requests over fio's
-                     footprint of queue depth x 1 MiB, on a file of its own in each --dir) and
+                     footprint of queue depth x 1 MiB, on a file without a name in each --dir) and
                      one Adam step over the same elements in plain memory; reports each step
                      against the mean of the two references around its block of K steps:
                        ideal = max(bytes read / read rate + bytes written / write rate, Adam)
@@ -67,6 +68,9 @@ Reports the median step and, for that step count, the median busy time of each s
 
 Stage times: read/write = time with at least one state read/write-back in flight; compute =
 time inside the Adam kernel; they overlap, so the step takes about the longest of them.
+
+SIGINT, SIGTERM and SIGHUP stop the run between steps and remove its files (exit status 128 +
+the signal's number, e.g. 130 for SIGINT).
 )";
 
 // The ideal steps are judged by, measured around them (--reference K): the drive's own rates
@@ -232,6 +236,7 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   std::vector<StepReference::Figures> refs;
   std::vector<double> ideal_s, ratio;
   for (std::uint64_t s = 0; s <= steps; ++s) {  // s == 0: untimed warm-up
+    throw_if_interrupted();  // between steps: nothing in flight, the optimizer's files go with it
     if (s == 1 && reference_every > 0) {
       // After the warm-up, which says how many bytes a step moves.
       ref = std::make_unique<StepReference>(tier == StateTier::kNvme ? dirs : std::vector<std::string>{},

@@ -21,6 +21,7 @@
 #include "bench_common.h"
 #include "cli_args.h"
 #include "commands.h"
+#include "interrupt.h"
 #include "demo_model.h"
 #include "json_writer.h"
 #include "sha256.h"
@@ -59,6 +60,9 @@ The final weights (weights_sha256) are bitwise the same for every --offload tier
   --every N          print one line every N steps when not on a terminal [steps / 10]
   --device D         host (the only one: the compute is plain C++ over host memory) [host]
   --json             print a JSON summary on stdout (progress goes to stderr)
+
+SIGINT, SIGTERM and SIGHUP stop training between steps and remove the swap files (exit status
+128 + the signal's number, e.g. 130 for SIGINT).
 )";
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -242,6 +246,9 @@ int demo_main(const std::vector<std::string>& tokens) {
   const auto run_start = std::chrono::steady_clock::now();
   double stall_before = 0;
   for (std::uint64_t s = 0; s < steps; ++s) {
+    // Between steps nothing is half done; unwinding closes the engine (its requests drain and
+    // its swap files go).
+    throw_if_interrupted();
     const auto t0 = std::chrono::steady_clock::now();
     for (std::size_t l = 0; l < shape.layers; ++l) {
       const cuda::DeviceSpan p = engine.fetch(l);

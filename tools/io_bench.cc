@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -11,6 +12,7 @@
 #include <utility>
 
 #include "bench_io_pattern.h"
+#include "interrupt.h"
 #include "zinf/common/error.h"
 #include "zinf/swap/buffer_pool.h"
 #include "zinf/swap/file.h"
@@ -67,8 +69,14 @@ class IoBench::Runner {
     const bool progress = timed_progress && ::isatty(STDERR_FILENO) != 0;
     auto last_progress = Clock::now();
     const auto start = Clock::now();
+    // On a signal no more requests go out; those in flight complete (their buffers stay
+    // theirs until then), and then the pass stops with Interrupted.
+    bool stopping = false;
     while (completed < total_blocks) {
-      while (!free_slots.empty() && next_block < total_blocks && in_flight < o_.io.queue_depth) {
+      stopping = stopping || interrupted();
+      if (stopping && in_flight == 0) throw_if_interrupted();
+      while (!stopping && !free_slots.empty() && next_block < total_blocks &&
+             in_flight < o_.io.queue_depth) {
         std::size_t si = free_slots.front();
         free_slots.pop_front();
         Slot& s = slots_[si];
@@ -162,12 +170,27 @@ IoBench::IoBench(IoBenchOptions options) : options_(std::move(options)) {
   std::vector<swap::File> files;
   std::uint32_t alignment = 4096;
   for (std::size_t i = 0; i < options_.dirs.size(); ++i) {
-    std::string path = options_.dirs[i] + "/" + options_.file_stem + "." + std::to_string(i) + ".dat";
+    // Each directory opened once; the file is created relative to it, never through a link.
+    swap::Dir dir = swap::Dir::open(options_.dirs[i]);
     swap::FileOptions fo;
-    fo.create = true;
     fo.preallocate_bytes = file_size_;
-    files_.paths.push_back(path);
-    files.push_back(swap::File::open(path, fo));
+    if (options_.keep) {
+      std::string name = swap::unique_name(options_.file_stem + "-") + ".dat";
+      // Recorded before the creation, so that a failed preallocation removes the file; and
+      // forgotten again if the name was taken (then the file is not ours).
+      named_.names.push_back(name);
+      named_.dirs.push_back(std::move(dir));
+      try {
+        files.push_back(swap::File::create_exclusive(named_.dirs.back(), name, fo));
+      } catch (const IoError& e) {
+        if (e.sys_errno() == EEXIST) named_.names.pop_back();
+        if (e.sys_errno() == EEXIST) named_.dirs.pop_back();
+        throw;
+      }
+    } else {
+      files.push_back(swap::File::create_unnamed(
+          dir, options_.file_stem + "." + std::to_string(i) + ".dat", fo));
+    }
     direct_ = direct_ && files.back().is_direct();
     alignment = std::max(alignment, files.back().alignment());
   }
@@ -178,14 +201,27 @@ IoBench::IoBench(IoBenchOptions options) : options_(std::move(options)) {
   }
   runner_ = std::make_unique<Runner>(options_, std::move(files), alignment);
   registered_ = runner_->registered();
-  files_.keep = options_.keep;
 }
 
 IoBench::~IoBench() = default;
 
-IoBench::Files::~Files() {
+IoBench::Named::~Named() {
   if (keep) return;
-  for (const auto& p : paths) std::remove(p.c_str());
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    try {
+      (void)dirs[i].remove_file(names[i]);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "zinf: warning: %s\n", e.what());
+    }
+  }
+}
+
+std::vector<std::string> IoBench::keep_files() {
+  if (!options_.keep) throw UsageError("IoBench::keep_files without options.keep");
+  named_.keep = true;
+  std::vector<std::string> paths;
+  for (std::size_t i = 0; i < named_.names.size(); ++i) paths.push_back(named_.dirs[i].path_of(named_.names[i]));
+  return paths;
 }
 
 IoPassResult IoBench::write(bool progress, const char* label) {

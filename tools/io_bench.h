@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "zinf/swap/dir.h"
 #include "zinf/swap/io_engine.h"
 
 namespace zinf::tools {
@@ -23,8 +24,12 @@ struct IoBenchOptions {
   std::uint64_t buffer_bytes = 0;  ///< pinned memory the requests rotate over; 0: qd x block (fio)
   bool huge_pages = true;          ///< ask for 2 MiB pages for the buffers
   bool verify = true;              ///< check every byte read
-  bool keep = false;               ///< leave the data files in place afterwards
-  std::string file_stem = "zinf-bench-io";  ///< files are DIR/<stem>.<index>.dat
+  /// Give the data files names (<stem>-<pid>-<random>.dat, created exclusively) so that
+  /// keep_files() can leave them in place. Otherwise they have no name at all
+  /// (File::create_unnamed): two runs in one directory never share a file, no link planted in
+  /// a directory is followed, and a killed run leaves nothing behind.
+  bool keep = false;
+  std::string file_stem = "zinf-bench-io";  ///< names them, in messages and when kept
 };
 
 /// One timed pass.
@@ -35,8 +40,8 @@ struct IoPassResult {
   double gbps() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
 };
 
-/// Creates (preallocates) the data files, the engine and the buffer pool at construction and
-/// removes the files in the destructor unless options.keep.
+/// Creates (preallocates) the data files, the engine and the buffer pool at construction. The
+/// files disappear with the bench, unless options.keep and keep_files() was called.
 /// Errors: UsageError for a block size that is not a multiple of a file's direct-I/O
 /// alignment or a size below one block per file; IoError (file, offset, length) for a failed
 /// request; zinf::Error naming file and offset for a verification mismatch.
@@ -54,6 +59,10 @@ class IoBench {
   /// Reads the files back, verifying the last generation written (unless !verify). Needs a
   /// write() before it.
   IoPassResult read(bool progress = false, const char* label = "read");
+  /// With options.keep: leaves the data files in place when the bench is destroyed (call it
+  /// once the run has succeeded: an interrupted or failed run removes them) and returns their
+  /// paths. UsageError without options.keep (the files have no names).
+  std::vector<std::string> keep_files();
 
   const IoBenchOptions& options() const noexcept { return options_; }
   std::string_view engine_name() const;
@@ -68,13 +77,15 @@ class IoBench {
   class Runner;
   IoBenchOptions options_;
   std::uint64_t file_size_ = 0;
-  // Removes the data files when destroyed (after runner_, which closes them), unless keep:
-  // false until the constructor has succeeded, so a failed construction leaves nothing.
-  struct Files {
-    std::vector<std::string> paths;
+  // The names of kept files (options.keep), removed when destroyed (after runner_, which
+  // closes them) unless keep_files() was called. Without options.keep there is nothing to
+  // remove: the files have no names.
+  struct Named {
+    std::vector<swap::Dir> dirs;
+    std::vector<std::string> names;
     bool keep = false;
-    ~Files();
-  } files_;
+    ~Named();
+  } named_;
   bool direct_ = true;
   bool registered_ = false;
   std::uint32_t generation_ = 0;

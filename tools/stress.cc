@@ -3,7 +3,6 @@
 // an NVMe-offloaded optimizer checked bitwise against an in-memory CpuAdam, and layer
 // prefetch passes run at once for --duration; every byte read back is verified, and every
 // injected hard fault (EIO, ENOSPC) must surface as an error of the operation it hit.
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,6 +23,7 @@
 #include "bench_common.h"
 #include "cli_args.h"
 #include "commands.h"
+#include "interrupt.h"
 #include "json_writer.h"
 #include "zinf/common/error.h"
 #include "zinf/common/log.h"
@@ -32,6 +32,8 @@
 #include "zinf/offload/optimizer.h"
 #include "zinf/prefetch/layer_prefetcher.h"
 #include "zinf/swap/buffer_pool.h"
+#include "zinf/swap/dir.h"
+#include "zinf/swap/file.h"
 #include "zinf/swap/fault_injection.h"
 #include "zinf/swap/io_engine.h"
 #include "zinf/swap/swap_store.h"
@@ -62,7 +64,8 @@ every recoverable one must be absorbed with correct data.
   --json             one JSON object on stdout instead of the report
 
 Exit status: 0 if nothing was lost, 1 on any mismatch, unsurfaced hard fault, unexpected error
-or budget overrun, 2 on bad options. See docs/stress.md.
+or budget overrun, 2 on bad options, 128 + the signal's number when SIGINT, SIGTERM or SIGHUP
+ends the soak early (no report then). See docs/stress.md.
 )";
 
 // Self-test, deliberately left out of --help (docs/stress.md): `--plant-corruption` flips
@@ -351,6 +354,9 @@ std::string check(std::span<const std::byte> buf, std::uint32_t uid, std::uint64
 struct Shared {
   const Config* cfg = nullptr;
   Clock::time_point deadline;
+  // Until the deadline, or a signal (the workers then finish their operation in hand and
+  // return; stress_main stops without a report).
+  bool running() const { return Clock::now() < deadline && !interrupted(); }
   std::vector<std::string> store_dirs;  // cfg.dirs, doubled when there is only one
   swap::BufferPool* swap_pool = nullptr;
   std::uint64_t max_tensor = 0;
@@ -407,7 +413,7 @@ class SwapWorker {
   std::string engine_name() const { return std::string(engine_->name()); }
 
   void run() {
-    while (Clock::now() < sh_.deadline) step();
+    while (sh_.running()) step();
     tally_.injected = counts_of(plan_.get());
   }
 
@@ -568,15 +574,18 @@ class SwapWorker {
   // holds one tensor, placed first fit at address 0, so those are that tensor's first bytes.
   void plant(const Key& k) {
     const std::string& path = store_->file_paths().at(0);
-    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0) throw Error("plant-corruption: cannot open " + path + ": " + std::strerror(errno));
+    // Opened relative to its directory, without following a link and only if it is a regular
+    // file: the name is the store's, but what is at it now need not be (zinf may run as root).
+    const std::size_t slash = path.rfind('/');
+    const swap::Dir dir = swap::Dir::open(slash == std::string::npos ? "." : path.substr(0, slash));
+    swap::File file = swap::File::open_existing(dir, path.substr(slash + 1), {.direct = false});
+    const int fd = file.fd();
     unsigned char bytes[64];
     bool ok = ::pread(fd, bytes, sizeof bytes, 0) == static_cast<ssize_t>(sizeof bytes);
     for (auto& b : bytes) b ^= 0x5a;
     ok = ok && ::pwrite(fd, bytes, sizeof bytes, 0) == static_cast<ssize_t>(sizeof bytes);
     ok = ok && ::fdatasync(fd) == 0;
     const int err = errno;
-    ::close(fd);
     if (!ok) throw Error("plant-corruption: cannot rewrite " + path + ": " + std::strerror(err));
     planted = "flipped bytes [0, 64) of " + path + " (tensor " + k.name + ", its bytes [0, 64))";
   }
@@ -637,7 +646,7 @@ class OptimizerWorker {
 
   void run() {
     rebuild();
-    while (Clock::now() < sh_.deadline) step();
+    while (sh_.running()) step();
     tally_.injected = counts_of(plan_.get());
   }
 
@@ -656,6 +665,7 @@ class OptimizerWorker {
   void rebuild() {
     for (int attempt = 0; attempt < 1000 && Clock::now() < sh_.deadline + std::chrono::seconds(5);
          ++attempt) {
+      if (interrupted()) return;  // run() stops too; no report follows
       note_peak();
       opt_.reset();
       opt_ = std::make_unique<offload::OffloadedOptimizer>(opts_, specs_);
@@ -818,7 +828,7 @@ class PrefetchWorker {
 
   void run() {
     for (std::size_t l = 0; l < kLayers; ++l) write_until_done(l);
-    while (Clock::now() < sh_.deadline) {
+    while (sh_.running()) {
       if (tally_.prefetch_passes > 0) write_until_done(static_cast<std::size_t>(rng_() % kLayers));
       segment();
     }
@@ -1059,6 +1069,7 @@ int stress_main(const std::vector<std::string>& tokens) {
     threads.emplace_back([&] { guarded(prefetcher.tally(), "prefetch worker", [&] { prefetcher.run(); }); });
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  throw_if_interrupted();  // a cut-short soak proves nothing: no report, no verdict
 
   Tally t;
   std::string planted;

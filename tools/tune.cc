@@ -25,10 +25,12 @@
 #include "bench_io_pattern.h"
 #include "cli_args.h"
 #include "commands.h"
+#include "interrupt.h"
 #include "json_writer.h"
 #include "tune_checks.h"
 #include "zinf/common/error.h"
 #include "zinf/swap/buffer_pool.h"
+#include "zinf/swap/dir.h"
 #include "zinf/swap/file.h"
 #include "zinf/swap/io_engine.h"
 
@@ -48,11 +50,18 @@ every byte verified), and writes them as a config zinf and DeepSpeed accept.
   --out FILE           write the chosen settings: DeepSpeed "aio" block + "zinf" section
   --report FILE        write the figures (per-dir read/write GB/s, the sweep) as JSON, for
                        `zinf plan --tune FILE`
+                       Both are written whole to a temporary file that is then renamed over
+                       FILE: a reader never sees half of one, and a symbolic link at FILE is
+                       replaced by the file, never followed.
   --json               print the report JSON on stdout instead of the table
   --backends LIST      uring,threads [both where available]
   --block-sizes LIST   [256K,1M,4M]
   --queue-depths LIST  [8,16,32]
   --pinned-budget N    pinned memory the engine will hold, for the memlock check [2G]
+
+The test files have no name (O_TMPFILE, or a random name unlinked at once): nothing is left
+behind however zinf exits, and nothing planted in DIR is opened. SIGINT, SIGTERM and SIGHUP stop
+the sweep without writing --out or --report (exit status 128 + the signal's number).
 
 GB/s means 10^9 bytes per second; the mixed figure counts bytes read plus bytes written.
 )";
@@ -116,23 +125,19 @@ bool has_cap_ipc_lock() {
 }
 
 // The checks run before measuring; each problem is one warning line (also in the report).
-std::vector<std::string> check_setup(const std::vector<std::string>& dirs,
+std::vector<std::string> check_setup(const std::vector<swap::Dir>& dirs,
                                      std::uint64_t pinned_budget, bool* uring_ok,
                                      bool* memlock_ok) {
   std::vector<std::string> w;
   for (const auto& d : dirs) {
-    // A quiet probe: File::open would log its own fallback notice.
-    std::string probe = d + "/.zinf-tune-direct-" + std::to_string(::getpid());
-    int fd = ::open(probe.c_str(), O_CREAT | O_RDWR | O_DIRECT | O_CLOEXEC, 0600);
-    int err = errno;
+    // A quiet probe (File::create_unnamed would log its own fallback notice), without a name:
+    // nothing planted in the directory is opened, and nothing is left if zinf is killed.
+    const int fd = open_unnamed_probe(d, O_DIRECT);
     if (fd >= 0) {
       ::close(fd);
     } else {
-      fd = ::open(probe.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
-      if (fd >= 0) ::close(fd);
-      w.push_back(direct_io_warning(d, fs_type_name(d), err));
+      w.push_back(direct_io_warning(d.path(), fs_type_name(d.path()), -fd));
     }
-    ::unlink(probe.c_str());
   }
   struct rlimit rl {};
   *memlock_ok = true;
@@ -182,19 +187,17 @@ class Workload {
  public:
   /// `register_buffers`: register the buffers with each engine, as the engine does where the
   /// memlock limit allows (where it does not, each refusal would log a notice).
-  Workload(const std::vector<std::string>& dirs, std::uint64_t group_bytes, std::uint64_t groups,
+  /// The files have no name (File::create_unnamed): they vanish with the process, however it
+  /// ends, and no link planted in a directory is followed.
+  Workload(const std::vector<swap::Dir>& dirs, std::uint64_t group_bytes, std::uint64_t groups,
            bool register_buffers)
       : group_bytes_(group_bytes), groups_(groups), register_(register_buffers),
         generation_(groups, 0) {
     const std::uint64_t per_file = (groups + dirs.size() - 1) / dirs.size() * group_bytes;
     for (std::size_t i = 0; i < dirs.size(); ++i) {
-      std::string path = dirs[i] + "/zinf-tune." + std::to_string(i) + ".dat";
-      paths_.push_back(path);
       swap::FileOptions fo;
-      fo.create = true;
-      fo.truncate = true;
       fo.preallocate_bytes = per_file;
-      files_.push_back(swap::File::open(path, fo));
+      files_.push_back(swap::File::create_unnamed(dirs[i], "zinf-tune." + std::to_string(i) + ".dat", fo));
       alignment_ = std::max(alignment_, files_.back().alignment());
       direct_.push_back(files_.back().is_direct());
     }
@@ -208,8 +211,6 @@ class Workload {
   }
   ~Workload() {
     for (auto& b : bufs_) b.reset();
-    files_.clear();
-    for (const auto& p : paths_) std::remove(p.c_str());
   }
   Workload(const Workload&) = delete;
   Workload& operator=(const Workload&) = delete;
@@ -238,6 +239,7 @@ class Workload {
   double mixed_pass(swap::IoEngine& e) {
     const auto start = Clock::now();
     for (std::uint64_t k = 0; k < groups_ + 2; ++k) {
+      throw_if_interrupted();  // nothing in flight here: the last step waited for both
       swap::IoTicket rd, wr;
       if (k < groups_) rd = submit(e, swap::IoOp::kRead, k);
       if (k >= 2) wr = submit(e, swap::IoOp::kWrite, k - 2);
@@ -273,6 +275,7 @@ class Workload {
     for (std::size_t i = 0; i < todo.size(); ++i) {
       std::size_t slot = i % 3;
       if (i >= 3) finish(slot);
+      throw_if_interrupted();  // requests still in flight: the engine's destructor waits
       which[slot] = todo[i];
       if (op == swap::IoOp::kWrite) stamp_in(slot, todo[i], generation_[todo[i]] + 1);
       t[slot] = submit_in(e, op, todo[i], slot);
@@ -303,7 +306,7 @@ class Workload {
   void verify_in(std::size_t slot, std::uint64_t g) {
     std::string err = verify_block(bufs_[slot].span(), file_of(g), offset_of(g), generation_[g]);
     if (!err.empty()) {
-      throw Error("verification failed: " + paths_[file_of(g)] + " offset=" +
+      throw Error("verification failed: " + files_[file_of(g)].path() + " offset=" +
                   std::to_string(offset_of(g)) + " length=" + std::to_string(group_bytes_) + ": " +
                   err);
     }
@@ -313,7 +316,6 @@ class Workload {
   std::uint64_t groups_;
   bool register_;
   std::vector<std::uint32_t> generation_;  // per sub-group: what its bytes on disk carry
-  std::vector<std::string> paths_;
   std::vector<swap::File> files_;
   std::vector<bool> direct_;
   std::uint32_t alignment_ = 4096;
@@ -349,13 +351,6 @@ std::string config_json(const Point& p, bool direct) {
   return buf;
 }
 
-void write_file(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::trunc);
-  f << text;
-  f.close();
-  if (!f) throw Error("cannot write " + path + ": " + std::strerror(errno));
-}
-
 }  // namespace
 
 int tune_main(const std::vector<std::string>& tokens) {
@@ -379,7 +374,8 @@ int tune_main(const std::vector<std::string>& tokens) {
   if (!(budget_s > 0) || budget_s > 86400) {
     throw UsageError("invalid --time-budget: must be between 0 and 86400 seconds");
   }
-  for (const auto& d : dirs) check_dir(d);
+  std::vector<swap::Dir> opened;  // each directory opened once; every file made relative to it
+  for (const auto& d : dirs) opened.push_back(check_dir(d));
   std::vector<std::uint64_t> blocks(std::begin(kDefaultBlocks), std::end(kDefaultBlocks));
   std::vector<std::uint64_t> depths(std::begin(kDefaultDepths), std::end(kDefaultDepths));
   if (!block_list.empty()) blocks = parse_list(block_list, "--block-sizes");
@@ -412,7 +408,7 @@ int tune_main(const std::vector<std::string>& tokens) {
 
   // 1. Checks.
   bool uring_ok = false, memlock_ok = false;
-  std::vector<std::string> warnings = check_setup(dirs, pinned_budget, &uring_ok, &memlock_ok);
+  std::vector<std::string> warnings = check_setup(opened, pinned_budget, &uring_ok, &memlock_ok);
   for (const auto& w : warnings) std::fprintf(stderr, "zinf tune: warning: %s\n", w.c_str());
   if (want_uring && !uring_ok) {
     want_uring = false;
@@ -453,7 +449,7 @@ int tune_main(const std::vector<std::string>& tokens) {
   }
   double calib_gbps = 0;
   {
-    Workload w(dirs, calib_group, kGroupsPerPass, memlock_ok);
+    Workload w(opened, calib_group, kGroupsPerPass, memlock_ok);
     Point def{uring_ok && want_uring ? swap::IoEngineKind::kUring : swap::IoEngineKind::kThreads,
               static_cast<std::uint32_t>(std::min<std::uint64_t>(max_block, 1u << 20)), 16, 16, {}};
     auto e = w.engine(def);
@@ -478,7 +474,7 @@ int tune_main(const std::vector<std::string>& tokens) {
     warnings.push_back(w);
   }
   const std::uint64_t group = group_for(total);
-  Workload w(dirs, group, kGroupsPerPass, memlock_ok);
+  Workload w(opened, group, kGroupsPerPass, memlock_ok);
   if (!json) {
     std::fprintf(stderr, "zinf tune: %zu settings, %s test state in %llu sub-groups of %s, %.0f s budget\n",
                  points.size(), gib(static_cast<double>(w.bytes())).c_str(),
@@ -569,8 +565,10 @@ int tune_main(const std::vector<std::string>& tokens) {
   rates.field("write_gbps", write_gbps);
   rep += "],\"chosen\":" + chosen + "," + rates.str().substr(1) + "}";
 
-  if (!out.empty()) write_file(out, config_json(best, all_direct));
-  if (!report.empty()) write_file(report, rep + "\n");
+  // Nothing written after a signal: the figures of a cut-short sweep are not the answer.
+  throw_if_interrupted();
+  if (!out.empty()) write_output_file(out, config_json(best, all_direct));
+  if (!report.empty()) write_output_file(report, rep + "\n");
   if (json) {
     std::printf("%s\n", rep.c_str());
     return 0;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "interrupt.h"
 #include "zinf/common/error.h"
 #include "zinf/config.h"
 
@@ -69,13 +70,27 @@ int main(int argc, char** argv) {
     }
     if (joined != name) continue;
     std::vector<std::string> rest(args.begin() + static_cast<std::ptrdiff_t>(words), args.end());
+    zinf::tools::install_interrupt_handlers(name);
+    // A signal wins over whatever the command did after it: its figures are partial, and an
+    // error it raised may be the interruption's doing (a drained request, a stopped worker).
+    auto interrupted = [&](int sig) {
+      std::fprintf(stderr, "zinf %.*s: interrupted by %s\n", static_cast<int>(name.size()),
+                   name.data(), zinf::tools::signal_name(sig).c_str());
+      return 128 + sig;
+    };
     try {
-      return c.run(rest);
+      const int status = c.run(rest);
+      if (const int sig = zinf::tools::interrupt_signal(); sig != 0) return interrupted(sig);
+      return status;
+    } catch (const zinf::tools::Interrupted& e) {
+      return interrupted(e.signal);
     } catch (const zinf::UsageError& e) {
+      if (const int sig = zinf::tools::interrupt_signal(); sig != 0) return interrupted(sig);
       std::fprintf(stderr, "zinf %.*s: error: %s\n", static_cast<int>(name.size()), name.data(),
                    e.what());
       return 2;
     } catch (const std::exception& e) {
+      if (const int sig = zinf::tools::interrupt_signal(); sig != 0) return interrupted(sig);
       std::fprintf(stderr, "zinf %.*s: error: %s\n", static_cast<int>(name.size()), name.data(),
                    e.what());
       return 1;

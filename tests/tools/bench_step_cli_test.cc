@@ -3,19 +3,31 @@
 // the JSON keys compare_step.sh reads, and bad arguments are one-line errors with status 2.
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "support/test_dir.h"
+#include "support/tool_process.h"
 #include "support/tool_run.h"
 
 namespace {
 
+using zinf::test::dir_entries;
+using zinf::test::make_victims;
+using zinf::test::plant_links;
+using zinf::test::spawn_tool;
+using zinf::test::ToolEnd;
+using zinf::test::ToolProcess;
+using zinf::test::Victims;
+using zinf::test::victims_changed;
+using zinf::test::wait_tool;
 using zinf::test::run_shell;
 using zinf::test::run_zinf;
 using zinf::test::ToolRun;
@@ -98,6 +110,28 @@ TEST(BenchStepCli, BadArgumentsAreOneLineErrors) {
   r = run_zinf("bench step --dir /nonexistent/zinf-nowhere");
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(r.out, "zinf bench step: error: not a directory: /nonexistent/zinf-nowhere\n");
+}
+
+// A link planted at the name bench step's --reference file used to have: not followed.
+TEST(BenchStepCli, ReferenceFollowsNoLinkPlantedAtItsOldName) {
+  zinf::test::TestDir dir;
+  const std::string work = dir.subdir("work");
+  const Victims v = make_victims(dir.subdir("victims"));
+  const std::vector<std::string> planted = {"zinf-bench-step-ref.0.dat"};
+  plant_links(work, planted, v);
+  ToolRun r = run_zinf("bench step --dir " + work + " --numel 64K --sub-group 16K --steps 2 "
+                       "--reference 1 --json");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(victims_changed(v), "");
+  EXPECT_EQ(dir_entries(work), planted);
+}
+
+TEST(BenchStepCli, SignalsStopTheRunAndLeaveNothingBehind) {
+  zinf::test::TestDir dir;
+  zinf::test::expect_signals_stop_cleanly(
+      ZINF_TOOL_PATH, "bench step",
+      {"--numel", "256K", "--sub-group", "64K", "--steps", "1000000", "--reference", "1000"},
+      dir.path(), 100, 600, true);
 }
 
 }  // namespace

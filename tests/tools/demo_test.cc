@@ -6,22 +6,34 @@
 // arguments are one-line errors with status 2.
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 #include "demo_model.h"
 #include "sha256.h"
 #include "support/test_dir.h"
+#include "support/tool_process.h"
 #include "support/tool_run.h"
 
 namespace {
 
+using zinf::test::dir_entries;
+using zinf::test::make_victims;
+using zinf::test::plant_links;
+using zinf::test::spawn_tool;
+using zinf::test::ToolEnd;
+using zinf::test::ToolProcess;
+using zinf::test::Victims;
+using zinf::test::victims_changed;
+using zinf::test::wait_tool;
 using zinf::test::run_zinf;
 using zinf::test::ToolRun;
 
@@ -158,6 +170,32 @@ TEST(DemoCli, BadArgumentsAreOneLineErrors) {
   r = run_zinf("demo --hiden 8", true);
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.out.find("--hidden"), std::string::npos) << r.out;
+}
+
+// The demo makes no file of its own (its swap files are the library's): a link at the write
+// probe's old name stays untouched all the same.
+TEST(DemoCli, FollowsNoLinkPlantedInItsDirectory) {
+  zinf::test::TestDir dir;
+  const std::string work = dir.subdir("work");
+  const Victims v = make_victims(dir.subdir("victims"));
+  std::vector<std::string> planted;
+  ToolProcess p = spawn_tool(ZINF_TOOL_PATH,
+                             {"demo", "--dir", work, "--steps", "2", "--layers", "2", "--hidden", "64"},
+                             [&](pid_t pid) {
+                               planted = {".zinf-write-probe-" + std::to_string(pid)};
+                               plant_links(work, planted, v);
+                             });
+  const ToolEnd e = wait_tool(p);
+  EXPECT_EQ(e.status, 0) << e.out;
+  EXPECT_EQ(victims_changed(v), "");
+  EXPECT_EQ(dir_entries(work), planted);
+}
+
+TEST(DemoCli, SignalsStopTrainingAndLeaveNothingBehind) {
+  zinf::test::TestDir dir;
+  zinf::test::expect_signals_stop_cleanly(
+      ZINF_TOOL_PATH, "demo", {"--steps", "1000000", "--layers", "2", "--hidden", "128"},
+      dir.path(), 100, 600, true);
 }
 
 }  // namespace

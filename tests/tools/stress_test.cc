@@ -5,19 +5,31 @@
 // without checksums; bad options are one-line errors with status 2.
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "support/test_dir.h"
+#include "support/tool_process.h"
 #include "support/tool_run.h"
 
 namespace {
 
+using zinf::test::dir_entries;
+using zinf::test::make_victims;
+using zinf::test::plant_links;
+using zinf::test::spawn_tool;
+using zinf::test::ToolEnd;
+using zinf::test::ToolProcess;
+using zinf::test::Victims;
+using zinf::test::victims_changed;
+using zinf::test::wait_tool;
 using zinf::test::run_shell;
 using zinf::test::run_zinf;
 using zinf::test::ToolRun;
@@ -109,6 +121,30 @@ TEST(StressCli, BadOptionsAreOneLineErrors) {
   r = run_zinf("stress --budget 1M");
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(r.out, "zinf stress: error: invalid --budget: at least 4M\n");
+}
+
+TEST(StressCli, FollowsNoLinkPlantedAtTheNamesItUsedToUse) {
+  zinf::test::TestDir dir;
+  const std::string work = dir.subdir("work");
+  const Victims v = make_victims(dir.subdir("victims"));
+  std::vector<std::string> planted;
+  ToolProcess p = spawn_tool(ZINF_TOOL_PATH,
+                             {"stress", "--dir", work, "--duration", "300ms", "--workers", "1", "--json"},
+                             [&](pid_t pid) {
+                               planted = {".zinf-write-probe-" + std::to_string(pid)};
+                               plant_links(work, planted, v);
+                             });
+  const ToolEnd e = wait_tool(p);
+  EXPECT_EQ(e.status, 0) << e.out;
+  EXPECT_EQ(victims_changed(v), "");
+  EXPECT_EQ(dir_entries(work), planted);
+}
+
+TEST(StressCli, SignalsStopTheSoakAndLeaveNothingBehind) {
+  zinf::test::TestDir dir;
+  zinf::test::expect_signals_stop_cleanly(ZINF_TOOL_PATH, "stress",
+                                          {"--duration", "60s", "--workers", "1"}, dir.path(), 100,
+                                          600, true);
 }
 
 }  // namespace

@@ -2,23 +2,37 @@
 // `zinf tune` and `zinf plan` as a user runs them: a tiny-budget tune whose --out config
 // parse_config accepts with the chosen values, its report read by `zinf plan --tune`, the
 // memlock warning's exact line, and the one-line errors (exit 2) for bad arguments.
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 #include "support/test_dir.h"
+#include "support/tool_process.h"
 #include "support/tool_run.h"
 #include "zinf/offload/config.h"
 
 namespace {
 
+using zinf::test::dir_entries;
+using zinf::test::make_victims;
+using zinf::test::plant_links;
+using zinf::test::spawn_tool;
+using zinf::test::ToolEnd;
+using zinf::test::ToolProcess;
+using zinf::test::Victims;
+using zinf::test::victims_changed;
+using zinf::test::wait_tool;
 using zinf::test::run_shell;
 using zinf::test::run_zinf;
 using zinf::test::ToolRun;
@@ -127,6 +141,50 @@ TEST(PlanCli, RecommendsAndPrintsTheTable) {
   EXPECT_NE(r.out.find("recommended: zero-2 optimizer=none params=none (GPU 16.6 GB of 20.0"),
             std::string::npos)
       << r.out;
+}
+
+// Links planted at every name tune used to give its files (the fixed test file name, the
+// O_DIRECT and write probes named after its pid) are not followed; a link at the --out name
+// is replaced by the config, never written through.
+TEST(TuneCli, FollowsNoLinkPlantedAtItsNamesAndReplacesALinkAtOut) {
+  zinf::test::TestDir dir;
+  const std::string work = dir.subdir("work");
+  const std::string out_dir = dir.subdir("out");
+  const Victims v = make_victims(dir.subdir("victims"));
+  const Victims out_victim = make_victims(dir.subdir("out-victim"));
+  ASSERT_EQ(::symlink(out_victim.existing.c_str(), (out_dir + "/zinf.json").c_str()), 0);
+  std::vector<std::string> planted;
+  ToolProcess p = spawn_tool(ZINF_TOOL_PATH,
+                             {"tune", "--dir", work, "--time-budget", "2", "--block-sizes", "256K",
+                              "--queue-depths", "8", "--backends", "threads", "--out",
+                              out_dir + "/zinf.json", "--json"},
+                             [&](pid_t pid) {
+                               planted = {"zinf-tune.0.dat",
+                                          ".zinf-tune-direct-" + std::to_string(pid),
+                                          ".zinf-write-probe-" + std::to_string(pid)};
+                               plant_links(work, planted, v);
+                             });
+  const ToolEnd e = wait_tool(p);
+  EXPECT_EQ(e.status, 0) << e.out;
+  EXPECT_EQ(victims_changed(v), "");
+  EXPECT_EQ(victims_changed(out_victim), "");
+  std::sort(planted.begin(), planted.end());
+  EXPECT_EQ(dir_entries(work), planted);
+  struct stat st {};
+  ASSERT_EQ(::lstat((out_dir + "/zinf.json").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode)) << "the link at --out should have been replaced by a file";
+  EXPECT_NE(slurp(out_dir + "/zinf.json").find("\"aio\""), std::string::npos);
+  EXPECT_EQ(dir_entries(out_dir), std::vector<std::string>{"zinf.json"});  // no temporary left
+}
+
+TEST(TuneCli, SignalsStopTheSweepAndLeaveNothingBehind) {
+  zinf::test::TestDir dir;
+  zinf::test::expect_signals_stop_cleanly(
+      ZINF_TOOL_PATH, "tune",
+      // Many settings: the sweep outlasts the delay whatever the drive's speed.
+      {"--time-budget", "60", "--block-sizes", "256K,512K,1M", "--queue-depths", "4,8,16",
+       "--backends", "threads"},
+      dir.path(), 100, 600, false);
 }
 
 }  // namespace

@@ -4,18 +4,30 @@
 // with their JSON.
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 #include "support/test_dir.h"
+#include "support/tool_process.h"
 #include "support/tool_run.h"
 
 namespace {
 
+using zinf::test::dir_entries;
+using zinf::test::make_victims;
+using zinf::test::plant_links;
+using zinf::test::spawn_tool;
+using zinf::test::ToolEnd;
+using zinf::test::ToolProcess;
+using zinf::test::Victims;
+using zinf::test::victims_changed;
+using zinf::test::wait_tool;
 using zinf::test::run_shell;
 using zinf::test::run_zinf;
 using zinf::test::ToolRun;
@@ -269,6 +281,95 @@ TEST(BenchAdamCli, BadIsaExits2) {
   EXPECT_EQ(r.out,
             "zinf bench adam: error: invalid --isa 'avx9': expected auto, avx512bf16, avx512, avx2 "
             "or scalar\n");
+}
+
+// ---- Files of its own only, none left behind -----------------------------------------------
+
+// Links planted at every name bench io used to give its files (the fixed data file name, and
+// the write probe named after the pid, planted once the pid is known but before zinf runs):
+// zinf follows none of them, and leaves the links as they were.
+TEST(BenchIoCli, FollowsNoLinkPlantedAtTheNamesItUsedToUse) {
+  zinf::test::TestDir dir;
+  const std::string work = dir.subdir("work");
+  const Victims v = make_victims(dir.subdir("victims"));
+  std::vector<std::string> planted;
+  ToolProcess p = spawn_tool(ZINF_TOOL_PATH,
+                             {"bench", "io", "--dir", work, "--size", "8M", "--block-size", "256K",
+                              "--loops", "1", "--json"},
+                             [&](pid_t pid) {
+                               planted = {"zinf-bench-io.0.dat",
+                                          ".zinf-write-probe-" + std::to_string(pid)};
+                               plant_links(work, planted, v);
+                             });
+  const ToolEnd e = wait_tool(p);
+  EXPECT_EQ(e.status, 0) << e.out;
+  EXPECT_EQ(victims_changed(v), "");
+  std::sort(planted.begin(), planted.end());
+  EXPECT_EQ(dir_entries(work), planted);
+}
+
+TEST(BenchIoCli, SignalsStopTheRunAndLeaveNothingBehind) {
+  zinf::test::TestDir dir;
+  zinf::test::expect_signals_stop_cleanly(
+      ZINF_TOOL_PATH, "bench io", {"--size", "64M", "--block-size", "256K", "--loops", "100000"},
+      dir.path(), 100, 600, false);
+}
+
+// Two runs in one directory have a file each: both verify every byte. (Sharing one file, the
+// shorter run reads back while the longer one still writes newer generations over it.)
+TEST(BenchIoCli, TwoRunsInOneDirectoryBothVerify) {
+  zinf::test::TestDir dir;
+  std::vector<std::string> args = {"bench", "io", "--dir", dir.path(), "--size", "64M",
+                                   "--block-size", "256K", "--queue-depth", "4",
+                                   "--engine", "threads", "--json", "--loops"};
+  ToolProcess a = spawn_tool(ZINF_TOOL_PATH, [&] { auto v = args; v.push_back("2"); return v; }());
+  ToolProcess b = spawn_tool(ZINF_TOOL_PATH, [&] { auto v = args; v.push_back("8"); return v; }());
+  const ToolEnd ea = wait_tool(a);
+  const ToolEnd eb = wait_tool(b);
+  for (const ToolEnd* e : {&ea, &eb}) {
+    EXPECT_EQ(e->status, 0) << e->out;
+    EXPECT_NE(e->out.find("\"verified\":true"), std::string::npos) << e->out;
+  }
+  EXPECT_TRUE(dir_entries(dir.path()).empty());
+}
+
+// --keep leaves the files under fresh names it prints; a second run never reuses them.
+TEST(BenchIoCli, KeepLeavesFreshlyNamedFiles) {
+  zinf::test::TestDir dir;
+  for (int run = 1; run <= 2; ++run) {
+    ToolRun r = run_zinf("bench io --dir " + dir.path() + " --size 4M --block-size 256K --loops 1 "
+                         "--keep --json");
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_NE(r.out.find("zinf bench io: kept " + dir.path() + "/zinf-bench-io-"),
+              std::string::npos) << r.out;
+    EXPECT_EQ(dir_entries(dir.path()).size(), static_cast<std::size_t>(run));
+  }
+}
+
+TEST(BenchPrefetchCli, FollowsNoLinkPlantedAtTheNamesItUsedToUse) {
+  zinf::test::TestDir dir;
+  const std::string work = dir.subdir("work");
+  const Victims v = make_victims(dir.subdir("victims"));
+  std::vector<std::string> planted;
+  ToolProcess p = spawn_tool(ZINF_TOOL_PATH,
+                             {"bench", "prefetch", "--dir", work, "--layers", "3", "--layer-bytes",
+                              "64K", "--passes", "1", "--json"},
+                             [&](pid_t pid) {
+                               planted = {".zinf-write-probe-" + std::to_string(pid)};
+                               plant_links(work, planted, v);
+                             });
+  const ToolEnd e = wait_tool(p);
+  EXPECT_EQ(e.status, 0) << e.out;
+  EXPECT_EQ(victims_changed(v), "");
+  EXPECT_EQ(dir_entries(work), planted);
+}
+
+TEST(BenchPrefetchCli, SignalsStopTheRunAndLeaveNothingBehind) {
+  zinf::test::TestDir dir;
+  zinf::test::expect_signals_stop_cleanly(
+      ZINF_TOOL_PATH, "bench prefetch",
+      {"--layers", "4", "--layer-bytes", "1M", "--passes", "1000", "--compute-ms", "1"},
+      dir.path(), 100, 600, true);
 }
 
 }  // namespace
