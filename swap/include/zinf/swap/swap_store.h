@@ -36,11 +36,14 @@ struct SwapStoreOptions {
   /// bytes of memory per stripe unit. With it, ranges must cover whole stripe units (see
   /// swap_out_range). false opts out: the store then hands back whatever the file holds.
   bool checksums = true;
-  /// Threads that verify swap_in checksums (0: on the engine's completion thread). Off the
-  /// engine's thread, verification overlaps the reads still in flight; on it, it delays their
-  /// reaping. Measured on the build VM (1 GiB swap_in, uring qd 16, huge-page buffers, median
-  /// of 4 alternating rounds): 3.1 GB/s verifying on the engine's thread, 4.0 with 2 verify
-  /// threads, 4.4 without checksums. One thread checks ~12 GB/s (SSE4.2 CRC32C).
+  /// Threads that verify swap_in checksums and compute swap_out ones (0: verify on the
+  /// engine's completion thread, sum on the submitting thread). Off the engine's thread,
+  /// verification overlaps the reads still in flight; on it, it delays their reaping.
+  /// Measured on the build VM (1 GiB swap_in, uring qd 16, huge-page buffers, median of 4
+  /// alternating rounds): 3.1 GB/s verifying on the engine's thread, 4.0 with 2 verify
+  /// threads, 4.4 without checksums. One thread checks ~12 GB/s (SSE4.2 CRC32C). Summing a
+  /// swap_out here rather than on its submitter frees the submitter at once (the optimizer's
+  /// pipeline thread goes on to the next update; see docs/benchmarks.md).
   std::uint32_t verify_threads = 2;
   /// Open the files with O_DIRECT where the file system allows it (File falls back to
   /// buffered I/O, with one notice, where it does not, e.g. tmpfs).
