@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // SwapStore: tensors by key in a few large preallocated files, one per configured directory
-// (one per NVMe drive), striped so that bandwidth adds up over drives, with optional CRC32C
-// per stripe unit. Asynchronous swap_out/swap_in through a caller-given IoEngine. Part of
-// zinf::swap.
+// (one per NVMe drive), striped so that bandwidth adds up over drives, with a CRC32C per
+// stripe unit (on by default). Asynchronous swap_out/swap_in through a caller-given IoEngine.
+// Part of zinf::swap.
 #pragma once
 
 #include <cstdint>
