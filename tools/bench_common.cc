@@ -58,6 +58,12 @@ offload::DType parse_dtype(const std::string& text, const char* what) {
   throw UsageError(std::string("invalid ") + what + " '" + text + "': expected fp32, bf16 or fp16");
 }
 
+bool parse_on_off(const std::string& text, const char* what) {
+  if (text == "on") return true;
+  if (text == "off") return false;
+  throw UsageError(std::string("invalid ") + what + " '" + text + "': expected on or off");
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());

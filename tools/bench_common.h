@@ -42,6 +42,8 @@ float bench_param(std::size_t i);
 void fill_bench_grads(void* out, std::size_t n, offload::DType dtype);
 /// Parses fp32 | bf16 | fp16; UsageError naming `what` otherwise.
 offload::DType parse_dtype(const std::string& text, const char* what);
+/// Parses on | off; UsageError naming `what` otherwise.
+bool parse_on_off(const std::string& text, const char* what);
 /// The median (the mean of the middle two for an even count); 0 for none.
 double median(std::vector<double> v);
 /// The CPU's model name from /proc/cpuinfo, or "unknown".

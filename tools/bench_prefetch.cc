@@ -54,6 +54,8 @@ Every byte is verified after the timed passes unless --no-verify.
   --copy-gbps X        host device only: host->device copy bandwidth cap in GB/s [0 = none]
   --engine KIND        auto | uring | threads [auto]
   --passes N           timed passes; medians are reported [3]
+  --checksums on|off   CRC32C per stripe of the layers' swap store, verified on every read,
+                       as the library does by default [on]; off measures the cost of that
   --no-verify          skip the final read-back check
   --json               one JSON object on stdout instead of the table
 
@@ -75,6 +77,7 @@ struct Config {
   double copy_gbps = 0;
   swap::IoEngineKind engine = swap::IoEngineKind::kAuto;
   std::uint64_t passes = 3;
+  bool checksums = true;
   bool verify = true;
   bool json = false;
 };
@@ -92,6 +95,7 @@ Config parse(const std::vector<std::string>& tokens, bool* help) {
   c.copy_gbps = a.number("copy-gbps", 0);
   c.engine = swap::parse_io_engine_kind(a.string("engine", "auto"));
   c.passes = a.uint("passes", 3);
+  c.checksums = parse_on_off(a.string("checksums", "on"), "--checksums");
   c.verify = !a.flag("no-verify");
   c.json = a.flag("json");
   a.finish();
@@ -282,6 +286,7 @@ int bench_prefetch_main(const std::vector<std::string>& tokens) {
   so.directories = cfg.dirs;
   const std::uint64_t padded_guess = (cfg.layer_bytes + (1u << 20) - 1) / (1u << 20) * (1u << 20);
   so.capacity_bytes = padded_guess * cfg.layers;
+  so.checksums = cfg.checksums;
   swap::SwapStore store(so, *engine);
   const std::uint64_t padded = store.padded_size(cfg.layer_bytes);
 
@@ -374,6 +379,7 @@ int bench_prefetch_main(const std::vector<std::string>& tokens) {
     j.field("compute_ms", cfg.compute_ms);
     j.field("compute_ms_auto", auto_compute);
     j.field("passes", cfg.passes);
+    j.field("checksums", cfg.checksums);
     j.field("wall_seconds_passes", walls);
     j.field("io_seconds_passes", ios);
     j.field("read_gbps", total_bytes / io_s / 1e9);
@@ -393,13 +399,14 @@ int bench_prefetch_main(const std::vector<std::string>& tokens) {
     std::printf("%s\n", j.str().c_str());
   } else {
     std::printf("zinf bench prefetch: device=%s engine=%.*s layers=%llu layer=%.1f MiB depth=%llu "
-                "compute=%.2f ms/layer%s passes=%llu verify=%s\n",
+                "compute=%.2f ms/layer%s passes=%llu checksums=%s verify=%s\n",
                 std::string(device->name()).c_str(), static_cast<int>(engine->name().size()),
                 engine->name().data(), static_cast<unsigned long long>(cfg.layers),
                 static_cast<double>(cfg.layer_bytes) / (1 << 20),
                 static_cast<unsigned long long>(cfg.depth), cfg.compute_ms,
                 auto_compute ? " (= measured read time)" : "",
-                static_cast<unsigned long long>(cfg.passes), cfg.verify ? "every byte" : "off");
+                static_cast<unsigned long long>(cfg.passes), cfg.checksums ? "on" : "off",
+                cfg.verify ? "every byte" : "off");
     std::printf("%10s %10s %10s %10s %10s %10s %6s %6s\n", "wall s", "compute s", "io s", "stall s",
                 "wall/max", "wall/sum", "hits", "late");
     std::printf("%10.3f %10.3f %10.3f %10.3f %10.3f %10.3f %6llu %6llu\n", wall, compute_s, io_s,

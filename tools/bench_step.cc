@@ -53,7 +53,9 @@ Reports the median step and, for that step count, the median busy time of each s
   --queue-depth N    I/O requests in flight [16]
   --grad-dtype T     fp32 | bf16 | fp16 [fp32]
   --copy-out T       none | bf16 | fp16: also write the low-precision parameters [none]
-  --checksums        CRC32C per stripe of the swap files, verified on every read
+  --checksums on|off CRC32C per stripe of the swap files, computed on every write-back and
+                     verified on every read, as the library does by default [on]; off
+                     measures the cost of that integrity
   --budget N         pinned-memory budget [the ring or the state, whichever the tier needs]
   --reference K      every K timed steps (and after the last), measure what the steps are
                      judged by: one write and one read pass of the state's size through `zinf
@@ -158,7 +160,7 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   const std::uint64_t queue_depth = args.uint("queue-depth", 16);
   const DType grad_dtype = parse_dtype(args.string("grad-dtype", "fp32"), "--grad-dtype");
   const std::string copy_text = args.string("copy-out", "none");
-  const bool checksums = args.flag("checksums");
+  const bool checksums = parse_on_off(args.string("checksums", "on"), "--checksums");
   const std::uint64_t budget = args.size("budget", 0);
   const std::uint64_t reference_every = args.uint("reference", 0);
   const bool json = args.flag("json");
@@ -316,13 +318,13 @@ int bench_step_main(const std::vector<std::string>& tokens) {
     std::printf("%s\n", j.str().c_str());
   } else {
     std::printf("zinf bench step: tier=%s engine=%.*s numel=%llu sub-group=%llu (%llu) depth=%llu "
-                "grad=%s copy-out=%s steps=%llu (median)\n",
+                "grad=%s copy-out=%s checksums=%s steps=%llu (median)\n",
                 std::string(offload::state_tier_name(tier)).c_str(),
                 static_cast<int>(opt.engine_name().size()), opt.engine_name().data(),
                 static_cast<unsigned long long>(numel), static_cast<unsigned long long>(sub_group),
                 static_cast<unsigned long long>(sub_groups), static_cast<unsigned long long>(depth),
                 std::string(offload::dtype_name(grad_dtype)).c_str(), copy_text.c_str(),
-                static_cast<unsigned long long>(steps));
+                checksums ? "on" : "off", static_cast<unsigned long long>(steps));
     std::printf("  %-22s %10.3f s   (%.3f G elements/s)\n", "step", step_med,
                 static_cast<double>(numel) / step_med / 1e9);
     std::printf("  %-22s %10.3f s   (%.2f GB/s over %.2f GB)\n", "read busy", median(read_s),

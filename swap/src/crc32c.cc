@@ -101,9 +101,24 @@ bool hardware_available() noexcept {
 #endif
 }
 
+// AVX-512F and VPCLMULQDQ (libgcc's check of AVX-512 includes the OS saving its state), with
+// SSE4.2 for the short inputs and the final step.
+bool avx512_available() noexcept {
+#if defined(__x86_64__)
+  static const bool available = detail::crc32c_avx512_compiled() && hardware_available() &&
+                                __builtin_cpu_supports("avx512f") &&
+                                __builtin_cpu_supports("vpclmulqdq");
+  return available;
+#else
+  return false;
+#endif
+}
+
 std::uint32_t run(Crc32cImpl impl, std::span<const std::byte> data, std::uint32_t crc) noexcept {
   std::uint32_t state = ~crc;
-  if (impl == Crc32cImpl::kHardware) {
+  if (impl == Crc32cImpl::kAvx512) {
+    state = detail::crc32c_avx512_update(state, data.data(), data.size());
+  } else if (impl == Crc32cImpl::kHardware) {
     state = detail::crc32c_sse42_update(state, data.data(), data.size());
   } else {
     state = detail::crc32c_table_update(state, data.data(), data.size());
@@ -118,15 +133,26 @@ std::uint32_t crc32c(std::span<const std::byte> data, std::uint32_t crc) noexcep
 }
 
 Crc32cImpl crc32c_active_impl() noexcept {
+  if (avx512_available()) return Crc32cImpl::kAvx512;
   return hardware_available() ? Crc32cImpl::kHardware : Crc32cImpl::kTable;
 }
 
 std::string_view crc32c_impl_name(Crc32cImpl impl) noexcept {
-  return impl == Crc32cImpl::kHardware ? "sse4.2" : "table";
+  switch (impl) {
+    case Crc32cImpl::kHardware: return "sse4.2";
+    case Crc32cImpl::kAvx512: return "avx512-vpclmul";
+    case Crc32cImpl::kTable: break;
+  }
+  return "table";
 }
 
 bool crc32c_impl_available(Crc32cImpl impl) noexcept {
-  return impl == Crc32cImpl::kTable || hardware_available();
+  switch (impl) {
+    case Crc32cImpl::kHardware: return hardware_available();
+    case Crc32cImpl::kAvx512: return avx512_available();
+    case Crc32cImpl::kTable: break;
+  }
+  return true;
 }
 
 std::uint32_t crc32c_with(Crc32cImpl impl, std::span<const std::byte> data, std::uint32_t crc) {

@@ -93,6 +93,7 @@ TEST(Config, EmptyObjectGivesDefaults) {
   const EngineConfig c = parse_config("{}");
   expect_same(c, EngineConfig{});
   EXPECT_TRUE(c.notices.empty());
+  EXPECT_TRUE(c.zinf.checksums);  // integrity unless the config opts out
   EXPECT_EQ(c.optimizer.hyper.mode, AdamMode::kAdam);
   EXPECT_EQ(c.param_dtype, DType::kBF16);
 }
@@ -227,11 +228,11 @@ TEST(Config, PrecisionBlocksSetTheParameterDtype) {
 
 TEST(Config, ReadsEveryZinfKey) {
   const EngineConfig c = parse_config(R"({"zinf": {"nvme_paths": ["/a", "/b", "/a"],
-      "pinned_budget_bytes": 1e9, "checksums": true, "backend": "uring", "direct_io": false,
+      "pinned_budget_bytes": 1e9, "checksums": false, "backend": "uring", "direct_io": false,
       "precondition": true, "prefetch_depth": 4, "adam_threads": 8}})");
   EXPECT_EQ(c.zinf.nvme_paths, (std::vector<std::string>{"/a", "/b", "/a"}));
   EXPECT_EQ(c.zinf.pinned_budget_bytes, 1'000'000'000u);
-  EXPECT_TRUE(c.zinf.checksums);
+  EXPECT_FALSE(c.zinf.checksums);  // the opt-out; the default is on
   EXPECT_EQ(c.zinf.backend, swap::IoEngineKind::kUring);
   EXPECT_FALSE(c.zinf.direct_io);
   EXPECT_TRUE(c.zinf.precondition);
@@ -697,6 +698,8 @@ TEST(Config, RoundTripsTheDefaults) {
   const std::string json = config_to_json(defaults);
   const EngineConfig back = parse_config(json);
   expect_same(back, defaults);
+  // The default is written out, so a dumped config keeps verifying its swap files.
+  EXPECT_NE(json.find("\"checksums\": true"), std::string::npos) << json;
   // max_in_cpu is written (so it round-trips) and read with a notice that it has no effect.
   EXPECT_EQ(back.notices, (std::vector<std::string>{
                               "zero_optimization.offload_param.max_in_cpu: accepted without "
@@ -726,7 +729,7 @@ TEST(Config, RoundTripsAConfigWithEveryFieldChanged) {
   c.optimizer.hyper.mode = AdamMode::kAdamW;
   c.zinf.nvme_paths = {"/nvme1", "/nvme2", "/nvme1"};
   c.zinf.pinned_budget_bytes = 3ull << 30;
-  c.zinf.checksums = true;
+  c.zinf.checksums = false;
   c.zinf.backend = swap::IoEngineKind::kThreads;
   c.zinf.direct_io = false;
   c.zinf.precondition = true;

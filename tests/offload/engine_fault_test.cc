@@ -2,8 +2,13 @@
 // OffloadEngine under injected I/O faults: a failed parameter read surfaces at that layer's
 // fetch with key, file, offset and length and a later fetch reads it again; a failed
 // write-back (optimizer state or the parameter copy-out) makes step() throw it and every later
-// call throw EngineFailed quoting it.
+// call throw EngineFailed quoting it. With the default config, a byte flipped in a swap file
+// (optimizer state, or a layer's parameters) is refused as kCorrupt: no fetch returns it, no
+// step trains on it, no checkpoint stores it.
 #include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,8 +16,10 @@
 #include <gtest/gtest.h>
 
 #include "engine_test_util.h"
+#include "support/corrupt_swap_file.h"
 #include "zinf/common/error.h"
 #include "zinf/offload/engine.h"
+#include "zinf/swap/crc32c.h"
 #include "zinf/swap/fault_injection.h"
 
 namespace zinf::offload {
@@ -123,6 +130,134 @@ void expect_write_back_failure(bool param_plan) {
 TEST(OffloadEngineFault, FailedOptimizerWriteBackFailsTheEngine) { expect_write_back_failure(false); }
 
 TEST(OffloadEngineFault, FailedParameterCopyOutFailsTheEngine) { expect_write_back_failure(true); }
+
+// Checks that `e` is a swap store's corruption error caused by `flip` in the one file open
+// under `dir`: kCorrupt, a path under `dir`, the stripe unit's offset and length, and the
+// CRC32C written and read, both recomputed here from the file's bytes.
+void expect_corrupt(const IoError& e, const std::string& dir, const test::FlippedByte& flip) {
+  EXPECT_EQ(e.code(), ErrorCode::kCorrupt) << e.what();
+  const Status& s = e.status();
+  EXPECT_EQ(s.path().rfind(dir + "/", 0), 0u) << s.path();
+  EXPECT_LE(s.offset(), flip.offset);
+  ASSERT_LT(flip.offset, s.offset() + s.length()) << e.what();
+  const std::vector<std::byte> read = test::read_swap_file(dir, s.offset(), s.length());
+  std::vector<std::byte> written = read;
+  written[flip.offset - s.offset()] = flip.before;
+  char crcs[64];
+  std::snprintf(crcs, sizeof crcs, "crc32c written 0x%08x, read 0x%08x", swap::crc32c(written),
+                swap::crc32c(read));
+  const std::string text = e.what();
+  EXPECT_NE(text.find(" failed: " + s.path() + " offset=" + std::to_string(s.offset()) +
+                      " length=" + std::to_string(s.length()) + ": checksum mismatch"),
+            std::string::npos)
+      << text;
+  EXPECT_TRUE(text.ends_with(crcs)) << text << "\nexpected the end: " << crcs;
+}
+
+std::string latest(const std::string& ckpt) {
+  std::ifstream in(ckpt + "/LATEST");
+  std::string name;
+  std::getline(in, name);
+  return name;
+}
+
+// The default config verifies the optimizer state: after a byte of its swap file is flipped,
+// save() refuses (kCorrupt) and LATEST still names the previous checkpoint, which loads back;
+// the next step fails rather than train on it (the corrupt record is read after others were
+// written back, so the engine is failed and refuses every later call quoting the corruption).
+TEST(OffloadEngineFault, DefaultConfigRefusesAnOptimizerStateByteFlippedBetweenSteps) {
+  test::TestDir dir;
+  const std::string ckpt = dir.subdir("ckpt");
+  EngineConfig c = test::engine_config(OffloadDevice::kCpu, OffloadDevice::kNvme, dir);
+  EXPECT_TRUE(c.zinf.checksums) << "integrity is the default";
+  std::vector<std::vector<float>> after1;
+  {
+    EngineRig rig;
+    rig.make(c);
+    rig.init_weights();
+    rig.iteration(1);
+    rig.engine().save(ckpt);
+    after1 = rig.masters();
+    const std::string good = latest(ckpt);
+    rig.iteration(2);
+    const float first_master = rig.masters()[0][0];
+    // Byte 3 of the file: the exponent of layer l0's first master weight (its first record).
+    const auto flip = test::flip_swap_file_byte(c.offload_optimizer.nvme_path, 3);
+    std::uint32_t bits;
+    std::memcpy(&bits, &first_master, 4);
+    ASSERT_EQ(static_cast<std::uint32_t>(flip.before), bits >> 24) << "the flip missed the state";
+    try {
+      rig.engine().save(ckpt);
+      ADD_FAILURE() << "a checkpoint was written from state that failed verification";
+    } catch (const IoError& e) {
+      expect_corrupt(e, c.offload_optimizer.nvme_path, flip);
+    }
+    EXPECT_EQ(latest(ckpt), good);
+    std::string first;
+    try {
+      rig.iteration(3, /*check=*/false);
+      ADD_FAILURE() << "step 3 trained on a corrupt swap file";
+    } catch (const IoError& e) {
+      first = e.what();
+      expect_corrupt(e, c.offload_optimizer.nvme_path, flip);
+    }
+    ASSERT_FALSE(first.empty());
+    for (int call = 0; call < 2; ++call) {
+      try {
+        if (call == 0) {
+          (void)rig.engine().step();
+        } else {
+          rig.engine().save(ckpt);
+        }
+        ADD_FAILURE() << "call " << call << " ran on a failed engine";
+      } catch (const EngineFailed& e) {
+        EXPECT_EQ(e.cause().code(), ErrorCode::kCorrupt);
+        EXPECT_NE(std::string(e.what()).find(first), std::string::npos) << e.what();
+      }
+    }
+    EXPECT_EQ(latest(ckpt), good);
+  }
+  test::TestDir dir2;
+  EngineRig rig;
+  rig.make(test::engine_config(OffloadDevice::kCpu, OffloadDevice::kNvme, dir2));
+  rig.engine().load(ckpt);
+  EXPECT_EQ(rig.engine().stats().last_step.step, 0u);
+  EXPECT_EQ(test::master_diff(rig.masters(), after1), "");
+}
+
+// The default config verifies the parameters: a byte flipped in the parameter swap file is
+// refused at the layer's fetch (kCorrupt naming file, offset and both CRCs), every time, until
+// the layer is rewritten.
+TEST(OffloadEngineFault, DefaultConfigRefusesAParameterByteFlippedBeforeFetch) {
+  test::TestDir dir;
+  EngineRig rig;
+  EngineConfig c = test::engine_config(OffloadDevice::kNvme, OffloadDevice::kCpu, dir);
+  rig.make(c);
+  rig.init_weights();
+  const std::vector<std::uint16_t> want = rig.expected_bits(0);
+  // Layer l0 is the file's first tensor: byte 1 is the sign and exponent of its first element.
+  const auto flip = test::flip_swap_file_byte(c.offload_param.nvme_path, 1);
+  ASSERT_EQ(static_cast<std::uint32_t>(flip.before), want[0] >> 8u) << "the flip missed layer l0";
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    SCOPED_TRACE("attempt " + std::to_string(attempt));
+    try {
+      (void)rig.engine().fetch(0);
+      ADD_FAILURE() << "a corrupt layer was fetched";
+      rig.engine().release(0);
+    } catch (const IoError& e) {
+      expect_corrupt(e, c.offload_param.nvme_path, flip);
+      EXPECT_NE(std::string(e.what()).find("swap_in of key 'l0' failed: "), std::string::npos)
+          << e.what();
+    }
+  }
+  // Rewriting the layer heals it; training goes on.
+  std::vector<float> w(5000);
+  rig.engine().read_master_weights(0, w);
+  rig.engine().set_master_weights(0, w);
+  EXPECT_EQ(rig.fetch_bits(0), want);
+  rig.iteration(1);
+  rig.iteration(2);
+}
 
 }  // namespace
 }  // namespace zinf::offload

@@ -3,8 +3,13 @@
 // write-back throws IoError naming file, offset and length once and then refuses every call
 // with EngineFailed quoting it; a failed read before any write-back leaves the optimizer
 // usable with its state untouched; short writes are resubmitted and nothing is lost; a failed
-// checkpoint save leaves the optimizer usable.
+// checkpoint save leaves the optimizer usable. With the default options, a byte flipped in the
+// swap file between steps fails the step and any save as kCorrupt: never trained on, never
+// checkpointed.
 #include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,9 +17,11 @@
 #include <gtest/gtest.h>
 
 #include "optimizer_test_util.h"
+#include "support/corrupt_swap_file.h"
 #include "support/test_dir.h"
 #include "zinf/common/error.h"
 #include "zinf/offload/optimizer.h"
+#include "zinf/swap/crc32c.h"
 #include "zinf/swap/fault_injection.h"
 #include "zinf/swap/io_engine.h"
 
@@ -30,6 +37,9 @@ using swap::IoOp;
 // (53248 bytes each), embed#2 (1809 elements: 24576), w1#0 (53248), w1#1 ...
 constexpr std::uint64_t kRecordBytes = 53248;
 constexpr std::uint64_t kW1Sub1Offset = 2 * kRecordBytes + 24576 + kRecordBytes;  // 184320
+// The same with checksums (the default): the stripe is one padded record, and records of a
+// stripe start on stripe boundaries, so w1#0 follows embed#2 at 3 x 53248 and w1#1 is at 4 x.
+constexpr std::uint64_t kW1Sub1OffsetWithChecksums = 4 * kRecordBytes;  // 212992
 
 class OptimizerFault : public ::testing::TestWithParam<IoEngineKind> {
  protected:
@@ -43,10 +53,15 @@ class OptimizerFault : public ::testing::TestWithParam<IoEngineKind> {
 
   // An nvme-tier optimizer over one directory whose engine applies `rules`. The swap file is
   // the engine's FileId 0 (the store attaches it first); a checkpoint file is FileId 1.
+  // Checksums off: the record offsets above are the packed layout without them (with them,
+  // records of a stripe or more start on stripe boundaries); these tests are about the I/O
+  // failure paths, which are the same either way (optimizer_fault_test's corruption tests and
+  // swap_store_fault_test cover a failure with checksums on).
   std::unique_ptr<OffloadedOptimizer> make(std::vector<FaultRule> rules) {
     plan_ = std::make_shared<swap::FaultPlan>(std::move(rules), 1);
     OptimizerOptions o;
     o.tier = StateTier::kNvme;
+    o.swap_checksums = false;
     o.sub_group_elements = test::kOddSubGroup;
     o.hyper = test::test_hyper();
     o.io.kind = GetParam();
@@ -56,6 +71,53 @@ class OptimizerFault : public ::testing::TestWithParam<IoEngineKind> {
     auto opt = std::make_unique<OffloadedOptimizer>(o, test::odd_groups());
     test::init_all(*opt);
     return opt;
+  }
+
+  // An nvme-tier optimizer with the default options (integrity on), initialised.
+  std::unique_ptr<OffloadedOptimizer> make_default(const std::string& subdir) {
+    OptimizerOptions o;
+    o.tier = StateTier::kNvme;
+    o.sub_group_elements = test::kOddSubGroup;
+    o.hyper = test::test_hyper();
+    o.io.kind = GetParam();
+    o.directories = {dir_.subdir(subdir)};
+    auto opt = std::make_unique<OffloadedOptimizer>(o, test::odd_groups());
+    test::init_all(*opt);
+    return opt;
+  }
+
+  // Checks that `e` is the swap store's corruption error for `key` caused by `flip`: kCorrupt,
+  // naming the swap file, the offset and length of the stripe unit, and the CRC32C written and
+  // read, both recomputed here from the file's bytes.
+  void expect_corrupt(const IoError& e, const std::string& path, const std::string& subdir,
+                      const std::string& key, const test::FlippedByte& flip) {
+    EXPECT_EQ(e.code(), ErrorCode::kCorrupt) << e.what();
+    EXPECT_EQ(e.status().path(), path);
+    const std::uint64_t offset = e.status().offset();
+    const std::uint64_t length = e.status().length();
+    EXPECT_LE(offset, flip.offset);
+    ASSERT_LT(flip.offset, offset + length) << e.what();
+    const std::vector<std::byte> read = test::read_swap_file(dir_.file(subdir), offset, length);
+    std::vector<std::byte> written = read;
+    written[flip.offset - offset] = flip.before;
+    char crcs[64];
+    std::snprintf(crcs, sizeof crcs, "crc32c written 0x%08x, read 0x%08x", swap::crc32c(written),
+                  swap::crc32c(read));
+    const std::string text = e.what();
+    EXPECT_EQ(text.rfind("swap_in of key '" + key + "' failed: " + path + " offset=" +
+                             std::to_string(offset) + " length=" + std::to_string(length) +
+                             ": checksum mismatch",
+                         0),
+              0u)
+        << text;
+    EXPECT_TRUE(text.ends_with(crcs)) << text << "\nexpected the end: " << crcs;
+  }
+
+  static std::string latest(const std::string& ckpt) {
+    std::ifstream in(ckpt + "/LATEST");
+    std::string name;
+    std::getline(in, name);
+    return name;
   }
 
   static FaultRule on_record(IoOp op, std::uint64_t offset, std::uint64_t first_match) {
@@ -215,6 +277,88 @@ TEST_P(OptimizerFault, FailedCheckpointSaveLeavesTheOptimizerUsable) {
   EXPECT_EQ(test::diff(test::read_all(*opt),
                        test::reference_run(test::odd_groups(), test::test_hyper(), 1, DType::kF32)),
             "");
+}
+
+// The default options keep CRC32C over the state: a byte flipped in the swap file between two
+// steps (here the top byte of embed's first master weight, whose record is read first) fails
+// the next step as kCorrupt before any state is updated. The step does not happen, a retry
+// fails the same way, and a save refuses to checkpoint the bad state: LATEST still names the
+// last good checkpoint, which loads back exactly.
+TEST_P(OptimizerFault, DefaultOptionsRefuseAStateByteFlippedBetweenSteps) {
+  auto opt = make_default("nvme");
+  const std::string path = opt->swap_file_paths()[0];
+  const auto groups = test::odd_groups();
+  test::run_steps(*opt, 1, 1);
+  const std::string ckpt = dir_.file("ckpt");
+  opt->save(ckpt);
+  const std::string good = latest(ckpt);
+  ASSERT_FALSE(good.empty());
+  const test::State after1 = test::read_all(*opt);
+
+  const auto flip = test::flip_swap_file_byte(dir_.file("nvme"), 3);
+  // The byte is embed's first master weight's exponent: what the step would train on.
+  std::uint32_t bits;
+  std::memcpy(&bits, &after1.p[0][0], 4);
+  ASSERT_EQ(static_cast<std::uint32_t>(flip.before), bits >> 24) << "the flip missed the state";
+
+  test::StepGrads sg(groups, 2, DType::kF32);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    SCOPED_TRACE("attempt " + std::to_string(attempt));
+    try {
+      (void)opt->step(sg.views);
+      FAIL() << "step 2 trained on a corrupt swap file";
+    } catch (const IoError& e) {
+      expect_corrupt(e, path, "nvme", "embed#0", flip);
+    }
+    EXPECT_FALSE(opt->failed());  // nothing was written: the step did not happen
+    EXPECT_EQ(opt->step_count(), 1u);
+  }
+  try {
+    opt->save(ckpt);
+    FAIL() << "a checkpoint was written from state that failed verification";
+  } catch (const IoError& e) {
+    expect_corrupt(e, path, "nvme", "embed#0", flip);
+  }
+  EXPECT_EQ(latest(ckpt), good);
+  auto fresh = make_default("nvme2");
+  fresh->load(ckpt);
+  EXPECT_EQ(fresh->step_count(), 1u);
+  EXPECT_EQ(test::diff(test::read_all(*fresh), after1), "");
+  EXPECT_EQ(test::diff(after1, test::reference_run(groups, test::test_hyper(), 1, DType::kF32)), "");
+}
+
+// A corrupt record read after earlier records were written back (w1#1, the fifth record with a
+// ring of 4) leaves a mix of old and new sub-groups: the optimizer is failed, and every later
+// call refuses with EngineFailed quoting the corruption.
+TEST_P(OptimizerFault, DefaultOptionsFailTheOptimizerOnACorruptRecordAfterWriteBacks) {
+  auto opt = make_default("nvme");
+  const std::string path = opt->swap_file_paths()[0];
+  test::run_steps(*opt, 1, 1);
+  const auto flip = test::flip_swap_file_byte(dir_.file("nvme"), kW1Sub1OffsetWithChecksums + 7);
+  test::StepGrads sg(test::odd_groups(), 2, DType::kF32);
+  std::string text;
+  try {
+    (void)opt->step(sg.views);
+    FAIL() << "step 2 trained on a corrupt swap file";
+  } catch (const IoError& e) {
+    text = e.what();
+    expect_corrupt(e, path, "nvme", "w1#1", flip);
+    EXPECT_EQ(e.status().offset(), kW1Sub1OffsetWithChecksums);
+  }
+  EXPECT_TRUE(opt->failed());
+  for (const char* what : {"step", "save"}) {
+    try {
+      if (std::string(what) == "step") {
+        (void)opt->step(sg.views);
+      } else {
+        opt->save(dir_.file("ckpt"));
+      }
+      ADD_FAILURE() << what << " ran on a failed optimizer";
+    } catch (const EngineFailed& e) {
+      EXPECT_EQ(e.cause().code(), ErrorCode::kCorrupt) << what;
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << what << ": " << e.what();
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, OptimizerFault,

@@ -22,6 +22,7 @@ std::span<const std::byte> bytes_of(std::string_view s) {
 std::vector<Crc32cImpl> available_impls() {
   std::vector<Crc32cImpl> out{Crc32cImpl::kTable};
   if (crc32c_impl_available(Crc32cImpl::kHardware)) out.push_back(Crc32cImpl::kHardware);
+  if (crc32c_impl_available(Crc32cImpl::kAvx512)) out.push_back(Crc32cImpl::kAvx512);
   return out;
 }
 
@@ -49,7 +50,10 @@ TEST(Crc32c, DefaultUsesHardwareWhereAvailable) {
 #else
   const bool cpu_has_sse42 = false;
 #endif
-  if (cpu_has_sse42) {
+  if (crc32c_impl_available(Crc32cImpl::kAvx512)) {
+    EXPECT_TRUE(cpu_has_sse42);
+    EXPECT_EQ(crc32c_active_impl(), Crc32cImpl::kAvx512);
+  } else if (cpu_has_sse42) {
     EXPECT_EQ(crc32c_active_impl(), Crc32cImpl::kHardware);
   } else {
     EXPECT_EQ(crc32c_active_impl(), Crc32cImpl::kTable);
@@ -100,6 +104,33 @@ TEST(Crc32c, HardwareMatchesTableOnAllPaths) {
       auto piece = all.subspan(start, len);
       std::uint32_t seed = static_cast<std::uint32_t>(rng());
       ASSERT_EQ(crc32c_with(Crc32cImpl::kHardware, piece, seed),
+                crc32c_with(Crc32cImpl::kTable, piece, seed))
+          << "start " << start << " length " << len;
+    }
+  }
+}
+
+// The folding path takes 256-byte blocks, then 64-byte, then 16-byte ones and hands the rest
+// (and inputs under 256 bytes) to SSE4.2: lengths around each boundary, at odd start offsets
+// and with any incoming register, against the table.
+TEST(Crc32c, Avx512MatchesTableOnAllPaths) {
+  if (!crc32c_impl_available(Crc32cImpl::kAvx512)) GTEST_SKIP() << "no AVX-512 VPCLMULQDQ here";
+  std::mt19937_64 rng(11);
+  std::vector<std::byte> data((1 << 20) + 4096);
+  for (auto& b : data) b = static_cast<std::byte>(rng());
+  std::span<const std::byte> all(data);
+  std::vector<std::size_t> lengths;
+  for (std::size_t base : {0ul, 16ul, 64ul, 256ul, 320ul, 512ul, 4096ul, 12288ul, 65536ul}) {
+    for (std::size_t d = 0; d < 40; ++d) {
+      if (base + d >= 20) lengths.push_back(base + d - 20);
+    }
+  }
+  lengths.push_back(1 << 20);
+  for (std::size_t start : {0ul, 1ul, 3ul, 8ul, 17ul, 63ul}) {
+    for (std::size_t len : lengths) {
+      auto piece = all.subspan(start, len);
+      const std::uint32_t seed = static_cast<std::uint32_t>(rng());
+      ASSERT_EQ(crc32c_with(Crc32cImpl::kAvx512, piece, seed),
                 crc32c_with(Crc32cImpl::kTable, piece, seed))
           << "start " << start << " length " << len;
     }

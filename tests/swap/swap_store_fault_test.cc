@@ -2,10 +2,13 @@
 // SwapStore under faults injected inside each IoEngine backend (FaultPlan): a write's EIO
 // reaches the swap's ticket naming key, file, offset and length, and leaves the key refusing
 // swap_ins until rewritten; read errors leave the store usable; short transfers are resubmitted
-// and the data is exact; a same-key overlap is refused while a swap is held in flight.
+// and the data is exact; a same-key overlap is refused while a swap is held in flight; with
+// the default options, a byte flipped in a swap file is refused as kCorrupt, never returned.
 #include "zinf/swap/swap_store.h"
 
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,9 +16,11 @@
 #include <gtest/gtest.h>
 
 #include "io_test_util.h"
+#include "support/corrupt_swap_file.h"
 #include "support/pattern.h"
 #include "support/test_dir.h"
 #include "zinf/common/error.h"
+#include "zinf/swap/crc32c.h"
 #include "zinf/swap/fault_injection.h"
 #include "zinf/swap/io_engine.h"
 
@@ -202,6 +207,67 @@ TEST_P(SwapStoreFault, SameKeyOverlapRefusedWhileInFlight) {
   store_->swap_in("k", in.span()).wait();
   EXPECT_EQ(check_pattern(in.span(), 4, 0, 1), "");
   store_->release("k");
+}
+
+// Integrity is on by default: a byte changed in the file behind the store's back (a drive's
+// silent error, a stray write) fails the swap_in as kCorrupt naming the file, the offset and
+// both CRCs, and the buffer is not data. The file is found through the open descriptors, not
+// by name (the store may keep it anonymous).
+TEST_P(SwapStoreFault, DefaultOptionsRefuseAByteFlippedInTheFile) {
+  make({}, 1);
+  SwapStoreOptions o;  // only what must be given: integrity is the default's
+  o.directories = {dir_.subdir("default")};
+  o.capacity_bytes = 4 << 20;
+  SwapStore store(o, *engine_);
+  EXPECT_TRUE(store.checksums());
+  const std::uint64_t unit = store.stripe_bytes();
+  const std::uint64_t bytes = 3 * unit;
+  store.allocate("w", bytes);
+  AlignedBuffer out(bytes);
+  fill_pattern(out.span(), 9, 0, 1);
+  store.swap_out("w", out.span()).wait();
+
+  // One file, the tensor at its start: unit 1 is file offset `unit`. Flip one byte inside it.
+  const auto flip = test::flip_swap_file_byte(o.directories[0], unit + 123);
+  ASSERT_EQ(flip.before, out.data()[unit + 123]) << "the flip did not hit the stored tensor";
+  std::vector<std::byte> corrupted(out.data() + unit, out.data() + 2 * unit);
+  corrupted[123] = flip.after;
+  char crcs[64];
+  std::snprintf(crcs, sizeof crcs, "crc32c written 0x%08x, read 0x%08x",
+                crc32c(out.span().subspan(unit, unit)), crc32c(corrupted));
+  const std::string& path = store.file_paths()[0];
+  const std::string where = path + " offset=" + std::to_string(unit) + " length=" + std::to_string(unit);
+
+  AlignedBuffer in(bytes);
+  try {
+    store.swap_in("w", in.span()).wait();
+    FAIL() << "a flipped byte was handed back as data";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCorrupt);
+    EXPECT_EQ(e.status().path(), path);
+    EXPECT_EQ(e.status().offset(), unit);
+    EXPECT_EQ(e.status().length(), unit);
+    EXPECT_EQ(std::string(e.what()),
+              "swap_in of key 'w' failed: " + where + ": checksum mismatch in stripe unit 1 " +
+                  "(tensor offset " + std::to_string(unit) + " length " + std::to_string(unit) +
+                  ", stored at " + where + "): " + crcs);
+  }
+  // A range read verifies too: the untouched unit reads, the flipped one fails again.
+  AlignedBuffer one(unit);
+  store.swap_in_range("w", 0, unit, one.span()).wait();
+  EXPECT_EQ(check_pattern(one.span(), 9, 0, 1), "");
+  try {
+    store.swap_in_range("w", unit, unit, one.span()).wait();
+    FAIL() << "a flipped byte was handed back as data by swap_in_range";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCorrupt);
+    EXPECT_NE(std::string(e.what()).find(crcs), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(store.stats().checksum_failures, 2u);
+  // Rewriting the tensor heals it.
+  store.swap_out("w", out.span()).wait();
+  store.swap_in("w", in.span()).wait();
+  EXPECT_EQ(check_pattern(in.span(), 9, 0, 1), "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, SwapStoreFault, ::testing::ValuesIn(test::all_backends()),

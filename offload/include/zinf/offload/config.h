@@ -66,7 +66,13 @@ struct ZinfSection {
   std::vector<std::string> nvme_paths;
   /// The most pinned host memory the engine holds (optimizer ring + parameter staging).
   std::uint64_t pinned_budget_bytes = std::uint64_t{2} << 30;
-  bool checksums = false;      ///< CRC32C per stripe of every swap file, verified on read
+  /// CRC32C per stripe of every swap file (optimizer state and parameters), verified on every
+  /// read back: a step's state reads, a layer's fetch, a checkpoint save. On by default; a
+  /// mismatch is IoError kCorrupt (file, offset, length, both CRCs) and the data is never
+  /// used. With the nvme parameter tier it rounds sub_group_size up to a multiple of 524288
+  /// elements (each sub-group's copy-out must be whole 1 MiB stripes). Opt out with
+  /// "zinf": {"checksums": false}: a corrupt byte is then trained on, fetched and checkpointed.
+  bool checksums = true;
   swap::IoEngineKind backend = swap::IoEngineKind::kAuto;  ///< "auto" | "uring" | "threads"
   bool direct_io = true;       ///< O_DIRECT where the file system allows it
   bool precondition = false;   ///< write the swap files once at start (faster write-backs)

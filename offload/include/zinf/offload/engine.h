@@ -80,7 +80,12 @@ struct EngineStats {
 /// directory when a drive is too small). I/O failures surface as IoError naming key, file,
 /// offset and length: a failed parameter read at that layer's fetch (retried by the next
 /// fetch); a failed write-back of optimizer state or parameters at step(), after which the
-/// engine is failed and every call throws EngineFailed quoting the first error.
+/// engine is failed and every call throws EngineFailed quoting the first error. With
+/// config.zinf.checksums (the default) bytes read back from a swap file that do not match
+/// their CRC32C are such a failed read, IoError kCorrupt (file, offset, length, both CRCs):
+/// at fetch for a layer; at step() for optimizer state (failed as a read: the step did not
+/// happen if nothing was written yet, else the engine is failed); at save(), which then
+/// writes no checkpoint. Corrupt bytes are never handed out, trained on or saved.
 ///
 /// Threads: one controlling thread (not thread-safe). Internal threads: the I/O engine, the
 /// optimizer pipeline, the device's stream workers.

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // SwapStore: tensors by key in a few large preallocated files, one per configured directory
-// (one per NVMe drive), striped so that bandwidth adds up over drives, with optional CRC32C
-// per stripe unit. Asynchronous swap_out/swap_in through a caller-given IoEngine. Part of
-// zinf::swap.
+// (one per NVMe drive), striped so that bandwidth adds up over drives, with a CRC32C per
+// stripe unit (on by default). Asynchronous swap_out/swap_in through a caller-given IoEngine.
+// Part of zinf::swap.
 #pragma once
 
 #include <cstdint>
@@ -28,13 +28,22 @@ struct SwapStoreOptions {
   /// here reach their bandwidth (shared/BENCHMARKS.md), and IoOptions::block_size's default.
   std::uint32_t stripe_bytes = 1u << 20;
   /// Keep a CRC32C per stripe unit of each tensor: computed on swap_out, verified when a
-  /// swap_in completes. Ranges must then cover whole stripe units (see swap_in_range).
-  bool checksums = false;
-  /// Threads that verify swap_in checksums (0: on the engine's completion thread). Off the
-  /// engine's thread, verification overlaps the reads still in flight; on it, it delays their
-  /// reaping. Measured on the build VM (1 GiB swap_in, uring qd 16, huge-page buffers, median
-  /// of 4 alternating rounds): 3.1 GB/s verifying on the engine's thread, 4.0 with 2 verify
-  /// threads, 4.4 without checksums. One thread checks ~12 GB/s (SSE4.2 CRC32C).
+  /// swap_in (or swap_in_range) completes, before its ticket does. On by default: a byte that
+  /// changed in the file (a drive's silent error, a stray write) then fails the swap_in with
+  /// kCorrupt naming the key, file, offset, length and both CRCs, and is never returned as
+  /// data. Cost: ~1 CRC32C pass over the bytes each way (SSE4.2, ~12 GB/s per thread; swap_in
+  /// verification runs on the verify threads, overlapping the reads still in flight) and 4
+  /// bytes of memory per stripe unit. With it, ranges must cover whole stripe units (see
+  /// swap_out_range). false opts out: the store then hands back whatever the file holds.
+  bool checksums = true;
+  /// Threads that verify swap_in checksums and compute swap_out ones (0: verify on the
+  /// engine's completion thread, sum on the submitting thread). Off the engine's thread,
+  /// verification overlaps the reads still in flight; on it, it delays their reaping.
+  /// Measured on the build VM (1 GiB swap_in, uring qd 16, huge-page buffers, median of 4
+  /// alternating rounds): 3.1 GB/s verifying on the engine's thread, 4.0 with 2 verify
+  /// threads, 4.4 without checksums. One thread checks ~12 GB/s (SSE4.2 CRC32C). Summing a
+  /// swap_out here rather than on its submitter frees the submitter at once (the optimizer's
+  /// pipeline thread goes on to the next update; see docs/benchmarks.md).
   std::uint32_t verify_threads = 2;
   /// Open the files with O_DIRECT where the file system allows it (File falls back to
   /// buffered I/O, with one notice, where it does not, e.g. tmpfs).
