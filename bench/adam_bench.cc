@@ -28,7 +28,7 @@ namespace {
 using zinf::offload::AdamParams;
 using zinf::offload::CopyOut;
 using zinf::offload::CpuAdam;
-using zinf::offload::DType;
+using zinf::DType;
 using zinf::offload::GradView;
 using zinf::offload::Isa;
 using zinf::offload::StreamRmw;

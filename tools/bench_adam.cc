@@ -30,7 +30,6 @@ namespace {
 
 using offload::CopyOut;
 using offload::CpuAdam;
-using offload::DType;
 using offload::GradView;
 using offload::StreamRmw;
 
@@ -161,7 +160,7 @@ int bench_adam_main(const std::vector<std::string>& tokens) {
                  StreamRmw::kBytesPerElement;
   }
   const std::string isa(offload::isa_name(adam.isa()));
-  const std::string gt(offload::dtype_name(grad_dtype));
+  const std::string gt(dtype_name(grad_dtype));
   if (json) {
     JsonWriter j;
     j.field("bench", "adam");

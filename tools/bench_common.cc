@@ -37,24 +37,24 @@ std::uint32_t bench_hash(std::size_t i) { return static_cast<std::uint32_t>(i * 
 
 float bench_param(std::size_t i) { return static_cast<float>(bench_hash(i) % 2001u) / 1000.0f - 1.0f; }
 
-void fill_bench_grads(void* out, std::size_t n, offload::DType dtype) {
+void fill_bench_grads(void* out, std::size_t n, DType dtype) {
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint32_t h = bench_hash(i);
     const float g = (static_cast<float>((h >> 11) % 2001u) / 1000.0f - 1.0f) * 1e-3f + 1e-5f;
-    if (dtype == offload::DType::kF32) {
+    if (dtype == DType::kF32) {
       static_cast<float*>(out)[i] = g;
     } else {
       static_cast<std::uint16_t*>(out)[i] =
-          dtype == offload::DType::kBF16 ? static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(g) >> 16)
+          dtype == DType::kBF16 ? static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(g) >> 16)
                                          : static_cast<std::uint16_t>(0x1400u | (h & 0x83ffu));
     }
   }
 }
 
-offload::DType parse_dtype(const std::string& text, const char* what) {
-  if (text == "fp32") return offload::DType::kF32;
-  if (text == "bf16") return offload::DType::kBF16;
-  if (text == "fp16") return offload::DType::kF16;
+DType parse_dtype(const std::string& text, const char* what) {
+  if (text == "fp32") return DType::kF32;
+  if (text == "bf16") return DType::kBF16;
+  if (text == "fp16") return DType::kF16;
   throw UsageError(std::string("invalid ") + what + " '" + text + "': expected fp32, bf16 or fp16");
 }
 

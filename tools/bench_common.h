@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "zinf/offload/cpu_adam.h"
+#include "zinf/common/dtype.h"
 
 namespace zinf::tools {
 
@@ -38,9 +38,9 @@ class HostArray {
 float bench_param(std::size_t i);
 /// Writes gradients 0..n-1 (around 1e-3) into `out` (n elements of `dtype`). bf16 is truncated
 /// (any value near will do for timing); fp16 is 2^-10 with varying mantissa and sign.
-void fill_bench_grads(void* out, std::size_t n, offload::DType dtype);
+void fill_bench_grads(void* out, std::size_t n, DType dtype);
 /// Parses fp32 | bf16 | fp16; UsageError naming `what` otherwise.
-offload::DType parse_dtype(const std::string& text, const char* what);
+DType parse_dtype(const std::string& text, const char* what);
 /// The median (the mean of the middle two for an even count); 0 for none.
 double median(std::vector<double> v);
 /// The CPU's model name from /proc/cpuinfo, or "unknown".

@@ -28,7 +28,6 @@
 namespace zinf::tools {
 namespace {
 
-using offload::DType;
 using offload::GradView;
 using offload::OffloadedOptimizer;
 using offload::StateTier;
@@ -280,7 +279,7 @@ int bench_step_main(const std::vector<std::string>& tokens) {
     j.field("sub_groups", sub_groups);
     j.field("depth", depth);
     j.field("threads", threads);
-    j.field("grad_dtype", std::string(offload::dtype_name(grad_dtype)));
+    j.field("grad_dtype", std::string(dtype_name(grad_dtype)));
     j.field("copy_out", copy_text);
     j.field("checksums", checksums);
     j.field("steps", steps);
@@ -316,7 +315,7 @@ int bench_step_main(const std::vector<std::string>& tokens) {
                 static_cast<int>(opt.engine_name().size()), opt.engine_name().data(),
                 static_cast<unsigned long long>(numel), static_cast<unsigned long long>(sub_group),
                 static_cast<unsigned long long>(sub_groups), static_cast<unsigned long long>(depth),
-                std::string(offload::dtype_name(grad_dtype)).c_str(), copy_text.c_str(),
+                std::string(dtype_name(grad_dtype)).c_str(), copy_text.c_str(),
                 static_cast<unsigned long long>(steps));
     std::printf("  %-22s %10.3f s   (%.3f G elements/s)\n", "step", step_med,
                 static_cast<double>(numel) / step_med / 1e9);

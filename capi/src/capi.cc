@@ -109,11 +109,11 @@ off::OffloadEngine& engine_of(zinf_engine* engine, const char* function) {
   return *engine->engine;
 }
 
-off::DType dtype_of(zinf_dtype dtype, const char* function) {
+zinf::DType dtype_of(zinf_dtype dtype, const char* function) {
   switch (dtype) {
-    case ZINF_DTYPE_F32: return off::DType::kF32;
-    case ZINF_DTYPE_BF16: return off::DType::kBF16;
-    case ZINF_DTYPE_F16: return off::DType::kF16;
+    case ZINF_DTYPE_F32: return zinf::DType::kF32;
+    case ZINF_DTYPE_BF16: return zinf::DType::kBF16;
+    case ZINF_DTYPE_F16: return zinf::DType::kF16;
   }
   throw zinf::UsageError(std::string(function) + ": unknown dtype " +
                          std::to_string(static_cast<int>(dtype)));
@@ -298,7 +298,7 @@ zinf_status zinf_engine_set_gradients(zinf_engine* engine, size_t layer, const v
     const char* fn = "zinf_engine_set_gradients";
     off::OffloadEngine& e = engine_of(engine, fn);
     require(grads != nullptr, fn, "grads is NULL");
-    const off::DType type = dtype_of(dtype, fn);
+    const zinf::DType type = dtype_of(dtype, fn);
     checked_numel(e, layer, count, fn);
     e.set_gradients(layer, off::GradView{grads, count, type});
   });

@@ -32,8 +32,8 @@ int run() {
     "optimizer": {"type": "Adam", "params": {"lr": 0.01}}
   })";
   const double lr = 0.01;
-  std::vector<off::LayerSpec> layers = {{"embed", 1000, off::DType::kBF16},
-                                        {"head", 300, off::DType::kBF16}};
+  std::vector<off::LayerSpec> layers = {{"embed", 1000, zinf::DType::kBF16},
+                                        {"head", 300, zinf::DType::kBF16}};
   auto device = zinf::cuda::make_device({.kind = zinf::cuda::DeviceKind::kHost});
   zinf::cuda::Stream compute = device->create_stream();
   off::OffloadEngine engine(off::parse_config(kConfig), layers, *device, compute);

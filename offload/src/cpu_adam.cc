@@ -283,15 +283,6 @@ std::string_view isa_name(Isa isa) noexcept {
   return "?";
 }
 
-std::string_view dtype_name(DType dtype) noexcept {
-  switch (dtype) {
-    case DType::kF32: return "fp32";
-    case DType::kBF16: return "bf16";
-    case DType::kF16: return "fp16";
-  }
-  return "?";
-}
-
 std::optional<Isa> parse_isa(std::string_view text, std::string_view what) {
   if (text == "auto") return std::nullopt;
   for (Isa isa : kAllIsas) {

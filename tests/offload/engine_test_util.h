@@ -22,10 +22,10 @@
 namespace zinf::test {
 
 inline std::vector<offload::LayerSpec> engine_layers() {
-  return {{"l0", 5000, offload::DType::kBF16},
-          {"l1", 2 * 2048 + 7, offload::DType::kBF16},
-          {"l2", 300, offload::DType::kF16},
-          {"l3", 4096, offload::DType::kBF16}};
+  return {{"l0", 5000, DType::kBF16},
+          {"l1", 2 * 2048 + 7, DType::kBF16},
+          {"l2", 300, DType::kF16},
+          {"l3", 4096, DType::kBF16}};
 }
 
 inline offload::EngineConfig engine_config(offload::OffloadDevice param, offload::OffloadDevice opt,

@@ -116,17 +116,17 @@ struct StepGrads {
   std::vector<offload::GroupGrads> views;
 
   StepGrads(const std::vector<offload::ParamGroupSpec>& groups, std::uint64_t step,
-            offload::DType dtype) {
+            DType dtype) {
     for (std::size_t g = 0; g < groups.size(); ++g) {
-      if (dtype == offload::DType::kF32) {
+      if (dtype == DType::kF32) {
         f32.push_back(grads_f32(g, step, groups[g].numel));
       } else {
         bf16.push_back(grads_bf16(g, step, groups[g].numel));
       }
     }
     for (std::size_t g = 0; g < groups.size(); ++g) {
-      views.push_back({g, dtype == offload::DType::kF32 ? offload::GradView::f32(f32[g])
-                                                        : offload::GradView::bf16(bf16[g])});
+      views.push_back({g, dtype == DType::kF32 ? offload::GradView::f32(f32[g])
+                                               : offload::GradView::bf16(bf16[g])});
     }
   }
 };
@@ -134,7 +134,7 @@ struct StepGrads {
 /// The reference: CpuAdam on whole in-memory arrays, `steps` steps from the initial state.
 inline State reference_run(const std::vector<offload::ParamGroupSpec>& groups,
                            const offload::AdamParams& hyper, std::uint64_t steps,
-                           offload::DType dtype) {
+                           DType dtype) {
   offload::CpuAdam adam;
   State s;
   for (std::size_t g = 0; g < groups.size(); ++g) {
@@ -162,7 +162,7 @@ inline void init_all(offload::OffloadedOptimizer& opt) {
 
 /// Runs steps [from, to] with the deterministic gradients.
 inline void run_steps(offload::OffloadedOptimizer& opt, std::uint64_t from, std::uint64_t to,
-                      offload::DType dtype = offload::DType::kF32) {
+                      DType dtype = DType::kF32) {
   std::vector<offload::ParamGroupSpec> groups;
   for (std::size_t g = 0; g < opt.group_count(); ++g) groups.push_back(opt.group(g));
   for (std::uint64_t t = from; t <= to; ++t) {
@@ -180,5 +180,7 @@ inline void PrintTo(IoEngineKind kind, std::ostream* os) { *os << io_engine_kind
 }  // namespace zinf::swap
 namespace zinf::offload {
 inline void PrintTo(StateTier tier, std::ostream* os) { *os << state_tier_name(tier); }
-inline void PrintTo(DType dtype, std::ostream* os) { *os << dtype_name(dtype); }
 }  // namespace zinf::offload
+namespace zinf {
+inline void PrintTo(DType dtype, std::ostream* os) { *os << dtype_name(dtype); }
+}  // namespace zinf

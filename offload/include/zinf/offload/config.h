@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "zinf/common/dtype.h"
 #include "zinf/offload/cpu_adam.h"
 #include "zinf/swap/io_engine.h"
 

@@ -14,6 +14,8 @@
 #include <string_view>
 #include <vector>
 
+#include "zinf/common/dtype.h"
+
 namespace zinf::offload {
 
 /// How weight decay enters the update (PyTorch semantics).
@@ -30,13 +32,8 @@ enum class Isa : std::uint8_t {
   kAvx512Bf16,  ///< kAvx512 plus the AVX512-BF16 conversion instruction for bf16 copy-out
 };
 
-/// Element type of a gradient or copy-out buffer. bf16 and fp16 travel as raw uint16 bits.
-enum class DType : std::uint8_t { kF32, kBF16, kF16 };
-
 /// Returns "scalar", "avx2", "avx512" or "avx512bf16".
 std::string_view isa_name(Isa isa) noexcept;
-/// Returns "fp32", "bf16" or "fp16".
-std::string_view dtype_name(DType dtype) noexcept;
 /// Parses an ISA name as isa_name() spells it; "auto" gives std::nullopt. Throws UsageError
 /// naming `what` (e.g. "--isa") and the accepted names for anything else.
 std::optional<Isa> parse_isa(std::string_view text, std::string_view what);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "zinf/common/dtype.h"
 #include "zinf/cuda/device.h"
 #include "zinf/offload/config.h"
 #include "zinf/offload/cpu_adam.h"
