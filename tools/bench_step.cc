@@ -28,7 +28,7 @@
 namespace zinf::tools {
 namespace {
 
-using offload::GradView;
+using adam::GradView;
 using offload::OffloadedOptimizer;
 using offload::StateTier;
 
@@ -76,7 +76,8 @@ time inside the Adam kernel; they overlap, so the step takes about the longest o
 class StepReference {
  public:
   StepReference(const std::vector<std::string>& dirs, std::uint64_t state_bytes, const swap::IoOptions& io,
-                std::size_t numel, const offload::CpuAdamOptions& adam, const GradView& grads, const offload::CopyOut& out)
+                std::size_t numel, const adam::CpuAdamOptions& adam, const GradView& grads,
+                const adam::CopyOut& out)
       : n_(numel), grads_(grads), out_(out), adam_(adam), mem_(numel * 12, "bench step --reference") {
     if (!dirs.empty()) {
       IoBenchOptions bo;
@@ -109,7 +110,7 @@ class StepReference {
     }
   };
 
-  Figures measure(offload::AdamParams hp) {
+  Figures measure(adam::AdamParams hp) {
     Figures f;
     if (io_) {
       f.write_gbps = io_->write().gbps();
@@ -127,8 +128,8 @@ class StepReference {
  private:
   std::size_t n_;
   GradView grads_;
-  offload::CopyOut out_;
-  offload::CpuAdam adam_;
+  adam::CopyOut out_;
+  adam::CpuAdam adam_;
   HostArray mem_;
   std::optional<IoBench> io_;
   std::uint64_t step_ = 0;
@@ -192,7 +193,7 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   o.pipeline_depth = static_cast<std::uint32_t>(depth);
   o.hyper.lr = 1e-3;
   o.hyper.weight_decay = 0.01;
-  o.hyper.mode = offload::AdamMode::kAdamW;
+  o.hyper.mode = adam::AdamMode::kAdamW;
   o.adam.threads = threads;
   o.directories = dirs;
   o.io.kind = engine_kind;
@@ -219,10 +220,10 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   fill_bench_grads(mem.as<std::byte>(n * grad_bytes).data(), n, grad_dtype);
   const GradView grads{mem.as<std::byte>(n * grad_bytes).data(), n, grad_dtype};
   std::unique_ptr<HostArray> out_mem;
-  offload::CopyOut out;
+  adam::CopyOut out;
   if (copy_out) {
     out_mem = std::make_unique<HostArray>(n * 2, "bench step");
-    out = offload::CopyOut{out_mem->as<std::uint16_t>(n).data(), n, copy_dtype, true};
+    out = adam::CopyOut{out_mem->as<std::uint16_t>(n).data(), n, copy_dtype, true};
   }
   const offload::GroupGrads gg{0, grads, out};
 

@@ -264,7 +264,7 @@ int demo_main(const std::vector<std::string>& tokens) {
       device->enqueue_host_work(compute, [&net, l, bits, g] { net.backward_bf16(l, bits, g); });
       engine.release(l);
       device->synchronize(compute);
-      engine.set_gradients(l, offload::GradView::f32(grads[l]));
+      engine.set_gradients(l, adam::GradView::f32(grads[l]));
     }
     engine.step();
     const double step_s = seconds_since(t0);

@@ -67,7 +67,7 @@ int run() {
     for (std::size_t i = 0; i < n; ++i) {
       if (bf16[i] != to_bf16(w[l][i])) ++failures;
     }
-    engine.set_gradients(l, off::GradView::f32(g[l]));
+    engine.set_gradients(l, zinf::adam::GradView::f32(g[l]));
   }
   engine.step();
   for (std::size_t l = 0; l < count; ++l) {

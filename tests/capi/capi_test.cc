@@ -350,7 +350,7 @@ TEST(CApi, RoundTripMatchesTheCppEngine) {
       ASSERT_EQ(zinf_engine_set_gradients(h.e, l, g[l].data(), g[l].size(), ZINF_DTYPE_F32),
                 ZINF_OK)
           << zinf_last_error();
-      cpp.set_gradients(l, off::GradView::f32(g[l]));
+      cpp.set_gradients(l, zinf::adam::GradView::f32(g[l]));
     }
     zinf_step_stats s{};
     ASSERT_EQ(zinf_engine_step(h.e, &s), ZINF_OK) << zinf_last_error();

@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace zinf::offload::detail {
+namespace zinf::adam::detail {
 
 enum class ElemType : std::uint8_t { kF32, kBF16, kF16 };
 
@@ -89,4 +89,4 @@ void adam_kernel_avx512(const KernelArgs& args, std::size_t begin, std::size_t e
 void adam_kernel_avx512bf16(const KernelArgs& args, std::size_t begin, std::size_t end);
 #endif
 
-}  // namespace zinf::offload::detail
+}  // namespace zinf::adam::detail

@@ -2,7 +2,7 @@
 // CpuAdam and StreamRmw: argument checks, the per-call constants (beta powers in double), the
 // run-time choice of kernel (cpuid once at load, overridable by option or ZINF_CPU_ADAM_ISA),
 // and the hand-off of fixed chunks to the pool.
-#include "zinf/offload/cpu_adam.h"
+#include "zinf/adam/cpu_adam.h"
 
 #include <algorithm>
 #include <charconv>
@@ -17,15 +17,15 @@
 
 #include "chunk_pool.h"
 #include "cpu_adam_kernel.h"
+#include "zinf/adam/reference_kernels.h"
 #include "zinf/common/error.h"
 #include "zinf/common/log.h"
-#include "zinf/offload/stream_rmw.h"
 
 #if ZINF_CPU_ADAM_X86
 #include <cpuid.h>
 #endif
 
-namespace zinf::offload {
+namespace zinf::adam {
 namespace {
 
 using detail::ChunkPool;
@@ -449,4 +449,4 @@ void StreamRmw::run(std::span<float> a, std::span<const float> b, float s) {
   impl_->pool.run(a.size(), a.data(), sizeof(float), run_rmw_chunk, &job);
 }
 
-}  // namespace zinf::offload
+}  // namespace zinf::adam

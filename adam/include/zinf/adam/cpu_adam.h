@@ -3,6 +3,8 @@
 // element each step. fp32 master parameters and moments; fp32, bf16 or fp16 gradients; an
 // optional fused bf16/fp16 copy-out of the updated parameters. The instruction set (AVX-512,
 // AVX2+FMA+F16C, scalar) is chosen at run time; results do not depend on the thread count.
+// Part of zinf::adam, a leaf layer on zinf::common only, so that the kernel and what times it
+// need none of the I/O layers.
 #pragma once
 
 #include <cstddef>
@@ -16,7 +18,7 @@
 
 #include "zinf/common/dtype.h"
 
-namespace zinf::offload {
+namespace zinf::adam {
 
 /// How weight decay enters the update (PyTorch semantics).
 enum class AdamMode : std::uint8_t {
@@ -170,4 +172,4 @@ class CpuAdam {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace zinf::offload
+}  // namespace zinf::adam

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <memory>
 
-namespace zinf::offload::detail {
+namespace zinf::adam::detail {
 
 /// Elements per chunk: 64 Ki floats (256 KiB per fp32 array). Large enough that claiming a
 /// chunk (one atomic add) and restarting the hardware prefetch streams cost well under 1% of
@@ -45,4 +45,4 @@ class ChunkPool {
   std::unique_ptr<Pool> pool_;  // null when threads_ == 1
 };
 
-}  // namespace zinf::offload::detail
+}  // namespace zinf::adam::detail

@@ -9,7 +9,7 @@
 
 #include "cpu_adam_kernel.h"
 
-namespace zinf::offload::detail {
+namespace zinf::adam::detail {
 namespace {
 
 std::uint32_t float_bits(float f) {
@@ -127,4 +127,4 @@ void stream_rmw_kernel(float* a, const float* b, float s, std::size_t begin, std
   for (std::size_t i = begin; i < end; ++i) a[i] = a[i] + s * b[i];
 }
 
-}  // namespace zinf::offload::detail
+}  // namespace zinf::adam::detail

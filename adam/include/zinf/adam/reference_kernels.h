@@ -8,7 +8,7 @@
 #include <memory>
 #include <span>
 
-namespace zinf::offload {
+namespace zinf::adam {
 
 /// Runs a[i] = a[i] + s * b[i] over fp32 arrays on a persistent pool.
 class StreamRmw {
@@ -35,4 +35,4 @@ class StreamRmw {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace zinf::offload
+}  // namespace zinf::adam
