@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // ChunkPool: runs an element-wise kernel over [0, n) on a persistent Boost.Asio thread pool.
-// Shared by CpuAdam and StreamRmw. The chunk boundaries depend only on n and the address of
-// the first array, never on the thread count, which is half of why results are bitwise
-// identical whatever the number of threads (the other half is in the kernels).
+// Shared by CpuAdam and the StreamRmw reference kernel. The chunk boundaries depend only on n
+// and the address of the first array, never on the thread count, which is half of why results
+// are bitwise identical whatever the number of threads (the other half is in the kernels).
 #pragma once
 
 #include <cstddef>

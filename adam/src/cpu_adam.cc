@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// CpuAdam and StreamRmw: argument checks, the per-call constants (beta powers in double), the
+// CpuAdam: argument checks, the per-call constants (beta powers in double), the
 // run-time choice of kernel (cpuid once at load, overridable by option or ZINF_CPU_ADAM_ISA),
 // and the hand-off of fixed chunks to the pool.
 #include "zinf/adam/cpu_adam.h"
@@ -17,7 +17,6 @@
 
 #include "chunk_pool.h"
 #include "cpu_adam_kernel.h"
-#include "zinf/adam/reference_kernels.h"
 #include "zinf/common/error.h"
 #include "zinf/common/log.h"
 
@@ -230,17 +229,6 @@ void run_adam_chunk(const void* ctx, std::size_t begin, std::size_t end) {
   job->kernel(job->args, begin, end);
 }
 
-struct RmwJob {
-  float* a;
-  const float* b;
-  float s;
-};
-
-void run_rmw_chunk(const void* ctx, std::size_t begin, std::size_t end) {
-  const auto* job = static_cast<const RmwJob*>(ctx);
-  detail::stream_rmw_kernel(job->a, job->b, job->s, begin, end);
-}
-
 }  // namespace
 
 std::optional<AdamParamsError> check_adam_params(const AdamParams& hp) {
@@ -425,28 +413,6 @@ void CpuAdam::copy_out(std::span<const float> params, CopyOut out) {
     a.out = static_cast<std::byte*>(out.data) + begin * elem;
     impl_->kernel(a, 0, len);
   }
-}
-
-struct StreamRmw::Impl {
-  explicit Impl(std::size_t threads) : pool(threads) {}
-  ChunkPool pool;
-};
-
-StreamRmw::StreamRmw(std::size_t threads) : impl_(std::make_unique<Impl>(threads)) {}
-
-StreamRmw::~StreamRmw() = default;
-
-std::size_t StreamRmw::threads() const noexcept { return impl_->pool.threads(); }
-
-void StreamRmw::run(std::span<float> a, std::span<const float> b, float s) {
-  if (a.size() != b.size()) {
-    throw UsageError("stream rmw: b has " + std::to_string(b.size()) + " elements, a has " +
-                     std::to_string(a.size()));
-  }
-  if (a.empty()) return;
-  if (a.data() == nullptr || b.data() == nullptr) throw UsageError("stream rmw: null array");
-  RmwJob job{a.data(), b.data(), s};
-  impl_->pool.run(a.size(), a.data(), sizeof(float), run_rmw_chunk, &job);
 }
 
 }  // namespace zinf::adam

@@ -82,7 +82,6 @@ void dispatch(const KernelArgs& a, std::size_t begin, std::size_t end) {
 }
 
 void adam_kernel_scalar(const KernelArgs& args, std::size_t begin, std::size_t end);
-void stream_rmw_kernel(float* a, const float* b, float s, std::size_t begin, std::size_t end);
 #if ZINF_CPU_ADAM_X86
 void adam_kernel_avx2(const KernelArgs& args, std::size_t begin, std::size_t end);
 void adam_kernel_avx512(const KernelArgs& args, std::size_t begin, std::size_t end);
