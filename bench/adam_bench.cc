@@ -20,18 +20,18 @@
 #include <string>
 
 #include "native_adam_loop.h"
-#include "zinf/offload/cpu_adam.h"
-#include "zinf/offload/stream_rmw.h"
+#include "zinf/adam/cpu_adam.h"
+#include "zinf/adam/reference_kernels.h"
 
 namespace {
 
-using zinf::offload::AdamParams;
-using zinf::offload::CopyOut;
-using zinf::offload::CpuAdam;
-using zinf::offload::DType;
-using zinf::offload::GradView;
-using zinf::offload::Isa;
-using zinf::offload::StreamRmw;
+using zinf::DType;
+using zinf::adam::AdamParams;
+using zinf::adam::CopyOut;
+using zinf::adam::CpuAdam;
+using zinf::adam::GradView;
+using zinf::adam::Isa;
+using zinf::adam::StreamRmw;
 
 constexpr std::int64_t kLarge = 100'000'000;  // the size: ~2.8 GB moved per step
 constexpr std::int64_t kBytesPerElement = 28;  // p, m, v read+write and an fp32 gradient read
@@ -105,7 +105,7 @@ AdamParams bench_params(std::int64_t step) {
 void BM_CpuAdam(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));
   const auto isa = static_cast<Isa>(state.range(2));
-  if (!zinf::offload::isa_supported(isa)) {
+  if (!zinf::adam::isa_supported(isa)) {
     state.SkipWithError("isa not supported on this machine");
     return;
   }
@@ -128,7 +128,7 @@ void BM_CpuAdam(benchmark::State& state) {
       24 + (grad_dtype == DType::kF32 ? 4 : 2) + (out_code >= 0 ? 2 : 0);
   state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(n));
   state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(n) * bytes);
-  state.SetLabel(std::string(zinf::offload::isa_name(isa)));
+  state.SetLabel(std::string(zinf::adam::isa_name(isa)));
 }
 
 // The memory reference; items/s reported as the Adam bound (bytes/s / 28), bytes/s as moved.

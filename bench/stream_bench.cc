@@ -7,11 +7,11 @@
 #include <cstdint>
 #include <vector>
 
-#include "zinf/offload/stream_rmw.h"
+#include "zinf/adam/reference_kernels.h"
 
 namespace {
 
-using zinf::offload::StreamRmw;
+using zinf::adam::StreamRmw;
 
 void BM_StreamRmw(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));

@@ -22,18 +22,17 @@
 #include "commands.h"
 #include "interrupt.h"
 #include "json_writer.h"
+#include "zinf/adam/cpu_adam.h"
+#include "zinf/adam/reference_kernels.h"
 #include "zinf/common/error.h"
-#include "zinf/offload/cpu_adam.h"
-#include "zinf/offload/stream_rmw.h"
 
 namespace zinf::tools {
 namespace {
 
-using offload::CopyOut;
-using offload::CpuAdam;
-using offload::DType;
-using offload::GradView;
-using offload::StreamRmw;
+using adam::CopyOut;
+using adam::CpuAdam;
+using adam::GradView;
+using adam::StreamRmw;
 
 constexpr const char* kUsage =
     "usage: zinf bench adam [--numel N] [--threads T] [--isa auto|avx512bf16|avx512|avx2|scalar]\n"
@@ -89,7 +88,7 @@ int bench_adam_main(const std::vector<std::string>& tokens) {
       throw UsageError("invalid --copy-out 'fp32': expected none, bf16 or fp16");
     }
   }
-  CpuAdam adam({.threads = threads, .isa = offload::parse_isa(isa_text, "--isa")});
+  CpuAdam adam({.threads = threads, .isa = adam::parse_isa(isa_text, "--isa")});
 
   const std::size_t n = numel;
   const std::size_t grad_bytes = grad_dtype == DType::kF32 ? 4 : 2;
@@ -126,10 +125,10 @@ int bench_adam_main(const std::vector<std::string>& tokens) {
     }
   }
 
-  offload::AdamParams hp;
+  adam::AdamParams hp;
   hp.lr = 1e-3;
   hp.weight_decay = 0.01;
-  hp.mode = offload::AdamMode::kAdamW;
+  hp.mode = adam::AdamMode::kAdamW;
   std::vector<double> adam_s, rmw_s;
   for (std::uint64_t s = 0; s <= steps; ++s) {  // s == 0: untimed warm-up (first touch)
     throw_if_interrupted();
@@ -162,8 +161,8 @@ int bench_adam_main(const std::vector<std::string>& tokens) {
     ratio_best = (best_sec > 0 ? rmw_best / best_sec : 0) * kAdamFp32BytesPerElement /
                  StreamRmw::kBytesPerElement;
   }
-  const std::string isa(offload::isa_name(adam.isa()));
-  const std::string gt(offload::dtype_name(grad_dtype));
+  const std::string isa(adam::isa_name(adam.isa()));
+  const std::string gt(dtype_name(grad_dtype));
   if (json) {
     JsonWriter j;
     j.field("bench", "adam");

@@ -37,24 +37,24 @@ std::uint32_t bench_hash(std::size_t i) { return static_cast<std::uint32_t>(i * 
 
 float bench_param(std::size_t i) { return static_cast<float>(bench_hash(i) % 2001u) / 1000.0f - 1.0f; }
 
-void fill_bench_grads(void* out, std::size_t n, offload::DType dtype) {
+void fill_bench_grads(void* out, std::size_t n, DType dtype) {
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint32_t h = bench_hash(i);
     const float g = (static_cast<float>((h >> 11) % 2001u) / 1000.0f - 1.0f) * 1e-3f + 1e-5f;
-    if (dtype == offload::DType::kF32) {
+    if (dtype == DType::kF32) {
       static_cast<float*>(out)[i] = g;
     } else {
       static_cast<std::uint16_t*>(out)[i] =
-          dtype == offload::DType::kBF16 ? static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(g) >> 16)
+          dtype == DType::kBF16 ? static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(g) >> 16)
                                          : static_cast<std::uint16_t>(0x1400u | (h & 0x83ffu));
     }
   }
 }
 
-offload::DType parse_dtype(const std::string& text, const char* what) {
-  if (text == "fp32") return offload::DType::kF32;
-  if (text == "bf16") return offload::DType::kBF16;
-  if (text == "fp16") return offload::DType::kF16;
+DType parse_dtype(const std::string& text, const char* what) {
+  if (text == "fp32") return DType::kF32;
+  if (text == "bf16") return DType::kBF16;
+  if (text == "fp16") return DType::kF16;
   throw UsageError(std::string("invalid ") + what + " '" + text + "': expected fp32, bf16 or fp16");
 }
 
@@ -87,54 +87,6 @@ std::string kernel_release() {
   struct utsname u {};
   if (::uname(&u) != 0) return "unknown";
   return u.release;
-}
-
-swap::Dir check_dir(const std::string& dir) {
-  if (dir.empty()) throw UsageError("directory does not exist: (empty name)");
-  swap::Dir d;
-  try {
-    d = swap::Dir::open(dir);
-  } catch (const IoError& e) {
-    switch (e.sys_errno()) {
-      case ENOENT: throw UsageError("directory does not exist: " + dir);
-      case ENOTDIR: throw UsageError("not a directory: " + dir);
-      default: throw UsageError("cannot open directory " + dir + ": " + e.what());
-    }
-  }
-  const int fd = open_unnamed_probe(d, 0);
-  if (fd < 0) {
-    throw UsageError("directory is not writable: " + dir + " (" + std::strerror(-fd) + ")");
-  }
-  ::close(fd);
-  return d;
-}
-
-int open_unnamed_probe(const swap::Dir& dir, int extra_flags) {
-  const int base = O_RDWR | O_CLOEXEC | extra_flags;
-  int fd = ::openat(dir.fd(), ".", base | O_TMPFILE | O_EXCL, 0600);
-  if (fd >= 0) return fd;
-  // EOPNOTSUPP, or EISDIR from kernels and file systems that predate O_TMPFILE: fall back to
-  // a name nobody can predict, removed straight away (as File::create_unnamed does).
-  if (errno != EOPNOTSUPP && errno != EISDIR) return -errno;
-  const std::string name = swap::unique_name(".zinf-probe-");
-  fd = ::openat(dir.fd(), name.c_str(), base | O_CREAT | O_EXCL | O_NOFOLLOW, 0600);
-  if (fd < 0) return -errno;
-  if (::unlinkat(dir.fd(), name.c_str(), 0) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return -err;
-  }
-  return fd;
-}
-
-void write_output_file(const std::string& path, std::string_view text) {
-  const std::size_t slash = path.rfind('/');
-  const std::string parent = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
-  if (name.empty() || name == "." || name == "..") {
-    throw UsageError("invalid output file '" + path + "': expected a file name, not a directory");
-  }
-  swap::replace_file_durably(swap::Dir::open(parent), name, text);
 }
 
 std::string fs_type_name(const std::string& dir) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "scratch.h"
 #include "cli_args.h"
 #include "commands.h"
 #include "io_bench.h"

@@ -16,6 +16,7 @@
 
 #include "bench_io_pattern.h"
 #include "bench_common.h"
+#include "scratch.h"
 #include "cli_args.h"
 #include "commands.h"
 #include "interrupt.h"

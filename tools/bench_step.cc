@@ -29,8 +29,7 @@
 namespace zinf::tools {
 namespace {
 
-using offload::DType;
-using offload::GradView;
+using adam::GradView;
 using offload::OffloadedOptimizer;
 using offload::StateTier;
 
@@ -83,7 +82,8 @@ the signal's number, e.g. 130 for SIGINT).
 class StepReference {
  public:
   StepReference(const std::vector<std::string>& dirs, std::uint64_t state_bytes, const swap::IoOptions& io,
-                std::size_t numel, const offload::CpuAdamOptions& adam, const GradView& grads, const offload::CopyOut& out)
+                std::size_t numel, const adam::CpuAdamOptions& adam, const GradView& grads,
+                const adam::CopyOut& out)
       : n_(numel), grads_(grads), out_(out), adam_(adam), mem_(numel * 12, "bench step --reference") {
     if (!dirs.empty()) {
       IoBenchOptions bo;
@@ -116,7 +116,7 @@ class StepReference {
     }
   };
 
-  Figures measure(offload::AdamParams hp) {
+  Figures measure(adam::AdamParams hp) {
     Figures f;
     if (io_) {
       f.write_gbps = io_->write().gbps();
@@ -134,8 +134,8 @@ class StepReference {
  private:
   std::size_t n_;
   GradView grads_;
-  offload::CopyOut out_;
-  offload::CpuAdam adam_;
+  adam::CopyOut out_;
+  adam::CpuAdam adam_;
   HostArray mem_;
   std::optional<IoBench> io_;
   std::uint64_t step_ = 0;
@@ -199,7 +199,7 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   o.pipeline_depth = static_cast<std::uint32_t>(depth);
   o.hyper.lr = 1e-3;
   o.hyper.weight_decay = 0.01;
-  o.hyper.mode = offload::AdamMode::kAdamW;
+  o.hyper.mode = adam::AdamMode::kAdamW;
   o.adam.threads = threads;
   o.directories = dirs;
   o.io.kind = engine_kind;
@@ -226,10 +226,10 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   fill_bench_grads(mem.as<std::byte>(n * grad_bytes).data(), n, grad_dtype);
   const GradView grads{mem.as<std::byte>(n * grad_bytes).data(), n, grad_dtype};
   std::unique_ptr<HostArray> out_mem;
-  offload::CopyOut out;
+  adam::CopyOut out;
   if (copy_out) {
     out_mem = std::make_unique<HostArray>(n * 2, "bench step");
-    out = offload::CopyOut{out_mem->as<std::uint16_t>(n).data(), n, copy_dtype, true};
+    out = adam::CopyOut{out_mem->as<std::uint16_t>(n).data(), n, copy_dtype, true};
   }
   const offload::GroupGrads gg{0, grads, out};
 
@@ -287,7 +287,7 @@ int bench_step_main(const std::vector<std::string>& tokens) {
     j.field("sub_groups", sub_groups);
     j.field("depth", depth);
     j.field("threads", threads);
-    j.field("grad_dtype", std::string(offload::dtype_name(grad_dtype)));
+    j.field("grad_dtype", std::string(dtype_name(grad_dtype)));
     j.field("copy_out", copy_text);
     j.field("checksums", checksums);
     j.field("steps", steps);
@@ -323,7 +323,7 @@ int bench_step_main(const std::vector<std::string>& tokens) {
                 static_cast<int>(opt.engine_name().size()), opt.engine_name().data(),
                 static_cast<unsigned long long>(numel), static_cast<unsigned long long>(sub_group),
                 static_cast<unsigned long long>(sub_groups), static_cast<unsigned long long>(depth),
-                std::string(offload::dtype_name(grad_dtype)).c_str(), copy_text.c_str(),
+                std::string(dtype_name(grad_dtype)).c_str(), copy_text.c_str(),
                 checksums ? "on" : "off", static_cast<unsigned long long>(steps));
     std::printf("  %-22s %10.3f s   (%.3f G elements/s)\n", "step", step_med,
                 static_cast<double>(numel) / step_med / 1e9);

@@ -113,7 +113,7 @@ EngineConfig make_config(const std::string& config_path, const std::string& offl
   if (nvme && !dir_option.empty()) config.zinf.nvme_paths.clear();
   if (!std::isnan(lr)) config.optimizer.hyper.lr = lr;
   if (adam_threads_given) config.zinf.adam_threads = static_cast<std::uint32_t>(adam_threads);
-  if (config.param_dtype != offload::DType::kBF16) {
+  if (config.param_dtype != DType::kBF16) {
     throw UsageError("zinf demo trains bf16 parameters, but the config enables fp16; remove "
                      "\"fp16\" or enable \"bf16\"");
   }
@@ -204,7 +204,7 @@ int demo_main(const std::vector<std::string>& tokens) {
   const std::size_t numel = demo::layer_numel(shape.hidden);
   std::vector<offload::LayerSpec> specs;
   for (std::size_t l = 0; l < shape.layers; ++l) {
-    specs.push_back({"dense" + std::to_string(l), numel, offload::DType::kBF16});
+    specs.push_back({"dense" + std::to_string(l), numel, DType::kBF16});
   }
 
   cuda::DeviceOptions device_options;
@@ -271,7 +271,7 @@ int demo_main(const std::vector<std::string>& tokens) {
       device->enqueue_host_work(compute, [&net, l, bits, g] { net.backward_bf16(l, bits, g); });
       engine.release(l);
       device->synchronize(compute);
-      engine.set_gradients(l, offload::GradView::f32(grads[l]));
+      engine.set_gradients(l, adam::GradView::f32(grads[l]));
     }
     engine.step();
     const double step_s = seconds_since(t0);

@@ -222,7 +222,7 @@ TrainingSet make_training_set(MlpShape shape, std::uint64_t seed) {
 }
 
 ReferenceRun train_reference(MlpShape shape, std::uint64_t seed, std::size_t steps,
-                             offload::AdamParams hyper) {
+                             adam::AdamParams hyper) {
   const std::size_t n = layer_numel(shape.hidden);
   ReferenceRun run;
   run.master.resize(shape.layers);
@@ -238,15 +238,15 @@ ReferenceRun train_reference(MlpShape shape, std::uint64_t seed, std::size_t ste
   Mlp net(shape);
   const TrainingSet data = make_training_set(shape, seed);
   std::copy(data.inputs.begin(), data.inputs.end(), net.input().begin());
-  offload::CpuAdam adam;
+  adam::CpuAdam adam;
   for (std::size_t s = 0; s < steps; ++s) {
     for (std::size_t l = 0; l < shape.layers; ++l) net.forward_bf16(l, low[l]);
     run.losses.push_back(net.loss(data.targets));
     for (std::size_t l = shape.layers; l-- > 0;) net.backward_bf16(l, low[l], grads[l]);
     hyper.step = s + 1;
     for (std::size_t l = 0; l < shape.layers; ++l) {
-      adam.step(hyper, run.master[l], m[l], v[l], offload::GradView::f32(grads[l]),
-                offload::CopyOut::bf16(low[l]));
+      adam.step(hyper, run.master[l], m[l], v[l], adam::GradView::f32(grads[l]),
+                adam::CopyOut::bf16(low[l]));
     }
   }
   return run;

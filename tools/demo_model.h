@@ -12,7 +12,7 @@
 #include <span>
 #include <vector>
 
-#include "zinf/offload/cpu_adam.h"
+#include "zinf/adam/cpu_adam.h"
 
 namespace zinf::tools::demo {
 
@@ -123,6 +123,6 @@ struct ReferenceRun {
 /// forward/backward parameters, as the engine does), `hyper` giving lr, betas etc. (its step
 /// field is set per step, counting from 1). The arithmetic the demo runs through the engine.
 ReferenceRun train_reference(MlpShape shape, std::uint64_t seed, std::size_t steps,
-                             offload::AdamParams hyper);
+                             adam::AdamParams hyper);
 
 }  // namespace zinf::tools::demo

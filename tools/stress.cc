@@ -21,14 +21,15 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "scratch.h"
 #include "cli_args.h"
 #include "commands.h"
 #include "interrupt.h"
 #include "json_writer.h"
+#include "zinf/adam/cpu_adam.h"
 #include "zinf/common/error.h"
 #include "zinf/common/log.h"
 #include "zinf/cuda/device.h"
-#include "zinf/offload/cpu_adam.h"
 #include "zinf/offload/optimizer.h"
 #include "zinf/prefetch/layer_prefetcher.h"
 #include "zinf/swap/buffer_pool.h"
@@ -628,12 +629,12 @@ class OptimizerWorker {
     opts_.pinned_budget_bytes = sh.opt_budget;
     opts_.hyper.lr = 1e-3;
     opts_.hyper.weight_decay = 0.01;
-    opts_.hyper.mode = offload::AdamMode::kAdamW;
+    opts_.hyper.mode = adam::AdamMode::kAdamW;
     opts_.adam.threads = 1;
     opts_.directories = sh.store_dirs;
     opts_.io = io_options(*sh.cfg, plan_);
     opts_.swap_checksums = sh.cfg->checksums;
-    ref_adam_ = std::make_unique<offload::CpuAdam>(opts_.adam);
+    ref_adam_ = std::make_unique<adam::CpuAdam>(opts_.adam);
     for (const auto& s : specs_) {
       p_.emplace_back(s.numel);
       m_.emplace_back(s.numel);
@@ -706,7 +707,7 @@ class OptimizerWorker {
     std::vector<offload::GroupGrads> grads;
     for (std::size_t g = 0; g < specs_.size(); ++g) {
       for (auto& x : g_[g]) x = random_float(-0.05f, 0.05f);
-      grads.push_back({g, offload::GradView::f32(g_[g])});
+      grads.push_back({g, adam::GradView::f32(g_[g])});
     }
     const FaultCounts before = counts_of(plan_.get());
     OpError err;
@@ -720,10 +721,10 @@ class OptimizerWorker {
     ++tally_.opt_steps;
     judge(tally_, "optimizer step " + std::to_string(ref_steps_ + 1), counts_of(plan_.get()) - before, err);
     if (!err.failed) {
-      offload::AdamParams hp = opts_.hyper;
+      adam::AdamParams hp = opts_.hyper;
       hp.step = ++ref_steps_;
       for (std::size_t g = 0; g < specs_.size(); ++g) {
-        ref_adam_->step(hp, p_[g], m_[g], v_[g], offload::GradView::f32(g_[g]));
+        ref_adam_->step(hp, p_[g], m_[g], v_[g], adam::GradView::f32(g_[g]));
       }
     } else if (opt_->failed()) {
       ++tally_.opt_rebuilds;  // a failed write-back: the optimizer refuses work from now on
@@ -787,7 +788,7 @@ class OptimizerWorker {
   std::shared_ptr<swap::FaultPlan> plan_;
   std::vector<offload::ParamGroupSpec> specs_;
   offload::OptimizerOptions opts_;
-  std::unique_ptr<offload::CpuAdam> ref_adam_;
+  std::unique_ptr<adam::CpuAdam> ref_adam_;
   std::vector<std::vector<float>> p_, m_, v_, g_;
   std::vector<float> sp_, sm_, sv_;  // read-back scratch, the largest group's size
   std::uint64_t ref_steps_ = 0;

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "scratch.h"
 #include "bench_io_pattern.h"
 #include "cli_args.h"
 #include "commands.h"

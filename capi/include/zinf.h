@@ -110,7 +110,7 @@ typedef struct zinf_stats {
   double param_read_gbps;
 } zinf_stats;
 
-/** Adam hyper-parameters (zinf::offload::AdamParams, less the step number the engine keeps).
+/** Adam hyper-parameters (zinf::adam::AdamParams, less the step number the engine keeps).
  *  The kernel computes in fp32, so each value must be finite as an fp32 (FLT_MAX is
  *  3.4028235e38; NaN and infinities are refused). */
 typedef struct zinf_adam_params {

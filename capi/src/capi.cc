@@ -21,6 +21,7 @@
 #include "zinf/offload/config.h"
 #include "zinf/offload/engine.h"
 
+namespace adam = zinf::adam;
 namespace off = zinf::offload;
 
 /// The engine handle: the device and compute stream the engine runs on, declared before the
@@ -109,11 +110,11 @@ off::OffloadEngine& engine_of(zinf_engine* engine, const char* function) {
   return *engine->engine;
 }
 
-off::DType dtype_of(zinf_dtype dtype, const char* function) {
+zinf::DType dtype_of(zinf_dtype dtype, const char* function) {
   switch (dtype) {
-    case ZINF_DTYPE_F32: return off::DType::kF32;
-    case ZINF_DTYPE_BF16: return off::DType::kBF16;
-    case ZINF_DTYPE_F16: return off::DType::kF16;
+    case ZINF_DTYPE_F32: return zinf::DType::kF32;
+    case ZINF_DTYPE_BF16: return zinf::DType::kBF16;
+    case ZINF_DTYPE_F16: return zinf::DType::kF16;
   }
   throw zinf::UsageError(std::string(function) + ": unknown dtype " +
                          std::to_string(static_cast<int>(dtype)));
@@ -298,9 +299,9 @@ zinf_status zinf_engine_set_gradients(zinf_engine* engine, size_t layer, const v
     const char* fn = "zinf_engine_set_gradients";
     off::OffloadEngine& e = engine_of(engine, fn);
     require(grads != nullptr, fn, "grads is NULL");
-    const off::DType type = dtype_of(dtype, fn);
+    const zinf::DType type = dtype_of(dtype, fn);
     checked_numel(e, layer, count, fn);
-    e.set_gradients(layer, off::GradView{grads, count, type});
+    e.set_gradients(layer, adam::GradView{grads, count, type});
   });
 }
 
@@ -316,7 +317,7 @@ zinf_status zinf_engine_get_hyper(const zinf_engine* engine, zinf_adam_params* o
     const char* fn = "zinf_engine_get_hyper";
     const off::OffloadEngine& e = engine_of(const_cast<zinf_engine*>(engine), fn);
     require(out != nullptr, fn, "out is NULL");
-    const off::AdamParams h = e.hyper();
+    const adam::AdamParams h = e.hyper();
     zinf_adam_params c{};
     c.lr = h.lr;
     c.beta1 = h.beta1;
@@ -325,7 +326,7 @@ zinf_status zinf_engine_get_hyper(const zinf_engine* engine, zinf_adam_params* o
     c.weight_decay = h.weight_decay;
     c.bias_correction = h.bias_correction ? 1 : 0;
     c.grad_scale = h.grad_scale;
-    c.adamw = h.mode == off::AdamMode::kAdamW ? 1 : 0;
+    c.adamw = h.mode == adam::AdamMode::kAdamW ? 1 : 0;
     *out = c;
   });
 }
@@ -335,7 +336,7 @@ zinf_status zinf_engine_set_hyper(zinf_engine* engine, const zinf_adam_params* p
     const char* fn = "zinf_engine_set_hyper";
     off::OffloadEngine& e = engine_of(engine, fn);
     require(params != nullptr, fn, "params is NULL");
-    off::AdamParams h = e.hyper();  // keeps what the C struct does not carry
+    adam::AdamParams h = e.hyper();  // keeps what the C struct does not carry
     h.lr = params->lr;
     h.beta1 = params->beta1;
     h.beta2 = params->beta2;
@@ -343,10 +344,10 @@ zinf_status zinf_engine_set_hyper(zinf_engine* engine, const zinf_adam_params* p
     h.weight_decay = params->weight_decay;
     h.bias_correction = params->bias_correction != 0;
     h.grad_scale = params->grad_scale;
-    h.mode = params->adamw != 0 ? off::AdamMode::kAdamW : off::AdamMode::kAdam;
+    h.mode = params->adamw != 0 ? adam::AdamMode::kAdamW : adam::AdamMode::kAdam;
     // The engine refuses the same values; checked here too so the message names this function
     // and the C struct's field. Refused before the engine sees them: nothing changes.
-    if (auto bad = off::check_adam_params(h)) {
+    if (auto bad = adam::check_adam_params(h)) {
       throw zinf::UsageError(std::string(fn) + ": params->" + std::string(bad->field) + " " +
                              bad->what);
     }

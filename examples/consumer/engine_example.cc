@@ -32,8 +32,8 @@ int run() {
     "optimizer": {"type": "Adam", "params": {"lr": 0.01}}
   })";
   const double lr = 0.01;
-  std::vector<off::LayerSpec> layers = {{"embed", 1000, off::DType::kBF16},
-                                        {"head", 300, off::DType::kBF16}};
+  std::vector<off::LayerSpec> layers = {{"embed", 1000, zinf::DType::kBF16},
+                                        {"head", 300, zinf::DType::kBF16}};
   auto device = zinf::cuda::make_device({.kind = zinf::cuda::DeviceKind::kHost});
   zinf::cuda::Stream compute = device->create_stream();
   off::OffloadEngine engine(off::parse_config(kConfig), layers, *device, compute);
@@ -67,7 +67,7 @@ int run() {
     for (std::size_t i = 0; i < n; ++i) {
       if (bf16[i] != to_bf16(w[l][i])) ++failures;
     }
-    engine.set_gradients(l, off::GradView::f32(g[l]));
+    engine.set_gradients(l, zinf::adam::GradView::f32(g[l]));
   }
   engine.step();
   for (std::size_t l = 0; l < count; ++l) {

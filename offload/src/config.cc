@@ -625,7 +625,7 @@ void parse_optimizer(const Block& block, OptimizerConfig& out) {
     block.fail("type", shown(*block.find("type")) + " is not supported; zinf's CPU optimizer "
                                                     "implements \"Adam\" and \"AdamW\"");
   }
-  AdamParams& hp = out.hyper;
+  adam::AdamParams& hp = out.hyper;
   // DeepSpeed: "Adam" means decoupled decay unless params.adam_w_mode is false; "AdamW" always.
   bool adam_w_mode = true;
   if (const auto params = block.child("params")) {
@@ -645,14 +645,14 @@ void parse_optimizer(const Block& block, OptimizerConfig& out) {
     params->read_number("weight_decay", hp.weight_decay);
     // The optimizer's own check (shared with set_hyper and the C API), so a config cannot
     // hold a value the first step would refuse; its field names are the config's keys.
-    if (auto bad = check_adam_params(hp)) params->fail(bad->field, bad->what);
+    if (auto bad = adam::check_adam_params(hp)) params->fail(bad->field, bad->what);
     params->read_bool("bias_correction", hp.bias_correction);
     params->read_bool("adam_w_mode", adam_w_mode);
     bool amsgrad = false;
     params->read_bool("amsgrad", amsgrad);
     if (amsgrad) params->fail("amsgrad", "true is not supported by zinf's CPU Adam");
   }
-  hp.mode = (name == "adamw" || adam_w_mode) ? AdamMode::kAdamW : AdamMode::kAdam;
+  hp.mode = (name == "adamw" || adam_w_mode) ? adam::AdamMode::kAdamW : adam::AdamMode::kAdam;
 }
 
 // bf16 / bfloat16 / fp16: {"enabled": bool, ...}; returns whether enabled.
@@ -779,7 +779,7 @@ EngineConfig parse_config(std::string_view json, std::string_view source) {
   if (const auto optimizer = top.child("optimizer")) {
     parse_optimizer(*optimizer, config.optimizer);
   } else {
-    config.optimizer.hyper.mode = AdamMode::kAdam;  // no block: torch.optim.Adam's defaults
+    config.optimizer.hyper.mode = adam::AdamMode::kAdam;  // no block: torch.optim.Adam's defaults
   }
 
   if (top.find("bf16") != nullptr && top.find("bfloat16") != nullptr) {
@@ -893,16 +893,16 @@ std::string config_to_json(const EngineConfig& c) {
   aio["overlap_events"] = c.aio.overlap_events;
   aio["use_gds"] = c.aio.use_gds;
 
-  const AdamParams& hp = c.optimizer.hyper;
+  const adam::AdamParams& hp = c.optimizer.hyper;
   Json& optimizer = root["optimizer"];
-  optimizer["type"] = hp.mode == AdamMode::kAdamW ? "AdamW" : "Adam";
+  optimizer["type"] = hp.mode == adam::AdamMode::kAdamW ? "AdamW" : "Adam";
   Json& params = optimizer["params"];
   params["lr"] = hp.lr;
   params["betas"] = Json::array({hp.beta1, hp.beta2});
   params["eps"] = hp.eps;
   params["weight_decay"] = hp.weight_decay;
   params["bias_correction"] = hp.bias_correction;
-  params["adam_w_mode"] = hp.mode == AdamMode::kAdamW;
+  params["adam_w_mode"] = hp.mode == adam::AdamMode::kAdamW;
 
   root["bf16"]["enabled"] = c.param_dtype == DType::kBF16;
   root["fp16"]["enabled"] = c.param_dtype == DType::kF16;

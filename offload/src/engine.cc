@@ -139,7 +139,7 @@ struct OffloadEngine::Impl {
   OffloadDevice otier;
   std::uint64_t sub_group = 0;
   std::uint64_t param_pinned = 0;  // pinned bytes of the parameter tier (staging or copies)
-  CpuAdam convert;                 // the kernel's own conversion for copies from the masters
+  adam::CpuAdam convert;           // the kernel's own conversion for copies from the masters
 
   // The pool and its registration before the leases and buffers that use them (destroyed
   // after them).
@@ -180,7 +180,7 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
       compute(s),
       ptier(config.offload_param.device),
       otier(config.offload_optimizer.device),
-      convert(CpuAdamOptions{1, std::nullopt}) {
+      convert(adam::CpuAdamOptions{1, std::nullopt}) {
   // ---- Validation: everything the config and the layers can contradict, before any file.
   check_config(config, "OffloadEngine");
   if (layers.empty()) throw UsageError("OffloadEngine: no layers");
@@ -551,7 +551,7 @@ void OffloadEngine::release(std::size_t index) {
   st.fetched = false;
 }
 
-void OffloadEngine::set_gradients(std::size_t index, GradView grads) {
+void OffloadEngine::set_gradients(std::size_t index, adam::GradView grads) {
   Impl& m = *impl_;
   m.check_usable();
   Impl::Layer& st = m.layer_at(index, "set_gradients");
@@ -581,11 +581,13 @@ void OffloadEngine::set_gradients(std::size_t index, GradView grads) {
   switch (m.ptier) {
     case OffloadDevice::kNone:
       st.host_read.synchronize();  // the last refresh has read the host copy
-      m.optimizer->step_group(index, grads, CopyOut{st.host.data(), n, spec.param_dtype, true});
+      m.optimizer->step_group(index, grads,
+                              adam::CopyOut{st.host.data(), n, spec.param_dtype, true});
       break;
     case OffloadDevice::kCpu:
       st.host_read.synchronize();  // the last fetch's copy has read the pinned copy
-      m.optimizer->step_group(index, grads, CopyOut{st.pinned.data(), n, spec.param_dtype, true});
+      m.optimizer->step_group(index, grads,
+                              adam::CopyOut{st.pinned.data(), n, spec.param_dtype, true});
       ++st.version;  // device buffers holding the old bytes are stale from now on
       break;
     case OffloadDevice::kNvme:
@@ -668,13 +670,13 @@ StepStats OffloadEngine::step() {
   return st;
 }
 
-void OffloadEngine::set_hyper(const AdamParams& hyper) {
+void OffloadEngine::set_hyper(const adam::AdamParams& hyper) {
   impl_->check_usable();
   if (impl_->step_open) throw UsageError("OffloadEngine::set_hyper inside a step (call step() first)");
   impl_->optimizer->set_hyper(hyper);
 }
 
-AdamParams OffloadEngine::hyper() const { return impl_->optimizer->hyper(); }
+adam::AdamParams OffloadEngine::hyper() const { return impl_->optimizer->hyper(); }
 
 void OffloadEngine::save(const std::string& dir) {
   check_checkpoint_dir(dir, "OffloadEngine::save");

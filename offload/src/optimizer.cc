@@ -63,13 +63,13 @@ double union_seconds(std::vector<std::pair<OptClock::time_point, OptClock::time_
 
 std::size_t dtype_bytes(DType d) { return d == DType::kF32 ? 4 : 2; }
 
-GradView slice(const GradView& g, std::uint64_t offset, std::uint64_t n) {
+adam::GradView slice(const adam::GradView& g, std::uint64_t offset, std::uint64_t n) {
   const auto* base = static_cast<const std::byte*>(g.data);
   return {base + offset * dtype_bytes(g.dtype), n, g.dtype};
 }
 
-CopyOut slice(const CopyOut& o, std::uint64_t offset, std::uint64_t n) {
-  if (!o.enabled) return CopyOut::none();
+adam::CopyOut slice(const adam::CopyOut& o, std::uint64_t offset, std::uint64_t n) {
+  if (!o.enabled) return adam::CopyOut::none();
   auto* base = static_cast<std::byte*>(o.data);
   return {base + offset * dtype_bytes(o.dtype), n, o.dtype, true};
 }
@@ -228,8 +228,8 @@ void check_checkpoint_dir(const std::string& dir, const char* function) {
 
 }  // namespace
 
-void validate_hyper(const AdamParams& hp) {
-  if (auto bad = check_adam_params(hp)) {
+void validate_hyper(const adam::AdamParams& hp) {
+  if (auto bad = adam::check_adam_params(hp)) {
     throw UsageError("OffloadedOptimizer: " + std::string(bad->field) + " " + bad->what);
   }
 }
@@ -465,7 +465,7 @@ bool OffloadedOptimizer::Impl::io_idle() const {
          std::none_of(out_slots.begin(), out_slots.end(), [](const OutSlot& s) { return s.writing; });
 }
 
-void OffloadedOptimizer::Impl::compute(const AdamParams& hp, const Task& t, std::byte* base) {
+void OffloadedOptimizer::Impl::compute(const adam::AdamParams& hp, const Task& t, std::byte* base) {
   const Record& rec = records[t.record];
   adam.step(hp, params_of(base, rec.numel), m_of(base, rec.numel), v_of(base, rec.numel),
             t.grads, t.out);
@@ -564,7 +564,7 @@ void OffloadedOptimizer::Impl::pipeline_main() {
         task.out = {out_staging[oi].data(), static_cast<std::size_t>(records[task.record].numel),
                     task.store_out->dtype, true};
       }
-      const AdamParams hp = run.hp;
+      const adam::AdamParams hp = run.hp;
       const Record& rec = records[task.record];
       const std::size_t si = nvme() ? c % depth : 0;
       ++c;
@@ -670,9 +670,9 @@ const ParamGroupSpec& OffloadedOptimizer::group(std::size_t index) const {
 
 StateTier OffloadedOptimizer::tier() const noexcept { return impl_->options.tier; }
 std::uint64_t OffloadedOptimizer::step_count() const noexcept { return impl_->steps_done; }
-const AdamParams& OffloadedOptimizer::hyper() const noexcept { return impl_->hyper; }
+const adam::AdamParams& OffloadedOptimizer::hyper() const noexcept { return impl_->hyper; }
 
-void OffloadedOptimizer::set_hyper(const AdamParams& hyper) {
+void OffloadedOptimizer::set_hyper(const adam::AdamParams& hyper) {
   impl_->check_idle("set_hyper");
   validate_hyper(hyper);
   impl_->hyper = hyper;
@@ -772,8 +772,9 @@ void OffloadedOptimizer::begin_step() {
   ++im.steps_done;
 }
 
-void OffloadedOptimizer::Impl::validate_group_grads(std::size_t group_index, const GradView& grads,
-                                                    const CopyOut& out) const {
+void OffloadedOptimizer::Impl::validate_group_grads(std::size_t group_index,
+                                                    const adam::GradView& grads,
+                                                    const adam::CopyOut& out) const {
   if (group_index >= groups.size()) {
     throw UsageError("OffloadedOptimizer: group " + std::to_string(group_index) +
                      " out of range (" + std::to_string(groups.size()) + " groups)");
@@ -795,15 +796,16 @@ void OffloadedOptimizer::Impl::validate_group_grads(std::size_t group_index, con
   }
 }
 
-void OffloadedOptimizer::step_group(std::size_t group_index, GradView grads, CopyOut out) {
+void OffloadedOptimizer::step_group(std::size_t group_index, adam::GradView grads,
+                                    adam::CopyOut out) {
   Impl& im = *impl_;
   im.check_usable();
   im.validate_group_grads(group_index, grads, out);
   im.queue_group(group_index, grads, out, nullptr);
 }
 
-void OffloadedOptimizer::Impl::queue_group(std::size_t group_index, const GradView& grads,
-                                           const CopyOut& out,
+void OffloadedOptimizer::Impl::queue_group(std::size_t group_index, const adam::GradView& grads,
+                                           const adam::CopyOut& out,
                                            const std::shared_ptr<const StoreCopyOut>& target) {
   const ParamGroupSpec& g = groups[group_index];
   std::lock_guard lk(mu);
@@ -860,12 +862,14 @@ void OffloadedOptimizer::Impl::validate_store_out(std::size_t group_index,
   }
 }
 
-void OffloadedOptimizer::step_group(std::size_t group_index, GradView grads, const StoreCopyOut& out) {
+void OffloadedOptimizer::step_group(std::size_t group_index, adam::GradView grads,
+                                    const StoreCopyOut& out) {
   Impl& im = *impl_;
   im.check_usable();
-  im.validate_group_grads(group_index, grads, CopyOut::none());
+  im.validate_group_grads(group_index, grads, adam::CopyOut::none());
   im.validate_store_out(group_index, out);
-  im.queue_group(group_index, grads, CopyOut::none(), std::make_shared<const StoreCopyOut>(out));
+  im.queue_group(group_index, grads, adam::CopyOut::none(),
+                 std::make_shared<const StoreCopyOut>(out));
 }
 
 StepStats OffloadedOptimizer::end_step() {

@@ -173,7 +173,7 @@ struct ManifestRecord {
 
 struct Manifest {
   std::uint64_t step = 0;
-  AdamParams hp;
+  adam::AdamParams hp;
   std::uint64_t sub_group_elements = 0;
   std::vector<ParamGroupSpec> groups;
   std::vector<ManifestRecord> records;
@@ -191,7 +191,7 @@ std::string render(const Manifest& m, const std::string& tier) {
   o << "weight_decay " << hexfloat(m.hp.weight_decay) << '\n';
   o << "grad_scale " << hexfloat(m.hp.grad_scale) << '\n';
   o << "bias_correction " << (m.hp.bias_correction ? 1 : 0) << '\n';
-  o << "mode " << (m.hp.mode == AdamMode::kAdamW ? "adamw" : "adam") << '\n';
+  o << "mode " << (m.hp.mode == adam::AdamMode::kAdamW ? "adamw" : "adam") << '\n';
   o << "sub_group_elements " << m.sub_group_elements << '\n';
   o << "groups " << m.groups.size() << '\n';
   for (std::size_t i = 0; i < m.groups.size(); ++i) {
@@ -252,7 +252,7 @@ Manifest parse(const std::string& text, const std::string& path) {
   expect("mode");
   in >> word;
   if (word != "adam" && word != "adamw") throw bad("bad mode '" + word + "'");
-  m.hp.mode = word == "adamw" ? AdamMode::kAdamW : AdamMode::kAdam;
+  m.hp.mode = word == "adamw" ? adam::AdamMode::kAdamW : adam::AdamMode::kAdam;
   m.sub_group_elements = uint("sub_group_elements");
   const std::uint64_t ng = uint("groups");
   for (std::uint64_t i = 0; i < ng; ++i) {

@@ -15,8 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "zinf/adam/cpu_adam.h"
 #include "zinf/common/status.h"
-#include "zinf/offload/cpu_adam.h"
 #include "zinf/offload/optimizer.h"
 #include "zinf/swap/buffer_pool.h"
 #include "zinf/swap/io_engine.h"
@@ -41,8 +41,8 @@ struct Record {
 /// One sub-group's update in the open step: the record and its slices of the caller's arrays.
 struct Task {
   std::size_t record = 0;
-  GradView grads;
-  CopyOut out;
+  adam::GradView grads;
+  adam::CopyOut out;
   // StoreCopyOut: the target (shared by the group's tasks); out is then set by the pipeline
   // to a staging buffer, written to the key at byte 2 x Record::offset.
   std::shared_ptr<const StoreCopyOut> store_out;
@@ -69,7 +69,7 @@ struct StepRun {
   bool finished = false;     // the pipeline has drained this step
   std::vector<Task> tasks;
   std::vector<bool> given;   // per group
-  AdamParams hp;
+  adam::AdamParams hp;
   Status error;              // the first failure
   bool modified = false;     // the stored state was (or may have been) changed
   StepStats stats;
@@ -98,9 +98,9 @@ struct OffloadedOptimizer::Impl {
   std::vector<Record> records;
   std::vector<swap::BufferLease> ring;  // kNvme
   std::vector<swap::BufferLease> out_staging;  // options.store_copy_out
-  CpuAdam adam;
+  adam::CpuAdam adam;
 
-  AdamParams hyper;
+  adam::AdamParams hyper;
   std::uint64_t steps_done = 0;
   std::optional<Status> failure;  // set once: the optimizer refuses work afterwards
 
@@ -135,12 +135,13 @@ struct OffloadedOptimizer::Impl {
 
   void pipeline_main();
   bool pipeline_can_progress(std::size_t c, std::size_t r) const;
-  void compute(const AdamParams& hp, const Task& t, std::byte* base);
+  void compute(const adam::AdamParams& hp, const Task& t, std::byte* base);
   // UsageError unless `grads` and `out` fit the group and the group has state.
-  void validate_group_grads(std::size_t group, const GradView& grads, const CopyOut& out) const;
+  void validate_group_grads(std::size_t group, const adam::GradView& grads,
+                            const adam::CopyOut& out) const;
   // Queues a validated group's sub-group tasks in the open step (UsageError if none is open or
   // the group was given already), with either a caller-buffer copy-out or a store target.
-  void queue_group(std::size_t group, const GradView& grads, const CopyOut& out,
+  void queue_group(std::size_t group, const adam::GradView& grads, const adam::CopyOut& out,
                    const std::shared_ptr<const StoreCopyOut>& target);
 
   void save(const std::string& dir);
@@ -152,6 +153,6 @@ std::uint32_t copy_out_buffer_count(const OptimizerOptions& options);
 
 /// Validates hyper-parameters as CpuAdam::step would, so that a bad value is a UsageError at
 /// the call that sets it, never inside the pipeline.
-void validate_hyper(const AdamParams& hp);
+void validate_hyper(const adam::AdamParams& hp);
 
 }  // namespace zinf::offload

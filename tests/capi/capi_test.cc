@@ -275,7 +275,7 @@ TEST(CApi, EngineErrorsCarryTheEnginesText) {
   ASSERT_NE(h.e, nullptr);
   // Releasing a layer that was never fetched, and a fetch out of range: whatever the engine
   // throws reaches the caller as usage with the same text.
-  std::vector<off::LayerSpec> specs = {{"a", 1000, off::DType::kBF16}, {"b", 257, off::DType::kF16}};
+  std::vector<off::LayerSpec> specs = {{"a", 1000, zinf::DType::kBF16}, {"b", 257, zinf::DType::kF16}};
   auto device = zinf::cuda::make_device({.kind = zinf::cuda::DeviceKind::kHost});
   zinf::cuda::Stream stream = device->create_stream();
   off::OffloadEngine cpp(off::parse_config(kConfig), specs, *device, stream);
@@ -314,7 +314,7 @@ TEST(CApi, MessagesArePerThreadAndPerEngine) {
 TEST(CApi, RoundTripMatchesTheCppEngine) {
   Engine h;
   ASSERT_NE(h.e, nullptr);
-  std::vector<off::LayerSpec> specs = {{"a", 1000, off::DType::kBF16}, {"b", 257, off::DType::kF16}};
+  std::vector<off::LayerSpec> specs = {{"a", 1000, zinf::DType::kBF16}, {"b", 257, zinf::DType::kF16}};
   auto device = zinf::cuda::make_device({.kind = zinf::cuda::DeviceKind::kHost});
   zinf::cuda::Stream stream = device->create_stream();
   off::OffloadEngine cpp(off::parse_config(kConfig), specs, *device, stream);
@@ -350,7 +350,7 @@ TEST(CApi, RoundTripMatchesTheCppEngine) {
       ASSERT_EQ(zinf_engine_set_gradients(h.e, l, g[l].data(), g[l].size(), ZINF_DTYPE_F32),
                 ZINF_OK)
           << zinf_last_error();
-      cpp.set_gradients(l, off::GradView::f32(g[l]));
+      cpp.set_gradients(l, zinf::adam::GradView::f32(g[l]));
     }
     zinf_step_stats s{};
     ASSERT_EQ(zinf_engine_step(h.e, &s), ZINF_OK) << zinf_last_error();
@@ -585,7 +585,7 @@ TEST(CApi, EmptyCheckpointDirectoryIsUsage) {
     auto device = zinf::cuda::make_device({.kind = zinf::cuda::DeviceKind::kHost});
     zinf::cuda::Stream compute = device->create_stream();
     off::OffloadEngine engine(off::parse_config(kConfig),
-                              {{"a", 1000, off::DType::kBF16}, {"b", 257, off::DType::kF16}},
+                              {{"a", 1000, zinf::DType::kBF16}, {"b", 257, zinf::DType::kF16}},
                               *device, compute.ref());
     engine.load("");
   });

@@ -65,7 +65,7 @@ TEST_P(Checkpoint, RoundTripRestoresEveryByteTheStepAndTheHyperParameters) {
     OffloadedOptimizer a(options_for(GetParam(), dir_), groups);
     test::init_all(a);
     test::run_steps(a, 1, 3);
-    AdamParams hp = a.hyper();
+    adam::AdamParams hp = a.hyper();
     hp.lr = 0.1234567;  // a value with a long binary expansion survives exactly
     a.set_hyper(hp);
     a.save(ckpt);
@@ -78,7 +78,7 @@ TEST_P(Checkpoint, RoundTripRestoresEveryByteTheStepAndTheHyperParameters) {
     EXPECT_EQ(b.step_count(), 3u);
     EXPECT_EQ(b.hyper().lr, 0.1234567);
     EXPECT_EQ(b.hyper().weight_decay, test::test_hyper().weight_decay);
-    EXPECT_EQ(b.hyper().mode, AdamMode::kAdamW);
+    EXPECT_EQ(b.hyper().mode, adam::AdamMode::kAdamW);
     EXPECT_EQ(test::diff(test::read_all(b), saved), "") << state_tier_name(tier);
   }
 }

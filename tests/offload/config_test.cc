@@ -69,8 +69,8 @@ void expect_same(const EngineConfig& a, const EngineConfig& b) {
   EXPECT_EQ(a.aio.single_submit, b.aio.single_submit);
   EXPECT_EQ(a.aio.overlap_events, b.aio.overlap_events);
   EXPECT_EQ(a.aio.use_gds, b.aio.use_gds);
-  const AdamParams& x = a.optimizer.hyper;
-  const AdamParams& y = b.optimizer.hyper;
+  const adam::AdamParams& x = a.optimizer.hyper;
+  const adam::AdamParams& y = b.optimizer.hyper;
   EXPECT_EQ(x.lr, y.lr);
   EXPECT_EQ(x.beta1, y.beta1);
   EXPECT_EQ(x.beta2, y.beta2);
@@ -94,7 +94,7 @@ TEST(Config, EmptyObjectGivesDefaults) {
   expect_same(c, EngineConfig{});
   EXPECT_TRUE(c.notices.empty());
   EXPECT_TRUE(c.zinf.checksums);  // integrity unless the config opts out
-  EXPECT_EQ(c.optimizer.hyper.mode, AdamMode::kAdam);
+  EXPECT_EQ(c.optimizer.hyper.mode, adam::AdamMode::kAdam);
   EXPECT_EQ(c.param_dtype, DType::kBF16);
 }
 
@@ -171,25 +171,25 @@ TEST(Config, ReadsTheOptimizerBlock) {
   const EngineConfig c = parse_config(R"({"optimizer": {"type": "AdamW", "params": {
       "lr": 0.01, "betas": [0.8, 0.95], "eps": 1e-6, "weight_decay": 0.1,
       "bias_correction": false}}})");
-  const AdamParams& hp = c.optimizer.hyper;
+  const adam::AdamParams& hp = c.optimizer.hyper;
   EXPECT_EQ(hp.lr, 0.01);
   EXPECT_EQ(hp.beta1, 0.8);
   EXPECT_EQ(hp.beta2, 0.95);
   EXPECT_EQ(hp.eps, 1e-6);
   EXPECT_EQ(hp.weight_decay, 0.1);
   EXPECT_FALSE(hp.bias_correction);
-  EXPECT_EQ(hp.mode, AdamMode::kAdamW);
+  EXPECT_EQ(hp.mode, adam::AdamMode::kAdamW);
 }
 
 TEST(Config, AdamMeansAdamWUnlessAdamWModeIsFalseAsInDeepSpeed) {
   EXPECT_EQ(parse_config(R"({"optimizer": {"type": "Adam"}})").optimizer.hyper.mode,
-            AdamMode::kAdamW);
+            adam::AdamMode::kAdamW);
   EXPECT_EQ(parse_config(R"({"optimizer": {"type": "adam", "params": {"adam_w_mode": false}}})")
                 .optimizer.hyper.mode,
-            AdamMode::kAdam);
+            adam::AdamMode::kAdam);
   EXPECT_EQ(parse_config(R"({"optimizer": {"type": "ADAMW", "params": {"adam_w_mode": false}}})")
                 .optimizer.hyper.mode,
-            AdamMode::kAdamW);
+            adam::AdamMode::kAdamW);
   EXPECT_EQ(error_of(R"({"optimizer": {"type": "Lamb"}})"),
             "cfg.json: optimizer.type: \"Lamb\" is not supported; zinf's CPU optimizer "
             "implements \"Adam\" and \"AdamW\"");
@@ -467,7 +467,7 @@ TEST(Config, ParsesARealZeroInfinityConfig) {
   EXPECT_EQ(c.aio.block_size, 1u << 20);
   EXPECT_EQ(c.aio.queue_depth, 8u);
   EXPECT_EQ(c.aio.intra_op_parallelism, 1u);
-  EXPECT_EQ(c.optimizer.hyper.mode, AdamMode::kAdamW);
+  EXPECT_EQ(c.optimizer.hyper.mode, adam::AdamMode::kAdamW);
   EXPECT_EQ(c.optimizer.hyper.lr, 3e-4);
   EXPECT_EQ(c.optimizer.hyper.beta2, 0.95);
   EXPECT_EQ(c.optimizer.hyper.weight_decay, 0.1);
@@ -726,7 +726,7 @@ TEST(Config, RoundTripsAConfigWithEveryFieldChanged) {
   c.optimizer.hyper.eps = 1e-12;
   c.optimizer.hyper.weight_decay = 0.05;
   c.optimizer.hyper.bias_correction = false;
-  c.optimizer.hyper.mode = AdamMode::kAdamW;
+  c.optimizer.hyper.mode = adam::AdamMode::kAdamW;
   c.zinf.nvme_paths = {"/nvme1", "/nvme2", "/nvme1"};
   c.zinf.pinned_budget_bytes = 3ull << 30;
   c.zinf.checksums = false;
@@ -740,7 +740,7 @@ TEST(Config, RoundTripsAConfigWithEveryFieldChanged) {
   expect_same(parse_config(json), c);
 
   // The other values of the enums and of the optimizer's mode.
-  c.optimizer.hyper.mode = AdamMode::kAdam;
+  c.optimizer.hyper.mode = adam::AdamMode::kAdam;
   c.param_dtype = DType::kBF16;
   c.zinf.backend = swap::IoEngineKind::kUring;
   c.offload_param.device = OffloadDevice::kCpu;

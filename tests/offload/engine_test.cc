@@ -27,8 +27,8 @@ using test::master_diff;
 constexpr std::uint64_t kSteps = 3;
 using Tiers = std::pair<OffloadDevice, OffloadDevice>;
 
-std::vector<std::vector<float>> train(Tiers tiers, bool checksums = true) {
-  constexpr std::uint64_t steps = kSteps;
+std::vector<std::vector<float>> train(Tiers tiers, std::uint64_t steps = kSteps,
+                                      bool checksums = true) {
   test::TestDir dir;
   EngineRig rig;
   EngineConfig c = test::engine_config(tiers.first, tiers.second, dir);
@@ -82,7 +82,10 @@ TEST(OffloadEngine, EveryTierCombinationGivesBitwiseIdenticalMasters) {
   // them, copy-out ranges must be whole 1 MiB stripes, so they round up to 524288 elements and
   // each layer here is one sub-group): the copy-out of several sub-groups into one layer.
   SCOPED_TRACE("nvme/nvme without checksums");
-  EXPECT_EQ(master_diff(train({OffloadDevice::kNvme, OffloadDevice::kNvme}, false), reference), "");
+  EXPECT_EQ(master_diff(train({OffloadDevice::kNvme, OffloadDevice::kNvme}, kSteps,
+                              /*checksums=*/false),
+                        reference),
+            "");
 }
 
 TEST(OffloadEngine, OutOfOrderFetchesReturnTheRightLayer) {
@@ -283,21 +286,21 @@ TEST(OffloadEngine, RefusesMisuse) {
   expect_usage([&] { (void)rig.engine().fetch(0); },
                "OffloadEngine::fetch: layer 'l0' is already fetched (release it first)");
   std::vector<float> g(5000, 0.0f);
-  expect_usage([&] { rig.engine().set_gradients(0, GradView::f32(g)); },
+  expect_usage([&] { rig.engine().set_gradients(0, adam::GradView::f32(g)); },
                "OffloadEngine::set_gradients: layer 'l0' is fetched (release it first)");
   expect_usage([&] { (void)rig.engine().step(); },
                "OffloadEngine::step: layer 'l0' is still fetched (release it first)");
   rig.engine().release(0);
   expect_usage([&] { rig.engine().release(0); }, "OffloadEngine::release: layer 'l0' is not fetched");
-  rig.engine().set_gradients(0, GradView::f32(g));
-  expect_usage([&] { rig.engine().set_gradients(0, GradView::f32(g)); },
+  rig.engine().set_gradients(0, adam::GradView::f32(g));
+  expect_usage([&] { rig.engine().set_gradients(0, adam::GradView::f32(g)); },
                "OffloadEngine::set_gradients: layer 'l0' already has gradients in this step");
   expect_usage([&] { (void)rig.engine().fetch(0); },
                "OffloadEngine::fetch: layer 'l0' has its gradients handed in for this step; fetch it after step()");
   expect_usage([&] { rig.engine().save(dir.subdir("x")); },
                "OffloadEngine::save inside a step (gradients were handed in; call step() first)");
   std::vector<float> short_g(3, 0.0f);
-  expect_usage([&] { rig.engine().set_gradients(1, GradView::f32(short_g)); },
+  expect_usage([&] { rig.engine().set_gradients(1, adam::GradView::f32(short_g)); },
                "OffloadEngine::set_gradients: layer 'l1' has 4103 elements, got 3 gradients");
   (void)rig.engine().step();
   EXPECT_EQ(rig.fetch_bits(0), rig.expected_bits(0));
@@ -318,23 +321,23 @@ TEST(OffloadEngine, RefusedSetHyperLeavesTheEngineUsableAndItsStateIntact) {
     rig.make(test::engine_config(tiers.first, tiers.second, dir));
     rig.init_weights();
     rig.iteration(1);
-    const AdamParams before = rig.engine().hyper();
-    const std::vector<std::pair<const char*, void (*)(AdamParams&)>> bad = {
-        {"lr", [](AdamParams& h) { h.lr = INFINITY; }},
-        {"lr", [](AdamParams& h) { h.lr = NAN; }},
-        {"lr", [](AdamParams& h) { h.lr = -1e-3; }},
-        {"beta1", [](AdamParams& h) { h.beta1 = 1.0; }},
-        {"beta2", [](AdamParams& h) { h.beta2 = NAN; }},
-        {"eps", [](AdamParams& h) { h.eps = INFINITY; }},
-        {"eps", [](AdamParams& h) { h.eps = NAN; }},
-        {"eps", [](AdamParams& h) { h.eps = 0; }},
-        {"weight_decay", [](AdamParams& h) { h.weight_decay = INFINITY; }},
-        {"weight_decay", [](AdamParams& h) { h.weight_decay = NAN; }},
-        {"grad_scale", [](AdamParams& h) { h.grad_scale = INFINITY; }},
-        {"grad_scale", [](AdamParams& h) { h.grad_scale = 0; }},
+    const adam::AdamParams before = rig.engine().hyper();
+    const std::vector<std::pair<const char*, void (*)(adam::AdamParams&)>> bad = {
+        {"lr", [](adam::AdamParams& h) { h.lr = INFINITY; }},
+        {"lr", [](adam::AdamParams& h) { h.lr = NAN; }},
+        {"lr", [](adam::AdamParams& h) { h.lr = -1e-3; }},
+        {"beta1", [](adam::AdamParams& h) { h.beta1 = 1.0; }},
+        {"beta2", [](adam::AdamParams& h) { h.beta2 = NAN; }},
+        {"eps", [](adam::AdamParams& h) { h.eps = INFINITY; }},
+        {"eps", [](adam::AdamParams& h) { h.eps = NAN; }},
+        {"eps", [](adam::AdamParams& h) { h.eps = 0; }},
+        {"weight_decay", [](adam::AdamParams& h) { h.weight_decay = INFINITY; }},
+        {"weight_decay", [](adam::AdamParams& h) { h.weight_decay = NAN; }},
+        {"grad_scale", [](adam::AdamParams& h) { h.grad_scale = INFINITY; }},
+        {"grad_scale", [](adam::AdamParams& h) { h.grad_scale = 0; }},
     };
     for (const auto& [field, spoil] : bad) {
-      AdamParams h = before;
+      adam::AdamParams h = before;
       spoil(h);
       try {
         rig.engine().set_hyper(h);

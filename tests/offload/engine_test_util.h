@@ -22,10 +22,10 @@
 namespace zinf::test {
 
 inline std::vector<offload::LayerSpec> engine_layers() {
-  return {{"l0", 5000, offload::DType::kBF16},
-          {"l1", 2 * 2048 + 7, offload::DType::kBF16},
-          {"l2", 300, offload::DType::kF16},
-          {"l3", 4096, offload::DType::kBF16}};
+  return {{"l0", 5000, DType::kBF16},
+          {"l1", 2 * 2048 + 7, DType::kBF16},
+          {"l2", 300, DType::kF16},
+          {"l3", 4096, DType::kBF16}};
 }
 
 inline offload::EngineConfig engine_config(offload::OffloadDevice param, offload::OffloadDevice opt,
@@ -47,7 +47,7 @@ inline offload::EngineConfig engine_config(offload::OffloadDevice param, offload
   c.zinf.adam_threads = 2;
   c.optimizer.hyper.lr = 1e-2;
   c.optimizer.hyper.weight_decay = 0.01;
-  c.optimizer.hyper.mode = offload::AdamMode::kAdamW;
+  c.optimizer.hyper.mode = adam::AdamMode::kAdamW;
   return c;
 }
 
@@ -103,7 +103,7 @@ class EngineRig {
     std::vector<float> m(spec.numel);
     engine_->read_master_weights(layer, m);
     std::vector<std::uint16_t> out(spec.numel);
-    offload::CpuAdam adam(offload::CpuAdamOptions{1, std::nullopt});
+    adam::CpuAdam adam(adam::CpuAdamOptions{1, std::nullopt});
     adam.copy_out(m, {out.data(), out.size(), spec.param_dtype, true});
     return out;
   }
@@ -151,7 +151,7 @@ class EngineRig {
         g[i] = static_cast<float>(got[i] % 1000u) * 2e-5f - 1e-2f +
                static_cast<float>(mix32(t * 7919 + l * 31 + i) % 101u) * 1e-5f;
       }
-      engine_->set_gradients(l, offload::GradView::f32(g));
+      engine_->set_gradients(l, adam::GradView::f32(g));
     }
     (void)engine_->step();
   }

@@ -136,17 +136,17 @@ TEST(OffloadedOptimizer, CopyOutMatchesTheKernelsFusedCopy) {
   std::vector<std::vector<std::uint16_t>> out;
   for (const auto& g : groups) out.emplace_back(g.numel, 0);
   std::vector<GroupGrads> views = sg.views;
-  for (std::size_t g = 0; g < groups.size(); ++g) views[g].out = CopyOut::bf16(out[g]);
+  for (std::size_t g = 0; g < groups.size(); ++g) views[g].out = adam::CopyOut::bf16(out[g]);
   (void)opt.step(views);
 
-  CpuAdam adam;
-  AdamParams hp = test::test_hyper();
+  adam::CpuAdam adam;
+  adam::AdamParams hp = test::test_hyper();
   hp.step = 1;
   for (std::size_t g = 0; g < groups.size(); ++g) {
     auto p = test::initial_params(g, groups[g].numel);
     std::vector<float> m(p.size(), 0.0f), v(p.size(), 0.0f);
     std::vector<std::uint16_t> want(p.size());
-    adam.step(hp, p, m, v, sg.views[g].grads, CopyOut::bf16(want));
+    adam.step(hp, p, m, v, sg.views[g].grads, adam::CopyOut::bf16(want));
     EXPECT_EQ(out[g], want) << "group " << g;
   }
 }
@@ -256,7 +256,7 @@ TEST(OffloadedOptimizer, UsageErrorsLeaveTheOptimizerUsable) {
   std::vector<GroupGrads> twice = {sg.views[0], sg.views[0]};
   EXPECT_THROW((void)opt.step(twice), UsageError);
   std::vector<float> short_grads(5);
-  std::vector<GroupGrads> wrong = {{0, GradView::f32(short_grads)}};
+  std::vector<GroupGrads> wrong = {{0, adam::GradView::f32(short_grads)}};
   EXPECT_THROW((void)opt.step(wrong), UsageError);
   std::vector<GroupGrads> unknown = {{7, sg.views[0].grads}};
   EXPECT_THROW((void)opt.step(unknown), UsageError);
@@ -291,15 +291,15 @@ TEST(OffloadedOptimizer, DestroyedInsideAStepFinishesItsWork) {
     test::init_all(opt);
     opt.begin_step();
     for (std::size_t g = 0; g < groups.size(); ++g) {
-      opt.step_group(g, sg.views[g].grads, CopyOut::bf16(outs[g]));
+      opt.step_group(g, sg.views[g].grads, adam::CopyOut::bf16(outs[g]));
     }
   }  // no end_step: the destructor drains the pipeline before the buffers go
   EXPECT_TRUE(log.lines().empty()) << log.lines().front();
   const test::State want = test::reference_run(groups, test::test_hyper(), 1, DType::kF32);
-  CpuAdam adam;
+  adam::CpuAdam adam;
   for (std::size_t g = 0; g < groups.size(); ++g) {
     std::vector<std::uint16_t> expected(groups[g].numel);
-    adam.copy_out(want.p[g], CopyOut::bf16(expected));
+    adam.copy_out(want.p[g], adam::CopyOut::bf16(expected));
     EXPECT_TRUE(outs[g] == expected) << "group " << g << " was not updated by one whole step";
   }
 }

@@ -13,7 +13,7 @@
 
 #include <gtest/gtest.h>
 
-#include "zinf/offload/cpu_adam.h"
+#include "zinf/adam/cpu_adam.h"
 #include "zinf/offload/optimizer.h"
 #include "zinf/swap/io_engine.h"
 
@@ -26,11 +26,11 @@ inline std::vector<offload::ParamGroupSpec> odd_groups() {
 }
 constexpr std::uint64_t kOddSubGroup = 4099;
 
-inline offload::AdamParams test_hyper() {
-  offload::AdamParams hp;
+inline adam::AdamParams test_hyper() {
+  adam::AdamParams hp;
   hp.lr = 1e-2;
   hp.weight_decay = 0.01;
-  hp.mode = offload::AdamMode::kAdamW;
+  hp.mode = adam::AdamMode::kAdamW;
   return hp;
 }
 
@@ -116,26 +116,26 @@ struct StepGrads {
   std::vector<offload::GroupGrads> views;
 
   StepGrads(const std::vector<offload::ParamGroupSpec>& groups, std::uint64_t step,
-            offload::DType dtype) {
+            DType dtype) {
     for (std::size_t g = 0; g < groups.size(); ++g) {
-      if (dtype == offload::DType::kF32) {
+      if (dtype == DType::kF32) {
         f32.push_back(grads_f32(g, step, groups[g].numel));
       } else {
         bf16.push_back(grads_bf16(g, step, groups[g].numel));
       }
     }
     for (std::size_t g = 0; g < groups.size(); ++g) {
-      views.push_back({g, dtype == offload::DType::kF32 ? offload::GradView::f32(f32[g])
-                                                        : offload::GradView::bf16(bf16[g])});
+      views.push_back({g, dtype == DType::kF32 ? adam::GradView::f32(f32[g])
+                                               : adam::GradView::bf16(bf16[g])});
     }
   }
 };
 
 /// The reference: CpuAdam on whole in-memory arrays, `steps` steps from the initial state.
 inline State reference_run(const std::vector<offload::ParamGroupSpec>& groups,
-                           const offload::AdamParams& hyper, std::uint64_t steps,
-                           offload::DType dtype) {
-  offload::CpuAdam adam;
+                           const adam::AdamParams& hyper, std::uint64_t steps,
+                           DType dtype) {
+  adam::CpuAdam adam;
   State s;
   for (std::size_t g = 0; g < groups.size(); ++g) {
     s.p.push_back(initial_params(g, groups[g].numel));
@@ -144,7 +144,7 @@ inline State reference_run(const std::vector<offload::ParamGroupSpec>& groups,
   }
   for (std::uint64_t t = 1; t <= steps; ++t) {
     StepGrads sg(groups, t, dtype);
-    offload::AdamParams hp = hyper;
+    adam::AdamParams hp = hyper;
     hp.step = t;
     for (std::size_t g = 0; g < groups.size(); ++g) {
       adam.step(hp, s.p[g], s.m[g], s.v[g], sg.views[g].grads);
@@ -162,7 +162,7 @@ inline void init_all(offload::OffloadedOptimizer& opt) {
 
 /// Runs steps [from, to] with the deterministic gradients.
 inline void run_steps(offload::OffloadedOptimizer& opt, std::uint64_t from, std::uint64_t to,
-                      offload::DType dtype = offload::DType::kF32) {
+                      DType dtype = DType::kF32) {
   std::vector<offload::ParamGroupSpec> groups;
   for (std::size_t g = 0; g < opt.group_count(); ++g) groups.push_back(opt.group(g));
   for (std::uint64_t t = from; t <= to; ++t) {
@@ -180,5 +180,7 @@ inline void PrintTo(IoEngineKind kind, std::ostream* os) { *os << io_engine_kind
 }  // namespace zinf::swap
 namespace zinf::offload {
 inline void PrintTo(StateTier tier, std::ostream* os) { *os << state_tier_name(tier); }
-inline void PrintTo(DType dtype, std::ostream* os) { *os << dtype_name(dtype); }
 }  // namespace zinf::offload
+namespace zinf {
+inline void PrintTo(DType dtype, std::ostream* os) { *os << dtype_name(dtype); }
+}  // namespace zinf

@@ -86,7 +86,8 @@ TEST_P(StoreCopyOutTest, StoreBytesEqualTheCallerBufferCopyOut) {
     with_buffer.begin_step();
     with_store.begin_step();
     for (std::size_t g = 0; g < gs.size(); ++g) {
-      CopyOut out = dtype == DType::kBF16 ? CopyOut::bf16(outs[g]) : CopyOut::f16(outs[g]);
+      adam::CopyOut out =
+          dtype == DType::kBF16 ? adam::CopyOut::bf16(outs[g]) : adam::CopyOut::f16(outs[g]);
       with_buffer.step_group(g, sg.views[g].grads, out);
       with_store.step_group(g, sg.views[g].grads, StoreCopyOut{ps.store.get(), gs[g].name, dtype});
     }
@@ -144,7 +145,7 @@ TEST_P(StoreCopyOutTest, RefusesRangesTheStoreCannotWrite) {
   opt.begin_step();
   auto expect_usage = [&](const StoreCopyOut& out, const std::string& want) {
     try {
-      opt.step_group(0, GradView::f32(g), out);
+      opt.step_group(0, adam::GradView::f32(g), out);
       ADD_FAILURE() << "no throw";
     } catch (const UsageError& e) {
       EXPECT_EQ(std::string(e.what()), want);
@@ -167,7 +168,7 @@ TEST_P(StoreCopyOutTest, RefusesRangesTheStoreCannotWrite) {
   EXPECT_EQ(store_copy_out_sub_group(3000, *sums.store), 32768u);
   // A single-sub-group group has no inner range boundary: any size works.
   std::vector<float> gb(gs[1].numel, 0.0f);
-  opt.step_group(1, GradView::f32(gb), StoreCopyOut{ps.store.get(), "b", DType::kBF16});
+  opt.step_group(1, adam::GradView::f32(gb), StoreCopyOut{ps.store.get(), "b", DType::kBF16});
   (void)opt.end_step();
   OptimizerOptions plain = options(GetParam(), dir);
   plain.store_copy_out = false;
@@ -175,7 +176,8 @@ TEST_P(StoreCopyOutTest, RefusesRangesTheStoreCannotWrite) {
   test::init_all(no_staging);
   no_staging.begin_step();
   try {
-    no_staging.step_group(1, GradView::f32(gb), StoreCopyOut{ps.store.get(), "b", DType::kBF16});
+    no_staging.step_group(1, adam::GradView::f32(gb),
+                          StoreCopyOut{ps.store.get(), "b", DType::kBF16});
     ADD_FAILURE() << "no throw";
   } catch (const UsageError& e) {
     EXPECT_EQ(std::string(e.what()),
@@ -193,17 +195,17 @@ TEST(CpuAdamCopyOut, IsBitwiseTheStepsCopyOut) {
   p[0] = 0.0f;
   p[1] = -0.0f;
   const std::vector<float> g = test::grads_f32(0, 1, n);
-  CpuAdam adam;
+  adam::CpuAdam adam;
   for (DType dtype : {DType::kBF16, DType::kF16}) {
     std::vector<std::uint16_t> fused(n), again(n);
-    AdamParams hp = test::test_hyper();
+    adam::AdamParams hp = test::test_hyper();
     hp.lr = 0;  // keeps p[0], p[1] as they are
-    adam.step(hp, p, m, v, GradView::f32(g), {fused.data(), n, dtype, true});
+    adam.step(hp, p, m, v, adam::GradView::f32(g), {fused.data(), n, dtype, true});
     adam.copy_out(p, {again.data(), n, dtype, true});
     EXPECT_EQ(fused, again);
   }
   std::vector<std::uint16_t> out(3);
-  EXPECT_THROW(adam.copy_out(p, CopyOut::bf16(out)), UsageError);
+  EXPECT_THROW(adam.copy_out(p, adam::CopyOut::bf16(out)), UsageError);
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiers, StoreCopyOutTest,

@@ -170,7 +170,7 @@ TEST(DemoModel, TrainingSetIsTheTeachersOutputOnFixedInputs) {
 }
 
 TEST(DemoModel, ReferenceTrainingLearnsTheTeacher) {
-  offload::AdamParams hyper;
+  adam::AdamParams hyper;
   hyper.lr = 1e-2;
   const ReferenceRun run = train_reference(MlpShape{3, 32, 16}, 1, 60, hyper);
   ASSERT_EQ(run.losses.size(), 60u);

@@ -56,7 +56,7 @@ std::string field(const std::string& json, const std::string& key) {
 constexpr const char* kTiny = "--layers 3 --hidden 32 --batch 8 --steps 30 --lr 1e-2 --seed 5";
 
 std::string reference_sha256() {
-  zinf::offload::AdamParams hyper;
+  zinf::adam::AdamParams hyper;
   hyper.lr = 1e-2;
   const auto run = zinf::tools::demo::train_reference({3, 32, 8}, 5, 30, hyper);
   zinf::tools::Sha256 h;

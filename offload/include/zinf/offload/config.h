@@ -12,7 +12,8 @@
 #include <string_view>
 #include <vector>
 
-#include "zinf/offload/cpu_adam.h"
+#include "zinf/adam/cpu_adam.h"
+#include "zinf/common/dtype.h"
 #include "zinf/swap/io_engine.h"
 
 namespace zinf::offload {
@@ -83,7 +84,7 @@ struct ZinfSection {
 /// The optimizer: DeepSpeed's "optimizer" block ({"type": "Adam"|"AdamW", "params": {...}}).
 /// "Adam" follows DeepSpeed: decoupled decay unless params.adam_w_mode is false.
 struct OptimizerConfig {
-  AdamParams hyper;  ///< lr, betas, eps, weight_decay, bias_correction, mode
+  adam::AdamParams hyper;  ///< lr, betas, eps, weight_decay, bias_correction, mode
 };
 
 /// Everything an OffloadEngine needs, with the defaults above for absent keys.

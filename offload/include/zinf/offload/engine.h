@@ -11,9 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "zinf/adam/cpu_adam.h"
+#include "zinf/common/dtype.h"
 #include "zinf/cuda/device.h"
 #include "zinf/offload/config.h"
-#include "zinf/offload/cpu_adam.h"
 #include "zinf/offload/optimizer.h"
 
 namespace zinf::offload {
@@ -123,7 +124,7 @@ class OffloadEngine {
   /// and starts its update on the optimizer's thread at once. `grads` must stay valid and
   /// unchanged until step() returns. Each layer at most once per step, and only while it is not
   /// fetched (released). UsageError otherwise.
-  void set_gradients(std::size_t layer, GradView grads);
+  void set_gradients(std::size_t layer, adam::GradView grads);
   /// Completes this step's updates (layers without gradients are not updated), makes every
   /// updated layer's new parameters what the next fetch returns, and ends the iteration for
   /// the prefetcher. Returns the optimizer's step figures. Throws as described under Errors.
@@ -133,10 +134,10 @@ class OffloadEngine {
   /// `hyper.step` is ignored. UsageError inside a step or for values check_adam_params()
   /// refuses (inf, NaN, out of range); a refused call changes nothing, so the engine stays
   /// usable and its state intact.
-  void set_hyper(const AdamParams& hyper);
+  void set_hyper(const adam::AdamParams& hyper);
   /// The hyper-parameters the next step uses: the config's, then set_hyper's, or a loaded
   /// checkpoint's after load(). Works in the failed state too (for reporting).
-  AdamParams hyper() const;
+  adam::AdamParams hyper() const;
 
   /// Checkpoint of the optimizer state (master weights, moments, step count, hyper-parameters)
   /// and the layer table under `dir`, atomically (OffloadedOptimizer::save). Outside a step.

@@ -13,7 +13,8 @@
 #include <string_view>
 #include <vector>
 
-#include "zinf/offload/cpu_adam.h"
+#include "zinf/adam/cpu_adam.h"
+#include "zinf/common/dtype.h"
 #include "zinf/swap/io_engine.h"
 #include "zinf/swap/swap_store.h"
 
@@ -57,8 +58,8 @@ struct OptimizerOptions {
   /// smallest budget that works).
   std::uint64_t pinned_budget_bytes = std::uint64_t{1} << 30;
   /// Hyper-parameters; `step` is ignored (the optimizer counts its steps).
-  AdamParams hyper;
-  CpuAdamOptions adam;
+  adam::AdamParams hyper;
+  adam::CpuAdamOptions adam;
   /// kNvme: one swap file per directory (repeat a directory for more files on it).
   std::vector<std::string> directories;
   /// The I/O engine for the state (kNvme) and for checkpoints (both tiers).
@@ -133,8 +134,8 @@ std::uint64_t optimizer_pinned_bytes_needed(const OptimizerOptions& options,
 /// The gradients (and optional low-precision copy-out) of one group for one step.
 struct GroupGrads {
   std::size_t group = 0;
-  GradView grads;    ///< group numel elements, host memory
-  CopyOut out = {};  ///< group numel elements, or none
+  adam::GradView grads;    ///< group numel elements, host memory
+  adam::CopyOut out = {};  ///< group numel elements, or none
 };
 
 /// The optimizer state of several parameter groups in a tier, with a pipelined step.
@@ -180,11 +181,11 @@ class OffloadedOptimizer {
   StateTier tier() const noexcept;
   /// Steps completed so far (the next step is step_count() + 1).
   std::uint64_t step_count() const noexcept;
-  const AdamParams& hyper() const noexcept;
+  const adam::AdamParams& hyper() const noexcept;
   /// Replaces the hyper-parameters from the next step on (e.g. a learning-rate schedule);
   /// `step` is ignored. UsageError inside a step or for values check_adam_params() refuses;
   /// a refused call changes nothing.
-  void set_hyper(const AdamParams& hyper);
+  void set_hyper(const adam::AdamParams& hyper);
 
   /// Sets a group's fp32 master parameters (numel elements) and zeroes its moments. Every
   /// group needs this once before its first step. Blocks; IoError on a failed write.
@@ -201,7 +202,7 @@ class OffloadedOptimizer {
   void begin_step();
   /// Queues one group's update in the open step and returns at once. UsageError for an
   /// unknown group, a group already given in this step, a size mismatch, or no open step.
-  void step_group(std::size_t group, GradView grads, CopyOut out = {});
+  void step_group(std::size_t group, adam::GradView grads, adam::CopyOut out = {});
   /// As above, with the updated low-precision parameters written into a SwapStore key (see
   /// StoreCopyOut). Also UsageError (before anything is queued) without
   /// options.store_copy_out, for an unknown key, a key whose size is not 2 x numel, a dtype
@@ -209,7 +210,7 @@ class OffloadedOptimizer {
   /// message names a sub_group_elements that works). A failed write of the copy-out follows
   /// the write-back rules: end_step() throws the store's IoError (key, file, offset, length)
   /// and the optimizer is failed.
-  void step_group(std::size_t group, GradView grads, const StoreCopyOut& out);
+  void step_group(std::size_t group, adam::GradView grads, const StoreCopyOut& out);
   /// Waits for the open step's work, closes it and returns its stats. Throws as described
   /// under Failures.
   StepStats end_step();

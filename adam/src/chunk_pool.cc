@@ -21,7 +21,7 @@
 
 #include "zinf/common/error.h"
 
-namespace zinf::offload::detail {
+namespace zinf::adam::detail {
 
 struct ChunkPool::Pool {
   explicit Pool(std::size_t workers) : pool(workers) {}
@@ -102,4 +102,4 @@ void ChunkPool::run(std::size_t n, const void* anchor, std::size_t elem_bytes, C
   job->done.wait();
 }
 
-}  // namespace zinf::offload::detail
+}  // namespace zinf::adam::detail

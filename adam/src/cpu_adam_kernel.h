@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace zinf::offload::detail {
+namespace zinf::adam::detail {
 
 enum class ElemType : std::uint8_t { kF32, kBF16, kF16 };
 
@@ -82,11 +82,10 @@ void dispatch(const KernelArgs& a, std::size_t begin, std::size_t end) {
 }
 
 void adam_kernel_scalar(const KernelArgs& args, std::size_t begin, std::size_t end);
-void stream_rmw_kernel(float* a, const float* b, float s, std::size_t begin, std::size_t end);
 #if ZINF_CPU_ADAM_X86
 void adam_kernel_avx2(const KernelArgs& args, std::size_t begin, std::size_t end);
 void adam_kernel_avx512(const KernelArgs& args, std::size_t begin, std::size_t end);
 void adam_kernel_avx512bf16(const KernelArgs& args, std::size_t begin, std::size_t end);
 #endif
 
-}  // namespace zinf::offload::detail
+}  // namespace zinf::adam::detail

@@ -11,7 +11,7 @@
 
 #include "cpu_adam_kernel.h"
 
-namespace zinf::offload::detail {
+namespace zinf::adam::detail {
 namespace {
 
 // Software prefetch distance, in elements. On one thread, where a core's outstanding misses
@@ -35,4 +35,4 @@ constexpr std::size_t grad_bytes() {
 }
 
 }  // namespace
-}  // namespace zinf::offload::detail
+}  // namespace zinf::adam::detail

@@ -1,16 +1,22 @@
 // SPDX-License-Identifier: Apache-2.0
-// StreamRmw: the memory-bandwidth reference that CpuAdam is judged against. A STREAM-like
-// read-modify-write kernel a[i] = a[i] + s * b[i] which, like Adam, reads every array it
-// writes, run with the same chunking and kind of thread pool as CpuAdam.
+// Reference kernels: what CpuAdam's speed is measured against, never part of the training
+// path (nothing in offload/ or the C API calls them; the benchmarks and `zinf bench adam
+// --reference` do).
+//
+// StreamRmw: the memory-bandwidth reference. A STREAM-like read-modify-write kernel
+// a[i] = a[i] + s * b[i] which, like Adam, reads every array it writes, run with the same
+// chunking and kind of thread pool as CpuAdam, so that the ratio of the two figures is the
+// kernel's distance from the memory bound rather than a difference in threading.
 #pragma once
 
 #include <cstddef>
 #include <memory>
 #include <span>
 
-namespace zinf::offload {
+namespace zinf::adam {
 
-/// Runs a[i] = a[i] + s * b[i] over fp32 arrays on a persistent pool.
+/// Runs a[i] = a[i] + s * b[i] over fp32 arrays on a persistent pool. A measuring reference:
+/// its figure bounds what a memory-bound kernel such as CpuAdam can reach on this machine.
 class StreamRmw {
  public:
   /// Bytes moved per element: read a, read b, write a.
@@ -35,4 +41,4 @@ class StreamRmw {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace zinf::offload
+}  // namespace zinf::adam

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The AVX2 + FMA + F16C CpuAdam kernel. Built with -mavx2 -mfma -mf16c only on x86
-// (offload/CMakeLists.txt) and called only when cpuid says the CPU and OS support it.
+// (adam/CMakeLists.txt) and called only when cpuid says the CPU and OS support it.
 //
 // 8 floats per vector. AVX2 has no masked 16-bit loads, so the tail (fewer than 8 elements)
 // is copied into zero-padded local vectors, updated by the same code as the body, and copied
@@ -14,7 +14,7 @@
 #include "cpu_adam_kernel.h"
 #include "cpu_adam_x86_common.h"
 
-namespace zinf::offload::detail {
+namespace zinf::adam::detail {
 namespace {
 
 constexpr std::size_t kLanes = 8;
@@ -152,4 +152,4 @@ void adam_kernel_avx2(const KernelArgs& args, std::size_t begin, std::size_t end
   dispatch<Avx2Kernel>(args, begin, end);
 }
 
-}  // namespace zinf::offload::detail
+}  // namespace zinf::adam::detail

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The portable CpuAdam kernel (any CPU, any architecture) and the StreamRmw reference kernel.
+// The portable CpuAdam kernel (any CPU, any architecture).
 // Built with the baseline flags only, and with -ffp-contract=off so that the compiler never
 // fuses a multiply and add that the vector paths keep separate: the arithmetic is exactly the
 // sequence in cpu_adam_kernel.h, so this path agrees bitwise with the SIMD ones.
@@ -9,7 +9,7 @@
 
 #include "cpu_adam_kernel.h"
 
-namespace zinf::offload::detail {
+namespace zinf::adam::detail {
 namespace {
 
 std::uint32_t float_bits(float f) {
@@ -121,10 +121,4 @@ void adam_kernel_scalar(const KernelArgs& args, std::size_t begin, std::size_t e
   dispatch<ScalarKernel>(args, begin, end);
 }
 
-void stream_rmw_kernel(float* a, const float* b, float s, std::size_t begin, std::size_t end) {
-  // Plain loop: the compiler vectorises it with the baseline ISA, which is enough to saturate
-  // memory; it is a bandwidth reference, not arithmetic.
-  for (std::size_t i = begin; i < end; ++i) a[i] = a[i] + s * b[i];
-}
-
-}  // namespace zinf::offload::detail
+}  // namespace zinf::adam::detail

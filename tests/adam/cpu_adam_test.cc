@@ -2,7 +2,7 @@
 // CpuAdam: every ISA path this machine has, against an fp64 reference and hand-computed
 // PyTorch values; the paths against each other; bitwise determinism across thread counts and
 // alignments; exact bf16/fp16 conversions; and the errors a caller sees for bad input.
-#include "zinf/offload/cpu_adam.h"
+#include "zinf/adam/cpu_adam.h"
 
 #include <gtest/gtest.h>
 
@@ -18,10 +18,10 @@
 #include <thread>
 #include <vector>
 
+#include "zinf/adam/reference_kernels.h"
 #include "zinf/common/error.h"
-#include "zinf/offload/stream_rmw.h"
 
-namespace zinf::offload {
+namespace zinf::adam {
 namespace {
 
 constexpr std::uint32_t kSeed = 20261201;
@@ -738,4 +738,4 @@ TEST(StreamRmw, ComputesAPlusSB) {
 }
 
 }  // namespace
-}  // namespace zinf::offload
+}  // namespace zinf::adam

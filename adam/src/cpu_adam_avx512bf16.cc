@@ -5,10 +5,10 @@
 #define ZINF_ADAM_USE_AVX512BF16 1
 #include "cpu_adam_avx512_impl.h"
 
-namespace zinf::offload::detail {
+namespace zinf::adam::detail {
 
 void adam_kernel_avx512bf16(const KernelArgs& args, std::size_t begin, std::size_t end) {
   dispatch<Avx512Kernel>(args, begin, end);
 }
 
-}  // namespace zinf::offload::detail
+}  // namespace zinf::adam::detail

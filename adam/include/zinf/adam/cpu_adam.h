@@ -3,6 +3,8 @@
 // element each step. fp32 master parameters and moments; fp32, bf16 or fp16 gradients; an
 // optional fused bf16/fp16 copy-out of the updated parameters. The instruction set (AVX-512,
 // AVX2+FMA+F16C, scalar) is chosen at run time; results do not depend on the thread count.
+// Part of zinf::adam, a leaf layer on zinf::common only, so that the kernel and what times it
+// need none of the I/O layers.
 #pragma once
 
 #include <cstddef>
@@ -14,7 +16,9 @@
 #include <string_view>
 #include <vector>
 
-namespace zinf::offload {
+#include "zinf/common/dtype.h"
+
+namespace zinf::adam {
 
 /// How weight decay enters the update (PyTorch semantics).
 enum class AdamMode : std::uint8_t {
@@ -30,13 +34,8 @@ enum class Isa : std::uint8_t {
   kAvx512Bf16,  ///< kAvx512 plus the AVX512-BF16 conversion instruction for bf16 copy-out
 };
 
-/// Element type of a gradient or copy-out buffer. bf16 and fp16 travel as raw uint16 bits.
-enum class DType : std::uint8_t { kF32, kBF16, kF16 };
-
 /// Returns "scalar", "avx2", "avx512" or "avx512bf16".
 std::string_view isa_name(Isa isa) noexcept;
-/// Returns "fp32", "bf16" or "fp16".
-std::string_view dtype_name(DType dtype) noexcept;
 /// Parses an ISA name as isa_name() spells it; "auto" gives std::nullopt. Throws UsageError
 /// naming `what` (e.g. "--isa") and the accepted names for anything else.
 std::optional<Isa> parse_isa(std::string_view text, std::string_view what);
@@ -173,4 +172,4 @@ class CpuAdam {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace zinf::offload
+}  // namespace zinf::adam

@@ -1,15 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 // ChunkPool: runs an element-wise kernel over [0, n) on a persistent Boost.Asio thread pool.
-// Shared by CpuAdam and StreamRmw. The chunk boundaries depend only on n and the address of
-// the first array, never on the thread count, which is half of why results are bitwise
-// identical whatever the number of threads (the other half is in the kernels).
+// Shared by CpuAdam and the StreamRmw reference kernel. The chunk boundaries depend only on n
+// and the address of the first array, never on the thread count, which is half of why results
+// are bitwise identical whatever the number of threads (the other half is in the kernels).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 
-namespace zinf::offload::detail {
+namespace zinf::adam::detail {
 
 /// Elements per chunk: 64 Ki floats (256 KiB per fp32 array). Large enough that claiming a
 /// chunk (one atomic add) and restarting the hardware prefetch streams cost well under 1% of
@@ -45,4 +45,4 @@ class ChunkPool {
   std::unique_ptr<Pool> pool_;  // null when threads_ == 1
 };
 
-}  // namespace zinf::offload::detail
+}  // namespace zinf::adam::detail

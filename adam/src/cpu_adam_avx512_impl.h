@@ -15,7 +15,7 @@
 #include "cpu_adam_kernel.h"
 #include "cpu_adam_x86_common.h"
 
-namespace zinf::offload::detail {
+namespace zinf::adam::detail {
 namespace {
 
 constexpr std::size_t kLanes = 16;
@@ -155,4 +155,4 @@ void Avx512Kernel::run(const KernelArgs& a, std::size_t begin, std::size_t end) 
 }
 
 }  // namespace
-}  // namespace zinf::offload::detail
+}  // namespace zinf::adam::detail

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// CpuAdam and StreamRmw: argument checks, the per-call constants (beta powers in double), the
+// CpuAdam: argument checks, the per-call constants (beta powers in double), the
 // run-time choice of kernel (cpuid once at load, overridable by option or ZINF_CPU_ADAM_ISA),
 // and the hand-off of fixed chunks to the pool.
-#include "zinf/offload/cpu_adam.h"
+#include "zinf/adam/cpu_adam.h"
 
 #include <algorithm>
 #include <charconv>
@@ -19,13 +19,12 @@
 #include "cpu_adam_kernel.h"
 #include "zinf/common/error.h"
 #include "zinf/common/log.h"
-#include "zinf/offload/stream_rmw.h"
 
 #if ZINF_CPU_ADAM_X86
 #include <cpuid.h>
 #endif
 
-namespace zinf::offload {
+namespace zinf::adam {
 namespace {
 
 using detail::ChunkPool;
@@ -230,17 +229,6 @@ void run_adam_chunk(const void* ctx, std::size_t begin, std::size_t end) {
   job->kernel(job->args, begin, end);
 }
 
-struct RmwJob {
-  float* a;
-  const float* b;
-  float s;
-};
-
-void run_rmw_chunk(const void* ctx, std::size_t begin, std::size_t end) {
-  const auto* job = static_cast<const RmwJob*>(ctx);
-  detail::stream_rmw_kernel(job->a, job->b, job->s, begin, end);
-}
-
 }  // namespace
 
 std::optional<AdamParamsError> check_adam_params(const AdamParams& hp) {
@@ -279,15 +267,6 @@ std::string_view isa_name(Isa isa) noexcept {
     case Isa::kAvx2: return "avx2";
     case Isa::kAvx512: return "avx512";
     case Isa::kAvx512Bf16: return "avx512bf16";
-  }
-  return "?";
-}
-
-std::string_view dtype_name(DType dtype) noexcept {
-  switch (dtype) {
-    case DType::kF32: return "fp32";
-    case DType::kBF16: return "bf16";
-    case DType::kF16: return "fp16";
   }
   return "?";
 }
@@ -436,26 +415,4 @@ void CpuAdam::copy_out(std::span<const float> params, CopyOut out) {
   }
 }
 
-struct StreamRmw::Impl {
-  explicit Impl(std::size_t threads) : pool(threads) {}
-  ChunkPool pool;
-};
-
-StreamRmw::StreamRmw(std::size_t threads) : impl_(std::make_unique<Impl>(threads)) {}
-
-StreamRmw::~StreamRmw() = default;
-
-std::size_t StreamRmw::threads() const noexcept { return impl_->pool.threads(); }
-
-void StreamRmw::run(std::span<float> a, std::span<const float> b, float s) {
-  if (a.size() != b.size()) {
-    throw UsageError("stream rmw: b has " + std::to_string(b.size()) + " elements, a has " +
-                     std::to_string(a.size()));
-  }
-  if (a.empty()) return;
-  if (a.data() == nullptr || b.data() == nullptr) throw UsageError("stream rmw: null array");
-  RmwJob job{a.data(), b.data(), s};
-  impl_->pool.run(a.size(), a.data(), sizeof(float), run_rmw_chunk, &job);
-}
-
-}  // namespace zinf::offload
+}  // namespace zinf::adam

@@ -1,0 +1,63 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "scratch.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "zinf/common/error.h"
+
+namespace zinf::tools {
+
+swap::Dir check_dir(const std::string& dir) {
+  if (dir.empty()) throw UsageError("directory does not exist: (empty name)");
+  swap::Dir d;
+  try {
+    d = swap::Dir::open(dir);
+  } catch (const IoError& e) {
+    switch (e.sys_errno()) {
+      case ENOENT: throw UsageError("directory does not exist: " + dir);
+      case ENOTDIR: throw UsageError("not a directory: " + dir);
+      default: throw UsageError("cannot open directory " + dir + ": " + e.what());
+    }
+  }
+  const int fd = open_unnamed_probe(d, 0);
+  if (fd < 0) {
+    throw UsageError("directory is not writable: " + dir + " (" + std::strerror(-fd) + ")");
+  }
+  ::close(fd);
+  return d;
+}
+
+int open_unnamed_probe(const swap::Dir& dir, int extra_flags) {
+  const int base = O_RDWR | O_CLOEXEC | extra_flags;
+  int fd = ::openat(dir.fd(), ".", base | O_TMPFILE | O_EXCL, 0600);
+  if (fd >= 0) return fd;
+  // EOPNOTSUPP, or EISDIR from kernels and file systems that predate O_TMPFILE: fall back to
+  // a name nobody can predict, removed straight away (as File::create_unnamed does).
+  if (errno != EOPNOTSUPP && errno != EISDIR) return -errno;
+  const std::string name = swap::unique_name(".zinf-probe-");
+  fd = ::openat(dir.fd(), name.c_str(), base | O_CREAT | O_EXCL | O_NOFOLLOW, 0600);
+  if (fd < 0) return -errno;
+  if (::unlinkat(dir.fd(), name.c_str(), 0) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return -err;
+  }
+  return fd;
+}
+
+void write_output_file(const std::string& path, std::string_view text) {
+  const std::size_t slash = path.rfind('/');
+  const std::string parent = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (name.empty() || name == "." || name == "..") {
+    throw UsageError("invalid output file '" + path + "': expected a file name, not a directory");
+  }
+  swap::replace_file_durably(swap::Dir::open(parent), name, text);
+}
+
+}  // namespace zinf::tools
