@@ -568,7 +568,10 @@ class SwapWorker {
   // holds one tensor, placed first fit at address 0, so those are that tensor's first bytes.
   void plant(const Key& k) {
     const std::string& path = store_->file_paths().at(0);
-    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    // The swap files have no name: reopen the store's descriptor (buffered, unlike the store's,
+    // so that 64 unaligned bytes can be rewritten).
+    const std::string fd_path = "/proc/self/fd/" + std::to_string(store_->file_descriptor(0));
+    const int fd = ::open(fd_path.c_str(), O_RDWR | O_CLOEXEC);
     if (fd < 0) throw Error("plant-corruption: cannot open " + path + ": " + std::strerror(errno));
     unsigned char bytes[64];
     bool ok = ::pread(fd, bytes, sizeof bytes, 0) == static_cast<ssize_t>(sizeof bytes);
