@@ -267,7 +267,8 @@ void OffloadedOptimizer::Impl::save(const std::string& dir) {
       try {
         root.remove_tree(name);
       } catch (const std::exception& e) {
-        log(LogLevel::kWarning, std::string("checkpoint: cannot remove a failed save: ") + e.what());
+        log(LogLevel::kWarning,
+            std::string("checkpoint: cannot remove a failed save: ") + e.what());
       }
     }
   } remove_tmp{root, tmp};
