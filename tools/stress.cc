@@ -3,6 +3,7 @@
 // an NVMe-offloaded optimizer checked bitwise against an in-memory CpuAdam, and layer
 // prefetch passes run at once for --duration; every byte read back is verified, and every
 // injected hard fault (EIO, ENOSPC) must surface as an error of the operation it hit.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -577,18 +578,18 @@ class SwapWorker {
   // holds one tensor, placed first fit at address 0, so those are that tensor's first bytes.
   void plant(const Key& k) {
     const std::string& path = store_->file_paths().at(0);
-    // Opened relative to its directory, without following a link and only if it is a regular
-    // file: the name is the store's, but what is at it now need not be (zinf may run as root).
-    const std::size_t slash = path.rfind('/');
-    const swap::Dir dir = swap::Dir::open(slash == std::string::npos ? "." : path.substr(0, slash));
-    swap::File file = swap::File::open_existing(dir, path.substr(slash + 1), {.direct = false});
-    const int fd = file.fd();
+    // The swap files have no name: reopen the store's descriptor (buffered, unlike the store's,
+    // so that 64 unaligned bytes can be rewritten).
+    const std::string fd_path = "/proc/self/fd/" + std::to_string(store_->file_descriptor(0));
+    const int fd = ::open(fd_path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) throw Error("plant-corruption: cannot open " + path + ": " + std::strerror(errno));
     unsigned char bytes[64];
     bool ok = ::pread(fd, bytes, sizeof bytes, 0) == static_cast<ssize_t>(sizeof bytes);
     for (auto& b : bytes) b ^= 0x5a;
     ok = ok && ::pwrite(fd, bytes, sizeof bytes, 0) == static_cast<ssize_t>(sizeof bytes);
     ok = ok && ::fdatasync(fd) == 0;
     const int err = errno;
+    ::close(fd);
     if (!ok) throw Error("plant-corruption: cannot rewrite " + path + ": " + std::strerror(err));
     planted = "flipped bytes [0, 64) of " + path + " (tensor " + k.name + ", its bytes [0, 64))";
   }

@@ -203,7 +203,9 @@ zinf_status zinf_engine_set_hyper(zinf_engine* engine, const zinf_adam_params* p
 
 /** Writes a checkpoint (master weights, moments, step count, hyper-parameters, layer table)
  *  under directory `dir`, atomically. Outside a step. Blocks. ZINF_ERR_USAGE for an empty
- *  `dir` (""). */
+ *  `dir` (""). The first save or load locks `dir` for this engine until it is destroyed:
+ *  another engine or process using it fails with ZINF_ERR_IO naming the directory and the
+ *  holder's pid. */
 zinf_status zinf_engine_save(zinf_engine* engine, const char* dir);
 /** Restores what zinf_engine_save wrote (ZINF_ERR_USAGE if the layer table differs or `dir` is
  *  ""). Blocks. */

@@ -5,15 +5,10 @@
 // per-layer step with the copy-out into the parameter tier, checkpoints and statistics.
 #include "zinf/offload/engine.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <optional>
 #include <sstream>
@@ -24,6 +19,7 @@
 #include "zinf/common/log.h"
 #include "zinf/prefetch/layer_prefetcher.h"
 #include "zinf/swap/buffer_pool.h"
+#include "zinf/swap/dir.h"
 #include "zinf/swap/file.h"
 #include "zinf/swap/swap_store.h"
 
@@ -36,6 +32,8 @@ constexpr std::uint64_t kHostAlign = 4096;
 constexpr std::uint32_t kParamStripe = 1u << 20;
 constexpr const char* kManifestName = "zinf-engine-layers";
 constexpr const char* kManifestHeader = "zinf engine layers v1";
+// A line per layer; far more than any model's table, small enough to read whole.
+constexpr std::uint64_t kMaxLayerTableBytes = std::uint64_t{64} << 20;
 
 std::uint64_t round_up(std::uint64_t v, std::uint64_t to) { return (v + to - 1) / to * to; }
 std::uint64_t param_bytes(const LayerSpec& l) { return l.numel * 2; }
@@ -47,43 +45,6 @@ void check_checkpoint_dir(const std::string& dir, const char* function) {
     throw UsageError(std::string(function) + ": the checkpoint directory is empty (\"\"); give "
                      "a directory");
   }
-}
-
-// Writes `text` to `path` atomically: a temporary file, fsync, rename, fsync of the directory.
-void write_file_atomically(const std::string& dir, const std::string& name, const std::string& text) {
-  const std::string path = dir + "/" + name;
-  const std::string tmp = path + ".tmp";
-  auto fail = [&](const char* op, const std::string& p) {
-    const int err = errno;
-    throw IoError(Status::from_errno(err, std::string("engine checkpoint: ") + op).with_path(p));
-  };
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail("open", tmp);
-  std::size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : EIO;
-      ::close(fd);
-      errno = err;
-      fail("write", tmp);
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    const int err = errno;
-    ::close(fd);
-    errno = err;
-    fail("fsync", tmp);
-  }
-  if (::close(fd) != 0) fail("close", tmp);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename", path);
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) fail("open", dir);
-  const int rc = ::fsync(dfd);
-  ::close(dfd);
-  if (rc != 0) fail("fsync", dir);
 }
 
 std::string manifest_text(const std::vector<LayerSpec>& layers) {
@@ -683,14 +644,12 @@ void OffloadEngine::save(const std::string& dir) {
   Impl& m = *impl_;
   m.check_usable();
   m.check_outside_step("save");
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) {
-    throw IoError(Status::from_errno(ec.value(), "engine checkpoint: create directory").with_path(dir));
-  }
+  // The optimizer's directory, created if missing and locked for it: the layer table is
+  // written under the same lock, through the same descriptor.
+  const swap::Dir& d = m.optimizer->checkpoint_directory(dir, /*create=*/true);
   // The layer table first: it never changes for an engine, so a crash between it and the
   // optimizer's checkpoint leaves a table that matches the previous checkpoint too.
-  write_file_atomically(dir, kManifestName, manifest_text(m.layers));
+  swap::replace_file_durably(d, kManifestName, manifest_text(m.layers));
   m.optimizer->save(dir);
 }
 
@@ -699,15 +658,10 @@ void OffloadEngine::load(const std::string& dir) {
   Impl& m = *impl_;
   m.check_usable();
   m.check_outside_step("load");
-  const std::string path = dir + "/" + kManifestName;
-  std::ifstream in(path);
-  if (!in) {
-    throw IoError(Status::from_errno(ENOENT, "engine checkpoint: open layer table").with_path(path));
-  }
-  std::stringstream text;
-  text << in.rdbuf();
+  const swap::Dir& d = m.optimizer->checkpoint_directory(dir, /*create=*/false);
+  const std::string path = d.path_of(kManifestName);
   const std::string want = manifest_text(m.layers);
-  if (text.str() != want) {
+  if (swap::read_small_file(d, kManifestName, kMaxLayerTableBytes) != want) {
     throw UsageError("OffloadEngine::load: the checkpoint's layer table " + path +
                      " differs from this engine's layers (names, element counts, dtypes)");
   }

@@ -910,6 +910,10 @@ void OffloadedOptimizer::load(const std::string& dir) {
   impl_->load(dir);
 }
 
+const swap::Dir& OffloadedOptimizer::checkpoint_directory(const std::string& dir, bool create) {
+  return impl_->open_checkpoint_dir(dir, create);
+}
+
 std::uint64_t OffloadedOptimizer::pinned_bytes() const noexcept { return impl_->pool->bytes_in_use(); }
 std::uint64_t OffloadedOptimizer::pinned_bytes_peak() const noexcept {
   return impl_->pool->peak_bytes_in_use();

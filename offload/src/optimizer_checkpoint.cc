@@ -1,22 +1,26 @@
 // SPDX-License-Identifier: Apache-2.0
 // OffloadedOptimizer checkpoints: the state streamed record by record between the tier and
 // one checkpoint file through the ring (never the whole state in memory), a text manifest
-// with a CRC32C per record, fsync of files and directories, and an atomic switch of the
-// `LATEST` pointer.
+// with a CRC32C per record, fsync of files and directories, an atomic switch of the `LATEST`
+// pointer, and one owner per checkpoint directory.
 //
 // On-disk scheme, chosen so that a kill at any point leaves a loadable checkpoint:
 //   <dir>/LATEST            one line: the name of the current version directory
 //   <dir>/<version>/        state.bin (records at aligned offsets) and manifest
-// save() writes <dir>/<version>.tmp/, fsyncs both files and the directory, renames it to
-// <dir>/<version>/ and fsyncs <dir>; then writes <dir>/LATEST.tmp, fsyncs it, renames it over
-// LATEST and fsyncs <dir>. Only then are older versions and leftover .tmp entries removed.
-// Until the LATEST rename, LATEST names the previous (complete) version; after it, the new
-// one, which is complete and durable. load() follows LATEST only.
-#include <fcntl.h>
+// save() creates <dir>/<version>.tmp/ (mkdirat: never an existing entry), creates both files
+// in it exclusively, fsyncs them and the directory, renames it to <dir>/<version>/ and fsyncs
+// <dir>; then replaces LATEST (replace_file_durably: a fresh temporary renamed over it) and
+// fsyncs <dir>. Only then are older versions of this optimizer and leftovers of interrupted
+// saves removed. Until the LATEST rename, LATEST names the previous (complete) version; after
+// it, the new one, which is complete and durable. load() follows LATEST only.
+//
+// The directory is a swap::Dir, opened once and locked for as long as this optimizer uses it,
+// and every name in it is resolved without following links: zinf may run as root in a
+// directory others can write to, and a planted link must never redirect a write. Version
+// names carry 64 random bits, so nothing can be planted at them in advance.
 #include <sys/stat.h>
-#include <unistd.h>
 
-#include <atomic>
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
@@ -31,6 +35,7 @@
 #include "zinf/common/error.h"
 #include "zinf/common/log.h"
 #include "zinf/swap/crc32c.h"
+#include "zinf/swap/dir.h"
 #include "zinf/swap/file.h"
 
 namespace zinf::offload {
@@ -44,85 +49,10 @@ constexpr const char* kLatest = "LATEST";
 constexpr const char* kStateFile = "state.bin";
 constexpr const char* kManifestFile = "manifest";
 constexpr std::uint64_t kStateBytesPerElement = 12;
-
-[[noreturn]] void throw_errno(int err, const std::string& op, const std::string& path) {
-  throw IoError(Status::from_errno(err, op, path));
-}
-
-// An fd owner for the small files and directories handled here (swap::File is for data).
-class Fd {
- public:
-  Fd(const std::string& path, int flags, mode_t mode = 0600) : path_(path) {
-    fd_ = ::open(path.c_str(), flags | O_CLOEXEC, mode);
-    if (fd_ < 0) throw_errno(errno, "open", path);
-  }
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  void sync() {
-    if (::fsync(fd_) != 0) throw_errno(errno, "fsync", path_);
-  }
-  void close() {
-    const int fd = fd_;
-    fd_ = -1;
-    if (::close(fd) != 0) throw_errno(errno, "close", path_);
-  }
-  int get() const { return fd_; }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-};
-
-void fsync_dir(const std::string& dir) {
-  Fd d(dir, O_RDONLY | O_DIRECTORY);
-  d.sync();
-  d.close();
-}
-
-// Writes `text` to `path` (created or truncated) and fsyncs it.
-void write_synced(const std::string& path, const std::string& text) {
-  Fd f(path, O_WRONLY | O_CREAT | O_TRUNC);
-  std::size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(f.get(), text.data() + done, text.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      throw IoError(Status::from_errno(err, "write", path, done, text.size() - done));
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  f.sync();
-  f.close();
-}
-
-std::string read_small(const std::string& path) {
-  Fd f(path, O_RDONLY);
-  std::string out;
-  char buf[8192];
-  for (;;) {
-    const ssize_t n = ::read(f.get(), buf, sizeof buf);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw_errno(errno, "read", path);
-    }
-    if (n == 0) break;
-    out.append(buf, static_cast<std::size_t>(n));
-    if (out.size() > (std::size_t{64} << 20)) {
-      throw IoError(Status::error(ErrorCode::kCorrupt, "file too large for a manifest")
-                        .with_operation("checkpoint load")
-                        .with_path(path));
-    }
-  }
-  return out;
-}
-
-void rename_or_throw(const std::string& from, const std::string& to) {
-  if (::rename(from.c_str(), to.c_str()) != 0) throw_errno(errno, "rename to " + to, from);
-}
+// LATEST holds one version name; a manifest a line per record (tens of bytes each).
+constexpr std::uint64_t kMaxLatestBytes = 4096;
+constexpr std::uint64_t kMaxManifestBytes = std::uint64_t{64} << 20;
+constexpr std::string_view kTmpSuffix = ".tmp";
 
 std::string hexfloat(double v) {
   char b[64];
@@ -278,16 +208,32 @@ Manifest parse(const std::string& text, const std::string& path) {
   return m;
 }
 
-std::atomic<std::uint64_t> g_save_counter{0};
-
 // True for names save() gives version directories ("v" + 12 digits + "-..."), with or without
-// ".tmp": only those are ever removed from a checkpoint directory.
+// ".tmp": only those (and replace_file_durably's temporaries) are ever removed from a
+// checkpoint directory.
 bool is_version_name(const std::string& n) {
   if (n.size() < 14 || n[0] != 'v' || n[13] != '-') return false;
   for (std::size_t i = 1; i <= 12; ++i) {
     if (n[i] < '0' || n[i] > '9') return false;
   }
   return true;
+}
+
+// Opens the state file of a version for reading or (save) writing again, buffered if its
+// direct-I/O alignment is stricter than the records' (they are aligned to the store's only).
+swap::File reopen_buffered_if_misaligned(swap::File file, const swap::Dir& vdir,
+                                         std::uint32_t record_alignment, bool read_only) {
+  if (file.alignment() <= record_alignment) return file;
+  Status s = file.close();
+  s.ignore("reopened at once without O_DIRECT");
+  return swap::File::open_existing(vdir, kStateFile,
+                                   swap::FileOptions{.read_only = read_only, .direct = false});
+}
+
+bool same_directory(const swap::Dir& a, const swap::Dir& b) {
+  struct stat sa {}, sb {};
+  return ::fstat(a.fd(), &sa) == 0 && ::fstat(b.fd(), &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
 }
 
 }  // namespace
@@ -302,28 +248,31 @@ void OffloadedOptimizer::Impl::save(const std::string& dir) {
   auto hook = [&](std::string_view phase, std::uint64_t bytes) {
     if (options.checkpoint_hook) options.checkpoint_hook(phase, bytes);
   };
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw IoError(Status::from_errno(ec.value(), "create checkpoint directory", dir));
+  const swap::Dir& root = open_checkpoint_dir(dir, /*create=*/true);
 
-  char name_buf[96];
-  std::snprintf(name_buf, sizeof name_buf, "v%012" PRIu64 "-%d-%" PRIu64, steps_done,
-                static_cast<int>(::getpid()), g_save_counter.fetch_add(1));
-  const std::string name = name_buf;
-  const std::string tmp = dir + "/" + name + ".tmp";
-  const std::string final_dir = dir + "/" + name;
-  fs::create_directory(tmp, ec);
-  if (ec) throw IoError(Status::from_errno(ec.value(), "create checkpoint directory", tmp));
+  // An unpredictable name: nothing can be planted at it (or inside it) in advance, and two
+  // saves can never pick the same one. The prefix keeps is_version_name() and the step.
+  char prefix[32];
+  std::snprintf(prefix, sizeof prefix, "v%012" PRIu64 "-", steps_done);
+  const std::string name = swap::unique_name(prefix);
+  const std::string tmp = name + std::string(kTmpSuffix);
+  swap::Dir vdir = root.create_child(tmp);
   // Removes the partial version on any failure (a kill leaves it for the next save to remove).
   struct RemoveTmp {
-    std::string path;
+    const swap::Dir& root;
+    std::string name;
     bool armed = true;
     ~RemoveTmp() {
       if (!armed) return;
-      std::error_code e;
-      fs::remove_all(path, e);
+      try {
+        root.remove_tree(name);
+      } catch (const std::exception& e) {
+        log(LogLevel::kWarning,
+            std::string("checkpoint: cannot remove a failed save: ") + e.what());
+      }
     }
-  } remove_tmp{tmp};
+  } remove_tmp{root, tmp};
+  hook("created", 0);
 
   Manifest m;
   m.step = steps_done;
@@ -337,19 +286,9 @@ void OffloadedOptimizer::Impl::save(const std::string& dir) {
   }
   const std::uint64_t total = offset;
 
-  const std::string state_path = tmp + "/" + kStateFile;
-  swap::FileOptions fo;
-  fo.create = true;
-  fo.truncate = true;
-  fo.preallocate_bytes = total;
-  swap::File file = swap::File::open(state_path, fo);
-  if (file.alignment() > alignment) {
-    // Records are aligned to the store's alignment only: write this file buffered instead.
-    Status s = file.close();
-    s.ignore("reopened at once without O_DIRECT");
-    fo.direct = false;
-    file = swap::File::open(state_path, fo);
-  }
+  swap::File file = reopen_buffered_if_misaligned(
+      swap::File::create_exclusive(vdir, kStateFile, swap::FileOptions{.preallocate_bytes = total}),
+      vdir, alignment, /*read_only=*/false);
   {
     Attached att(*engine, file);
     std::uint64_t written = 0;
@@ -373,47 +312,90 @@ void OffloadedOptimizer::Impl::save(const std::string& dir) {
   }
   throw_if_error(file.sync());
   throw_if_error(file.close());
-  write_synced(tmp + "/" + kManifestFile, render(m, std::string(state_tier_name(options.tier))));
-  fsync_dir(tmp);
+  swap::create_file_durably(vdir, kManifestFile,
+                            render(m, std::string(state_tier_name(options.tier))));
+  vdir.sync();
   hook("synced", total);
 
-  rename_or_throw(tmp, final_dir);
+  root.rename(tmp, name);
   remove_tmp.armed = false;
-  fsync_dir(dir);
+  root.sync();
   hook("committed", total);
 
-  const std::string latest_tmp = dir + "/" + std::string(kLatest) + ".tmp";
-  write_synced(latest_tmp, name + "\n");
-  rename_or_throw(latest_tmp, dir + "/" + kLatest);
-  fsync_dir(dir);
+  swap::replace_file_durably(root, kLatest, name + "\n");
   hook("latest", total);
 
-  // The new version is current and durable: remove older versions and leftovers of
-  // interrupted saves. Failures here only cost space, so they are logged.
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string n = entry.path().filename().string();
-    if (n == name || !is_version_name(n)) continue;
-    std::error_code e;
-    fs::remove_all(entry.path(), e);
-    if (e) log(LogLevel::kWarning, "checkpoint: cannot remove old version " + entry.path().string() + ": " + e.message());
+  // The new version is current and durable: remove this optimizer's older versions and what
+  // interrupted saves left. Under the lock nobody else is writing here, so a .tmp version or
+  // a .zinf-tmp- file is a dead process's. Versions of other runs stay. Failures here only
+  // cost space, so they are logged.
+  std::vector<std::string> kept{name};
+  std::vector<std::string> names;
+  try {
+    names = root.list();
+  } catch (const IoError& e) {
+    log(LogLevel::kWarning, std::string("checkpoint: cannot list for cleanup: ") + e.what());
   }
+  for (const std::string& n : names) {
+    if (n == name) continue;
+    const bool ours = std::find(checkpoint_chain.begin(), checkpoint_chain.end(), n) !=
+                      checkpoint_chain.end();
+    const bool leftover =
+        (is_version_name(n) && n.ends_with(kTmpSuffix)) || swap::is_zinf_temporary(n);
+    if (!ours && !leftover) continue;
+    try {
+      root.remove_tree(n);
+      if (leftover) {
+        log(LogLevel::kNotice, "checkpoint: reclaimed " + root.path_of(n) +
+                                   ", left by an interrupted save");
+      }
+    } catch (const std::exception& e) {
+      log(LogLevel::kWarning, std::string("checkpoint: cannot remove ") + root.path_of(n) +
+                                  ": " + e.what());
+      if (ours) kept.push_back(n);  // tried again after the next save
+    }
+  }
+  checkpoint_chain = std::move(kept);
   hook("done", total);
 }
 
+const swap::Dir& OffloadedOptimizer::Impl::open_checkpoint_dir(const std::string& dir,
+                                                               bool create) {
+  if (create) {
+    // The path as the caller gave it, links in it followed: the caller chose it. Everything
+    // inside goes through the descriptor opened next.
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) throw IoError(Status::from_errno(ec.value(), "create checkpoint directory", dir));
+  }
+  swap::Dir opened = swap::Dir::open(dir);
+  if (checkpoint_dir.is_open() && same_directory(opened, checkpoint_dir)) return checkpoint_dir;
+  opened.lock_or_throw("checkpoints of an OffloadedOptimizer");
+  // Moving on: the old directory's lock goes with its descriptor, and the versions there are
+  // no longer ours to remove.
+  checkpoint_dir = std::move(opened);
+  checkpoint_chain.clear();
+  return checkpoint_dir;
+}
+
 void OffloadedOptimizer::Impl::load(const std::string& dir) {
-  const std::string latest_path = dir + "/" + kLatest;
-  std::string name = read_small(latest_path);
+  const swap::Dir& root = open_checkpoint_dir(dir, /*create=*/false);
+  const std::string latest_path = root.path_of(kLatest);
+  std::string name = swap::read_small_file(root, kLatest, kMaxLatestBytes);
   while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
-  if (!is_version_name(name) || name.find('/') != std::string::npos) {
+  if (!is_version_name(name) || name.find('/') != std::string::npos ||
+      name.ends_with(kTmpSuffix)) {
     throw corrupt(latest_path, "LATEST does not name a version directory");
   }
-  const std::string vdir = dir + "/" + name;
-  const std::string manifest_path = vdir + "/" + kManifestFile;
-  const Manifest m = parse(read_small(manifest_path), manifest_path);
+  const swap::Dir vdir = root.open_child(name);
+  const std::string& vpath = vdir.path();
+  const std::string manifest_path = vdir.path_of(kManifestFile);
+  const Manifest m =
+      parse(swap::read_small_file(vdir, kManifestFile, kMaxManifestBytes), manifest_path);
 
   // The checkpoint must describe this optimizer's layout exactly.
   auto mismatch = [&](const std::string& why) {
-    throw UsageError("OffloadedOptimizer::load: checkpoint " + vdir + " does not match: " + why);
+    throw UsageError("OffloadedOptimizer::load: checkpoint " + vpath + " does not match: " + why);
   };
   if (m.groups.size() != groups.size()) {
     mismatch(std::to_string(m.groups.size()) + " groups, this optimizer has " + std::to_string(groups.size()));
@@ -429,7 +411,7 @@ void OffloadedOptimizer::Impl::load(const std::string& dir) {
     mismatch("sub_group_elements " + std::to_string(m.sub_group_elements) + ", here " +
              std::to_string(options.sub_group_elements));
   }
-  const std::string state_path = vdir + "/" + kStateFile;
+  const std::string state_path = vdir.path_of(kStateFile);
   std::uint64_t offset = 0;
   if (m.records.size() != records.size()) throw corrupt(manifest_path, "wrong record count");
   for (std::size_t i = 0; i < records.size(); ++i) {
@@ -443,15 +425,9 @@ void OffloadedOptimizer::Impl::load(const std::string& dir) {
   }
   validate_hyper(m.hp);
 
-  swap::FileOptions fo;
-  fo.read_only = true;
-  swap::File file = swap::File::open(state_path, fo);
-  if (file.alignment() > alignment) {
-    Status s = file.close();
-    s.ignore("reopened at once without O_DIRECT");
-    fo.direct = false;
-    file = swap::File::open(state_path, fo);
-  }
+  swap::File file = reopen_buffered_if_misaligned(
+      swap::File::open_existing(vdir, kStateFile, swap::FileOptions{.read_only = true}), vdir,
+      alignment, /*read_only=*/true);
   if (file.size() < offset) {
     throw corrupt(state_path, "file is " + std::to_string(file.size()) + " bytes, the manifest needs " +
                                   std::to_string(offset));
@@ -496,6 +472,10 @@ void OffloadedOptimizer::Impl::load(const std::string& dir) {
   steps_done = m.step;
   hyper = m.hp;
   initialized.assign(groups.size(), true);
+  // Superseded by this optimizer's next save, which removes it.
+  if (std::find(checkpoint_chain.begin(), checkpoint_chain.end(), name) == checkpoint_chain.end()) {
+    checkpoint_chain.push_back(name);
+  }
 }
 
 }  // namespace zinf::offload

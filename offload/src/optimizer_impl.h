@@ -19,6 +19,7 @@
 #include "zinf/common/status.h"
 #include "zinf/offload/optimizer.h"
 #include "zinf/swap/buffer_pool.h"
+#include "zinf/swap/dir.h"
 #include "zinf/swap/io_engine.h"
 #include "zinf/swap/swap_store.h"
 
@@ -104,6 +105,12 @@ struct OffloadedOptimizer::Impl {
   std::uint64_t steps_done = 0;
   std::optional<Status> failure;  // set once: the optimizer refuses work afterwards
 
+  // Checkpoints (optimizer_checkpoint.cc): the directory of the last save or load, open and
+  // locked (flock) so that no other optimizer or process uses it meanwhile, and the versions
+  // in it that this optimizer wrote or loaded from, the only versions a save removes.
+  swap::Dir checkpoint_dir;
+  std::vector<std::string> checkpoint_chain;
+
   std::mutex mu;
   std::condition_variable cv;
   StepRun run;                 // guarded by mu
@@ -144,6 +151,9 @@ struct OffloadedOptimizer::Impl {
   void queue_group(std::size_t group, const adam::GradView& grads, const adam::CopyOut& out,
                    const std::shared_ptr<const StoreCopyOut>& target);
 
+  // The checkpoint directory `dir`, opened (created first if `create`) and locked, or the one
+  // already held if it is the same directory (a second open would conflict with our own lock).
+  const swap::Dir& open_checkpoint_dir(const std::string& dir, bool create);
   void save(const std::string& dir);
   void load(const std::string& dir);
 };

@@ -107,6 +107,31 @@ std::string Dir::path_of(std::string_view name) const {
   return out;
 }
 
+std::vector<std::string> Dir::list() const {
+  // fdopendir takes the descriptor: give it a duplicate so that this Dir keeps its own.
+  const int dup_fd = ::fcntl(fd_, F_DUPFD_CLOEXEC, 0);
+  if (dup_fd < 0) throw_errno(errno, "dup", path_);
+  DIR* d = ::fdopendir(dup_fd);
+  if (d == nullptr) {
+    const int err = errno;
+    ::close(dup_fd);
+    throw_errno(err, "read directory", path_);
+  }
+  // The duplicate shares the file position: start from the beginning whoever read it last.
+  ::rewinddir(d);
+  std::vector<std::string> names;
+  errno = 0;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string_view en = e->d_name;
+    if (en != "." && en != "..") names.emplace_back(en);
+    errno = 0;
+  }
+  const int err = errno;
+  ::closedir(d);
+  if (err != 0) throw_errno(err, "read directory", path_);
+  return names;
+}
+
 void Dir::sync() const {
   if (::fsync(fd_) != 0) throw_errno(errno, "fsync directory", path_);
 }
@@ -139,22 +164,7 @@ bool Dir::remove_tree(std::string_view name) const {
   if (!S_ISDIR(st.st_mode)) return remove_file(name);
   {
     Dir child = open_child(name);
-    // fdopendir takes the descriptor: give it a duplicate so `child` keeps its own.
-    const int dup_fd = ::fcntl(child.fd(), F_DUPFD_CLOEXEC, 0);
-    if (dup_fd < 0) throw_errno(errno, "dup", child.path());
-    DIR* d = ::fdopendir(dup_fd);
-    if (d == nullptr) {
-      const int err = errno;
-      ::close(dup_fd);
-      throw_errno(err, "read directory", child.path());
-    }
-    std::vector<std::string> names;
-    while (const dirent* e = ::readdir(d)) {
-      const std::string_view en = e->d_name;
-      if (en != "." && en != "..") names.emplace_back(en);
-    }
-    ::closedir(d);
-    for (const auto& en : names) child.remove_tree(en);
+    for (const auto& en : child.list()) child.remove_tree(en);
   }
   if (::unlinkat(fd_, n.c_str(), AT_REMOVEDIR) != 0) {
     if (errno == ENOENT) return false;
@@ -234,21 +244,34 @@ void write_all(int fd, std::string_view data, const std::string& path) {
   }
 }
 
+void create_file_durably(const Dir& dir, std::string_view name, std::string_view text,
+                         mode_t mode) {
+  check_component(name, "create_file_durably");
+  const std::string n(name);
+  const std::string shown = dir.path_of(name);
+  FdGuard fd{::openat(dir.fd(), n.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                      mode)};
+  if (fd.fd < 0) throw_errno(errno, "create", shown);
+  try {
+    write_all(fd.fd, text, shown);
+    if (::fsync(fd.fd) != 0) throw_errno(errno, "fsync", shown);
+    if (::close(fd.release()) != 0) throw_errno(errno, "close", shown);
+  } catch (...) {
+    // Created exclusively above, so the file at that name is ours to remove.
+    if (fd.fd >= 0) ::close(fd.release());
+    ::unlinkat(dir.fd(), n.c_str(), 0);
+    throw;
+  }
+}
+
 void replace_file_durably(const Dir& dir, std::string_view name, std::string_view text,
                           mode_t mode) {
   check_component(name, "replace_file_durably");
   const std::string tmp = unique_name(kTempPrefix);
-  const std::string tmp_path = dir.path_of(tmp);
-  FdGuard fd{::openat(dir.fd(), tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                      mode)};
-  if (fd.fd < 0) throw_errno(errno, "create", tmp_path);
+  create_file_durably(dir, tmp, text, mode);
   try {
-    write_all(fd.fd, text, tmp_path);
-    if (::fsync(fd.fd) != 0) throw_errno(errno, "fsync", tmp_path);
-    if (::close(fd.release()) != 0) throw_errno(errno, "close", tmp_path);
     dir.rename(tmp, name);
   } catch (...) {
-    if (fd.fd >= 0) ::close(fd.release());
     ::unlinkat(dir.fd(), tmp.c_str(), 0);
     throw;
   }

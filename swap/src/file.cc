@@ -264,4 +264,8 @@ std::uint32_t probe_direct_io_alignment(const std::string& path) noexcept {
   return probe_alignment(-1, path);
 }
 
+std::uint32_t probe_direct_io_alignment(const Dir& dir) noexcept {
+  return probe_alignment(dir.fd(), dir.path());
+}
+
 }  // namespace zinf::swap

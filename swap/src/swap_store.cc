@@ -7,7 +7,6 @@
 
 #include <sys/stat.h>
 #include <sys/statvfs.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -33,6 +32,7 @@
 #include "zinf/common/log.h"
 #include "zinf/swap/buffer_pool.h"
 #include "zinf/swap/crc32c.h"
+#include "zinf/swap/dir.h"
 #include "zinf/swap/file.h"
 
 namespace zinf::swap {
@@ -115,16 +115,6 @@ struct Tensor {
   ByteRanges written;               // padded tensor bytes that hold swapped-out data
   std::vector<InFlight> in_flight;
   std::optional<Status> lost;       // the failure of the last swap_out, until a whole rewrite
-};
-
-// RAII: removes the files created so far unless the store was completely set up.
-struct CreatedFiles {
-  std::vector<std::string> paths;
-  bool keep = false;
-  ~CreatedFiles() {
-    if (keep) return;
-    for (const auto& p : paths) ::unlink(p.c_str());
-  }
 };
 
 }  // namespace
@@ -530,12 +520,9 @@ Status SwapStore::Impl::close_files() {
         }
       }
     }
+    // The files have no name: closing the last descriptor frees their space.
     Status s = files[i].close();
     if (!s.ok() && first.ok()) first = s;
-    if (::unlink(paths[i].c_str()) != 0) {
-      const int err = errno;
-      if (err != ENOENT && first.ok()) first = Status::from_errno(err, "remove swap file", paths[i]);
-    }
   }
   files.clear();
   ids.clear();
@@ -551,10 +538,16 @@ SwapStore::SwapStore(const SwapStoreOptions& options, IoEngine& engine)
   if (options.stripe_bytes == 0) throw UsageError("SwapStore: stripe_bytes is 0");
   for (const auto& d : dirs) s.where += (s.where.empty() ? "" : ",") + d;
 
+  // Each directory is opened once; its file is created relative to that descriptor, so a
+  // directory renamed or replaced by a link meanwhile cannot redirect it.
+  std::vector<Dir> opened;
+  opened.reserve(dirs.size());
+  for (const auto& d : dirs) opened.push_back(Dir::open(d));
+
   // Alignment before anything is created, so a bad stripe size fails cleanly.
   s.alignment = kMinAlignment;
   if (options.direct_io) {
-    for (const auto& d : dirs) s.alignment = std::max(s.alignment, probe_direct_io_alignment(d));
+    for (const Dir& d : opened) s.alignment = std::max(s.alignment, probe_direct_io_alignment(d));
   }
   auto check_stripe = [&] {
     if (options.stripe_bytes % s.alignment != 0) {
@@ -577,19 +570,16 @@ SwapStore::SwapStore(const SwapStoreOptions& options, IoEngine& engine)
     std::size_t files = 0;
   };
   std::map<dev_t, Fs> filesystems;
-  for (const auto& d : dirs) {
+  for (const Dir& d : opened) {
     struct statvfs vfs {};
     struct stat st {};
-    if (::stat(d.c_str(), &st) != 0 || ::statvfs(d.c_str(), &vfs) != 0) {
+    if (::fstat(d.fd(), &st) != 0 || ::fstatvfs(d.fd(), &vfs) != 0) {
       const int err = errno;
-      throw IoError(Status::from_errno(err, "create swap store (statvfs)", d));
-    }
-    if (!S_ISDIR(st.st_mode)) {
-      throw IoError(Status::from_errno(ENOTDIR, "create swap store", d));
+      throw IoError(Status::from_errno(err, "create swap store (statvfs)", d.path()));
     }
     Fs& fs = filesystems[st.st_dev];
     if (fs.files == 0) {
-      fs.first_dir = d;
+      fs.first_dir = d.path();
       fs.free = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
     }
     fs.needed += s.file_bytes;
@@ -608,24 +598,19 @@ SwapStore::SwapStore(const SwapStoreOptions& options, IoEngine& engine)
     }
   }
 
-  // Create, preallocate and attach. Files made so far are removed if a later step throws.
+  // Create, preallocate and attach. The files have no name (File::create_unnamed): nothing
+  // planted in a directory can be opened in their place, no name can collide with a file a
+  // killed process left (a restarted container reuses its pid), and a killed process leaves
+  // nothing behind. The label only names them in messages; the sequence number tells the
+  // stores of one process apart.
   static std::atomic<std::uint64_t> store_seq{0};
-  const std::string stem = "zinf-swap-" + std::to_string(::getpid()) + "-" +
-                           std::to_string(store_seq.fetch_add(1)) + ".";
-  CreatedFiles created;
+  const std::string stem = "zinf-swap-" + std::to_string(store_seq.fetch_add(1)) + ".";
   try {
     for (std::size_t i = 0; i < dirs.size(); ++i) {
-      std::string path = dirs[i] + "/" + stem + std::to_string(i) + ".swp";
-      struct stat st {};
-      if (::stat(path.c_str(), &st) == 0) {
-        throw IoError(Status::from_errno(EEXIST, "create swap file", path));
-      }
-      created.paths.push_back(path);
-      s.files.push_back(File::open(path, FileOptions{.create = true,
-                                                     .truncate = true,
-                                                     .direct = options.direct_io,
-                                                     .preallocate_bytes = s.file_bytes}));
-      s.paths.push_back(path);
+      s.files.push_back(File::create_unnamed(
+          opened[i], stem + std::to_string(i),
+          FileOptions{.direct = options.direct_io, .preallocate_bytes = s.file_bytes}));
+      s.paths.push_back(s.files.back().path());
       if (s.files.back().is_direct()) s.alignment = std::max(s.alignment, s.files.back().alignment());
     }
     check_stripe();
@@ -633,10 +618,9 @@ SwapStore::SwapStore(const SwapStoreOptions& options, IoEngine& engine)
   } catch (...) {
     for (FileId id : s.ids) engine.detach(id);
     s.ids.clear();
-    s.files.clear();  // closes; `created` then removes them
+    s.files.clear();  // closes them, which frees their space
     throw;
   }
-  created.keep = true;
   s.space.emplace(s.capacity / s.alignment);
   // The same threads verify swap_ins and sum swap_outs.
   if (options.checksums && options.verify_threads > 0) s.verifier.emplace(options.verify_threads);
@@ -665,6 +649,17 @@ std::uint64_t SwapStore::padded_size(std::uint64_t bytes) const noexcept {
 std::uint32_t SwapStore::stripe_bytes() const noexcept { return impl_->stripe; }
 bool SwapStore::checksums() const noexcept { return impl_->options.checksums; }
 const std::vector<std::string>& SwapStore::file_paths() const noexcept { return impl_->paths; }
+
+int SwapStore::file_descriptor(std::size_t index) const {
+  const Impl& s = *impl_;
+  std::lock_guard lock(s.mu);
+  s.check_open();
+  if (index >= s.files.size()) {
+    throw UsageError("SwapStore::file_descriptor: no file " + std::to_string(index) +
+                     " (the store has " + std::to_string(s.files.size()) + ")");
+  }
+  return s.files[index].fd();
+}
 std::uint64_t SwapStore::file_bytes() const noexcept { return impl_->file_bytes; }
 std::uint64_t SwapStore::capacity_bytes() const noexcept { return impl_->capacity; }
 

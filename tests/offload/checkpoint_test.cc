@@ -4,20 +4,29 @@
 // the previous version, corruption is detected (state file: kCorrupt naming file and offset;
 // manifest), a mismatched layout is refused, and a process killed at any point of a save
 // leaves a loadable checkpoint (the previous one until the LATEST switch, the new one after).
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "optimizer_test_util.h"
+#include "support/log_capture.h"
 #include "support/test_dir.h"
 #include "zinf/common/error.h"
 #include "zinf/offload/optimizer.h"
@@ -92,8 +101,11 @@ TEST_P(Checkpoint, ResumingContinuesBitwiseIdenticalToAnUninterruptedRun) {
   a.save(ckpt);
   test::run_steps(a, 3, 5, DType::kBF16);
 
+  // `a` holds ckpt (one owner per directory): b resumes from a copy, which loads as well.
+  const std::string copy = dir_.file("copy");
+  fs::copy(ckpt, copy, fs::copy_options::recursive);
   OffloadedOptimizer b(options_for(GetParam(), dir_), groups);
-  b.load(ckpt);
+  b.load(copy);
   EXPECT_EQ(b.step_count(), 2u);
   test::run_steps(b, 3, 5, DType::kBF16);
   EXPECT_EQ(test::diff(test::read_all(b), test::read_all(a)), "");
@@ -119,10 +131,12 @@ TEST_P(Checkpoint, ASaveReplacesThePreviousVersion) {
 
 TEST_P(Checkpoint, CorruptStateIsDetectedNamingFileAndOffset) {
   const std::string ckpt = dir_.file("ckpt");
-  OffloadedOptimizer a(options_for(GetParam(), dir_), test::odd_groups());
-  test::init_all(a);
-  test::run_steps(a, 1, 1);
-  a.save(ckpt);
+  {
+    OffloadedOptimizer a(options_for(GetParam(), dir_), test::odd_groups());
+    test::init_all(a);
+    test::run_steps(a, 1, 1);
+    a.save(ckpt);
+  }
   // Flip one byte inside the second record (embed#1 at offset 53248).
   const std::string state = ckpt + "/" + latest_version(ckpt) + "/state.bin";
   {
@@ -193,26 +207,379 @@ TEST_P(Checkpoint, MismatchedLayoutIsAUsageError) {
   }
   auto other = test::odd_groups();
   other[1].numel += 1;
-  OffloadedOptimizer b(options_for(GetParam(), dir_), other);
-  EXPECT_THROW(b.load(ckpt), UsageError);
+  {
+    OffloadedOptimizer b(options_for(GetParam(), dir_), other);
+    EXPECT_THROW(b.load(ckpt), UsageError);
+    EXPECT_FALSE(b.failed());
+  }
   auto o = options_for(GetParam(), dir_);
   o.sub_group_elements = 5000;
   OffloadedOptimizer c(o, test::odd_groups());
   EXPECT_THROW(c.load(ckpt), UsageError);
-  EXPECT_FALSE(b.failed());
   EXPECT_FALSE(c.failed());
 }
 
 TEST_P(Checkpoint, MissingCheckpointIsNotFound) {
   OffloadedOptimizer a(options_for(GetParam(), dir_), test::odd_groups());
-  try {
-    a.load(dir_.file("nothing-here"));
-    FAIL();
-  } catch (const IoError& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kNotFound) << e.what();
-    EXPECT_NE(std::string(e.what()).find(dir_.file("nothing-here") + "/LATEST"), std::string::npos);
+  // No directory, then a directory without LATEST: each error names what is missing.
+  const std::string empty = dir_.subdir("empty");
+  for (const auto& [load_from, missing] :
+       {std::pair{dir_.file("nothing-here"), dir_.file("nothing-here")},
+        std::pair{empty, empty + "/LATEST"}}) {
+    try {
+      a.load(load_from);
+      ADD_FAILURE() << load_from << " loaded";
+    } catch (const IoError& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kNotFound) << e.what();
+      EXPECT_EQ(e.status().path(), missing) << e.what();
+    }
   }
   EXPECT_FALSE(a.failed());
+}
+
+// ---- Files: nothing outside zinf's own is touched, one owner per directory ----------------
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Files outside the checkpoint directory that planted links point at: must never change.
+struct Outside {
+  test::TestDir dir;
+  std::string file = dir.file("victim");
+  std::string subdir = dir.subdir("victim-dir");
+  Outside() { std::ofstream(file) << "precious"; }
+  void expect_untouched() const {
+    EXPECT_EQ(read_text(file), "precious");
+    EXPECT_TRUE(fs::is_empty(subdir)) << subdir << " was written into";
+    EXPECT_EQ(entries(dir.path()), (std::vector<std::string>{"victim", "victim-dir"}));
+  }
+};
+
+// Runs `fn` on another thread and returns the status of the IoError it threw (nothing if it
+// did not throw). If it has not returned within 10 s it is blocked on one of `fifos`: the
+// test fails, and each FIFO is opened from the other side, which lets a blocked open return,
+// held for a while (a writer's bytes fit in the pipe) and closed (a reader sees the end).
+std::optional<Status> io_error_within_10s(const std::function<void()>& fn,
+                                          const std::vector<std::string>& fifos) {
+  auto result = std::async(std::launch::async, [&]() -> std::optional<Status> {
+    try {
+      fn();
+    } catch (const IoError& e) {
+      return e.status();
+    }
+    return std::nullopt;
+  });
+  if (result.wait_for(std::chrono::seconds(10)) == std::future_status::timeout) {
+    ADD_FAILURE() << "blocked for 10 s (on a FIFO?)";
+    std::vector<int> held;
+    for (const auto& f : fifos) held.push_back(::open(f.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC));
+    result.wait_for(std::chrono::seconds(2));
+    for (int fd : held) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+  return result.get();
+}
+
+OptimizerOptions cpu_options(const test::TestDir& dir) { return options_for(StateTier::kCpu, dir); }
+
+class CheckpointFiles : public ::testing::Test {
+ protected:
+  // A checkpoint of an optimizer at step 1 in `ckpt`, written by an optimizer that is gone.
+  test::State save_one(const std::string& ckpt) {
+    OffloadedOptimizer a(cpu_options(dir_), test::odd_groups());
+    test::init_all(a);
+    test::run_steps(a, 1, 1);
+    a.save(ckpt);
+    return test::read_all(a);
+  }
+  test::TestDir dir_;
+};
+
+// Links at every name a save used to write through (LATEST, LATEST.tmp, the version
+// directories' old predictable names v<step>-<pid>-<n>.tmp) are replaced or left alone,
+// never followed; the checkpoint is complete and loads.
+TEST_F(CheckpointFiles, SaveNeverFollowsALinkAtAnyName) {
+  Outside out;
+  const std::string ckpt = dir_.subdir("ckpt");
+  ASSERT_EQ(::symlink(out.file.c_str(), (ckpt + "/LATEST").c_str()), 0);
+  ASSERT_EQ(::symlink(out.file.c_str(), (ckpt + "/LATEST.tmp").c_str()), 0);
+  const std::string pid = std::to_string(::getpid());
+  for (int n = 0; n < 64; ++n) {
+    const std::string old_name = ckpt + "/v000000000001-" + pid + "-" + std::to_string(n);
+    ASSERT_EQ(::symlink(out.subdir.c_str(), (old_name + ".tmp").c_str()), 0);
+  }
+  const test::State saved = save_one(ckpt);
+  out.expect_untouched();
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(ckpt + "/LATEST")));
+  EXPECT_TRUE(fs::is_symlink(ckpt + "/LATEST.tmp")) << "not a name zinf gives: left alone";
+  OffloadedOptimizer b(cpu_options(dir_), test::odd_groups());
+  b.load(ckpt);
+  EXPECT_EQ(test::diff(test::read_all(b), saved), "");
+  out.expect_untouched();
+}
+
+// Each name a load reads (LATEST, the version directory, manifest, state.bin) replaced by a
+// link to a good copy outside: refused, naming the link, before the state is touched.
+TEST_F(CheckpointFiles, LoadNeverFollowsALink) {
+  const std::string ckpt = dir_.file("ckpt");
+  const test::State saved = save_one(ckpt);
+  const std::string version = latest_version(ckpt);
+  test::TestDir outside;
+  OffloadedOptimizer b(cpu_options(dir_), test::odd_groups());
+  for (const std::string& rel : std::vector<std::string>{"LATEST", version, version + "/manifest",
+                                                         version + "/state.bin"}) {
+    SCOPED_TRACE(rel);
+    const std::string path = ckpt + "/" + rel;
+    const std::string moved = outside.file("moved");
+    fs::rename(path, moved);
+    ASSERT_EQ(::symlink(moved.c_str(), path.c_str()), 0);
+    try {
+      b.load(ckpt);
+      ADD_FAILURE() << "loaded through a link at " << path;
+    } catch (const IoError& e) {
+      EXPECT_EQ(e.status().path(), path) << e.what();
+    }
+    EXPECT_FALSE(b.failed());
+    fs::remove(path);
+    fs::rename(moved, path);
+  }
+  b.load(ckpt);
+  EXPECT_EQ(test::diff(test::read_all(b), saved), "");
+}
+
+// A FIFO where a load expects LATEST, the manifest or state.bin fails the load at once,
+// naming it, instead of blocking until someone writes to it.
+TEST_F(CheckpointFiles, LoadRefusesAFifoWithoutBlocking) {
+  const std::string ckpt = dir_.file("ckpt");
+  const test::State saved = save_one(ckpt);
+  const std::string version = latest_version(ckpt);
+  test::TestDir outside;
+  OffloadedOptimizer b(cpu_options(dir_), test::odd_groups());
+  for (const std::string& rel :
+       std::vector<std::string>{"LATEST", version + "/manifest", version + "/state.bin"}) {
+    SCOPED_TRACE(rel);
+    const std::string path = ckpt + "/" + rel;
+    const std::string moved = outside.file("moved");
+    fs::rename(path, moved);
+    ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+    const auto err = io_error_within_10s([&] { b.load(ckpt); }, {path});
+    ASSERT_TRUE(err.has_value()) << "a FIFO at " << path << " loaded";
+    EXPECT_EQ(err->path(), path) << err->to_string();
+    EXPECT_NE(err->to_string().find("a FIFO"), std::string::npos) << err->to_string();
+    EXPECT_FALSE(b.failed());
+    fs::remove(path);
+    fs::rename(moved, path);
+  }
+  b.load(ckpt);
+  EXPECT_EQ(test::diff(test::read_all(b), saved), "");
+}
+
+// What a save finds at LATEST: a FIFO is replaced (never opened), a directory is refused
+// with an error naming LATEST and left as it was. FIFOs at the old fixed temporary name
+// LATEST.tmp never block a save.
+TEST_F(CheckpointFiles, SaveReplacesAFifoAtLatestAndRefusesADirectory) {
+  const std::string ckpt = dir_.subdir("ckpt");
+  ASSERT_EQ(::mkfifo((ckpt + "/LATEST").c_str(), 0600), 0);
+  ASSERT_EQ(::mkfifo((ckpt + "/LATEST.tmp").c_str(), 0600), 0);
+  OffloadedOptimizer a(cpu_options(dir_), test::odd_groups());
+  test::init_all(a);
+  auto err = io_error_within_10s([&] { a.save(ckpt); }, {ckpt + "/LATEST", ckpt + "/LATEST.tmp"});
+  EXPECT_FALSE(err.has_value()) << err->to_string();
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(ckpt + "/LATEST")));
+
+  fs::remove(ckpt + "/LATEST");
+  fs::create_directory(ckpt + "/LATEST");
+  std::ofstream(ckpt + "/LATEST/keep") << "mine";
+  err = io_error_within_10s([&] { a.save(ckpt); }, {ckpt + "/LATEST.tmp"});
+  ASSERT_TRUE(err.has_value()) << "a save replaced a directory";
+  EXPECT_NE(err->to_string().find(ckpt + "/LATEST"), std::string::npos) << err->to_string();
+  EXPECT_EQ(read_text(ckpt + "/LATEST/keep"), "mine");
+  for (const auto& n : entries(ckpt)) EXPECT_FALSE(n.starts_with(".zinf-tmp-")) << n;
+  EXPECT_FALSE(a.failed()) << "a failed save leaves the optimizer usable";
+}
+
+// A file planted inside the new version directory (under its unpredictable name; the test
+// uses the hook to learn it) is refused, not written through, and the partial version removed.
+TEST_F(CheckpointFiles, SaveRefusesFilesPlantedInItsNewVersion) {
+  Outside out;
+  const std::string ckpt = dir_.subdir("ckpt");
+  for (const std::string planted : {"state.bin", "manifest"}) {
+    SCOPED_TRACE(planted);
+    const std::string phase = planted == "state.bin" ? "created" : "data";
+    std::string where;
+    auto o = cpu_options(dir_);
+    o.checkpoint_hook = [&](std::string_view p, std::uint64_t) {
+      if (p != phase || !where.empty()) return;
+      for (const auto& n : entries(ckpt)) {
+        if (n.ends_with(".tmp")) where = ckpt + "/" + n + "/" + planted;
+      }
+      ASSERT_EQ(::symlink(out.file.c_str(), where.c_str()), 0) << where;
+    };
+    OffloadedOptimizer a(o, test::odd_groups());
+    test::init_all(a);
+    try {
+      a.save(ckpt);
+      ADD_FAILURE() << "saved over a planted " << planted;
+    } catch (const IoError& e) {
+      EXPECT_EQ(e.sys_errno(), EEXIST) << e.what();
+      EXPECT_EQ(e.status().path(), where) << e.what();
+    }
+    out.expect_untouched();
+    EXPECT_EQ(entries(ckpt), std::vector<std::string>{}) << "the partial version stays";
+  }
+}
+
+// One owner per directory: while one optimizer uses a checkpoint directory, another one's
+// save and load fail at once naming the directory and the holder's pid, and the first one's
+// checkpoint stays intact and loadable.
+TEST_F(CheckpointFiles, ASecondOptimizerOnTheDirectoryFailsNamingTheHolder) {
+  const std::string ckpt = dir_.file("ckpt");
+  test::State saved;
+  {
+    OffloadedOptimizer a(cpu_options(dir_), test::odd_groups());
+    test::init_all(a);
+    test::run_steps(a, 1, 2);
+    a.save(ckpt);
+    saved = test::read_all(a);
+    const std::string version = latest_version(ckpt);
+
+    OffloadedOptimizer b(cpu_options(dir_), test::odd_groups());
+    test::init_all(b);
+    const std::string holder = "in use by zinf process " + std::to_string(::getpid());
+    for (const bool save : {true, false}) {
+      try {
+        save ? b.save(ckpt) : b.load(ckpt);
+        ADD_FAILURE() << (save ? "save" : "load") << " into a directory in use";
+      } catch (const IoError& e) {
+        EXPECT_EQ(e.status().path(), ckpt) << e.what();
+        EXPECT_NE(std::string(e.what()).find(holder), std::string::npos) << e.what();
+      }
+    }
+    EXPECT_FALSE(b.failed());
+    EXPECT_EQ(latest_version(ckpt), version);
+    EXPECT_EQ(entries(ckpt), (std::vector<std::string>{"LATEST", version}));
+    // Saves into another directory still work, and a's next save is unaffected.
+    b.save(dir_.file("elsewhere"));
+    test::run_steps(a, 3, 3);
+    a.save(ckpt);
+    saved = test::read_all(a);
+  }
+  OffloadedOptimizer c(cpu_options(dir_), test::odd_groups());
+  c.load(ckpt);
+  EXPECT_EQ(c.step_count(), 3u);
+  EXPECT_EQ(test::diff(test::read_all(c), saved), "");
+}
+
+// The same across processes: a forked child holding the directory is named by its pid, and
+// its death (even by SIGKILL) frees the directory.
+TEST_F(CheckpointFiles, AnotherProcessHoldingTheDirectoryIsNamed) {
+  const std::string ckpt = dir_.file("ckpt");
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::close(ready[0]);
+    try {
+      OffloadedOptimizer a(cpu_options(dir_), test::odd_groups());
+      test::init_all(a);
+      a.save(ckpt);
+      const char ok = 'k';
+      if (::write(ready[1], &ok, 1) != 1) ::_exit(4);
+      for (;;) ::pause();
+    } catch (...) {
+      ::_exit(3);
+    }
+  }
+  ::close(ready[1]);
+  char got = 0;
+  const ssize_t n = ::read(ready[0], &got, 1);
+  ::close(ready[0]);
+  OffloadedOptimizer b(cpu_options(dir_), test::odd_groups());
+  test::init_all(b);
+  if (n == 1) {
+    try {
+      b.save(ckpt);
+      ADD_FAILURE() << "saved into a directory another process holds";
+    } catch (const IoError& e) {
+      EXPECT_NE(std::string(e.what()).find("in use by zinf process " + std::to_string(pid)),
+                std::string::npos)
+          << e.what();
+    }
+  } else {
+    ADD_FAILURE() << "the child could not save";
+  }
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  b.save(ckpt);
+  b.load(ckpt);
+}
+
+// Whose versions a save removes: only those this optimizer wrote or loaded in the directory.
+// A run that starts afresh in a directory keeps the checkpoint it found there (another run's,
+// restorable by hand), though LATEST now names its own; a run that loaded replaces it.
+TEST_F(CheckpointFiles, ASaveRemovesOnlyVersionsOfItsOwnChain) {
+  const std::string ckpt = dir_.file("ckpt");
+  save_one(ckpt);
+  const std::string from_a = latest_version(ckpt);
+  test::State b_state;
+  {
+    OffloadedOptimizer b(cpu_options(dir_), test::odd_groups());
+    test::init_all(b);
+    b.save(ckpt);
+    test::run_steps(b, 1, 2);
+    b.save(ckpt);
+    b_state = test::read_all(b);
+  }
+  const std::string from_b = latest_version(ckpt);
+  auto sorted = [](std::vector<std::string> v) {
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  EXPECT_EQ(entries(ckpt), sorted({"LATEST", from_a, from_b})) << "b's first version is gone";
+
+  OffloadedOptimizer c(cpu_options(dir_), test::odd_groups());
+  c.load(ckpt);  // LATEST: b's
+  EXPECT_EQ(c.step_count(), 2u);
+  EXPECT_EQ(test::diff(test::read_all(c), b_state), "");
+  c.save(ckpt);
+  EXPECT_EQ(entries(ckpt), sorted({"LATEST", from_a, latest_version(ckpt)}))
+      << "the version c loaded is replaced; a's stays";
+}
+
+// Leftovers of interrupted saves (.tmp versions, replace_file_durably's temporaries) are
+// reclaimed with a notice naming them; entries with names zinf does not give, and complete
+// versions of other runs, are left alone.
+TEST_F(CheckpointFiles, ASaveReclaimsOnlyLeftoversOfInterruptedSaves) {
+  const std::string ckpt = dir_.subdir("ckpt");
+  const std::string dead_version = ckpt + "/v000000000007-1-00000000deadbeef.tmp";
+  fs::create_directory(dead_version);
+  std::ofstream(dead_version + "/state.bin") << "partial";
+  std::ofstream(ckpt + "/.zinf-tmp-1-0000000000000001") << "partial LATEST";
+  const std::vector<std::string> foreign = {"LATEST.tmp", "notes.txt",
+                                            "v000000000003-1-0000000000000002", "v-draft"};
+  std::ofstream(ckpt + "/LATEST.tmp") << "x";
+  std::ofstream(ckpt + "/notes.txt") << "x";
+  fs::create_directory(ckpt + "/v000000000003-1-0000000000000002");
+  fs::create_directory(ckpt + "/v-draft");
+  test::LogCapture log;
+  save_one(ckpt);
+  std::vector<std::string> want = foreign;
+  want.push_back("LATEST");
+  want.push_back(latest_version(ckpt));
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(entries(ckpt), want);
+  std::string text;
+  for (const auto& l : log.lines()) text += l + "\n";
+  EXPECT_NE(text.find("notice: checkpoint: reclaimed " + dead_version), std::string::npos) << text;
+  EXPECT_NE(text.find("notice: checkpoint: reclaimed " + ckpt + "/.zinf-tmp-1-0000000000000001"),
+            std::string::npos)
+      << text;
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiers, Checkpoint, ::testing::Values(StateTier::kNvme, StateTier::kCpu),
@@ -277,9 +644,20 @@ TEST_P(CheckpointKill, LeavesALoadableCheckpoint) {
   c.load(ckpt);
   EXPECT_EQ(c.step_count(), kp.expect_new ? 3u : 2u);
   EXPECT_EQ(test::diff(test::read_all(c), kp.expect_new ? new_state : old_state), "");
-  // And the next save cleans up what the killed one left behind.
+  // And the next save reclaims what the killed one left half written, and removes the
+  // version c loaded. A complete version c neither wrote nor loaded stays (the killed
+  // child's new one, or the one it had loaded when it died after switching LATEST): c
+  // cannot tell it from another run's checkpoint.
+  const std::vector<std::string> before = entries(ckpt);
+  const std::string loaded = latest_version(ckpt);
   c.save(ckpt);
-  EXPECT_EQ(entries(ckpt), (std::vector<std::string>{"LATEST", latest_version(ckpt)}));
+  std::vector<std::string> want{"LATEST", latest_version(ckpt)};
+  for (const std::string& n : before) {
+    if (n != "LATEST" && n != loaded && !n.ends_with(".tmp")) want.push_back(n);
+  }
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(entries(ckpt), want);
+  EXPECT_EQ(want.size(), kp.expect_new || std::string(kp.phase) == "committed" ? 3u : 2u);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -3,9 +3,16 @@
 // master weights for every parameter/optimizer tier combination, every fetch returns exactly
 // the rounded current masters, out-of-order fetches work, save/load resumes bitwise, config
 // contradictions are refused with their exact text before any file exists, misuse is refused.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <future>
 #include <string>
 #include <utility>
 #include <vector>
@@ -151,6 +158,97 @@ TEST(OffloadEngine, LoadRefusesAnotherLayerTable) {
                                          "/zinf-engine-layers differs from this engine's layers "
                                          "(names, element counts, dtypes)");
   }
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// The layer table is replaced, never written through a link planted at its name or at its
+// old fixed temporary name; a load refuses a link or a FIFO there (at once), naming it. The
+// swap files of both NVMe tiers never appear in their directories.
+TEST(OffloadEngine, CheckpointFilesAreNeverFollowedOrBlockedOn) {
+  test::TestDir dir;
+  test::TestDir outside;
+  const std::string victim = outside.file("victim");
+  std::ofstream(victim) << "precious";
+  const std::string ckpt = dir.subdir("ckpt");
+  const std::string table = ckpt + "/zinf-engine-layers";
+  ASSERT_EQ(::symlink(victim.c_str(), table.c_str()), 0);
+  ASSERT_EQ(::symlink(victim.c_str(), (table + ".tmp").c_str()), 0);
+  EngineRig rig;
+  rig.make(test::engine_config(OffloadDevice::kNvme, OffloadDevice::kNvme, dir));
+  EXPECT_TRUE(std::filesystem::is_empty(dir.file("param")));
+  EXPECT_TRUE(std::filesystem::is_empty(dir.file("opt")));
+  rig.init_weights();
+  rig.iteration(1);
+  rig.engine().save(ckpt);
+  EXPECT_EQ(read_text(victim), "precious");
+  EXPECT_TRUE(std::filesystem::is_regular_file(std::filesystem::symlink_status(table)));
+  EXPECT_TRUE(std::filesystem::is_symlink(table + ".tmp")) << "not a name zinf gives now";
+
+  const std::string moved = outside.file("table");
+  std::filesystem::rename(table, moved);
+  ASSERT_EQ(::symlink(moved.c_str(), table.c_str()), 0);
+  try {
+    rig.engine().load(ckpt);
+    ADD_FAILURE() << "loaded a layer table through a link";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.status().path(), table) << e.what();
+  }
+  std::filesystem::remove(table);
+  ASSERT_EQ(::mkfifo(table.c_str(), 0600), 0);
+  auto load = std::async(std::launch::async, [&]() -> std::string {
+    try {
+      rig.engine().load(ckpt);
+    } catch (const IoError& e) {
+      return e.status().path();
+    }
+    return "loaded";
+  });
+  if (load.wait_for(std::chrono::seconds(10)) == std::future_status::timeout) {
+    ADD_FAILURE() << "load blocked on a FIFO";
+    const int fd = ::open(table.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);  // let it return
+    if (fd >= 0) ::close(fd);
+  }
+  EXPECT_EQ(load.get(), table);
+  std::filesystem::remove(table);
+  std::filesystem::rename(moved, table);
+  rig.engine().load(ckpt);
+  EXPECT_TRUE(std::filesystem::is_empty(dir.file("param")));
+  EXPECT_TRUE(std::filesystem::is_empty(dir.file("opt")));
+}
+
+// One owner per checkpoint directory, engines included: a second engine's save and load fail
+// at once naming the directory and the holder's pid; the first one's checkpoint stays whole.
+TEST(OffloadEngine, ASecondEngineOnTheCheckpointDirectoryFailsNamingTheHolder) {
+  test::TestDir dir;
+  const std::string ckpt = dir.subdir("ckpt");
+  std::vector<std::vector<float>> saved;
+  EngineRig b;
+  b.make(test::engine_config(OffloadDevice::kCpu, OffloadDevice::kCpu, dir));
+  b.init_weights();
+  {
+    EngineRig a;
+    a.make(test::engine_config(OffloadDevice::kCpu, OffloadDevice::kCpu, dir));
+    a.init_weights();
+    a.iteration(1);
+    a.engine().save(ckpt);
+    saved = a.masters();
+    const std::string holder = "in use by zinf process " + std::to_string(::getpid());
+    for (const bool save : {true, false}) {
+      try {
+        save ? b.engine().save(ckpt) : b.engine().load(ckpt);
+        ADD_FAILURE() << (save ? "save" : "load") << " into a directory in use";
+      } catch (const IoError& e) {
+        EXPECT_EQ(e.status().path(), ckpt) << e.what();
+        EXPECT_NE(std::string(e.what()).find(holder), std::string::npos) << e.what();
+      }
+    }
+  }
+  b.engine().load(ckpt);  // a is gone: b may take the directory
+  EXPECT_EQ(master_diff(b.masters(), saved), "");
 }
 
 bool empty_dir(const std::string& path) {

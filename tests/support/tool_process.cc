@@ -184,14 +184,9 @@ std::string victims_changed(const Victims& v) {
   return what;
 }
 
-bool is_library_swap_file(const std::string& name, pid_t pid) {
-  const std::string prefix = "zinf-swap-" + std::to_string(pid) + "-";
-  return name.rfind(prefix, 0) == 0 && name.size() > 4 && name.compare(name.size() - 4, 4, ".swp") == 0;
-}
-
 void expect_signals_stop_cleanly(const std::string& tool, const std::string& command,
                                  const std::vector<std::string>& args, const std::string& parent,
-                                 int min_ms, int max_ms, bool library_swap_files) {
+                                 int min_ms, int max_ms) {
   const std::uint64_t seed = signal_test_seed();
   const std::pair<int, const char*> signals[] = {
       {SIGINT, "SIGINT"}, {SIGTERM, "SIGTERM"}, {SIGHUP, "SIGHUP"}, {SIGKILL, "SIGKILL"}};
@@ -215,10 +210,7 @@ void expect_signals_stop_cleanly(const std::string& tool, const std::string& com
                 std::string::npos)
           << r.end.out;
     }
-    std::vector<std::string> left;
-    for (const auto& n : dir_entries(dir)) {
-      if (!(sig == SIGKILL && library_swap_files && is_library_swap_file(n, r.pid))) left.push_back(n);
-    }
+    const std::vector<std::string> left = dir_entries(dir);
     EXPECT_TRUE(left.empty()) << "left in " << dir << ": " << ::testing::PrintToString(left);
   }
 }

@@ -76,19 +76,14 @@ void plant_links(const std::string& dir, const std::vector<std::string>& names, 
 /// Empty if both victims are as made; otherwise what changed.
 std::string victims_changed(const Victims& v);
 
-/// The names a SwapStore gives its files in the library as it is: a killed process (SIGKILL)
-/// cannot remove them. Until SwapStore creates its files without names, the kill tests of the
-/// commands that use one accept these (and only these) as leftovers.
-bool is_library_swap_file(const std::string& name, pid_t pid);
-
 /// The signal tests' common body. For each of SIGINT, SIGTERM, SIGHUP and SIGKILL, runs
 /// `tool command args --dir D` (D a fresh directory under `parent`), sends the signal a random
 /// delay in [min_ms, max_ms) after start-up (seeded by signal_test_seed()) and expects: exit
 /// status 128 + signal and "zinf <command>: interrupted by SIG..." on stderr (SIGKILL: killed),
-/// and D empty afterwards. `library_swap_files`: the command keeps state in a SwapStore, whose
-/// files a SIGKILL cannot remove while they have names (is_library_swap_file).
+/// and D empty afterwards: every file a command makes there has no name, so not even SIGKILL
+/// can leave one behind.
 void expect_signals_stop_cleanly(const std::string& tool, const std::string& command,
                                  const std::vector<std::string>& args, const std::string& parent,
-                                 int min_ms, int max_ms, bool library_swap_files);
+                                 int min_ms, int max_ms);
 
 }  // namespace zinf::test

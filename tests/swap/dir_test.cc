@@ -224,6 +224,41 @@ TEST(Dir, ReplaceFileDurablyReplacesALinkInsteadOfWritingThroughIt) {
   EXPECT_EQ(entries(dir.path()), std::set<std::string>{"LATEST"}) << "a temporary was left";
 }
 
+TEST(Dir, CreateFileDurablyRefusesAnythingAtTheName) {
+  test::TestDir dir;
+  Victim victim;
+  const Dir d = Dir::open(dir.path());
+  create_file_durably(d, "manifest", "text\n");
+  EXPECT_EQ(read_text(dir.file("manifest")), "text\n");
+  ASSERT_EQ(::symlink(victim.path.c_str(), dir.file("link").c_str()), 0);
+  ASSERT_EQ(::mkfifo(dir.file("fifo").c_str(), 0600), 0);
+  for (const char* name : {"manifest", "link", "fifo"}) {
+    try {
+      create_file_durably(d, name, "new");
+      ADD_FAILURE() << name << " was written";
+    } catch (const IoError& e) {
+      EXPECT_EQ(e.sys_errno(), EEXIST) << e.what();
+      EXPECT_EQ(e.status().path(), dir.file(name));
+    }
+  }
+  victim.expect_untouched();
+  EXPECT_EQ(read_text(dir.file("manifest")), "text\n");
+}
+
+TEST(Dir, ListNamesEveryEntryEachTime) {
+  test::TestDir dir;
+  const Dir d = Dir::open(dir.path());
+  EXPECT_TRUE(d.list().empty());
+  write_text(dir.file("a"), "x");
+  ASSERT_EQ(::mkdir(dir.file("b").c_str(), 0700), 0);
+  ASSERT_EQ(::symlink("/nonexistent", dir.file("c").c_str()), 0);
+  for (int round = 0; round < 2; ++round) {  // a second listing starts from the beginning
+    const auto names = d.list();
+    EXPECT_EQ(std::set<std::string>(names.begin(), names.end()),
+              (std::set<std::string>{"a", "b", "c"}));
+  }
+}
+
 TEST(Dir, ReadSmallFileRefusesSpecialFilesAndBoundsTheSize) {
   test::TestDir dir;
   const Dir d = Dir::open(dir.path());

@@ -2,22 +2,28 @@
 // SwapStore against every IoEngine backend: odd-size round trips compared byte for byte, the
 // striped layout read back from the files themselves, ranges and their rules, many tensors at
 // once, checksums catching a corruption planted in a file, the free-space check at creation,
-// capacity exhaustion and fragmentation, precondition, the buffered fallback, and same-key rules.
+// capacity exhaustion and fragmentation, precondition, the buffered fallback, same-key rules,
+// and the files' safety: they have no name, so nothing planted at a name is touched, no name
+// collides, and nothing is left in the directories, not even by a killed process.
 #include "zinf/swap/swap_store.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <linux/fiemap.h>
 #include <linux/fs.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -41,6 +47,22 @@ using test::check_pattern;
 using test::fill_pattern;
 
 constexpr std::uint32_t kStripe = 64 << 10;
+
+// A path that reaches swap file `i` of `store` from this process, for reading or damaging it
+// behind the store's back: the files have no name on disk, only a descriptor.
+std::string fd_path(const SwapStore& store, std::size_t i) {
+  return "/proc/self/fd/" + std::to_string(store.file_descriptor(i));
+}
+
+// The names in directory `dir`, sorted.
+std::vector<std::string> entries(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    out.push_back(e.path().filename().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
 
 // Reads `length` bytes at `offset` of `path` with plain pread (not through zinf).
 std::vector<std::byte> read_file(const std::string& path, std::uint64_t offset, std::size_t length) {
@@ -161,7 +183,8 @@ TEST_P(SwapStoreTest, StripesAcrossDirectories) {
   ASSERT_EQ(store.file_paths().size(), 3u);
   for (std::size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(std::filesystem::path(store.file_paths()[i]).parent_path(), o.directories[i]);
-    EXPECT_EQ(std::filesystem::file_size(store.file_paths()[i]), store.file_bytes());
+    EXPECT_TRUE(store.file_paths()[i].ends_with(" (unlinked)")) << store.file_paths()[i];
+    EXPECT_EQ(std::filesystem::file_size(fd_path(store, i)), store.file_bytes());
   }
   EXPECT_EQ(store.file_bytes(), 1u << 20);
   EXPECT_EQ(store.capacity_bytes(), 3u << 20);
@@ -177,7 +200,7 @@ TEST_P(SwapStoreTest, StripesAcrossDirectories) {
   for (std::uint64_t unit = 0; unit * kStripe < padded; ++unit) {
     const std::uint64_t len = std::min<std::uint64_t>(kStripe, padded - unit * kStripe);
     const std::size_t file = unit % 3;
-    auto got = read_file(store.file_paths()[file], unit / 3 * kStripe, len);
+    auto got = read_file(fd_path(store, file), unit / 3 * kStripe, len);
     EXPECT_EQ(check_pattern(got, 9, unit * kStripe, 1), "") << "unit " << unit << " in file " << file;
     share[file] += len;
   }
@@ -300,7 +323,7 @@ TEST_P(SwapStoreTest, ChecksumsCatchCorruptionPlantedInAFile) {
     // Unit 1 lives at offset 0 of file 1. Flip 8 bytes in its middle, behind zinf's back.
     const std::string& victim = store.file_paths()[1];
     {
-      int fd = ::open(victim.c_str(), O_WRONLY | O_CLOEXEC);
+      int fd = ::open(fd_path(store, 1).c_str(), O_WRONLY | O_CLOEXEC);
       ASSERT_GE(fd, 0);
       const char garbage[8] = {'g', 'a', 'r', 'b', 'a', 'g', 'e', '!'};
       ASSERT_EQ(::pwrite(fd, garbage, 8, 1000), 8);
@@ -457,9 +480,10 @@ TEST_P(SwapStoreTest, CallbackRunsAfterTheSwapIsCommitted) {
 
 TEST_P(SwapStoreTest, PreconditionWritesEveryBlock) {
   SwapStore store(options(2, 2 << 20), *engine_);
-  std::optional<std::uint64_t> before = unwritten_bytes(store.file_paths()[0]);
+  std::optional<std::uint64_t> before = unwritten_bytes(fd_path(store, 0));
   store.precondition();
-  for (const auto& p : store.file_paths()) {
+  for (std::size_t i = 0; i < store.file_paths().size(); ++i) {
+    const std::string p = fd_path(store, i);
     auto after = unwritten_bytes(p);
     if (!before || !after) GTEST_SKIP() << "no FIEMAP on this file system";
     EXPECT_EQ(*after, 0u) << p << " still has unwritten extents";
@@ -470,24 +494,121 @@ TEST_P(SwapStoreTest, PreconditionWritesEveryBlock) {
   EXPECT_THROW(store.precondition(), UsageError) << "would destroy stored data";
 }
 
-TEST_P(SwapStoreTest, CloseRemovesFilesAndRefusesLaterCalls) {
-  auto store = std::make_unique<SwapStore>(options(2, 1 << 20), *engine_);
-  std::vector<std::string> paths = store->file_paths();
-  for (const auto& p : paths) EXPECT_TRUE(std::filesystem::exists(p));
+TEST_P(SwapStoreTest, CloseFreesTheFilesAndRefusesLaterCalls) {
+  SwapStoreOptions o = options(2, 1 << 20);
+  auto store = std::make_unique<SwapStore>(o, *engine_);
+  // Held only by the store's descriptors: once they are closed the files are gone, which a
+  // descriptor of our own (taken now) would prevent, so look at the link counts instead.
+  for (std::size_t i = 0; i < 2; ++i) {
+    struct stat st {};
+    ASSERT_EQ(::fstat(store->file_descriptor(i), &st), 0);
+    EXPECT_EQ(st.st_nlink, 0u) << "swap file " << i << " has a name";
+  }
   store->allocate("k", 4096);
   Status s = store->close();
   EXPECT_TRUE(s.ok()) << s.to_string();
-  for (const auto& p : paths) EXPECT_FALSE(std::filesystem::exists(p));
   EXPECT_THROW(store->allocate("j", 1), UsageError);
+  EXPECT_THROW((void)store->file_descriptor(0), UsageError);
   EXPECT_TRUE(store->close().ok());
   store.reset();
+  for (const auto& d : o.directories) EXPECT_EQ(entries(d), std::vector<std::string>{}) << d;
+}
 
-  // The destructor does the same.
+// The files never have a name in their directories: not while the store is open, not after.
+TEST_P(SwapStoreTest, LeavesNoFileInItsDirectories) {
+  SwapStoreOptions o = options(2, 2 << 20);
+  o.directories.push_back(o.directories[0]);  // one directory twice: two files there
   {
-    SwapStore other(options(1, 1 << 20), *engine_);
-    paths = other.file_paths();
+    SwapStore store(o, *engine_);
+    for (const auto& d : o.directories) EXPECT_EQ(entries(d), std::vector<std::string>{}) << d;
+    store.allocate("k", 3 * kStripe);
+    EXPECT_EQ(round_trip(store, "k", 1, 1), "");
+    for (const auto& d : o.directories) EXPECT_EQ(entries(d), std::vector<std::string>{}) << d;
   }
-  for (const auto& p : paths) EXPECT_FALSE(std::filesystem::exists(p));
+  for (const auto& d : o.directories) EXPECT_EQ(entries(d), std::vector<std::string>{}) << d;
+}
+
+// The names a store of this pid used to take (zinf-swap-<pid>-<n>.<i>.swp), planted as links
+// to a file outside and as a leftover file of a killed run with the same pid (a restarted
+// container): the store neither follows them nor fails on them, and leaves them alone.
+TEST_P(SwapStoreTest, PlantedNamesAreNeitherFollowedNorCollidedWith) {
+  SwapStoreOptions o = options(2, 2 << 20);
+  const std::string victim = dir_.file("victim");
+  { std::ofstream(victim) << "precious"; }
+  const std::string pid = std::to_string(::getpid());
+  for (int n = 0; n < 256; ++n) {
+    for (std::size_t i = 0; i < o.directories.size(); ++i) {
+      const std::string name = o.directories[i] + "/zinf-swap-" + pid + "-" + std::to_string(n) +
+                               "." + std::to_string(i) + ".swp";
+      if (n % 2 == 0) {
+        ASSERT_EQ(::symlink(victim.c_str(), name.c_str()), 0) << name;
+      } else {
+        std::ofstream(name) << "left by a killed run";
+      }
+    }
+  }
+  const std::vector<std::string> before = entries(o.directories[0]);
+  for (int round = 0; round < 3; ++round) {
+    SwapStore store(o, *engine_);
+    store.allocate("k", 5 * kStripe + 1);
+    EXPECT_EQ(round_trip(store, "k", 2, 1), "");
+    EXPECT_EQ(entries(o.directories[0]), before);
+  }
+  std::ifstream in(victim);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "precious");
+  EXPECT_EQ(std::filesystem::file_size(victim), 8u);
+}
+
+// A process killed while its store is open leaves nothing in the directories (the kernel
+// frees unnamed files with their last descriptor). The store lives in a forked child (the
+// parent holds no engine threads at the fork) that the parent kills with SIGKILL.
+TEST(SwapStoreFiles, KilledOwnerLeavesNothingBehind) {
+  test::TestDir dir;
+  const std::vector<std::string> dirs = {dir.subdir("a"), dir.subdir("b")};
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::close(ready[0]);
+    try {
+      IoOptions io;
+      io.kind = IoEngineKind::kThreads;
+      io.block_size = kStripe;
+      auto engine = make_io_engine(io);
+      SwapStoreOptions o;
+      o.directories = dirs;
+      o.capacity_bytes = 4 << 20;
+      o.stripe_bytes = kStripe;
+      SwapStore store(o, *engine);
+      store.allocate("k", 1 << 20);
+      AlignedBuffer out(1 << 20);
+      fill_pattern(out.span(), 1, 0, 1);
+      store.swap_out("k", out.span()).wait();
+      const char ok = 'k';
+      if (::write(ready[1], &ok, 1) != 1) ::_exit(4);
+      for (;;) ::pause();
+    } catch (...) {
+      ::_exit(3);
+    }
+  }
+  ::close(ready[1]);
+  char got = 0;
+  const ssize_t n = ::read(ready[0], &got, 1);
+  ::close(ready[0]);
+  if (n != 1) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    FAIL() << "the child could not make its store (status " << status << ")";
+  }
+  for (const auto& d : dirs) EXPECT_EQ(entries(d), std::vector<std::string>{}) << d << " (open)";
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFSIGNALED(status));
+  for (const auto& d : dirs) EXPECT_EQ(entries(d), std::vector<std::string>{}) << d << " (killed)";
 }
 
 TEST_P(SwapStoreTest, RejectsBadOptions) {

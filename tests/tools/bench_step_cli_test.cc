@@ -131,7 +131,7 @@ TEST(BenchStepCli, SignalsStopTheRunAndLeaveNothingBehind) {
   zinf::test::expect_signals_stop_cleanly(
       ZINF_TOOL_PATH, "bench step",
       {"--numel", "256K", "--sub-group", "64K", "--steps", "1000000", "--reference", "1000"},
-      dir.path(), 100, 600, true);
+      dir.path(), 100, 600);
 }
 
 }  // namespace

@@ -195,7 +195,7 @@ TEST(DemoCli, SignalsStopTrainingAndLeaveNothingBehind) {
   zinf::test::TestDir dir;
   zinf::test::expect_signals_stop_cleanly(
       ZINF_TOOL_PATH, "demo", {"--steps", "1000000", "--layers", "2", "--hidden", "128"},
-      dir.path(), 100, 600, true);
+      dir.path(), 100, 600);
 }
 
 }  // namespace

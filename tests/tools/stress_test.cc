@@ -144,7 +144,7 @@ TEST(StressCli, SignalsStopTheSoakAndLeaveNothingBehind) {
   zinf::test::TestDir dir;
   zinf::test::expect_signals_stop_cleanly(ZINF_TOOL_PATH, "stress",
                                           {"--duration", "60s", "--workers", "1"}, dir.path(), 100,
-                                          600, true);
+                                          600);
 }
 
 }  // namespace

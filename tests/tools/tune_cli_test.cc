@@ -184,7 +184,7 @@ TEST(TuneCli, SignalsStopTheSweepAndLeaveNothingBehind) {
       // Many settings: the sweep outlasts the delay whatever the drive's speed.
       {"--time-budget", "60", "--block-sizes", "256K,512K,1M", "--queue-depths", "4,8,16",
        "--backends", "threads"},
-      dir.path(), 100, 600, false);
+      dir.path(), 100, 600);
 }
 
 }  // namespace

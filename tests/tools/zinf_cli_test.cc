@@ -312,7 +312,7 @@ TEST(BenchIoCli, SignalsStopTheRunAndLeaveNothingBehind) {
   zinf::test::TestDir dir;
   zinf::test::expect_signals_stop_cleanly(
       ZINF_TOOL_PATH, "bench io", {"--size", "64M", "--block-size", "256K", "--loops", "100000"},
-      dir.path(), 100, 600, false);
+      dir.path(), 100, 600);
 }
 
 // Two runs in one directory have a file each: both verify every byte. (Sharing one file, the
@@ -369,7 +369,7 @@ TEST(BenchPrefetchCli, SignalsStopTheRunAndLeaveNothingBehind) {
   zinf::test::expect_signals_stop_cleanly(
       ZINF_TOOL_PATH, "bench prefetch",
       {"--layers", "4", "--layer-bytes", "1M", "--passes", "1000", "--compute-ms", "1"},
-      dir.path(), 100, 600, true);
+      dir.path(), 100, 600);
 }
 
 }  // namespace

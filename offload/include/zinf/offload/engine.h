@@ -141,10 +141,16 @@ class OffloadEngine {
 
   /// Checkpoint of the optimizer state (master weights, moments, step count, hyper-parameters)
   /// and the layer table under `dir`, atomically (OffloadedOptimizer::save). Outside a step.
-  /// UsageError for an empty `dir` (before anything is written).
+  /// UsageError for an empty `dir` (before anything is written). The directory's rules are
+  /// OffloadedOptimizer::save's: the first save or load locks it for this engine until it is
+  /// destroyed (another engine or process fails at once, naming the directory and the
+  /// holder's pid); the layer table `dir/zinf-engine-layers` is replaced atomically, never
+  /// written through a link.
   void save(const std::string& dir);
   /// Restores what save() wrote and rewrites every layer's low-precision copy from the
-  /// restored master weights. UsageError if the layer table differs or `dir` is empty.
+  /// restored master weights. UsageError if the layer table differs or `dir` is empty;
+  /// IoError naming the layer table if it is missing, a link or anything but a regular file (a
+  /// FIFO without blocking); the optimizer's load errors otherwise.
   void load(const std::string& dir);
 
   EngineStats stats() const;

@@ -15,6 +15,7 @@
 
 #include "zinf/adam/cpu_adam.h"
 #include "zinf/common/dtype.h"
+#include "zinf/swap/dir.h"
 #include "zinf/swap/io_engine.h"
 #include "zinf/swap/swap_store.h"
 
@@ -84,8 +85,9 @@ struct OptimizerOptions {
   /// alignment), counted in pinned_budget_bytes. Without it a StoreCopyOut is a UsageError.
   bool store_copy_out = false;
   /// Test-only: called on the saving thread as a checkpoint progresses, with the phase
-  /// ("data" after each record is written, with the data bytes written so far; "synced",
-  /// "committed", "latest", "done") so that a test can kill the process at a chosen point.
+  /// ("created" once the new version's directory exists, empty; "data" after each record is
+  /// written, with the data bytes written so far; "synced", "committed", "latest", "done") so
+  /// that a test can kill the process, or plant files, at a chosen point.
   std::function<void(std::string_view phase, std::uint64_t bytes)> checkpoint_hook;
 };
 
@@ -221,12 +223,35 @@ class OffloadedOptimizer {
   /// checkpoint loadable. Streams through bounded buffers. UsageError inside a step or for an
   /// empty `dir`; IoError on failure (the optimizer state itself is untouched by a failed
   /// save).
+  ///
+  /// One owner per directory: the first save or load into `dir` locks it (flock) until this
+  /// optimizer is destroyed or saves/loads into another directory; a save or load of another
+  /// optimizer, in this process or another, fails at once with an IoError naming the
+  /// directory and the holder's pid. Nothing in `dir` is trusted: every file is created
+  /// exclusively under a name nobody can predict (version directories are "v<step, 12
+  /// digits>-<pid>-<64 random bits>") or replaces its name atomically (LATEST), and no link
+  /// at any name is followed. After the switch of LATEST a save removes only (a) the versions
+  /// this optimizer wrote or loaded in `dir` before, and (b) what interrupted saves left
+  /// ("v...*.tmp" directories, ".zinf-tmp-*" files: safe under the lock, as nobody else is
+  /// writing), with a notice naming what it reclaimed. Every other entry stays, versions of
+  /// other runs included (e.g. another optimizer's last checkpoint, even if LATEST now names
+  /// ours); a failed removal is only logged.
   void save(const std::string& dir);
-  /// Restores what save() wrote. Throws UsageError for an empty `dir` or if the checkpoint's
-  /// groups or sub-group size differ from this optimizer's, IoError (kCorrupt naming file and
-  /// offset) on a checksum mismatch, IoError on a read failure. A load that fails after it
-  /// began to overwrite the state leaves the optimizer failed (EngineFailed afterwards).
+  /// Restores what save() wrote: the version `LATEST` names. Takes the directory's lock as
+  /// save() does (same errors), and the version loaded joins this optimizer's versions (the
+  /// next save removes it). LATEST, the version directory, its manifest and state.bin are
+  /// opened without following a link, and anything but a directory or regular file there
+  /// (a FIFO included, without blocking) is an IoError naming it. Throws IoError kNotFound
+  /// naming the missing directory or file; UsageError for an empty `dir` or if the checkpoint's
+  /// groups or sub-group size differ from this optimizer's, IoError (kCorrupt naming file and offset) on a
+  /// checksum mismatch, IoError on a read failure. A load that fails after it began to
+  /// overwrite the state leaves the optimizer failed (EngineFailed afterwards).
   void load(const std::string& dir);
+  /// The checkpoint directory `dir` as save() and load() hold it: opened (created first, as
+  /// save() does, if `create`), locked for this optimizer (same errors as save), and kept
+  /// until this optimizer is destroyed or moves to another directory. For OffloadEngine, which
+  /// keeps its layer table next to the checkpoint under the same lock.
+  const swap::Dir& checkpoint_directory(const std::string& dir, bool create);
 
   /// Pinned bytes the optimizer holds (ring or state) and the most ever held.
   std::uint64_t pinned_bytes() const noexcept;

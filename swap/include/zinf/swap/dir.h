@@ -20,6 +20,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "zinf/common/status.h"
 
@@ -53,6 +54,10 @@ class Dir {
   const std::string& path() const noexcept { return path_; }
   /// path() + "/" + name, for messages.
   std::string path_of(std::string_view name) const;
+
+  /// The names in this directory (not "." and ".."), in no particular order. Throws IoError
+  /// naming the directory.
+  std::vector<std::string> list() const;
 
   /// Makes the directory's entries durable (fsync). Throws IoError naming the directory.
   void sync() const;
@@ -90,6 +95,13 @@ std::string unique_name(std::string_view prefix);
 /// Writes all of `data` to `fd` at its current position (retries EINTR and short writes).
 /// Throws IoError naming `path`, the offset reached and the bytes left.
 void write_all(int fd, std::string_view data, const std::string& path);
+
+/// Creates file `name` in `dir` holding `text`, exclusively (anything at that name, a link
+/// included, is an IoError EEXIST naming it) and durably (the file fsynced; the directory is
+/// the caller's to sync). A failure after the file was created removes it. Throws IoError
+/// naming the file, and for a failed write the offset reached and the bytes left.
+void create_file_durably(const Dir& dir, std::string_view name, std::string_view text,
+                         mode_t mode = 0644);
 
 /// Replaces file `name` in `dir` with `text`, durably and atomically: written to a fresh
 /// exclusively-created file under a unique_name(), fsynced, renamed over `name`, and the

@@ -82,5 +82,7 @@ class File {
 
 /// Returns the direct-I/O alignment of files under `path` (file or directory) as File does.
 std::uint32_t probe_direct_io_alignment(const std::string& path) noexcept;
+/// The same for files in the open directory `dir` (no second lookup of its path).
+std::uint32_t probe_direct_io_alignment(const Dir& dir) noexcept;
 
 }  // namespace zinf::swap

@@ -18,7 +18,8 @@ namespace zinf::swap {
 
 struct SwapStoreOptions {
   /// One swap file is created in each directory (normally one per drive). The directories
-  /// must exist. Naming one directory twice gives it two files (and twice the bandwidth share).
+  /// must exist; each is opened once, and its file created relative to that descriptor.
+  /// Naming one directory twice gives it two files (and twice the bandwidth share).
   std::vector<std::string> directories;
   /// Bytes the store can hold in all, over all files; rounded up to whole stripe rows
   /// (stripe_bytes x directories). Each file is capacity / directories, preallocated.
@@ -86,18 +87,25 @@ struct SwapStoreStats {
 /// the key's stored bytes undefined: later swap_ins of the key throw EngineFailed quoting that
 /// failure until a whole-tensor swap_out succeeds. The store itself stays usable.
 ///
+/// Files. The swap files have no name on disk (File::create_unnamed: O_TMPFILE, or a name
+/// nobody can predict removed at once): no file or link planted in a directory is ever opened
+/// or written, two stores (or a restarted process with the same pid) can never collide, and
+/// the space is returned when the files are closed, also when the process is killed. Nothing
+/// the store makes is ever visible in its directories.
+///
 /// Lifetime. The engine must outlive the store. The destructor waits for swaps in flight,
-/// detaches and closes the files and removes them (the store is scratch space). Do not close
-/// or destroy the store from a swap's on_complete callback (it may run on the store's own
+/// detaches and closes the files, which frees their space (the store is scratch space). Do not
+/// close or destroy the store from a swap's on_complete callback (it may run on the store's own
 /// verify thread, which the destructor joins).
 class SwapStore {
  public:
-  /// Checks that every directory has room for its file (statvfs, summed per file system),
-  /// then creates, preallocates and opens the files and attaches them to `engine`.
-  /// Throws: UsageError for bad options (no directories, zero capacity, stripe_bytes not a
-  /// multiple of the alignment); IoError kNoSpace naming the directory, bytes needed and bytes
-  /// free if one lacks room (before any file is created); IoError for a failed create, open
-  /// or preallocation (files already created are removed).
+  /// Opens every directory, checks that each has room for its file (statvfs, summed per file
+  /// system), then creates, preallocates and opens the (unnamed) files and attaches them to
+  /// `engine`. Throws: UsageError for bad options (no directories, zero capacity, stripe_bytes
+  /// not a multiple of the alignment); IoError naming the directory if one cannot be opened
+  /// (kNotFound, or ENOTDIR); IoError kNoSpace naming the directory, bytes needed and bytes
+  /// free if one lacks room (before any file is created); IoError for a failed create or
+  /// preallocation (files already created are closed, which frees them).
   SwapStore(const SwapStoreOptions& options, IoEngine& engine);
   ~SwapStore();
   SwapStore(const SwapStore&) = delete;
@@ -152,8 +160,14 @@ class SwapStore {
   /// afterwards, or while any swap is in flight): it destroys stored data.
   void precondition();
 
-  /// The swap files, in stripe order (file i is in directories[i]).
+  /// The swap files' display paths, in stripe order: "<directories[i]>/zinf-swap-<n>.<i>
+  /// (unlinked)", where n numbers the stores of this process. For messages only: the files
+  /// have no name on disk, so nothing can be opened at these paths (errors name them so).
   const std::vector<std::string>& file_paths() const noexcept;
+  /// The open descriptor of file `index`, for tools and tests that inspect or damage a file
+  /// behind the store's back (e.g. through "/proc/self/fd/<fd>"). Owned by the store: never
+  /// close it; valid until close(). UsageError for a bad index or a closed store.
+  int file_descriptor(std::size_t index) const;
   /// Bytes of each file.
   std::uint64_t file_bytes() const noexcept;
   /// Total capacity after rounding, bytes held by allocations (padded), and bytes free.
@@ -162,7 +176,7 @@ class SwapStore {
   std::uint64_t free_bytes() const;
   SwapStoreStats stats() const;
 
-  /// Waits for swaps in flight, detaches and closes the files and removes them, reporting the
+  /// Waits for swaps in flight, detaches and closes the files (freeing them), reporting the
   /// first error. Later calls (other than close and the destructor) throw UsageError.
   Status close();
 
