@@ -320,6 +320,7 @@ TEST_P(OptimizerFault, DefaultOptionsRefuseAStateByteFlippedBetweenSteps) {
     expect_corrupt(e, path, "nvme", "embed#0", flip);
   }
   EXPECT_EQ(latest(ckpt), good);
+  opt.reset();  // it holds the checkpoint directory (one owner per directory) until destroyed
   auto fresh = make_default("nvme2");
   fresh->load(ckpt);
   EXPECT_EQ(fresh->step_count(), 1u);
