@@ -5,18 +5,27 @@
 // call throw EngineFailed quoting it. With the default config, a byte flipped in a swap file
 // (optimizer state, or a layer's parameters) is refused as kCorrupt: no fetch returns it, no
 // step trains on it, no checkpoint stores it.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
+#include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "engine_test_util.h"
 #include "support/corrupt_swap_file.h"
+#include "support/tool_process.h"
 #include "zinf/common/error.h"
 #include "zinf/offload/engine.h"
 #include "zinf/swap/crc32c.h"
@@ -257,6 +266,90 @@ TEST(OffloadEngineFault, DefaultConfigRefusesAParameterByteFlippedBeforeFetch) {
   EXPECT_EQ(rig.fetch_bits(0), want);
   rig.iteration(1);
   rig.iteration(2);
+}
+
+
+// The engine killed (SIGKILL, no chance to clean up) at random points of a run that trains and
+// checkpoints every step: its NVMe directories hold nothing afterwards (the swap files have no
+// name), and the checkpoint directory holds only what checkpoints are made of, loads into a
+// new engine with exactly the masters of the steps it says, and is tidied by that engine's
+// next save. The delays are seeded; ZINF_TEST_SEED replays them.
+TEST(OffloadEngineFault, KilledAtRandomPointsLeavesOnlyALoadableCheckpoint) {
+  const std::uint64_t seed = test::signal_test_seed();
+  std::mt19937_64 rng(seed);
+  for (int round = 0; round < 4; ++round) {
+    const int delay_ms = std::uniform_int_distribution<int>(0, 120)(rng);
+    SCOPED_TRACE("round " + std::to_string(round) + ", killed " + std::to_string(delay_ms) +
+                 " ms after the first checkpoint (ZINF_TEST_SEED=" + std::to_string(seed) + ")");
+    test::TestDir dir;
+    const EngineConfig c = test::engine_config(OffloadDevice::kNvme, OffloadDevice::kNvme, dir);
+    const std::string ckpt = dir.file("ckpt");
+    int ready[2];
+    ASSERT_EQ(::pipe(ready), 0);
+    std::fflush(nullptr);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::close(ready[0]);
+      try {
+        EngineRig rig;
+        rig.make(c);
+        rig.init_weights();
+        for (std::uint64_t t = 1;; ++t) {
+          rig.iteration(t, /*check=*/false);
+          rig.engine().save(ckpt);
+          if (t == 1) {
+            const char one = '1';
+            if (::write(ready[1], &one, 1) != 1) ::_exit(4);
+          }
+        }
+      } catch (...) {
+        ::_exit(3);
+      }
+    }
+    ::close(ready[1]);
+    char got = 0;
+    const bool saved = ::read(ready[0], &got, 1) == 1;
+    ::close(ready[0]);
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(saved) << "the child failed before its first checkpoint (status " << status << ")";
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+
+    EXPECT_TRUE(std::filesystem::is_empty(c.offload_param.nvme_path));
+    EXPECT_TRUE(std::filesystem::is_empty(c.offload_optimizer.nvme_path));
+    // Only checkpoint material: LATEST, the layer table, version directories ("v..."), and at
+    // most what the killed save left half written (".tmp" versions, ".zinf-tmp-" files).
+    for (const auto& e : std::filesystem::directory_iterator(ckpt)) {
+      const std::string n = e.path().filename().string();
+      EXPECT_TRUE(n == "LATEST" || n == "zinf-engine-layers" || n.starts_with("v") ||
+                  n.starts_with(".zinf-tmp-"))
+          << "unexpected " << n;
+    }
+    EngineRig after;
+    after.make(test::engine_config(OffloadDevice::kNvme, OffloadDevice::kNvme, dir));
+    after.engine().load(ckpt);
+    // The step a checkpoint holds is in its version's name, "v<12 digits>-...".
+    std::string latest;
+    std::ifstream(ckpt + "/LATEST") >> latest;
+    ASSERT_GE(latest.size(), 13u) << latest;
+    const std::uint64_t steps = std::stoull(latest.substr(1, 12));
+    EXPECT_GE(steps, 1u);
+    EngineRig ref;
+    test::TestDir ref_dir;
+    ref.make(test::engine_config(OffloadDevice::kNone, OffloadDevice::kNone, ref_dir));
+    ref.init_weights();
+    for (std::uint64_t t = 1; t <= steps; ++t) ref.iteration(t, /*check=*/false);
+    EXPECT_EQ(test::master_diff(after.masters(), ref.masters()), "")
+        << "after " << steps << " steps";
+    after.engine().save(ckpt);
+    for (const auto& e : std::filesystem::directory_iterator(ckpt)) {
+      const std::string n = e.path().filename().string();
+      EXPECT_FALSE(n.ends_with(".tmp") || n.starts_with(".zinf-tmp-")) << n << " was not reclaimed";
+    }
+  }
 }
 
 }  // namespace
