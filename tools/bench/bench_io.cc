@@ -9,7 +9,7 @@
 
 #include "bench_common.h"
 #include "scratch.h"
-#include "cli_args.h"
+#include "args.h"
 #include "commands.h"
 #include "io_bench.h"
 #include "json_writer.h"

@@ -23,8 +23,8 @@
 
 #include "bench_common.h"
 #include "scratch.h"
-#include "bench_io_pattern.h"
-#include "cli_args.h"
+#include "io_pattern.h"
+#include "args.h"
 #include "commands.h"
 #include "interrupt.h"
 #include "json_writer.h"

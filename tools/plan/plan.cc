@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "cli_args.h"
+#include "args.h"
 #include "commands.h"
 #include "json_writer.h"
 #include "plan_model.h"

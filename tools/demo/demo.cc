@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "bench_common.h"
-#include "cli_args.h"
+#include "args.h"
 #include "commands.h"
 #include "interrupt.h"
 #include "demo_model.h"

@@ -23,7 +23,7 @@
 
 #include "bench_common.h"
 #include "scratch.h"
-#include "cli_args.h"
+#include "args.h"
 #include "commands.h"
 #include "interrupt.h"
 #include "json_writer.h"

@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "bench_io_pattern.h"
+#include "io_pattern.h"
 #include "bench_common.h"
 #include "scratch.h"
-#include "cli_args.h"
+#include "args.h"
 #include "commands.h"
 #include "interrupt.h"
 #include "json_writer.h"
