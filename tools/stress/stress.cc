@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -26,6 +25,7 @@
 #include "args.h"
 #include "commands.h"
 #include "interrupt.h"
+#include "format.h"
 #include "json_writer.h"
 #include "zinf/adam/cpu_adam.h"
 #include "zinf/common/error.h"
@@ -137,12 +137,7 @@ Config parse(const std::vector<std::string>& tokens, bool* help) {
   }
   if (c.budget < (4ull << 20)) throw UsageError("invalid --budget: at least 4M");
   if (c.workers == 0 || c.workers > 64) throw UsageError("invalid --workers: must be in [1, 64]");
-  if (c.dirs.empty()) {
-    c.dirs.push_back("./zinf-scratch");
-    std::error_code ec;
-    std::filesystem::create_directories(c.dirs[0], ec);
-  }
-  for (const auto& d : c.dirs) check_dir(d);
+  check_scratch_dirs(c.dirs);
   return c;
 }
 
@@ -1022,12 +1017,6 @@ class LogThrottle {
   LogSink previous_;
 };
 
-std::string mib(std::uint64_t bytes) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
-  return b;
-}
-
 }  // namespace
 
 int stress_main(const std::vector<std::string>& tokens) {
@@ -1072,7 +1061,7 @@ int stress_main(const std::vector<std::string>& tokens) {
     threads.emplace_back([&] { guarded(optimizer.tally(), "optimizer worker", [&] { optimizer.run(); }); });
     threads.emplace_back([&] { guarded(prefetcher.tally(), "prefetch worker", [&] { prefetcher.run(); }); });
   }
-  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const double seconds = seconds_since(start);
   throw_if_interrupted();  // a cut-short soak proves nothing: no report, no verdict
 
   Tally t;

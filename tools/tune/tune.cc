@@ -27,6 +27,7 @@
 #include "args.h"
 #include "commands.h"
 #include "interrupt.h"
+#include "format.h"
 #include "json_writer.h"
 #include "tune_checks.h"
 #include "zinf/common/error.h"
@@ -252,7 +253,7 @@ class Workload {
       wr.wait();
       if (k >= 2) ++generation_[k - 2];
     }
-    return 2.0 * static_cast<double>(bytes()) / seconds_since(start) / 1e9;
+    return 2.0 * static_cast<double>(bytes()) / pass_seconds(start) / 1e9;
   }
 
   /// One sequential pass of `op` over the sub-groups of `file` (all files if < 0), three in
@@ -282,12 +283,13 @@ class Workload {
       t[slot] = submit_in(e, op, todo[i], slot);
     }
     for (std::size_t i = todo.size() > 3 ? todo.size() - 3 : 0; i < todo.size(); ++i) finish(i % 3);
-    return static_cast<double>(todo.size() * group_bytes_) / seconds_since(start) / 1e9;
+    return static_cast<double>(todo.size() * group_bytes_) / pass_seconds(start) / 1e9;
   }
 
  private:
-  static double seconds_since(Clock::time_point t) {
-    return std::max(1e-9, std::chrono::duration<double>(Clock::now() - t).count());
+  // Never 0: the rates divide by it.
+  static double pass_seconds(Clock::time_point t) {
+    return std::max(1e-9, seconds_since(t));
   }
   std::uint32_t file_of(std::uint64_t g) const { return static_cast<std::uint32_t>(g % files_.size()); }
   std::uint64_t offset_of(std::uint64_t g) const { return g / files_.size() * group_bytes_; }
@@ -404,7 +406,7 @@ int tune_main(const std::vector<std::string>& tokens) {
   }
 
   const auto t0 = Clock::now();
-  auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  auto elapsed = [&] { return seconds_since(t0); };
   const bool tty = ::isatty(STDERR_FILENO) != 0;
 
   // 1. Checks.
@@ -581,16 +583,10 @@ int tune_main(const std::vector<std::string>& tokens) {
   std::printf("%-8s %6s %5s %8s %11s   %s\n", "backend", "block", "qd", "threads", "mixed GB/s",
               "runs");
   for (const auto& p : points) {
-    std::string runs;
-    for (double r : p.runs) {
-      char b[16];
-      std::snprintf(b, sizeof b, "%.2f ", r);
-      runs += b;
-    }
     std::printf("%-8s %6s %5u %8s %11.2f   %s\n", std::string(swap::io_engine_kind_name(p.kind)).c_str(),
                 size_text(p.block).c_str(), p.depth,
                 p.kind == swap::IoEngineKind::kThreads ? std::to_string(p.threads).c_str() : "-",
-                p.score(), runs.c_str());
+                p.score(), figures_text(p.runs).c_str());
   }
   std::printf("chosen: backend=%s block_size=%s queue_depth=%u%s: mixed %.2f GB/s, read %.2f GB/s, "
               "write %.2f GB/s\n",
