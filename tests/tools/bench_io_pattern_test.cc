@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "bench_io_pattern.h"
+#include "io_pattern.h"
 
 #include <cstring>
 #include <vector>

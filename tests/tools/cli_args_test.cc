@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "cli_args.h"
+#include "args.h"
 
 #include <gtest/gtest.h>
 

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include "format.h"
+
 namespace zinf::tools {
 namespace {
 

@@ -5,19 +5,9 @@
 #include <cstdio>
 #include <cstring>
 
-namespace zinf::tools {
+#include "format.h"
 
-std::string human_bytes(std::uint64_t bytes) {
-  char b[32];
-  if (bytes >= (std::uint64_t{1} << 30)) {
-    std::snprintf(b, sizeof b, "%.1f GiB", static_cast<double>(bytes) / (1u << 30));
-  } else if (bytes >= (std::uint64_t{1} << 20)) {
-    std::snprintf(b, sizeof b, "%.0f MiB", static_cast<double>(bytes) / (1u << 20));
-  } else {
-    std::snprintf(b, sizeof b, "%llu bytes", static_cast<unsigned long long>(bytes));
-  }
-  return b;
-}
+namespace zinf::tools {
 
 std::string direct_io_warning(const std::string& dir, const std::string& fs, int err) {
   return "O_DIRECT refused on " + dir + " (" + fs + ": " + std::strerror(err) +

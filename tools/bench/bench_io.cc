@@ -3,15 +3,15 @@
 // BufferPool) on the user's directories, verified byte for byte, in the shape fio reports.
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "bench_common.h"
 #include "scratch.h"
-#include "cli_args.h"
+#include "args.h"
 #include "commands.h"
 #include "io_bench.h"
+#include "format.h"
 #include "json_writer.h"
 #include "zinf/common/error.h"
 #include "zinf/cuda/device.h"
@@ -81,13 +81,6 @@ struct OpSummary {
   double lat_p99_us = 0;
 };
 
-std::uint32_t to_u32(std::uint64_t v, const char* what) {
-  if (v == 0 || v > 0xffffffffull) {
-    throw UsageError(std::string("invalid ") + what + ": must be between 1 and 4294967295");
-  }
-  return static_cast<std::uint32_t>(v);
-}
-
 Config parse(const std::vector<std::string>& tokens, bool* help) {
   Args a("bench io", tokens);
   Config c;
@@ -115,12 +108,7 @@ Config parse(const std::vector<std::string>& tokens, bool* help) {
   c.json = a.flag("json");
   a.finish();
   if (*help) return c;
-  if (c.dirs.empty()) {
-    c.dirs.push_back("./zinf-scratch");
-    std::error_code ec;
-    std::filesystem::create_directories(c.dirs[0], ec);
-  }
-  for (const auto& d : c.dirs) check_dir(d);
+  check_scratch_dirs(c.dirs);
   if (c.block_size % 4096 != 0) {
     throw UsageError("invalid --block-size " + std::to_string(c.block_size) +
                      ": must be a multiple of 4096 (the direct-I/O alignment zinf uses)");
@@ -152,11 +140,7 @@ OpSummary summarize(const std::string& op, const std::vector<IoPassResult>& pass
     lat.insert(lat.end(), p.latencies_us.begin(), p.latencies_us.end());
   }
   // The median loop by bandwidth stands for the op (loops are few and noisy here).
-  std::vector<std::size_t> order(passes.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(),
-            [&](std::size_t a, std::size_t b) { return s.gbps_per_loop[a] < s.gbps_per_loop[b]; });
-  const IoPassResult& mid = passes[order[order.size() / 2]];
+  const IoPassResult& mid = passes[median_index(s.gbps_per_loop)];
   s.seconds = mid.seconds;
   s.bytes = mid.bytes;
   s.gbps = static_cast<double>(mid.bytes) / mid.seconds / 1e9;
@@ -252,14 +236,8 @@ int bench_io_main(const std::vector<std::string>& tokens) {
     std::printf("%-6s %14s %10s %10s %10s   %s\n", "op", "GB/s (1e9B/s)", "IOPS", "p50 us",
                 "p99 us", "GB/s per loop");
     for (const auto& s : summaries) {
-      std::string per;
-      for (double g : s.gbps_per_loop) {
-        char b[16];
-        std::snprintf(b, sizeof b, "%.2f ", g);
-        per += b;
-      }
       std::printf("%-6s %14.2f %10.0f %10.0f %10.0f   %s\n", s.op.c_str(), s.gbps, s.iops,
-                  s.lat_p50_us, s.lat_p99_us, per.c_str());
+                  s.lat_p50_us, s.lat_p99_us, figures_text(s.gbps_per_loop).c_str());
     }
   }
   if (cfg.keep) {

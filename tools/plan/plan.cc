@@ -11,7 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "cli_args.h"
+#include "args.h"
+#include "bench_common.h"
 #include "commands.h"
 #include "json_writer.h"
 #include "plan_model.h"
@@ -49,13 +50,6 @@ hardware (limits not given are not checked; a recommendation needs --gpu-mem)
 output
   --json                     one JSON object instead of the table
 )";
-
-std::uint32_t to_u32(std::uint64_t v, const char* what) {
-  if (v == 0 || v > 0xffffffffull) {
-    throw UsageError(std::string("invalid ") + what + ": must be between 1 and 4294967295");
-  }
-  return static_cast<std::uint32_t>(v);
-}
 
 std::optional<double> optional_size(Args& a, const char* name) {
   std::string s = a.string(name, "");

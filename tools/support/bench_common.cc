@@ -64,11 +64,42 @@ bool parse_on_off(const std::string& text, const char* what) {
   throw UsageError(std::string("invalid ") + what + " '" + text + "': expected on or off");
 }
 
+std::optional<DType> parse_copy_out(const std::string& text) {
+  if (text == "none") return std::nullopt;
+  const DType dtype = parse_dtype(text, "--copy-out");
+  if (dtype == DType::kF32) throw UsageError("invalid --copy-out 'fp32': expected none, bf16 or fp16");
+  return dtype;
+}
+
+void check_numel(std::uint64_t numel) {
+  if (numel == 0 || numel > (std::uint64_t{1} << 36)) {
+    throw UsageError("--numel " + std::to_string(numel) + " is out of range [1, 2^36]");
+  }
+}
+
+std::uint32_t to_u32(std::uint64_t v, const char* what) {
+  if (v == 0 || v > 0xffffffffull) {
+    throw UsageError(std::string("invalid ") + what + ": must be between 1 and 4294967295");
+  }
+  return static_cast<std::uint32_t>(v);
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::size_t median_index(const std::vector<double>& v) {
+  std::vector<std::size_t> order(v.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return v[a] < v[b]; });
+  return order[order.size() / 2];
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 std::string cpu_model() {

@@ -23,22 +23,24 @@
 
 #include "bench_common.h"
 #include "scratch.h"
-#include "bench_io_pattern.h"
-#include "cli_args.h"
+#include "args.h"
 #include "commands.h"
 #include "interrupt.h"
+#include "format.h"
 #include "json_writer.h"
 #include "tune_checks.h"
+#include "workload.h"
 #include "zinf/common/error.h"
-#include "zinf/swap/buffer_pool.h"
 #include "zinf/swap/dir.h"
-#include "zinf/swap/file.h"
 #include "zinf/swap/io_engine.h"
 
 namespace zinf::tools {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using tune::Point;
+using tune::Workload;
+
+using Clock = tune::Clock;
 
 constexpr const char* kHelp = R"(usage: zinf tune --dir DIR [--dir DIR2 ...] [options]
 
@@ -77,14 +79,6 @@ constexpr std::uint32_t kThreadCounts[] = {4, 8, 16};
 constexpr std::uint64_t kGroupsPerPass = 8;
 constexpr std::uint64_t kMiB = 1u << 20;
 
-struct Point {
-  swap::IoEngineKind kind = swap::IoEngineKind::kUring;
-  std::uint32_t block = 1u << 20;
-  std::uint32_t depth = 16;
-  std::uint32_t threads = 0;  // threads backend only
-  std::vector<double> runs;   // mixed GB/s per pass
-  double score() const { return median(runs); }
-};
 
 std::string size_text(std::uint64_t b) {
   char buf[32];
@@ -175,155 +169,6 @@ std::uint64_t free_bytes(const std::string& dir) {
   return static_cast<std::uint64_t>(s.f_bavail) * s.f_frsize;
 }
 
-// The test files and the optimizer step's pattern over them.
-//
-// The state is `groups` sub-groups of `group_bytes`, striped over the files (sub-group j in
-// file j % n at offset (j / n) * group_bytes), as SwapStore stripes. A mixed pass is the
-// pipeline of OffloadedOptimizer::step: at step k it submits the read of sub-group k and the
-// write of sub-group k-2, and meanwhile "updates" k-1 (verifies what was read, restamps it with
-// the next generation); then it waits for both. Three buffers rotate. Every byte read is
-// checked against the generation last written there; a mismatch is an Error naming the file
-// and offset, and a failed request an IoError from its ticket. Bounded by 3 sub-group buffers.
-class Workload {
- public:
-  /// `register_buffers`: register the buffers with each engine, as the engine does where the
-  /// memlock limit allows (where it does not, each refusal would log a notice).
-  /// The files have no name (File::create_unnamed): they vanish with the process, however it
-  /// ends, and no link planted in a directory is followed.
-  Workload(const std::vector<swap::Dir>& dirs, std::uint64_t group_bytes, std::uint64_t groups,
-           bool register_buffers)
-      : group_bytes_(group_bytes), groups_(groups), register_(register_buffers),
-        generation_(groups, 0) {
-    const std::uint64_t per_file = (groups + dirs.size() - 1) / dirs.size() * group_bytes;
-    for (std::size_t i = 0; i < dirs.size(); ++i) {
-      swap::FileOptions fo;
-      fo.preallocate_bytes = per_file;
-      files_.push_back(swap::File::create_unnamed(dirs[i], "zinf-tune." + std::to_string(i) + ".dat", fo));
-      alignment_ = std::max(alignment_, files_.back().alignment());
-      direct_.push_back(files_.back().is_direct());
-    }
-    swap::BufferPoolOptions po;
-    po.budget_bytes = 3 * group_bytes;
-    po.alignment = std::max<std::uint32_t>(alignment_, 4096);
-    po.huge_pages = true;
-    po.prefault = true;
-    pool_ = std::make_unique<swap::BufferPool>(po);
-    for (auto& b : bufs_) b = pool_->acquire(group_bytes);
-  }
-  ~Workload() {
-    for (auto& b : bufs_) b.reset();
-  }
-  Workload(const Workload&) = delete;
-  Workload& operator=(const Workload&) = delete;
-
-  std::uint64_t bytes() const { return group_bytes_ * groups_; }
-  bool direct(std::size_t i) const { return direct_[i]; }
-  std::uint32_t alignment() const { return alignment_; }
-
-  std::unique_ptr<swap::IoEngine> engine(const Point& p) {
-    swap::IoOptions o;
-    o.kind = p.kind;
-    o.block_size = p.block;
-    o.queue_depth = p.depth;
-    o.threads = p.threads;
-    auto e = swap::make_io_engine(o);
-    ids_.clear();
-    for (const auto& f : files_) ids_.push_back(e->attach(f));
-    if (register_) {
-      std::span<std::byte> arena = pool_->arena();
-      (void)e->register_buffers(std::span<const std::span<std::byte>>(&arena, 1));
-    }
-    return e;
-  }
-
-  /// Returns bytes read+written per second of one mixed pass.
-  double mixed_pass(swap::IoEngine& e) {
-    const auto start = Clock::now();
-    for (std::uint64_t k = 0; k < groups_ + 2; ++k) {
-      throw_if_interrupted();  // nothing in flight here: the last step waited for both
-      swap::IoTicket rd, wr;
-      if (k < groups_) rd = submit(e, swap::IoOp::kRead, k);
-      if (k >= 2) wr = submit(e, swap::IoOp::kWrite, k - 2);
-      if (k >= 1 && k <= groups_) {
-        verify(k - 1);
-        stamp(k - 1, generation_[k - 1] + 1);
-      }
-      rd.wait();
-      wr.wait();
-      if (k >= 2) ++generation_[k - 2];
-    }
-    return 2.0 * static_cast<double>(bytes()) / seconds_since(start) / 1e9;
-  }
-
-  /// One sequential pass of `op` over the sub-groups of `file` (all files if < 0), three in
-  /// flight; returns GB/s. Writes lay down the next generation; reads verify.
-  double single_pass(swap::IoEngine& e, swap::IoOp op, int file) {
-    std::vector<std::uint64_t> todo;
-    for (std::uint64_t j = 0; j < groups_; ++j) {
-      if (file < 0 || j % files_.size() == static_cast<std::uint64_t>(file)) todo.push_back(j);
-    }
-    std::array<swap::IoTicket, 3> t;
-    std::array<std::uint64_t, 3> which{};
-    const auto start = Clock::now();
-    auto finish = [&](std::size_t slot) {
-      t[slot].wait();
-      if (op == swap::IoOp::kRead) {
-        verify_in(slot, which[slot]);
-      } else {
-        ++generation_[which[slot]];
-      }
-    };
-    for (std::size_t i = 0; i < todo.size(); ++i) {
-      std::size_t slot = i % 3;
-      if (i >= 3) finish(slot);
-      throw_if_interrupted();  // requests still in flight: the engine's destructor waits
-      which[slot] = todo[i];
-      if (op == swap::IoOp::kWrite) stamp_in(slot, todo[i], generation_[todo[i]] + 1);
-      t[slot] = submit_in(e, op, todo[i], slot);
-    }
-    for (std::size_t i = todo.size() > 3 ? todo.size() - 3 : 0; i < todo.size(); ++i) finish(i % 3);
-    return static_cast<double>(todo.size() * group_bytes_) / seconds_since(start) / 1e9;
-  }
-
- private:
-  static double seconds_since(Clock::time_point t) {
-    return std::max(1e-9, std::chrono::duration<double>(Clock::now() - t).count());
-  }
-  std::uint32_t file_of(std::uint64_t g) const { return static_cast<std::uint32_t>(g % files_.size()); }
-  std::uint64_t offset_of(std::uint64_t g) const { return g / files_.size() * group_bytes_; }
-  swap::IoTicket submit(swap::IoEngine& e, swap::IoOp op, std::uint64_t g) {
-    return submit_in(e, op, g, static_cast<std::size_t>(g % 3));
-  }
-  swap::IoTicket submit_in(swap::IoEngine& e, swap::IoOp op, std::uint64_t g, std::size_t slot) {
-    swap::IoRequest req{op, ids_[file_of(g)], offset_of(g), bufs_[slot].span()};
-    return e.submit(std::span<const swap::IoRequest>(&req, 1));
-  }
-  void stamp(std::uint64_t g, std::uint32_t gen) { stamp_in(static_cast<std::size_t>(g % 3), g, gen); }
-  void stamp_in(std::size_t slot, std::uint64_t g, std::uint32_t gen) {
-    fill_bulk(bufs_[slot].span(), gen);
-    stamp_headers(bufs_[slot].span(), file_of(g), offset_of(g), gen);
-  }
-  void verify(std::uint64_t g) { verify_in(static_cast<std::size_t>(g % 3), g); }
-  void verify_in(std::size_t slot, std::uint64_t g) {
-    std::string err = verify_block(bufs_[slot].span(), file_of(g), offset_of(g), generation_[g]);
-    if (!err.empty()) {
-      throw Error("verification failed: " + files_[file_of(g)].path() + " offset=" +
-                  std::to_string(offset_of(g)) + " length=" + std::to_string(group_bytes_) + ": " +
-                  err);
-    }
-  }
-
-  std::uint64_t group_bytes_;
-  std::uint64_t groups_;
-  bool register_;
-  std::vector<std::uint32_t> generation_;  // per sub-group: what its bytes on disk carry
-  std::vector<swap::File> files_;
-  std::vector<bool> direct_;
-  std::uint32_t alignment_ = 4096;
-  std::unique_ptr<swap::BufferPool> pool_;
-  std::array<swap::BufferLease, 3> bufs_;
-  std::vector<swap::FileId> ids_;
-};
 
 std::string point_json(const Point& p) {
   JsonWriter j;
@@ -404,7 +249,7 @@ int tune_main(const std::vector<std::string>& tokens) {
   }
 
   const auto t0 = Clock::now();
-  auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  auto elapsed = [&] { return seconds_since(t0); };
   const bool tty = ::isatty(STDERR_FILENO) != 0;
 
   // 1. Checks.
@@ -581,16 +426,10 @@ int tune_main(const std::vector<std::string>& tokens) {
   std::printf("%-8s %6s %5s %8s %11s   %s\n", "backend", "block", "qd", "threads", "mixed GB/s",
               "runs");
   for (const auto& p : points) {
-    std::string runs;
-    for (double r : p.runs) {
-      char b[16];
-      std::snprintf(b, sizeof b, "%.2f ", r);
-      runs += b;
-    }
     std::printf("%-8s %6s %5u %8s %11.2f   %s\n", std::string(swap::io_engine_kind_name(p.kind)).c_str(),
                 size_text(p.block).c_str(), p.depth,
                 p.kind == swap::IoEngineKind::kThreads ? std::to_string(p.threads).c_str() : "-",
-                p.score(), runs.c_str());
+                p.score(), figures_text(p.runs).c_str());
   }
   std::printf("chosen: backend=%s block_size=%s queue_depth=%u%s: mixed %.2f GB/s, read %.2f GB/s, "
               "write %.2f GB/s\n",

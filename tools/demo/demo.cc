@@ -19,11 +19,13 @@
 #include <vector>
 
 #include "bench_common.h"
-#include "cli_args.h"
+#include "args.h"
 #include "commands.h"
 #include "interrupt.h"
 #include "demo_model.h"
+#include "format.h"
 #include "json_writer.h"
+#include "scratch.h"
 #include "sha256.h"
 #include "zinf/common/error.h"
 #include "zinf/cuda/device.h"
@@ -65,9 +67,6 @@ SIGINT, SIGTERM and SIGHUP stop training between steps and remove the swap files
 128 + the signal's number, e.g. 130 for SIGINT).
 )";
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // Builds the engine config: the file's (if any), then the command line on top.
 EngineConfig make_config(const std::string& config_path, const std::string& offload_text,
@@ -102,7 +101,7 @@ EngineConfig make_config(const std::string& config_path, const std::string& offl
   auto set_path = [&](std::string& path, OffloadDevice device) {
     if (device != OffloadDevice::kNvme) return;
     if (!dir_option.empty() || (path.empty() && config.zinf.nvme_paths.empty())) {
-      path = dir_option.empty() ? "./zinf-scratch" : dir_option;
+      path = dir_option.empty() ? kDefaultScratchDir : dir_option;
       dir_used = path;
     } else if (dir_used.empty()) {
       dir_used = path.empty() ? config.zinf.nvme_paths.front() : path;
@@ -136,16 +135,6 @@ std::string weights_sha256(offload::OffloadEngine& engine) {
     hash.update(bytes);
   }
   return to_hex(hash.finish());
-}
-
-std::string format_bytes(double bytes) {
-  char b[32];
-  if (bytes >= 1e9) {
-    std::snprintf(b, sizeof b, "%.2f GB", bytes / 1e9);
-  } else {
-    std::snprintf(b, sizeof b, "%.1f MB", bytes / 1e6);
-  }
-  return b;
 }
 
 }  // namespace
@@ -190,7 +179,7 @@ int demo_main(const std::vector<std::string>& tokens) {
   std::string dir_used;
   EngineConfig config = make_config(config_path, offload_text, dir_option, lr, adam_threads,
                                     adam_threads != kUnset, dir_used);
-  if (!dir_used.empty() && dir_used == (dir_option.empty() ? "./zinf-scratch" : dir_option)) {
+  if (!dir_used.empty() && dir_used == (dir_option.empty() ? kDefaultScratchDir : dir_option)) {
     std::error_code ec;
     std::filesystem::create_directories(dir_used, ec);
     if (ec) throw UsageError("cannot create --dir " + dir_used + ": " + ec.message());
@@ -233,7 +222,7 @@ int demo_main(const std::vector<std::string>& tokens) {
                "zinf demo: %zu layers x %zu (%zu parameters, %s bf16, %s fp32 master + Adam), "
                "batch %zu, offload %s%s%s, lr %g\n",
                shape.layers, shape.hidden, shape.layers * numel,
-               format_bytes(param_bytes).c_str(), format_bytes(param_bytes * 6).c_str(),
+               decimal_bytes(param_bytes).c_str(), decimal_bytes(param_bytes * 6).c_str(),
                shape.batch, offload_name.c_str(), dir_used.empty() ? "" : " in ",
                dir_used.c_str(), config.optimizer.hyper.lr);
   std::fflush(out);
@@ -313,11 +302,11 @@ int demo_main(const std::vector<std::string>& tokens) {
                "weights_sha256 %s\n",
                losses.front(), losses.back(), losses.back() / losses.front(),
                static_cast<unsigned long long>(steps), total_s, step_median,
-               format_bytes(static_cast<double>(nvme_read)).c_str(), st.nvme_read_gbps,
-               st.param_read_gbps, format_bytes(static_cast<double>(nvme_written)).c_str(), st.nvme_write_gbps,
+               decimal_bytes(static_cast<double>(nvme_read)).c_str(), st.nvme_read_gbps,
+               st.param_read_gbps, decimal_bytes(static_cast<double>(nvme_written)).c_str(), st.nvme_write_gbps,
                100.0 * stall_share, static_cast<unsigned long long>(st.prefetch_hits),
                static_cast<unsigned long long>(st.prefetch_on_demand),
-               format_bytes(static_cast<double>(st.pinned_bytes_peak)).c_str(), sha.c_str());
+               decimal_bytes(static_cast<double>(st.pinned_bytes_peak)).c_str(), sha.c_str());
   if (json) {
     JsonWriter j;
     j.field("command", "demo");

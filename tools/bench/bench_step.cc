@@ -18,11 +18,13 @@
 #include <vector>
 
 #include "bench_common.h"
-#include "cli_args.h"
+#include "args.h"
 #include "commands.h"
 #include "interrupt.h"
 #include "io_bench.h"
+#include "format.h"
 #include "json_writer.h"
+#include "scratch.h"
 #include "zinf/common/error.h"
 #include "zinf/offload/optimizer.h"
 
@@ -127,7 +129,7 @@ class StepReference {
     hp.step = step_;
     const auto t0 = std::chrono::steady_clock::now();
     adam_.step(hp, all.first(n_), all.subspan(n_, n_), all.subspan(2 * n_, n_), grads_, out_);
-    f.adam_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    f.adam_seconds = seconds_since(t0);
     return f;
   }
 
@@ -166,9 +168,7 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   const bool json = args.flag("json");
   args.finish();
 
-  if (numel == 0 || numel > (std::uint64_t{1} << 36)) {
-    throw UsageError("--numel " + std::to_string(numel) + " is out of range [1, 2^36]");
-  }
+  check_numel(numel);
   if (sub_group == 0) throw UsageError("--sub-group must be at least 1");
   if (depth < 3 || depth > 64) throw UsageError("--depth must be in [3, 64]");
   if (steps == 0) throw UsageError("--steps must be at least 1");
@@ -177,18 +177,8 @@ int bench_step_main(const std::vector<std::string>& tokens) {
                      std::to_string(steps) + ": the references must bracket at least one block of steps");
   }
   if (queue_depth == 0 || queue_depth > 4096) throw UsageError("--queue-depth must be in [1, 4096]");
-  bool copy_out = false;
-  DType copy_dtype = DType::kBF16;
-  if (copy_text != "none") {
-    copy_dtype = parse_dtype(copy_text, "--copy-out");
-    if (copy_dtype == DType::kF32) throw UsageError("invalid --copy-out 'fp32': expected none, bf16 or fp16");
-    copy_out = true;
-  }
-  if (tier == StateTier::kNvme && dirs.empty()) {
-    dirs.push_back("./zinf-scratch");
-    std::error_code ec;
-    std::filesystem::create_directories(dirs[0], ec);
-  }
+  const std::optional<DType> copy_dtype = parse_copy_out(copy_text);
+  if (tier == StateTier::kNvme) default_scratch_dir(dirs);
   for (const auto& d : dirs) {
     if (!std::filesystem::is_directory(d)) throw UsageError("not a directory: " + d);
   }
@@ -227,9 +217,9 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   const GradView grads{mem.as<std::byte>(n * grad_bytes).data(), n, grad_dtype};
   std::unique_ptr<HostArray> out_mem;
   adam::CopyOut out;
-  if (copy_out) {
+  if (copy_dtype) {
     out_mem = std::make_unique<HostArray>(n * 2, "bench step");
-    out = adam::CopyOut{out_mem->as<std::uint16_t>(n).data(), n, copy_dtype, true};
+    out = adam::CopyOut{out_mem->as<std::uint16_t>(n).data(), n, *copy_dtype, true};
   }
   const offload::GroupGrads gg{0, grads, out};
 
@@ -335,8 +325,8 @@ int bench_step_main(const std::vector<std::string>& tokens) {
                 static_cast<double>(bytes_written) / 1e9);
     std::printf("  %-22s %10.3f s\n", "compute busy", median(compute_s));
     std::printf("  %-22s %10.3f s\n", "pipeline waiting", median(wait_s));
-    std::printf("  %-22s %10.1f MiB\n", "pinned peak",
-                static_cast<double>(opt.pinned_bytes_peak()) / (1 << 20));
+    // %14s: the %10.1f column of the rows above, with " MiB" after it.
+    std::printf("  %-22s %14s\n", "pinned peak", mib(opt.pinned_bytes_peak()).c_str());
     if (ref) {
       std::printf("references (median of %zu): drive read %.2f GB/s, write %.2f GB/s, "
                   "Adam alone %.3f s\n", refs.size(), median(rr), median(rw), median(ra));

@@ -9,8 +9,6 @@
 
 namespace zinf::tools {
 
-/// "1.5 GiB" at or above 1 GiB, else "8 MiB" (rounded), else bytes.
-std::string human_bytes(std::uint64_t bytes);
 /// The warning for a directory where open(O_DIRECT) failed with `err` on file system `fs`.
 std::string direct_io_warning(const std::string& dir, const std::string& fs, int err);
 /// The warning when the memlock limit is below the pinned budget, or "" if it is not.

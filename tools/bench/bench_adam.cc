@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "bench_common.h"
-#include "cli_args.h"
+#include "args.h"
 #include "commands.h"
 #include "interrupt.h"
 #include "json_writer.h"
@@ -55,7 +55,7 @@ template <typename Fn>
 double time_seconds(Fn&& fn) {
   const auto t0 = std::chrono::steady_clock::now();
   fn();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return seconds_since(t0);
 }
 
 }  // namespace
@@ -77,17 +77,9 @@ int bench_adam_main(const std::vector<std::string>& tokens) {
   args.finish();
 
   // 2^36 elements is ~2 TB of state: far beyond any host, and keeps every byte count in range.
-  if (numel == 0 || numel > (std::uint64_t{1} << 36)) {
-    throw UsageError("--numel " + std::to_string(numel) + " is out of range [1, 2^36]");
-  }
+  check_numel(numel);
   if (steps == 0) throw UsageError("--steps must be at least 1");
-  std::optional<DType> copy_dtype;
-  if (copy_text != "none") {
-    copy_dtype = parse_dtype(copy_text, "--copy-out");
-    if (*copy_dtype == DType::kF32) {
-      throw UsageError("invalid --copy-out 'fp32': expected none, bf16 or fp16");
-    }
-  }
+  const std::optional<DType> copy_dtype = parse_copy_out(copy_text);
   CpuAdam adam({.threads = threads, .isa = adam::parse_isa(isa_text, "--isa")});
 
   const std::size_t n = numel;

@@ -9,17 +9,17 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "bench_io_pattern.h"
+#include "io_pattern.h"
 #include "bench_common.h"
 #include "scratch.h"
-#include "cli_args.h"
+#include "args.h"
 #include "commands.h"
 #include "interrupt.h"
+#include "format.h"
 #include "json_writer.h"
 #include "zinf/common/error.h"
 #include "zinf/cuda/device.h"
@@ -116,12 +116,7 @@ Config parse(const std::vector<std::string>& tokens, bool* help) {
   if (c.passes == 0 || c.passes > 1000) {
     throw UsageError("invalid --passes " + std::to_string(c.passes) + ": must be between 1 and 1000");
   }
-  if (c.dirs.empty()) {
-    c.dirs.push_back("./zinf-scratch");
-    std::error_code ec;
-    std::filesystem::create_directories(c.dirs[0], ec);
-  }
-  for (const auto& d : c.dirs) check_dir(d);
+  check_scratch_dirs(c.dirs);
   return c;
 }
 
@@ -162,7 +157,7 @@ double read_alone(const Config& cfg, swap::SwapStore& store, swap::IoEngine& eng
     previous = std::move(ticket);
   }
   done(previous, cfg.layers - 1);
-  return std::chrono::duration<double>(Clock::now() - start).count();
+  return seconds_since(start);
 }
 
 struct PassResult {
@@ -182,7 +177,7 @@ double compute_alone(const Config& cfg, cuda::Device& device, cuda::StreamRef co
   const auto start = Clock::now();
   for (std::uint64_t l = 0; l < cfg.layers; ++l) device.enqueue_busy(compute, per_layer_compute(cfg));
   device.synchronize(compute);
-  return std::chrono::duration<double>(Clock::now() - start).count();
+  return seconds_since(start);
 }
 
 // The pass counters of one iteration: `after` less `before` (the peak is the run's so far).
@@ -231,7 +226,7 @@ class PassRunner {
       prefetcher_.release(l);
     }
     device_.synchronize(compute_);
-    r.wall = std::chrono::duration<double>(Clock::now() - start).count();
+    r.wall = seconds_since(start);
     r.stats = pass_stats(prefetcher_.stats(), before);
     prefetcher_.end_iteration();
     prefetcher_.wait_for_reads();
@@ -353,10 +348,7 @@ int bench_prefetch_main(const std::vector<std::string>& tokens) {
   if (cfg.verify) verify_through_prefetcher(cfg, store, *device, compute.ref(), po, pool);
 
   // The pass with the median wall time stands for the run (its counters come with it).
-  std::vector<std::size_t> order(results.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return walls[a] < walls[b]; });
-  const PassResult& mid = results[order[order.size() / 2]];
+  const PassResult& mid = results[median_index(walls)];
   const double wall = mid.wall;
   const double compute_s = median(computes);
   const double io_s = median(ios);
@@ -399,11 +391,11 @@ int bench_prefetch_main(const std::vector<std::string>& tokens) {
     j.field("verified", cfg.verify);
     std::printf("%s\n", j.str().c_str());
   } else {
-    std::printf("zinf bench prefetch: device=%s engine=%.*s layers=%llu layer=%.1f MiB depth=%llu "
+    std::printf("zinf bench prefetch: device=%s engine=%.*s layers=%llu layer=%s depth=%llu "
                 "compute=%.2f ms/layer%s passes=%llu checksums=%s verify=%s\n",
                 std::string(device->name()).c_str(), static_cast<int>(engine->name().size()),
                 engine->name().data(), static_cast<unsigned long long>(cfg.layers),
-                static_cast<double>(cfg.layer_bytes) / (1 << 20),
+                mib(cfg.layer_bytes).c_str(),
                 static_cast<unsigned long long>(cfg.depth), cfg.compute_ms,
                 auto_compute ? " (= measured read time)" : "",
                 static_cast<unsigned long long>(cfg.passes), cfg.checksums ? "on" : "off",

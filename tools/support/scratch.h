@@ -6,10 +6,21 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "zinf/swap/dir.h"
 
 namespace zinf::tools {
+
+/// Where the commands make their files when no --dir is given.
+inline constexpr const char* kDefaultScratchDir = "./zinf-scratch";
+
+/// With no --dir given (`dirs` empty): kDefaultScratchDir, created if missing. A failure to
+/// create it is not an error here: check_dir then names the directory.
+void default_scratch_dir(std::vector<std::string>& dirs);
+/// default_scratch_dir, then check_dir on each directory: the --dir of bench io, bench
+/// prefetch and stress.
+void check_scratch_dirs(std::vector<std::string>& dirs);
 
 /// Opens `dir` (a swap::Dir: the files a command makes there are created relative to this one
 /// descriptor, never through a link) after checking that it exists, is a directory and accepts

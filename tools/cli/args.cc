@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Command-line parsing for tools/: values, sizes and the "did you mean" suggestion.
-#include "cli_args.h"
+#include "args.h"
 
 #include <algorithm>
 #include <cctype>

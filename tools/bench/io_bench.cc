@@ -11,7 +11,7 @@
 #include <mutex>
 #include <utility>
 
-#include "bench_io_pattern.h"
+#include "io_pattern.h"
 #include "interrupt.h"
 #include "zinf/common/error.h"
 #include "zinf/swap/buffer_pool.h"

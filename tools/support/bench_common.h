@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// What the `zinf bench ...` commands share: benchmark arrays on huge pages, the dtype option,
-// the median, and the machine facts their JSON records.
+// What the commands share: benchmark arrays on huge pages, option values (dtype, on/off,
+// --numel, --copy-out), timing and the median, and the machine facts their JSON records.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -43,8 +46,21 @@ void fill_bench_grads(void* out, std::size_t n, DType dtype);
 DType parse_dtype(const std::string& text, const char* what);
 /// Parses on | off; UsageError naming `what` otherwise.
 bool parse_on_off(const std::string& text, const char* what);
+/// Parses none | bf16 | fp16 (--copy-out: the low-precision parameters a step also writes);
+/// nullopt for none, UsageError otherwise.
+std::optional<DType> parse_copy_out(const std::string& text);
+/// Checks --numel: 1 to 2^36 elements (~2 TB of state: far beyond any host, and every byte
+/// count stays in range); UsageError otherwise.
+void check_numel(std::uint64_t numel);
+/// `v` as a uint32 for the option `what`; UsageError unless 1 <= v <= 2^32 - 1.
+std::uint32_t to_u32(std::uint64_t v, const char* what);
 /// The median (the mean of the middle two for an even count); 0 for none.
 double median(std::vector<double> v);
+/// The index of the median of `v` (the upper one of the middle two for an even count): the run
+/// that stands for all, with its other figures. `v` must not be empty.
+std::size_t median_index(const std::vector<double>& v);
+/// Seconds since `start` on the steady clock.
+double seconds_since(std::chrono::steady_clock::time_point start);
 /// The CPU's model name from /proc/cpuinfo, or "unknown".
 std::string cpu_model();
 /// The kernel release (uname -r), or "unknown".

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <string>
 
 #include "zinf/common/error.h"
@@ -30,6 +31,18 @@ swap::Dir check_dir(const std::string& dir) {
   }
   ::close(fd);
   return d;
+}
+
+void default_scratch_dir(std::vector<std::string>& dirs) {
+  if (!dirs.empty()) return;
+  dirs.push_back(kDefaultScratchDir);
+  std::error_code ec;
+  std::filesystem::create_directories(dirs[0], ec);
+}
+
+void check_scratch_dirs(std::vector<std::string>& dirs) {
+  default_scratch_dir(dirs);
+  for (const auto& d : dirs) check_dir(d);
 }
 
 int open_unnamed_probe(const swap::Dir& dir, int extra_flags) {

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Data pattern for `zinf bench io`, cheap enough to write and check at drive speed: each 4 KiB
-// sector starts with a 16-byte header (file, generation, offset) and carries a per-generation
-// body. Every byte is checked: the header exactly, the body with memcmp.
+// The data pattern `zinf bench io`, `bench prefetch` and `tune` write and verify, cheap enough
+// to write and check at drive speed: each 4 KiB sector starts with a 16-byte header (file,
+// generation, offset) and carries a per-generation body. Every byte is checked: the header
+// exactly, the body with memcmp.
 #pragma once
 
 #include <cstddef>

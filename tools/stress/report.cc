@@ -1,0 +1,117 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "report.h"
+
+#include <cstdio>
+
+#include "format.h"
+#include "json_writer.h"
+
+namespace zinf::tools::stress {
+
+void print_report(const StressOptions& cfg, const StressTotals& totals, const StressVerdict& v,
+                  double seconds, const std::string& engine_name, const LogCounts& log) {
+  const Tally& t = totals.tally;
+  const bool overrun = v.broke(StressRule::kBudgetOverrun);
+  const char* kind_names[kRuleCount] = {"eio", "enospc", "short", "eagain", "delay"};
+
+  if (cfg.json) {
+    JsonWriter j;
+    j.field("command", "stress");
+    j.field("result", v.pass() ? "pass" : "fail");
+    j.field("seconds", seconds);
+    j.field("workers", cfg.workers);
+    j.field("fault_rate", cfg.fault_rate);
+    j.field("seed", cfg.seed);
+    j.field("checksums", cfg.checksums);
+    j.field("engine", engine_name);
+    j.field("dirs", cfg.dirs);
+    j.field("operations", t.operations());
+    j.field("swap_outs", t.swap_outs);
+    j.field("swap_ins", t.swap_ins);
+    j.field("optimizer_steps", t.opt_steps);
+    j.field("optimizer_steps_undone", t.opt_undone);
+    j.field("optimizer_rebuilds", t.opt_rebuilds);
+    j.field("optimizer_state_transfers", t.opt_state_reads);
+    j.field("prefetch_segments", t.prefetch_passes);
+    j.field("prefetch_acquires", t.prefetch_acquires);
+    j.field("prefetch_layer_writes", t.prefetch_layer_writes);
+    j.field("prefetch_reads_dropped", t.prefetch_reads_dropped);
+    j.field("bytes_verified", t.bytes_verified);
+    j.field("bytes_written", t.bytes_written);
+    j.field("faults_injected", t.injected.total());
+    for (std::size_t i = 0; i < kRuleCount; ++i) {
+      j.field(std::string("faults_") + kind_names[i], t.injected.by_rule[i]);
+    }
+    j.field("hard_faults", t.injected.hard());
+    j.field("hard_faults_surfaced", t.hard_surfaced);
+    j.field("hard_faults_unsurfaced", t.hard_unsurfaced);
+    j.field("failed_operations", t.failed_ops);
+    j.field("unexpected_errors", t.unexpected_errors);
+    j.field("corruption_errors", t.corruption_errors);
+    j.field("errors_without_context", t.errors_without_context);
+    j.field("mismatches", t.mismatches);
+    j.field("pinned_budget_bytes", cfg.budget);
+    j.field("pinned_reserved_bytes", totals.pinned.reserved);
+    j.field("pinned_peak_bytes", totals.pinned.peak);
+    j.field("budget_overrun", overrun);
+    j.field("library_errors_logged", log.errors);
+    j.field("library_warnings_logged", log.warnings);
+    j.field("planted", totals.planted);
+    j.field("problems", v.problems);
+    std::printf("%s\n", j.str().c_str());
+  } else {
+    std::printf("zinf stress: %.1f s, %llu swap workers + optimizer + prefetch, engine=%s, "
+                "faults=%g, seed=%llu, checksums=%s\n",
+                seconds, static_cast<unsigned long long>(cfg.workers), engine_name.c_str(),
+                cfg.fault_rate, static_cast<unsigned long long>(cfg.seed),
+                cfg.checksums ? "on" : "off");
+    std::printf("  operations        %llu (swap_out %llu, swap_in %llu, optimizer steps %llu, "
+                "state transfers %llu, prefetch acquires %llu, layer writes %llu)\n",
+                static_cast<unsigned long long>(t.operations()),
+                static_cast<unsigned long long>(t.swap_outs),
+                static_cast<unsigned long long>(t.swap_ins),
+                static_cast<unsigned long long>(t.opt_steps),
+                static_cast<unsigned long long>(t.opt_state_reads),
+                static_cast<unsigned long long>(t.prefetch_acquires),
+                static_cast<unsigned long long>(t.prefetch_layer_writes));
+    std::printf("  bytes verified    %s (written %s)\n", mib(t.bytes_verified).c_str(),
+                mib(t.bytes_written).c_str());
+    std::printf("  faults injected   %llu (EIO %llu, ENOSPC %llu, short %llu, EAGAIN %llu, delay %llu)\n",
+                static_cast<unsigned long long>(t.injected.total()),
+                static_cast<unsigned long long>(t.injected.by_rule[kRuleEio]),
+                static_cast<unsigned long long>(t.injected.by_rule[kRuleEnospc]),
+                static_cast<unsigned long long>(t.injected.by_rule[kRuleShort]),
+                static_cast<unsigned long long>(t.injected.by_rule[kRuleEagain]),
+                static_cast<unsigned long long>(t.injected.by_rule[kRuleDelay]));
+    std::printf("  hard faults       %llu: %llu surfaced as errors of %llu failed operations, "
+                "%llu unsurfaced\n",
+                static_cast<unsigned long long>(t.injected.hard()),
+                static_cast<unsigned long long>(t.hard_surfaced),
+                static_cast<unsigned long long>(t.failed_ops),
+                static_cast<unsigned long long>(t.hard_unsurfaced));
+    std::printf("  prefetch          %llu failed reads of layers read ahead and never acquired "
+                "(logged as warnings)\n",
+                static_cast<unsigned long long>(t.prefetch_reads_dropped));
+    std::printf("  optimizer         %llu steps undone by failed reads, %llu rebuilds after failures\n",
+                static_cast<unsigned long long>(t.opt_undone),
+                static_cast<unsigned long long>(t.opt_rebuilds));
+    std::printf("  mismatches        %llu\n", static_cast<unsigned long long>(t.mismatches));
+    std::printf("  unexpected errors %llu (corruption found %llu, without context %llu)\n",
+                static_cast<unsigned long long>(t.unexpected_errors + t.corruption_errors),
+                static_cast<unsigned long long>(t.corruption_errors),
+                static_cast<unsigned long long>(t.errors_without_context));
+    std::printf("  pinned memory     peak %s, reserved %s, budget %s%s\n", mib(totals.pinned.peak).c_str(),
+                mib(totals.pinned.reserved).c_str(), mib(cfg.budget).c_str(), overrun ? " (OVERRUN)" : "");
+    if (log.errors > log.shown) {
+      std::printf("  library log       %llu error lines (the first %llu shown on stderr)\n",
+                  static_cast<unsigned long long>(log.errors),
+                  static_cast<unsigned long long>(log.shown));
+    }
+    if (!totals.planted.empty()) std::printf("  planted           %s\n", totals.planted.c_str());
+    for (const auto& p : v.problems) std::printf("  problem: %s\n", p.c_str());
+    std::printf("%s\n", v.pass() ? "PASS: every byte verified, every hard fault surfaced"
+                             : "FAIL: see the problems above");
+  }
+}
+
+}  // namespace zinf::tools::stress

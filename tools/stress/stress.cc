@@ -1,0 +1,233 @@
+// SPDX-License-Identifier: Apache-2.0
+// `zinf stress`: a soak of the whole I/O stack under load and injected faults. Swap workers,
+// an NVMe-offloaded optimizer checked bitwise against an in-memory CpuAdam, and layer
+// prefetch passes run at once for --duration; every byte read back is verified, and every
+// injected hard fault (EIO, ENOSPC) must surface as an error of the operation it hit.
+//
+// This file parses the options, runs the workers (swap_worker, optimizer_worker,
+// prefetch_worker) and hands their totals to judge() (verdict.h) and print_report (report.h).
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "args.h"
+#include "bench_common.h"
+#include "commands.h"
+#include "interrupt.h"
+#include "optimizer_worker.h"
+#include "options.h"
+#include "prefetch_worker.h"
+#include "report.h"
+#include "scratch.h"
+#include "swap_worker.h"
+#include "verdict.h"
+#include "worker.h"
+#include "zinf/common/error.h"
+#include "zinf/common/log.h"
+#include "zinf/swap/buffer_pool.h"
+#include "zinf/swap/io_engine.h"
+
+namespace zinf::tools {
+namespace {
+
+using namespace stress;  // this file is the command those pieces make up
+
+constexpr const char* kHelp = R"(usage: zinf stress [options]
+
+Runs, concurrently for --duration: swap workers (swap_out/swap_in of random-size tensors and
+ranges, every byte read back verified), optimizer steps (state on NVMe, checked bitwise against
+an in-memory CpuAdam after every step) and layer prefetch passes (every acquired layer's bytes
+verified). With --faults, the I/O engines inject EIO, ENOSPC, short transfers, EAGAIN and
+delays; every hard fault (EIO, ENOSPC) must surface as an error of the operation it hit, and
+every recoverable one must be absorbed with correct data.
+
+  --dir DIR          directory for the swap files (repeatable: striped over the directories)
+                     [default: ./zinf-scratch, created if missing]
+  --duration T       how long to run: 500ms, 10s, 2m, 1h (a bare number is seconds) [10s]
+  --faults RATE      probability per I/O piece attempt of an injected fault, in [0, 0.5] [0]
+  --seed N           seed of the workloads and of the fault plans [1]
+  --budget BYTES     pinned memory for all workers together [64M]; at least 4M
+  --workers N        swap workers (the optimizer and prefetch workers come on top) [2]
+  --checksums        keep CRC32C per stripe unit in every swap store. Off unless given, unlike
+                     the library's default: stress checks every byte itself, and without
+                     checksums its ranges need not be whole stripes (more layouts tested)
+  --engine KIND      auto | uring | threads [auto]
+  --json             one JSON object on stdout instead of the report
+
+Exit status: 0 if nothing was lost, 1 on any mismatch, unsurfaced hard fault, unexpected error
+or budget overrun, 2 on bad options, 128 + the signal's number when SIGINT, SIGTERM or SIGHUP
+ends the soak early (no report then). See docs/stress.md.
+)";
+
+std::chrono::milliseconds parse_duration(const std::string& text) {
+  const auto bad = [&] {
+    return UsageError("invalid --duration '" + text + "': expected e.g. 500ms, 10s, 2m, 1h");
+  };
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    throw bad();
+  }
+  const std::string unit = text.substr(used);
+  double ms = 0;
+  if (unit.empty() || unit == "s") {
+    ms = value * 1e3;
+  } else if (unit == "ms") {
+    ms = value;
+  } else if (unit == "m" || unit == "min") {
+    ms = value * 60e3;
+  } else if (unit == "h") {
+    ms = value * 3600e3;
+  } else {
+    throw bad();
+  }
+  if (!(ms >= 1) || ms > 7 * 24 * 3600e3) throw bad();
+  return std::chrono::milliseconds(static_cast<std::int64_t>(ms));
+}
+
+StressOptions parse(const std::vector<std::string>& tokens, bool* help) {
+  Args a("stress", tokens);
+  StressOptions c;
+  *help = a.help();
+  c.dirs = a.strings("dir");
+  c.duration = parse_duration(a.string("duration", "10s"));
+  c.fault_rate = a.number("faults", 0);
+  c.seed = a.uint("seed", 1);
+  c.budget = a.size("budget", 64ull << 20);
+  c.workers = a.uint("workers", 2);
+  c.checksums = a.flag("checksums");
+  c.plant = a.flag("plant-corruption");
+  c.engine = swap::parse_io_engine_kind(a.string("engine", "auto"));
+  c.json = a.flag("json");
+  a.finish();
+  if (*help) return c;
+  if (!(c.fault_rate >= 0 && c.fault_rate <= 0.5)) {
+    throw UsageError("invalid --faults: must be a probability in [0, 0.5]");
+  }
+  if (c.budget < (4ull << 20)) throw UsageError("invalid --budget: at least 4M");
+  if (c.workers == 0 || c.workers > 64) throw UsageError("invalid --workers: must be in [1, 64]");
+  check_scratch_dirs(c.dirs);
+  return c;
+}
+
+// Under faults the library logs each failure it handles (a failed optimizer, a dropped read
+// ahead, ...): expected here, and each is judged as an operation's error. The first few
+// errors and the first few warnings are shown; the rest counted.
+class LogThrottle {
+ public:
+  static constexpr std::uint64_t kShown = 5;
+  LogThrottle() {
+    previous_ = set_log_sink([this](LogLevel level, std::string_view message) {
+      if (level >= LogLevel::kError) {
+        std::lock_guard lock(mu_);
+        if (++errors_ > kShown) return;
+      } else if (level == LogLevel::kWarning) {
+        std::lock_guard lock(mu_);
+        if (++warnings_ > kShown) return;
+      }
+      static constexpr const char* kNames[] = {"debug", "info", "notice", "warning", "error"};
+      std::fprintf(stderr, "zinf %s: %.*s\n", kNames[static_cast<int>(level)],
+                   static_cast<int>(message.size()), message.data());
+    });
+  }
+  ~LogThrottle() { set_log_sink(std::move(previous_)); }
+  LogThrottle(const LogThrottle&) = delete;
+  LogThrottle& operator=(const LogThrottle&) = delete;
+  std::uint64_t errors() {
+    std::lock_guard lock(mu_);
+    return errors_;
+  }
+  std::uint64_t warnings() {
+    std::lock_guard lock(mu_);
+    return warnings_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::uint64_t errors_ = 0;
+  std::uint64_t warnings_ = 0;
+  LogSink previous_;
+};
+
+}  // namespace
+
+int stress_main(const std::vector<std::string>& tokens) {
+  bool help = false;
+  const StressOptions cfg = parse(tokens, &help);
+  if (help) {
+    std::fputs(kHelp, stdout);
+    return 0;
+  }
+
+  LogThrottle log_throttle;
+
+  // The budget: half to the swap workers' pool, a quarter to the optimizer's ring, a quarter
+  // to the prefetcher (staging half of that, device memory the rest).
+  Shared sh;
+  sh.cfg = &cfg;
+  sh.store_dirs = cfg.dirs;
+  if (sh.store_dirs.size() == 1) sh.store_dirs.push_back(cfg.dirs[0]);  // two files: striping
+  const std::uint64_t swap_budget = cfg.budget / 2 / 4096 * 4096;
+  sh.opt_budget = cfg.budget / 4;
+  sh.prefetch_budget = cfg.budget / 4 / 4096 * 4096;
+  // Each swap worker holds at most one lease at a time (plus a prefetch layer write), so a
+  // tensor of this size never waits for the pool longer than another worker's one operation.
+  sh.max_tensor = std::min<std::uint64_t>(8ull << 20, swap_budget / (cfg.workers + 1) / 4096 * 4096 - 4096);
+  swap::BufferPoolOptions bo;
+  bo.budget_bytes = swap_budget;
+  swap::BufferPool pool(bo);
+  sh.swap_pool = &pool;
+
+  std::vector<std::unique_ptr<SwapWorker>> swappers;
+  for (std::size_t i = 0; i < cfg.workers; ++i) swappers.push_back(std::make_unique<SwapWorker>(sh, i));
+  OptimizerWorker optimizer(sh);
+  PrefetchWorker prefetcher(sh);
+
+  const auto start = Clock::now();
+  sh.deadline = start + cfg.duration;
+  {
+    std::vector<std::jthread> threads;
+    for (auto& w : swappers) {
+      threads.emplace_back([&w] { guarded(w->tally(), "swap worker", [&] { w->run(); }); });
+    }
+    threads.emplace_back([&] { guarded(optimizer.tally(), "optimizer worker", [&] { optimizer.run(); }); });
+    threads.emplace_back([&] { guarded(prefetcher.tally(), "prefetch worker", [&] { prefetcher.run(); }); });
+  }
+  const double seconds = seconds_since(start);
+  throw_if_interrupted();  // a cut-short soak proves nothing: no report, no verdict
+
+  StressTotals totals;
+  for (auto& w : swappers) {
+    totals.tally.add(w->tally());
+    if (!w->planted().empty()) totals.planted = w->planted();
+  }
+  totals.tally.add(optimizer.tally());
+  totals.tally.add(prefetcher.tally());
+  // Pinned memory: the arenas are reserved whole (swap pool, prefetch staging) and the
+  // optimizer's ring as it grows; the peak adds each part's own peak, an upper bound on the
+  // true simultaneous peak.
+  PinnedMemory& pm = totals.pinned;
+  pm.reserved = pool.budget_bytes() + optimizer.pinned_peak() + prefetcher.staging_bytes();
+  pm.peak = pool.peak_bytes_in_use() + optimizer.pinned_peak() + prefetcher.staging_bytes();
+  pm.pool_peak = pool.peak_bytes_in_use();
+  pm.pool_budget = pool.budget_bytes();
+  pm.optimizer_peak = optimizer.pinned_peak();
+  pm.optimizer_budget = sh.opt_budget;
+  pm.prefetch_peak_held = prefetcher.peak_held();
+  pm.prefetch_budget = sh.prefetch_budget;
+
+  const StressVerdict verdict = judge(totals, cfg);
+  print_report(cfg, totals, verdict, seconds, swappers[0]->engine_name(),
+               LogCounts{log_throttle.errors(), log_throttle.warnings(), LogThrottle::kShown});
+  return verdict.pass() ? 0 : 1;
+}
+
+}  // namespace zinf::tools
