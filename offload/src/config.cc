@@ -26,6 +26,7 @@
 
 #include "zinf/common/error.h"
 #include "zinf/common/status.h"
+#include "zinf/common/suggest.h"
 
 namespace zinf::offload {
 namespace {
@@ -129,24 +130,6 @@ std::string clip(std::string_view text) {
 // A value as JSON for an error message, clipped. Safe on any parsed value: parse_json refuses
 // nesting deeper than kMaxDepth, so dump()'s recursion is bounded.
 std::string shown(const Json& value) { return clip(value.dump()); }
-
-// Levenshtein distance; known keys are short, and check_keys compares no key longer than
-// kMaxShown, so the O(n*m) table is nothing.
-std::size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diagonal = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t above = row[j];
-      const std::size_t substitute = diagonal + (a[i - 1] == b[j - 1] ? 0 : 1);
-      row[j] = std::min({above + 1, row[j - 1] + 1, substitute});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
 
 // ---------------------------------------------------------------------------------------------
 // Malformed JSON and duplicate keys.
@@ -352,26 +335,12 @@ class Block {
         without_effect.push_back(key);
         continue;
       }
-      std::string_view best;
-      std::size_t best_distance = std::numeric_limits<std::size_t>::max();
-      // A key longer than any known one by far is no typo; skipping it keeps a hostile key of
-      // megabytes from costing megabytes x every known key in edit distances.
-      for (auto list : {known, accepted}) {
-        if (key.size() > kMaxShown) break;
-        for (std::string_view candidate : list) {
-          const std::size_t d = edit_distance(key, candidate);
-          if (d < best_distance) {
-            best_distance = d;
-            best = candidate;
-          }
-        }
-      }
-      // Close means a typo, not a different word: at most 2 edits, or a quarter of the key.
-      const std::size_t limit = std::max<std::size_t>(2, key.size() / 4);
+      // Close means a typo, not a different word: at most 2 edits, or one per 4 characters.
+      std::vector<std::string_view> candidates(known.begin(), known.end());
+      candidates.insert(candidates.end(), accepted.begin(), accepted.end());
+      const std::string_view best = closest_match(key, candidates, typo_distance(key, 4));
       std::string what = "unknown key";
-      if (!best.empty() && best_distance <= limit) {
-        what += "; did you mean '" + std::string(best) + "'?";
-      }
+      if (!best.empty()) what += "; did you mean '" + std::string(best) + "'?";
       fail(key, what);
     }
     if (!without_effect.empty()) {
