@@ -22,7 +22,6 @@
 namespace zinf::offload {
 namespace {
 
-constexpr std::uint64_t kStateBytesPerElement = 12;  // fp32 params, m, v
 // Ring buffers used by set_params/read_state/save/load on the kCpu tier, where there is no
 // ring: the records themselves are the buffers, and this many are in flight at once.
 constexpr std::size_t kCpuWindow = 4;
