@@ -27,19 +27,11 @@ namespace {
 constexpr std::size_t kCpuWindow = 4;
 
 // The Status behind the exception being handled, for the pipeline thread, which passes
-// errors as values (STYLE.md section 3).
+// errors as values (STYLE.md section 3); one that names no operation is the step's.
 Status current_exception_status() {
-  try {
-    throw;
-  } catch (const IoError& e) {
-    return e.status();
-  } catch (const EngineFailed& e) {
-    return e.cause();
-  } catch (const std::exception& e) {
-    return Status::error(ErrorCode::kInvalidArgument, e.what()).with_operation("optimizer step");
-  } catch (...) {
-    return Status::error(ErrorCode::kIo, "unknown exception").with_operation("optimizer step");
-  }
+  Status s = status_from_current_exception();
+  if (s.operation().empty()) s.with_operation("optimizer step");
+  return s;
 }
 
 // Seconds covered by the union of [begin, end) intervals.
