@@ -27,6 +27,7 @@
 #include "zinf/common/error.h"
 #include "zinf/common/status.h"
 #include "zinf/common/suggest.h"
+#include "zinf/common/unique_fd.h"
 
 namespace zinf::offload {
 namespace {
@@ -789,14 +790,19 @@ const char* file_type_name(mode_t mode) {
 EngineConfig load_config(const std::string& path) {
   // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever; the
   // fstat below refuses it (and every other non-regular file) before anything is read.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) throw IoError(Status::from_errno(errno, "open config", path));
-  struct FdCloser {
-    int fd;
-    ~FdCloser() { ::close(fd); }
-  } closer{fd};
+  // The open's own errno (ENOENT, EACCES, ENOTDIR, ELOOP, ...) is what the caller sees: a
+  // config that exists but cannot be opened must not read as a missing one.
+  const UniqueFd file(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  if (!file.valid()) {
+    const int err = errno;
+    throw IoError(Status::from_errno(err, "open config", path));
+  }
+  const int fd = file.get();
   struct stat st {};
-  if (::fstat(fd, &st) != 0) throw IoError(Status::from_errno(errno, "stat config", path));
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    throw IoError(Status::from_errno(err, "stat config", path));
+  }
   if (!S_ISREG(st.st_mode)) {
     throw UsageError(path + ": the config is " + file_type_name(st.st_mode) +
                      ", not a regular file; give a JSON file");
