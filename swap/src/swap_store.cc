@@ -25,8 +25,8 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 
-#include "engine_core.h"
 #include "range_allocator.h"
+#include "ticket_state.h"
 #include "zinf/common/align.h"
 #include "zinf/common/check.h"
 #include "zinf/common/error.h"
