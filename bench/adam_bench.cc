@@ -22,9 +22,11 @@
 #include "native_adam_loop.h"
 #include "zinf/adam/cpu_adam.h"
 #include "zinf/adam/reference_kernels.h"
+#include "zinf/common/align.h"
 
 namespace {
 
+using zinf::align_up;
 using zinf::DType;
 using zinf::adam::AdamParams;
 using zinf::adam::CopyOut;
@@ -42,7 +44,7 @@ class Array {
  public:
   explicit Array(std::size_t bytes) {
     constexpr std::size_t kAlign = std::size_t{2} << 20;
-    bytes_ = (bytes + kAlign - 1) / kAlign * kAlign;
+    bytes_ = align_up(bytes, kAlign);
     ptr_.reset(std::aligned_alloc(kAlign, bytes_));
     if (!ptr_) throw std::bad_alloc();
     (void)::madvise(ptr_.get(), bytes_, MADV_HUGEPAGE);  // advisory

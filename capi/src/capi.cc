@@ -56,7 +56,7 @@ void record(zinf_engine* engine, const char* message) noexcept {
   }
 }
 
-zinf_status status_of_io(zinf::ErrorCode code) noexcept {
+zinf_status status_of(zinf::ErrorCode code) noexcept {
   switch (code) {
     case zinf::ErrorCode::kNoSpace: return ZINF_ERR_NO_SPACE;
     case zinf::ErrorCode::kNotFound: return ZINF_ERR_NOT_FOUND;
@@ -65,38 +65,33 @@ zinf_status status_of_io(zinf::ErrorCode code) noexcept {
     case zinf::ErrorCode::kFailedState: return ZINF_ERR_FAILED;
     case zinf::ErrorCode::kInvalidArgument: return ZINF_ERR_USAGE;
     case zinf::ErrorCode::kResource: return ZINF_ERR_NO_MEMORY;
+    case zinf::ErrorCode::kDevice: return ZINF_ERR_DEVICE;
+    case zinf::ErrorCode::kInternal: return ZINF_ERR_INTERNAL;
     default: return ZINF_ERR_IO;
   }
 }
 
 /// Runs `body` (which returns nothing or throws) and maps what it throws to a status,
-/// recording the message. `engine` (may be null) also records it.
+/// recording the message. `engine` (may be null) also records it. The code comes from the
+/// library's one exception mapping (status_from_current_exception); the text is the
+/// exception's own, as the caller of the C++ API would see it.
 template <typename Body>
 zinf_status guarded(zinf_engine* engine, Body&& body) noexcept {
   try {
     body();
     return ZINF_OK;
-  } catch (const zinf::UsageError& e) {
-    record(engine, e.what());
-    return ZINF_ERR_USAGE;
-  } catch (const zinf::IoError& e) {
-    record(engine, e.what());
-    return status_of_io(e.code());
-  } catch (const zinf::DeviceError& e) {
-    record(engine, e.what());
-    return ZINF_ERR_DEVICE;
-  } catch (const zinf::EngineFailed& e) {
-    record(engine, e.what());
-    return ZINF_ERR_FAILED;
-  } catch (const std::bad_alloc& e) {
-    record(engine, "out of memory (std::bad_alloc)");
-    return ZINF_ERR_NO_MEMORY;
-  } catch (const std::exception& e) {
-    record(engine, e.what());
-    return ZINF_ERR_INTERNAL;
   } catch (...) {
-    record(engine, "unknown exception");
-    return ZINF_ERR_INTERNAL;
+    const zinf_status status = status_of(zinf::status_from_current_exception().code());
+    try {
+      throw;
+    } catch (const std::bad_alloc&) {
+      record(engine, "out of memory (std::bad_alloc)");
+    } catch (const std::exception& e) {
+      record(engine, e.what());
+    } catch (...) {
+      record(engine, "unknown exception");
+    }
+    return status;
   }
 }
 

@@ -23,6 +23,8 @@ std::string_view error_code_name(ErrorCode code) noexcept {
     case ErrorCode::kCorrupt: return "corrupt";
     case ErrorCode::kInvalidArgument: return "invalid_argument";
     case ErrorCode::kFailedState: return "failed_state";
+    case ErrorCode::kDevice: return "device";
+    case ErrorCode::kInternal: return "internal";
   }
   return "unknown";
 }

@@ -26,6 +26,8 @@
 
 #include "zinf/common/error.h"
 #include "zinf/common/status.h"
+#include "zinf/common/suggest.h"
+#include "zinf/common/unique_fd.h"
 
 namespace zinf::offload {
 namespace {
@@ -129,24 +131,6 @@ std::string clip(std::string_view text) {
 // A value as JSON for an error message, clipped. Safe on any parsed value: parse_json refuses
 // nesting deeper than kMaxDepth, so dump()'s recursion is bounded.
 std::string shown(const Json& value) { return clip(value.dump()); }
-
-// Levenshtein distance; known keys are short, and check_keys compares no key longer than
-// kMaxShown, so the O(n*m) table is nothing.
-std::size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diagonal = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t above = row[j];
-      const std::size_t substitute = diagonal + (a[i - 1] == b[j - 1] ? 0 : 1);
-      row[j] = std::min({above + 1, row[j - 1] + 1, substitute});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
 
 // ---------------------------------------------------------------------------------------------
 // Malformed JSON and duplicate keys.
@@ -352,26 +336,12 @@ class Block {
         without_effect.push_back(key);
         continue;
       }
-      std::string_view best;
-      std::size_t best_distance = std::numeric_limits<std::size_t>::max();
-      // A key longer than any known one by far is no typo; skipping it keeps a hostile key of
-      // megabytes from costing megabytes x every known key in edit distances.
-      for (auto list : {known, accepted}) {
-        if (key.size() > kMaxShown) break;
-        for (std::string_view candidate : list) {
-          const std::size_t d = edit_distance(key, candidate);
-          if (d < best_distance) {
-            best_distance = d;
-            best = candidate;
-          }
-        }
-      }
-      // Close means a typo, not a different word: at most 2 edits, or a quarter of the key.
-      const std::size_t limit = std::max<std::size_t>(2, key.size() / 4);
+      // Close means a typo, not a different word: at most 2 edits, or one per 4 characters.
+      std::vector<std::string_view> candidates(known.begin(), known.end());
+      candidates.insert(candidates.end(), accepted.begin(), accepted.end());
+      const std::string_view best = closest_match(key, candidates, typo_distance(key, 4));
       std::string what = "unknown key";
-      if (!best.empty() && best_distance <= limit) {
-        what += "; did you mean '" + std::string(best) + "'?";
-      }
+      if (!best.empty()) what += "; did you mean '" + std::string(best) + "'?";
       fail(key, what);
     }
     if (!without_effect.empty()) {
@@ -820,14 +790,19 @@ const char* file_type_name(mode_t mode) {
 EngineConfig load_config(const std::string& path) {
   // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever; the
   // fstat below refuses it (and every other non-regular file) before anything is read.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) throw IoError(Status::from_errno(errno, "open config", path));
-  struct FdCloser {
-    int fd;
-    ~FdCloser() { ::close(fd); }
-  } closer{fd};
+  // The open's own errno (ENOENT, EACCES, ENOTDIR, ELOOP, ...) is what the caller sees: a
+  // config that exists but cannot be opened must not read as a missing one.
+  const UniqueFd file(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  if (!file.valid()) {
+    const int err = errno;
+    throw IoError(Status::from_errno(err, "open config", path));
+  }
+  const int fd = file.get();
   struct stat st {};
-  if (::fstat(fd, &st) != 0) throw IoError(Status::from_errno(errno, "stat config", path));
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    throw IoError(Status::from_errno(err, "stat config", path));
+  }
   if (!S_ISREG(st.st_mode)) {
     throw UsageError(path + ": the config is " + file_type_name(st.st_mode) +
                      ", not a regular file; give a JSON file");

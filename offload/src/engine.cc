@@ -15,6 +15,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "zinf/common/align.h"
 #include "zinf/common/error.h"
 #include "zinf/common/log.h"
 #include "zinf/prefetch/layer_prefetcher.h"
@@ -35,7 +36,6 @@ constexpr const char* kManifestHeader = "zinf engine layers v1";
 // A line per layer; far more than any model's table, small enough to read whole.
 constexpr std::uint64_t kMaxLayerTableBytes = std::uint64_t{64} << 20;
 
-std::uint64_t round_up(std::uint64_t v, std::uint64_t to) { return (v + to - 1) / to * to; }
 std::uint64_t param_bytes(const LayerSpec& l) { return l.numel * 2; }
 std::string in_quotes(const std::string& s) { return "'" + s + "'"; }
 
@@ -188,7 +188,7 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
   if (ptier == OffloadDevice::kNvme) {
     const std::uint64_t unit = config.zinf.checksums ? std::max<std::uint64_t>(kParamStripe, param_align)
                                                      : param_align;
-    const std::uint64_t rounded = round_up(sub_group * 2, unit) / 2;
+    const std::uint64_t rounded = align_up(sub_group * 2, unit) / 2;
     if (rounded != sub_group) {
       // Info, not notice: the default 1e9 is rounded on every run, by a few thousand elements.
       log(LogLevel::kInfo, "OffloadEngine: sub_group_size " + std::to_string(sub_group) +
@@ -219,8 +219,8 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
   std::uint64_t largest_padded = 0;
   std::uint64_t host_copies = 0;
   for (const auto& layer : layers) {
-    largest_padded = std::max(largest_padded, round_up(param_bytes(layer), param_align));
-    host_copies += round_up(param_bytes(layer), kHostAlign);
+    largest_padded = std::max(largest_padded, align_up(param_bytes(layer), param_align));
+    host_copies += align_up(param_bytes(layer), kHostAlign);
   }
   const std::uint64_t depth = config.zinf.prefetch_depth;
   if (ptier == OffloadDevice::kNvme) param_pinned = (depth + 2) * largest_padded;
@@ -252,7 +252,7 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
     so.directories = param_dirs;
     std::uint64_t capacity = 0;
     // A tensor of at least a stripe starts on a stripe boundary: room for that rounding.
-    for (const auto& layer : layers) capacity += round_up(round_up(param_bytes(layer), param_align), kParamStripe);
+    for (const auto& layer : layers) capacity += align_up(align_up(param_bytes(layer), param_align), kParamStripe);
     so.capacity_bytes = capacity;
     so.stripe_bytes = kParamStripe;
     so.checksums = config.zinf.checksums;
@@ -268,7 +268,7 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
     po.depth = depth;
     po.staging_bytes = param_pinned;
     po.max_bytes = param_pinned + std::uint64_t{config.offload_param.buffer_count} *
-                                      round_up(config.offload_param.buffer_size * 2, 256);
+                                      align_up(config.offload_param.buffer_size * 2, 256);
     po.register_with_engine = param_engine.get();
     prefetcher = std::make_unique<prefetch::LayerPrefetcher>(po, *param_store, device, compute);
   } else if (ptier == OffloadDevice::kCpu) {
@@ -280,7 +280,7 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
     host_pinned = device.register_host(host_pool->arena());
     std::uint64_t largest = 0;
     for (std::size_t i = 0; i < layers.size(); ++i) {
-      state[i].pinned = host_pool->acquire(round_up(param_bytes(layers[i]), kHostAlign));
+      state[i].pinned = host_pool->acquire(align_up(param_bytes(layers[i]), kHostAlign));
       state[i].host_read = device.create_event();
       largest = std::max(largest, param_bytes(layers[i]));
     }

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "optimizer_impl.h"
+#include "zinf/common/align.h"
 #include "zinf/common/check.h"
 #include "zinf/common/error.h"
 #include "zinf/common/log.h"
@@ -21,27 +22,16 @@
 namespace zinf::offload {
 namespace {
 
-std::uint64_t round_up(std::uint64_t v, std::uint64_t to) { return (v + to - 1) / to * to; }
-
-constexpr std::uint64_t kStateBytesPerElement = 12;  // fp32 params, m, v
 // Ring buffers used by set_params/read_state/save/load on the kCpu tier, where there is no
 // ring: the records themselves are the buffers, and this many are in flight at once.
 constexpr std::size_t kCpuWindow = 4;
 
 // The Status behind the exception being handled, for the pipeline thread, which passes
-// errors as values (STYLE.md section 3).
+// errors as values (STYLE.md section 3); one that names no operation is the step's.
 Status current_exception_status() {
-  try {
-    throw;
-  } catch (const IoError& e) {
-    return e.status();
-  } catch (const EngineFailed& e) {
-    return e.cause();
-  } catch (const std::exception& e) {
-    return Status::error(ErrorCode::kInvalidArgument, e.what()).with_operation("optimizer step");
-  } catch (...) {
-    return Status::error(ErrorCode::kIo, "unknown exception").with_operation("optimizer step");
-  }
+  Status s = status_from_current_exception();
+  if (s.operation().empty()) s.with_operation("optimizer step");
+  return s;
 }
 
 // Seconds covered by the union of [begin, end) intervals.
@@ -82,7 +72,7 @@ struct PinnedPlan {
 
 std::uint64_t copy_out_staging_bytes(std::uint64_t sub, std::uint64_t max_group_numel,
                                      std::uint32_t alignment) {
-  return round_up(std::min(sub, max_group_numel) * 2, alignment);
+  return align_up(std::min(sub, max_group_numel) * 2, alignment);
 }
 
 PinnedPlan plan_pinned(const OptimizerOptions& o, std::uint64_t sub, std::uint64_t max_record_bytes,
@@ -122,7 +112,7 @@ std::uint64_t store_copy_out_sub_group(std::uint64_t requested, const swap::Swap
   const std::uint64_t unit = store.checksums()
                                  ? std::max<std::uint64_t>(store.stripe_bytes(), store.alignment())
                                  : store.alignment();
-  return round_up(std::max<std::uint64_t>(requested, 1) * 2, unit) / 2;
+  return align_up(std::max<std::uint64_t>(requested, 1) * 2, unit) / 2;
 }
 
 namespace {
@@ -195,8 +185,8 @@ std::uint64_t optimizer_pinned_bytes_needed(const OptimizerOptions& options,
     max_numel = std::max(max_numel, g.numel);
     const std::uint64_t full = g.numel / sub;
     const std::uint64_t rest = g.numel % sub;
-    const std::uint64_t full_bytes = round_up(sub * kStateBytesPerElement, alignment);
-    const std::uint64_t rest_bytes = round_up(rest * kStateBytesPerElement, alignment);
+    const std::uint64_t full_bytes = align_up(sub * kStateBytesPerElement, alignment);
+    const std::uint64_t rest_bytes = align_up(rest * kStateBytesPerElement, alignment);
     if (full > 0) max_record = std::max(max_record, full_bytes);
     if (rest > 0) max_record = std::max(max_record, rest_bytes);
     state += full * full_bytes + rest_bytes;
@@ -257,7 +247,7 @@ OffloadedOptimizer::Impl::Impl(OptimizerOptions o, std::vector<ParamGroupSpec> g
       r.sub = s;
       r.offset = off;
       r.numel = std::min(sub, groups[gi].numel - off);
-      r.padded = round_up(r.numel * kStateBytesPerElement, alignment);
+      r.padded = align_up(r.numel * kStateBytesPerElement, alignment);
       r.key = groups[gi].name + "#" + std::to_string(s);
       max_record_bytes = std::max(max_record_bytes, r.padded);
       state_bytes += r.padded;
@@ -292,7 +282,7 @@ OffloadedOptimizer::Impl::Impl(OptimizerOptions o, std::vector<ParamGroupSpec> g
       // Ranges are whole tensors here, so any stripe works; keep the 1 MiB default unless a
       // record is smaller than a stripe (then checksums cover the record).
       so.stripe_bytes = static_cast<std::uint32_t>(
-          std::min<std::uint64_t>(so.stripe_bytes, round_up(max_record_bytes, alignment)));
+          std::min<std::uint64_t>(so.stripe_bytes, align_up(max_record_bytes, alignment)));
     }
     store = std::make_unique<swap::SwapStore>(so, *engine);  // IoError kNoSpace: disk too small
     if (store->alignment() > alignment) {

@@ -48,7 +48,6 @@ constexpr int kFormatVersion = 1;
 constexpr const char* kLatest = "LATEST";
 constexpr const char* kStateFile = "state.bin";
 constexpr const char* kManifestFile = "manifest";
-constexpr std::uint64_t kStateBytesPerElement = 12;
 // LATEST holds one version name; a manifest a line per record (tens of bytes each).
 constexpr std::uint64_t kMaxLatestBytes = 4096;
 constexpr std::uint64_t kMaxManifestBytes = std::uint64_t{64} << 20;

@@ -27,8 +27,13 @@ namespace zinf::offload {
 
 using OptClock = std::chrono::steady_clock;
 
+/// Bytes of optimizer state per element: the fp32 master parameter, Adam's m and its v. Sizes
+/// every record, its I/O and its checkpoint CRC, so the step and the checkpoint agree by
+/// construction.
+inline constexpr std::uint64_t kStateBytesPerElement = 3 * sizeof(float);
+
 /// One sub-group: elements [offset, offset + numel) of a group, stored as one record
-/// [params | m | v] of 12 x numel bytes padded to `padded` bytes.
+/// [params | m | v] of kStateBytesPerElement x numel bytes padded to `padded` bytes.
 struct Record {
   std::size_t group = 0;
   std::uint64_t sub = 0;

@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "range_allocator.h"
+#include "zinf/common/align.h"
 #include "zinf/common/check.h"
 #include "zinf/common/error.h"
 #include "zinf/common/log.h"
@@ -33,8 +34,6 @@ constexpr std::uint64_t kHugePageBytes = 2ull << 20;
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14; Debian 12's headers may predate it
 #endif
-
-std::uint64_t round_up(std::uint64_t v, std::uint64_t to) { return (v + to - 1) / to * to; }
 
 // True unless /sys says transparent huge pages are off ("[never]"): madvise(MADV_HUGEPAGE)
 // succeeds even then, so its return value alone would claim huge pages we will never get.
@@ -60,7 +59,7 @@ class Mapping {
                                       " bytes for the buffer pool arena: " + std::strerror(err)));
     }
     auto base = reinterpret_cast<std::uintptr_t>(p);
-    std::uintptr_t aligned = (base + align - 1) / align * align;
+    std::uintptr_t aligned = align_up(base, align);
     std::uintptr_t head = aligned - base;
     std::uintptr_t tail = len - head - size;
     // munmap of a page-aligned part of our own mapping cannot fail; a failure would only leak.
@@ -122,7 +121,8 @@ struct BufferPool::Impl {
   // Returns `bytes` rounded to whole blocks, or throws UsageError if it can never be served.
   std::uint64_t checked_size(std::size_t bytes, const char* op) const {
     if (bytes == 0) throw UsageError(std::string("BufferPool: ") + op + " of 0 bytes");
-    std::uint64_t rounded = round_up(bytes, alignment);
+    // A size whose padding passes 2^64 exceeds any budget: refused below like one that does not.
+    const std::uint64_t rounded = checked_align_up(bytes, alignment).value_or(UINT64_MAX);
     if (rounded > mapping.size()) {
       throw UsageError(std::string("BufferPool: ") + op + " of " + std::to_string(bytes) +
                        " bytes (" + std::to_string(rounded) + " rounded to " +
@@ -198,7 +198,12 @@ BufferPool::BufferPool(const BufferPoolOptions& options) {
                      " is not a power of two >= 4096");
   }
   if (options.budget_bytes == 0) throw UsageError("BufferPool: budget_bytes is 0");
-  std::uint64_t budget = round_up(options.budget_bytes, align);
+  const std::optional<std::uint64_t> budget_up = checked_align_up(options.budget_bytes, align);
+  if (!budget_up) {
+    throw UsageError("BufferPool: budget_bytes " + std::to_string(options.budget_bytes) +
+                     " rounded to " + std::to_string(align) + "-byte blocks exceeds 2^64");
+  }
+  const std::uint64_t budget = *budget_up;
   std::uint64_t map_align = std::max<std::uint64_t>(kHugePageBytes, align);
   impl_ = std::make_unique<Impl>(budget, align, map_align);
 

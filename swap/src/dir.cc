@@ -41,32 +41,7 @@ void check_component(std::string_view name, const char* op) {
   }
 }
 
-// Closes `fd` on scope exit unless released.
-struct FdGuard {
-  int fd;
-  ~FdGuard() {
-    if (fd >= 0) ::close(fd);
-  }
-  int release() { return std::exchange(fd, -1); }
-};
-
 }  // namespace
-
-Dir::Dir(Dir&& other) noexcept
-    : fd_(std::exchange(other.fd_, -1)), path_(std::move(other.path_)) {}
-
-Dir& Dir::operator=(Dir&& other) noexcept {
-  if (this != &other) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = std::exchange(other.fd_, -1);
-    path_ = std::move(other.path_);
-  }
-  return *this;
-}
-
-Dir::~Dir() {
-  if (fd_ >= 0) ::close(fd_);
-}
 
 Dir Dir::open(const std::string& path) {
   if (path.empty()) {
@@ -76,7 +51,7 @@ Dir Dir::open(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) throw_errno(errno, "open directory", path);
   Dir d;
-  d.fd_ = fd;
+  d.fd_ = UniqueFd(fd);
   d.path_ = path;
   return d;
 }
@@ -84,10 +59,10 @@ Dir Dir::open(const std::string& path) {
 Dir Dir::open_child(std::string_view name) const {
   check_component(name, "Dir::open_child");
   const std::string n(name);
-  const int fd = ::openat(fd_, n.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  const int fd = ::openat(fd_.get(), n.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) throw_errno(errno, "open directory", path_of(name));
   Dir d;
-  d.fd_ = fd;
+  d.fd_ = UniqueFd(fd);
   d.path_ = path_of(name);
   return d;
 }
@@ -96,7 +71,7 @@ Dir Dir::create_child(std::string_view name) const {
   check_component(name, "Dir::create_child");
   const std::string n(name);
   // mkdirat never follows a link at the name: a planted link makes it fail with EEXIST.
-  if (::mkdirat(fd_, n.c_str(), 0700) != 0) throw_errno(errno, "create directory", path_of(name));
+  if (::mkdirat(fd(), n.c_str(), 0700) != 0) throw_errno(errno, "create directory", path_of(name));
   return open_child(name);
 }
 
@@ -109,14 +84,11 @@ std::string Dir::path_of(std::string_view name) const {
 
 std::vector<std::string> Dir::list() const {
   // fdopendir takes the descriptor: give it a duplicate so that this Dir keeps its own.
-  const int dup_fd = ::fcntl(fd_, F_DUPFD_CLOEXEC, 0);
-  if (dup_fd < 0) throw_errno(errno, "dup", path_);
-  DIR* d = ::fdopendir(dup_fd);
-  if (d == nullptr) {
-    const int err = errno;
-    ::close(dup_fd);
-    throw_errno(err, "read directory", path_);
-  }
+  UniqueFd dup(::fcntl(fd(), F_DUPFD_CLOEXEC, 0));
+  if (!dup.valid()) throw_errno(errno, "dup", path_);
+  DIR* d = ::fdopendir(dup.get());
+  if (d == nullptr) throw_errno(errno, "read directory", path_);
+  dup.release();  // the DIR owns it now: closedir closes it
   // The duplicate shares the file position: start from the beginning whoever read it last.
   ::rewinddir(d);
   std::vector<std::string> names;
@@ -133,14 +105,14 @@ std::vector<std::string> Dir::list() const {
 }
 
 void Dir::sync() const {
-  if (::fsync(fd_) != 0) throw_errno(errno, "fsync directory", path_);
+  if (::fsync(fd()) != 0) throw_errno(errno, "fsync directory", path_);
 }
 
 void Dir::rename(std::string_view from, std::string_view to) const {
   check_component(from, "Dir::rename");
   check_component(to, "Dir::rename");
   const std::string f(from), t(to);
-  if (::renameat(fd_, f.c_str(), fd_, t.c_str()) != 0) {
+  if (::renameat(fd(), f.c_str(), fd(), t.c_str()) != 0) {
     throw_errno(errno, "rename to " + path_of(to), path_of(from));
   }
 }
@@ -148,7 +120,7 @@ void Dir::rename(std::string_view from, std::string_view to) const {
 bool Dir::remove_file(std::string_view name) const {
   check_component(name, "Dir::remove_file");
   const std::string n(name);
-  if (::unlinkat(fd_, n.c_str(), 0) == 0) return true;
+  if (::unlinkat(fd(), n.c_str(), 0) == 0) return true;
   if (errno == ENOENT) return false;
   throw_errno(errno, "remove", path_of(name));
 }
@@ -157,7 +129,7 @@ bool Dir::remove_tree(std::string_view name) const {
   check_component(name, "Dir::remove_tree");
   const std::string n(name);
   struct stat st {};
-  if (::fstatat(fd_, n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+  if (::fstatat(fd(), n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
     if (errno == ENOENT) return false;
     throw_errno(errno, "stat", path_of(name));
   }
@@ -166,7 +138,7 @@ bool Dir::remove_tree(std::string_view name) const {
     Dir child = open_child(name);
     for (const auto& en : child.list()) child.remove_tree(en);
   }
-  if (::unlinkat(fd_, n.c_str(), AT_REMOVEDIR) != 0) {
+  if (::unlinkat(fd(), n.c_str(), AT_REMOVEDIR) != 0) {
     if (errno == ENOENT) return false;
     throw_errno(errno, "remove directory", path_of(name));
   }
@@ -176,7 +148,7 @@ bool Dir::remove_tree(std::string_view name) const {
 bool Dir::try_lock() const {
   int rc;
   do {
-    rc = ::flock(fd_, LOCK_EX | LOCK_NB);
+    rc = ::flock(fd(), LOCK_EX | LOCK_NB);
   } while (rc != 0 && errno == EINTR);
   if (rc == 0) return true;
   if (errno == EWOULDBLOCK) return false;
@@ -185,7 +157,7 @@ bool Dir::try_lock() const {
 
 std::optional<pid_t> Dir::holder_pid() const {
   struct stat st {};
-  if (::fstat(fd_, &st) != 0) return std::nullopt;
+  if (::fstat(fd(), &st) != 0) return std::nullopt;
   // Lines look like "1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234567 0 EOF"; the device is in
   // hex major:minor, the inode in decimal.
   std::ifstream in("/proc/locks");
@@ -249,16 +221,16 @@ void create_file_durably(const Dir& dir, std::string_view name, std::string_view
   check_component(name, "create_file_durably");
   const std::string n(name);
   const std::string shown = dir.path_of(name);
-  FdGuard fd{::openat(dir.fd(), n.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                      mode)};
-  if (fd.fd < 0) throw_errno(errno, "create", shown);
+  UniqueFd fd(::openat(dir.fd(), n.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                       mode));
+  if (!fd.valid()) throw_errno(errno, "create", shown);
   try {
-    write_all(fd.fd, text, shown);
-    if (::fsync(fd.fd) != 0) throw_errno(errno, "fsync", shown);
-    if (::close(fd.release()) != 0) throw_errno(errno, "close", shown);
+    write_all(fd.get(), text, shown);
+    if (::fsync(fd.get()) != 0) throw_errno(errno, "fsync", shown);
+    if (const int err = fd.close(); err != 0) throw_errno(err, "close", shown);
   } catch (...) {
     // Created exclusively above, so the file at that name is ours to remove.
-    if (fd.fd >= 0) ::close(fd.release());
+    fd.reset();
     ::unlinkat(dir.fd(), n.c_str(), 0);
     throw;
   }
@@ -282,10 +254,10 @@ std::string read_small_file(const Dir& dir, std::string_view name, std::uint64_t
   check_component(name, "read_small_file");
   const std::string n(name);
   const std::string shown = dir.path_of(name);
-  FdGuard fd{::openat(dir.fd(), n.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)};
-  if (fd.fd < 0) throw_errno(errno, "open", shown);
+  const UniqueFd fd(::openat(dir.fd(), n.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (!fd.valid()) throw_errno(errno, "open", shown);
   struct stat st {};
-  if (::fstat(fd.fd, &st) != 0) throw_errno(errno, "fstat", shown);
+  if (::fstat(fd.get(), &st) != 0) throw_errno(errno, "fstat", shown);
   if (!S_ISREG(st.st_mode)) {
     throw IoError(Status::from_errno(EINVAL, "open", shown)
                       .with_message("not a regular file but " + std::string(file_kind(st.st_mode)) +
@@ -294,7 +266,7 @@ std::string read_small_file(const Dir& dir, std::string_view name, std::uint64_t
   std::string out;
   char buf[8192];
   for (;;) {
-    const ssize_t got = ::read(fd.fd, buf, sizeof buf);
+    const ssize_t got = ::read(fd.get(), buf, sizeof buf);
     if (got < 0) {
       if (errno == EINTR) continue;
       throw IoError(Status::from_errno(errno, "read", shown, out.size(), sizeof buf));

@@ -96,39 +96,6 @@ std::shared_ptr<const AttachedFile> FileTable::find(FileId id) const {
   return files_[id.index];
 }
 
-void TicketState::record_failure(const Status& failure) {
-  std::lock_guard lock(mu);
-  if (status.ok()) status = failure;
-}
-
-void TicketState::complete() noexcept {
-  completed_at_ns.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::steady_clock::now().time_since_epoch())
-                            .count(),
-                        std::memory_order_release);
-  try {
-    IoCallback cb = std::move(callback);
-    if (cb) {
-      Status copy;
-      {
-        std::lock_guard lock(mu);
-        copy = status;
-      }
-      cb(copy);
-    }
-  } catch (const std::exception& e) {
-    log(LogLevel::kError, std::string("IoEngine completion callback threw (ignored): ") + e.what());
-  } catch (...) {
-    log(LogLevel::kError, "IoEngine completion callback threw a non-exception (ignored)");
-  }
-  {
-    std::lock_guard lock(mu);
-    done = true;
-    done_flag.store(true, std::memory_order_release);
-  }
-  cv.notify_all();
-}
-
 void validate_options(const IoOptions& options) {
   if (options.block_size == 0 || options.block_size % 4096 != 0) {
     throw UsageError("IoOptions.block_size=" + std::to_string(options.block_size) +
@@ -146,9 +113,9 @@ std::string engine_name(std::string_view base, const IoOptions& options) {
   return name;
 }
 
-std::shared_ptr<TicketState> prepare_batch(std::span<const IoRequest> batch, const FileTable& files,
+std::shared_ptr<BatchState> prepare_batch(std::span<const IoRequest> batch, const FileTable& files,
                                            const EngineContext& ctx, IoCallback on_complete) {
-  auto state = std::make_shared<TicketState>();
+  auto state = std::make_shared<BatchState>();
   state->requests = std::make_unique<RequestState[]>(batch.size());
   state->request_count = batch.size();
   std::uint64_t pieces = 0;
@@ -199,14 +166,14 @@ std::shared_ptr<TicketState> prepare_batch(std::span<const IoRequest> batch, con
   return state;
 }
 
-void PieceQueue::push(std::shared_ptr<TicketState> batch) {
+void PieceQueue::push(std::shared_ptr<BatchState> batch) {
   batches_.push_back(std::move(batch));
   skip_empty();
 }
 
 void PieceQueue::skip_empty() {
   while (!batches_.empty()) {
-    const TicketState& b = *batches_.front();
+    const BatchState& b = *batches_.front();
     while (request_ < b.request_count && position_ >= b.requests[request_].length) {
       ++request_;
       position_ = 0;
@@ -332,7 +299,7 @@ PieceStep on_piece_result(Piece& piece, long long result, const EngineContext& c
 
 void finish_piece(Piece& piece, const Status& failure, const EngineContext& ctx) noexcept {
   RequestState& req = *piece.req;
-  TicketState& batch = *piece.batch;
+  BatchState& batch = *piece.batch;
   if (piece.done > 0) {
     req.bytes_done.fetch_add(piece.done, std::memory_order_relaxed);
     batch.bytes_done.fetch_add(piece.done, std::memory_order_relaxed);
@@ -353,7 +320,7 @@ void finish_piece(Piece& piece, const Status& failure, const EngineContext& ctx)
     ctx.stats->failures.fetch_add(1, std::memory_order_relaxed);
   }
   if (batch.pieces_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-    std::shared_ptr<TicketState> keep = piece.batch;  // the piece may be reset by the callback
+    std::shared_ptr<BatchState> keep = piece.batch;  // the piece may be reset by the callback
     keep->complete();
   }
 }

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// What both IoEngine backends share: ticket/batch state, the attached-file table, submit-time
+// What both IoEngine backends share: batch state, the attached-file table, submit-time
 // validation, the split of requests into block_size pieces, and the per-piece result logic
 // (EINTR/EAGAIN retry, short-transfer resubmission, fault injection, error text), so that the
 // threads and uring backends differ only in how a piece attempt reaches the kernel.
@@ -21,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ticket_state.h"
 #include "zinf/common/status.h"
 #include "zinf/swap/fault_injection.h"
 #include "zinf/swap/file.h"
@@ -75,8 +76,6 @@ class FileTable {
   std::vector<bool> reserved_;                               // taken by an attach in progress
 };
 
-struct BatchState;
-
 /// One request of a batch. Pieces are cut from it lazily by PieceQueue.
 struct RequestState {
   IoOp op = IoOp::kRead;
@@ -89,30 +88,10 @@ struct RequestState {
   std::atomic<bool> failed{false};  ///< set by the first failed piece; later pieces are skipped
 };
 
-/// The shared state behind an IoTicket: one batch.
-///
-/// Completion protocol: the last piece to finish records completed_at, runs the callback, then
-/// sets `done` under `mu` and notifies, so a waiter released by wait() knows that the callback
-/// has returned.
-struct TicketState {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;                    // guarded by mu
-  Status status;                        // first failure; guarded by mu
-  std::atomic<bool> done_flag{false};   // poll() without the lock
-  std::atomic<std::int64_t> completed_at_ns{kNotCompleted};
-  std::atomic<std::uint64_t> bytes_done{0};
-  std::atomic<std::uint64_t> pieces_left{0};
-  IoCallback callback;
+/// A batch as the backends see it: its ticket's state and its requests.
+struct BatchState : TicketState {
   std::unique_ptr<RequestState[]> requests;
   std::size_t request_count = 0;
-
-  static constexpr std::int64_t kNotCompleted = INT64_MIN;
-
-  /// Keeps `failure` if it is the batch's first.
-  void record_failure(const Status& failure);
-  /// Marks the batch complete (the caller finished its last piece). Never throws.
-  void complete() noexcept;
 };
 
 /// Everything the piece logic needs from its engine.
@@ -133,12 +112,12 @@ std::string engine_name(std::string_view base, const IoOptions& options);
 
 /// Validates every request of `batch` (known file, alignment, buffer) and builds its state.
 /// Throws UsageError before anything is started. Counts requests and pieces in the stats.
-std::shared_ptr<TicketState> prepare_batch(std::span<const IoRequest> batch, const FileTable& files,
+std::shared_ptr<BatchState> prepare_batch(std::span<const IoRequest> batch, const FileTable& files,
                                            const EngineContext& ctx, IoCallback on_complete);
 
 /// One block_size piece of a request, with the progress of its current attempt.
 struct Piece {
-  std::shared_ptr<TicketState> batch;
+  std::shared_ptr<BatchState> batch;
   RequestState* req = nullptr;
   std::uint64_t offset = 0;  ///< file offset of the piece
   std::byte* data = nullptr;
@@ -160,13 +139,13 @@ struct Piece {
 /// FIFO of batches not yet fully cut into pieces. Not thread-safe: the backend locks.
 class PieceQueue {
  public:
-  void push(std::shared_ptr<TicketState> batch);
+  void push(std::shared_ptr<BatchState> batch);
   bool empty() const noexcept { return batches_.empty(); }
   /// Cuts the next piece (requests in submission order, each from its start).
   Piece pop(std::uint32_t block_size);
 
  private:
-  std::deque<std::shared_ptr<TicketState>> batches_;
+  std::deque<std::shared_ptr<BatchState>> batches_;
   std::size_t request_ = 0;     // of the front batch
   std::uint64_t position_ = 0;  // within that request
   void skip_empty();

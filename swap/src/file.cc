@@ -73,7 +73,7 @@ std::uint32_t probe_alignment(int fd, const std::string& path) noexcept {
 }  // namespace
 
 File::File(File&& other) noexcept
-    : fd_(std::exchange(other.fd_, -1)),
+    : fd_(std::move(other.fd_)),
       direct_(std::exchange(other.direct_, false)),
       alignment_(std::exchange(other.alignment_, kDefaultAlignment)),
       path_(std::move(other.path_)) {}
@@ -81,7 +81,7 @@ File::File(File&& other) noexcept
 File& File::operator=(File&& other) noexcept {
   if (this != &other) {
     close().ignore("move-assignment drops the old descriptor; close() first to see errors");
-    fd_ = std::exchange(other.fd_, -1);
+    fd_ = std::move(other.fd_);
     direct_ = std::exchange(other.direct_, false);
     alignment_ = std::exchange(other.alignment_, kDefaultAlignment);
     path_ = std::move(other.path_);
@@ -90,7 +90,7 @@ File& File::operator=(File&& other) noexcept {
 }
 
 File::~File() {
-  if (fd_ < 0) return;
+  if (!fd_.valid()) return;
   Status s = close();
   if (!s.ok()) log(LogLevel::kWarning, s.to_string());
 }
@@ -127,7 +127,7 @@ int base_flags(const FileOptions& options) {
 
 File File::adopt(int fd, bool direct, std::string shown, const FileOptions& options) {
   File f;  // owns fd from here: a failed preallocation closes it
-  f.fd_ = fd;
+  f.fd_ = UniqueFd(fd);
   f.direct_ = direct;
   f.path_ = std::move(shown);
   f.alignment_ = direct ? probe_alignment(fd, f.path_) : 1;
@@ -161,11 +161,11 @@ File File::create_unnamed(const Dir& dir, std::string_view label, const FileOpti
     fd = open_with_direct_fallback(dir.fd(), name.c_str(),
                                    base_flags(options) | O_CREAT | O_EXCL | O_NOFOLLOW, options,
                                    shown, direct);
+    UniqueFd created(fd);
     if (::unlinkat(dir.fd(), name.c_str(), 0) != 0) {
-      const int uerr = errno;
-      ::close(fd);
-      throw_errno(uerr, "unlink new file", dir.path_of(name));
+      throw_errno(errno, "unlink new file", dir.path_of(name));
     }
+    fd = created.release();
   }
   return adopt(fd, direct, shown, options);
 }
@@ -192,7 +192,7 @@ File File::open_existing(const Dir& dir, std::string_view name, const FileOption
   const int fd = ::openat(dir.fd(), n.c_str(), base_flags(options) | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) throw_errno(errno, "open", shown);
   File f;  // owns fd from here
-  f.fd_ = fd;
+  f.fd_ = UniqueFd(fd);
   f.path_ = shown;
   f.alignment_ = 1;
   struct stat st {};
@@ -222,7 +222,7 @@ void File::preallocate(std::uint64_t bytes) {
   const auto length = static_cast<off_t>(bytes);
   int rc;
   do {
-    rc = ::fallocate(fd_, 0, 0, length);
+    rc = ::fallocate(fd_.get(), 0, 0, length);
   } while (rc != 0 && errno == EINTR);
   if (rc == 0) return;
   const int err = errno;
@@ -230,7 +230,7 @@ void File::preallocate(std::uint64_t bytes) {
   // No fallocate on this file system: at least give the file its size (sparse).
   if (size() < bytes) {
     do {
-      rc = ::ftruncate(fd_, length);
+      rc = ::ftruncate(fd_.get(), length);
     } while (rc != 0 && errno == EINTR);
     if (rc != 0) throw_errno(errno, "preallocate (ftruncate)", path_, 0, bytes);
   }
@@ -238,25 +238,24 @@ void File::preallocate(std::uint64_t bytes) {
 
 std::uint64_t File::size() const {
   struct stat st {};
-  if (::fstat(fd_, &st) != 0) throw_errno(errno, "fstat", path_);
+  if (::fstat(fd_.get(), &st) != 0) throw_errno(errno, "fstat", path_);
   return static_cast<std::uint64_t>(st.st_size);
 }
 
 Status File::sync() const {
   int rc;
   do {
-    rc = ::fdatasync(fd_);
+    rc = ::fdatasync(fd_.get());
   } while (rc != 0 && errno == EINTR);
   if (rc != 0) return Status::from_errno(errno, "fdatasync", path_);
   return Status::ok_status();
 }
 
 Status File::close() {
-  if (fd_ < 0) return Status::ok_status();
-  const int fd = std::exchange(fd_, -1);
+  if (!fd_.valid()) return Status::ok_status();
   direct_ = false;
-  // Never retry close on EINTR: on Linux the descriptor is gone either way.
-  if (::close(fd) != 0) return Status::from_errno(errno, "close", path_);
+  // Never retried on EINTR (UniqueFd::close): on Linux the descriptor is gone either way.
+  if (const int err = fd_.close(); err != 0) return Status::from_errno(err, "close", path_);
   return Status::ok_status();
 }
 

@@ -8,6 +8,7 @@
 
 #include "engine_core.h"
 #include "thread_pool_io_engine.h"
+#include "ticket_state.h"
 #include "zinf/common/error.h"
 #include "zinf/common/log.h"
 #include "zinf/config.h"

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "zinf/common/align.h"
 #include "zinf/common/check.h"
 
 namespace zinf::swap::detail {
@@ -36,7 +37,7 @@ std::optional<std::uint64_t> RangeAllocator::allocate(std::uint64_t n, std::uint
   if (n > free_units_) return std::nullopt;
   for (std::size_t i = 0; i < free_.size(); ++i) {
     const UnitRange& r = free_[i];
-    std::uint64_t start = (r.start + align - 1) / align * align;
+    const std::uint64_t start = align_up(r.start, align);
     if (start < r.end() && r.end() - start >= n) {
       // Grow before changing anything, so a bad_alloc leaves the list as it was.
       if (free_.size() == free_.capacity()) free_.reserve(free_.size() * 2 + 1);

@@ -25,8 +25,9 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 
-#include "engine_core.h"
 #include "range_allocator.h"
+#include "ticket_state.h"
+#include "zinf/common/align.h"
 #include "zinf/common/check.h"
 #include "zinf/common/error.h"
 #include "zinf/common/log.h"
@@ -42,8 +43,6 @@ constexpr std::uint32_t kMinAlignment = 4096;
 // precondition() writes zeros from one buffer of this size, shared by all its requests (writes
 // only read it). 8 MiB: 8 engine pieces of the default 1 MiB block per request.
 constexpr std::uint64_t kPreconditionChunk = 8ull << 20;
-
-std::uint64_t round_up(std::uint64_t v, std::uint64_t to) { return (v + to - 1) / to * to; }
 
 std::string hex32(std::uint32_t v) {
   char buf[16];
@@ -226,7 +225,7 @@ struct SwapStore::Impl {
              " bytes (or end at the tensor's end)");
       }
     }
-    const std::uint64_t padded = round_up(length, alignment);
+    const std::uint64_t padded = align_up(length, alignment);
     if (reinterpret_cast<std::uintptr_t>(data) % alignment != 0) {
       fail("buffer is not aligned to " + std::to_string(alignment) + " bytes");
     }
@@ -644,7 +643,7 @@ Status SwapStore::close() {
 
 std::uint32_t SwapStore::alignment() const noexcept { return impl_->alignment; }
 std::uint64_t SwapStore::padded_size(std::uint64_t bytes) const noexcept {
-  return round_up(bytes, impl_->alignment);
+  return align_up(bytes, impl_->alignment);
 }
 std::uint32_t SwapStore::stripe_bytes() const noexcept { return impl_->stripe; }
 bool SwapStore::checksums() const noexcept { return impl_->options.checksums; }
@@ -693,7 +692,9 @@ void SwapStore::allocate(const std::string& key, std::uint64_t bytes) {
   if (s.tensors.contains(key)) {
     throw UsageError("SwapStore::allocate: key '" + key + "' is already allocated");
   }
-  const std::uint64_t padded = round_up(bytes, s.alignment);
+  // A size whose padding passes 2^64 is simply more than any store holds: "full" below.
+  const std::uint64_t padded = checked_align_up(bytes, s.alignment)
+                                   .value_or(align_down(UINT64_MAX, s.alignment));
   const std::uint64_t blocks = padded / s.alignment;
   const std::uint64_t stripe_blocks = s.stripe / s.alignment;
   Tensor t;

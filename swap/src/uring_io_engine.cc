@@ -61,7 +61,7 @@ unsigned ring_entries(std::uint32_t queue_depth) {
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
-// Ring and UniqueFd
+// Ring
 
 void Ring::Exit::operator()(io_uring* ring) const noexcept {
   io_uring_queue_exit(ring);
@@ -106,18 +106,6 @@ int Ring::setup(unsigned entries) {
     if (rc != -EINVAL) return rc;  // EPERM, ENOSYS, ENOMEM: other flags will not help
   }
   return rc;
-}
-
-UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
-  if (this != &other) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = std::exchange(other.fd_, -1);
-  }
-  return *this;
-}
-
-UniqueFd::~UniqueFd() {
-  if (fd_ >= 0) ::close(fd_);
 }
 
 std::string uring_probe() {

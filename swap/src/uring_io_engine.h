@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "engine_core.h"
+#include "zinf/common/unique_fd.h"
 #include "zinf/swap/io_engine.h"
 
 struct io_uring;
@@ -53,22 +54,6 @@ class Ring {
   };
   std::unique_ptr<io_uring, Exit> ring_;
   unsigned flags_ = 0;
-};
-
-/// The one owner of a plain descriptor the engine creates itself (the wake eventfd).
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) noexcept : fd_(fd) {}
-  UniqueFd(UniqueFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& other) noexcept;
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  ~UniqueFd();
-  int get() const noexcept { return fd_; }
-
- private:
-  int fd_ = -1;
 };
 
 class UringIoEngine final : public IoEngine {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "support/log_capture.h"
+#include "zinf/common/align.h"
 
 namespace zinf::test {
 
@@ -26,7 +27,7 @@ class PageBuffer {
   static constexpr std::size_t kPage = 4096;
   explicit PageBuffer(std::size_t size)
       : size_(size),
-        data_(static_cast<std::byte*>(std::aligned_alloc(kPage, (size + kPage - 1) / kPage * kPage + kPage))) {
+        data_(static_cast<std::byte*>(std::aligned_alloc(kPage, align_up(size, kPage) + kPage))) {
     std::memset(data_.get(), 0, size_);
   }
   std::byte* data() const { return data_.get(); }

@@ -515,6 +515,36 @@ TEST(Config, LoadConfigOfAMissingFileNamesThePathAndErrno) {
   }
 }
 
+// A config that is there but cannot be opened reports the open's own errno, never ENOENT:
+// "does not exist" would send the user looking for a file that is right where they put it.
+// (ENOTDIR and ELOOP, because a chmod 000 file is readable by root, which the tests may be.)
+TEST(Config, LoadConfigKeepsTheRealErrnoOfAFailedOpen) {
+  test::TestDir dir;
+  {
+    std::ofstream(dir.file("plain")) << "{}";
+  }
+  ASSERT_EQ(::symlink("loop_b", dir.file("loop_a").c_str()), 0);
+  ASSERT_EQ(::symlink("loop_a", dir.file("loop_b").c_str()), 0);
+  const struct {
+    std::string path;
+    int errno_value;
+    const char* name;
+  } cases[] = {{dir.file("plain/config.json"), ENOTDIR, "ENOTDIR"},
+               {dir.file("loop_a"), ELOOP, "ELOOP"}};
+  for (const auto& c : cases) {
+    try {
+      (void)load_config(c.path);
+      ADD_FAILURE() << "no error for " << c.path;
+    } catch (const IoError& e) {
+      EXPECT_EQ(e.sys_errno(), c.errno_value) << e.what();
+      EXPECT_NE(e.code(), ErrorCode::kNotFound) << e.what();
+      const std::string what = e.what();
+      EXPECT_NE(what.find(c.name), std::string::npos) << what;
+      EXPECT_NE(what.find(c.path), std::string::npos) << what;
+    }
+  }
+}
+
 TEST(Config, LoadConfigNamesTheFileInParseErrors) {
   test::TestDir dir;
   const std::string path = dir.file("bad.json");

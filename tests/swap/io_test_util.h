@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include "zinf/common/align.h"
 #include "zinf/swap/io_engine.h"
 
 namespace zinf::test {
@@ -25,7 +26,7 @@ class AlignedBuffer {
   explicit AlignedBuffer(std::size_t size, std::size_t alignment = 4096)
       : size_(size),
         data_(static_cast<std::byte*>(
-            std::aligned_alloc(alignment, (size + alignment - 1) / alignment * alignment + alignment))) {
+            std::aligned_alloc(alignment, align_up(size, alignment) + alignment))) {
     if (data_ == nullptr) throw std::bad_alloc();
     std::fill(data_.get(), data_.get() + size_ + alignment, std::byte{0});
   }

@@ -15,23 +15,10 @@
 #include <utility>
 
 #include "zinf/common/error.h"
+#include "zinf/common/suggest.h"
 
 namespace zinf::tools {
 namespace {
-
-std::size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      std::size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
-    }
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
 
 double parse_number(std::string_view text, std::string_view what) {
   std::string s(text);
@@ -84,20 +71,6 @@ std::uint64_t parse_uint(std::string_view text, std::string_view what, std::uint
   }
   if (*value < min || *value > max) throw bad();
   return *value;
-}
-
-std::string closest(std::string_view word, const std::vector<std::string>& candidates) {
-  std::string best;
-  std::size_t best_d = ~std::size_t{0};
-  for (const auto& c : candidates) {
-    std::size_t d = edit_distance(word, c);
-    if (d < best_d) {
-      best_d = d;
-      best = c;
-    }
-  }
-  if (best_d <= std::max<std::size_t>(2, word.size() / 3)) return best;
-  return {};
 }
 
 std::uint64_t parse_size(std::string_view text, std::string_view what) {
@@ -248,7 +221,9 @@ void Args::finish() {
     const std::string& tok = tokens_[i];
     std::string name = tok.substr(0, tok.find('='));
     std::string msg = "unknown option '" + name + "' for '" + command_ + "'";
-    if (std::string s = closest(name, known_); !s.empty()) msg += " (did you mean " + s + "?)";
+    // A typo is at most 2 edits, or one per 3 characters of what was typed.
+    const std::string_view s = closest_match(name, known_, typo_distance(name, 3));
+    if (!s.empty()) msg += " (did you mean " + std::string(s) + "?)";
     throw UsageError(msg);
   }
 }

@@ -58,7 +58,4 @@ class Args {
   std::vector<std::string> known_;
 };
 
-/// Returns the candidate closest to `word` by edit distance, or "" if none is close.
-std::string closest(std::string_view word, const std::vector<std::string>& candidates);
-
 }  // namespace zinf::tools

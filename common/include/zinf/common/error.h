@@ -54,4 +54,18 @@ class EngineFailed : public Error {
 /// Throws IoError(status) unless it is ok.
 void throw_if_error(const Status& status);
 
+/// The Status behind the exception being handled, for code that passes errors on as values
+/// (a pipeline thread, the C API): call it inside a catch block. The one mapping of exception
+/// to ErrorCode, so that every such place reports the same code for the same failure:
+///   IoError         its Status as it is (code, errno, path, range, message)
+///   EngineFailed    its cause with the code kFailedState (errno, path, range kept)
+///   UsageError      kInvalidArgument, what()
+///   DeviceError     kDevice, what()
+///   std::bad_alloc  kResource, "out of memory (std::bad_alloc)"
+///   std::exception  kInternal, what() (anything else thrown is a bug)
+///   anything else   kInternal, "unknown exception"
+/// Never throws: if copying the text runs out of memory, the code alone comes back. Outside a
+/// catch block it returns kInternal "no exception is being handled".
+Status status_from_current_exception() noexcept;
+
 }  // namespace zinf

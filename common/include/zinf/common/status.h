@@ -25,6 +25,8 @@ enum class ErrorCode : std::uint8_t {
   kCorrupt,        ///< a checksum mismatch or an inconsistent on-disk structure (no errno)
   kInvalidArgument,///< misuse detected where a Status rather than an exception is the channel
   kFailedState,    ///< an engine that refuses work after an earlier unrecoverable failure
+  kDevice,         ///< a device backend failed (a CUDA call, its host simulation); no errno
+  kInternal,       ///< an unexpected exception: a bug, never bad input (no errno)
 };
 
 /// Returns the stable lower-case name of `code` ("no_space", "short_transfer", ...).

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "zinf/common/status.h"
+#include "zinf/common/unique_fd.h"
 
 namespace zinf::swap {
 
@@ -31,11 +32,11 @@ namespace zinf::swap {
 class Dir {
  public:
   Dir() = default;
-  Dir(Dir&& other) noexcept;
-  Dir& operator=(Dir&& other) noexcept;
+  Dir(Dir&& other) noexcept = default;
+  Dir& operator=(Dir&& other) noexcept = default;
   Dir(const Dir&) = delete;
   Dir& operator=(const Dir&) = delete;
-  ~Dir();
+  ~Dir() = default;
 
   /// Opens the directory at `path` (links in `path` followed: it is the caller's choice).
   /// Throws IoError naming the path: ENOENT (does not exist), ENOTDIR, EACCES, or EINVAL for
@@ -49,8 +50,8 @@ class Dir {
   /// not create.
   Dir create_child(std::string_view name) const;
 
-  bool is_open() const noexcept { return fd_ >= 0; }
-  int fd() const noexcept { return fd_; }
+  bool is_open() const noexcept { return fd_.valid(); }
+  int fd() const noexcept { return fd_.get(); }
   const std::string& path() const noexcept { return path_; }
   /// path() + "/" + name, for messages.
   std::string path_of(std::string_view name) const;
@@ -84,7 +85,7 @@ class Dir {
   void lock_or_throw(std::string_view what) const;
 
  private:
-  int fd_ = -1;
+  UniqueFd fd_;
   std::string path_;
 };
 

@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "zinf/common/status.h"
+#include "zinf/common/unique_fd.h"
 
 namespace zinf::swap {
 
@@ -51,8 +52,8 @@ class File {
   /// is. options.create/truncate must be false.
   static File open_existing(const Dir& dir, std::string_view name, const FileOptions& options);
 
-  bool is_open() const noexcept { return fd_ >= 0; }
-  int fd() const noexcept { return fd_; }
+  bool is_open() const noexcept { return fd_.valid(); }
+  int fd() const noexcept { return fd_.get(); }
   const std::string& path() const noexcept { return path_; }
   /// True when the descriptor has O_DIRECT.
   bool is_direct() const noexcept { return direct_; }
@@ -74,7 +75,7 @@ class File {
   static File adopt(int fd, bool direct, std::string shown, const FileOptions& options);
   void preallocate(std::uint64_t bytes);
 
-  int fd_ = -1;
+  UniqueFd fd_;
   bool direct_ = false;
   std::uint32_t alignment_ = 4096;
   std::string path_;

@@ -115,7 +115,8 @@ class SwapStore {
   /// alignment of the files, at least 4096.
   std::uint32_t alignment() const noexcept;
   /// Returns `bytes` rounded up to whole alignment() blocks: the buffer size a whole-tensor
-  /// swap needs and the space the tensor takes.
+  /// swap needs and the space the tensor takes. `bytes` above 2^64 - alignment() (larger than
+  /// any tensor a store can hold) is a bug and aborts rather than wrapping to a small size.
   std::uint64_t padded_size(std::uint64_t bytes) const noexcept;
   std::uint32_t stripe_bytes() const noexcept;
   bool checksums() const noexcept;
