@@ -13,6 +13,7 @@
 
 #include "stamp.h"
 #include "zinf/common/error.h"
+#include "zinf/common/unique_fd.h"
 #include "zinf/swap/buffer_pool.h"
 #include "zinf/swap/io_engine.h"
 #include "zinf/swap/swap_store.h"
@@ -206,15 +207,16 @@ class SwapWorker::Impl {
     // The swap files have no name: reopen the store's descriptor (buffered, unlike the store's,
     // so that 64 unaligned bytes can be rewritten).
     const std::string fd_path = "/proc/self/fd/" + std::to_string(store_->file_descriptor(0));
-    const int fd = ::open(fd_path.c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0) throw Error("plant-corruption: cannot open " + path + ": " + std::strerror(errno));
+    const UniqueFd fd(::open(fd_path.c_str(), O_RDWR | O_CLOEXEC));
+    if (!fd.valid()) {
+      throw Error("plant-corruption: cannot open " + path + ": " + std::strerror(errno));
+    }
     unsigned char bytes[64];
-    bool ok = ::pread(fd, bytes, sizeof bytes, 0) == static_cast<ssize_t>(sizeof bytes);
+    bool ok = ::pread(fd.get(), bytes, sizeof bytes, 0) == static_cast<ssize_t>(sizeof bytes);
     for (auto& b : bytes) b ^= 0x5a;
-    ok = ok && ::pwrite(fd, bytes, sizeof bytes, 0) == static_cast<ssize_t>(sizeof bytes);
-    ok = ok && ::fdatasync(fd) == 0;
+    ok = ok && ::pwrite(fd.get(), bytes, sizeof bytes, 0) == static_cast<ssize_t>(sizeof bytes);
+    ok = ok && ::fdatasync(fd.get()) == 0;
     const int err = errno;
-    ::close(fd);
     if (!ok) throw Error("plant-corruption: cannot rewrite " + path + ": " + std::strerror(err));
     planted = "flipped bytes [0, 64) of " + path + " (tensor " + k.name + ", its bytes [0, 64))";
   }

@@ -47,10 +47,13 @@ OpError error_of(const Status& st) {
 }
 
 OpError error_of(const std::exception& e) {
-  OpError r{true, ErrorCode::kIo, e.what()};
-  if (const auto* io = dynamic_cast<const IoError*>(&e)) r.code = io->code();
-  if (const auto* ef = dynamic_cast<const EngineFailed*>(&e)) r.code = ef->cause().code();
-  return r;
+  // The library's one mapping of an exception to a code; the text is the exception's own, as
+  // the user saw it. A component refusing work after an earlier failure is judged by what
+  // failed first (a corruption stays a corruption), not as kFailedState.
+  if (const auto* ef = dynamic_cast<const EngineFailed*>(&e)) {
+    return {true, ef->cause().code(), e.what()};
+  }
+  return {true, status_from_current_exception().code(), e.what()};
 }
 
 // Judges one operation by the hard faults injected while it ran. Every component has its own

@@ -51,6 +51,7 @@ struct OpError {
 };
 
 OpError error_of(const Status& st);
+/// From a catch block only: the code comes from the exception being handled.
 OpError error_of(const std::exception& e);
 
 /// Judges one operation `what` by the hard faults injected while it ran (`delta`) and the

@@ -25,11 +25,10 @@ swap::Dir check_dir(const std::string& dir) {
       default: throw UsageError("cannot open directory " + dir + ": " + e.what());
     }
   }
-  const int fd = open_unnamed_probe(d, 0);
-  if (fd < 0) {
-    throw UsageError("directory is not writable: " + dir + " (" + std::strerror(-fd) + ")");
+  int err = 0;
+  if (!open_unnamed_probe(d, 0, err).valid()) {
+    throw UsageError("directory is not writable: " + dir + " (" + std::strerror(err) + ")");
   }
-  ::close(fd);
   return d;
 }
 
@@ -45,20 +44,26 @@ void check_scratch_dirs(std::vector<std::string>& dirs) {
   for (const auto& d : dirs) check_dir(d);
 }
 
-int open_unnamed_probe(const swap::Dir& dir, int extra_flags) {
+UniqueFd open_unnamed_probe(const swap::Dir& dir, int extra_flags, int& error) {
   const int base = O_RDWR | O_CLOEXEC | extra_flags;
-  int fd = ::openat(dir.fd(), ".", base | O_TMPFILE | O_EXCL, 0600);
-  if (fd >= 0) return fd;
+  error = 0;
+  UniqueFd fd(::openat(dir.fd(), ".", base | O_TMPFILE | O_EXCL, 0600));
+  if (fd.valid()) return fd;
   // EOPNOTSUPP, or EISDIR from kernels and file systems that predate O_TMPFILE: fall back to
   // a name nobody can predict, removed straight away (as File::create_unnamed does).
-  if (errno != EOPNOTSUPP && errno != EISDIR) return -errno;
+  if (errno != EOPNOTSUPP && errno != EISDIR) {
+    error = errno;
+    return fd;
+  }
   const std::string name = swap::unique_name(".zinf-probe-");
-  fd = ::openat(dir.fd(), name.c_str(), base | O_CREAT | O_EXCL | O_NOFOLLOW, 0600);
-  if (fd < 0) return -errno;
+  fd.reset(::openat(dir.fd(), name.c_str(), base | O_CREAT | O_EXCL | O_NOFOLLOW, 0600));
+  if (!fd.valid()) {
+    error = errno;
+    return fd;
+  }
   if (::unlinkat(dir.fd(), name.c_str(), 0) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return -err;
+    error = errno;
+    fd.reset();  // keeps errno; `error` already holds the unlink's
   }
   return fd;
 }

@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "zinf/common/unique_fd.h"
 #include "zinf/swap/dir.h"
 
 namespace zinf::tools {
@@ -33,7 +34,7 @@ swap::Dir check_dir(const std::string& dir);
 /// at once. `extra_flags` are added to the open (O_DIRECT for a probe). Returns the descriptor
 /// or -errno. Quiet, unlike File::create_unnamed, which logs its fallback from O_DIRECT: for
 /// probes whose failure is itself the answer.
-int open_unnamed_probe(const swap::Dir& dir, int extra_flags);
+UniqueFd open_unnamed_probe(const swap::Dir& dir, int extra_flags, int& error);
 /// Writes `text` as the file at `path`, a file the user named (--out, --report): to a fresh
 /// temporary in the same directory, fsynced, then renamed over `path` (swap::
 /// replace_file_durably). So a reader never sees half a file, a crash leaves the old one, and

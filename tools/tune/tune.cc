@@ -127,11 +127,9 @@ std::vector<std::string> check_setup(const std::vector<swap::Dir>& dirs,
   for (const auto& d : dirs) {
     // A quiet probe (File::create_unnamed would log its own fallback notice), without a name:
     // nothing planted in the directory is opened, and nothing is left if zinf is killed.
-    const int fd = open_unnamed_probe(d, O_DIRECT);
-    if (fd >= 0) {
-      ::close(fd);
-    } else {
-      w.push_back(direct_io_warning(d.path(), fs_type_name(d.path()), -fd));
+    int err = 0;
+    if (!open_unnamed_probe(d, O_DIRECT, err).valid()) {
+      w.push_back(direct_io_warning(d.path(), fs_type_name(d.path()), err));
     }
   }
   struct rlimit rl {};
