@@ -35,7 +35,7 @@ using zinf::adam::GradView;
 using zinf::adam::Isa;
 using zinf::adam::StreamRmw;
 
-constexpr std::int64_t kLarge = 100'000'000;  // the size: ~2.8 GB moved per step
+constexpr std::int64_t kLarge = 100'000'000;   // the size: ~2.8 GB moved per step
 constexpr std::int64_t kBytesPerElement = 28;  // p, m, v read+write and an fp32 gradient read
 
 // One 2 MiB-aligned, THP-advised array, allocated once and reused by every benchmark so page
@@ -115,19 +115,19 @@ void BM_CpuAdam(benchmark::State& state) {
   const std::int64_t out_code = state.range(4);
   CpuAdam adam({.threads = static_cast<std::size_t>(state.range(1)), .isa = isa});
   Arena& a = arena(n);
-  const GradView grads =
-      grad_dtype == DType::kF32 ? GradView::f32(a.g.as<const float>(n))
-                                : GradView{a.narrow(grad_dtype, n).data(), n, grad_dtype};
+  const GradView grads = grad_dtype == DType::kF32
+                             ? GradView::f32(a.g.as<const float>(n))
+                             : GradView{a.narrow(grad_dtype, n).data(), n, grad_dtype};
   CopyOut out;
-  if (out_code >= 0) out = {a.out.as<std::uint16_t>(n).data(), n, static_cast<DType>(out_code), true};
+  if (out_code >= 0)
+    out = {a.out.as<std::uint16_t>(n).data(), n, static_cast<DType>(out_code), true};
   std::int64_t step = 1;
   for (auto _ : state) {
     adam.step(bench_params(step++), a.p.as<float>(n), a.m.as<float>(n), a.v.as<float>(n), grads,
               out);
     benchmark::ClobberMemory();
   }
-  const std::int64_t bytes =
-      24 + (grad_dtype == DType::kF32 ? 4 : 2) + (out_code >= 0 ? 2 : 0);
+  const std::int64_t bytes = 24 + (grad_dtype == DType::kF32 ? 4 : 2) + (out_code >= 0 ? 2 : 0);
   state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(n));
   state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(n) * bytes);
   state.SetLabel(std::string(zinf::adam::isa_name(isa)));
@@ -161,10 +161,9 @@ void run_native_loop(benchmark::State& state, LoopFn loop) {
   std::int64_t step = 1;
   for (auto _ : state) {
     const auto t = static_cast<double>(step++);
-    loop(a.p.as<float>(n).data(), a.m.as<float>(n).data(),
-                                  a.v.as<float>(n).data(), a.g.as<const float>(n).data(), n, 1e-3f,
-                                  0.9f, 0.999f, 1e-8f, static_cast<float>(1 - std::pow(0.9, t)),
-                                  static_cast<float>(1 - std::pow(0.999, t)));
+    loop(a.p.as<float>(n).data(), a.m.as<float>(n).data(), a.v.as<float>(n).data(),
+         a.g.as<const float>(n).data(), n, 1e-3f, 0.9f, 0.999f, 1e-8f,
+         static_cast<float>(1 - std::pow(0.9, t)), static_cast<float>(1 - std::pow(0.999, t)));
     benchmark::ClobberMemory();
   }
   state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(n));
@@ -190,10 +189,13 @@ constexpr auto kBest = static_cast<std::int64_t>(Isa::kAvx512Bf16);
 // The comparisons: 100M fp32 elements on 1 and 2 threads, every ISA.
 BENCHMARK(BM_CpuAdam)
     ->ArgNames({"numel", "threads", "isa", "grad", "out"})
-    ->ArgsProduct({{kLarge}, {1, 2},
-                   {static_cast<std::int64_t>(Isa::kAvx512Bf16), static_cast<std::int64_t>(Isa::kAvx512),
-                    static_cast<std::int64_t>(Isa::kAvx2), static_cast<std::int64_t>(Isa::kScalar)},
-                   {kF32}, {kNone}})
+    ->ArgsProduct({{kLarge},
+                   {1, 2},
+                   {static_cast<std::int64_t>(Isa::kAvx512Bf16),
+                    static_cast<std::int64_t>(Isa::kAvx512), static_cast<std::int64_t>(Isa::kAvx2),
+                    static_cast<std::int64_t>(Isa::kScalar)},
+                   {kF32},
+                   {kNone}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 // Narrow gradients and the fused copy-out, on the best path.
@@ -207,7 +209,11 @@ BENCHMARK(BM_StreamRmw)
     ->ArgsProduct({{kLarge}, {1, 2}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_NativeAdamLoop)->ArgNames({"numel"})->Arg(kLarge)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_NativeAdamLoop)
+    ->ArgNames({"numel"})
+    ->Arg(kLarge)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_NativeAdamLoopVectorized)
     ->ArgNames({"numel"})
     ->Arg(kLarge)

@@ -68,7 +68,15 @@ void BM_Copy(benchmark::State& state) {
 void BM_Memcpy(benchmark::State& state) { BM_Copy<false>(state); }
 void BM_StreamingCopy(benchmark::State& state) { BM_Copy<true>(state); }
 
-BENCHMARK(BM_Memcpy)->ArgName("bytes")->RangeMultiplier(2)->Range(256 << 10, 64 << 20)->UseRealTime();
-BENCHMARK(BM_StreamingCopy)->ArgName("bytes")->RangeMultiplier(2)->Range(256 << 10, 64 << 20)->UseRealTime();
+BENCHMARK(BM_Memcpy)
+    ->ArgName("bytes")
+    ->RangeMultiplier(2)
+    ->Range(256 << 10, 64 << 20)
+    ->UseRealTime();
+BENCHMARK(BM_StreamingCopy)
+    ->ArgName("bytes")
+    ->RangeMultiplier(2)
+    ->Range(256 << 10, 64 << 20)
+    ->UseRealTime();
 
 }  // namespace

@@ -84,7 +84,8 @@ void ChunkPool::run(std::size_t n, const void* anchor, std::size_t elem_bytes, C
     head = ((64 - addr % 64) % 64) / elem_bytes;
   }
   head = std::min(head, n);
-  const std::size_t chunks = n <= head + kChunkElems ? 1 : (n - head + kChunkElems - 1) / kChunkElems;
+  const std::size_t chunks =
+      n <= head + kChunkElems ? 1 : (n - head + kChunkElems - 1) / kChunkElems;
   const std::size_t helpers = std::min(threads_, chunks) - 1;
   if (helpers == 0) {
     Job job(chunks, n, head, fn, ctx, 0);

@@ -36,8 +36,7 @@ class ChunkPool {
   /// boundaries fall where `anchor + index * elem_bytes` is 64-byte aligned (if it can be), so
   /// that no two threads write the same cache line of an array aligned like the anchor. `fn`
   /// must not throw. Safe to call from several threads at once.
-  void run(std::size_t n, const void* anchor, std::size_t elem_bytes, ChunkFn fn,
-           const void* ctx);
+  void run(std::size_t n, const void* anchor, std::size_t elem_bytes, ChunkFn fn, const void* ctx);
 
  private:
   struct Pool;

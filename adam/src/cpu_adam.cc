@@ -90,7 +90,8 @@ struct CpuFeatures {
         avx512bf16 = false;
       } else if (!name.empty()) {
         zinf::log(LogLevel::kWarning, "ZINF_CPU_ADAM_DISABLE: ignoring unknown path '" +
-                                          std::string(name) + "' (expected avx2, avx512, avx512bf16)");
+                                          std::string(name) +
+                                          "' (expected avx2, avx512, avx512bf16)");
       }
     }
   }
@@ -142,9 +143,8 @@ Isa choose_isa(const std::optional<Isa>& requested) {
   }
   if (!isa) return best_isa();
   if (!isa_supported(*isa)) {
-    throw UsageError("cpu adam: isa '" + std::string(isa_name(*isa)) + "' requested by " +
-                     source + " is not supported on this machine (supported: " +
-                     supported_list() + ")");
+    throw UsageError("cpu adam: isa '" + std::string(isa_name(*isa)) + "' requested by " + source +
+                     " is not supported on this machine (supported: " + supported_list() + ")");
   }
   return *isa;
 }
@@ -203,7 +203,7 @@ KernelArgs make_args(const AdamParams& hp) {
     bc2 = 1.0 - std::pow(hp.beta2, t);
   }
   KernelArgs a{};
-  a.decay_kind = hp.weight_decay == 0 ? detail::DecayKind::kNone
+  a.decay_kind = hp.weight_decay == 0         ? detail::DecayKind::kNone
                  : hp.mode == AdamMode::kAdam ? detail::DecayKind::kL2
                                               : detail::DecayKind::kDecoupled;
   a.grad_scale = static_cast<float>(hp.grad_scale);
@@ -307,7 +307,8 @@ std::vector<Isa> supported_isas() {
 }
 
 struct CpuAdam::Impl {
-  explicit Impl(const CpuAdamOptions& o) : isa(choose_isa(o.isa)), kernel(kernel_for(isa)), pool(o.threads) {}
+  explicit Impl(const CpuAdamOptions& o)
+      : isa(choose_isa(o.isa)), kernel(kernel_for(isa)), pool(o.threads) {}
   Isa isa;
   KernelFn kernel;
   ChunkPool pool;

@@ -22,21 +22,21 @@ struct KernelArgs {
   float* params;
   float* m;
   float* v;
-  const void* grads;      // ElemType grad_type
-  void* out;              // ElemType out_type, or nullptr for no copy-out
+  const void* grads;  // ElemType grad_type
+  void* out;          // ElemType out_type, or nullptr for no copy-out
   ElemType grad_type;
-  ElemType out_type;      // kBF16 or kF16 when out != nullptr
+  ElemType out_type;  // kBF16 or kF16 when out != nullptr
   DecayKind decay_kind;
-  float grad_scale;       // g = grad * grad_scale
-  float weight_decay;     // kL2: g = fma(weight_decay, p, g)
-  float decay_factor;     // kDecoupled: p = p * decay_factor, (1 - lr * wd)
+  float grad_scale;    // g = grad * grad_scale
+  float weight_decay;  // kL2: g = fma(weight_decay, p, g)
+  float decay_factor;  // kDecoupled: p = p * decay_factor, (1 - lr * wd)
   float beta1;
   float one_minus_beta1;
   float beta2;
   float one_minus_beta2;
-  float inv_sqrt_bc2;     // 1 / sqrt(1 - beta2^t)
+  float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^t)
   float eps;
-  float neg_step_size;    // -lr / (1 - beta1^t)
+  float neg_step_size;  // -lr / (1 - beta1^t)
 };
 
 // Updates elements [begin, end). Every element gets exactly this sequence of fp32 operations

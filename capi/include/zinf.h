@@ -34,57 +34,57 @@ extern "C" {
 /** The outcome of a call. The values are stable (part of the ABI); new ones are appended. */
 typedef enum zinf_status {
   ZINF_OK = 0,
-  ZINF_ERR_USAGE = 1,       /**< misuse: bad config, bad argument, wrong size, call order */
-  ZINF_ERR_IO = 2,          /**< a storage operation failed (errno in the message) */
-  ZINF_ERR_NO_SPACE = 3,    /**< ENOSPC/EDQUOT: a drive or quota is full */
-  ZINF_ERR_NOT_FOUND = 4,   /**< ENOENT/ENODEV: a file or directory does not exist */
-  ZINF_ERR_PERMISSION = 5,  /**< EACCES/EPERM/EROFS */
-  ZINF_ERR_CORRUPT = 6,     /**< a checksum mismatch or an inconsistent file on disk */
-  ZINF_ERR_DEVICE = 7,      /**< the device (CUDA or its host simulation) failed */
-  ZINF_ERR_FAILED = 8,      /**< the engine is failed by an earlier error; destroy it */
-  ZINF_ERR_NO_MEMORY = 9,   /**< host memory allocation failed */
-  ZINF_ERR_INTERNAL = 10    /**< anything else (a bug: please report the message) */
+  ZINF_ERR_USAGE = 1,      /**< misuse: bad config, bad argument, wrong size, call order */
+  ZINF_ERR_IO = 2,         /**< a storage operation failed (errno in the message) */
+  ZINF_ERR_NO_SPACE = 3,   /**< ENOSPC/EDQUOT: a drive or quota is full */
+  ZINF_ERR_NOT_FOUND = 4,  /**< ENOENT/ENODEV: a file or directory does not exist */
+  ZINF_ERR_PERMISSION = 5, /**< EACCES/EPERM/EROFS */
+  ZINF_ERR_CORRUPT = 6,    /**< a checksum mismatch or an inconsistent file on disk */
+  ZINF_ERR_DEVICE = 7,     /**< the device (CUDA or its host simulation) failed */
+  ZINF_ERR_FAILED = 8,     /**< the engine is failed by an earlier error; destroy it */
+  ZINF_ERR_NO_MEMORY = 9,  /**< host memory allocation failed */
+  ZINF_ERR_INTERNAL = 10   /**< anything else (a bug: please report the message) */
 } zinf_status;
 
 /** Element types. Values are stable. */
 typedef enum zinf_dtype {
-  ZINF_DTYPE_F32 = 0,   /**< IEEE fp32 */
-  ZINF_DTYPE_BF16 = 1,  /**< bfloat16, as raw uint16_t bits */
-  ZINF_DTYPE_F16 = 2    /**< IEEE fp16, as raw uint16_t bits */
+  ZINF_DTYPE_F32 = 0,  /**< IEEE fp32 */
+  ZINF_DTYPE_BF16 = 1, /**< bfloat16, as raw uint16_t bits */
+  ZINF_DTYPE_F16 = 2   /**< IEEE fp16, as raw uint16_t bits */
 } zinf_dtype;
 
 /** Which device backend an engine runs on. */
 typedef enum zinf_device_kind {
-  ZINF_DEVICE_HOST = 0,  /**< the host simulation: "device" memory is host memory (default) */
-  ZINF_DEVICE_CUDA = 1,  /**< a CUDA GPU, or ZINF_ERR_DEVICE saying why there is none */
-  ZINF_DEVICE_AUTO = 2   /**< CUDA if a GPU is visible, else the host simulation */
+  ZINF_DEVICE_HOST = 0, /**< the host simulation: "device" memory is host memory (default) */
+  ZINF_DEVICE_CUDA = 1, /**< a CUDA GPU, or ZINF_ERR_DEVICE saying why there is none */
+  ZINF_DEVICE_AUTO = 2  /**< CUDA if a GPU is visible, else the host simulation */
 } zinf_device_kind;
 
 /** One layer (parameter shard) the engine manages. */
 typedef struct zinf_layer_spec {
-  const char* name;        /**< unique, not empty; copied */
-  uint64_t numel;          /**< elements, > 0 */
-  zinf_dtype param_dtype;  /**< the device copy's type: ZINF_DTYPE_BF16 or ZINF_DTYPE_F16 */
+  const char* name;       /**< unique, not empty; copied */
+  uint64_t numel;         /**< elements, > 0 */
+  zinf_dtype param_dtype; /**< the device copy's type: ZINF_DTYPE_BF16 or ZINF_DTYPE_F16 */
 } zinf_layer_spec;
 
 /** How to build an engine beyond its config. All-zero (or NULL) means the defaults. */
 typedef struct zinf_engine_options {
-  zinf_device_kind device;  /**< default ZINF_DEVICE_HOST */
-  int device_index;         /**< CUDA device ordinal; ignored by the host simulation */
+  zinf_device_kind device; /**< default ZINF_DEVICE_HOST */
+  int device_index;        /**< CUDA device ordinal; ignored by the host simulation */
 } zinf_engine_options;
 
 /** The optimizer's figures for one step (zinf::offload::StepStats). */
 typedef struct zinf_step_stats {
-  uint64_t step;           /**< step number, from 1 */
-  uint64_t sub_groups;     /**< sub-groups updated */
-  uint64_t elements;       /**< elements updated */
-  double seconds;          /**< wall time of the step */
-  double read_seconds;     /**< time with a state read in flight */
-  double write_seconds;    /**< time with a write-back in flight */
-  double compute_seconds;  /**< time inside the CPU Adam kernel */
-  double wait_seconds;     /**< time waiting for a read or a free buffer */
-  uint64_t bytes_read;     /**< optimizer state bytes read */
-  uint64_t bytes_written;  /**< optimizer state bytes written */
+  uint64_t step;          /**< step number, from 1 */
+  uint64_t sub_groups;    /**< sub-groups updated */
+  uint64_t elements;      /**< elements updated */
+  double seconds;         /**< wall time of the step */
+  double read_seconds;    /**< time with a state read in flight */
+  double write_seconds;   /**< time with a write-back in flight */
+  double compute_seconds; /**< time inside the CPU Adam kernel */
+  double wait_seconds;    /**< time waiting for a read or a free buffer */
+  uint64_t bytes_read;    /**< optimizer state bytes read */
+  uint64_t bytes_written; /**< optimizer state bytes written */
 } zinf_step_stats;
 
 /** Counters since the engine was made (zinf::offload::EngineStats). Fields are only ever
@@ -96,10 +96,10 @@ typedef struct zinf_stats {
   uint64_t param_bytes_to_device;
   uint64_t optimizer_bytes_read;
   uint64_t optimizer_bytes_written;
-  double nvme_read_gbps;   /**< optimizer state: 10^9 bytes/s while a read was in flight */
-  double nvme_write_gbps;  /**< optimizer state: 10^9 bytes/s while a write was in flight */
-  double stall_seconds;    /**< compute waiting for parameters */
-  double step_seconds;     /**< total time inside step */
+  double nvme_read_gbps;  /**< optimizer state: 10^9 bytes/s while a read was in flight */
+  double nvme_write_gbps; /**< optimizer state: 10^9 bytes/s while a write was in flight */
+  double stall_seconds;   /**< compute waiting for parameters */
+  double step_seconds;    /**< total time inside step */
   uint64_t prefetch_hits;
   uint64_t prefetch_on_demand;
   uint64_t pinned_bytes;
@@ -114,14 +114,14 @@ typedef struct zinf_stats {
  *  The kernel computes in fp32, so each value must be finite as an fp32 (FLT_MAX is
  *  3.4028235e38; NaN and infinities are refused). */
 typedef struct zinf_adam_params {
-  double lr;            /**< in [0, FLT_MAX] */
-  double beta1;         /**< in [0, 1) */
-  double beta2;         /**< in [0, 1) */
-  double eps;           /**< in [1e-45, FLT_MAX]: > 0 once rounded to fp32 */
-  double weight_decay;  /**< in [0, FLT_MAX], and lr * weight_decay <= FLT_MAX */
-  int bias_correction;  /**< nonzero: divide by 1 - beta^step */
-  double grad_scale;    /**< in [1e-45, FLT_MAX]: gradients are multiplied by this (1/loss scale) */
-  int adamw;            /**< nonzero: decoupled weight decay (AdamW) */
+  double lr;           /**< in [0, FLT_MAX] */
+  double beta1;        /**< in [0, 1) */
+  double beta2;        /**< in [0, 1) */
+  double eps;          /**< in [1e-45, FLT_MAX]: > 0 once rounded to fp32 */
+  double weight_decay; /**< in [0, FLT_MAX], and lr * weight_decay <= FLT_MAX */
+  int bias_correction; /**< nonzero: divide by 1 - beta^step */
+  double grad_scale;   /**< in [1e-45, FLT_MAX]: gradients are multiplied by this (1/loss scale) */
+  int adamw;           /**< nonzero: decoupled weight decay (AdamW) */
 } zinf_adam_params;
 
 /** An engine: opaque, owned by the caller. */
@@ -165,8 +165,8 @@ zinf_status zinf_engine_layer_count(const zinf_engine* engine, size_t* count);
 /** Sets layer `layer`'s fp32 master weights from `weights` (`count` elements, which must be
  *  the layer's numel), zeroes its moments and writes its low-precision copy. Blocks. Outside
  *  an iteration (between step and the next fetch). */
-zinf_status zinf_engine_set_master_weights(zinf_engine* engine, size_t layer,
-                                           const float* weights, size_t count);
+zinf_status zinf_engine_set_master_weights(zinf_engine* engine, size_t layer, const float* weights,
+                                           size_t count);
 /** Copies layer `layer`'s fp32 master weights into `out` (`count` = the layer's numel).
  *  Blocks. Outside an iteration. */
 zinf_status zinf_engine_read_master_weights(zinf_engine* engine, size_t layer, float* out,
@@ -215,5 +215,5 @@ zinf_status zinf_engine_load(zinf_engine* engine, const char* dir);
 zinf_status zinf_engine_stats(const zinf_engine* engine, zinf_stats* out);
 
 #ifdef __cplusplus
-}  /* extern "C" */
+} /* extern "C" */
 #endif

@@ -121,14 +121,14 @@ std::uint64_t checked_numel(off::OffloadEngine& engine, std::size_t layer, std::
                             const char* function) {
   if (layer >= engine.layer_count()) {
     throw zinf::UsageError(std::string(function) + ": layer " + std::to_string(layer) +
-                           " out of range (the engine has " +
-                           std::to_string(engine.layer_count()) + " layers)");
+                           " out of range (the engine has " + std::to_string(engine.layer_count()) +
+                           " layers)");
   }
   const off::LayerSpec& spec = engine.layer(layer);
   if (count != spec.numel) {
     throw zinf::UsageError(std::string(function) + ": layer " + std::to_string(layer) + " ('" +
-                           spec.name + "') has " + std::to_string(spec.numel) +
-                           " elements, got " + std::to_string(count));
+                           spec.name + "') has " + std::to_string(spec.numel) + " elements, got " +
+                           std::to_string(count));
   }
   return spec.numel;
 }
@@ -247,8 +247,8 @@ zinf_status zinf_engine_layer_count(const zinf_engine* engine, size_t* count) {
   });
 }
 
-zinf_status zinf_engine_set_master_weights(zinf_engine* engine, size_t layer,
-                                           const float* weights, size_t count) {
+zinf_status zinf_engine_set_master_weights(zinf_engine* engine, size_t layer, const float* weights,
+                                           size_t count) {
   return guarded(engine, [&] {
     const char* fn = "zinf_engine_set_master_weights";
     off::OffloadEngine& e = engine_of(engine, fn);

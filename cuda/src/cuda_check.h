@@ -27,9 +27,9 @@ bool check_cuda_nothrow(cudaError_t err, const char* call, const char* file, int
 
 /// Evaluates a CUDA runtime call; on failure clears the sticky last error and throws
 /// zinf::DeviceError naming the call, file:line, error name and string.
-#define ZINF_CUDA_CHECK(call)                                                             \
-  do {                                                                                    \
-    const cudaError_t zinf_cuda_err_ = (call);                                            \
+#define ZINF_CUDA_CHECK(call)                                                            \
+  do {                                                                                   \
+    const cudaError_t zinf_cuda_err_ = (call);                                           \
     if (zinf_cuda_err_ != cudaSuccess) [[unlikely]]                                      \
       ::zinf::cuda::detail::throw_cuda_error(zinf_cuda_err_, #call, __FILE__, __LINE__); \
   } while (0)

@@ -24,8 +24,8 @@ CudaAvailability probe_cuda() {
   if (err != cudaSuccess) {
     // Without a driver this is cudaErrorInsufficientDriver; without a GPU cudaErrorNoDevice.
     (void)cudaGetLastError();
-    return CudaAvailability{0, std::string("cudaGetDeviceCount: ") + cudaGetErrorName(err) +
-                                   ": " + cudaGetErrorString(err)};
+    return CudaAvailability{0, std::string("cudaGetDeviceCount: ") + cudaGetErrorName(err) + ": " +
+                                   cudaGetErrorString(err)};
   }
   if (count <= 0) return CudaAvailability{0, "cudaGetDeviceCount: 0 devices"};
   return CudaAvailability{count, {}};
@@ -163,7 +163,8 @@ CudaDevice::~CudaDevice() { check_no_live_owners(); }
 void CudaDevice::select() const { ZINF_CUDA_CHECK(cudaSetDevice(index_)); }
 
 CUstream_st* CudaDevice::native_stream(StreamRef stream) {
-  if (stream.empty() || stream.device() == nullptr || stream.device()->kind() != DeviceKind::kCuda) {
+  if (stream.empty() || stream.device() == nullptr ||
+      stream.device()->kind() != DeviceKind::kCuda) {
     throw UsageError("native_stream: not a stream of a CUDA device");
   }
   return static_cast<CudaStream*>(impl_of(stream))->stream;
@@ -229,8 +230,8 @@ Status CudaDevice::do_unregister_host(std::span<std::byte> host) noexcept {
     if (err == cudaSuccess) err = cudaHostUnregister(host.data());
     if (err == cudaSuccess || err == cudaErrorCudartUnloading) return Status::ok_status();
     (void)cudaGetLastError();
-    return Status::error(ErrorCode::kIo, std::string(cudaGetErrorName(err)) + ": " +
-                                             cudaGetErrorString(err))
+    return Status::error(ErrorCode::kIo,
+                         std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err))
         .with_operation("cudaHostUnregister(address=" + hex_address(host.data()) +
                         " length=" + std::to_string(host.size()) + ")")
         .with_backend(name_);

@@ -161,9 +161,7 @@ Status PinnedRegistration::close() noexcept {
 // ---- factory ----
 
 #if !ZINF_HAVE_CUDA
-CudaAvailability probe_cuda() {
-  return CudaAvailability{0, "zinf was built without CUDA"};
-}
+CudaAvailability probe_cuda() { return CudaAvailability{0, "zinf was built without CUDA"}; }
 #endif
 
 std::unique_ptr<Device> make_device(const DeviceOptions& options) {

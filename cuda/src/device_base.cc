@@ -16,7 +16,8 @@ namespace zinf::cuda::detail {
 
 std::string hex_address(const void* p) {
   char buf[2 + 2 * sizeof(std::uintptr_t)] = {'0', 'x'};
-  auto [end, ec] = std::to_chars(buf + 2, buf + sizeof(buf), reinterpret_cast<std::uintptr_t>(p), 16);
+  auto [end, ec] =
+      std::to_chars(buf + 2, buf + sizeof(buf), reinterpret_cast<std::uintptr_t>(p), 16);
   (void)ec;  // the buffer holds every uintptr_t
   return std::string(buf, end);
 }
@@ -60,10 +61,10 @@ DeviceBuffer DeviceBase::allocate(std::size_t bytes) {
   if (enforce_capacity_ && capacity_bytes_ != 0) {
     do {
       if (bytes > capacity_bytes_ || before > capacity_bytes_ - bytes) {
-        throw DeviceError(usage_text("allocate", std::to_string(bytes) +
-                                                     " bytes do not fit in device memory (capacity " +
-                                                     std::to_string(capacity_bytes_) + " bytes, " +
-                                                     std::to_string(before) + " allocated)"));
+        throw DeviceError(usage_text(
+            "allocate", std::to_string(bytes) + " bytes do not fit in device memory (capacity " +
+                            std::to_string(capacity_bytes_) + " bytes, " + std::to_string(before) +
+                            " allocated)"));
       }
     } while (!allocated_bytes_.compare_exchange_weak(before, before + bytes));
   } else {
@@ -78,8 +79,7 @@ DeviceBuffer DeviceBase::allocate(std::size_t bytes) {
   }
   std::uint64_t now = before + bytes;
   std::uint64_t peak = peak_allocated_bytes_.load();
-  while (peak < now && !peak_allocated_bytes_.compare_exchange_weak(peak, now)) {
-  }
+  while (peak < now && !peak_allocated_bytes_.compare_exchange_weak(peak, now)) {}
   live_allocations_.fetch_add(1);
   total_allocations_.fetch_add(1);
   return make_buffer(data, bytes);
@@ -108,13 +108,15 @@ Event DeviceBase::create_event() { return make_event(do_create_event()); }
 
 StreamImpl& DeviceBase::checked_stream(StreamRef stream, std::string_view op) const {
   if (stream.empty()) throw UsageError(usage_text(op, "empty stream"));
-  if (stream.device() != this) throw UsageError(usage_text(op, "the stream belongs to another device"));
+  if (stream.device() != this)
+    throw UsageError(usage_text(op, "the stream belongs to another device"));
   return *impl_of(stream);
 }
 
 EventImpl& DeviceBase::checked_event(const Event& event, std::string_view op) const {
   if (event.empty()) throw UsageError(usage_text(op, "empty event"));
-  if (device_of(event) != this) throw UsageError(usage_text(op, "the event belongs to another device"));
+  if (device_of(event) != this)
+    throw UsageError(usage_text(op, "the event belongs to another device"));
   return *impl_of(event);
 }
 
@@ -173,8 +175,8 @@ void DeviceBase::enqueue_host_work(StreamRef stream, std::function<void()> work)
 void DeviceBase::enqueue_busy(StreamRef stream, std::chrono::nanoseconds duration) {
   StreamImpl& s = checked_stream(stream, "enqueue_busy");
   if (duration < std::chrono::nanoseconds::zero()) {
-    throw UsageError(usage_text("enqueue_busy", "negative duration " +
-                                                    std::to_string(duration.count()) + " ns"));
+    throw UsageError(usage_text("enqueue_busy",
+                                "negative duration " + std::to_string(duration.count()) + " ns"));
   }
   if (duration == std::chrono::nanoseconds::zero()) return;
   do_busy(s, duration);
@@ -199,11 +201,12 @@ PinnedRegistration DeviceBase::register_host(std::span<std::byte> host) {
     overlap = next;
   }
   if (overlap != pinned_.end()) {
-    throw DeviceError(usage_text(
-        "register_host", "address=" + hex_address(host.data()) + " length=" +
-                             std::to_string(host.size()) + " overlaps a registered range (address=" +
-                             hex_address(reinterpret_cast<const void*>(overlap->first)) +
-                             " length=" + std::to_string(overlap->second) + ")"));
+    throw DeviceError(
+        usage_text("register_host", "address=" + hex_address(host.data()) +
+                                        " length=" + std::to_string(host.size()) +
+                                        " overlaps a registered range (address=" +
+                                        hex_address(reinterpret_cast<const void*>(overlap->first)) +
+                                        " length=" + std::to_string(overlap->second) + ")"));
   }
   do_register_host(host);  // under the lock: a racing overlapping registration cannot slip in
   pinned_.emplace(start, host.size());

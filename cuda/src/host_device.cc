@@ -96,7 +96,9 @@ using Op = std::variant<CopyOp, RecordOp, WaitOp, WorkOp, BusyOp>;
 class HostStream final : public StreamImpl {
  public:
   HostStream(std::uint64_t stream_id, HostDevice& device)
-      : StreamImpl(stream_id), device_(device), worker_([this](std::stop_token stop) { run(stop); }) {}
+      : StreamImpl(stream_id),
+        device_(device),
+        worker_([this](std::stop_token stop) { run(stop); }) {}
 
   void enqueue(Op op) {
     {
@@ -123,9 +125,9 @@ class HostStream final : public StreamImpl {
     if (worker_.joinable()) worker_.join();
     std::lock_guard lock(mu_);
     if (!failure_.ok() && !failure_reported_) {
-      log(LogLevel::kWarning, "stream " + std::to_string(id) +
-                                  " destroyed after a failure no synchronize() reported: " +
-                                  failure_.to_string());
+      log(LogLevel::kWarning,
+          "stream " + std::to_string(id) +
+              " destroyed after a failure no synchronize() reported: " + failure_.to_string());
     }
   }
 
@@ -247,7 +249,8 @@ HostDevice::~HostDevice() { check_no_live_owners(); }
 std::byte* HostDevice::do_allocate(std::size_t bytes) {
   void* p = ::operator new(bytes, kDeviceAlignment, std::nothrow);
   if (p == nullptr) {
-    throw DeviceError(usage_text("allocate", "out of host memory for " + std::to_string(bytes) + " bytes"));
+    throw DeviceError(
+        usage_text("allocate", "out of host memory for " + std::to_string(bytes) + " bytes"));
   }
   // GPU memory is resident once cudaMalloc returns. Fresh host pages are not: the first copy
   // into them takes the page faults, which on the build VM made a 4 MiB copy into a new buffer
@@ -302,7 +305,9 @@ void HostDevice::do_busy(StreamImpl& stream, std::chrono::nanoseconds duration) 
   static_cast<HostStream&>(stream).enqueue(BusyOp{duration});
 }
 
-void HostDevice::do_synchronize(StreamImpl& stream) { static_cast<HostStream&>(stream).synchronize(); }
+void HostDevice::do_synchronize(StreamImpl& stream) {
+  static_cast<HostStream&>(stream).synchronize();
+}
 
 bool HostDevice::query_event(const EventImpl& event) {
   Status failure;

@@ -18,7 +18,8 @@ namespace zinf::cuda {
 namespace detail {
 namespace {
 
-static_assert(sizeof(CommunicatorId{}.bytes) == sizeof(ncclUniqueId), "CommunicatorId holds an ncclUniqueId");
+static_assert(sizeof(CommunicatorId{}.bytes) == sizeof(ncclUniqueId),
+              "CommunicatorId holds an ncclUniqueId");
 
 std::string nccl_error_text(ncclResult_t rc, const char* call, ncclComm_t comm) {
   std::string text = std::string(call) + " failed: " + ncclGetErrorString(rc);
@@ -29,10 +30,10 @@ std::string nccl_error_text(ncclResult_t rc, const char* call, ncclComm_t comm) 
 
 // Throws DeviceError for a failed NCCL call. Asynchronous errors of enqueued collectives
 // surface on the stream like any device error.
-#define ZINF_NCCL_CHECK(call, comm)                                                       \
-  do {                                                                                    \
-    const ncclResult_t zinf_nccl_rc_ = (call);                                            \
-    if (zinf_nccl_rc_ != ncclSuccess) [[unlikely]]                                        \
+#define ZINF_NCCL_CHECK(call, comm)                                                         \
+  do {                                                                                      \
+    const ncclResult_t zinf_nccl_rc_ = (call);                                              \
+    if (zinf_nccl_rc_ != ncclSuccess) [[unlikely]]                                          \
       throw DeviceError(::zinf::cuda::detail::nccl_error_text(zinf_nccl_rc_, #call, comm)); \
   } while (0)
 
@@ -84,8 +85,8 @@ class NcclCommunicator final : public Communicator {
     const auto world = static_cast<std::size_t>(world_size_);
     if (recv.size() != send.size() * world) {
       throw UsageError("all_gather: recv is " + std::to_string(recv.size()) +
-                       " bytes, expected send (" + std::to_string(send.size()) + ") x world_size (" +
-                       std::to_string(world_size_) + ")");
+                       " bytes, expected send (" + std::to_string(send.size()) +
+                       ") x world_size (" + std::to_string(world_size_) + ")");
     }
     ZINF_CUDA_CHECK(cudaSetDevice(device_.index()));
     ZINF_NCCL_CHECK(ncclAllGather(send.data(), recv.data(), send.size(), ncclUint8, comm_,
@@ -99,8 +100,8 @@ class NcclCommunicator final : public Communicator {
     const auto world = static_cast<std::size_t>(world_size_);
     if (send.size() != recv.size() * world) {
       throw UsageError("reduce_scatter: send is " + std::to_string(send.size()) +
-                       " bytes, expected recv (" + std::to_string(recv.size()) + ") x world_size (" +
-                       std::to_string(world_size_) + ")");
+                       " bytes, expected recv (" + std::to_string(recv.size()) +
+                       ") x world_size (" + std::to_string(world_size_) + ")");
     }
     if (recv.size() % element_size(type) != 0) {
       throw UsageError("reduce_scatter: recv is " + std::to_string(recv.size()) +
@@ -108,19 +109,21 @@ class NcclCommunicator final : public Communicator {
                        "-byte elements");
     }
     ZINF_CUDA_CHECK(cudaSetDevice(device_.index()));
-    ZINF_NCCL_CHECK(ncclReduceScatter(send.data(), recv.data(), recv.size() / element_size(type),
-                                      nccl_type(type), nccl_op(op), comm_,
-                                      CudaDevice::native_stream(stream)),
-                    comm_);
+    ZINF_NCCL_CHECK(
+        ncclReduceScatter(send.data(), recv.data(), recv.size() / element_size(type),
+                          nccl_type(type), nccl_op(op), comm_, CudaDevice::native_stream(stream)),
+        comm_);
   }
 
  private:
   void check(StreamRef stream, DeviceSpan send, DeviceSpan recv, const char* op) const {
     if (stream.empty() || stream.device() != &device_) {
-      throw UsageError(std::string(op) + ": the stream is not a stream of " + std::string(device_.name()));
+      throw UsageError(std::string(op) + ": the stream is not a stream of " +
+                       std::string(device_.name()));
     }
     if (send.device() != &device_ || recv.device() != &device_) {
-      throw UsageError(std::string(op) + ": send and recv must be memory of " + std::string(device_.name()));
+      throw UsageError(std::string(op) + ": send and recv must be memory of " +
+                       std::string(device_.name()));
     }
   }
 
@@ -143,7 +146,8 @@ CommunicatorId make_communicator_id() {
   return out;
 }
 
-std::unique_ptr<Communicator> make_nccl_communicator(Device& device, const CommunicatorOptions& options) {
+std::unique_ptr<Communicator> make_nccl_communicator(Device& device,
+                                                     const CommunicatorOptions& options) {
   if (device.kind() != DeviceKind::kCuda) {
     throw UsageError("the NCCL communicator needs a CUDA device; '" + std::string(device.name()) +
                      "' is not one");
@@ -152,7 +156,8 @@ std::unique_ptr<Communicator> make_nccl_communicator(Device& device, const Commu
     throw UsageError("communicator rank " + std::to_string(options.rank) + " is outside [0, " +
                      std::to_string(options.world_size) + ")");
   }
-  return std::make_unique<detail::NcclCommunicator>(static_cast<detail::CudaDevice&>(device), options);
+  return std::make_unique<detail::NcclCommunicator>(static_cast<detail::CudaDevice&>(device),
+                                                    options);
 }
 
 }  // namespace zinf::cuda

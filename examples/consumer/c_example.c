@@ -43,8 +43,7 @@ int main(void) {
   printf("c_example: zinf %s\n", zinf_version());
   s = zinf_engine_create("{\"zero_optimization\": {\"stagee\": 3}}", &layer, 1, NULL, &engine);
   if (s != ZINF_ERR_USAGE || engine != NULL || strstr(zinf_last_error(), "stagee") == NULL) {
-    fprintf(stderr, "c_example: a bad key gave %s: '%s'\n", zinf_status_name(s),
-            zinf_last_error());
+    fprintf(stderr, "c_example: a bad key gave %s: '%s'\n", zinf_status_name(s), zinf_last_error());
     return 1;
   }
 
@@ -67,8 +66,7 @@ int main(void) {
   if ((s = zinf_engine_set_gradients(engine, 0, g, N, ZINF_DTYPE_F32)) != ZINF_OK)
     return fail("set_gradients", s);
   if ((s = zinf_engine_step(engine, NULL)) != ZINF_OK) return fail("step", s);
-  if ((s = zinf_engine_read_master_weights(engine, 0, after, N)) != ZINF_OK)
-    return fail("read", s);
+  if ((s = zinf_engine_read_master_weights(engine, 0, after, N)) != ZINF_OK) return fail("read", s);
   for (i = 0; i < N; ++i) {
     double want = w[i] - 0.01 * (g[i] > 0 ? 1.0 : -1.0);
     bad += fabs(after[i] - want) > 1e-5;

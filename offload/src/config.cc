@@ -41,74 +41,142 @@ using Json = nlohmann::ordered_json;
 // deepspeed/runtime/zero/config.py, offload_config.py, precision_config.py and
 // docs/_pages/config-json.md) that zinf accepts without effect, so an existing ds_config works.
 
-constexpr std::string_view kTopKeys[] = {"zero_optimization", "aio", "optimizer", "bf16",
-                                         "bfloat16", "fp16", "zinf"};
-constexpr std::string_view kTopAccepted[] = {
-    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-    "managed_gradient_accumulation", "scheduler", "communication_data_type",
-    "seq_parallel_communication_data_type", "gradient_allreduce_op", "prescale_gradients",
-    "gradient_predivide_factor", "sparse_gradients", "amp", "torch_autocast",
-    "gradient_clipping", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
-    "steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state", "autotuning",
-    "flops_profiler", "activation_checkpointing", "sparse_attention", "data_efficiency",
-    "curriculum_learning", "tensorboard", "wandb", "comet", "csv_monitor", "comms_logger",
-    "elasticity", "compression_training", "checkpoint", "data_types", "tensor_parallel",
-    "expert_parallel", "hybrid_engine", "pipeline", "eigenvalue", "progressive_layer_drop",
-    "disable_allgather", "dataloader_drop_last", "compile", "nebula", "quantize_training",
-    "weight_quantization", "check_overflow", "fp32_allreduce"};
+constexpr std::string_view kTopKeys[] = {"zero_optimization", "aio",  "optimizer", "bf16",
+                                         "bfloat16",          "fp16", "zinf"};
+constexpr std::string_view kTopAccepted[] = {"train_batch_size",
+                                             "train_micro_batch_size_per_gpu",
+                                             "gradient_accumulation_steps",
+                                             "managed_gradient_accumulation",
+                                             "scheduler",
+                                             "communication_data_type",
+                                             "seq_parallel_communication_data_type",
+                                             "gradient_allreduce_op",
+                                             "prescale_gradients",
+                                             "gradient_predivide_factor",
+                                             "sparse_gradients",
+                                             "amp",
+                                             "torch_autocast",
+                                             "gradient_clipping",
+                                             "zero_allow_untested_optimizer",
+                                             "zero_force_ds_cpu_optimizer",
+                                             "steps_per_print",
+                                             "wall_clock_breakdown",
+                                             "memory_breakdown",
+                                             "dump_state",
+                                             "autotuning",
+                                             "flops_profiler",
+                                             "activation_checkpointing",
+                                             "sparse_attention",
+                                             "data_efficiency",
+                                             "curriculum_learning",
+                                             "tensorboard",
+                                             "wandb",
+                                             "comet",
+                                             "csv_monitor",
+                                             "comms_logger",
+                                             "elasticity",
+                                             "compression_training",
+                                             "checkpoint",
+                                             "data_types",
+                                             "tensor_parallel",
+                                             "expert_parallel",
+                                             "hybrid_engine",
+                                             "pipeline",
+                                             "eigenvalue",
+                                             "progressive_layer_drop",
+                                             "disable_allgather",
+                                             "dataloader_drop_last",
+                                             "compile",
+                                             "nebula",
+                                             "quantize_training",
+                                             "weight_quantization",
+                                             "check_overflow",
+                                             "fp32_allreduce"};
 
 constexpr std::string_view kZeroKeys[] = {"stage", "offload_param", "offload_optimizer",
                                           "sub_group_size"};
-constexpr std::string_view kZeroAccepted[] = {
-    "contiguous_gradients", "overlap_comm", "reduce_scatter", "reduce_bucket_size",
-    "use_multi_rank_bucket_allreduce", "allgather_partitions", "allgather_bucket_size",
-    "load_from_fp32_weights", "elastic_checkpoint", "grad_hooks",
-    "stage3_prefetch_bucket_size", "prefetch_bucket_size",
-    "stage3_param_persistence_threshold", "param_persistence_threshold",
-    "stage3_model_persistence_threshold", "model_persistence_threshold",
-    "stage3_max_live_parameters", "max_live_parameters", "stage3_max_reuse_distance",
-    "max_reuse_distance", "stage3_gather_16bit_weights_on_model_save",
-    "gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
-    "stage3_module_granularity_threshold", "module_granularity_threshold",
-    "stage3_use_all_reduce_for_fetch_params", "use_all_reduce_for_fetch_params",
-    "stage3_allgather_sequential", "allgather_sequential",
-    "stage3_partition_stream_chunk_size", "partition_stream_chunk_size",
-    "ignore_unused_parameters", "legacy_stage1", "round_robin_gradients",
-    "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_nontrainable_weights",
-    "zero_quantized_gradients", "zeropp_loco_param", "mics_shard_size",
-    "mics_hierarchical_params_gather", "memory_efficient_linear", "pipeline_loading_checkpoint",
-    "override_module_apply", "log_trace_cache_warnings", "enable_sanity_checks",
-    "save_muon_momentum_buffer_in_memory", "leaf_module", "zenflow", "cpu_offload",
-    "cpu_offload_param", "cpu_offload_use_pin_memory"};
+constexpr std::string_view kZeroAccepted[] = {"contiguous_gradients",
+                                              "overlap_comm",
+                                              "reduce_scatter",
+                                              "reduce_bucket_size",
+                                              "use_multi_rank_bucket_allreduce",
+                                              "allgather_partitions",
+                                              "allgather_bucket_size",
+                                              "load_from_fp32_weights",
+                                              "elastic_checkpoint",
+                                              "grad_hooks",
+                                              "stage3_prefetch_bucket_size",
+                                              "prefetch_bucket_size",
+                                              "stage3_param_persistence_threshold",
+                                              "param_persistence_threshold",
+                                              "stage3_model_persistence_threshold",
+                                              "model_persistence_threshold",
+                                              "stage3_max_live_parameters",
+                                              "max_live_parameters",
+                                              "stage3_max_reuse_distance",
+                                              "max_reuse_distance",
+                                              "stage3_gather_16bit_weights_on_model_save",
+                                              "gather_16bit_weights_on_model_save",
+                                              "stage3_gather_fp16_weights_on_model_save",
+                                              "stage3_module_granularity_threshold",
+                                              "module_granularity_threshold",
+                                              "stage3_use_all_reduce_for_fetch_params",
+                                              "use_all_reduce_for_fetch_params",
+                                              "stage3_allgather_sequential",
+                                              "allgather_sequential",
+                                              "stage3_partition_stream_chunk_size",
+                                              "partition_stream_chunk_size",
+                                              "ignore_unused_parameters",
+                                              "legacy_stage1",
+                                              "round_robin_gradients",
+                                              "zero_hpz_partition_size",
+                                              "zero_quantized_weights",
+                                              "zero_quantized_nontrainable_weights",
+                                              "zero_quantized_gradients",
+                                              "zeropp_loco_param",
+                                              "mics_shard_size",
+                                              "mics_hierarchical_params_gather",
+                                              "memory_efficient_linear",
+                                              "pipeline_loading_checkpoint",
+                                              "override_module_apply",
+                                              "log_trace_cache_warnings",
+                                              "enable_sanity_checks",
+                                              "save_muon_momentum_buffer_in_memory",
+                                              "leaf_module",
+                                              "zenflow",
+                                              "cpu_offload",
+                                              "cpu_offload_param",
+                                              "cpu_offload_use_pin_memory"};
 // The deprecated spellings of offload: accepted, but a notice says they do nothing here.
 constexpr std::string_view kZeroDeprecatedOffload[] = {"cpu_offload", "cpu_offload_param",
                                                        "cpu_offload_use_pin_memory"};
 
-constexpr std::string_view kParamKeys[] = {"device",       "nvme_path",  "pin_memory",
+constexpr std::string_view kParamKeys[] = {"device",       "nvme_path",   "pin_memory",
                                            "buffer_count", "buffer_size", "max_in_cpu"};
 constexpr std::string_view kOptimizerOffloadKeys[] = {
-    "device", "nvme_path", "pin_memory", "buffer_count", "pipeline_read", "pipeline_write",
-    "fast_init", "ratio"};
+    "device",        "nvme_path",      "pin_memory", "buffer_count",
+    "pipeline_read", "pipeline_write", "fast_init",  "ratio"};
 constexpr std::string_view kOptimizerOffloadAccepted[] = {"super_offload", "convert_grad_on_cpu",
                                                           "cpuadam_cores_perc"};
-constexpr std::string_view kAioKeys[] = {"block_size",     "queue_depth",   "intra_op_parallelism",
-                                         "thread_count",   "single_submit", "overlap_events",
+constexpr std::string_view kAioKeys[] = {"block_size",   "queue_depth",   "intra_op_parallelism",
+                                         "thread_count", "single_submit", "overlap_events",
                                          "use_gds"};
 constexpr std::string_view kOptimizerKeys[] = {"type", "params"};
 constexpr std::string_view kOptimizerAccepted[] = {"legacy_fusion"};
-constexpr std::string_view kAdamKeys[] = {"lr",           "betas",          "eps",
-                                          "weight_decay", "bias_correction", "adam_w_mode",
-                                          "amsgrad"};
+constexpr std::string_view kAdamKeys[] = {
+    "lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode", "amsgrad"};
 constexpr std::string_view kAdamAccepted[] = {"torch_adam", "fp32_optimizer_states"};
 constexpr std::string_view kPrecisionKeys[] = {"enabled"};  // bf16, bfloat16 and fp16
 constexpr std::string_view kBf16Accepted[] = {"immediate_grad_update", "check_grad_overflow",
                                               "bf16_master_weights_and_grads",
                                               "bf16_optimizer_states"};
 constexpr std::string_view kFp16Accepted[] = {
-    "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
-    "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads"};
-constexpr std::string_view kZinfKeys[] = {"nvme_paths",   "pinned_budget_bytes", "checksums",
-                                          "backend",      "direct_io",           "precondition",
+    "auto_cast",           "loss_scale",
+    "initial_scale_power", "loss_scale_window",
+    "hysteresis",          "consecutive_hysteresis",
+    "min_loss_scale",      "fp16_master_weights_and_grads"};
+constexpr std::string_view kZinfKeys[] = {"nvme_paths",     "pinned_budget_bytes", "checksums",
+                                          "backend",        "direct_io",           "precondition",
                                           "prefetch_depth", "adam_threads"};
 
 bool contains(std::span<const std::string_view> keys, std::string_view key) {
@@ -182,7 +250,8 @@ std::string line_column(std::string_view text, std::size_t end) {
       ++column;
     }
   }
-  return "line " + std::to_string(line) + ", column " + std::to_string(std::max<std::size_t>(column, 1));
+  return "line " + std::to_string(line) + ", column " +
+         std::to_string(std::max<std::size_t>(column, 1));
 }
 
 // One open object or array while parsing: what it is, the keys seen so far (objects), and the
@@ -267,24 +336,22 @@ Json parse_json(std::string_view text, std::string_view source) {
         frames.pop_back();
         element_done();
         break;
-      case Event::value:
-        element_done();
-        break;
+      case Event::value: element_done(); break;
     }
     return true;
   };
   try {
     return Json::parse(CountingIterator(text.data(), text.data(), &consumed),
-                       CountingIterator(text.data() + text.size(), text.data(), nullptr),
-                       callback, /*allow_exceptions=*/true, /*ignore_comments=*/false);
+                       CountingIterator(text.data() + text.size(), text.data(), nullptr), callback,
+                       /*allow_exceptions=*/true, /*ignore_comments=*/false);
   } catch (const Json::parse_error& e) {
     // e.what(): "[json.exception.parse_error.101] parse error at line 3, column 5: syntax error
     // while parsing object - unexpected '}'; expected string literal". Keep what follows the
     // position; compute the position from e.byte so it does not depend on the message format.
     std::string what = e.what();
     const std::size_t column_at = what.find(", column ");
-    const std::size_t colon = column_at == std::string::npos ? what.find(": ")
-                                                             : what.find(": ", column_at);
+    const std::size_t colon =
+        column_at == std::string::npos ? what.find(": ") : what.find(": ", column_at);
     if (colon != std::string::npos) what = what.substr(colon + 2);
     // The message quotes the last token read, which can be as long as the input.
     if (what.size() > 2 * kMaxShown) what = what.substr(0, 2 * kMaxShown) + "...";
@@ -448,8 +515,8 @@ OffloadDevice parse_device(const Block& block) {
   if (text == "none") return OffloadDevice::kNone;
   if (text == "cpu") return OffloadDevice::kCpu;
   if (text == "nvme") return OffloadDevice::kNvme;
-  block.fail("device", "expected \"none\", \"cpu\" or \"nvme\", got " +
-                          shown(*block.find("device")));
+  block.fail("device",
+             "expected \"none\", \"cpu\" or \"nvme\", got " + shown(*block.find("device")));
 }
 
 void read_nvme_path(const Block& block, std::string& out) {
@@ -468,12 +535,14 @@ void parse_offload_param(const Block& block, OffloadParamConfig& out) {
   block.read_uint("buffer_size", out.buffer_size);
   block.read_uint("max_in_cpu", out.max_in_cpu);
   if (block.find("max_in_cpu") != nullptr) {
-    block.notice(block.key_path("max_in_cpu") + ": accepted without effect in zinf (no CPU cache "
-                                                 "of NVMe parameters)");
+    block.notice(block.key_path("max_in_cpu") +
+                 ": accepted without effect in zinf (no CPU cache "
+                 "of NVMe parameters)");
   }
   if (!out.pin_memory) {
-    block.notice(block.key_path("pin_memory") + ": false has no effect; zinf always stages "
-                                                 "through page-locked memory");
+    block.notice(block.key_path("pin_memory") +
+                 ": false has no effect; zinf always stages "
+                 "through page-locked memory");
   }
 }
 
@@ -492,8 +561,9 @@ void parse_offload_optimizer(const Block& block, OffloadOptimizerConfig& out) {
                             shown(*block.find("ratio")));
   }
   if (!out.pin_memory) {
-    block.notice(block.key_path("pin_memory") + ": false has no effect; zinf always stages "
-                                                 "through page-locked memory");
+    block.notice(block.key_path("pin_memory") +
+                 ": false has no effect; zinf always stages "
+                 "through page-locked memory");
   }
 }
 
@@ -507,8 +577,8 @@ void parse_zero(const Json& value, std::string_view source, EngineConfig& config
   }
   if (value.is_null()) return;
   if (!value.is_object()) {
-    throw UsageError(std::string(source) +
-                     ": zero_optimization: expected an object {...}, got " + shown(value));
+    throw UsageError(std::string(source) + ": zero_optimization: expected an object {...}, got " +
+                     shown(value));
   }
   const Block zero(value, "zero_optimization", source, &config.notices);
   zero.check_keys(kZeroKeys, kZeroAccepted);
@@ -519,17 +589,20 @@ void parse_zero(const Json& value, std::string_view source, EngineConfig& config
   }
   zero.read_uint("sub_group_size", config.sub_group_size);
   if (config.sub_group_size < kConfigMinSubGroupSize) {
-    zero.fail("sub_group_size",
-              shown(*zero.find("sub_group_size")) + " is too small: the smallest accepted is " +
-                  std::to_string(kConfigMinSubGroupSize) + " (each sub-group's 12-byte-per-element "
-                  "record is padded to the 4096-byte I/O alignment; from " +
-                  std::to_string(kConfigMinSubGroupSize) + " elements on the padding is at most "
-                  "~1% of the state)");
+    zero.fail("sub_group_size", shown(*zero.find("sub_group_size")) +
+                                    " is too small: the smallest accepted is " +
+                                    std::to_string(kConfigMinSubGroupSize) +
+                                    " (each sub-group's 12-byte-per-element "
+                                    "record is padded to the 4096-byte I/O alignment; from " +
+                                    std::to_string(kConfigMinSubGroupSize) +
+                                    " elements on the padding is at most "
+                                    "~1% of the state)");
   }
   for (std::string_view key : kZeroDeprecatedOffload) {
     if (zero.find(key) != nullptr) {
-      zero.notice(zero.key_path(key) + ": deprecated DeepSpeed key with no effect in zinf; use "
-                                       "offload_param / offload_optimizer {\"device\": \"cpu\"}");
+      zero.notice(zero.key_path(key) +
+                  ": deprecated DeepSpeed key with no effect in zinf; use "
+                  "offload_param / offload_optimizer {\"device\": \"cpu\"}");
     }
   }
   if (const auto param = zero.child("offload_param")) {
@@ -551,8 +624,9 @@ void parse_aio(const Block& aio, AioConfig& out) {
   const Json* intra = aio.find("intra_op_parallelism");
   const Json* old = aio.find("thread_count");
   if (intra != nullptr && old != nullptr) {
-    aio.fail("thread_count", "both intra_op_parallelism and its older name thread_count are "
-                             "given; keep intra_op_parallelism");
+    aio.fail("thread_count",
+             "both intra_op_parallelism and its older name thread_count are "
+             "given; keep intra_op_parallelism");
   }
   if (intra != nullptr) {
     out.intra_op_parallelism = aio.to_uint<std::uint32_t>("intra_op_parallelism", *intra, 0);
@@ -592,8 +666,9 @@ void parse_optimizer(const Block& block, OptimizerConfig& out) {
   block.read_string("type", type);
   const std::string name = lower(type);  // DeepSpeed compares its own optimizers lower-cased
   if (name != "adam" && name != "adamw") {
-    block.fail("type", shown(*block.find("type")) + " is not supported; zinf's CPU optimizer "
-                                                    "implements \"Adam\" and \"AdamW\"");
+    block.fail("type", shown(*block.find("type")) +
+                           " is not supported; zinf's CPU optimizer "
+                           "implements \"Adam\" and \"AdamW\"");
   }
   adam::AdamParams& hp = out.hyper;
   // DeepSpeed: "Adam" means decoupled decay unless params.adam_w_mode is false; "AdamW" always.
@@ -698,20 +773,19 @@ void check_config(const EngineConfig& c, std::string_view source) {
          "\") needs zero_optimization.stage 3, but stage is " + std::to_string(c.zero_stage));
   }
   if (c.offload_optimizer.device == OffloadDevice::kNvme && c.offload_optimizer.buffer_count < 3) {
-    fail("zero_optimization.offload_optimizer.buffer_count: the NVMe optimizer pipeline needs at "
-         "least 3 buffers (one being read ahead, one being updated, one being written back), "
-         "got " + std::to_string(c.offload_optimizer.buffer_count));
+    fail(
+        "zero_optimization.offload_optimizer.buffer_count: the NVMe optimizer pipeline needs at "
+        "least 3 buffers (one being read ahead, one being updated, one being written back), "
+        "got " +
+        std::to_string(c.offload_optimizer.buffer_count));
   }
 }
 
 std::string_view offload_device_name(OffloadDevice device) noexcept {
   switch (device) {
-    case OffloadDevice::kNone:
-      return "none";
-    case OffloadDevice::kCpu:
-      return "cpu";
-    case OffloadDevice::kNvme:
-      return "nvme";
+    case OffloadDevice::kNone: return "none";
+    case OffloadDevice::kCpu: return "cpu";
+    case OffloadDevice::kNvme: return "nvme";
   }
   return "unknown";
 }
@@ -808,7 +882,7 @@ EngineConfig load_config(const std::string& path) {
                      ", not a regular file; give a JSON file");
   }
   const UsageError too_big(path + ": the config is larger than the limit of " +
-                          std::to_string(kConfigMaxBytes) + " bytes (16 MiB)");
+                           std::to_string(kConfigMaxBytes) + " bytes (16 MiB)");
   if (static_cast<std::uint64_t>(st.st_size) > kConfigMaxBytes) throw too_big;
   // Reads at most one byte past the cap, so a file that grows while it is read is bounded too.
   std::string text;
@@ -828,8 +902,9 @@ EngineConfig load_config(const std::string& path) {
 
 std::string config_to_json(const EngineConfig& c) {
   if (c.param_dtype == DType::kF32) {
-    throw UsageError("config_to_json: param_dtype fp32 has no DeepSpeed form (parameters are "
-                     "bf16 or fp16)");
+    throw UsageError(
+        "config_to_json: param_dtype fp32 has no DeepSpeed form (parameters are "
+        "bf16 or fp16)");
   }
   const auto offload_common = [](OffloadDevice device, const std::string& nvme_path,
                                  bool pin_memory) {
@@ -839,8 +914,8 @@ std::string config_to_json(const EngineConfig& c) {
     block["pin_memory"] = pin_memory;
     return block;
   };
-  Json param = offload_common(c.offload_param.device, c.offload_param.nvme_path,
-                              c.offload_param.pin_memory);
+  Json param =
+      offload_common(c.offload_param.device, c.offload_param.nvme_path, c.offload_param.pin_memory);
   param["buffer_count"] = c.offload_param.buffer_count;
   param["buffer_size"] = c.offload_param.buffer_size;
   param["max_in_cpu"] = c.offload_param.max_in_cpu;

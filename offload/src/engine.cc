@@ -42,7 +42,8 @@ std::string in_quotes(const std::string& s) { return "'" + s + "'"; }
 // "" + "/" + name would be a file at the root of the file system, not in a checkpoint.
 void check_checkpoint_dir(const std::string& dir, const char* function) {
   if (dir.empty()) {
-    throw UsageError(std::string(function) + ": the checkpoint directory is empty (\"\"); give "
+    throw UsageError(std::string(function) +
+                     ": the checkpoint directory is empty (\"\"); give "
                      "a directory");
   }
 }
@@ -50,7 +51,8 @@ void check_checkpoint_dir(const std::string& dir, const char* function) {
 std::string manifest_text(const std::vector<LayerSpec>& layers) {
   std::ostringstream os;
   os << kManifestHeader << "\n" << layers.size() << "\n";
-  for (const auto& l : layers) os << l.numel << " " << dtype_name(l.param_dtype) << " " << l.name << "\n";
+  for (const auto& l : layers)
+    os << l.numel << " " << dtype_name(l.param_dtype) << " " << l.name << "\n";
   return os.str();
 }
 
@@ -69,14 +71,14 @@ struct OffloadEngine::Impl {
     bool fetched = false;
     bool has_grads = false;
     bool master_set = false;
-    std::uint64_t version = 0;        // kCpu: bumped whenever the host copy changes
-    std::size_t buffer = kNoLayer;    // kCpu: the device buffer holding it while fetched
+    std::uint64_t version = 0;      // kCpu: bumped whenever the host copy changes
+    std::size_t buffer = kNoLayer;  // kCpu: the device buffer holding it while fetched
   };
   // kCpu: one device buffer of the bounded pool.
   struct DevBuf {
     cuda::DeviceBuffer buffer;
-    cuda::Event released;             // recorded on the compute stream by release()
-    std::size_t layer = kNoLayer;     // whose bytes it holds (valid if version matches)
+    cuda::Event released;          // recorded on the compute stream by release()
+    std::size_t layer = kNoLayer;  // whose bytes it holds (valid if version matches)
     std::uint64_t version = 0;
     bool held = false;
     std::uint64_t last_use = 0;
@@ -129,12 +131,13 @@ struct OffloadEngine::Impl {
   std::uint64_t opt_written = 0;
   double opt_read_seconds = 0;
   double opt_write_seconds = 0;
-  double host_stall_seconds = 0;      // kCpu: fetch blocked for a free device buffer
+  double host_stall_seconds = 0;  // kCpu: fetch blocked for a free device buffer
   double step_seconds = 0;
   StepStats last_step;
 };
 
-OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device& d, cuda::StreamRef s)
+OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device& d,
+                          cuda::StreamRef s)
     : config(std::move(c)),
       layers(std::move(l)),
       device(d),
@@ -152,21 +155,25 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
   std::unordered_set<std::string> names;
   for (const auto& layer : layers) {
     if (layer.name.empty() || layer.name.find_first_of(" \t\r\n#/") != std::string::npos) {
-      throw UsageError("OffloadEngine: layer names must be non-empty, without spaces, '#' or '/', got " +
-                       in_quotes(layer.name));
+      throw UsageError(
+          "OffloadEngine: layer names must be non-empty, without spaces, '#' or '/', got " +
+          in_quotes(layer.name));
     }
     if (!names.insert(layer.name).second) {
       throw UsageError("OffloadEngine: duplicate layer name " + in_quotes(layer.name));
     }
-    if (layer.numel == 0) throw UsageError("OffloadEngine: layer " + in_quotes(layer.name) + " has 0 elements");
+    if (layer.numel == 0)
+      throw UsageError("OffloadEngine: layer " + in_quotes(layer.name) + " has 0 elements");
     if (layer.param_dtype == DType::kF32) {
-      throw UsageError("OffloadEngine: layer " + in_quotes(layer.name) + " param_dtype must be bf16 or fp16");
+      throw UsageError("OffloadEngine: layer " + in_quotes(layer.name) +
+                       " param_dtype must be bf16 or fp16");
     }
     if (ptier != OffloadDevice::kNone && layer.numel > config.offload_param.buffer_size) {
-      throw UsageError("OffloadEngine: layer " + in_quotes(layer.name) + " has " +
-                       std::to_string(layer.numel) + " elements, more than offload_param.buffer_size " +
-                       std::to_string(config.offload_param.buffer_size) +
-                       "; raise offload_param.buffer_size to at least " + std::to_string(layer.numel));
+      throw UsageError(
+          "OffloadEngine: layer " + in_quotes(layer.name) + " has " + std::to_string(layer.numel) +
+          " elements, more than offload_param.buffer_size " +
+          std::to_string(config.offload_param.buffer_size) +
+          "; raise offload_param.buffer_size to at least " + std::to_string(layer.numel));
     }
   }
   if (ptier != OffloadDevice::kNone && config.offload_param.buffer_count == 0) {
@@ -186,8 +193,8 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
   }
   sub_group = std::max<std::uint64_t>(config.sub_group_size, 1);
   if (ptier == OffloadDevice::kNvme) {
-    const std::uint64_t unit = config.zinf.checksums ? std::max<std::uint64_t>(kParamStripe, param_align)
-                                                     : param_align;
+    const std::uint64_t unit =
+        config.zinf.checksums ? std::max<std::uint64_t>(kParamStripe, param_align) : param_align;
     const std::uint64_t rounded = align_up(sub_group * 2, unit) / 2;
     if (rounded != sub_group) {
       // Info, not notice: the default 1e9 is rounded on every run, by a few thousand elements.
@@ -228,13 +235,13 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
   const std::uint64_t opt_need = optimizer_pinned_bytes_needed(oo, groups);
   const std::uint64_t budget = config.zinf.pinned_budget_bytes;
   if (opt_need > budget || param_pinned > budget - opt_need) {
-    const std::string param_what = ptier == OffloadDevice::kNvme
-                                       ? "the parameter staging"
-                                       : "the pinned parameter copies";
+    const std::string param_what =
+        ptier == OffloadDevice::kNvme ? "the parameter staging" : "the pinned parameter copies";
     throw UsageError("OffloadEngine: zinf.pinned_budget_bytes " + std::to_string(budget) +
                      " cannot hold the optimizer's " + std::to_string(opt_need) + " bytes plus " +
                      param_what + "'s " + std::to_string(param_pinned) +
-                     " bytes; the smallest budget that works is " + std::to_string(opt_need + param_pinned));
+                     " bytes; the smallest budget that works is " +
+                     std::to_string(opt_need + param_pinned));
   }
   oo.pinned_budget_bytes = opt_need;
 
@@ -252,7 +259,8 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
     so.directories = param_dirs;
     std::uint64_t capacity = 0;
     // A tensor of at least a stripe starts on a stripe boundary: room for that rounding.
-    for (const auto& layer : layers) capacity += align_up(align_up(param_bytes(layer), param_align), kParamStripe);
+    for (const auto& layer : layers)
+      capacity += align_up(align_up(param_bytes(layer), param_align), kParamStripe);
     so.capacity_bytes = capacity;
     so.stripe_bytes = kParamStripe;
     so.checksums = config.zinf.checksums;
@@ -311,7 +319,8 @@ OffloadEngine::Impl::~Impl() {
   try {
     device.synchronize(compute);
   } catch (const std::exception& e) {
-    log(LogLevel::kDebug, std::string("OffloadEngine: compute stream failed before destruction: ") + e.what());
+    log(LogLevel::kDebug,
+        std::string("OffloadEngine: compute stream failed before destruction: ") + e.what());
   }
 }
 
@@ -452,7 +461,8 @@ void OffloadEngine::set_master_weights(std::size_t index, std::span<const float>
   const LayerSpec& spec = m.layers[index];
   if (weights.size() != spec.numel) {
     throw UsageError("OffloadEngine::set_master_weights: layer " + in_quotes(spec.name) + " has " +
-                     std::to_string(spec.numel) + " elements, got " + std::to_string(weights.size()));
+                     std::to_string(spec.numel) + " elements, got " +
+                     std::to_string(weights.size()));
   }
   m.optimizer->set_params(index, weights);
   st.master_set = false;
@@ -475,7 +485,9 @@ cuda::DeviceSpan OffloadEngine::fetch(std::size_t index) {
   m.check_usable();
   Impl::Layer& st = m.layer_at(index, "fetch");
   const std::string& name = m.layers[index].name;
-  if (st.fetched) throw UsageError("OffloadEngine::fetch: layer " + in_quotes(name) + " is already fetched (release it first)");
+  if (st.fetched)
+    throw UsageError("OffloadEngine::fetch: layer " + in_quotes(name) +
+                     " is already fetched (release it first)");
   if (st.has_grads) {
     throw UsageError("OffloadEngine::fetch: layer " + in_quotes(name) +
                      " has its gradients handed in for this step; fetch it after step()");
@@ -499,7 +511,8 @@ void OffloadEngine::release(std::size_t index) {
   m.check_usable();
   Impl::Layer& st = m.layer_at(index, "release");
   if (!st.fetched) {
-    throw UsageError("OffloadEngine::release: layer " + in_quotes(m.layers[index].name) + " is not fetched");
+    throw UsageError("OffloadEngine::release: layer " + in_quotes(m.layers[index].name) +
+                     " is not fetched");
   }
   if (m.ptier == OffloadDevice::kCpu) {
     Impl::DevBuf& b = m.pool[st.buffer];
@@ -556,7 +569,8 @@ void OffloadEngine::set_gradients(std::size_t index, adam::GradView grads) {
       // handed out after it.
       m.prefetcher->suspend(index);
       try {
-        m.optimizer->step_group(index, grads, StoreCopyOut{m.param_store.get(), spec.name, spec.param_dtype});
+        m.optimizer->step_group(index, grads,
+                                StoreCopyOut{m.param_store.get(), spec.name, spec.param_dtype});
       } catch (...) {
         m.prefetcher->resume(index);
         throw;
@@ -633,7 +647,8 @@ StepStats OffloadEngine::step() {
 
 void OffloadEngine::set_hyper(const adam::AdamParams& hyper) {
   impl_->check_usable();
-  if (impl_->step_open) throw UsageError("OffloadEngine::set_hyper inside a step (call step() first)");
+  if (impl_->step_open)
+    throw UsageError("OffloadEngine::set_hyper inside a step (call step() first)");
   impl_->optimizer->set_hyper(hyper);
 }
 
@@ -697,7 +712,8 @@ EngineStats OffloadEngine::stats() const {
     const double busy = std::chrono::duration<double>(p.read_busy_time).count();
     if (busy > 0) s.param_read_gbps = static_cast<double>(p.bytes_read) / busy / 1e9;
   }
-  if (m.opt_read_seconds > 0) s.nvme_read_gbps = static_cast<double>(m.opt_read) / m.opt_read_seconds / 1e9;
+  if (m.opt_read_seconds > 0)
+    s.nvme_read_gbps = static_cast<double>(m.opt_read) / m.opt_read_seconds / 1e9;
   if (m.opt_write_seconds > 0) {
     s.nvme_write_gbps = static_cast<double>(m.opt_written) / m.opt_write_seconds / 1e9;
   }

@@ -84,8 +84,8 @@ PinnedPlan plan_pinned(const OptimizerOptions& o, std::uint64_t sub, std::uint64
     plan.what = "the pipeline: depth " + std::to_string(o.pipeline_depth) + " x " +
                 std::to_string(max_record_bytes) + "-byte sub-group buffers (" +
                 std::to_string(std::min(sub, max_record_bytes / kStateBytesPerElement)) +
-                " elements x 12 bytes, padded to " + std::to_string(alignment) + ") = " +
-                std::to_string(plan.need) + " bytes";
+                " elements x 12 bytes, padded to " + std::to_string(alignment) +
+                ") = " + std::to_string(plan.need) + " bytes";
   } else {
     plan.need = state_bytes;
     plan.what = "the cpu-tier state: " + std::to_string(record_count) +
@@ -126,7 +126,8 @@ constexpr std::uint64_t kMaxRecords = std::uint64_t{1} << 22;
 // constructor runs it first, and optimizer_pinned_bytes_needed runs it too, so that a caller
 // (OffloadEngine) learns of any refusal before it creates files of its own. Returns the
 // number of sub-group records.
-std::uint64_t check_options(const OptimizerOptions& options, const std::vector<ParamGroupSpec>& groups) {
+std::uint64_t check_options(const OptimizerOptions& options,
+                            const std::vector<ParamGroupSpec>& groups) {
   if (groups.empty()) throw UsageError("OffloadedOptimizer: no parameter groups");
   if (options.sub_group_elements == 0) {
     throw UsageError("OffloadedOptimizer: sub_group_elements must be at least 1");
@@ -147,8 +148,10 @@ std::uint64_t check_options(const OptimizerOptions& options, const std::vector<P
   validate_hyper(options.hyper);
   if (options.tier == StateTier::kNvme) {
     if (options.pipeline_depth < 3) {
-      throw UsageError("OffloadedOptimizer: pipeline_depth must be at least 3 (read ahead, "
-                       "update, write back), got " + std::to_string(options.pipeline_depth));
+      throw UsageError(
+          "OffloadedOptimizer: pipeline_depth must be at least 3 (read ahead, "
+          "update, write back), got " +
+          std::to_string(options.pipeline_depth));
     }
     if (options.directories.empty()) {
       throw UsageError("OffloadedOptimizer: the nvme tier needs at least one directory");
@@ -211,7 +214,8 @@ namespace {
 // "" + "/LATEST" would be a path at the root of the file system, not a checkpoint.
 void check_checkpoint_dir(const std::string& dir, const char* function) {
   if (dir.empty()) {
-    throw UsageError(std::string(function) + ": the checkpoint directory is empty (\"\"); give "
+    throw UsageError(std::string(function) +
+                     ": the checkpoint directory is empty (\"\"); give "
                      "a directory");
   }
 }
@@ -265,9 +269,9 @@ OffloadedOptimizer::Impl::Impl(OptimizerOptions o, std::vector<ParamGroupSpec> g
   const std::uint64_t need = plan.need;
   const std::string& what = plan.what;
   if (options.pinned_budget_bytes < need) {
-    throw UsageError("OffloadedOptimizer: pinned_budget_bytes=" +
-                     std::to_string(options.pinned_budget_bytes) + " cannot hold " + what +
-                     "; the smallest budget that works is " + std::to_string(need));
+    throw UsageError(
+        "OffloadedOptimizer: pinned_budget_bytes=" + std::to_string(options.pinned_budget_bytes) +
+        " cannot hold " + what + "; the smallest budget that works is " + std::to_string(need));
   }
 
   engine = swap::make_io_engine(options.io);
@@ -330,8 +334,8 @@ OffloadedOptimizer::Impl::~Impl() {
       cv.notify_all();
       cv.wait(lk, [&] { return run.finished; });
       if (!run.error.ok()) {
-        log(LogLevel::kWarning, "OffloadedOptimizer destroyed inside a failed step: " +
-                                    run.error.to_string());
+        log(LogLevel::kWarning,
+            "OffloadedOptimizer destroyed inside a failed step: " + run.error.to_string());
       }
     }
     stop = true;
@@ -340,7 +344,8 @@ OffloadedOptimizer::Impl::~Impl() {
   if (pipeline.joinable()) pipeline.join();
   if (store) {
     Status s = store->close();
-    if (!s.ok()) log(LogLevel::kWarning, "OffloadedOptimizer: closing the swap store: " + s.to_string());
+    if (!s.ok())
+      log(LogLevel::kWarning, "OffloadedOptimizer: closing the swap store: " + s.to_string());
   }
 }
 
@@ -436,7 +441,7 @@ bool OffloadedOptimizer::Impl::pipeline_can_progress(std::size_t c, std::size_t 
   if (!run.active || run.finished) return false;
   const std::size_t n = run.tasks.size();
   if (run.closed && c >= n && io_idle()) return true;  // finish the step
-  if (!run.error.ok()) return c < n || r < n;     // drop queued tasks
+  if (!run.error.ok()) return c < n || r < n;          // drop queued tasks
   // A task with a StoreCopyOut also needs its staging buffer's previous write to be over.
   auto out_free = [&](std::size_t t) {
     return !run.tasks[t].store_out || !out_slots[t % out_slots.size()].writing;
@@ -451,14 +456,16 @@ bool OffloadedOptimizer::Impl::pipeline_can_progress(std::size_t c, std::size_t 
 }
 
 bool OffloadedOptimizer::Impl::io_idle() const {
-  return std::none_of(slots.begin(), slots.end(), [](const Slot& s) { return s.reading || s.writing; }) &&
-         std::none_of(out_slots.begin(), out_slots.end(), [](const OutSlot& s) { return s.writing; });
+  return std::none_of(slots.begin(), slots.end(),
+                      [](const Slot& s) { return s.reading || s.writing; }) &&
+         std::none_of(out_slots.begin(), out_slots.end(),
+                      [](const OutSlot& s) { return s.writing; });
 }
 
 void OffloadedOptimizer::Impl::compute(const adam::AdamParams& hp, const Task& t, std::byte* base) {
   const Record& rec = records[t.record];
-  adam.step(hp, params_of(base, rec.numel), m_of(base, rec.numel), v_of(base, rec.numel),
-            t.grads, t.out);
+  adam.step(hp, params_of(base, rec.numel), m_of(base, rec.numel), v_of(base, rec.numel), t.grads,
+            t.out);
 }
 
 void OffloadedOptimizer::Impl::pipeline_main() {
@@ -502,7 +509,8 @@ void OffloadedOptimizer::Impl::pipeline_main() {
   };
 
   for (;;) {
-    const bool waiting_for_io = run.active && !run.finished && run.error.ok() && c < run.tasks.size();
+    const bool waiting_for_io =
+        run.active && !run.finished && run.error.ok() && c < run.tasks.size();
     const auto wait_from = OptClock::now();
     cv.wait(lk, [&] { return stop || pipeline_can_progress(c, r); });
     if (waiting_for_io) {
@@ -724,7 +732,8 @@ void OffloadedOptimizer::read_state(std::size_t group_index, std::span<float> pa
       [&](std::size_t i, swap::BufferLease& buf) -> swap::IoTicket {
         Record& rec = im.records[recs[i]];
         std::byte* base = im.nvme() ? buf.data() : rec.state.data();
-        if (!params.empty()) std::ranges::copy(Impl::params_of(base, rec.numel), params.data() + rec.offset);
+        if (!params.empty())
+          std::ranges::copy(Impl::params_of(base, rec.numel), params.data() + rec.offset);
         if (!m.empty()) std::ranges::copy(Impl::m_of(base, rec.numel), m.data() + rec.offset);
         if (!v.empty()) std::ranges::copy(Impl::v_of(base, rec.numel), v.data() + rec.offset);
         return {};
@@ -836,18 +845,19 @@ void OffloadedOptimizer::Impl::validate_store_out(std::size_t group_index,
   }
   if (group_records[group_index].size() > 1) {
     const bool sums = out.store->checksums();
-    const std::uint64_t unit = sums ? std::max<std::uint64_t>(out.store->stripe_bytes(),
-                                                              out.store->alignment())
-                                    : out.store->alignment();
+    const std::uint64_t unit =
+        sums ? std::max<std::uint64_t>(out.store->stripe_bytes(), out.store->alignment())
+             : out.store->alignment();
     const std::uint64_t bytes = options.sub_group_elements * 2;
     if (bytes % unit != 0) {
-      throw UsageError(where + " into key '" + out.key + "': sub-group bytes (2 x " +
-                       std::to_string(options.sub_group_elements) + " = " + std::to_string(bytes) +
-                       ") must be a multiple of " + std::to_string(unit) +
-                       (sums ? " (the store's stripe_bytes, with checksums)" : " (the store's alignment)") +
-                       "; sub_group_elements " +
-                       std::to_string(store_copy_out_sub_group(options.sub_group_elements, *out.store)) +
-                       " works");
+      throw UsageError(
+          where + " into key '" + out.key + "': sub-group bytes (2 x " +
+          std::to_string(options.sub_group_elements) + " = " + std::to_string(bytes) +
+          ") must be a multiple of " + std::to_string(unit) +
+          (sums ? " (the store's stripe_bytes, with checksums)" : " (the store's alignment)") +
+          "; sub_group_elements " +
+          std::to_string(store_copy_out_sub_group(options.sub_group_elements, *out.store)) +
+          " works");
     }
   }
 }
@@ -904,7 +914,9 @@ const swap::Dir& OffloadedOptimizer::checkpoint_directory(const std::string& dir
   return impl_->open_checkpoint_dir(dir, create);
 }
 
-std::uint64_t OffloadedOptimizer::pinned_bytes() const noexcept { return impl_->pool->bytes_in_use(); }
+std::uint64_t OffloadedOptimizer::pinned_bytes() const noexcept {
+  return impl_->pool->bytes_in_use();
+}
 std::uint64_t OffloadedOptimizer::pinned_bytes_peak() const noexcept {
   return impl_->pool->peak_bytes_in_use();
 }

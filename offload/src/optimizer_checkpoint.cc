@@ -140,9 +140,11 @@ Manifest parse(const std::string& text, const std::string& path) {
   const auto crc_at = text.rfind("crc32c ");
   if (crc_at == std::string::npos) throw bad("no crc32c line");
   const std::string body = text.substr(0, crc_at);
-  const std::uint32_t want = static_cast<std::uint32_t>(std::strtoul(text.c_str() + crc_at + 7, nullptr, 16));
+  const std::uint32_t want =
+      static_cast<std::uint32_t>(std::strtoul(text.c_str() + crc_at + 7, nullptr, 16));
   if (text_crc(body) != want) {
-    throw bad("CRC32C mismatch (stored " + hex32(want) + ", computed " + hex32(text_crc(body)) + ")");
+    throw bad("CRC32C mismatch (stored " + hex32(want) + ", computed " + hex32(text_crc(body)) +
+              ")");
   }
   std::istringstream in(body);
   Manifest m;
@@ -230,7 +232,8 @@ swap::File reopen_buffered_if_misaligned(swap::File file, const swap::Dir& vdir,
 }
 
 bool same_directory(const swap::Dir& a, const swap::Dir& b) {
-  struct stat sa {}, sb {};
+  struct stat sa {
+  }, sb{};
   return ::fstat(a.fd(), &sa) == 0 && ::fstat(b.fd(), &sb) == 0 && sa.st_dev == sb.st_dev &&
          sa.st_ino == sb.st_ino;
 }
@@ -300,7 +303,8 @@ void OffloadedOptimizer::Impl::save(const std::string& dir) {
         [&](std::size_t i, swap::BufferLease& buf) -> swap::IoTicket {
           Record& rec = records[i];
           std::byte* base = nvme() ? buf.data() : rec.state.data();
-          m.records[i].crc = swap::crc32c(std::span<const std::byte>(base, rec.numel * kStateBytesPerElement));
+          m.records[i].crc =
+              swap::crc32c(std::span<const std::byte>(base, rec.numel * kStateBytesPerElement));
           swap::IoRequest req{swap::IoOp::kWrite, att.id(), m.records[i].offset,
                               std::span<std::byte>(base, rec.padded)};
           swap::IoTicket t = engine->submit(std::span<const swap::IoRequest>(&req, 1));
@@ -337,20 +341,20 @@ void OffloadedOptimizer::Impl::save(const std::string& dir) {
   }
   for (const std::string& n : names) {
     if (n == name) continue;
-    const bool ours = std::find(checkpoint_chain.begin(), checkpoint_chain.end(), n) !=
-                      checkpoint_chain.end();
+    const bool ours =
+        std::find(checkpoint_chain.begin(), checkpoint_chain.end(), n) != checkpoint_chain.end();
     const bool leftover =
         (is_version_name(n) && n.ends_with(kTmpSuffix)) || swap::is_zinf_temporary(n);
     if (!ours && !leftover) continue;
     try {
       root.remove_tree(n);
       if (leftover) {
-        log(LogLevel::kNotice, "checkpoint: reclaimed " + root.path_of(n) +
-                                   ", left by an interrupted save");
+        log(LogLevel::kNotice,
+            "checkpoint: reclaimed " + root.path_of(n) + ", left by an interrupted save");
       }
     } catch (const std::exception& e) {
-      log(LogLevel::kWarning, std::string("checkpoint: cannot remove ") + root.path_of(n) +
-                                  ": " + e.what());
+      log(LogLevel::kWarning,
+          std::string("checkpoint: cannot remove ") + root.path_of(n) + ": " + e.what());
       if (ours) kept.push_back(n);  // tried again after the next save
     }
   }
@@ -382,8 +386,7 @@ void OffloadedOptimizer::Impl::load(const std::string& dir) {
   const std::string latest_path = root.path_of(kLatest);
   std::string name = swap::read_small_file(root, kLatest, kMaxLatestBytes);
   while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
-  if (!is_version_name(name) || name.find('/') != std::string::npos ||
-      name.ends_with(kTmpSuffix)) {
+  if (!is_version_name(name) || name.find('/') != std::string::npos || name.ends_with(kTmpSuffix)) {
     throw corrupt(latest_path, "LATEST does not name a version directory");
   }
   const swap::Dir vdir = root.open_child(name);
@@ -397,7 +400,8 @@ void OffloadedOptimizer::Impl::load(const std::string& dir) {
     throw UsageError("OffloadedOptimizer::load: checkpoint " + vpath + " does not match: " + why);
   };
   if (m.groups.size() != groups.size()) {
-    mismatch(std::to_string(m.groups.size()) + " groups, this optimizer has " + std::to_string(groups.size()));
+    mismatch(std::to_string(m.groups.size()) + " groups, this optimizer has " +
+             std::to_string(groups.size()));
   }
   for (std::size_t i = 0; i < groups.size(); ++i) {
     if (m.groups[i].name != groups[i].name || m.groups[i].numel != groups[i].numel) {
@@ -428,8 +432,8 @@ void OffloadedOptimizer::Impl::load(const std::string& dir) {
       swap::File::open_existing(vdir, kStateFile, swap::FileOptions{.read_only = true}), vdir,
       alignment, /*read_only=*/true);
   if (file.size() < offset) {
-    throw corrupt(state_path, "file is " + std::to_string(file.size()) + " bytes, the manifest needs " +
-                                  std::to_string(offset));
+    throw corrupt(state_path, "file is " + std::to_string(file.size()) +
+                                  " bytes, the manifest needs " + std::to_string(offset));
   }
 
   // From here on the state is being overwritten: any failure leaves it inconsistent.

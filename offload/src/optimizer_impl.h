@@ -40,8 +40,8 @@ struct Record {
   std::uint64_t offset = 0;
   std::uint64_t numel = 0;
   std::uint64_t padded = 0;
-  std::string key;           // kNvme: the SwapStore key
-  swap::BufferLease state;   // kCpu: the record itself
+  std::string key;          // kNvme: the SwapStore key
+  swap::BufferLease state;  // kCpu: the record itself
 };
 
 /// One sub-group's update in the open step: the record and its slices of the caller's arrays.
@@ -70,14 +70,14 @@ struct Slot {
 
 /// The open step, shared by the controlling thread and the pipeline thread (guarded by mu).
 struct StepRun {
-  bool active = false;       // begin_step() .. end_step()
-  bool closed = false;       // end_step() called: no more tasks
-  bool finished = false;     // the pipeline has drained this step
+  bool active = false;    // begin_step() .. end_step()
+  bool closed = false;    // end_step() called: no more tasks
+  bool finished = false;  // the pipeline has drained this step
   std::vector<Task> tasks;
-  std::vector<bool> given;   // per group
+  std::vector<bool> given;  // per group
   adam::AdamParams hp;
-  Status error;              // the first failure
-  bool modified = false;     // the stored state was (or may have been) changed
+  Status error;           // the first failure
+  bool modified = false;  // the stored state was (or may have been) changed
   StepStats stats;
   OptClock::time_point began{};
   std::vector<std::pair<OptClock::time_point, OptClock::time_point>> reads;
@@ -102,7 +102,7 @@ struct OffloadedOptimizer::Impl {
   std::unique_ptr<swap::BufferPool> pool;
   std::unique_ptr<swap::SwapStore> store;
   std::vector<Record> records;
-  std::vector<swap::BufferLease> ring;  // kNvme
+  std::vector<swap::BufferLease> ring;         // kNvme
   std::vector<swap::BufferLease> out_staging;  // options.store_copy_out
   adam::CpuAdam adam;
 
@@ -118,16 +118,16 @@ struct OffloadedOptimizer::Impl {
 
   std::mutex mu;
   std::condition_variable cv;
-  StepRun run;                 // guarded by mu
-  std::vector<Slot> slots;     // guarded by mu
+  StepRun run;                     // guarded by mu
+  std::vector<Slot> slots;         // guarded by mu
   std::vector<OutSlot> out_slots;  // guarded by mu; one per out_staging buffer
-  bool stop = false;           // guarded by mu
-  std::jthread pipeline;       // last: joined first
+  bool stop = false;               // guarded by mu
+  std::jthread pipeline;           // last: joined first
 
   bool nvme() const noexcept { return options.tier == StateTier::kNvme; }
   bool io_idle() const;  // no read, write-back or copy-out write in flight (mu held)
   void validate_store_out(std::size_t group, const StoreCopyOut& out) const;
-  void check_usable() const;   // EngineFailed once failed
+  void check_usable() const;                // EngineFailed once failed
   void check_idle(const char* what) const;  // UsageError inside a step
   void fail(const Status& cause);
 

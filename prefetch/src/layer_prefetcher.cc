@@ -77,10 +77,10 @@ struct StreamCounters {
 struct Issue {
   enum Phase : int { kReading = 0, kCopyEnqueued = 1, kFailed = 2 };
   std::atomic<int> phase{kReading};
-  Status read_failure;               // the read's failed Status (from the engine)
-  bool device_failure = false;       // the copy could not be enqueued: fatal for the prefetcher
-  std::string device_failure_text;   // its message
-  std::exception_ptr submit_error;   // swap_in refused synchronously (caller's thread only)
+  Status read_failure;              // the read's failed Status (from the engine)
+  bool device_failure = false;      // the copy could not be enqueued: fatal for the prefetcher
+  std::string device_failure_text;  // its message
+  std::exception_ptr submit_error;  // swap_in refused synchronously (caller's thread only)
   swap::BufferLease staging;
   swap::IoTicket ticket;  // caller only
   std::uint64_t generation = 0;
@@ -114,8 +114,8 @@ struct Slot {
   SlotState state = SlotState::kIdle;
   std::shared_ptr<Issue> issue;
   cuda::DeviceBuffer buffer;
-  cuda::Event copy_event;     // recorded on the copy stream after the copy of the latest issue
-  cuda::Event release_event;  // recorded on the compute stream by release()
+  cuda::Event copy_event;        // recorded on the copy stream after the copy of the latest issue
+  cuda::Event release_event;     // recorded on the compute stream by release()
   std::uint64_t generation = 0;  // issues so far
   // suspend() .. resume(): the layer's stored bytes are being rewritten; never issued, never
   // handed out, and no copy of it is kept in the window.
@@ -274,8 +274,8 @@ LayerPrefetcher::Impl::Impl(PrefetcherOptions opts, swap::SwapStore& s, cuda::De
   }
   for (std::size_t l : options.order) {
     if (l >= slots.size()) {
-      throw UsageError("layer prefetcher: order names layer " + std::to_string(l) + " but there are " +
-                       std::to_string(slots.size()) + " layers");
+      throw UsageError("layer prefetcher: order names layer " + std::to_string(l) +
+                       " but there are " + std::to_string(slots.size()) + " layers");
     }
   }
   order = options.order;
@@ -323,7 +323,8 @@ void LayerPrefetcher::Impl::wait_for_reads() {
       if (s.issue) tickets.push_back(s.issue->ticket);
     }
   }
-  for (auto& t : tickets) t.wait_status().ignore("a failure surfaces at acquire or is logged at destruction");
+  for (auto& t : tickets)
+    t.wait_status().ignore("a failure surfaces at acquire or is logged at destruction");
 }
 
 LayerPrefetcher::Impl::~Impl() {
@@ -339,9 +340,9 @@ LayerPrefetcher::Impl::~Impl() {
       if (s.state != SlotState::kWindow || !s.issue) continue;
       if (s.issue->phase.load(std::memory_order_acquire) != Issue::kFailed) continue;
       if (s.issue->device_failure) continue;  // the copy's: it already failed the prefetcher
-      log(LogLevel::kWarning, "layer prefetcher: the read of layer " + std::to_string(i) +
-                                  ", issued ahead and never acquired, failed: " +
-                                  read_failure_text(*s.issue));
+      log(LogLevel::kWarning,
+          "layer prefetcher: the read of layer " + std::to_string(i) +
+              ", issued ahead and never acquired, failed: " + read_failure_text(*s.issue));
     }
   } catch (...) {
     // Logging is best effort in a destructor.
@@ -353,14 +354,16 @@ LayerPrefetcher::Impl::~Impl() {
     try {
       (void)options.register_with_engine->register_buffers({});
     } catch (const std::exception& e) {
-      log(LogLevel::kWarning, std::string("layer prefetcher: unregistering the staging arena: ") + e.what());
+      log(LogLevel::kWarning,
+          std::string("layer prefetcher: unregistering the staging arena: ") + e.what());
     }
   }
   // Work enqueued on the compute stream may still read layer buffers.
   try {
     device.synchronize(compute);
   } catch (const std::exception& e) {
-    log(LogLevel::kDebug, std::string("layer prefetcher: compute stream failed before destruction: ") + e.what());
+    log(LogLevel::kDebug,
+        std::string("layer prefetcher: compute stream failed before destruction: ") + e.what());
   }
   // copy_stream (declared last) drains as it is destroyed, before the slots and the pool.
 }
@@ -376,8 +379,7 @@ void LayerPrefetcher::Impl::fail_and_rethrow(std::exception_ptr error) {
       std::rethrow_exception(error);
     } catch (const std::exception& e) {
       what = e.what();
-    } catch (...) {
-    }
+    } catch (...) {}
     failed = true;
     failure = Status::error(ErrorCode::kFailedState, what)
                   .with_operation("layer prefetch")
@@ -451,8 +453,10 @@ bool LayerPrefetcher::Impl::evict_one() {
     if (s.issue && s.issue->phase.load(std::memory_order_acquire) == Issue::kFailed) {
       ++stats.evictions;
       log(LogLevel::kWarning, "layer prefetcher: dropping the failed read of layer " +
-                                  std::to_string(i) + ", evicted before any acquire (it will "
-                                  "be read again when acquired): " + read_failure_text(*s.issue));
+                                  std::to_string(i) +
+                                  ", evicted before any acquire (it will "
+                                  "be read again when acquired): " +
+                                  read_failure_text(*s.issue));
     } else {
       ++stats.evictions;
     }
@@ -498,8 +502,9 @@ bool LayerPrefetcher::Impl::try_issue(std::size_t layer) {
   stats.peak_held_bytes = std::max(stats.peak_held_bytes, held_bytes());
   read_busy.begin();  // before the submit: the completion may run inline
   try {
-    issue->ticket = store.swap_in(s.key, issue->staging.span(),
-                                  [this, issue, layer](const Status& st) { on_read_complete(issue, layer, st); });
+    issue->ticket = store.swap_in(
+        s.key, issue->staging.span(),
+        [this, issue, layer](const Status& st) { on_read_complete(issue, layer, st); });
   } catch (const Error&) {
     read_busy.end();
     issue->submit_error = std::current_exception();
@@ -543,12 +548,13 @@ void LayerPrefetcher::Impl::on_read_complete(const std::shared_ptr<Issue>& issue
     issue->phase.store(Issue::kCopyEnqueued, std::memory_order_release);
   } catch (const std::exception& e) {
     issue->device_failure = true;
-    issue->device_failure_text = std::string("copying layer ") + std::to_string(layer) +
-                                 " to the device: " + e.what();
+    issue->device_failure_text =
+        std::string("copying layer ") + std::to_string(layer) + " to the device: " + e.what();
     issue->phase.store(Issue::kFailed, std::memory_order_release);
   } catch (...) {
     issue->device_failure = true;
-    issue->device_failure_text = "copying layer " + std::to_string(layer) + " to the device: unknown exception";
+    issue->device_failure_text =
+        "copying layer " + std::to_string(layer) + " to the device: unknown exception";
     issue->phase.store(Issue::kFailed, std::memory_order_release);
   }
   wake->notify();
@@ -576,8 +582,9 @@ bool LayerPrefetcher::Impl::track_order(std::size_t layer) {
   if (order[position] != layer) {
     ++stats.retraces;
     tracing = true;
-    log(LogLevel::kInfo, "layer prefetcher: acquired layer " + std::to_string(layer) + " where layer " +
-                             std::to_string(order[position]) + " was predicted; re-tracing");
+    log(LogLevel::kInfo, "layer prefetcher: acquired layer " + std::to_string(layer) +
+                             " where layer " + std::to_string(order[position]) +
+                             " was predicted; re-tracing");
     return false;
   }
   if (++position == order.size()) {  // the predicted iteration is complete
@@ -631,8 +638,8 @@ void LayerPrefetcher::Impl::fetch_on_demand(std::size_t layer, std::unique_lock<
     throw UsageError("layer prefetcher: cannot fetch layer " + std::to_string(layer) + " (" +
                      std::to_string(s.staging_bytes) + " bytes of staging plus " +
                      std::to_string(s.bytes) + " on the device): acquired layers hold " +
-                     std::to_string(acquired) + " of max_bytes " + std::to_string(options.max_bytes) +
-                     "; release some first");
+                     std::to_string(acquired) + " of max_bytes " +
+                     std::to_string(options.max_bytes) + "; release some first");
   }
 }
 

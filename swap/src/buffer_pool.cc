@@ -70,8 +70,8 @@ class Mapping {
   }
   ~Mapping() {
     if (data_ != nullptr && ::munmap(data_, size_) != 0) {
-      log(LogLevel::kWarning, "buffer pool: munmap of the arena failed: " +
-                                  std::string(std::strerror(errno)));
+      log(LogLevel::kWarning,
+          "buffer pool: munmap of the arena failed: " + std::string(std::strerror(errno)));
     }
   }
   Mapping(const Mapping&) = delete;

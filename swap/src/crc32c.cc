@@ -63,13 +63,15 @@ struct ShiftTable {
 
 }  // namespace
 
-std::uint32_t crc32c_table_update(std::uint32_t state, const std::byte* data, std::size_t n) noexcept {
+std::uint32_t crc32c_table_update(std::uint32_t state, const std::byte* data,
+                                  std::size_t n) noexcept {
   const auto* p = reinterpret_cast<const std::uint8_t*>(data);
   while (n >= 8) {
     // Assembled byte by byte so the result does not depend on host byte order; compilers turn
     // this into one load on little-endian machines.
     std::uint32_t lo = (std::uint32_t{p[0]} | std::uint32_t{p[1]} << 8 | std::uint32_t{p[2]} << 16 |
-                        std::uint32_t{p[3]} << 24) ^ state;
+                        std::uint32_t{p[3]} << 24) ^
+                       state;
     std::uint32_t hi = std::uint32_t{p[4]} | std::uint32_t{p[5]} << 8 | std::uint32_t{p[6]} << 16 |
                        std::uint32_t{p[7]} << 24;
     state = kTables[7][lo & 0xffu] ^ kTables[6][(lo >> 8) & 0xffu] ^

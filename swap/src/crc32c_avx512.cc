@@ -93,7 +93,8 @@ __m512i load512(const std::byte* p) { return _mm512_loadu_si512(p); }
 
 }  // namespace
 
-std::uint32_t crc32c_avx512_update(std::uint32_t state, const std::byte* p, std::size_t n) noexcept {
+std::uint32_t crc32c_avx512_update(std::uint32_t state, const std::byte* p,
+                                   std::size_t n) noexcept {
   if (n < kCrc32cAvx512MinBytes) return crc32c_sse42_update(state, p, n);
   // The register enters as the first 4 message bytes xored with it.
   __m512i x0 = _mm512_xor_si512(load512(p), _mm512_set_epi64(0, 0, 0, 0, 0, 0, 0, state));

@@ -15,7 +15,8 @@ namespace zinf::swap::detail {
 inline constexpr std::size_t kCrc32cLaneBytes = 4096;
 
 /// Feeds `n` bytes into the raw register `state` with the portable tables.
-std::uint32_t crc32c_table_update(std::uint32_t state, const std::byte* data, std::size_t n) noexcept;
+std::uint32_t crc32c_table_update(std::uint32_t state, const std::byte* data,
+                                  std::size_t n) noexcept;
 
 /// Returns the raw register after kCrc32cLaneBytes zero bytes are fed into `state` (the CRC is
 /// linear over GF(2), so a lane summed from zero joins its predecessor as
@@ -25,7 +26,8 @@ std::uint32_t crc32c_shift_lane(std::uint32_t state) noexcept;
 /// True if the SSE4.2 code was compiled in (x86-64 builds).
 bool crc32c_sse42_compiled() noexcept;
 /// Feeds `n` bytes into the raw register with SSE4.2; call only where the CPU has SSE4.2.
-std::uint32_t crc32c_sse42_update(std::uint32_t state, const std::byte* data, std::size_t n) noexcept;
+std::uint32_t crc32c_sse42_update(std::uint32_t state, const std::byte* data,
+                                  std::size_t n) noexcept;
 
 /// Shorter inputs go to the SSE4.2 path: the folding's setup and reduction are not worth it.
 inline constexpr std::size_t kCrc32cAvx512MinBytes = 256;
@@ -33,6 +35,7 @@ inline constexpr std::size_t kCrc32cAvx512MinBytes = 256;
 bool crc32c_avx512_compiled() noexcept;
 /// Feeds `n` bytes into the raw register by VPCLMULQDQ folding (crc32c_avx512.cc); call only
 /// where the CPU has AVX-512F, VPCLMULQDQ and SSE4.2 and the OS saves AVX-512 state.
-std::uint32_t crc32c_avx512_update(std::uint32_t state, const std::byte* data, std::size_t n) noexcept;
+std::uint32_t crc32c_avx512_update(std::uint32_t state, const std::byte* data,
+                                   std::size_t n) noexcept;
 
 }  // namespace zinf::swap::detail

@@ -55,7 +55,8 @@ std::uint32_t crc32c_sse42_update(std::uint32_t state, const std::byte* p, std::
       b = _mm_crc32_u64(b, load64(p + kLane + i));
       c = _mm_crc32_u64(c, load64(p + 2 * kLane + i));
     }
-    std::uint32_t joined = crc32c_shift_lane(static_cast<std::uint32_t>(a)) ^ static_cast<std::uint32_t>(b);
+    std::uint32_t joined =
+        crc32c_shift_lane(static_cast<std::uint32_t>(a)) ^ static_cast<std::uint32_t>(b);
     a = crc32c_shift_lane(joined) ^ static_cast<std::uint32_t>(c);
     p += 3 * kLane;
     n -= 3 * kLane;

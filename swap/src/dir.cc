@@ -36,8 +36,7 @@ constexpr std::string_view kTempPrefix = ".zinf-tmp-";
 // directory the descriptor pins down.
 void check_component(std::string_view name, const char* op) {
   if (name.empty() || name == "." || name == ".." || name.find('/') != std::string_view::npos) {
-    throw UsageError(std::string(op) + ": '" + std::string(name) +
-                     "' is not a single file name");
+    throw UsageError(std::string(op) + ": '" + std::string(name) + "' is not a single file name");
   }
 }
 
@@ -45,8 +44,8 @@ void check_component(std::string_view name, const char* op) {
 
 Dir Dir::open(const std::string& path) {
   if (path.empty()) {
-    throw IoError(Status::from_errno(EINVAL, "open directory", path)
-                      .with_message("empty directory path"));
+    throw IoError(
+        Status::from_errno(EINVAL, "open directory", path).with_message("empty directory path"));
   }
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) throw_errno(errno, "open directory", path);
@@ -221,8 +220,8 @@ void create_file_durably(const Dir& dir, std::string_view name, std::string_view
   check_component(name, "create_file_durably");
   const std::string n(name);
   const std::string shown = dir.path_of(name);
-  UniqueFd fd(::openat(dir.fd(), n.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                       mode));
+  UniqueFd fd(
+      ::openat(dir.fd(), n.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode));
   if (!fd.valid()) throw_errno(errno, "create", shown);
   try {
     write_all(fd.get(), text, shown);

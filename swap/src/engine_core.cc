@@ -114,7 +114,7 @@ std::string engine_name(std::string_view base, const IoOptions& options) {
 }
 
 std::shared_ptr<BatchState> prepare_batch(std::span<const IoRequest> batch, const FileTable& files,
-                                           const EngineContext& ctx, IoCallback on_complete) {
+                                          const EngineContext& ctx, IoCallback on_complete) {
   auto state = std::make_shared<BatchState>();
   state->requests = std::make_unique<RequestState[]>(batch.size());
   state->request_count = batch.size();
@@ -131,13 +131,13 @@ std::shared_ptr<BatchState> prepare_batch(std::span<const IoRequest> batch, cons
     const auto address = reinterpret_cast<std::uintptr_t>(r.buffer.data());
     if (length > 0 && r.buffer.data() == nullptr) {
       throw UsageError(std::string("IoEngine::submit: ") + op_name(r.op) + " on " + file->path +
-                       " offset=" + std::to_string(r.offset) + " length=" +
-                       std::to_string(length) + " has a null buffer");
+                       " offset=" + std::to_string(r.offset) + " length=" + std::to_string(length) +
+                       " has a null buffer");
     }
     if (r.offset > ~std::uint64_t{0} - length) {
       throw UsageError(std::string("IoEngine::submit: ") + op_name(r.op) + " on " + file->path +
-                       " offset=" + std::to_string(r.offset) + " length=" +
-                       std::to_string(length) + " overflows the file offset");
+                       " offset=" + std::to_string(r.offset) + " length=" + std::to_string(length) +
+                       " overflows the file offset");
     }
     const std::uint64_t a = file->alignment;
     if (a > 1 && (address % a != 0 || r.offset % a != 0 || length % a != 0)) {
@@ -214,17 +214,10 @@ std::optional<long long> begin_attempt(Piece& piece, const EngineContext& ctx) {
           ctx.faults->decide(piece.req->op, piece.req->file->id, piece.attempt_offset());
       if (d.fired) {
         switch (d.kind) {
-          case FaultKind::kError:
-            return -static_cast<long long>(d.err > 0 ? d.err : EIO);
-          case FaultKind::kShort:
-            piece.inject_short = d.short_bytes;
-            break;
-          case FaultKind::kEagain:
-            piece.inject_eagain = d.eagain_count;
-            break;
-          case FaultKind::kDelay:
-            piece.inject_delay = d.delay;
-            break;
+          case FaultKind::kError: return -static_cast<long long>(d.err > 0 ? d.err : EIO);
+          case FaultKind::kShort: piece.inject_short = d.short_bytes; break;
+          case FaultKind::kEagain: piece.inject_eagain = d.eagain_count; break;
+          case FaultKind::kDelay: piece.inject_delay = d.delay; break;
         }
       }
     }
@@ -253,14 +246,13 @@ PieceStep on_piece_result(Piece& piece, long long result, const EngineContext& c
   }
   if (result == -EAGAIN) {
     if (piece.eagain_retries >= ctx.max_eagain_retries) {
-      failure = request_failure(
-          piece,
-          Status::from_errno(EAGAIN, "")
-              .with_code(ErrorCode::kTimedOut)
-              .with_message(describe_errno(EAGAIN) + " after " +
-                            std::to_string(piece.eagain_retries) + " retries (the bound) at " +
-                            piece_text(piece)),
-          ctx);
+      failure = request_failure(piece,
+                                Status::from_errno(EAGAIN, "")
+                                    .with_code(ErrorCode::kTimedOut)
+                                    .with_message(describe_errno(EAGAIN) + " after " +
+                                                  std::to_string(piece.eagain_retries) +
+                                                  " retries (the bound) at " + piece_text(piece)),
+                                ctx);
       return PieceStep::kFailed;
     }
     ++piece.eagain_retries;
@@ -270,7 +262,8 @@ PieceStep on_piece_result(Piece& piece, long long result, const EngineContext& c
   if (result < 0) {
     const int err = static_cast<int>(-result);
     failure = request_failure(
-        piece, Status::from_errno(err, "").with_message(describe_errno(err) + " at " + piece_text(piece)),
+        piece,
+        Status::from_errno(err, "").with_message(describe_errno(err) + " at " + piece_text(piece)),
         ctx);
     return PieceStep::kFailed;
   }
@@ -284,8 +277,8 @@ PieceStep on_piece_result(Piece& piece, long long result, const EngineContext& c
         piece,
         Status::error(ErrorCode::kShortTransfer,
                       "transfer stopped after " + std::to_string(piece.done) + " of " +
-                          std::to_string(piece.length) + " bytes at piece offset=" +
-                          std::to_string(piece.offset) +
+                          std::to_string(piece.length) +
+                          " bytes at piece offset=" + std::to_string(piece.offset) +
                           (piece.req->op == IoOp::kRead ? " (end of file)" : " (no progress)")),
         ctx);
     return PieceStep::kFailed;

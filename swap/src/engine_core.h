@@ -73,7 +73,7 @@ class FileTable {
  private:
   mutable std::mutex mu_;
   std::vector<std::shared_ptr<const AttachedFile>> files_;  // null: free or reserved
-  std::vector<bool> reserved_;                               // taken by an attach in progress
+  std::vector<bool> reserved_;                              // taken by an attach in progress
 };
 
 /// One request of a batch. Pieces are cut from it lazily by PieceQueue.
@@ -113,7 +113,7 @@ std::string engine_name(std::string_view base, const IoOptions& options);
 /// Validates every request of `batch` (known file, alignment, buffer) and builds its state.
 /// Throws UsageError before anything is started. Counts requests and pieces in the stats.
 std::shared_ptr<BatchState> prepare_batch(std::span<const IoRequest> batch, const FileTable& files,
-                                           const EngineContext& ctx, IoCallback on_complete);
+                                          const EngineContext& ctx, IoCallback on_complete);
 
 /// One block_size piece of a request, with the progress of its current attempt.
 struct Piece {

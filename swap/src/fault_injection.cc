@@ -23,7 +23,11 @@ bool matches(const FaultRule& rule, IoOp op, FileId file, std::uint64_t offset) 
 }  // namespace
 
 FaultPlan::FaultPlan(std::vector<FaultRule> rules, std::uint64_t seed)
-    : rules_(std::move(rules)), fired_(rules_.size(), 0), matches_(rules_.size(), 0), seed_(seed), rng_state_(seed) {}
+    : rules_(std::move(rules)),
+      fired_(rules_.size(), 0),
+      matches_(rules_.size(), 0),
+      seed_(seed),
+      rng_state_(seed) {}
 
 FaultDecision FaultPlan::decide(IoOp op, FileId file, std::uint64_t offset) {
   std::lock_guard lock(mu_);

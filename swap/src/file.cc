@@ -22,8 +22,8 @@
 namespace zinf::swap {
 namespace {
 
-constexpr std::uint32_t kMinDirectAlignment = 512;   // the smallest logical block size there is
-constexpr std::uint32_t kDefaultAlignment = 4096;    // safe for every device when nothing says
+constexpr std::uint32_t kMinDirectAlignment = 512;  // the smallest logical block size there is
+constexpr std::uint32_t kDefaultAlignment = 4096;   // safe for every device when nothing says
 
 [[noreturn]] void throw_errno(int err, const char* op, const std::string& path,
                               std::uint64_t offset = Status::kUnset,
@@ -60,7 +60,8 @@ std::uint32_t probe_alignment(int fd, const std::string& path) noexcept {
           sx.stx_dio_mem_align != 0) {
         return std::max({sx.stx_dio_mem_align, sx.stx_dio_offset_align, kMinDirectAlignment});
       }
-      if (std::uint32_t v = device_logical_block_size(makedev(sx.stx_dev_major, sx.stx_dev_minor))) {
+      if (std::uint32_t v =
+              device_logical_block_size(makedev(sx.stx_dev_major, sx.stx_dev_minor))) {
         return v;
       }
     }
@@ -150,8 +151,8 @@ File File::create_unnamed(const Dir& dir, std::string_view label, const FileOpti
   bool direct = false;
   int fd = -1;
   try {
-    fd = open_with_direct_fallback(dir.fd(), ".", base_flags(options) | O_TMPFILE | O_EXCL,
-                                   options, shown, direct);
+    fd = open_with_direct_fallback(dir.fd(), ".", base_flags(options) | O_TMPFILE | O_EXCL, options,
+                                   shown, direct);
   } catch (const IoError& e) {
     // No O_TMPFILE here (EOPNOTSUPP, or EISDIR from kernels and file systems that predate
     // it): a name nobody can predict, created exclusively and removed straight away.
@@ -175,9 +176,9 @@ File File::create_exclusive(const Dir& dir, std::string_view name, const FileOpt
   const std::string shown = dir.path_of(name);
   const std::string n(name);
   bool direct = false;
-  const int fd = open_with_direct_fallback(
-      dir.fd(), n.c_str(), base_flags(options) | O_CREAT | O_EXCL | O_NOFOLLOW, options, shown,
-      direct);
+  const int fd = open_with_direct_fallback(dir.fd(), n.c_str(),
+                                           base_flags(options) | O_CREAT | O_EXCL | O_NOFOLLOW,
+                                           options, shown, direct);
   return adopt(fd, direct, shown, options);
 }
 

@@ -54,14 +54,16 @@ std::optional<std::chrono::steady_clock::time_point> IoTicket::completed_at() co
   const std::int64_t ns = state_->completed_at_ns.load(std::memory_order_acquire);
   if (ns == detail::TicketState::kNotCompleted) return std::nullopt;
   return std::chrono::steady_clock::time_point(
-      std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::nanoseconds(ns)));
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::nanoseconds(ns)));
 }
 
 IoEngineKind parse_io_engine_kind(std::string_view text) {
   if (text == "auto") return IoEngineKind::kAuto;
   if (text == "uring") return IoEngineKind::kUring;
   if (text == "threads") return IoEngineKind::kThreads;
-  throw UsageError("unknown I/O engine '" + std::string(text) + "' (expected auto, uring or threads)");
+  throw UsageError("unknown I/O engine '" + std::string(text) +
+                   "' (expected auto, uring or threads)");
 }
 
 std::string_view io_engine_kind_name(IoEngineKind kind) noexcept {

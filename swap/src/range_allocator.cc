@@ -72,7 +72,8 @@ std::optional<std::vector<UnitRange>> RangeAllocator::allocate_scattered(std::ui
 }
 
 void RangeAllocator::free(std::uint64_t start, std::uint64_t n) {
-  ZINF_CHECK(n > 0 && start + n <= total_ && start + n > start, "RangeAllocator::free out of range");
+  ZINF_CHECK(n > 0 && start + n <= total_ && start + n > start,
+             "RangeAllocator::free out of range");
   auto next = std::lower_bound(free_.begin(), free_.end(), start,
                                [](const UnitRange& r, std::uint64_t s) { return r.start < s; });
   bool merge_prev = false;

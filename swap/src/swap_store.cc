@@ -113,7 +113,7 @@ struct Tensor {
   std::vector<std::uint32_t> crcs;  // per stripe unit of the tensor (checksums only)
   ByteRanges written;               // padded tensor bytes that hold swapped-out data
   std::vector<InFlight> in_flight;
-  std::optional<Status> lost;       // the failure of the last swap_out, until a whole rewrite
+  std::optional<Status> lost;  // the failure of the last swap_out, until a whole rewrite
 };
 
 }  // namespace
@@ -138,7 +138,7 @@ struct SwapStore::Impl {
 
   mutable std::mutex mu;
   std::condition_variable idle;
-  std::optional<detail::RangeAllocator> space;  // in alignment blocks; guarded by mu
+  std::optional<detail::RangeAllocator> space;      // in alignment blocks; guarded by mu
   std::unordered_map<std::string, Tensor> tensors;  // guarded by mu
   std::uint64_t ops_in_flight = 0;                  // guarded by mu
   std::uint64_t next_op_id = 1;                     // guarded by mu
@@ -363,11 +363,11 @@ void SwapStore::Impl::commit(Op& op, const Status& status) noexcept {
   if (--ops_in_flight == 0) idle.notify_all();
 }
 
-IoTicket SwapStore::Impl::swap(const std::string& key, bool write, bool whole,
-                               std::uint64_t offset, std::uint64_t length, std::byte* data,
-                               std::size_t size, IoCallback on_complete) {
-  const char* op_name = write ? (whole ? "swap_out" : "swap_out_range")
-                              : (whole ? "swap_in" : "swap_in_range");
+IoTicket SwapStore::Impl::swap(const std::string& key, bool write, bool whole, std::uint64_t offset,
+                               std::uint64_t length, std::byte* data, std::size_t size,
+                               IoCallback on_complete) {
+  const char* op_name =
+      write ? (whole ? "swap_out" : "swap_out_range") : (whole ? "swap_in" : "swap_in_range");
   auto op = std::make_shared<Op>();
   op->store = this;
   op->key = key;
@@ -515,7 +515,8 @@ Status SwapStore::Impl::close_files() {
         engine.detach(ids[i]);
       } catch (const std::exception& e) {
         if (first.ok()) {
-          first = Status::error(ErrorCode::kIo, e.what()).with_operation("detach").with_path(paths[i]);
+          first =
+              Status::error(ErrorCode::kIo, e.what()).with_operation("detach").with_path(paths[i]);
         }
       }
     }
@@ -586,9 +587,9 @@ SwapStore::SwapStore(const SwapStoreOptions& options, IoEngine& engine)
   }
   for (const auto& [dev, fs] : filesystems) {
     if (fs.needed > fs.free) {
-      std::string what = fs.files == 1
-                             ? "its swap file"
-                             : std::to_string(fs.files) + " swap files (directories on one file system)";
+      std::string what =
+          fs.files == 1 ? "its swap file"
+                        : std::to_string(fs.files) + " swap files (directories on one file system)";
       throw IoError(Status::error(ErrorCode::kNoSpace,
                                   "needs " + std::to_string(fs.needed) + " bytes for " + what +
                                       " but only " + std::to_string(fs.free) + " bytes are free")
@@ -610,7 +611,8 @@ SwapStore::SwapStore(const SwapStoreOptions& options, IoEngine& engine)
           opened[i], stem + std::to_string(i),
           FileOptions{.direct = options.direct_io, .preallocate_bytes = s.file_bytes}));
       s.paths.push_back(s.files.back().path());
-      if (s.files.back().is_direct()) s.alignment = std::max(s.alignment, s.files.back().alignment());
+      if (s.files.back().is_direct())
+        s.alignment = std::max(s.alignment, s.files.back().alignment());
     }
     check_stripe();
     for (const File& f : s.files) s.ids.push_back(engine.attach(f));
@@ -693,8 +695,8 @@ void SwapStore::allocate(const std::string& key, std::uint64_t bytes) {
     throw UsageError("SwapStore::allocate: key '" + key + "' is already allocated");
   }
   // A size whose padding passes 2^64 is simply more than any store holds: "full" below.
-  const std::uint64_t padded = checked_align_up(bytes, s.alignment)
-                                   .value_or(align_down(UINT64_MAX, s.alignment));
+  const std::uint64_t padded =
+      checked_align_up(bytes, s.alignment).value_or(align_down(UINT64_MAX, s.alignment));
   const std::uint64_t blocks = padded / s.alignment;
   const std::uint64_t stripe_blocks = s.stripe / s.alignment;
   Tensor t;
@@ -714,14 +716,14 @@ void SwapStore::allocate(const std::string& key, std::uint64_t bytes) {
       at += r.length * s.alignment;
     }
   } else {
-    throw IoError(Status::error(ErrorCode::kNoSpace,
-                                "swap store is full: key '" + key + "' needs " +
-                                    std::to_string(bytes) + " bytes (" + std::to_string(padded) +
-                                    " padded), " +
-                                    std::to_string(s.space->free_units() * s.alignment) +
-                                    " bytes free of " + std::to_string(s.capacity))
-                      .with_operation("allocate")
-                      .with_path(s.where));
+    throw IoError(
+        Status::error(ErrorCode::kNoSpace, "swap store is full: key '" + key + "' needs " +
+                                               std::to_string(bytes) + " bytes (" +
+                                               std::to_string(padded) + " padded), " +
+                                               std::to_string(s.space->free_units() * s.alignment) +
+                                               " bytes free of " + std::to_string(s.capacity))
+            .with_operation("allocate")
+            .with_path(s.where));
   }
   const std::vector<Extent> taken = t.extents;
   try {
@@ -787,8 +789,9 @@ void SwapStore::precondition() {
     std::lock_guard lock(s.mu);
     s.check_open();
     if (s.any_swap_out || s.ops_in_flight > 0) {
-      throw UsageError("SwapStore::precondition: must run before the first swap_out (it "
-                       "overwrites the files)");
+      throw UsageError(
+          "SwapStore::precondition: must run before the first swap_out (it "
+          "overwrites the files)");
     }
     // Counted as in flight so that close() waits for it.
     ++s.ops_in_flight;
@@ -802,7 +805,8 @@ void SwapStore::precondition() {
   } done{s};
   const std::uint64_t chunk = std::min(kPreconditionChunk, s.file_bytes);
   // Fresh anonymous memory is zero: no need to clear it.
-  BufferPool zeros(BufferPoolOptions{.budget_bytes = chunk, .alignment = s.alignment, .huge_pages = true});
+  BufferPool zeros(
+      BufferPoolOptions{.budget_bytes = chunk, .alignment = s.alignment, .huge_pages = true});
   BufferLease lease = zeros.acquire(chunk);
   std::vector<IoRequest> reqs;
   for (std::size_t f = 0; f < s.ids.size(); ++f) {

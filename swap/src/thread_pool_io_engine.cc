@@ -70,7 +70,8 @@ void ThreadPoolIoEngine::worker_loop() {
   std::unique_lock lock(mu_);
   for (;;) {
     work_cv_.wait(lock, [this] {
-      return (!queue_.empty() && in_flight_ < options_.queue_depth) || (stopping_ && queue_.empty());
+      return (!queue_.empty() && in_flight_ < options_.queue_depth) ||
+             (stopping_ && queue_.empty());
     });
     if (queue_.empty()) return;
     detail::Piece piece = queue_.pop(options_.block_size);
@@ -94,10 +95,9 @@ void ThreadPoolIoEngine::run_piece(detail::Piece& piece) {
       } else {
         const int fd = piece.req->file->fd;
         const auto off = static_cast<off_t>(piece.attempt_offset());
-        const ssize_t n =
-            piece.req->op == IoOp::kRead
-                ? ::pread(fd, piece.attempt_data(), piece.attempt_length(), off)
-                : ::pwrite(fd, piece.attempt_data(), piece.attempt_length(), off);
+        const ssize_t n = piece.req->op == IoOp::kRead
+                              ? ::pread(fd, piece.attempt_data(), piece.attempt_length(), off)
+                              : ::pwrite(fd, piece.attempt_data(), piece.attempt_length(), off);
         result = n < 0 ? -static_cast<long long>(errno) : static_cast<long long>(n);
         result = detail::apply_injected_short(piece, result);
         if (piece.inject_delay.count() > 0) {

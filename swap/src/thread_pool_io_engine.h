@@ -48,9 +48,9 @@ class ThreadPoolIoEngine final : public IoEngine {
 
   std::mutex mu_;
   std::condition_variable work_cv_;
-  detail::PieceQueue queue_;      // guarded by mu_
-  std::uint32_t in_flight_ = 0;   // guarded by mu_
-  bool stopping_ = false;         // guarded by mu_
+  detail::PieceQueue queue_;           // guarded by mu_
+  std::uint32_t in_flight_ = 0;        // guarded by mu_
+  bool stopping_ = false;              // guarded by mu_
   std::vector<std::jthread> workers_;  // last: joined first, while the state above is alive
 };
 

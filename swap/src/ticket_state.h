@@ -24,9 +24,9 @@ namespace zinf::swap::detail {
 struct TicketState {
   std::mutex mu;
   std::condition_variable cv;
-  bool done = false;                    // guarded by mu
-  Status status;                        // first failure; guarded by mu
-  std::atomic<bool> done_flag{false};   // poll() without the lock
+  bool done = false;                   // guarded by mu
+  Status status;                       // first failure; guarded by mu
+  std::atomic<bool> done_flag{false};  // poll() without the lock
   std::atomic<std::int64_t> completed_at_ns{kNotCompleted};
   std::atomic<std::uint64_t> bytes_done{0};
   std::atomic<std::uint64_t> pieces_left{0};

@@ -32,7 +32,9 @@ constexpr unsigned kFixedFileSlots = 256;
 // regions are registered as several.
 constexpr std::size_t kMaxRegisteredChunk = std::size_t{1} << 30;
 
-std::string errno_reason(const char* op, int err) { return std::string(op) + ": " + errno_name(err); }
+std::string errno_reason(const char* op, int err) {
+  return std::string(op) + ": " + errno_name(err);
+}
 
 // The value of kernel.io_uring_disabled (0 if absent: older kernels have no such switch).
 int io_uring_disabled_sysctl() {
@@ -210,7 +212,8 @@ Status UringIoEngine::start_ring() {
   io_uring* ring = ring_.get();
   if ((ring_.flags() & IORING_SETUP_R_DISABLED) != 0) {
     // liburing 2.3 declares io_uring_enable_rings but does not export it: call the syscall.
-    if (::syscall(__NR_io_uring_register, ring->ring_fd, IORING_REGISTER_ENABLE_RINGS, nullptr, 0) < 0) {
+    if (::syscall(__NR_io_uring_register, ring->ring_fd, IORING_REGISTER_ENABLE_RINGS, nullptr, 0) <
+        0) {
       return Status::from_errno(errno, "io_uring_register(ENABLE_RINGS)").with_backend(name_);
     }
   }
@@ -344,13 +347,15 @@ void UringIoEngine::prep_io(std::uint32_t slot) {
   const int buf = find_region(p.attempt_data(), p.attempt_length());
   if (p.req->op == IoOp::kRead) {
     if (buf >= 0) {
-      io_uring_prep_read_fixed(sqe, fd, p.attempt_data(), p.attempt_length(), p.attempt_offset(), buf);
+      io_uring_prep_read_fixed(sqe, fd, p.attempt_data(), p.attempt_length(), p.attempt_offset(),
+                               buf);
     } else {
       io_uring_prep_read(sqe, fd, p.attempt_data(), p.attempt_length(), p.attempt_offset());
     }
   } else {
     if (buf >= 0) {
-      io_uring_prep_write_fixed(sqe, fd, p.attempt_data(), p.attempt_length(), p.attempt_offset(), buf);
+      io_uring_prep_write_fixed(sqe, fd, p.attempt_data(), p.attempt_length(), p.attempt_offset(),
+                                buf);
     } else {
       io_uring_prep_write(sqe, fd, p.attempt_data(), p.attempt_length(), p.attempt_offset());
     }
@@ -420,13 +425,9 @@ void UringIoEngine::reap() {
 void UringIoEngine::on_io_result(std::uint32_t slot, long long result) {
   Status failure;
   switch (detail::on_piece_result(slots_[slot].piece, result, ctx_, failure)) {
-    case detail::PieceStep::kAgain:
-      issue(slot);
-      return;
+    case detail::PieceStep::kAgain: issue(slot); return;
     case detail::PieceStep::kComplete:
-    case detail::PieceStep::kFailed:
-      finish(slot, failure);
-      return;
+    case detail::PieceStep::kFailed: finish(slot, failure); return;
   }
 }
 
@@ -525,7 +526,8 @@ bool UringIoEngine::do_register_buffers(const std::vector<std::span<std::byte>>&
       table.push_back(Region{begin, begin + len, static_cast<int>(iovecs.size() - 1)});
     }
   }
-  const int rc = io_uring_register_buffers(ring, iovecs.data(), static_cast<unsigned>(iovecs.size()));
+  const int rc =
+      io_uring_register_buffers(ring, iovecs.data(), static_cast<unsigned>(iovecs.size()));
   if (rc < 0) {
     std::string why = errno_reason("io_uring_register_buffers", -rc);
     if (-rc == ENOMEM) {
@@ -534,11 +536,12 @@ bool UringIoEngine::do_register_buffers(const std::vector<std::span<std::byte>>&
         why += ", memlock limit " + std::to_string(rl.rlim_cur >> 10) + " KiB";
       }
     }
-    log(LogLevel::kNotice, "io_uring: fixed buffers unavailable (" + why +
-                               "); using plain reads and writes");
+    log(LogLevel::kNotice,
+        "io_uring: fixed buffers unavailable (" + why + "); using plain reads and writes");
     return false;
   }
-  std::sort(table.begin(), table.end(), [](const Region& a, const Region& b) { return a.begin < b.begin; });
+  std::sort(table.begin(), table.end(),
+            [](const Region& a, const Region& b) { return a.begin < b.begin; });
   regions_ = std::move(table);
   buffers_registered_ = true;
   return true;

@@ -133,11 +133,11 @@ class UringIoEngine final : public IoEngine {
 
   // Shared with submitting threads.
   std::mutex mu_;
-  detail::PieceQueue queue_;                      // guarded by mu_
-  std::deque<std::function<void()>> commands_;    // guarded by mu_
-  bool stopping_ = false;                         // guarded by mu_
-  std::atomic<bool> sleeping_{false};             // the ring thread may block: write wake_fd_
-  std::thread::id ring_thread_id_;                // set before the startup promise
+  detail::PieceQueue queue_;                    // guarded by mu_
+  std::deque<std::function<void()>> commands_;  // guarded by mu_
+  bool stopping_ = false;                       // guarded by mu_
+  std::atomic<bool> sleeping_{false};           // the ring thread may block: write wake_fd_
+  std::thread::id ring_thread_id_;              // set before the startup promise
 
   std::jthread thread_;  // last: stops and joins first
 };

@@ -116,8 +116,13 @@ class Buffer {
 // One problem: initial state, gradients in the three types, and the exact gradient values.
 struct Problem {
   Problem(std::size_t n, std::size_t offset, std::uint32_t seed)
-      : p(n, offset), m(n, offset), v(n, offset), g32(n, offset), g16(n, offset),
-        gbf(n, offset), out(n, offset) {
+      : p(n, offset),
+        m(n, offset),
+        v(n, offset),
+        g32(n, offset),
+        g16(n, offset),
+        gbf(n, offset),
+        out(n, offset) {
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
     std::uniform_real_distribution<float> pos(0.0f, 1.0f);
@@ -240,8 +245,8 @@ TEST_P(CpuAdamIsa, MatchesFp64ReferenceForEveryTypeAndMode) {
           for (std::size_t n : ns) {
             ++seed;
             const std::size_t offset = n % 3 + 1;
-            SCOPED_TRACE("grad=" + std::string(dtype_name(gt)) + " out=" +
-                         (ot ? std::string(dtype_name(*ot)) : "none") +
+            SCOPED_TRACE("grad=" + std::string(dtype_name(gt)) +
+                         " out=" + (ot ? std::string(dtype_name(*ot)) : "none") +
                          " mode=" + (mode.mode == AdamMode::kAdam ? "adam" : "adamw") +
                          " wd=" + std::to_string(mode.wd) + " bc=" + std::to_string(bc) +
                          " n=" + std::to_string(n) + " offset=" + std::to_string(offset) +
@@ -261,11 +266,12 @@ TEST_P(CpuAdamIsa, MatchesFp64ReferenceForEveryTypeAndMode) {
               if (!ok) {
                 ++failures;
                 ADD_FAILURE() << "i=" << i << " p=" << pr.p[i] << " ref " << r.p << " tol "
-                              << r.tol_p << "; m=" << pr.m[i] << " ref " << r.m << "; v="
-                              << pr.v[i] << " ref " << r.v;
+                              << r.tol_p << "; m=" << pr.m[i] << " ref " << r.m << "; v=" << pr.v[i]
+                              << " ref " << r.v;
               }
               if (ot) {
-                const std::uint16_t want = *ot == DType::kBF16 ? ref_bf16(pr.p[i]) : ref_f16(pr.p[i]);
+                const std::uint16_t want =
+                    *ot == DType::kBF16 ? ref_bf16(pr.p[i]) : ref_f16(pr.p[i]);
                 if (pr.out[i] != want) {
                   ++failures;
                   ADD_FAILURE() << "copy-out i=" << i << " of " << pr.p[i] << " is 0x" << std::hex
@@ -430,8 +436,7 @@ TEST_P(CpuAdamIsa, WidensEveryLowPrecisionGradientExactly) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryIsa, CpuAdamIsa, testing::ValuesIn(kAllIsas),
-                         isa_param_name);
+INSTANTIATE_TEST_SUITE_P(EveryIsa, CpuAdamIsa, testing::ValuesIn(kAllIsas), isa_param_name);
 
 // ---------------------------------------------------------------------------------------------
 // Hand-computed PyTorch values: p=1.5, g=-0.25, m=0.2, v=0.01, lr=0.01, betas (0.9, 0.999),
@@ -498,9 +503,11 @@ INSTANTIATE_TEST_SUITE_P(
         HandCase{"NoBiasCorrection", AdamMode::kAdam, 0.0, false, -0.25, 1.0, 1.4896846948197562,
                  0.155, 0.0100525},
         // The scale applies before L2 decay: g = -1.0*0.25 + 0.1*1.5 = -0.1, as AdamL2.
-        HandCase{"ScaleBeforeL2", AdamMode::kAdam, 0.1, true, -1.0, 0.25, 1.4966573172140083,
-                 0.17, 0.01}),
-    [](const testing::TestParamInfo<HandCase>& param_info) { return std::string(param_info.param.name); });
+        HandCase{"ScaleBeforeL2", AdamMode::kAdam, 0.1, true, -1.0, 0.25, 1.4966573172140083, 0.17,
+                 0.01}),
+    [](const testing::TestParamInfo<HandCase>& param_info) {
+      return std::string(param_info.param.name);
+    });
 
 // ---------------------------------------------------------------------------------------------
 
@@ -580,7 +587,8 @@ TEST(CpuAdam, RejectsBadHyperParameters) {
   EXPECT_EQ(with([](AdamParams& h) { h.beta1 = 1.0; }), "cpu adam: beta1 must be in [0, 1), got 1");
   EXPECT_EQ(with([](AdamParams& h) { h.beta1 = -0.1; }),
             "cpu adam: beta1 must be in [0, 1), got -0.1");
-  EXPECT_EQ(with([](AdamParams& h) { h.beta2 = 1.5; }), "cpu adam: beta2 must be in [0, 1), got 1.5");
+  EXPECT_EQ(with([](AdamParams& h) { h.beta2 = 1.5; }),
+            "cpu adam: beta2 must be in [0, 1), got 1.5");
   EXPECT_EQ(with([](AdamParams& h) { h.eps = -1; }),
             "cpu adam: eps must be in [1e-45, 3.4028235e+38], got -1");
   // eps = 0 divides 0 by 0 for an element whose gradients were all 0 (NaN parameters).
@@ -592,14 +600,22 @@ TEST(CpuAdam, RejectsBadHyperParameters) {
             "cpu adam: weight_decay must be in [0, 3.4028235e+38], got -0.5");
   EXPECT_EQ(with([](AdamParams& h) { h.weight_decay = INFINITY; }),
             "cpu adam: weight_decay must be in [0, 3.4028235e+38], got inf");
-  EXPECT_EQ(with([](AdamParams& h) { h.lr = 1e20; h.weight_decay = 1e20; }),
+  EXPECT_EQ(with([](AdamParams& h) {
+              h.lr = 1e20;
+              h.weight_decay = 1e20;
+            }),
             "cpu adam: weight_decay times lr must be at most 3.4028235e+38, got 1e+40");
   EXPECT_EQ(with([](AdamParams& h) { h.step = 0; }), "cpu adam: step=0: steps count from 1");
   EXPECT_EQ(with([](AdamParams& h) { h.grad_scale = 0; }),
             "cpu adam: grad_scale must be in [1e-45, 3.4028235e+38], got 0");
   EXPECT_EQ(with([](AdamParams& h) { h.grad_scale = INFINITY; }),
             "cpu adam: grad_scale must be in [1e-45, 3.4028235e+38], got inf");
-  EXPECT_EQ(with([](AdamParams& h) { h.beta1 = 0; h.beta2 = 0; h.lr = 0; }), "no error");
+  EXPECT_EQ(with([](AdamParams& h) {
+              h.beta1 = 0;
+              h.beta2 = 0;
+              h.lr = 0;
+            }),
+            "no error");
 }
 
 TEST(CpuAdam, RefusedCallLeavesStateUntouched) {

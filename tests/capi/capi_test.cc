@@ -83,9 +83,7 @@ struct Engine {
   ~Engine() { zinf_engine_destroy(e); }
 };
 
-TEST(CApi, VersionIsTheBuildVersion) {
-  EXPECT_STREQ(zinf_version(), ZINF_VERSION);
-}
+TEST(CApi, VersionIsTheBuildVersion) { EXPECT_STREQ(zinf_version(), ZINF_VERSION); }
 
 TEST(CApi, StatusNames) {
   EXPECT_STREQ(zinf_status_name(ZINF_OK), "ok");
@@ -176,9 +174,8 @@ TEST(CApi, CreateArgumentErrors) {
 
 TEST(CApi, CudaWithoutAGpuIsADeviceErrorWithTheReason) {
   if (zinf::cuda::probe_cuda().available()) GTEST_SKIP() << "a CUDA device is visible";
-  const std::string want = what_of([] {
-    zinf::cuda::make_device({.kind = zinf::cuda::DeviceKind::kCuda});
-  });
+  const std::string want =
+      what_of([] { zinf::cuda::make_device({.kind = zinf::cuda::DeviceKind::kCuda}); });
   const zinf_engine_options cuda{ZINF_DEVICE_CUDA, 0};
   zinf_engine* out = nullptr;
   EXPECT_EQ(zinf_engine_create(kConfig, kLayers, 2, &cuda, &out), ZINF_ERR_DEVICE);
@@ -275,7 +272,8 @@ TEST(CApi, EngineErrorsCarryTheEnginesText) {
   ASSERT_NE(h.e, nullptr);
   // Releasing a layer that was never fetched, and a fetch out of range: whatever the engine
   // throws reaches the caller as usage with the same text.
-  std::vector<off::LayerSpec> specs = {{"a", 1000, zinf::DType::kBF16}, {"b", 257, zinf::DType::kF16}};
+  std::vector<off::LayerSpec> specs = {{"a", 1000, zinf::DType::kBF16},
+                                       {"b", 257, zinf::DType::kF16}};
   auto device = zinf::cuda::make_device({.kind = zinf::cuda::DeviceKind::kHost});
   zinf::cuda::Stream stream = device->create_stream();
   off::OffloadEngine cpp(off::parse_config(kConfig), specs, *device, stream);
@@ -314,7 +312,8 @@ TEST(CApi, MessagesArePerThreadAndPerEngine) {
 TEST(CApi, RoundTripMatchesTheCppEngine) {
   Engine h;
   ASSERT_NE(h.e, nullptr);
-  std::vector<off::LayerSpec> specs = {{"a", 1000, zinf::DType::kBF16}, {"b", 257, zinf::DType::kF16}};
+  std::vector<off::LayerSpec> specs = {{"a", 1000, zinf::DType::kBF16},
+                                       {"b", 257, zinf::DType::kF16}};
   auto device = zinf::cuda::make_device({.kind = zinf::cuda::DeviceKind::kHost});
   zinf::cuda::Stream stream = device->create_stream();
   off::OffloadEngine cpp(off::parse_config(kConfig), specs, *device, stream);
@@ -381,7 +380,8 @@ TEST(CApi, RoundTripMatchesTheCppEngine) {
 TEST(CApi, StatsCarryTheParameterReadRate) {
   zinf::test::TestDir dir;
   const std::string config = R"({"zero_optimization": {"stage": 3, "sub_group_size": 32768,
-      "offload_param": {"device": "nvme", "nvme_path": ")" + dir.subdir("param") + R"(",
+      "offload_param": {"device": "nvme", "nvme_path": ")" +
+                             dir.subdir("param") + R"(",
                         "buffer_count": 2, "buffer_size": 4096},
       "offload_optimizer": {"device": "cpu"}}, "zinf": {"backend": "threads"}})";
   zinf_engine* e = nullptr;
@@ -476,13 +476,12 @@ TEST(CApi, HostileConfigsAreUsageErrors) {
   // 100000 nested '[' overflowed the stack while the error message printed the value.
   const std::string deep(100000, '[');
   EXPECT_EQ(zinf_engine_create(deep.c_str(), kLayers, 2, nullptr, &out), ZINF_ERR_USAGE);
-  EXPECT_NE(std::string(zinf_last_error()).find("nesting deeper than 64 levels"),
-            std::string::npos)
+  EXPECT_NE(std::string(zinf_last_error()).find("nesting deeper than 64 levels"), std::string::npos)
       << zinf_last_error();
   // An overflowing number escaped the reader as nlohmann's own exception (ZINF_ERR_INTERNAL).
-  EXPECT_EQ(zinf_engine_create(R"({"optimizer": {"params": {"lr": 1e309}}})", kLayers, 2, nullptr,
-                               &out),
-            ZINF_ERR_USAGE);
+  EXPECT_EQ(
+      zinf_engine_create(R"({"optimizer": {"params": {"lr": 1e309}}})", kLayers, 2, nullptr, &out),
+      ZINF_ERR_USAGE);
   EXPECT_NE(std::string(zinf_last_error()).find("optimizer.params.lr: number out of range"),
             std::string::npos)
       << zinf_last_error();
@@ -545,17 +544,16 @@ TEST(CApi, RefusedSetHyperLeavesTheEngineUsableAndItsStateIntact) {
     EXPECT_EQ(std::string(zinf_last_error()).rfind(want, 0), 0u) << zinf_last_error();
     zinf_adam_params now{};
     ASSERT_EQ(zinf_engine_get_hyper(spoiled.e, &now), ZINF_OK);
-    EXPECT_TRUE(now.lr == before.lr && now.beta1 == before.beta1 &&
-                now.beta2 == before.beta2 && now.eps == before.eps &&
-                now.weight_decay == before.weight_decay && now.grad_scale == before.grad_scale &&
-                now.adamw == before.adamw && now.bias_correction == before.bias_correction)
+    EXPECT_TRUE(now.lr == before.lr && now.beta1 == before.beta1 && now.beta2 == before.beta2 &&
+                now.eps == before.eps && now.weight_decay == before.weight_decay &&
+                now.grad_scale == before.grad_scale && now.adamw == before.adamw &&
+                now.bias_correction == before.bias_correction)
         << field;
   }
   for (zinf_engine* e : {spoiled.e, clean.e}) {
     for (std::size_t l = 0; l < 2; ++l) {
       g[l] = grads_of(kLayers[l].numel);
-      ASSERT_EQ(zinf_engine_set_gradients(e, l, g[l].data(), g[l].size(), ZINF_DTYPE_F32),
-                ZINF_OK);
+      ASSERT_EQ(zinf_engine_set_gradients(e, l, g[l].data(), g[l].size(), ZINF_DTYPE_F32), ZINF_OK);
     }
     ASSERT_EQ(zinf_engine_step(e, nullptr), ZINF_OK) << zinf_last_error();
   }
@@ -589,7 +587,8 @@ TEST(CApi, EmptyCheckpointDirectoryIsUsage) {
                               *device, compute.ref());
     engine.load("");
   });
-  EXPECT_EQ(want, "OffloadEngine::load: the checkpoint directory is empty (\"\"); give a directory");
+  EXPECT_EQ(want,
+            "OffloadEngine::load: the checkpoint directory is empty (\"\"); give a directory");
   const std::vector<float> g = grads_of(1000);
   ASSERT_EQ(zinf_engine_set_gradients(h.e, 0, g.data(), 1000, ZINF_DTYPE_F32), ZINF_OK);
   EXPECT_EQ(zinf_engine_step(h.e, nullptr), ZINF_OK) << zinf_last_error();

@@ -51,7 +51,8 @@ TEST(Status, ExplicitMessageKeepsErrnoName) {
                  .with_path("/x")
                  .with_range(0, 4096)
                  .with_bytes_done(512);
-  EXPECT_EQ(s.to_string(), "read failed: /x offset=0 length=4096 done=512: zero bytes before the end");
+  EXPECT_EQ(s.to_string(),
+            "read failed: /x offset=0 length=4096 done=512: zero bytes before the end");
 }
 
 TEST(Status, WithoutPathReadsAsOneSentence) {

@@ -15,12 +15,12 @@ TEST(EditDistance, CountsInsertionsDeletionsAndSubstitutions) {
   EXPECT_EQ(edit_distance("abc", ""), 3u);
   EXPECT_EQ(edit_distance("", "abc"), 3u);
   EXPECT_EQ(edit_distance("stage", "stage"), 0u);
-  EXPECT_EQ(edit_distance("Stage", "stage"), 1u);          // substitution
-  EXPECT_EQ(edit_distance("betass", "betas"), 1u);         // deletion
-  EXPECT_EQ(edit_distance("nvme_pth", "nvme_path"), 1u);   // insertion
-  EXPECT_EQ(edit_distance("trian", "train"), 2u);          // a swap is two edits
+  EXPECT_EQ(edit_distance("Stage", "stage"), 1u);         // substitution
+  EXPECT_EQ(edit_distance("betass", "betas"), 1u);        // deletion
+  EXPECT_EQ(edit_distance("nvme_pth", "nvme_path"), 1u);  // insertion
+  EXPECT_EQ(edit_distance("trian", "train"), 2u);         // a swap is two edits
   EXPECT_EQ(edit_distance("kitten", "sitting"), 3u);
-  EXPECT_EQ(edit_distance("sitting", "kitten"), 3u);       // symmetric
+  EXPECT_EQ(edit_distance("sitting", "kitten"), 3u);  // symmetric
 }
 
 TEST(TypoDistance, TwoEditsOrOnePerSoManyCharacters) {
@@ -32,8 +32,9 @@ TEST(TypoDistance, TwoEditsOrOnePerSoManyCharacters) {
 
 // The config reader's cases (one edit per 4 characters): what config_test expects from it.
 TEST(ClosestMatch, ConfigKeys) {
-  const std::vector<std::string_view> aio = {"block_size", "queue_depth", "intra_op_parallelism",
-                                             "single_submit", "overlap_events", "thread_count"};
+  const std::vector<std::string_view> aio = {"block_size",           "queue_depth",
+                                             "intra_op_parallelism", "single_submit",
+                                             "overlap_events",       "thread_count"};
   const auto suggest = [&](std::string_view key) {
     return std::string(closest_match(key, aio, typo_distance(key, 4)));
   };

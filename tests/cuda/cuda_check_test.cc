@@ -29,9 +29,7 @@ TEST(CudaCheck, ThrowsDeviceErrorWithCallFileLineNameAndString) {
   }
 }
 
-TEST(CudaCheck, SuccessDoesNothing) {
-  EXPECT_NO_THROW(ZINF_CUDA_CHECK(fails_with(cudaSuccess)));
-}
+TEST(CudaCheck, SuccessDoesNothing) { EXPECT_NO_THROW(ZINF_CUDA_CHECK(fails_with(cudaSuccess))); }
 
 TEST(CudaCheck, NoThrowLogsFailuresAndAcceptsUnloading) {
   test::LogCapture logs(LogLevel::kWarning);
@@ -41,9 +39,9 @@ TEST(CudaCheck, NoThrowLogsFailuresAndAcceptsUnloading) {
   const int line = __LINE__ + 1;
   EXPECT_FALSE(ZINF_CUDA_CHECK_NOTHROW(fails_with(cudaErrorInvalidDevice)));
   ASSERT_EQ(logs.lines().size(), 1u);
-  EXPECT_EQ(logs.lines()[0], "warning: fails_with(cudaErrorInvalidDevice) failed at cuda_check_test.cc:" +
-                                 std::to_string(line) +
-                                 ": cudaErrorInvalidDevice: invalid device ordinal");
+  EXPECT_EQ(logs.lines()[0],
+            "warning: fails_with(cudaErrorInvalidDevice) failed at cuda_check_test.cc:" +
+                std::to_string(line) + ": cudaErrorInvalidDevice: invalid device ordinal");
 }
 
 }  // namespace

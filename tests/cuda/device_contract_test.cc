@@ -90,7 +90,8 @@ TEST_P(DeviceContract, RoundTripEveryBytePageableAndPinned) {
     device_->copy_to_device(s, buf, 0, in.span().first(kSplit));
     device_->copy_to_device(s, buf.span(kSplit, kSize - kSplit), in.span().subspan(kSplit));
     device_->copy_to_host(s, out.span().first(kSize - kSplit), buf, 0);
-    device_->copy_to_host(s, out.span().subspan(kSize - kSplit), buf.span().subspan(kSize - kSplit, kSplit));
+    device_->copy_to_host(s, out.span().subspan(kSize - kSplit),
+                          buf.span().subspan(kSize - kSplit, kSplit));
     device_->synchronize(s);
     EXPECT_EQ(check_pattern(out, 7, 0, gen), "");
     EXPECT_TRUE(reg_in.close().ok());
@@ -294,7 +295,7 @@ TEST_P(DeviceContract, AllocationAccounting) {
     EXPECT_EQ(st.peak_allocated_bytes, 5096u);
 
     DeviceBuffer moved = std::move(a);  // ownership moves, nothing is counted twice
-    EXPECT_TRUE(a.empty());             // NOLINT(bugprone-use-after-move): a moved-from owner is empty
+    EXPECT_TRUE(a.empty());  // NOLINT(bugprone-use-after-move): a moved-from owner is empty
     EXPECT_EQ(moved.size(), 4096u);
     EXPECT_EQ(device_->stats().allocated_bytes, 5096u);
     moved.reset();
@@ -366,7 +367,8 @@ TEST_P(DeviceContract, OverlappingRegistrationIsDeviceError) {
     FAIL() << "overlapping registration succeeded";
   } catch (const DeviceError& e) {
     char first[32], second[32];
-    std::snprintf(first, sizeof first, "0x%zx", reinterpret_cast<std::uintptr_t>(overlapping.data()));
+    std::snprintf(first, sizeof first, "0x%zx",
+                  reinterpret_cast<std::uintptr_t>(overlapping.data()));
     std::snprintf(second, sizeof second, "0x%zx", reinterpret_cast<std::uintptr_t>(mem.data()));
     EXPECT_EQ(std::string(e.what()),
               "register_host on " + name() + ": address=" + first +
@@ -406,7 +408,8 @@ TEST_P(DeviceContract, MisuseIsUsageErrorWithExactText) {
                "copy_to_host on " + n + ": source length 100 != destination length 200");
   expect_usage([&] { device_->copy_to_device(StreamRef{}, buf.span(0, 200), host); },
                "copy_to_device on " + n + ": empty stream");
-  expect_usage([&] { device_->synchronize(StreamRef{}); }, "synchronize on " + n + ": empty stream");
+  expect_usage([&] { device_->synchronize(StreamRef{}); },
+               "synchronize on " + n + ": empty stream");
   Event empty_event;
   expect_usage([&] { device_->record(empty_event, s); }, "record on " + n + ": empty event");
   expect_usage([&] { device_->wait(s, empty_event); }, "wait on " + n + ": empty event");

@@ -123,8 +123,8 @@ TEST(HostDevice, UnreportedFailureIsLoggedWhenTheStreamGoes) {
   ASSERT_EQ(logs.lines().size(), 1u);
   EXPECT_EQ(logs.lines()[0], "warning: stream " + std::to_string(id) +
                                  " destroyed after a failure no synchronize() reported: host "
-                                 "work on stream " + std::to_string(id) +
-                                 " failed: engine=host: lost");
+                                 "work on stream " +
+                                 std::to_string(id) + " failed: engine=host: lost");
 }
 
 TEST(HostDevice, ReportedFailureIsNotLoggedAgain) {
@@ -152,7 +152,9 @@ TEST(HostDevice, RejectsBadOptions) {
     (void)make_device(o);
     FAIL() << "negative bandwidth accepted";
   } catch (const UsageError& e) {
-    EXPECT_STREQ(e.what(), "make_device: host_copy_bandwidth_gbps must be >= 0 (0 = uncapped), got -1.000000");
+    EXPECT_STREQ(
+        e.what(),
+        "make_device: host_copy_bandwidth_gbps must be >= 0 (0 = uncapped), got -1.000000");
   }
   o.host_copy_bandwidth_gbps = std::numeric_limits<double>::quiet_NaN();
   EXPECT_THROW((void)make_device(o), UsageError);
@@ -197,7 +199,8 @@ TEST(HostDeviceDeathTest, OwnerOutlivingItsDeviceAborts) {
         Stream s = device->create_stream();
         device.reset();
       },
-      "host destroyed while 0 buffer\\(s\\), 1 stream\\(s\\) and 0 pinned registration\\(s\\) still live");
+      "host destroyed while 0 buffer\\(s\\), 1 stream\\(s\\) and 0 pinned registration\\(s\\) "
+      "still live");
 }
 
 }  // namespace

@@ -78,9 +78,9 @@ TEST(MakeDevice, DeviceIndexPastTheVisibleDevicesIsUsageError) {
     (void)make_device(o);
     FAIL() << "device index accepted";
   } catch (const UsageError& e) {
-    EXPECT_EQ(std::string(e.what()), "make_device: device_index " + std::to_string(cuda.device_count) +
-                                         " but only " + std::to_string(cuda.device_count) +
-                                         " CUDA device(s) are visible");
+    EXPECT_EQ(std::string(e.what()),
+              "make_device: device_index " + std::to_string(cuda.device_count) + " but only " +
+                  std::to_string(cuda.device_count) + " CUDA device(s) are visible");
   }
 }
 

@@ -109,7 +109,9 @@ TEST_P(Checkpoint, ResumingContinuesBitwiseIdenticalToAnUninterruptedRun) {
   EXPECT_EQ(b.step_count(), 2u);
   test::run_steps(b, 3, 5, DType::kBF16);
   EXPECT_EQ(test::diff(test::read_all(b), test::read_all(a)), "");
-  EXPECT_EQ(test::diff(test::read_all(b), test::reference_run(groups, test::test_hyper(), 5, DType::kBF16)), "");
+  EXPECT_EQ(test::diff(test::read_all(b),
+                       test::reference_run(groups, test::test_hyper(), 5, DType::kBF16)),
+            "");
 }
 
 TEST_P(Checkpoint, ASaveReplacesThePreviousVersion) {
@@ -156,8 +158,9 @@ TEST_P(Checkpoint, CorruptStateIsDetectedNamingFileAndOffset) {
   } catch (const IoError& e) {
     EXPECT_EQ(e.code(), ErrorCode::kCorrupt);
     const std::string what = e.what();
-    EXPECT_EQ(what.rfind("checkpoint load failed: " + state + " offset=53248 length=49188: CRC32C "
-                         "mismatch in group 'embed' sub-group 1: stored ",
+    EXPECT_EQ(what.rfind("checkpoint load failed: " + state +
+                             " offset=53248 length=49188: CRC32C "
+                             "mismatch in group 'embed' sub-group 1: stored ",
                          0),
               0u)
         << what;
@@ -188,9 +191,8 @@ TEST_P(Checkpoint, CorruptManifestIsRefusedBeforeTheStateIsTouched) {
     FAIL() << "a corrupt manifest loaded";
   } catch (const IoError& e) {
     EXPECT_EQ(e.code(), ErrorCode::kCorrupt);
-    EXPECT_EQ(std::string(e.what()).rfind("checkpoint load failed: " + manifest +
-                                              ": bad manifest: CRC32C mismatch",
-                                          0),
+    EXPECT_EQ(std::string(e.what()).rfind(
+                  "checkpoint load failed: " + manifest + ": bad manifest: CRC32C mismatch", 0),
               0u)
         << e.what();
   }
@@ -329,8 +331,8 @@ TEST_F(CheckpointFiles, LoadNeverFollowsALink) {
   const std::string version = latest_version(ckpt);
   test::TestDir outside;
   OffloadedOptimizer b(cpu_options(dir_), test::odd_groups());
-  for (const std::string& rel : std::vector<std::string>{"LATEST", version, version + "/manifest",
-                                                         version + "/state.bin"}) {
+  for (const std::string& rel :
+       std::vector<std::string>{"LATEST", version, version + "/manifest", version + "/state.bin"}) {
     SCOPED_TRACE(rel);
     const std::string path = ckpt + "/" + rel;
     const std::string moved = outside.file("moved");

@@ -210,7 +210,8 @@ TEST(Config, AdamMeansAdamWUnlessAdamWModeIsFalseAsInDeepSpeed) {
 TEST(Config, PrecisionBlocksSetTheParameterDtype) {
   EXPECT_EQ(parse_config(R"({"bf16": {"enabled": true}})").param_dtype, DType::kBF16);
   EXPECT_EQ(parse_config(R"({"fp16": {"enabled": true, "loss_scale": 0,
-                                      "initial_scale_power": 16}})").param_dtype,
+                                      "initial_scale_power": 16}})")
+                .param_dtype,
             DType::kF16);
   EXPECT_EQ(parse_config(R"({"fp16": {"enabled": false}})").param_dtype, DType::kBF16);
   const EngineConfig old = parse_config(R"({"bfloat16": {"enabled": true}})");
@@ -268,11 +269,13 @@ TEST(Config, AcceptsDeepSpeedKeysWithoutEffectAndSaysSo) {
                             "stage3_max_live_parameters": 1e9, "cpu_offload": true},
       "zero_allow_untested_optimizer": true})");
   EXPECT_EQ(c.notices.size(), 3u);
-  EXPECT_TRUE(has_notice(c, "top level: accepted without effect in zinf: train_batch_size, "
-                            "gradient_clipping, scheduler, flops_profiler, "
-                            "zero_allow_untested_optimizer"));
-  EXPECT_TRUE(has_notice(c, "zero_optimization: accepted without effect in zinf: overlap_comm, "
-                            "reduce_bucket_size, stage3_max_live_parameters, cpu_offload"));
+  EXPECT_TRUE(has_notice(c,
+                         "top level: accepted without effect in zinf: train_batch_size, "
+                         "gradient_clipping, scheduler, flops_profiler, "
+                         "zero_allow_untested_optimizer"));
+  EXPECT_TRUE(has_notice(c,
+                         "zero_optimization: accepted without effect in zinf: overlap_comm, "
+                         "reduce_bucket_size, stage3_max_live_parameters, cpu_offload"));
   EXPECT_TRUE(has_notice(c, "zero_optimization.cpu_offload: deprecated DeepSpeed key"));
   // The oldest boolean form of zero_optimization.
   EXPECT_EQ(parse_config(R"({"zero_optimization": true})").zero_stage, 1);
@@ -418,7 +421,8 @@ TEST(Config, ContradictionsAreErrors) {
             "being written back), got 2");
   // The ring exists only for NVMe: fewer buffers are fine with the state in host memory.
   EXPECT_EQ(parse_config(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu",
-      "buffer_count": 1}}})").offload_optimizer.buffer_count,
+      "buffer_count": 1}}})")
+                .offload_optimizer.buffer_count,
             1u);
 }
 
@@ -495,8 +499,9 @@ TEST(Config, ParsesTheDocsExample) {
   EXPECT_EQ(c.nvme_directories(c.offload_optimizer.nvme_path),
             (std::vector<std::string>{"/nvme0/zinf", "/nvme1/zinf"}));
   EXPECT_EQ(c.zinf.pinned_budget_bytes, 4'000'000'000u);
-  EXPECT_EQ(c.notices, (std::vector<std::string>{
-                           "top level: accepted without effect in zinf: train_batch_size"}));
+  EXPECT_EQ(
+      c.notices,
+      (std::vector<std::string>{"top level: accepted without effect in zinf: train_batch_size"}));
 }
 
 TEST(Config, LoadConfigOfAMissingFileNamesThePathAndErrno) {
@@ -520,9 +525,7 @@ TEST(Config, LoadConfigOfAMissingFileNamesThePathAndErrno) {
 // (ENOTDIR and ELOOP, because a chmod 000 file is readable by root, which the tests may be.)
 TEST(Config, LoadConfigKeepsTheRealErrnoOfAFailedOpen) {
   test::TestDir dir;
-  {
-    std::ofstream(dir.file("plain")) << "{}";
-  }
+  { std::ofstream(dir.file("plain")) << "{}"; }
   ASSERT_EQ(::symlink("loop_b", dir.file("loop_a").c_str()), 0);
   ASSERT_EQ(::symlink("loop_a", dir.file("loop_b").c_str()), 0);
   const struct {
@@ -580,8 +583,9 @@ TEST(Config, DeepNestingIsRefusedWithoutRecursion) {
   // 100000 levels overflowed the stack in the error message's dump() of the value.
   const std::string arrays(100000, '[');
   std::string e = error_of(arrays);
-  EXPECT_EQ(e, "cfg.json: line 1, column 65: nesting deeper than 64 levels of objects and arrays "
-               "(the limit of a config)");
+  EXPECT_EQ(e,
+            "cfg.json: line 1, column 65: nesting deeper than 64 levels of objects and arrays "
+            "(the limit of a config)");
   std::string objects;
   for (int i = 0; i < 100000; ++i) objects += "{\"a\":";
   e = error_of(objects);
@@ -601,8 +605,9 @@ TEST(Config, DeepNestingIsRefusedWithoutRecursion) {
   const std::string path = dir.file("deep.json");
   std::ofstream(path) << arrays;
   e = load_error_of(path);
-  EXPECT_EQ(e, path + ": line 1, column 65: nesting deeper than 64 levels of objects and arrays "
-                      "(the limit of a config)");
+  EXPECT_EQ(e, path +
+                   ": line 1, column 65: nesting deeper than 64 levels of objects and arrays "
+                   "(the limit of a config)");
 }
 
 TEST(Config, OversizedConfigIsRefused) {
@@ -642,8 +647,8 @@ TEST(Config, FifoIsRefusedWithoutBlocking) {
     if (std::fscanf(f, "%lu", &pages) != 1) pages = 0;
     std::fclose(f);
   }
-  const rlim_t limit = static_cast<rlim_t>(pages) * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE)) +
-                       (rlim_t{1} << 30);
+  const rlim_t limit =
+      static_cast<rlim_t>(pages) * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE)) + (rlim_t{1} << 30);
   const struct rlimit lim = {limit, limit};
   ::setrlimit(RLIMIT_AS, &lim);
   const std::string e = load_error_of("/dev/zero");
@@ -678,8 +683,9 @@ TEST(Config, NumberOutOfRangeNamesTheKeyAndTheFile) {
   test::TestDir dir;
   const std::string path = dir.file("lr.json");
   std::ofstream(path) << R"({"optimizer": {"params": {"lr": 1e309}}})";
-  EXPECT_EQ(load_error_of(path), path + ": line 1, column 33: optimizer.params.lr: number out of "
-                                        "range (1e309 is beyond a double's +-1.8e308)");
+  EXPECT_EQ(load_error_of(path), path +
+                                     ": line 1, column 33: optimizer.params.lr: number out of "
+                                     "range (1e309 is beyond a double's +-1.8e308)");
 }
 
 TEST(Config, NonFiniteOrAbsurdHyperParametersAreRefusedNamingTheKey) {
@@ -718,8 +724,8 @@ TEST(Config, ValuesAndKeysInErrorsAreCutShort) {
   e = error_of("{\"zinf\": " + long_text + "}");
   EXPECT_LT(e.size(), 300u) << e;
   EXPECT_TRUE(contains(e, "cfg.json: line 1, column ")) << e;
-  e = error_of("{\"zinf\": {\"nvme_paths\": [" + std::string(50, '[') + "1" +
-               std::string(50, ']') + "]}}");
+  e = error_of("{\"zinf\": {\"nvme_paths\": [" + std::string(50, '[') + "1" + std::string(50, ']') +
+               "]}}");
   EXPECT_LT(e.size(), 200u) << e;
 }
 

@@ -60,8 +60,8 @@ TEST(OffloadEngineFault, FailedParameterReadSurfacesAtFetchAndIsRetried) {
     EXPECT_EQ(s.path().rfind(c.offload_param.nvme_path + "/", 0), 0u) << s.path();
     EXPECT_EQ(s.length(), 12288u);  // 5000 x 2 bytes, padded to 4096
     const std::string text = e.what();
-    EXPECT_NE(text.find("swap_in of key 'l0': read failed: " + s.path() + " offset=" +
-                        std::to_string(s.offset()) + " length=12288"),
+    EXPECT_NE(text.find("swap_in of key 'l0': read failed: " + s.path() +
+                        " offset=" + std::to_string(s.offset()) + " length=12288"),
               std::string::npos)
         << text;
   }
@@ -113,10 +113,12 @@ void expect_write_back_failure(bool param_plan) {
     first = e.what();
     EXPECT_EQ(e.status().sys_errno(), EIO);
     EXPECT_GT(e.status().length(), 0u);
-    const std::string dirpath = param_plan ? c.offload_param.nvme_path : c.offload_optimizer.nvme_path;
+    const std::string dirpath =
+        param_plan ? c.offload_param.nvme_path : c.offload_optimizer.nvme_path;
     EXPECT_EQ(e.status().path().rfind(dirpath + "/", 0), 0u) << e.status().path();
     EXPECT_NE(first.find("swap_out of key '"), std::string::npos) << first;
-    EXPECT_NE(first.find(" offset=" + std::to_string(e.status().offset()) + " length="), std::string::npos)
+    EXPECT_NE(first.find(" offset=" + std::to_string(e.status().offset()) + " length="),
+              std::string::npos)
         << first;
   }
   EXPECT_EQ(plan->injected_errors(), 1u);
@@ -136,7 +138,9 @@ void expect_write_back_failure(bool param_plan) {
   expect_failed([&] { rig.engine().save(dir.subdir("ckpt")); });
 }
 
-TEST(OffloadEngineFault, FailedOptimizerWriteBackFailsTheEngine) { expect_write_back_failure(false); }
+TEST(OffloadEngineFault, FailedOptimizerWriteBackFailsTheEngine) {
+  expect_write_back_failure(false);
+}
 
 TEST(OffloadEngineFault, FailedParameterCopyOutFailsTheEngine) { expect_write_back_failure(true); }
 
@@ -267,7 +271,6 @@ TEST(OffloadEngineFault, DefaultConfigRefusesAParameterByteFlippedBeforeFetch) {
   rig.iteration(1);
   rig.iteration(2);
 }
-
 
 // The engine killed (SIGKILL, no chance to clean up) at random points of a run that trains and
 // checkpoints every step: its NVMe directories hold nothing afterwards (the swap files have no

@@ -69,14 +69,16 @@ std::vector<std::vector<float>> train(Tiers tiers, std::uint64_t steps = kSteps,
 TEST(OffloadEngine, EveryTierCombinationGivesBitwiseIdenticalMasters) {
   const auto reference = train({OffloadDevice::kNone, OffloadDevice::kNone});
   // The masters did move.
-  EXPECT_NE(master_diff(reference, [] {
-              std::vector<std::vector<float>> init;
-              for (std::size_t l = 0; l < test::engine_layers().size(); ++l) {
-                init.push_back(test::initial_weights(l, test::engine_layers()[l].numel));
-              }
-              return init;
-            }()),
-            "");
+  EXPECT_NE(
+      master_diff(reference,
+                  [] {
+                    std::vector<std::vector<float>> init;
+                    for (std::size_t l = 0; l < test::engine_layers().size(); ++l) {
+                      init.push_back(test::initial_weights(l, test::engine_layers()[l].numel));
+                    }
+                    return init;
+                  }()),
+      "");
   for (Tiers tiers : {Tiers{OffloadDevice::kCpu, OffloadDevice::kCpu},
                       Tiers{OffloadDevice::kNvme, OffloadDevice::kNvme},
                       Tiers{OffloadDevice::kNvme, OffloadDevice::kCpu},
@@ -101,7 +103,7 @@ TEST(OffloadEngine, OutOfOrderFetchesReturnTheRightLayer) {
     EngineRig rig;
     rig.make(test::engine_config(p, OffloadDevice::kCpu, dir));
     rig.init_weights();
-    rig.iteration(1);                    // traces 0,1,2,3 (+ reverse)
+    rig.iteration(1);                      // traces 0,1,2,3 (+ reverse)
     rig.iteration(2, true, {2, 0, 3, 1});  // deviates: re-traces, fetches on demand
     rig.iteration(3, true, {3, 3 - 3, 1, 2});
     for (std::size_t l : {3u, 1u, 0u, 2u, 2u}) EXPECT_EQ(rig.fetch_bits(l), rig.expected_bits(l));
@@ -251,13 +253,12 @@ TEST(OffloadEngine, ASecondEngineOnTheCheckpointDirectoryFailsNamingTheHolder) {
   EXPECT_EQ(master_diff(b.masters(), saved), "");
 }
 
-bool empty_dir(const std::string& path) {
-  return std::filesystem::is_empty(path);
-}
+bool empty_dir(const std::string& path) { return std::filesystem::is_empty(path); }
 
 // Builds an engine from `c`, expects UsageError `want`, and that neither NVMe directory got a
 // file.
-void expect_refused_before_any_file(EngineRig& rig, const EngineConfig& c, const std::string& want) {
+void expect_refused_before_any_file(EngineRig& rig, const EngineConfig& c,
+                                    const std::string& want) {
   try {
     rig.make(c);
     ADD_FAILURE() << "no throw; expected: " << want;
@@ -286,12 +287,14 @@ TEST(OffloadEngine, OptimizerRefusalsAndContradictionsComeBeforeAnyFile) {
   EngineRig rig;
   EngineConfig c = test::engine_config(OffloadDevice::kNvme, OffloadDevice::kNvme, dir);
   c.optimizer.hyper.lr = -1;
-  expect_refused_before_any_file(rig, c, "OffloadedOptimizer: lr must be in [0, 3.4028235e+38], got -1");
+  expect_refused_before_any_file(rig, c,
+                                 "OffloadedOptimizer: lr must be in [0, 3.4028235e+38], got -1");
   c = test::engine_config(OffloadDevice::kNvme, OffloadDevice::kNvme, dir);
   c.zero_stage = 2;
-  expect_refused_before_any_file(rig, c,
-                                 "OffloadEngine: zero_optimization.offload_param.device: parameter "
-                                 "offload (\"nvme\") needs zero_optimization.stage 3, but stage is 2");
+  expect_refused_before_any_file(
+      rig, c,
+      "OffloadEngine: zero_optimization.offload_param.device: parameter "
+      "offload (\"nvme\") needs zero_optimization.stage 3, but stage is 2");
 }
 
 // A config notice (an old key name read as the new one) reaches the log at the default level,
@@ -326,9 +329,10 @@ TEST(OffloadEngine, PinnedBudgetTooSmallNamesTheSmallestThatWorks) {
     rig.make(c, one);
     ADD_FAILURE() << "no throw";
   } catch (const UsageError& e) {
-    EXPECT_STREQ(e.what(), "OffloadEngine: zinf.pinned_budget_bytes 1000 cannot hold the "
-                           "optimizer's 40960 bytes plus the parameter staging's 16384 bytes; the "
-                           "smallest budget that works is 57344");
+    EXPECT_STREQ(e.what(),
+                 "OffloadEngine: zinf.pinned_budget_bytes 1000 cannot hold the "
+                 "optimizer's 40960 bytes plus the parameter staging's 16384 bytes; the "
+                 "smallest budget that works is 57344");
   }
   EXPECT_TRUE(empty_dir(c.offload_param.nvme_path));
   c.zinf.pinned_budget_bytes = 57343;
@@ -348,9 +352,10 @@ TEST(OffloadEngine, NvmeWithoutAPathIsRefused) {
     rig.make(c);
     ADD_FAILURE() << "no throw";
   } catch (const UsageError& e) {
-    EXPECT_STREQ(e.what(), "OffloadEngine: zero_optimization.offload_param.nvme_path: device is "
-                           "\"nvme\" but no NVMe directory is given (set "
-                           "zero_optimization.offload_param.nvme_path or zinf.nvme_paths)");
+    EXPECT_STREQ(e.what(),
+                 "OffloadEngine: zero_optimization.offload_param.nvme_path: device is "
+                 "\"nvme\" but no NVMe directory is given (set "
+                 "zero_optimization.offload_param.nvme_path or zinf.nvme_paths)");
   }
   c = test::engine_config(OffloadDevice::kCpu, OffloadDevice::kNvme, dir);
   c.offload_optimizer.nvme_path.clear();
@@ -358,9 +363,10 @@ TEST(OffloadEngine, NvmeWithoutAPathIsRefused) {
     rig.make(c);
     ADD_FAILURE() << "no throw";
   } catch (const UsageError& e) {
-    EXPECT_STREQ(e.what(), "OffloadEngine: zero_optimization.offload_optimizer.nvme_path: device "
-                           "is \"nvme\" but no NVMe directory is given (set "
-                           "zero_optimization.offload_optimizer.nvme_path or zinf.nvme_paths)");
+    EXPECT_STREQ(e.what(),
+                 "OffloadEngine: zero_optimization.offload_optimizer.nvme_path: device "
+                 "is \"nvme\" but no NVMe directory is given (set "
+                 "zero_optimization.offload_optimizer.nvme_path or zinf.nvme_paths)");
   }
 }
 
@@ -376,10 +382,12 @@ TEST(OffloadEngine, RefusesMisuse) {
       EXPECT_EQ(std::string(e.what()), want);
     }
   };
-  expect_usage([&] { (void)rig.engine().fetch(0); },
-               "OffloadEngine::fetch: layer 'l0' has no weights yet (set_master_weights or load first)");
+  expect_usage(
+      [&] { (void)rig.engine().fetch(0); },
+      "OffloadEngine::fetch: layer 'l0' has no weights yet (set_master_weights or load first)");
   rig.init_weights();
-  expect_usage([&] { (void)rig.engine().fetch(9); }, "OffloadEngine::fetch: layer 9 out of range (4 layers)");
+  expect_usage([&] { (void)rig.engine().fetch(9); },
+               "OffloadEngine::fetch: layer 9 out of range (4 layers)");
   (void)rig.engine().fetch(0);
   expect_usage([&] { (void)rig.engine().fetch(0); },
                "OffloadEngine::fetch: layer 'l0' is already fetched (release it first)");
@@ -389,12 +397,14 @@ TEST(OffloadEngine, RefusesMisuse) {
   expect_usage([&] { (void)rig.engine().step(); },
                "OffloadEngine::step: layer 'l0' is still fetched (release it first)");
   rig.engine().release(0);
-  expect_usage([&] { rig.engine().release(0); }, "OffloadEngine::release: layer 'l0' is not fetched");
+  expect_usage([&] { rig.engine().release(0); },
+               "OffloadEngine::release: layer 'l0' is not fetched");
   rig.engine().set_gradients(0, adam::GradView::f32(g));
   expect_usage([&] { rig.engine().set_gradients(0, adam::GradView::f32(g)); },
                "OffloadEngine::set_gradients: layer 'l0' already has gradients in this step");
   expect_usage([&] { (void)rig.engine().fetch(0); },
-               "OffloadEngine::fetch: layer 'l0' has its gradients handed in for this step; fetch it after step()");
+               "OffloadEngine::fetch: layer 'l0' has its gradients handed in for this step; fetch "
+               "it after step()");
   expect_usage([&] { rig.engine().save(dir.subdir("x")); },
                "OffloadEngine::save inside a step (gradients were handed in; call step() first)");
   std::vector<float> short_g(3, 0.0f);
@@ -441,9 +451,8 @@ TEST(OffloadEngine, RefusedSetHyperLeavesTheEngineUsableAndItsStateIntact) {
         rig.engine().set_hyper(h);
         ADD_FAILURE() << "set_hyper accepted a bad " << field;
       } catch (const UsageError& e) {
-        EXPECT_EQ(std::string(e.what()).rfind(std::string("OffloadedOptimizer: ") + field +
-                                                  " must be ",
-                                              0),
+        EXPECT_EQ(std::string(e.what()).rfind(
+                      std::string("OffloadedOptimizer: ") + field + " must be ", 0),
                   0u)
             << e.what();
       }

@@ -104,9 +104,9 @@ class OptimizerFault : public ::testing::TestWithParam<IoEngineKind> {
     std::snprintf(crcs, sizeof crcs, "crc32c written 0x%08x, read 0x%08x", swap::crc32c(written),
                   swap::crc32c(read));
     const std::string text = e.what();
-    EXPECT_EQ(text.rfind("swap_in of key '" + key + "' failed: " + path + " offset=" +
-                             std::to_string(offset) + " length=" + std::to_string(length) +
-                             ": checksum mismatch",
+    EXPECT_EQ(text.rfind("swap_in of key '" + key + "' failed: " + path +
+                             " offset=" + std::to_string(offset) +
+                             " length=" + std::to_string(length) + ": checksum mismatch",
                          0),
               0u)
         << text;
@@ -153,7 +153,8 @@ TEST_P(OptimizerFault, FailedWriteBackThrowsOnceThenRefusesEveryCall) {
     EXPECT_EQ(e.status().offset(), kW1Sub1Offset);
     EXPECT_EQ(e.status().length(), kRecordBytes);
     EXPECT_EQ(text.rfind("swap_out of key 'w1#1': write failed: " + path +
-                             " offset=184320 length=53248 done=0 engine=" + std::string(opt->engine_name()) + ": ",
+                             " offset=184320 length=53248 done=0 engine=" +
+                             std::string(opt->engine_name()) + ": ",
                          0),
               0u)
         << text;
@@ -232,9 +233,13 @@ TEST_P(OptimizerFault, FailedReadBeforeAnyWriteBackUndoesTheStep) {
   EXPECT_FALSE(opt->failed());
   EXPECT_EQ(opt->step_count(), 0u);
   // The state is the initial one, and training goes on as if the failed step never happened.
-  EXPECT_EQ(test::diff(test::read_all(*opt), test::reference_run(groups, test::test_hyper(), 0, DType::kF32)), "");
+  EXPECT_EQ(test::diff(test::read_all(*opt),
+                       test::reference_run(groups, test::test_hyper(), 0, DType::kF32)),
+            "");
   test::run_steps(*opt, 1, 2);
-  EXPECT_EQ(test::diff(test::read_all(*opt), test::reference_run(groups, test::test_hyper(), 2, DType::kF32)), "");
+  EXPECT_EQ(test::diff(test::read_all(*opt),
+                       test::reference_run(groups, test::test_hyper(), 2, DType::kF32)),
+            "");
 }
 
 TEST_P(OptimizerFault, FailedReadAfterWriteBacksFailsTheOptimizer) {
@@ -325,7 +330,8 @@ TEST_P(OptimizerFault, DefaultOptionsRefuseAStateByteFlippedBetweenSteps) {
   fresh->load(ckpt);
   EXPECT_EQ(fresh->step_count(), 1u);
   EXPECT_EQ(test::diff(test::read_all(*fresh), after1), "");
-  EXPECT_EQ(test::diff(after1, test::reference_run(groups, test::test_hyper(), 1, DType::kF32)), "");
+  EXPECT_EQ(test::diff(after1, test::reference_run(groups, test::test_hyper(), 1, DType::kF32)),
+            "");
 }
 
 // A corrupt record read after earlier records were written back (w1#1, the fifth record with a
@@ -364,7 +370,9 @@ TEST_P(OptimizerFault, DefaultOptionsFailTheOptimizerOnACorruptRecordAfterWriteB
 
 INSTANTIATE_TEST_SUITE_P(Backends, OptimizerFault,
                          ::testing::Values(IoEngineKind::kThreads, IoEngineKind::kUring),
-                         [](const auto& p) { return std::string(swap::io_engine_kind_name(p.param)); });
+                         [](const auto& p) {
+                           return std::string(swap::io_engine_kind_name(p.param));
+                         });
 
 }  // namespace
 }  // namespace zinf::offload

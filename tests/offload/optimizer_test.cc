@@ -97,7 +97,8 @@ TEST(OffloadedOptimizer, PerGroupSteppingInAnyOrderMatchesStep) {
   // one at a time, and the update of each runs while the caller goes on.
   test::TestDir dir;
   const auto groups = odd_groups();
-  OffloadedOptimizer staged(options_for(StateTier::kNvme, swap::IoEngineKind::kThreads, dir), groups);
+  OffloadedOptimizer staged(options_for(StateTier::kNvme, swap::IoEngineKind::kThreads, dir),
+                            groups);
   test::init_all(staged);
   for (std::uint64_t t = 1; t <= 3; ++t) {
     test::StepGrads sg(groups, t, DType::kF32);
@@ -287,7 +288,8 @@ TEST(OffloadedOptimizer, DestroyedInsideAStepFinishesItsWork) {
   for (const auto& g : groups) outs.emplace_back(g.numel, std::uint16_t{0xffff});
   test::LogCapture log(LogLevel::kWarning);
   {
-    OffloadedOptimizer opt(options_for(StateTier::kNvme, swap::IoEngineKind::kThreads, dir), groups);
+    OffloadedOptimizer opt(options_for(StateTier::kNvme, swap::IoEngineKind::kThreads, dir),
+                           groups);
     test::init_all(opt);
     opt.begin_step();
     for (std::size_t g = 0; g < groups.size(); ++g) {

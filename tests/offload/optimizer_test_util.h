@@ -54,13 +54,16 @@ inline std::vector<float> initial_params(std::size_t group, std::uint64_t numel)
 inline std::vector<float> grads_f32(std::size_t group, std::uint64_t step, std::uint64_t numel) {
   std::vector<float> g(numel);
   for (std::uint64_t i = 0; i < numel; ++i) {
-    g[i] = (static_cast<float>(mix(step * 7919 + group * 104729 + i * 31) % 20001u) / 10000.0f - 1.0f) * 1e-2f;
+    g[i] = (static_cast<float>(mix(step * 7919 + group * 104729 + i * 31) % 20001u) / 10000.0f -
+            1.0f) *
+           1e-2f;
   }
   return g;
 }
 
 /// The same gradients as bf16 bits (truncated: any bf16 value will do).
-inline std::vector<std::uint16_t> grads_bf16(std::size_t group, std::uint64_t step, std::uint64_t numel) {
+inline std::vector<std::uint16_t> grads_bf16(std::size_t group, std::uint64_t step,
+                                             std::uint64_t numel) {
   const auto f = grads_f32(group, step, numel);
   std::vector<std::uint16_t> g(numel);
   for (std::uint64_t i = 0; i < numel; ++i) {
@@ -90,7 +93,8 @@ inline State read_all(offload::OffloadedOptimizer& opt) {
 inline std::string diff(const State& a, const State& b) {
   auto cmp = [](const char* what, std::size_t g, const std::vector<float>& x,
                 const std::vector<float>& y) -> std::string {
-    if (x.size() != y.size()) return std::string(what) + " size differs in group " + std::to_string(g);
+    if (x.size() != y.size())
+      return std::string(what) + " size differs in group " + std::to_string(g);
     for (std::size_t i = 0; i < x.size(); ++i) {
       if (std::bit_cast<std::uint32_t>(x[i]) != std::bit_cast<std::uint32_t>(y[i])) {
         return std::string(what) + " differs in group " + std::to_string(g) + " at " +
@@ -115,8 +119,7 @@ struct StepGrads {
   std::vector<std::vector<std::uint16_t>> bf16;
   std::vector<offload::GroupGrads> views;
 
-  StepGrads(const std::vector<offload::ParamGroupSpec>& groups, std::uint64_t step,
-            DType dtype) {
+  StepGrads(const std::vector<offload::ParamGroupSpec>& groups, std::uint64_t step, DType dtype) {
     for (std::size_t g = 0; g < groups.size(); ++g) {
       if (dtype == DType::kF32) {
         f32.push_back(grads_f32(g, step, groups[g].numel));
@@ -125,16 +128,15 @@ struct StepGrads {
       }
     }
     for (std::size_t g = 0; g < groups.size(); ++g) {
-      views.push_back({g, dtype == DType::kF32 ? adam::GradView::f32(f32[g])
-                                               : adam::GradView::bf16(bf16[g])});
+      views.push_back(
+          {g, dtype == DType::kF32 ? adam::GradView::f32(f32[g]) : adam::GradView::bf16(bf16[g])});
     }
   }
 };
 
 /// The reference: CpuAdam on whole in-memory arrays, `steps` steps from the initial state.
 inline State reference_run(const std::vector<offload::ParamGroupSpec>& groups,
-                           const adam::AdamParams& hyper, std::uint64_t steps,
-                           DType dtype) {
+                           const adam::AdamParams& hyper, std::uint64_t steps, DType dtype) {
   adam::CpuAdam adam;
   State s;
   for (std::size_t g = 0; g < groups.size(); ++g) {

@@ -122,9 +122,10 @@ TEST_P(StoreCopyOutTest, StagingIsCountedInThePinnedBudget) {
     ADD_FAILURE() << "no throw";
   } catch (const UsageError& e) {
     const std::string text = e.what();
-    EXPECT_NE(text.find("plus the copy-out staging: 3 x 4096 bytes; the smallest budget that works is " +
-                        std::to_string(with)),
-              std::string::npos)
+    EXPECT_NE(
+        text.find("plus the copy-out staging: 3 x 4096 bytes; the smallest budget that works is " +
+                  std::to_string(with)),
+        std::string::npos)
         << text;
   }
   o.pinned_budget_bytes = with;

@@ -168,8 +168,7 @@ TEST_P(LayerPrefetcherFault, AFailedReadNobodyAcquiredIsCountedAndLogged) {
   ASSERT_EQ(lines.size(), 1u) << testing::PrintToString(lines);
   EXPECT_EQ(lines[0].rfind("warning: layer prefetcher: the read of layer 2, issued ahead and never "
                            "acquired, failed: swap_in of key 'layer2': read failed: " +
-                           rig.store().file_paths()[0] +
-                           " offset=2097152 length=1048576",
+                               rig.store().file_paths()[0] + " offset=2097152 length=1048576",
                            0),
             0u)
       << lines[0];
@@ -179,7 +178,9 @@ TEST_P(LayerPrefetcherFault, AFailedReadNobodyAcquiredIsCountedAndLogged) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, LayerPrefetcherFault,
                          ::testing::Values(IoEngineKind::kThreads, IoEngineKind::kUring),
-                         [](const auto& p) { return std::string(swap::io_engine_kind_name(p.param)); });
+                         [](const auto& p) {
+                           return std::string(swap::io_engine_kind_name(p.param));
+                         });
 
 }  // namespace
 }  // namespace zinf::prefetch

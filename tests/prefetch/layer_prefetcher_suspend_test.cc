@@ -125,7 +125,8 @@ TEST(LayerPrefetcherSuspend, RefusesMisuse) {
     p->suspend(0);
     ADD_FAILURE() << "no throw";
   } catch (const UsageError& e) {
-    EXPECT_STREQ(e.what(), "layer prefetcher: suspend of layer 0, which is acquired (release it first)");
+    EXPECT_STREQ(e.what(),
+                 "layer prefetcher: suspend of layer 0, which is acquired (release it first)");
   }
   p->release(0);
   p->suspend(1);
@@ -139,7 +140,8 @@ TEST(LayerPrefetcherSuspend, RefusesMisuse) {
     (void)p->acquire(1);
     ADD_FAILURE() << "no throw";
   } catch (const UsageError& e) {
-    EXPECT_STREQ(e.what(), "layer prefetcher: acquire of layer 1, which is suspended (resume it first)");
+    EXPECT_STREQ(e.what(),
+                 "layer prefetcher: acquire of layer 1, which is suspended (resume it first)");
   }
   try {
     p->resume(0);

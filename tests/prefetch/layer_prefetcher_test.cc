@@ -151,7 +151,7 @@ TEST(LayerPrefetcher, NeverExceedsTheByteBound) {
   RigOptions o;
   o.layer_bytes = {kLayer, 2 * kLayer, kLayer / 2, 3 * kLayer, kLayer, 2 * kLayer, kLayer / 4};
   const std::uint64_t max_bytes = 9 * kLayer;  // largest layer: 3 + 3 (staging + device)
-  o.device_memory_bytes = max_bytes;  // the simulated GPU throws if the bound is passed
+  o.device_memory_bytes = max_bytes;           // the simulated GPU throws if the bound is passed
   Rig rig(o);
   PrefetcherOptions po = rig.options(6, forward_backward(7));
   po.max_bytes = max_bytes;
@@ -310,7 +310,8 @@ TEST(LayerPrefetcher, AccountsStallTimeOfLateLayers) {
   EXPECT_GE(s.late_layers, 1u);
   EXPECT_LE(s.late_layers, 3u);
   EXPECT_GE(s.stall_time, std::chrono::milliseconds(30));
-  EXPECT_GE(s.acquire_blocked_time, std::chrono::milliseconds(3 * 30)) << "the host waited for each read";
+  EXPECT_GE(s.acquire_blocked_time, std::chrono::milliseconds(3 * 30))
+      << "the host waited for each read";
 }
 
 TEST(LayerPrefetcher, RefusesMisuse) {
@@ -361,8 +362,9 @@ TEST(LayerPrefetcher, RefusesBadOptions) {
     rig.make(po);
     ADD_FAILURE() << "no throw";
   } catch (const UsageError& e) {
-    EXPECT_STREQ(e.what(), "layer prefetcher: max_bytes 262144 cannot hold layer 0 ('layer0'): it "
-                           "needs 262144 bytes of staging plus 262144 on the device");
+    EXPECT_STREQ(e.what(),
+                 "layer prefetcher: max_bytes 262144 cannot hold layer 0 ('layer0'): it "
+                 "needs 262144 bytes of staging plus 262144 on the device");
   }
   auto other = cuda::make_device(cuda::DeviceOptions{cuda::DeviceKind::kHost});
   {
@@ -387,9 +389,10 @@ TEST(LayerPrefetcher, AcquiringMoreThanFitsIsAnError) {
     p->acquire(2);
     ADD_FAILURE() << "no throw";
   } catch (const UsageError& e) {
-    EXPECT_STREQ(e.what(), "layer prefetcher: cannot fetch layer 2 (262144 bytes of staging plus "
-                           "262144 on the device): acquired layers hold 524288 of max_bytes "
-                           "786432; release some first");
+    EXPECT_STREQ(e.what(),
+                 "layer prefetcher: cannot fetch layer 2 (262144 bytes of staging plus "
+                 "262144 on the device): acquired layers hold 524288 of max_bytes "
+                 "786432; release some first");
   }
   p->release(0);
   p->release(1);
@@ -408,7 +411,8 @@ TEST(LayerPrefetcher, ComputeStreamFailureFailsThePrefetcher) {
   // release event while release() is still polling, and the error surfaces at release(0).
   test::Gate gate;
   rig.device().enqueue_host_work(rig.compute(), gate.waiter());
-  rig.device().enqueue_host_work(rig.compute(), [] { throw std::runtime_error("kernel exploded"); });
+  rig.device().enqueue_host_work(rig.compute(),
+                                 [] { throw std::runtime_error("kernel exploded"); });
   p->release(0);
   gate.open();
   EXPECT_THROW(rig.device().synchronize(rig.compute()), DeviceError);  // the stream got there

@@ -37,7 +37,7 @@ struct RigOptions {
   /// Installed from the start; give read rules (op = kRead) so that writing the layers in the
   /// constructor is never faulted.
   std::vector<swap::FaultRule> faults;
-  double copy_bandwidth_gbps = 0;       // HostDevice cap, 0 = memcpy speed
+  double copy_bandwidth_gbps = 0;  // HostDevice cap, 0 = memcpy speed
   std::uint32_t io_block_size = 256 << 10;
   std::uint64_t device_memory_bytes = 0;
 };
@@ -86,7 +86,8 @@ class Rig {
     engine_.reset();
   }
 
-  prefetch::PrefetcherOptions options(std::size_t depth, std::vector<std::size_t> order = {}) const {
+  prefetch::PrefetcherOptions options(std::size_t depth,
+                                      std::vector<std::size_t> order = {}) const {
     prefetch::PrefetcherOptions p;
     p.layer_keys = keys_;
     p.order = std::move(order);
@@ -108,7 +109,8 @@ class Rig {
       std::string err = check_pattern(std::span<const std::byte>(span.data(), span.size()),
                                       static_cast<std::uint32_t>(layer), 0, kLayerGeneration);
       if (span.size() != options_.layer_bytes[layer]) {
-        err = "size " + std::to_string(span.size()) + " != " + std::to_string(options_.layer_bytes[layer]);
+        err = "size " + std::to_string(span.size()) +
+              " != " + std::to_string(options_.layer_bytes[layer]);
       }
       std::lock_guard lock(mu_);
       ++checks_run_;
@@ -148,7 +150,8 @@ class Rig {
 };
 
 /// One pass over `order`: acquire, check the bytes on the compute stream, release.
-inline void run_order(prefetch::LayerPrefetcher& p, Rig& rig, const std::vector<std::size_t>& order) {
+inline void run_order(prefetch::LayerPrefetcher& p, Rig& rig,
+                      const std::vector<std::size_t>& order) {
   for (std::size_t l : order) {
     cuda::DeviceSpan span = p.acquire(l);
     rig.check_on_stream(l, span);

@@ -54,10 +54,10 @@ void read_exactly(int fd, const OpenFile& f, std::byte* out, std::size_t length,
   if (n != static_cast<ssize_t>(length)) {
     const int err = n < 0 ? errno : 0;
     ::close(fd);
-    throw std::runtime_error("corrupt_swap_file: read of " + f.target + " offset=" +
-                             std::to_string(offset) + " length=" + std::to_string(length) +
-                             (n < 0 ? ": " + std::string(std::strerror(err))
-                                    : " returned " + std::to_string(n)));
+    throw std::runtime_error(
+        "corrupt_swap_file: read of " + f.target + " offset=" + std::to_string(offset) +
+        " length=" + std::to_string(length) +
+        (n < 0 ? ": " + std::string(std::strerror(err)) : " returned " + std::to_string(n)));
   }
 }
 

@@ -16,7 +16,8 @@ namespace zinf::test {
 
 TestDir::TestDir() {
   const char* env = std::getenv("ZINF_TEST_DIR");
-  std::string parent = env != nullptr && *env != '\0' ? env : std::filesystem::temp_directory_path().string();
+  std::string parent =
+      env != nullptr && *env != '\0' ? env : std::filesystem::temp_directory_path().string();
   std::string name = "zinf-test";
   if (const auto* info = ::testing::UnitTest::GetInstance()->current_test_info()) {
     name = std::string("zinf-") + info->test_suite_name() + "-" + info->name();

@@ -52,8 +52,7 @@ ToolProcess spawn_tool(const std::string& tool, const std::vector<std::string>& 
   if (pid == 0) {
     ::close(go[1]);
     char byte = 0;
-    while (::read(go[0], &byte, 1) < 0 && errno == EINTR) {
-    }
+    while (::read(go[0], &byte, 1) < 0 && errno == EINTR) {}
     ::dup2(out, STDOUT_FILENO);
     ::dup2(out, STDERR_FILENO);
     for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::signal(sig, SIG_DFL);
@@ -77,8 +76,7 @@ ToolEnd wait_tool(ToolProcess& p) {
   ToolEnd e;
   if (p.pid < 0) return e;
   int st = 0;
-  while (::waitpid(p.pid, &st, 0) < 0 && errno == EINTR) {
-  }
+  while (::waitpid(p.pid, &st, 0) < 0 && errno == EINTR) {}
   if (WIFEXITED(st)) e.status = WEXITSTATUS(st);
   if (WIFSIGNALED(st)) e.signal = WTERMSIG(st);
   char buf[4096];
@@ -132,8 +130,8 @@ SignalledRun run_and_signal(const std::string& tool, const std::vector<std::stri
 
 std::uint64_t signal_test_seed() {
   const char* env = std::getenv("ZINF_TEST_SEED");
-  const std::uint64_t seed = env != nullptr && *env != '\0' ? std::strtoull(env, nullptr, 10)
-                                                            : std::random_device{}();
+  const std::uint64_t seed =
+      env != nullptr && *env != '\0' ? std::strtoull(env, nullptr, 10) : std::random_device{}();
   std::cout << "signal delays: ZINF_TEST_SEED=" << seed << " replays them\n";
   return seed;
 }

@@ -26,8 +26,7 @@ namespace {
 
 constexpr std::uint64_t kBlock = 4096;
 
-BufferPoolOptions options(std::uint64_t budget, std::uint32_t alignment = 4096,
-                          bool huge = false) {
+BufferPoolOptions options(std::uint64_t budget, std::uint32_t alignment = 4096, bool huge = false) {
   BufferPoolOptions o;
   o.budget_bytes = budget;
   o.alignment = alignment;
@@ -237,9 +236,7 @@ TEST(BufferPool, TimedOutHeadDoesNotBlockOthers) {
   // served from the two free blocks without any release happening. The second request starts
   // once the head waits and is checked to queue behind it (waiting() == 2) well before the
   // head's timeout, so the hand-over on timeout is what the test exercises.
-  std::thread head([&] {
-    EXPECT_FALSE(pool.try_acquire(4 * kBlock, std::chrono::seconds(1)));
-  });
+  std::thread head([&] { EXPECT_FALSE(pool.try_acquire(4 * kBlock, std::chrono::seconds(1))); });
   wait_until([&] { return pool.waiting() == 1; });
   BufferLease small;
   std::thread second([&] {

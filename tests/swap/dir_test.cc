@@ -33,9 +33,7 @@ std::string read_text(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream(path) << text;
-}
+void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
 std::set<std::string> entries(const std::string& dir) {
   std::set<std::string> out;
@@ -127,7 +125,7 @@ TEST(File, CreateUnnamedLeavesNoNameBehind) {
   const Dir d = Dir::open(dir.path());
   {
     File f = File::create_unnamed(d, "zinf-swap-0",
-                                    FileOptions{.direct = false, .preallocate_bytes = 1 << 20});
+                                  FileOptions{.direct = false, .preallocate_bytes = 1 << 20});
     EXPECT_TRUE(f.is_open());
     EXPECT_EQ(f.size(), 1u << 20);
     EXPECT_NE(f.path().find(dir.file("zinf-swap-0")), std::string::npos) << f.path();

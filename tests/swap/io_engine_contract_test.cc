@@ -65,9 +65,9 @@ TEST_P(IoEngineContract, RoundTripsEveryByteForManySizes) {
   const std::uint64_t a = std::max<std::uint32_t>(file.alignment(), 1);
   const FileId id = engine->attach(file);
   // 4 KiB, one block, odd multiples of the alignment, block multiples, and many blocks.
-  const std::vector<std::uint64_t> sizes = {4096,          kBlock,           3 * 4096 + a,
-                                            5 * a,         2 * kBlock,       3 * kBlock + 7 * a,
-                                            64 * kBlock,   kBlock - a,       a};
+  const std::vector<std::uint64_t> sizes = {4096,        kBlock,     3 * 4096 + a,
+                                            5 * a,       2 * kBlock, 3 * kBlock + 7 * a,
+                                            64 * kBlock, kBlock - a, a};
   std::uint64_t offset = 0;
   std::uint32_t generation = 1;
   for (std::uint64_t size : sizes) {
@@ -201,7 +201,12 @@ TEST_P(IoEngineContract, CallbackRunsExactlyOnceBeforeWaitReturns) {
   IoRequest r{IoOp::kRead, id, 2 * kBlock * kBatches, big.span()};  // entirely past EOF
   std::atomic<int> n{0};
   ErrorCode seen = ErrorCode::kOk;
-  Status st = engine->submit({&r, 1}, [&](const Status& s) { n.fetch_add(1); seen = s.code(); })
+  Status st = engine
+                  ->submit({&r, 1},
+                           [&](const Status& s) {
+                             n.fetch_add(1);
+                             seen = s.code();
+                           })
                   .wait_status();
   EXPECT_EQ(n.load(), 1);
   EXPECT_EQ(seen, ErrorCode::kShortTransfer);
@@ -260,7 +265,8 @@ TEST_P(IoEngineContract, EndOfFileInsideABlockIsShortTransfer) {
 TEST_P(IoEngineContract, MisalignedRequestsAreRejectedBeforeAnyIo) {
   auto engine = make();
   File file = open_file("align.dat");
-  if (!file.is_direct()) GTEST_SKIP() << "no O_DIRECT under " << file.path() << ": nothing to align";
+  if (!file.is_direct())
+    GTEST_SKIP() << "no O_DIRECT under " << file.path() << ": nothing to align";
   const std::uint32_t a = file.alignment();
   const FileId id = engine->attach(file);
   AlignedBuffer buf(4 * 4096);
@@ -270,7 +276,8 @@ TEST_P(IoEngineContract, MisalignedRequestsAreRejectedBeforeAnyIo) {
     std::size_t skip;
     std::size_t length;
   };
-  const Case cases[] = {{"buffer", 0, 1, 4096}, {"offset", a / 2, 0, 4096}, {"length", 0, 0, a + 100}};
+  const Case cases[] = {
+      {"buffer", 0, 1, 4096}, {"offset", a / 2, 0, 4096}, {"length", 0, 0, a + 100}};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
     // The first request is fine; the batch must still be refused whole.
@@ -341,10 +348,12 @@ TEST_P(IoEngineContract, RegisteredBuffersRoundTripInsideAndOutsideTheRegion) {
   auto inside_in = arena.span().subspan(4 * kBlock, 3 * kBlock);
   fill_pattern(inside_out, id.index, 0, 4);
   fill_pattern(outside.span(), id.index, 3 * kBlock, 4);
-  IoRequest writes[2] = {{IoOp::kWrite, id, 0, inside_out}, {IoOp::kWrite, id, 3 * kBlock, outside.span()}};
+  IoRequest writes[2] = {{IoOp::kWrite, id, 0, inside_out},
+                         {IoOp::kWrite, id, 3 * kBlock, outside.span()}};
   engine->submit(writes).wait();
   AlignedBuffer back(2 * kBlock);
-  IoRequest reads[2] = {{IoOp::kRead, id, 0, inside_in}, {IoOp::kRead, id, 3 * kBlock, back.span()}};
+  IoRequest reads[2] = {{IoOp::kRead, id, 0, inside_in},
+                        {IoOp::kRead, id, 3 * kBlock, back.span()}};
   engine->submit(reads).wait();
   EXPECT_EQ(check_pattern(inside_in, id.index, 0, 4), "");
   EXPECT_EQ(check_pattern(back.span(), id.index, 3 * kBlock, 4), "");

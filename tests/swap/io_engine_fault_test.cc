@@ -65,8 +65,8 @@ class IoEngineFault : public test::BackendTest {
     e.submit({&w, 1}).wait();
   }
 
-  static std::string read_and_check(IoEngine& e, FileId id, std::uint64_t offset,
-                                    std::size_t bytes, std::uint32_t gen) {
+  static std::string read_and_check(IoEngine& e, FileId id, std::uint64_t offset, std::size_t bytes,
+                                    std::uint32_t gen) {
     AlignedBuffer in(bytes);
     IoRequest r{IoOp::kRead, id, offset, in.span()};
     e.submit({&r, 1}).wait();
@@ -120,7 +120,8 @@ TEST_P(IoEngineFault, EioOnTheNthPieceNamesTheRequestAndTheEngineGoesOn) {
     EXPECT_EQ(e.code(), ErrorCode::kIo);
     const std::string what = e.what();
     EXPECT_NE(what.find("read failed: " + file.path()), std::string::npos) << what;
-    EXPECT_NE(what.find("offset=0 length=" + std::to_string(8 * kBlock)), std::string::npos) << what;
+    EXPECT_NE(what.find("offset=0 length=" + std::to_string(8 * kBlock)), std::string::npos)
+        << what;
     EXPECT_NE(what.find("(EIO)"), std::string::npos) << what;
     EXPECT_NE(what.find("engine=" + std::string(engine->name())), std::string::npos) << what;
     EXPECT_NE(what.find("piece offset="), std::string::npos) << what;
@@ -240,15 +241,16 @@ TEST_P(IoEngineFault, DelaysLoseNoCompletionAndNoByte) {
     outs.emplace_back(kBytes);
     fill_pattern(outs.back().span(), id.index, i * kBytes, 6);
     IoRequest w{IoOp::kWrite, id, i * kBytes, outs.back().span()};
-    tickets.push_back(engine->submit({&w, 1}, [&calls, i](const Status&) { calls[i].fetch_add(1); }));
+    tickets.push_back(
+        engine->submit({&w, 1}, [&calls, i](const Status&) { calls[i].fetch_add(1); }));
   }
   for (auto& t : tickets) t.wait();
   tickets.clear();
   for (int i = 0; i < kRequests; ++i) {
     ins.emplace_back(kBytes);
     IoRequest r{IoOp::kRead, id, i * kBytes, ins.back().span()};
-    tickets.push_back(engine->submit(
-        {&r, 1}, [&calls, i](const Status&) { calls[kRequests + i].fetch_add(1); }));
+    tickets.push_back(
+        engine->submit({&r, 1}, [&calls, i](const Status&) { calls[kRequests + i].fetch_add(1); }));
   }
   for (auto& t : tickets) t.wait();
   for (int i = 0; i < 2 * kRequests; ++i) EXPECT_EQ(calls[i].load(), 1) << "request " << i;

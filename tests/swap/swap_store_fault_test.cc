@@ -122,7 +122,8 @@ TEST_P(SwapStoreFault, WriteEioThroughTheTicketException) {
     EXPECT_EQ(e.sys_errno(), EIO);
     const std::string what = e.what();
     EXPECT_EQ(what.rfind("swap_out of key 'k': write failed: " + store_->file_paths()[0] +
-                             " offset=0 length=196608 ", 0),
+                             " offset=0 length=196608 ",
+                         0),
               0u)
         << what;
     EXPECT_TRUE(what.ends_with("(EIO)")) << what;
@@ -197,7 +198,8 @@ TEST_P(SwapStoreFault, SameKeyOverlapRefusedWhileInFlight) {
   EXPECT_THROW((void)store_->swap_in_range("k", kStripe, kStripe, in.span()), UsageError);
   EXPECT_THROW(store_->release("k"), UsageError);
   // A disjoint range of the same key, and other keys, are fine.
-  IoTicket t2 = store_->swap_out_range("k", 2 * kStripe, 2 * kStripe, out.span().subspan(2 * kStripe));
+  IoTicket t2 =
+      store_->swap_out_range("k", 2 * kStripe, 2 * kStripe, out.span().subspan(2 * kStripe));
   IoTicket t3 = store_->swap_out("other", out.span().first(kStripe));
   EXPECT_FALSE(t.poll()) << "the delay did not hold the write in flight; the checks above "
                             "may not have seen it";
@@ -236,7 +238,8 @@ TEST_P(SwapStoreFault, DefaultOptionsRefuseAByteFlippedInTheFile) {
   std::snprintf(crcs, sizeof crcs, "crc32c written 0x%08x, read 0x%08x",
                 crc32c(out.span().subspan(unit, unit)), crc32c(corrupted));
   const std::string& path = store.file_paths()[0];
-  const std::string where = path + " offset=" + std::to_string(unit) + " length=" + std::to_string(unit);
+  const std::string where =
+      path + " offset=" + std::to_string(unit) + " length=" + std::to_string(unit);
 
   AlignedBuffer in(bytes);
   try {

@@ -65,12 +65,14 @@ std::vector<std::string> entries(const std::string& dir) {
 }
 
 // Reads `length` bytes at `offset` of `path` with plain pread (not through zinf).
-std::vector<std::byte> read_file(const std::string& path, std::uint64_t offset, std::size_t length) {
+std::vector<std::byte> read_file(const std::string& path, std::uint64_t offset,
+                                 std::size_t length) {
   std::vector<std::byte> out(length);
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   EXPECT_GE(fd, 0) << path << ": " << std::strerror(errno);
   if (fd < 0) return out;
-  EXPECT_EQ(::pread(fd, out.data(), length, static_cast<off_t>(offset)), static_cast<ssize_t>(length));
+  EXPECT_EQ(::pread(fd, out.data(), length, static_cast<off_t>(offset)),
+            static_cast<ssize_t>(length));
   ::close(fd);
   return out;
 }
@@ -164,7 +166,8 @@ TEST_P(SwapStoreTest, RoundTripsOddSizes) {
       const std::string key = "t" + std::to_string(i);
       store.allocate(key, sizes[i]);
       EXPECT_EQ(store.size_of(key), sizes[i]);
-      EXPECT_EQ(store.padded_size(sizes[i]), (sizes[i] + store.alignment() - 1) / store.alignment() * store.alignment());
+      EXPECT_EQ(store.padded_size(sizes[i]),
+                (sizes[i] + store.alignment() - 1) / store.alignment() * store.alignment());
       EXPECT_EQ(round_trip(store, key, i, 1), "");
       EXPECT_EQ(round_trip(store, key, i, 2), "") << "second generation overwrites the first";
     }
@@ -201,7 +204,8 @@ TEST_P(SwapStoreTest, StripesAcrossDirectories) {
     const std::uint64_t len = std::min<std::uint64_t>(kStripe, padded - unit * kStripe);
     const std::size_t file = unit % 3;
     auto got = read_file(fd_path(store, file), unit / 3 * kStripe, len);
-    EXPECT_EQ(check_pattern(got, 9, unit * kStripe, 1), "") << "unit " << unit << " in file " << file;
+    EXPECT_EQ(check_pattern(got, 9, unit * kStripe, 1), "")
+        << "unit " << unit << " in file " << file;
     share[file] += len;
   }
   EXPECT_EQ(share[0], 3 * kStripe);         // units 0, 3, 6
@@ -249,15 +253,15 @@ TEST_P(SwapStoreTest, RangesFollowTheirRules) {
     auto bad = [&](std::uint64_t off, std::uint64_t len, std::span<std::byte> buf) {
       EXPECT_THROW(store.swap_in_range("r", off, len, buf), UsageError) << off << "+" << len;
     };
-    bad(100, 4096, big.span());                         // offset not aligned
-    bad(0, 0, big.span());                              // empty
-    bad(kStripe, bytes, big.span());                    // past the end
-    bad(0, 4096 + 1, big.span());                       // length not aligned, not the tail
-    bad(0, kStripe, big.span().subspan(512));           // buffer not aligned
-    bad(0, 2 * kStripe, big.span().first(kStripe));     // buffer too short
+    bad(100, 4096, big.span());                      // offset not aligned
+    bad(0, 0, big.span());                           // empty
+    bad(kStripe, bytes, big.span());                 // past the end
+    bad(0, 4096 + 1, big.span());                    // length not aligned, not the tail
+    bad(0, kStripe, big.span().subspan(512));        // buffer not aligned
+    bad(0, 2 * kStripe, big.span().first(kStripe));  // buffer too short
     EXPECT_THROW(store.swap_in("r", big.span().first(padded - 4096)), UsageError);
     if (checksums) {
-      bad(4096, kStripe - 4096, big.span());            // not whole stripe units
+      bad(4096, kStripe - 4096, big.span());  // not whole stripe units
       bad(0, kStripe + 4096, big.span());
     } else {
       AlignedBuffer page(4096);
@@ -343,9 +347,10 @@ TEST_P(SwapStoreTest, ChecksumsCatchCorruptionPlantedInAFile) {
     } catch (const IoError& e) {
       EXPECT_EQ(e.code(), ErrorCode::kCorrupt);
       EXPECT_EQ(std::string(e.what()),
-                "swap_in of key 'w' failed: " + victim + " offset=0 length=65536: checksum mismatch "
-                "in stripe unit 1 (tensor offset 65536 length 65536, stored at " + victim +
-                " offset=0 length=65536): " + expected_crcs);
+                "swap_in of key 'w' failed: " + victim +
+                    " offset=0 length=65536: checksum mismatch "
+                    "in stripe unit 1 (tensor offset 65536 length 65536, stored at " +
+                    victim + " offset=0 length=65536): " + expected_crcs);
     }
     EXPECT_EQ(store.stats().checksum_failures, 1u);
     EXPECT_EQ(store.stats().failures, 1u);

@@ -22,15 +22,15 @@ namespace {
 using zinf::test::dir_entries;
 using zinf::test::make_victims;
 using zinf::test::plant_links;
+using zinf::test::run_shell;
+using zinf::test::run_zinf;
 using zinf::test::spawn_tool;
 using zinf::test::ToolEnd;
 using zinf::test::ToolProcess;
+using zinf::test::ToolRun;
 using zinf::test::Victims;
 using zinf::test::victims_changed;
 using zinf::test::wait_tool;
-using zinf::test::run_shell;
-using zinf::test::run_zinf;
-using zinf::test::ToolRun;
 
 TEST(BenchStepCli, SmallRunOfEachTierPrintsTheJsonKeys) {
   zinf::test::TestDir dir;
@@ -40,14 +40,13 @@ TEST(BenchStepCli, SmallRunOfEachTierPrintsTheJsonKeys) {
                          "--depth 3 --steps 2 --engine threads --json --tier " + tier);
     ASSERT_EQ(r.status, 0) << r.out;
     const bool nvme = std::string(tier) == "nvme";
-    for (std::string key :
-         {std::string("\"tier\":\"") + tier + "\"", std::string("\"numel\":65536"),
-          std::string("\"sub_groups\":4"), std::string("\"step_seconds\":"),
-          std::string("\"read_seconds\":"), std::string("\"write_seconds\":"),
-          std::string("\"compute_seconds\":"),
-          std::string("\"bytes_read\":") + (nvme ? "786432" : "0"),
-          std::string("\"bytes_written\":") + (nvme ? "786432" : "0"),
-          std::string("\"pinned_bytes_peak\":") + (nvme ? "589824" : "786432")}) {
+    for (std::string key : {std::string("\"tier\":\"") + tier + "\"",
+                            std::string("\"numel\":65536"), std::string("\"sub_groups\":4"),
+                            std::string("\"step_seconds\":"), std::string("\"read_seconds\":"),
+                            std::string("\"write_seconds\":"), std::string("\"compute_seconds\":"),
+                            std::string("\"bytes_read\":") + (nvme ? "786432" : "0"),
+                            std::string("\"bytes_written\":") + (nvme ? "786432" : "0"),
+                            std::string("\"pinned_bytes_peak\":") + (nvme ? "589824" : "786432")}) {
       EXPECT_NE(r.out.find(key), std::string::npos) << key << " missing in " << r.out;
     }
   }
@@ -59,8 +58,9 @@ TEST(BenchStepCli, SmallRunOfEachTierPrintsTheJsonKeys) {
 TEST(BenchStepCli, ReferenceReportsTheIdealAndRemovesItsFiles) {
   zinf::test::TestDir dir;
   for (const char* tier : {"nvme", "cpu"}) {
-    ToolRun r = run_zinf("bench step --dir " + dir.path() + " --numel 64K --sub-group 16K " +
-                         "--depth 3 --steps 2 --engine threads --reference 1 --json --tier " + tier);
+    ToolRun r =
+        run_zinf("bench step --dir " + dir.path() + " --numel 64K --sub-group 16K " +
+                 "--depth 3 --steps 2 --engine threads --reference 1 --json --tier " + tier);
     ASSERT_EQ(r.status, 0) << r.out;
     const nlohmann::json j = nlohmann::json::parse(r.out);
     // Before each of the 2 steps and after the last.
@@ -87,8 +87,9 @@ TEST(BenchStepCli, ReferenceReportsTheIdealAndRemovesItsFiles) {
 // partial last block included.
 TEST(BenchStepCli, ReferenceEveryKStepsBracketsEachBlock) {
   zinf::test::TestDir dir;
-  ToolRun r = run_zinf("bench step --dir " + dir.path() + " --numel 64K --sub-group 16K --depth 3 " +
-                       "--steps 5 --engine threads --reference 2 --json");
+  ToolRun r =
+      run_zinf("bench step --dir " + dir.path() + " --numel 64K --sub-group 16K --depth 3 " +
+               "--steps 5 --engine threads --reference 2 --json");
   ASSERT_EQ(r.status, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j.at("reference_every"), 2) << r.out;
@@ -96,8 +97,9 @@ TEST(BenchStepCli, ReferenceEveryKStepsBracketsEachBlock) {
   EXPECT_EQ(j.at("ratio_to_ideal_all").size(), 5u) << r.out;
   r = run_zinf("bench step --dir " + dir.path() + " --steps 2 --reference 3");
   EXPECT_EQ(r.status, 2);
-  EXPECT_EQ(r.out, "zinf bench step: error: --reference 3 exceeds --steps 2: the references must "
-                   "bracket at least one block of steps\n");
+  EXPECT_EQ(r.out,
+            "zinf bench step: error: --reference 3 exceeds --steps 2: the references must "
+            "bracket at least one block of steps\n");
 }
 
 TEST(BenchStepCli, BadArgumentsAreOneLineErrors) {
@@ -119,7 +121,8 @@ TEST(BenchStepCli, ReferenceFollowsNoLinkPlantedAtItsOldName) {
   const Victims v = make_victims(dir.subdir("victims"));
   const std::vector<std::string> planted = {"zinf-bench-step-ref.0.dat"};
   plant_links(work, planted, v);
-  ToolRun r = run_zinf("bench step --dir " + work + " --numel 64K --sub-group 16K --steps 2 "
+  ToolRun r = run_zinf("bench step --dir " + work +
+                       " --numel 64K --sub-group 16K --steps 2 "
                        "--reference 1 --json");
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(victims_changed(v), "");

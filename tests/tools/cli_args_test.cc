@@ -52,7 +52,8 @@ TEST(Args, UnknownOptionSuggestsClosest) {
     a.finish();
     FAIL();
   } catch (const UsageError& e) {
-    EXPECT_STREQ(e.what(), "unknown option '--queue-dpth' for 'bench io' (did you mean --queue-depth?)");
+    EXPECT_STREQ(e.what(),
+                 "unknown option '--queue-dpth' for 'bench io' (did you mean --queue-depth?)");
   }
 }
 
@@ -76,8 +77,8 @@ TEST(Args, UintIsExactOverTheFullRange) {
 }
 
 TEST(Args, UintRejectsOverflowSignsAndGarbageNamingTheRange) {
-  for (const char* text : {"18446744073709551616", "99999999999999999999", "-1", "-0", "+1",
-                           " 1", "1 ", "12abc", "0x10", "1.5", "1e20", "1e", "inf", "nan", ""}) {
+  for (const char* text : {"18446744073709551616", "99999999999999999999", "-1", "-0", "+1", " 1",
+                           "1 ", "12abc", "0x10", "1.5", "1e20", "1e", "inf", "nan", ""}) {
     Args a("x", {std::string("--seed=") + text});
     try {
       (void)a.uint("seed", 1);
@@ -95,7 +96,8 @@ TEST(Args, UintChecksTheDestinationsRange) {
     (void)a.uint("threads", 0, 0, UINT32_MAX);
     ADD_FAILURE() << "no error";
   } catch (const UsageError& e) {
-    EXPECT_STREQ(e.what(), "invalid --threads '4294967297': expected an integer in [0, 4294967295]");
+    EXPECT_STREQ(e.what(),
+                 "invalid --threads '4294967297': expected an integer in [0, 4294967295]");
   }
   try {
     (void)a.uint("depth", 4, 3, 64);

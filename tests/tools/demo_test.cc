@@ -28,14 +28,14 @@ namespace {
 using zinf::test::dir_entries;
 using zinf::test::make_victims;
 using zinf::test::plant_links;
+using zinf::test::run_zinf;
 using zinf::test::spawn_tool;
 using zinf::test::ToolEnd;
 using zinf::test::ToolProcess;
+using zinf::test::ToolRun;
 using zinf::test::Victims;
 using zinf::test::victims_changed;
 using zinf::test::wait_tool;
-using zinf::test::run_zinf;
-using zinf::test::ToolRun;
 
 // The raw text of a top-level field of the one-line JSON summary ("" if absent).
 std::string field(const std::string& json, const std::string& key) {
@@ -75,12 +75,13 @@ TEST(DemoCli, EveryTierGivesTheReferenceWeightsAndTheLossFalls) {
   zinf::test::TestDir dir;
   const std::string expected = reference_sha256();
   for (const char* tier : {"none", "cpu", "nvme"}) {
-    const ToolRun r = run_zinf(std::string("demo --json --offload ") + tier + " --dir " +
-                                   dir.path() + " " + kTiny,
-                               false);
-    ASSERT_EQ(r.status, 0) << tier << ": " << run_zinf(std::string("demo --offload ") + tier +
-                                                           " --dir " + dir.path() + " " + kTiny,
-                                                       true).out;
+    const ToolRun r = run_zinf(
+        std::string("demo --json --offload ") + tier + " --dir " + dir.path() + " " + kTiny, false);
+    ASSERT_EQ(r.status, 0) << tier << ": "
+                           << run_zinf(std::string("demo --offload ") + tier + " --dir " +
+                                           dir.path() + " " + kTiny,
+                                       true)
+                                  .out;
     EXPECT_EQ(field(r.out, "offload"), tier);
     EXPECT_EQ(field(r.out, "steps"), "30");
     EXPECT_EQ(field(r.out, "layers"), "3");
@@ -104,9 +105,8 @@ TEST(DemoCli, AdamThreadCountDoesNotChangeTheWeights) {
   zinf::test::TestDir dir;
   std::string first;
   for (const char* threads : {"1", "2", "3"}) {
-    const ToolRun r = run_zinf(std::string("demo --json --offload cpu --adam-threads ") +
-                                   threads + " " + kTiny,
-                               false);
+    const ToolRun r = run_zinf(
+        std::string("demo --json --offload cpu --adam-threads ") + threads + " " + kTiny, false);
     ASSERT_EQ(r.status, 0) << r.out;
     const std::string sha = field(r.out, "weights_sha256");
     ASSERT_EQ(sha.size(), 64u) << r.out;
@@ -136,18 +136,21 @@ TEST(DemoCli, ConfigFileIsReadAndTheCommandLineOverridesIt) {
   const std::string path = dir.file("ds_config.json");
   std::ofstream(path) << R"({
   "zero_optimization": {"stage": 3,
-    "offload_param": {"device": "nvme", "nvme_path": ")" << nvme_dir << R"("},
-    "offload_optimizer": {"device": "nvme", "nvme_path": ")" << nvme_dir << R"("}},
+    "offload_param": {"device": "nvme", "nvme_path": ")"
+                      << nvme_dir << R"("},
+    "offload_optimizer": {"device": "nvme", "nvme_path": ")"
+                      << nvme_dir << R"("}},
   "optimizer": {"type": "Adam", "params": {"lr": 0.02}}
 })";
-  ToolRun r = run_zinf("demo --json --config " + path + " --layers 2 --hidden 16 --batch 4 --steps 3",
-                       false);
+  ToolRun r = run_zinf(
+      "demo --json --config " + path + " --layers 2 --hidden 16 --batch 4 --steps 3", false);
   ASSERT_EQ(r.status, 0) << run_zinf("demo --config " + path, true).out;
   EXPECT_EQ(field(r.out, "offload"), "nvme");
   EXPECT_EQ(field(r.out, "dir"), nvme_dir);
   EXPECT_EQ(field(r.out, "lr"), "0.02");
-  r = run_zinf("demo --json --config " + path + " --offload cpu --lr 0.005 --layers 2 --hidden 16 "
-               "--batch 4 --steps 3",
+  r = run_zinf("demo --json --config " + path +
+                   " --offload cpu --lr 0.005 --layers 2 --hidden 16 "
+                   "--batch 4 --steps 3",
                false);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(field(r.out, "offload"), "cpu");
@@ -179,12 +182,12 @@ TEST(DemoCli, FollowsNoLinkPlantedInItsDirectory) {
   const std::string work = dir.subdir("work");
   const Victims v = make_victims(dir.subdir("victims"));
   std::vector<std::string> planted;
-  ToolProcess p = spawn_tool(ZINF_TOOL_PATH,
-                             {"demo", "--dir", work, "--steps", "2", "--layers", "2", "--hidden", "64"},
-                             [&](pid_t pid) {
-                               planted = {".zinf-write-probe-" + std::to_string(pid)};
-                               plant_links(work, planted, v);
-                             });
+  ToolProcess p = spawn_tool(
+      ZINF_TOOL_PATH, {"demo", "--dir", work, "--steps", "2", "--layers", "2", "--hidden", "64"},
+      [&](pid_t pid) {
+        planted = {".zinf-write-probe-" + std::to_string(pid)};
+        plant_links(work, planted, v);
+      });
   const ToolEnd e = wait_tool(p);
   EXPECT_EQ(e.status, 0) << e.out;
   EXPECT_EQ(victims_changed(v), "");

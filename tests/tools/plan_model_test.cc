@@ -30,8 +30,9 @@ TEST(PlanModel, ParsesParameterCounts) {
     parse_param_count("13Q", "--params");
     FAIL() << "no error";
   } catch (const UsageError& e) {
-    EXPECT_STREQ(e.what(), "invalid --params '13Q': expected a parameter count such as 13e9, "
-                           "13B, 1.3M or 350K");
+    EXPECT_STREQ(e.what(),
+                 "invalid --params '13Q': expected a parameter count such as 13e9, "
+                 "13B, 1.3M or 350K");
   }
   EXPECT_THROW(parse_param_count("", "--params"), UsageError);
   EXPECT_THROW(parse_param_count("-5B", "--params"), UsageError);
@@ -47,8 +48,9 @@ TEST(PlanModel, ParsesBytesPerParam) {
     parse_bytes_per_param("4,4");
     FAIL() << "no error";
   } catch (const UsageError& e) {
-    EXPECT_STREQ(e.what(), "invalid --bytes-per-param '4,4': expected P,G,O bytes per parameter, "
-                           "e.g. 2,2,12 or 4,4,8");
+    EXPECT_STREQ(e.what(),
+                 "invalid --bytes-per-param '4,4': expected P,G,O bytes per parameter, "
+                 "e.g. 2,2,12 or 4,4,8");
   }
   EXPECT_THROW(parse_bytes_per_param("4,4,8,1"), UsageError);
   EXPECT_THROW(parse_bytes_per_param("a,4,8"), UsageError);
@@ -102,8 +104,9 @@ TEST(PlanModel, RejectsGpusNotDivisibleByTpTimesPp) {
     make_plan(in);
     FAIL() << "no error";
   } catch (const UsageError& e) {
-    EXPECT_STREQ(e.what(), "--gpus 12 is not divisible by --tp 8 x --pp 1 = 8: the data-parallel "
-                           "degree GPUs / (TP x PP) must be a whole number");
+    EXPECT_STREQ(e.what(),
+                 "--gpus 12 is not divisible by --tp 8 x --pp 1 = 8: the data-parallel "
+                 "degree GPUs / (TP x PP) must be a whole number");
   }
 }
 
@@ -143,8 +146,7 @@ TEST(PlanModel, PlacesOffloadedStateOnHostAndNvme) {
   EXPECT_DOUBLE_EQ(pn.nvme_read_per_step, 8 * (12 + 4) * part);
   EXPECT_DOUBLE_EQ(pn.nvme_write_per_step, 8 * (12 + 2) * part);
   ASSERT_TRUE(pn.io_seconds.has_value());
-  EXPECT_DOUBLE_EQ(*pn.io_seconds,
-                   8 * (24 * part / 3e9 + 4 * part / 4e9 + 2 * part / 2e9));
+  EXPECT_DOUBLE_EQ(*pn.io_seconds, 8 * (24 * part / 3e9 + 4 * part / 4e9 + 2 * part / 2e9));
 
   // params -> cpu: the parameter partition is pinned on the host.
   PlanRow pc = evaluate_setup(in, {3, Tier::kCpu, Tier::kCpu}, 8);
@@ -165,11 +167,11 @@ TEST(PlanModel, OffloadFilterShowsOnlyValidStages) {
 
 TEST(PlanModel, CandidatesAreInCostOrder) {
   std::vector<PlanSetup> c = candidate_setups();
-  std::vector<PlanSetup> want = {
-      {0, Tier::kGpu, Tier::kGpu},  {1, Tier::kGpu, Tier::kGpu},  {2, Tier::kGpu, Tier::kGpu},
-      {3, Tier::kGpu, Tier::kGpu},  {2, Tier::kCpu, Tier::kGpu},  {3, Tier::kCpu, Tier::kGpu},
-      {3, Tier::kNvme, Tier::kGpu}, {3, Tier::kCpu, Tier::kCpu},  {3, Tier::kNvme, Tier::kCpu},
-      {3, Tier::kNvme, Tier::kNvme}};
+  std::vector<PlanSetup> want = {{0, Tier::kGpu, Tier::kGpu},  {1, Tier::kGpu, Tier::kGpu},
+                                 {2, Tier::kGpu, Tier::kGpu},  {3, Tier::kGpu, Tier::kGpu},
+                                 {2, Tier::kCpu, Tier::kGpu},  {3, Tier::kCpu, Tier::kGpu},
+                                 {3, Tier::kNvme, Tier::kGpu}, {3, Tier::kCpu, Tier::kCpu},
+                                 {3, Tier::kNvme, Tier::kCpu}, {3, Tier::kNvme, Tier::kNvme}};
   EXPECT_EQ(c, want);
 }
 

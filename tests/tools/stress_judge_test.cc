@@ -160,11 +160,11 @@ TEST(StressJudge, EveryBrokenRuleIsListedInOrder) {
   t.tally.corruption_errors = t.tally.errors_without_context = 1;
   t.pinned.peak = (64ull << 20) + 1;
   const StressVerdict v = judge(t, o);
-  EXPECT_EQ(v.broken, (std::vector<StressRule>{
-                          StressRule::kMismatch, StressRule::kHardFaultUnsurfaced,
-                          StressRule::kUnexpectedError, StressRule::kCorruption,
-                          StressRule::kErrorWithoutContext, StressRule::kBudgetOverrun,
-                          StressRule::kNothingPlanted}));
+  EXPECT_EQ(v.broken,
+            (std::vector<StressRule>{StressRule::kMismatch, StressRule::kHardFaultUnsurfaced,
+                                     StressRule::kUnexpectedError, StressRule::kCorruption,
+                                     StressRule::kErrorWithoutContext, StressRule::kBudgetOverrun,
+                                     StressRule::kNothingPlanted}));
   for (StressRule r : v.broken) EXPECT_TRUE(v.broke(r));
   EXPECT_EQ(v.problems, (std::vector<std::string>{"pinned memory over budget",
                                                   "plant-corruption: nothing was planted"}));
@@ -175,7 +175,8 @@ TEST(StressJudge, EveryBrokenRuleIsListedInOrder) {
 TEST(StressJudge, ProblemLinesKeepTheWorkersFirstUnderTheCap) {
   StressTotals t = clean_run();
   t.tally.mismatches = kMaxProblems - 1;
-  for (std::size_t i = 0; i + 1 < kMaxProblems; ++i) t.tally.problem("mismatch " + std::to_string(i));
+  for (std::size_t i = 0; i + 1 < kMaxProblems; ++i)
+    t.tally.problem("mismatch " + std::to_string(i));
   t.pinned.peak = (64ull << 20) + 1;
   StressOptions o = options();
   o.plant = true;

@@ -24,15 +24,15 @@ namespace {
 using zinf::test::dir_entries;
 using zinf::test::make_victims;
 using zinf::test::plant_links;
+using zinf::test::run_shell;
+using zinf::test::run_zinf;
 using zinf::test::spawn_tool;
 using zinf::test::ToolEnd;
 using zinf::test::ToolProcess;
+using zinf::test::ToolRun;
 using zinf::test::Victims;
 using zinf::test::victims_changed;
 using zinf::test::wait_tool;
-using zinf::test::run_shell;
-using zinf::test::run_zinf;
-using zinf::test::ToolRun;
 
 // The unsigned value of `key` in the run's JSON summary. A summary that does not parse or
 // lacks the key fails the test here, so a renamed field cannot pass as "0 <= 0".
@@ -52,7 +52,8 @@ long long json_uint(const std::string& out, const std::string& key) {
 
 TEST(StressCli, ShortCleanRunPassesWithEveryByteVerified) {
   zinf::test::TestDir dir;
-  ToolRun r = run_zinf("stress --dir " + dir.path() + " --duration 1500ms --seed 3 --json", /*merge_stderr=*/false);
+  ToolRun r = run_zinf("stress --dir " + dir.path() + " --duration 1500ms --seed 3 --json",
+                       /*merge_stderr=*/false);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("\"result\":\"pass\""), std::string::npos) << r.out;
   EXPECT_EQ(json_uint(r.out, "mismatches"), 0) << r.out;
@@ -69,13 +70,16 @@ TEST(StressCli, ShortCleanRunPassesWithEveryByteVerified) {
 
 TEST(StressCli, FaultsAreInjectedAndEveryHardOneSurfaces) {
   zinf::test::TestDir dir;
-  ToolRun r = run_zinf("stress --dir " + dir.path() + " --duration 3s --faults 0.05 --seed 5 --json", /*merge_stderr=*/false);
+  ToolRun r =
+      run_zinf("stress --dir " + dir.path() + " --duration 3s --faults 0.05 --seed 5 --json",
+               /*merge_stderr=*/false);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(json_uint(r.out, "mismatches"), 0) << r.out;
   EXPECT_EQ(json_uint(r.out, "hard_faults_unsurfaced"), 0) << r.out;
   EXPECT_EQ(json_uint(r.out, "unexpected_errors"), 0) << r.out;
   // Every kind was injected, and every hard fault counted was surfaced by its operation.
-  for (const char* kind : {"faults_eio", "faults_enospc", "faults_short", "faults_eagain", "faults_delay"}) {
+  for (const char* kind :
+       {"faults_eio", "faults_enospc", "faults_short", "faults_eagain", "faults_delay"}) {
     EXPECT_GT(json_uint(r.out, kind), 0) << kind << " in " << r.out;
   }
   const long long hard = json_uint(r.out, "hard_faults");
@@ -87,11 +91,13 @@ TEST(StressCli, FaultsAreInjectedAndEveryHardOneSurfaces) {
 
 TEST(StressCli, PlantedCorruptionIsReportedAsAMismatch) {
   zinf::test::TestDir dir;
-  ToolRun r = run_zinf("stress --dir " + dir.path() + " --duration 500ms --workers 1 --plant-corruption");
+  ToolRun r =
+      run_zinf("stress --dir " + dir.path() + " --duration 500ms --workers 1 --plant-corruption");
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_NE(r.out.find("planted           flipped bytes [0, 64) of "), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("problem: swap_in w0-t1 [0, +274489) of 274489: mismatch at tensor offset 0:"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find("problem: swap_in w0-t1 [0, +274489) of 274489: mismatch at tensor offset 0:"),
+      std::string::npos)
       << r.out;
   EXPECT_EQ(r.out.find("mismatches        0\n"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("FAIL"), std::string::npos) << r.out;
@@ -100,7 +106,7 @@ TEST(StressCli, PlantedCorruptionIsReportedAsAMismatch) {
 TEST(StressCli, PlantedCorruptionWithChecksumsSurfacesAsACorruptionError) {
   zinf::test::TestDir dir;
   ToolRun r = run_zinf("stress --dir " + dir.path() +
-                       " --duration 500ms --workers 1 --checksums --plant-corruption --json",
+                           " --duration 500ms --workers 1 --checksums --plant-corruption --json",
                        /*merge_stderr=*/false);
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_NE(r.out.find("\"result\":\"fail\""), std::string::npos) << r.out;
@@ -114,7 +120,9 @@ TEST(StressCli, PlantedCorruptionWithChecksumsSurfacesAsACorruptionError) {
 TEST(StressCli, BadOptionsAreOneLineErrors) {
   ToolRun r = run_zinf("stress --duration 10parsecs");
   EXPECT_EQ(r.status, 2);
-  EXPECT_EQ(r.out, "zinf stress: error: invalid --duration '10parsecs': expected e.g. 500ms, 10s, 2m, 1h\n");
+  EXPECT_EQ(
+      r.out,
+      "zinf stress: error: invalid --duration '10parsecs': expected e.g. 500ms, 10s, 2m, 1h\n");
   r = run_zinf("stress --faults 0.9");
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(r.out, "zinf stress: error: invalid --faults: must be a probability in [0, 0.5]\n");
@@ -128,12 +136,12 @@ TEST(StressCli, FollowsNoLinkPlantedAtTheNamesItUsedToUse) {
   const std::string work = dir.subdir("work");
   const Victims v = make_victims(dir.subdir("victims"));
   std::vector<std::string> planted;
-  ToolProcess p = spawn_tool(ZINF_TOOL_PATH,
-                             {"stress", "--dir", work, "--duration", "300ms", "--workers", "1", "--json"},
-                             [&](pid_t pid) {
-                               planted = {".zinf-write-probe-" + std::to_string(pid)};
-                               plant_links(work, planted, v);
-                             });
+  ToolProcess p = spawn_tool(
+      ZINF_TOOL_PATH, {"stress", "--dir", work, "--duration", "300ms", "--workers", "1", "--json"},
+      [&](pid_t pid) {
+        planted = {".zinf-write-probe-" + std::to_string(pid)};
+        plant_links(work, planted, v);
+      });
   const ToolEnd e = wait_tool(p);
   EXPECT_EQ(e.status, 0) << e.out;
   EXPECT_EQ(victims_changed(v), "");
@@ -142,9 +150,8 @@ TEST(StressCli, FollowsNoLinkPlantedAtTheNamesItUsedToUse) {
 
 TEST(StressCli, SignalsStopTheSoakAndLeaveNothingBehind) {
   zinf::test::TestDir dir;
-  zinf::test::expect_signals_stop_cleanly(ZINF_TOOL_PATH, "stress",
-                                          {"--duration", "60s", "--workers", "1"}, dir.path(), 100,
-                                          600);
+  zinf::test::expect_signals_stop_cleanly(
+      ZINF_TOOL_PATH, "stress", {"--duration", "60s", "--workers", "1"}, dir.path(), 100, 600);
 }
 
 }  // namespace

@@ -27,15 +27,15 @@ namespace {
 using zinf::test::dir_entries;
 using zinf::test::make_victims;
 using zinf::test::plant_links;
+using zinf::test::run_shell;
+using zinf::test::run_zinf;
 using zinf::test::spawn_tool;
 using zinf::test::ToolEnd;
 using zinf::test::ToolProcess;
+using zinf::test::ToolRun;
 using zinf::test::Victims;
 using zinf::test::victims_changed;
 using zinf::test::wait_tool;
-using zinf::test::run_shell;
-using zinf::test::run_zinf;
-using zinf::test::ToolRun;
 
 std::string slurp(const std::string& path) {
   std::ifstream f(path);
@@ -48,8 +48,10 @@ TEST(TuneCli, TinyBudgetWritesAConfigTheReaderAcceptsWithTheChosenValues) {
   zinf::test::TestDir dir;
   std::string data = dir.subdir("data");
   std::string cfg = dir.file("zinf.json"), rep = dir.file("report.json");
-  ToolRun r = run_zinf("tune --dir " + data + " --time-budget 2 --block-sizes 256K,1M "
-                       "--queue-depths 4,8 --out " + cfg + " --report " + rep);
+  ToolRun r = run_zinf("tune --dir " + data +
+                       " --time-budget 2 --block-sizes 256K,1M "
+                       "--queue-depths 4,8 --out " +
+                       cfg + " --report " + rep);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("chosen: backend="), std::string::npos) << r.out;
 
@@ -61,8 +63,9 @@ TEST(TuneCli, TinyBudgetWritesAConfigTheReaderAcceptsWithTheChosenValues) {
   EXPECT_EQ(c.aio.queue_depth, static_cast<std::uint32_t>(chosen["queue_depth"].get<double>()));
   const std::string backend = chosen["backend"].get<std::string>();
   EXPECT_EQ(zinf::swap::io_engine_kind_name(c.zinf.backend), backend);
-  EXPECT_EQ(c.aio.intra_op_parallelism,
-            backend == "threads" ? static_cast<std::uint32_t>(chosen["threads"].get<double>()) : 1u);
+  EXPECT_EQ(
+      c.aio.intra_op_parallelism,
+      backend == "threads" ? static_cast<std::uint32_t>(chosen["threads"].get<double>()) : 1u);
   EXPECT_FALSE(c.aio.single_submit);
   EXPECT_TRUE(c.aio.overlap_events);
   EXPECT_TRUE(c.notices.empty());
@@ -80,7 +83,8 @@ TEST(TuneCli, TinyBudgetWritesAConfigTheReaderAcceptsWithTheChosenValues) {
   EXPECT_FALSE(std::ifstream(data + "/zinf-tune.0.dat").good());
 
   // plan reads the report for the drive bandwidth and predicts I/O time.
-  ToolRun p = run_zinf("plan --params 1B --gpus 1 --offload-optimizer nvme --tune " + rep + " --json");
+  ToolRun p =
+      run_zinf("plan --params 1B --gpus 1 --offload-optimizer nvme --tune " + rep + " --json");
   ASSERT_EQ(p.status, 0) << p.out;
   const nlohmann::json pj = nlohmann::json::parse(p.out);
   const nlohmann::json& row = pj["setups"].at(0);
@@ -109,30 +113,35 @@ TEST(TuneCli, WarnsWhenMemlockIsBelowThePinnedBudget) {
 TEST(TuneCli, BadArgumentsExit2WithOneLine) {
   ToolRun r = run_zinf("tune");
   EXPECT_EQ(r.status, 2);
-  EXPECT_EQ(r.out, "zinf tune: error: --dir is required (a directory on the drive to tune; repeatable)\n");
+  EXPECT_EQ(r.out,
+            "zinf tune: error: --dir is required (a directory on the drive to tune; repeatable)\n");
   r = run_zinf("tune --dir /nonexistent/zinf-nowhere");
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(r.out, "zinf tune: error: directory does not exist: /nonexistent/zinf-nowhere\n");
   r = run_zinf("tune --dir /tmp --backends spdk");
   EXPECT_EQ(r.status, 2);
-  EXPECT_EQ(r.out, "zinf tune: error: invalid --backends entry 'spdk': expected uring or threads\n");
+  EXPECT_EQ(r.out,
+            "zinf tune: error: invalid --backends entry 'spdk': expected uring or threads\n");
 }
 
 TEST(PlanCli, BadArgumentsExit2WithOneLine) {
   ToolRun r = run_zinf("plan --params 13B --gpus 12 --tp 8");
   EXPECT_EQ(r.status, 2);
-  EXPECT_EQ(r.out, "zinf plan: error: --gpus 12 is not divisible by --tp 8 x --pp 1 = 8: the "
-                   "data-parallel degree GPUs / (TP x PP) must be a whole number\n");
+  EXPECT_EQ(r.out,
+            "zinf plan: error: --gpus 12 is not divisible by --tp 8 x --pp 1 = 8: the "
+            "data-parallel degree GPUs / (TP x PP) must be a whole number\n");
   r = run_zinf("plan");
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(r.out, "zinf plan: error: --params is required (e.g. --params 13B)\n");
   r = run_zinf("plan --params 13B --offload-optimizer disk");
   EXPECT_EQ(r.status, 2);
-  EXPECT_EQ(r.out, "zinf plan: error: invalid --offload-optimizer 'disk': expected none, cpu or nvme\n");
+  EXPECT_EQ(r.out,
+            "zinf plan: error: invalid --offload-optimizer 'disk': expected none, cpu or nvme\n");
   r = run_zinf("plan --params 13B --seq-len 2048");
   EXPECT_EQ(r.status, 2);
-  EXPECT_EQ(r.out, "zinf plan: error: activation memory needs all of --seq-len, --hidden, --layers, "
-                   "--micro-batch and --heads (each at least 1)\n");
+  EXPECT_EQ(r.out,
+            "zinf plan: error: activation memory needs all of --seq-len, --hidden, --layers, "
+            "--micro-batch and --heads (each at least 1)\n");
 }
 
 TEST(PlanCli, RecommendsAndPrintsTheTable) {
@@ -154,16 +163,15 @@ TEST(TuneCli, FollowsNoLinkPlantedAtItsNamesAndReplacesALinkAtOut) {
   const Victims out_victim = make_victims(dir.subdir("out-victim"));
   ASSERT_EQ(::symlink(out_victim.existing.c_str(), (out_dir + "/zinf.json").c_str()), 0);
   std::vector<std::string> planted;
-  ToolProcess p = spawn_tool(ZINF_TOOL_PATH,
-                             {"tune", "--dir", work, "--time-budget", "2", "--block-sizes", "256K",
-                              "--queue-depths", "8", "--backends", "threads", "--out",
-                              out_dir + "/zinf.json", "--json"},
-                             [&](pid_t pid) {
-                               planted = {"zinf-tune.0.dat",
-                                          ".zinf-tune-direct-" + std::to_string(pid),
-                                          ".zinf-write-probe-" + std::to_string(pid)};
-                               plant_links(work, planted, v);
-                             });
+  ToolProcess p = spawn_tool(
+      ZINF_TOOL_PATH,
+      {"tune", "--dir", work, "--time-budget", "2", "--block-sizes", "256K", "--queue-depths", "8",
+       "--backends", "threads", "--out", out_dir + "/zinf.json", "--json"},
+      [&](pid_t pid) {
+        planted = {"zinf-tune.0.dat", ".zinf-tune-direct-" + std::to_string(pid),
+                   ".zinf-write-probe-" + std::to_string(pid)};
+        plant_links(work, planted, v);
+      });
   const ToolEnd e = wait_tool(p);
   EXPECT_EQ(e.status, 0) << e.out;
   EXPECT_EQ(victims_changed(v), "");

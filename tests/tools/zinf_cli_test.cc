@@ -22,15 +22,15 @@ namespace {
 using zinf::test::dir_entries;
 using zinf::test::make_victims;
 using zinf::test::plant_links;
+using zinf::test::run_shell;
+using zinf::test::run_zinf;
 using zinf::test::spawn_tool;
 using zinf::test::ToolEnd;
 using zinf::test::ToolProcess;
+using zinf::test::ToolRun;
 using zinf::test::Victims;
 using zinf::test::victims_changed;
 using zinf::test::wait_tool;
-using zinf::test::run_shell;
-using zinf::test::run_zinf;
-using zinf::test::ToolRun;
 
 TEST(ZinfCli, NoArgumentsPrintsUsageAndExits2) {
   ToolRun r = run_zinf("");
@@ -51,12 +51,14 @@ TEST(ZinfCli, IntegerOptionsOutOfRangeExit2NamingTheRange) {
   ToolRun r = run_zinf("bench io --dir " + dir.path() +
                        " --size 1M --block-size 64K --loops 1 --threads 4294967297");
   EXPECT_EQ(r.status, 2);
-  EXPECT_EQ(r.out, "zinf bench io: error: invalid --threads '4294967297': expected an integer in "
-                   "[0, 4294967295]\n");
+  EXPECT_EQ(r.out,
+            "zinf bench io: error: invalid --threads '4294967297': expected an integer in "
+            "[0, 4294967295]\n");
   r = run_zinf("bench adam --numel 4096 --steps 1 --threads 18446744073709551617");
   EXPECT_EQ(r.status, 2);
-  EXPECT_EQ(r.out, "zinf bench adam: error: invalid --threads '18446744073709551617': expected "
-                   "an integer in [0, 1024]\n");
+  EXPECT_EQ(r.out,
+            "zinf bench adam: error: invalid --threads '18446744073709551617': expected "
+            "an integer in [0, 1024]\n");
   for (const char* bad : {"-1", "0x10", "3abc", "1.5"}) {
     r = run_zinf(std::string("demo --layers ") + bad);
     EXPECT_EQ(r.status, 2) << bad;
@@ -72,22 +74,25 @@ TEST(ZinfCli, HostileConfigsExit2NamingTheFile) {
   std::ofstream(deep) << std::string(100000, '[');
   ToolRun r = run_zinf("demo --config " + deep);
   EXPECT_EQ(r.status, 2) << r.out;
-  EXPECT_EQ(r.out, "zinf demo: error: " + deep + ": line 1, column 65: nesting deeper than 64 "
-                   "levels of objects and arrays (the limit of a config)\n");
+  EXPECT_EQ(r.out, "zinf demo: error: " + deep +
+                       ": line 1, column 65: nesting deeper than 64 "
+                       "levels of objects and arrays (the limit of a config)\n");
 
   const std::string lr = dir.file("lr.json");
   std::ofstream(lr) << R"({"optimizer": {"params": {"lr": 1e309}}})";
   r = run_zinf("demo --config " + lr);
   EXPECT_EQ(r.status, 2) << r.out;
-  EXPECT_EQ(r.out, "zinf demo: error: " + lr + ": line 1, column 33: optimizer.params.lr: number "
-                   "out of range (1e309 is beyond a double's +-1.8e308)\n");
+  EXPECT_EQ(r.out, "zinf demo: error: " + lr +
+                       ": line 1, column 33: optimizer.params.lr: number "
+                       "out of range (1e309 is beyond a double's +-1.8e308)\n");
 
   const std::string eps = dir.file("eps.json");
   std::ofstream(eps) << R"({"optimizer": {"params": {"eps": 0}}})";
   r = run_zinf("demo --config " + eps);
   EXPECT_EQ(r.status, 2) << r.out;
-  EXPECT_EQ(r.out, "zinf demo: error: " + eps + ": optimizer.params.eps: must be in [1e-45, "
-                   "3.4028235e+38], got 0\n");
+  EXPECT_EQ(r.out, "zinf demo: error: " + eps +
+                       ": optimizer.params.eps: must be in [1e-45, "
+                       "3.4028235e+38], got 0\n");
 
   // A FIFO: `timeout` ends the tool (status 124) if it blocks waiting for a writer.
   const std::string fifo = dir.file("config.fifo");
@@ -99,8 +104,9 @@ TEST(ZinfCli, HostileConfigsExit2NamingTheFile) {
   // A device is refused for what it is (config_test reads /dev/zero with bounded memory).
   r = run_zinf("demo --config /dev/null");
   EXPECT_EQ(r.status, 2) << r.out;
-  EXPECT_EQ(r.out, "zinf demo: error: /dev/null: the config is a character device, not a "
-                   "regular file; give a JSON file\n");
+  EXPECT_EQ(r.out,
+            "zinf demo: error: /dev/null: the config is a character device, not a "
+            "regular file; give a JSON file\n");
 }
 
 TEST(BenchIoCli, MissingDirectoryExits2WithOneLine) {
@@ -133,8 +139,9 @@ TEST(BenchIoCli, SizeBelowOneBlockPerFileExits2AndLeavesNoFile) {
   zinf::test::TestDir dir;
   ToolRun r = run_zinf("bench io --dir " + dir.path() + " --dir " + dir.path() + " --size 1M");
   EXPECT_EQ(r.status, 2);
-  EXPECT_EQ(r.out, "zinf bench io: error: --size 1048576 is smaller than one block per file "
-                   "(2097152 bytes)\n");
+  EXPECT_EQ(r.out,
+            "zinf bench io: error: --size 1048576 is smaller than one block per file "
+            "(2097152 bytes)\n");
   EXPECT_FALSE(std::ifstream(dir.path() + "/zinf-bench-io.0.dat").good());
 }
 
@@ -150,7 +157,8 @@ TEST(BenchIoCli, UnalignedBlockSizeExits2) {
 TEST(BenchIoCli, BufferBytesBelowTheQueueOrUnalignedExits2) {
   zinf::test::TestDir dir;
   for (const char* bad : {"8M", "16781312"}) {
-    ToolRun r = run_zinf("bench io --dir " + dir.path() + " --queue-depth 16 --buffer-bytes " + bad);
+    ToolRun r =
+        run_zinf("bench io --dir " + dir.path() + " --queue-depth 16 --buffer-bytes " + bad);
     EXPECT_EQ(r.status, 2);
     EXPECT_EQ(r.out, std::string("zinf bench io: error: invalid --buffer-bytes ") +
                          (bad[0] == '8' ? "8388608" : "16781312") +
@@ -179,12 +187,13 @@ TEST(BenchIoCli, SmallVerifiedRunOverTwoDirsPrintsJson) {
   std::string a = dir.subdir("a"), b = dir.subdir("b");
   for (const char* engine : {"threads", "auto"}) {
     ToolRun r = run_zinf("bench io --dir " + a + " --dir " + b + " --size 16M --block-size 256K " +
-                "--queue-depth 4 --loops 2 --json --engine " + engine);
+                         "--queue-depth 4 --loops 2 --json --engine " + engine);
     ASSERT_EQ(r.status, 0) << r.out;
-    for (const char* key : {"\"op\":\"write\"", "\"op\":\"read\"", "\"engine\":", "\"bytes\":16777216",
-                            "\"seconds\":", "\"gbps\":", "\"iops\":", "\"lat_p50_us\":",
-                            "\"lat_p99_us\":", "\"block_size\":262144", "\"queue_depth\":4",
-                            "\"direct\":", "\"huge_pages\":", "\"verified\":true", "\"files\":2"}) {
+    for (const char* key :
+         {"\"op\":\"write\"", "\"op\":\"read\"", "\"engine\":", "\"bytes\":16777216",
+          "\"seconds\":", "\"gbps\":", "\"iops\":", "\"lat_p50_us\":", "\"lat_p99_us\":",
+          "\"block_size\":262144", "\"queue_depth\":4",
+          "\"direct\":", "\"huge_pages\":", "\"verified\":true", "\"files\":2"}) {
       EXPECT_NE(r.out.find(key), std::string::npos) << key << " missing in " << r.out;
     }
   }
@@ -195,7 +204,8 @@ TEST(BenchIoCli, SmallVerifiedRunOverTwoDirsPrintsJson) {
 // The requests rotate over a footprint larger than the queue: still every byte verified.
 TEST(BenchIoCli, LargerBufferFootprintIsVerifiedAndReported) {
   zinf::test::TestDir dir;
-  ToolRun r = run_zinf("bench io --dir " + dir.path() + " --size 8M --block-size 256K --queue-depth 2 "
+  ToolRun r = run_zinf("bench io --dir " + dir.path() +
+                       " --size 8M --block-size 256K --queue-depth 2 "
                        "--buffer-bytes 3M --loops 1 --json --engine threads");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("\"buffer_bytes\":3145728"), std::string::npos) << r.out;
@@ -208,10 +218,10 @@ TEST(BenchPrefetchCli, SmallHostRunPrintsJsonWithTheKeys) {
                        " --layers 4 --layer-bytes 256K --compute-ms 1 --depth 2 --passes 2 "
                        "--device host --json");
   ASSERT_EQ(r.status, 0) << r.out;
-  for (const char* key : {"\"wall_seconds\":", "\"compute_seconds\":", "\"io_seconds\":",
-                          "\"stall_seconds\":", "\"depth\":2", "\"layers\":4",
-                          "\"layer_bytes\":262144", "\"wall_over_max\":", "\"hits\":",
-                          "\"late_layers\":", "\"device\":\"host\"", "\"verified\":true"}) {
+  for (const char* key :
+       {"\"wall_seconds\":", "\"compute_seconds\":", "\"io_seconds\":", "\"stall_seconds\":",
+        "\"depth\":2", "\"layers\":4", "\"layer_bytes\":262144", "\"wall_over_max\":", "\"hits\":",
+        "\"late_layers\":", "\"device\":\"host\"", "\"verified\":true"}) {
     EXPECT_NE(r.out.find(key), std::string::npos) << key << " missing in " << r.out;
   }
   EXPECT_EQ(r.out.find('\n'), r.out.size() - 1) << "one JSON object, one line: " << r.out;
@@ -219,8 +229,9 @@ TEST(BenchPrefetchCli, SmallHostRunPrintsJsonWithTheKeys) {
 
 TEST(BenchPrefetchCli, DepthZeroRunsOnDemand) {
   zinf::test::TestDir dir;
-  ToolRun r = run_zinf("bench prefetch --dir " + dir.path() +
-                       " --layers 3 --layer-bytes 64K --compute-ms 0.5 --depth 0 --passes 1 --json");
+  ToolRun r =
+      run_zinf("bench prefetch --dir " + dir.path() +
+               " --layers 3 --layer-bytes 64K --compute-ms 0.5 --depth 0 --passes 1 --json");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("\"depth\":0"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("\"hits\":0"), std::string::npos) << r.out;
@@ -230,22 +241,27 @@ TEST(BenchPrefetchCli, BadArgumentsExit2WithOneLine) {
   zinf::test::TestDir dir;
   ToolRun r = run_zinf("bench prefetch --dir " + dir.path() + " --layer-bytes 1000");
   EXPECT_EQ(r.status, 2);
-  EXPECT_EQ(r.out, "zinf bench prefetch: error: invalid --layer-bytes 1000: must be a positive "
-                   "multiple of 4096\n");
+  EXPECT_EQ(r.out,
+            "zinf bench prefetch: error: invalid --layer-bytes 1000: must be a positive "
+            "multiple of 4096\n");
   r = run_zinf("bench prefetch --dir " + dir.path() + " --device tpu");
   EXPECT_EQ(r.status, 2);
-  EXPECT_EQ(r.out, "zinf bench prefetch: error: unknown device kind 'tpu' (expected auto, cuda or "
-                   "host)\n");
+  EXPECT_EQ(r.out,
+            "zinf bench prefetch: error: unknown device kind 'tpu' (expected auto, cuda or "
+            "host)\n");
   r = run_zinf("bench prefetch --dir /nonexistent/zinf-nowhere");
   EXPECT_EQ(r.status, 2);
-  EXPECT_EQ(r.out, "zinf bench prefetch: error: directory does not exist: /nonexistent/zinf-nowhere\n");
+  EXPECT_EQ(r.out,
+            "zinf bench prefetch: error: directory does not exist: /nonexistent/zinf-nowhere\n");
   r = run_zinf("bench prefetch --dept 2");
   EXPECT_EQ(r.status, 2);
-  EXPECT_EQ(r.out, "zinf bench prefetch: error: unknown option '--dept' for 'bench prefetch' (did "
-                   "you mean --depth?)\n");
+  EXPECT_EQ(r.out,
+            "zinf bench prefetch: error: unknown option '--dept' for 'bench prefetch' (did "
+            "you mean --depth?)\n");
   r = run_zinf("bench prefetch --dir " + dir.path() + " --layers 0");
   EXPECT_EQ(r.status, 2);
-  EXPECT_EQ(r.out, "zinf bench prefetch: error: invalid --layers 0: must be between 1 and 100000\n");
+  EXPECT_EQ(r.out,
+            "zinf bench prefetch: error: invalid --layers 0: must be between 1 and 100000\n");
 }
 
 TEST(BenchPrefetchCli, HelpExits0) {
@@ -259,8 +275,9 @@ TEST(BenchPrefetchCli, HelpExits0) {
 namespace {
 
 TEST(BenchAdamCli, SmallRunPrintsJsonWithTheIssueKeys) {
-  ToolRun r = run_zinf("bench adam --numel 100003 --steps 2 --threads 2 --grad-dtype bf16 "
-                       "--copy-out fp16 --reference --json");
+  ToolRun r = run_zinf(
+      "bench adam --numel 100003 --steps 2 --threads 2 --grad-dtype bf16 "
+      "--copy-out fp16 --reference --json");
   ASSERT_EQ(r.status, 0) << r.out;
   for (const char* key : {"\"isa\":", "\"threads\":2", "\"numel\":100003", "\"seconds_per_step\":",
                           "\"elements_per_s\":", "\"gbps\":", "\"grad_dtype\":\"bf16\"",
@@ -293,14 +310,14 @@ TEST(BenchIoCli, FollowsNoLinkPlantedAtTheNamesItUsedToUse) {
   const std::string work = dir.subdir("work");
   const Victims v = make_victims(dir.subdir("victims"));
   std::vector<std::string> planted;
-  ToolProcess p = spawn_tool(ZINF_TOOL_PATH,
-                             {"bench", "io", "--dir", work, "--size", "8M", "--block-size", "256K",
-                              "--loops", "1", "--json"},
-                             [&](pid_t pid) {
-                               planted = {"zinf-bench-io.0.dat",
-                                          ".zinf-write-probe-" + std::to_string(pid)};
-                               plant_links(work, planted, v);
-                             });
+  ToolProcess p =
+      spawn_tool(ZINF_TOOL_PATH,
+                 {"bench", "io", "--dir", work, "--size", "8M", "--block-size", "256K", "--loops",
+                  "1", "--json"},
+                 [&](pid_t pid) {
+                   planted = {"zinf-bench-io.0.dat", ".zinf-write-probe-" + std::to_string(pid)};
+                   plant_links(work, planted, v);
+                 });
   const ToolEnd e = wait_tool(p);
   EXPECT_EQ(e.status, 0) << e.out;
   EXPECT_EQ(victims_changed(v), "");
@@ -319,11 +336,19 @@ TEST(BenchIoCli, SignalsStopTheRunAndLeaveNothingBehind) {
 // shorter run reads back while the longer one still writes newer generations over it.)
 TEST(BenchIoCli, TwoRunsInOneDirectoryBothVerify) {
   zinf::test::TestDir dir;
-  std::vector<std::string> args = {"bench", "io", "--dir", dir.path(), "--size", "64M",
-                                   "--block-size", "256K", "--queue-depth", "4",
-                                   "--engine", "threads", "--json", "--loops"};
-  ToolProcess a = spawn_tool(ZINF_TOOL_PATH, [&] { auto v = args; v.push_back("2"); return v; }());
-  ToolProcess b = spawn_tool(ZINF_TOOL_PATH, [&] { auto v = args; v.push_back("8"); return v; }());
+  std::vector<std::string> args = {"bench",    "io",           "--dir",  dir.path(),      "--size",
+                                   "64M",      "--block-size", "256K",   "--queue-depth", "4",
+                                   "--engine", "threads",      "--json", "--loops"};
+  ToolProcess a = spawn_tool(ZINF_TOOL_PATH, [&] {
+    auto v = args;
+    v.push_back("2");
+    return v;
+  }());
+  ToolProcess b = spawn_tool(ZINF_TOOL_PATH, [&] {
+    auto v = args;
+    v.push_back("8");
+    return v;
+  }());
   const ToolEnd ea = wait_tool(a);
   const ToolEnd eb = wait_tool(b);
   for (const ToolEnd* e : {&ea, &eb}) {
@@ -337,11 +362,13 @@ TEST(BenchIoCli, TwoRunsInOneDirectoryBothVerify) {
 TEST(BenchIoCli, KeepLeavesFreshlyNamedFiles) {
   zinf::test::TestDir dir;
   for (int run = 1; run <= 2; ++run) {
-    ToolRun r = run_zinf("bench io --dir " + dir.path() + " --size 4M --block-size 256K --loops 1 "
+    ToolRun r = run_zinf("bench io --dir " + dir.path() +
+                         " --size 4M --block-size 256K --loops 1 "
                          "--keep --json");
     ASSERT_EQ(r.status, 0) << r.out;
     EXPECT_NE(r.out.find("zinf bench io: kept " + dir.path() + "/zinf-bench-io-"),
-              std::string::npos) << r.out;
+              std::string::npos)
+        << r.out;
     EXPECT_EQ(dir_entries(dir.path()).size(), static_cast<std::size_t>(run));
   }
 }
@@ -368,8 +395,8 @@ TEST(BenchPrefetchCli, SignalsStopTheRunAndLeaveNothingBehind) {
   zinf::test::TestDir dir;
   zinf::test::expect_signals_stop_cleanly(
       ZINF_TOOL_PATH, "bench prefetch",
-      {"--layers", "4", "--layer-bytes", "1M", "--passes", "1000", "--compute-ms", "1"},
-      dir.path(), 100, 600);
+      {"--layers", "4", "--layer-bytes", "1M", "--passes", "1000", "--compute-ms", "1"}, dir.path(),
+      100, 600);
 }
 
 }  // namespace

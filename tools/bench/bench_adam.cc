@@ -185,10 +185,12 @@ int bench_adam_main(const std::vector<std::string>& tokens) {
     std::printf("  %-28s %10.3f G/s\n", "elements per second", eps / 1e9);
     std::printf("  %-28s %10.2f GB/s  (%zu B/element)\n", "bandwidth", gbps, bytes_per_element);
     if (rmw) {
-      std::printf("  %-28s %10.2f GB/s  (a[i] += s*b[i], 12 B/element)\n", "read-modify-write", rmw_gbps);
+      std::printf("  %-28s %10.2f GB/s  (a[i] += s*b[i], 12 B/element)\n", "read-modify-write",
+                  rmw_gbps);
       std::printf("  %-28s %10.3f G/s   (rmw GB/s / 28 B)\n", "memory bound", bound_eps / 1e9);
       std::printf("  %-28s %10.3f x\n", "adam / memory bound", ratio);
-      std::printf("  %-28s %10.3f x   (fastest step / fastest pass)\n", "  best / best", ratio_best);
+      std::printf("  %-28s %10.3f x   (fastest step / fastest pass)\n", "  best / best",
+                  ratio_best);
     }
   }
   return 0;

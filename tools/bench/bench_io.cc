@@ -116,9 +116,10 @@ Config parse(const std::vector<std::string>& tokens, bool* help) {
   const std::uint64_t window = std::uint64_t{c.queue_depth} * c.block_size;
   if (c.buffer_bytes == 0) c.buffer_bytes = window;
   if (c.buffer_bytes < window || c.buffer_bytes % c.block_size != 0) {
-    throw UsageError("invalid --buffer-bytes " + std::to_string(c.buffer_bytes) +
-                     ": must be a multiple of --block-size and at least queue depth x block size (" +
-                     std::to_string(window) + ")");
+    throw UsageError(
+        "invalid --buffer-bytes " + std::to_string(c.buffer_bytes) +
+        ": must be a multiple of --block-size and at least queue depth x block size (" +
+        std::to_string(window) + ")");
   }
   return c;  // IoBench checks the size against one block per file
 }
@@ -195,8 +196,9 @@ int bench_io_main(const std::vector<std::string>& tokens) {
   if (cfg.json) {
     // What the machine has, for reading figures later; this benchmark never touches a GPU.
     const cuda::CudaAvailability gpu = cuda::probe_cuda();
-    const std::string gpu_text = gpu.available() ? std::to_string(gpu.device_count) + " CUDA device(s)"
-                                                 : "none (" + gpu.reason + ")";
+    const std::string gpu_text = gpu.available()
+                                     ? std::to_string(gpu.device_count) + " CUDA device(s)"
+                                     : "none (" + gpu.reason + ")";
     for (const auto& s : summaries) {
       JsonWriter j;
       j.field("op", s.op);
@@ -227,12 +229,14 @@ int bench_io_main(const std::vector<std::string>& tokens) {
       std::printf("%s\n", j.str().c_str());
     }
   } else {
-    std::printf("zinf bench io: engine=%.*s files=%zu size=%.2f GiB block=%u KiB qd=%u direct=%s "
-                "huge_pages=%s registered=%s fs=%s verify=%s\n",
-                static_cast<int>(bench.engine_name().size()), bench.engine_name().data(), bench.file_count(),
-                static_cast<double>(file_size * file_count) / (1u << 30), cfg.block_size / 1024,
-                cfg.queue_depth, bench.direct() ? "yes" : "no", bench.huge_pages() ? "yes" : "no",
-                bench.registered_buffers() ? "yes" : "no", fs.c_str(), cfg.verify ? "every byte" : "off");
+    std::printf(
+        "zinf bench io: engine=%.*s files=%zu size=%.2f GiB block=%u KiB qd=%u direct=%s "
+        "huge_pages=%s registered=%s fs=%s verify=%s\n",
+        static_cast<int>(bench.engine_name().size()), bench.engine_name().data(),
+        bench.file_count(), static_cast<double>(file_size * file_count) / (1u << 30),
+        cfg.block_size / 1024, cfg.queue_depth, bench.direct() ? "yes" : "no",
+        bench.huge_pages() ? "yes" : "no", bench.registered_buffers() ? "yes" : "no", fs.c_str(),
+        cfg.verify ? "every byte" : "off");
     std::printf("%-6s %14s %10s %10s %10s   %s\n", "op", "GB/s (1e9B/s)", "IOPS", "p50 us",
                 "p99 us", "GB/s per loop");
     for (const auto& s : summaries) {
@@ -241,7 +245,8 @@ int bench_io_main(const std::vector<std::string>& tokens) {
     }
   }
   if (cfg.keep) {
-    for (const auto& p : bench.keep_files()) std::fprintf(stderr, "zinf bench io: kept %s\n", p.c_str());
+    for (const auto& p : bench.keep_files())
+      std::fprintf(stderr, "zinf bench io: kept %s\n", p.c_str());
   }
   return 0;
 }

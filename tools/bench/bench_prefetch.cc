@@ -102,7 +102,8 @@ Config parse(const std::vector<std::string>& tokens, bool* help) {
   a.finish();
   if (*help) return c;
   if (c.layers == 0 || c.layers > 100000) {
-    throw UsageError("invalid --layers " + std::to_string(c.layers) + ": must be between 1 and 100000");
+    throw UsageError("invalid --layers " + std::to_string(c.layers) +
+                     ": must be between 1 and 100000");
   }
   if (c.layer_bytes == 0 || c.layer_bytes % kPatternSector != 0) {
     throw UsageError("invalid --layer-bytes " + std::to_string(c.layer_bytes) +
@@ -111,10 +112,12 @@ Config parse(const std::vector<std::string>& tokens, bool* help) {
   if (!(c.compute_ms >= 0) || c.compute_ms > 60000) {
     throw UsageError("invalid --compute-ms: must be between 0 and 60000");
   }
-  if (c.depth > 1024) throw UsageError("invalid --depth " + std::to_string(c.depth) + ": at most 1024");
+  if (c.depth > 1024)
+    throw UsageError("invalid --depth " + std::to_string(c.depth) + ": at most 1024");
   if (!(c.copy_gbps >= 0)) throw UsageError("invalid --copy-gbps: must be >= 0");
   if (c.passes == 0 || c.passes > 1000) {
-    throw UsageError("invalid --passes " + std::to_string(c.passes) + ": must be between 1 and 1000");
+    throw UsageError("invalid --passes " + std::to_string(c.passes) +
+                     ": must be between 1 and 1000");
   }
   check_scratch_dirs(c.dirs);
   return c;
@@ -136,13 +139,15 @@ double read_alone(const Config& cfg, swap::SwapStore& store, swap::IoEngine& eng
   std::span<std::byte> arena = pool.arena();
   (void)engine.register_buffers(std::span<const std::span<std::byte>>(&arena, 1));
   std::vector<swap::BufferLease> leases;
-  for (std::size_t i = 0; i < buffers; ++i) leases.push_back(pool.acquire(store.padded_size(cfg.layer_bytes)));
+  for (std::size_t i = 0; i < buffers; ++i)
+    leases.push_back(pool.acquire(store.padded_size(cfg.layer_bytes)));
   auto done = [&](swap::IoTicket& ticket, std::uint64_t l) {
     ticket.wait();
     if (!verify) return;
     std::string err = verify_block(leases[l % buffers].span().first(cfg.layer_bytes),
                                    static_cast<std::uint32_t>(l), 0, 1);
-    if (!err.empty()) throw Error("verification failed: layer " + std::to_string(l) + " read alone: " + err);
+    if (!err.empty())
+      throw Error("verification failed: layer " + std::to_string(l) + " read alone: " + err);
   };
   const auto start = Clock::now();
   swap::IoTicket previous;
@@ -175,7 +180,8 @@ std::chrono::nanoseconds per_layer_compute(const Config& cfg) {
 // timed from the host. Its overheads (launches, the sleep's overshoot) are the pass's too.
 double compute_alone(const Config& cfg, cuda::Device& device, cuda::StreamRef compute) {
   const auto start = Clock::now();
-  for (std::uint64_t l = 0; l < cfg.layers; ++l) device.enqueue_busy(compute, per_layer_compute(cfg));
+  for (std::uint64_t l = 0; l < cfg.layers; ++l)
+    device.enqueue_busy(compute, per_layer_compute(cfg));
   device.synchronize(compute);
   return seconds_since(start);
 }
@@ -211,7 +217,9 @@ class PassRunner {
  public:
   PassRunner(const Config& cfg, swap::SwapStore& store, swap::IoEngine& engine,
              cuda::Device& device, cuda::StreamRef compute, prefetch::PrefetcherOptions po)
-      : cfg_(cfg), device_(device), compute_(compute),
+      : cfg_(cfg),
+        device_(device),
+        compute_(compute),
         prefetcher_(with_engine(std::move(po), engine), store, device, compute) {
     (void)run();  // warm-up
   }
@@ -234,7 +242,8 @@ class PassRunner {
   }
 
  private:
-  static prefetch::PrefetcherOptions with_engine(prefetch::PrefetcherOptions po, swap::IoEngine& engine) {
+  static prefetch::PrefetcherOptions with_engine(prefetch::PrefetcherOptions po,
+                                                 swap::IoEngine& engine) {
     po.register_with_engine = &engine;
     return po;
   }
@@ -256,7 +265,8 @@ void verify_through_prefetcher(const Config& cfg, swap::SwapStore& store, cuda::
     device.copy_to_host(compute, back.span().first(cfg.layer_bytes), span);
     p.release(l);
     device.synchronize(compute);
-    std::string err = verify_block(back.span().first(cfg.layer_bytes), static_cast<std::uint32_t>(l), 0, 1);
+    std::string err =
+        verify_block(back.span().first(cfg.layer_bytes), static_cast<std::uint32_t>(l), 0, 1);
     if (!err.empty()) {
       throw Error("verification failed: layer " + std::to_string(l) + " on " +
                   std::string(device.name()) + ": " + err);
@@ -379,7 +389,8 @@ int bench_prefetch_main(const std::vector<std::string>& tokens) {
     // The rate the reads ran at inside the prefetch pass (bytes over the time any read was in
     // flight): below read_gbps, the drive itself was slower while compute and copies ran.
     const double busy = std::chrono::duration<double>(mid.stats.read_busy_time).count();
-    j.field("pass_read_gbps", busy > 0 ? static_cast<double>(mid.stats.bytes_read) / busy / 1e9 : 0.0);
+    j.field("pass_read_gbps",
+            busy > 0 ? static_cast<double>(mid.stats.bytes_read) / busy / 1e9 : 0.0);
     j.field("hits", mid.stats.hits);
     j.field("on_demand", mid.stats.on_demand);
     j.field("late_layers", mid.stats.late_layers);
@@ -391,15 +402,14 @@ int bench_prefetch_main(const std::vector<std::string>& tokens) {
     j.field("verified", cfg.verify);
     std::printf("%s\n", j.str().c_str());
   } else {
-    std::printf("zinf bench prefetch: device=%s engine=%.*s layers=%llu layer=%s depth=%llu "
-                "compute=%.2f ms/layer%s passes=%llu checksums=%s verify=%s\n",
-                std::string(device->name()).c_str(), static_cast<int>(engine->name().size()),
-                engine->name().data(), static_cast<unsigned long long>(cfg.layers),
-                mib(cfg.layer_bytes).c_str(),
-                static_cast<unsigned long long>(cfg.depth), cfg.compute_ms,
-                auto_compute ? " (= measured read time)" : "",
-                static_cast<unsigned long long>(cfg.passes), cfg.checksums ? "on" : "off",
-                cfg.verify ? "every byte" : "off");
+    std::printf(
+        "zinf bench prefetch: device=%s engine=%.*s layers=%llu layer=%s depth=%llu "
+        "compute=%.2f ms/layer%s passes=%llu checksums=%s verify=%s\n",
+        std::string(device->name()).c_str(), static_cast<int>(engine->name().size()),
+        engine->name().data(), static_cast<unsigned long long>(cfg.layers),
+        mib(cfg.layer_bytes).c_str(), static_cast<unsigned long long>(cfg.depth), cfg.compute_ms,
+        auto_compute ? " (= measured read time)" : "", static_cast<unsigned long long>(cfg.passes),
+        cfg.checksums ? "on" : "off", cfg.verify ? "every byte" : "off");
     std::printf("%10s %10s %10s %10s %10s %10s %6s %6s\n", "wall s", "compute s", "io s", "stall s",
                 "wall/max", "wall/sum", "hits", "late");
     std::printf("%10.3f %10.3f %10.3f %10.3f %10.3f %10.3f %6llu %6llu\n", wall, compute_s, io_s,

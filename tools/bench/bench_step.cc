@@ -83,15 +83,20 @@ the signal's number, e.g. 130 for SIGINT).
 // the next; the mean of the references before and after a block stands for the block.
 class StepReference {
  public:
-  StepReference(const std::vector<std::string>& dirs, std::uint64_t state_bytes, const swap::IoOptions& io,
-                std::size_t numel, const adam::CpuAdamOptions& adam, const GradView& grads,
-                const adam::CopyOut& out)
-      : n_(numel), grads_(grads), out_(out), adam_(adam), mem_(numel * 12, "bench step --reference") {
+  StepReference(const std::vector<std::string>& dirs, std::uint64_t state_bytes,
+                const swap::IoOptions& io, std::size_t numel, const adam::CpuAdamOptions& adam,
+                const GradView& grads, const adam::CopyOut& out)
+      : n_(numel),
+        grads_(grads),
+        out_(out),
+        adam_(adam),
+        mem_(numel * 12, "bench step --reference") {
     if (!dirs.empty()) {
       IoBenchOptions bo;
       bo.dirs = dirs;
       // At least one request per file; the state's bytes rounded up to whole requests.
-      const std::uint64_t per_file = (state_bytes / dirs.size() + io.block_size - 1) / io.block_size;
+      const std::uint64_t per_file =
+          (state_bytes / dirs.size() + io.block_size - 1) / io.block_size;
       bo.size = std::max<std::uint64_t>(per_file, 1) * io.block_size * dirs.size();
       bo.io = io;
       bo.file_stem = "zinf-bench-step-ref";
@@ -107,7 +112,7 @@ class StepReference {
   }
 
   struct Figures {
-    double read_gbps = 0;   // 0 without I/O (tier cpu)
+    double read_gbps = 0;  // 0 without I/O (tier cpu)
     double write_gbps = 0;
     double adam_seconds = 0;
     double ideal(std::uint64_t bytes_read, std::uint64_t bytes_written) const {
@@ -174,9 +179,11 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   if (steps == 0) throw UsageError("--steps must be at least 1");
   if (reference_every > steps) {
     throw UsageError("--reference " + std::to_string(reference_every) + " exceeds --steps " +
-                     std::to_string(steps) + ": the references must bracket at least one block of steps");
+                     std::to_string(steps) +
+                     ": the references must bracket at least one block of steps");
   }
-  if (queue_depth == 0 || queue_depth > 4096) throw UsageError("--queue-depth must be in [1, 4096]");
+  if (queue_depth == 0 || queue_depth > 4096)
+    throw UsageError("--queue-depth must be in [1, 4096]");
   const std::optional<DType> copy_dtype = parse_copy_out(copy_text);
   if (tier == StateTier::kNvme) default_scratch_dir(dirs);
   for (const auto& d : dirs) {
@@ -231,8 +238,9 @@ int bench_step_main(const std::vector<std::string>& tokens) {
     throw_if_interrupted();  // between steps: nothing in flight, the optimizer's files go with it
     if (s == 1 && reference_every > 0) {
       // After the warm-up, which says how many bytes a step moves.
-      ref = std::make_unique<StepReference>(tier == StateTier::kNvme ? dirs : std::vector<std::string>{},
-                                            all.front().bytes_read, o.io, n, o.adam, grads, out);
+      ref = std::make_unique<StepReference>(
+          tier == StateTier::kNvme ? dirs : std::vector<std::string>{}, all.front().bytes_read,
+          o.io, n, o.adam, grads, out);
     }
     if (ref && (s - 1) % reference_every == 0) refs.push_back(ref->measure(o.hyper));
     all.push_back(opt.step(std::span<const offload::GroupGrads>(&gg, 1)));
@@ -245,7 +253,8 @@ int bench_step_main(const std::vector<std::string>& tokens) {
       const std::size_t b = i / reference_every;
       const auto& st = all[i];
       ideal_s.push_back((refs[b].ideal(st.bytes_read, st.bytes_written) +
-                         refs[b + 1].ideal(st.bytes_read, st.bytes_written)) / 2);
+                         refs[b + 1].ideal(st.bytes_read, st.bytes_written)) /
+                        2);
       ratio.push_back(st.seconds / ideal_s.back());
     }
   }
@@ -307,31 +316,36 @@ int bench_step_main(const std::vector<std::string>& tokens) {
     j.field("dirs", dirs);
     std::printf("%s\n", j.str().c_str());
   } else {
-    std::printf("zinf bench step: tier=%s engine=%.*s numel=%llu sub-group=%llu (%llu) depth=%llu "
-                "grad=%s copy-out=%s checksums=%s steps=%llu (median)\n",
-                std::string(offload::state_tier_name(tier)).c_str(),
-                static_cast<int>(opt.engine_name().size()), opt.engine_name().data(),
-                static_cast<unsigned long long>(numel), static_cast<unsigned long long>(sub_group),
-                static_cast<unsigned long long>(sub_groups), static_cast<unsigned long long>(depth),
-                std::string(dtype_name(grad_dtype)).c_str(), copy_text.c_str(),
-                checksums ? "on" : "off", static_cast<unsigned long long>(steps));
+    std::printf(
+        "zinf bench step: tier=%s engine=%.*s numel=%llu sub-group=%llu (%llu) depth=%llu "
+        "grad=%s copy-out=%s checksums=%s steps=%llu (median)\n",
+        std::string(offload::state_tier_name(tier)).c_str(),
+        static_cast<int>(opt.engine_name().size()), opt.engine_name().data(),
+        static_cast<unsigned long long>(numel), static_cast<unsigned long long>(sub_group),
+        static_cast<unsigned long long>(sub_groups), static_cast<unsigned long long>(depth),
+        std::string(dtype_name(grad_dtype)).c_str(), copy_text.c_str(), checksums ? "on" : "off",
+        static_cast<unsigned long long>(steps));
     std::printf("  %-22s %10.3f s   (%.3f G elements/s)\n", "step", step_med,
                 static_cast<double>(numel) / step_med / 1e9);
     std::printf("  %-22s %10.3f s   (%.2f GB/s over %.2f GB)\n", "read busy", median(read_s),
                 median(read_s) > 0 ? static_cast<double>(bytes_read) / median(read_s) / 1e9 : 0.0,
                 static_cast<double>(bytes_read) / 1e9);
-    std::printf("  %-22s %10.3f s   (%.2f GB/s over %.2f GB)\n", "write busy", median(write_s),
-                median(write_s) > 0 ? static_cast<double>(bytes_written) / median(write_s) / 1e9 : 0.0,
-                static_cast<double>(bytes_written) / 1e9);
+    std::printf(
+        "  %-22s %10.3f s   (%.2f GB/s over %.2f GB)\n", "write busy", median(write_s),
+        median(write_s) > 0 ? static_cast<double>(bytes_written) / median(write_s) / 1e9 : 0.0,
+        static_cast<double>(bytes_written) / 1e9);
     std::printf("  %-22s %10.3f s\n", "compute busy", median(compute_s));
     std::printf("  %-22s %10.3f s\n", "pipeline waiting", median(wait_s));
     // %14s: the %10.1f column of the rows above, with " MiB" after it.
     std::printf("  %-22s %14s\n", "pinned peak", mib(opt.pinned_bytes_peak()).c_str());
     if (ref) {
-      std::printf("references (median of %zu): drive read %.2f GB/s, write %.2f GB/s, "
-                  "Adam alone %.3f s\n", refs.size(), median(rr), median(rw), median(ra));
+      std::printf(
+          "references (median of %zu): drive read %.2f GB/s, write %.2f GB/s, "
+          "Adam alone %.3f s\n",
+          refs.size(), median(rr), median(rw), median(ra));
       std::printf("  %-22s %10.3f s\n", "ideal", median(ideal_s));
-      std::printf("  %-22s %10.3f   (median of the steps' own ratios)\n", "step / ideal", median(ratio));
+      std::printf("  %-22s %10.3f   (median of the steps' own ratios)\n", "step / ideal",
+                  median(ratio));
     }
   }
   return 0;

@@ -48,8 +48,8 @@ class IoBench::Runner {
     }
   }
 
-  IoPassResult run(swap::IoOp op, std::uint64_t file_size, std::uint32_t generation, bool timed_progress,
-                   const char* label) {
+  IoPassResult run(swap::IoOp op, std::uint64_t file_size, std::uint32_t generation,
+                   bool timed_progress, const char* label) {
     const std::uint32_t block = o_.io.block_size;
     const std::uint64_t blocks_per_file = file_size / block;
     const std::uint64_t total_blocks = blocks_per_file * files_.size();
@@ -87,13 +87,14 @@ class IoBench::Runner {
         if (stamp) stamp_headers(s.lease.span(), s.file, s.offset, generation);
         swap::IoRequest req{op, ids_[s.file], s.offset, s.lease.span()};
         s.submitted = Clock::now();
-        s.ticket = engine_->submit(std::span<const swap::IoRequest>(&req, 1), [this, si](const Status&) {
-          {
-            std::lock_guard lock(mu_);
-            done_.push_back(si);
-          }
-          cv_.notify_one();
-        });
+        s.ticket =
+            engine_->submit(std::span<const swap::IoRequest>(&req, 1), [this, si](const Status&) {
+              {
+                std::lock_guard lock(mu_);
+                done_.push_back(si);
+              }
+              cv_.notify_one();
+            });
       }
       std::size_t si = 0;
       {
@@ -105,7 +106,8 @@ class IoBench::Runner {
       Slot& s = slots_[si];
       s.ticket.wait();  // throws IoError naming file, offset and length
       auto at = s.ticket.completed_at().value_or(Clock::now());
-      result.latencies_us.push_back(std::chrono::duration<double, std::micro>(at - s.submitted).count());
+      result.latencies_us.push_back(
+          std::chrono::duration<double, std::micro>(at - s.submitted).count());
       if (check) {
         std::string err = verify_block(s.lease.span(), s.file, s.offset, generation);
         if (!err.empty()) {
@@ -161,10 +163,12 @@ IoBench::IoBench(IoBenchOptions options) : options_(std::move(options)) {
   const std::uint32_t block = options_.io.block_size;
   const std::uint64_t count = options_.dirs.size();
   if (count == 0 || block == 0 || options_.size < std::uint64_t{block} * count) {
-    throw UsageError("--size " + std::to_string(options_.size) + " is smaller than one block per file (" +
+    throw UsageError("--size " + std::to_string(options_.size) +
+                     " is smaller than one block per file (" +
                      std::to_string(std::uint64_t{block} * count) + " bytes)");
   }
-  if (options_.buffer_bytes == 0) options_.buffer_bytes = std::uint64_t{options_.io.queue_depth} * block;
+  if (options_.buffer_bytes == 0)
+    options_.buffer_bytes = std::uint64_t{options_.io.queue_depth} * block;
   file_size_ = options_.size / count / block * block;
 
   std::vector<swap::File> files;
@@ -196,8 +200,8 @@ IoBench::IoBench(IoBenchOptions options) : options_(std::move(options)) {
   }
   if (block % alignment != 0) {
     throw UsageError("invalid --block-size " + std::to_string(block) +
-                     ": must be a multiple of the direct-I/O alignment " + std::to_string(alignment) +
-                     " of " + options_.dirs[0]);
+                     ": must be a multiple of the direct-I/O alignment " +
+                     std::to_string(alignment) + " of " + options_.dirs[0]);
   }
   runner_ = std::make_unique<Runner>(options_, std::move(files), alignment);
   registered_ = runner_->registered();
@@ -220,7 +224,8 @@ std::vector<std::string> IoBench::keep_files() {
   if (!options_.keep) throw UsageError("IoBench::keep_files without options.keep");
   named_.keep = true;
   std::vector<std::string> paths;
-  for (std::size_t i = 0; i < named_.names.size(); ++i) paths.push_back(named_.dirs[i].path_of(named_.names[i]));
+  for (std::size_t i = 0; i < named_.names.size(); ++i)
+    paths.push_back(named_.dirs[i].path_of(named_.names[i]));
   return paths;
 }
 

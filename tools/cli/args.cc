@@ -54,10 +54,9 @@ std::uint64_t parse_uint(std::string_view text, std::string_view what, std::uint
   if (!value) {
     // "1e8", "2.5e6": digits, one '.', an exponent; no sign before the number, no hex, no
     // "inf" (strtod would take those). Exact only up to 2^53.
-    const bool scientific =
-        !text.empty() && std::isdigit(static_cast<unsigned char>(text[0])) &&
-        text.find_first_of("eE") != std::string_view::npos &&
-        text.find_first_not_of("0123456789.eE+-") == std::string_view::npos;
+    const bool scientific = !text.empty() && std::isdigit(static_cast<unsigned char>(text[0])) &&
+                            text.find_first_of("eE") != std::string_view::npos &&
+                            text.find_first_not_of("0123456789.eE+-") == std::string_view::npos;
     if (!scientific) throw bad();
     const std::string s(text);
     char* end = nullptr;
@@ -90,14 +89,25 @@ std::uint64_t parse_size(std::string_view text, std::string_view what) {
   if (num.empty()) throw bad();
   // Whole numbers with a binary or no suffix stay integers: exact up to 2^64 - 1, and an
   // overflow is refused rather than rounded.
-  static constexpr std::pair<std::string_view, std::uint64_t> kExact[] = {
-      {"", 1},           {"B", 1},
-      {"K", 1ull << 10}, {"k", 1ull << 10}, {"KiB", 1ull << 10},
-      {"M", 1ull << 20}, {"m", 1ull << 20}, {"MiB", 1ull << 20},
-      {"G", 1ull << 30}, {"g", 1ull << 30}, {"GiB", 1ull << 30},
-      {"T", 1ull << 40}, {"t", 1ull << 40}, {"TiB", 1ull << 40},
-      {"kB", 1000},      {"KB", 1000},      {"MB", 1000000},
-      {"GB", 1000000000}, {"TB", 1000000000000}};
+  static constexpr std::pair<std::string_view, std::uint64_t> kExact[] = {{"", 1},
+                                                                          {"B", 1},
+                                                                          {"K", 1ull << 10},
+                                                                          {"k", 1ull << 10},
+                                                                          {"KiB", 1ull << 10},
+                                                                          {"M", 1ull << 20},
+                                                                          {"m", 1ull << 20},
+                                                                          {"MiB", 1ull << 20},
+                                                                          {"G", 1ull << 30},
+                                                                          {"g", 1ull << 30},
+                                                                          {"GiB", 1ull << 30},
+                                                                          {"T", 1ull << 40},
+                                                                          {"t", 1ull << 40},
+                                                                          {"TiB", 1ull << 40},
+                                                                          {"kB", 1000},
+                                                                          {"KB", 1000},
+                                                                          {"MB", 1000000},
+                                                                          {"GB", 1000000000},
+                                                                          {"TB", 1000000000000}};
   if (const auto whole = parse_digits(num)) {
     for (const auto& [name, mult] : kExact) {
       if (suffix != name) continue;

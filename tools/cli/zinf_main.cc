@@ -39,7 +39,8 @@ constexpr Command kCommands[] = {
 };
 
 void print_usage(std::FILE* out) {
-  std::fprintf(out, "usage: zinf <command> [options]   (zinf <command> --help for its options)\n\n");
+  std::fprintf(out,
+               "usage: zinf <command> [options]   (zinf <command> --help for its options)\n\n");
   for (const auto& c : kCommands) {
     std::fprintf(out, "  zinf %-12.*s %.*s\n", static_cast<int>(c.name.size()), c.name.data(),
                  static_cast<int>(c.summary.size()), c.summary.data());

@@ -67,7 +67,6 @@ SIGINT, SIGTERM and SIGHUP stop training between steps and remove the swap files
 128 + the signal's number, e.g. 130 for SIGINT).
 )";
 
-
 // Builds the engine config: the file's (if any), then the command line on top.
 EngineConfig make_config(const std::string& config_path, const std::string& offload_text,
                          const std::string& dir_option, double lr, std::uint64_t adam_threads,
@@ -113,8 +112,9 @@ EngineConfig make_config(const std::string& config_path, const std::string& offl
   if (!std::isnan(lr)) config.optimizer.hyper.lr = lr;
   if (adam_threads_given) config.zinf.adam_threads = static_cast<std::uint32_t>(adam_threads);
   if (config.param_dtype != DType::kBF16) {
-    throw UsageError("zinf demo trains bf16 parameters, but the config enables fp16; remove "
-                     "\"fp16\" or enable \"bf16\"");
+    throw UsageError(
+        "zinf demo trains bf16 parameters, but the config enables fp16; remove "
+        "\"fp16\" or enable \"bf16\"");
   }
   return config;
 }
@@ -171,10 +171,12 @@ int demo_main(const std::vector<std::string>& tokens) {
     throw UsageError("--lr must be a finite number > 0");
   }
   if (device_text == "cuda") {
-    throw UsageError("--device cuda is not supported: the demo's forward and backward are plain "
-                     "C++ over host memory; use --device host");
+    throw UsageError(
+        "--device cuda is not supported: the demo's forward and backward are plain "
+        "C++ over host memory; use --device host");
   }
-  if (device_text != "host") throw UsageError("invalid --device '" + device_text + "': expected host");
+  if (device_text != "host")
+    throw UsageError("invalid --device '" + device_text + "': expected host");
 
   std::string dir_used;
   EngineConfig config = make_config(config_path, offload_text, dir_option, lr, adam_threads,
@@ -216,15 +218,15 @@ int demo_main(const std::vector<std::string>& tokens) {
 
   std::FILE* out = json ? stderr : stdout;
   const bool tty = isatty(fileno(out)) != 0;
-  const std::uint64_t every = every_option != 0 ? every_option : std::max<std::uint64_t>(1, steps / 10);
+  const std::uint64_t every =
+      every_option != 0 ? every_option : std::max<std::uint64_t>(1, steps / 10);
   const double param_bytes = static_cast<double>(shape.layers * numel * 2);
   std::fprintf(out,
                "zinf demo: %zu layers x %zu (%zu parameters, %s bf16, %s fp32 master + Adam), "
                "batch %zu, offload %s%s%s, lr %g\n",
-               shape.layers, shape.hidden, shape.layers * numel,
-               decimal_bytes(param_bytes).c_str(), decimal_bytes(param_bytes * 6).c_str(),
-               shape.batch, offload_name.c_str(), dir_used.empty() ? "" : " in ",
-               dir_used.c_str(), config.optimizer.hyper.lr);
+               shape.layers, shape.hidden, shape.layers * numel, decimal_bytes(param_bytes).c_str(),
+               decimal_bytes(param_bytes * 6).c_str(), shape.batch, offload_name.c_str(),
+               dir_used.empty() ? "" : " in ", dir_used.c_str(), config.optimizer.hyper.lr);
   std::fflush(out);
 
   // One iteration: forward through every layer (the compute runs on the compute stream as host
@@ -303,8 +305,9 @@ int demo_main(const std::vector<std::string>& tokens) {
                losses.front(), losses.back(), losses.back() / losses.front(),
                static_cast<unsigned long long>(steps), total_s, step_median,
                decimal_bytes(static_cast<double>(nvme_read)).c_str(), st.nvme_read_gbps,
-               st.param_read_gbps, decimal_bytes(static_cast<double>(nvme_written)).c_str(), st.nvme_write_gbps,
-               100.0 * stall_share, static_cast<unsigned long long>(st.prefetch_hits),
+               st.param_read_gbps, decimal_bytes(static_cast<double>(nvme_written)).c_str(),
+               st.nvme_write_gbps, 100.0 * stall_share,
+               static_cast<unsigned long long>(st.prefetch_hits),
                static_cast<unsigned long long>(st.prefetch_on_demand),
                decimal_bytes(static_cast<double>(st.pinned_bytes_peak)).c_str(), sha.c_str());
   if (json) {

@@ -47,8 +47,8 @@ float uniform_pm1(std::uint64_t seed, std::uint64_t stream, std::uint64_t index)
   return static_cast<float>(r >> 40) * 0x1p-23f - 1.0f;
 }
 
-void init_layer(std::span<float> params, std::size_t hidden, std::uint64_t seed,
-                std::size_t layer, float gain, float bias_range) {
+void init_layer(std::span<float> params, std::size_t hidden, std::uint64_t seed, std::size_t layer,
+                float gain, float bias_range) {
   require(params.size() == layer_numel(hidden), "init_layer: wrong parameter count");
   // Uniform in [-a, a) has variance a^2 / 3, so a = gain * sqrt(3 / hidden).
   const float a = gain * std::sqrt(3.0f / static_cast<float>(hidden));
@@ -67,8 +67,7 @@ void init_student_layer(std::span<float> params, std::size_t hidden, std::uint64
 
 void init_teacher_layer(std::span<float> params, std::size_t hidden, std::uint64_t seed,
                         std::size_t layer) {
-  init_layer(params, hidden, mix64(seed ^ kTeacherStream), layer, kTeacherGain,
-             kTeacherBiasRange);
+  init_layer(params, hidden, mix64(seed ^ kTeacherStream), layer, kTeacherGain, kTeacherBiasRange);
 }
 
 void make_inputs(std::span<float> x, std::uint64_t seed, std::uint64_t step) {

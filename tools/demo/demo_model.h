@@ -34,8 +34,8 @@ float uniform_pm1(std::uint64_t seed, std::uint64_t stream, std::uint64_t index)
 
 /// Fills one layer's parameters (layer_numel(hidden) elements): weights uniform with variance
 /// gain^2 / hidden, biases uniform in [-bias_range, bias_range]. Depends on (seed, layer) only.
-void init_layer(std::span<float> params, std::size_t hidden, std::uint64_t seed,
-                std::size_t layer, float gain, float bias_range);
+void init_layer(std::span<float> params, std::size_t hidden, std::uint64_t seed, std::size_t layer,
+                float gain, float bias_range);
 /// The student's initial parameters for `layer` (gain 1, zero biases).
 void init_student_layer(std::span<float> params, std::size_t hidden, std::uint64_t seed,
                         std::size_t layer);
@@ -92,12 +92,12 @@ class Mlp {
   std::span<const float> to_f32(std::span<const std::uint16_t> params);
 
   MlpShape shape_;
-  std::vector<float> acts_;       // (layers + 1) x batch x hidden: input, then each layer's output
-  std::vector<float> delta_;      // batch x hidden: d loss / d (current layer's output)
-  std::vector<float> delta_in_;   // batch x hidden: the same for its input
-  std::vector<float> transposed_; // hidden x hidden: W^T for the input gradient
-  std::vector<float> params_f32_; // layer_numel: bf16 parameters widened
-  std::size_t next_backward_ = 0; // the layer backward() expects next, + 1 (0: none)
+  std::vector<float> acts_;        // (layers + 1) x batch x hidden: input, then each layer's output
+  std::vector<float> delta_;       // batch x hidden: d loss / d (current layer's output)
+  std::vector<float> delta_in_;    // batch x hidden: the same for its input
+  std::vector<float> transposed_;  // hidden x hidden: W^T for the input gradient
+  std::vector<float> params_f32_;  // layer_numel: bf16 parameters widened
+  std::size_t next_backward_ = 0;  // the layer backward() expects next, + 1 (0: none)
 };
 
 /// The training set: `batch` input samples (batch x hidden, uniform in [-1, 1)) and the

@@ -74,7 +74,8 @@ DriveBandwidth read_tune_report(const std::string& path) {
     const bool ok = chosen != doc.end() && chosen->is_object() && chosen->contains(keys[i]) &&
                     (*chosen)[keys[i]].is_number() && (*chosen)[keys[i]].get<double>() > 0;
     if (!ok) {
-      throw UsageError(path + ": not a zinf tune report (needs \"chosen\" with positive "
+      throw UsageError(path +
+                       ": not a zinf tune report (needs \"chosen\" with positive "
                        "read_gbps, write_gbps and mixed_gbps)");
     }
     *dst[i] = (*chosen)[keys[i]].get<double>();
@@ -160,7 +161,8 @@ int plan_main(const std::vector<std::string>& tokens) {
   if (json) {
     JsonWriter head;
     head.field("params", in.params);
-    head.field("bytes_per_param", std::vector<double>{in.bytes.params, in.bytes.grads, in.bytes.optimizer});
+    head.field("bytes_per_param",
+               std::vector<double>{in.bytes.params, in.bytes.grads, in.bytes.optimizer});
     head.field("gpus", std::uint64_t{in.gpus});
     head.field("tp", std::uint64_t{in.tp});
     head.field("pp", std::uint64_t{in.pp});
@@ -190,40 +192,44 @@ int plan_main(const std::vector<std::string>& tokens) {
   } else {
     std::snprintf(count, sizeof count, "%.4g", in.params);
   }
-  std::printf("zinf plan: %s parameters, %u GPUs (TP %u x PP %u x DP %u), %u GPUs per node, "
-              "%u node%s; bytes per parameter P,G,O = %g,%g,%g\n",
-              count, in.gpus, in.tp, in.pp, plan.dp, plan.gpus_per_node, plan.nodes,
-              plan.nodes == 1 ? "" : "s", in.bytes.params, in.bytes.grads, in.bytes.optimizer);
+  std::printf(
+      "zinf plan: %s parameters, %u GPUs (TP %u x PP %u x DP %u), %u GPUs per node, "
+      "%u node%s; bytes per parameter P,G,O = %g,%g,%g\n",
+      count, in.gpus, in.tp, in.pp, plan.dp, plan.gpus_per_node, plan.nodes,
+      plan.nodes == 1 ? "" : "s", in.bytes.params, in.bytes.grads, in.bytes.optimizer);
   if (in.activations) {
     const auto& s = *in.activations;
-    std::printf("activations: %.2f GB per GPU (s=%llu b=%llu h=%llu a=%llu L=%llu, %s; "
-                "Korthikanti et al. 2022)\n",
-                g(activation_bytes(s, in.tp)), static_cast<unsigned long long>(s.seq_len),
-                static_cast<unsigned long long>(s.micro_batch),
-                static_cast<unsigned long long>(s.hidden), static_cast<unsigned long long>(s.heads),
-                static_cast<unsigned long long>(s.layers),
-                s.checkpointing ? "full checkpointing" : "no checkpointing");
+    std::printf(
+        "activations: %.2f GB per GPU (s=%llu b=%llu h=%llu a=%llu L=%llu, %s; "
+        "Korthikanti et al. 2022)\n",
+        g(activation_bytes(s, in.tp)), static_cast<unsigned long long>(s.seq_len),
+        static_cast<unsigned long long>(s.micro_batch), static_cast<unsigned long long>(s.hidden),
+        static_cast<unsigned long long>(s.heads), static_cast<unsigned long long>(s.layers),
+        s.checkpointing ? "full checkpointing" : "no checkpointing");
   }
   if (in.drive) {
-    std::printf("drives (from %s): read %.2f GB/s, write %.2f GB/s, optimizer read+write mix "
-                "%.2f GB/s per node\n",
-                tune.c_str(), in.drive->read_gbps, in.drive->write_gbps, in.drive->mixed_gbps);
+    std::printf(
+        "drives (from %s): read %.2f GB/s, write %.2f GB/s, optimizer read+write mix "
+        "%.2f GB/s per node\n",
+        tune.c_str(), in.drive->read_gbps, in.drive->write_gbps, in.drive->mixed_gbps);
   }
-  std::printf("\nGB per GPU (model states, stage-3 live parameters, activations), per node "
-              "(host pinned, NVMe) and NVMe traffic per step per node\n");
+  std::printf(
+      "\nGB per GPU (model states, stage-3 live parameters, activations), per node "
+      "(host pinned, NVMe) and NVMe traffic per step per node\n");
   std::printf("%-5s %-5s %-5s %8s %8s %8s %8s %7s %7s %9s %10s %10s %12s %9s  %s\n", "stage",
               "opt->", "par->", "params", "grads", "optim", "states", "live", "activ", "GPU total",
               "host/node", "NVMe/node", "NVMe r+w/st", "I/O s/st", "fits");
   for (const auto& r : plan.rows) {
     char io[32] = "n/a";
     if (r.io_seconds) std::snprintf(io, sizeof io, "%.2f", *r.io_seconds);
-    std::printf("%-5d %-5s %-5s %8.1f %8.1f %8.1f %8.1f %7.1f %7.1f %9.1f %10.1f %10.1f %12.1f %9s  %s\n",
-                r.setup.stage, std::string(tier_name(r.setup.optimizer)).c_str(),
-                std::string(tier_name(r.setup.params)).c_str(), g(r.gpu_params), g(r.gpu_grads),
-                g(r.gpu_optimizer), g(r.gpu_model_states), g(r.gpu_live_params),
-                g(r.gpu_activations), g(r.gpu_total), g(r.host_per_node), g(r.nvme_per_node),
-                g(r.nvme_read_per_step + r.nvme_write_per_step), io,
-                r.fits ? (in.gpu_mem ? "yes" : "-") : ("no: " + r.why_not).c_str());
+    std::printf(
+        "%-5d %-5s %-5s %8.1f %8.1f %8.1f %8.1f %7.1f %7.1f %9.1f %10.1f %10.1f %12.1f %9s  %s\n",
+        r.setup.stage, std::string(tier_name(r.setup.optimizer)).c_str(),
+        std::string(tier_name(r.setup.params)).c_str(), g(r.gpu_params), g(r.gpu_grads),
+        g(r.gpu_optimizer), g(r.gpu_model_states), g(r.gpu_live_params), g(r.gpu_activations),
+        g(r.gpu_total), g(r.host_per_node), g(r.nvme_per_node),
+        g(r.nvme_read_per_step + r.nvme_write_per_step), io,
+        r.fits ? (in.gpu_mem ? "yes" : "-") : ("no: " + r.why_not).c_str());
   }
   if (!in.gpu_mem) {
     std::printf("\nno recommendation: give --gpu-mem (and --cpu-mem, --nvme-free) to choose\n");

@@ -94,8 +94,9 @@ double activation_bytes(const ActivationShape& shape, std::uint32_t tp) {
 }
 
 std::string setup_name(const PlanSetup& setup) {
-  return "zero-" + std::to_string(setup.stage) + " optimizer=" +
-         std::string(tier_name(setup.optimizer)) + " params=" + std::string(tier_name(setup.params));
+  return "zero-" + std::to_string(setup.stage) +
+         " optimizer=" + std::string(tier_name(setup.optimizer)) +
+         " params=" + std::string(tier_name(setup.params));
 }
 
 std::vector<int> valid_stages(Tier optimizer, Tier params) {
@@ -107,8 +108,8 @@ std::vector<int> valid_stages(Tier optimizer, Tier params) {
 std::vector<PlanSetup> candidate_setups() {
   // The cost order of docs/plan.md: each level moves more state further from the GPU.
   const std::pair<Tier, Tier> levels[] = {
-      {Tier::kGpu, Tier::kGpu},   {Tier::kCpu, Tier::kGpu},  {Tier::kNvme, Tier::kGpu},
-      {Tier::kCpu, Tier::kCpu},   {Tier::kNvme, Tier::kCpu}, {Tier::kNvme, Tier::kNvme},
+      {Tier::kGpu, Tier::kGpu}, {Tier::kCpu, Tier::kGpu},  {Tier::kNvme, Tier::kGpu},
+      {Tier::kCpu, Tier::kCpu}, {Tier::kNvme, Tier::kCpu}, {Tier::kNvme, Tier::kNvme},
   };
   std::vector<PlanSetup> out;
   for (const auto& [opt, par] : levels) {
@@ -173,7 +174,8 @@ PlanRow evaluate_setup(const PlanInput& in, const PlanSetup& setup, std::uint32_
   } else if (in.cpu_mem && r.host_per_node > *in.cpu_mem) {
     r.why_not = "host needs " + gb(r.host_per_node) + " per node > --cpu-mem " + gb(*in.cpu_mem);
   } else if (in.nvme_free && r.nvme_per_node > *in.nvme_free) {
-    r.why_not = "NVMe needs " + gb(r.nvme_per_node) + " per node > --nvme-free " + gb(*in.nvme_free);
+    r.why_not =
+        "NVMe needs " + gb(r.nvme_per_node) + " per node > --nvme-free " + gb(*in.nvme_free);
   }
   r.fits = r.why_not.empty();
   return r;
@@ -194,8 +196,9 @@ Plan make_plan(const PlanInput& in, std::optional<Tier> optimizer, std::optional
   if (in.activations) {
     const auto& a = *in.activations;
     if (a.seq_len == 0 || a.hidden == 0 || a.layers == 0 || a.micro_batch == 0 || a.heads == 0) {
-      throw UsageError("activation memory needs all of --seq-len, --hidden, --layers, "
-                       "--micro-batch and --heads (each at least 1)");
+      throw UsageError(
+          "activation memory needs all of --seq-len, --hidden, --layers, "
+          "--micro-batch and --heads (each at least 1)");
     }
   }
   Plan plan;

@@ -81,8 +81,8 @@ struct PlanInput {
   std::uint64_t live_params = 1'000'000'000;
   /// Hardware; an absent limit is not checked. Bytes.
   std::optional<double> gpu_mem;
-  std::optional<double> cpu_mem;   ///< per node
-  std::optional<double> nvme_free; ///< per node
+  std::optional<double> cpu_mem;    ///< per node
+  std::optional<double> nvme_free;  ///< per node
   std::optional<DriveBandwidth> drive;
 };
 
@@ -99,17 +99,17 @@ std::string setup_name(const PlanSetup& setup);
 /// What one PlanSetup needs. Bytes, per GPU unless named per node.
 struct PlanRow {
   PlanSetup setup;
-  double gpu_params = 0;      ///< model states left on the GPU, by kind
+  double gpu_params = 0;  ///< model states left on the GPU, by kind
   double gpu_grads = 0;
   double gpu_optimizer = 0;
   double gpu_model_states = 0;  ///< the sum of the three (the ZeRO paper's figure)
   double gpu_live_params = 0;   ///< stage 3: gathered parameters in use (live_params x P)
   double gpu_activations = 0;
   double gpu_total = 0;
-  double host_per_node = 0;     ///< all pinned: offloaded states, gradients, staging
+  double host_per_node = 0;  ///< all pinned: offloaded states, gradients, staging
   double nvme_per_node = 0;
-  double nvme_read_per_step = 0;   ///< per node
-  double nvme_write_per_step = 0;  ///< per node
+  double nvme_read_per_step = 0;     ///< per node
+  double nvme_write_per_step = 0;    ///< per node
   std::optional<double> io_seconds;  ///< per step, if the drive bandwidth is known
   bool fits = true;
   std::string why_not;  ///< "" if it fits; else the first limit it breaks

@@ -23,7 +23,8 @@ class OptimizerWorker::Impl {
   static constexpr std::uint32_t kDepth = 3;
 
   explicit Impl(const Shared& sh)
-      : sh_(sh), rng_(sh.cfg->seed * 104729 + 1),
+      : sh_(sh),
+        rng_(sh.cfg->seed * 104729 + 1),
         plan_(make_plan(sh.cfg->fault_rate, sh.cfg->seed * 104729 + 1)) {
     // Two groups of odd sizes: several sub-groups each, and a short last one.
     specs_.push_back({"g0", 40000 + 2 * (rng_() % 10000) + 1});
@@ -62,7 +63,9 @@ class OptimizerWorker::Impl {
   std::uint64_t pinned_peak() const { return pinned_peak_; }
 
  private:
-  float random_float(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(rng_); }
+  float random_float(float lo, float hi) {
+    return std::uniform_real_distribution<float>(lo, hi)(rng_);
+  }
 
   void note_peak() {
     if (opt_) pinned_peak_ = std::max(pinned_peak_, opt_->pinned_bytes_peak());
@@ -94,7 +97,8 @@ class OptimizerWorker::Impl {
             err = error_of(e);
           }
           ++tally_.opt_state_reads;  // counted with the state transfers
-          judge_operation(tally_, "optimizer set_params " + specs_[g].name, counts_of(plan_.get()) - before, err);
+          judge_operation(tally_, "optimizer set_params " + specs_[g].name,
+                          counts_of(plan_.get()) - before, err);
           if (!err.failed) break;
           if (opt_->failed() || tries >= 100) {
             ok = false;
@@ -124,7 +128,8 @@ class OptimizerWorker::Impl {
       err = error_of(e);
     }
     ++tally_.opt_steps;
-    judge_operation(tally_, "optimizer step " + std::to_string(ref_steps_ + 1), counts_of(plan_.get()) - before, err);
+    judge_operation(tally_, "optimizer step " + std::to_string(ref_steps_ + 1),
+                    counts_of(plan_.get()) - before, err);
     if (!err.failed) {
       adam::AdamParams hp = opts_.hyper;
       hp.step = ++ref_steps_;
@@ -140,8 +145,8 @@ class OptimizerWorker::Impl {
     }
     if (opt_->step_count() != ref_steps_) {
       ++tally_.mismatches;
-      tally_.problem("optimizer: step_count " + std::to_string(opt_->step_count()) +
-                     " after " + std::to_string(ref_steps_) + " successful steps");
+      tally_.problem("optimizer: step_count " + std::to_string(opt_->step_count()) + " after " +
+                     std::to_string(ref_steps_) + " successful steps");
     }
     check_state();
   }
@@ -162,7 +167,8 @@ class OptimizerWorker::Impl {
         err = error_of(e);
       }
       ++tally_.opt_state_reads;
-      judge_operation(tally_, "optimizer read_state " + specs_[g].name, counts_of(plan_.get()) - before, err);
+      judge_operation(tally_, "optimizer read_state " + specs_[g].name,
+                      counts_of(plan_.get()) - before, err);
       if (err.failed) {
         if (opt_->failed()) {
           ++tally_.opt_rebuilds;

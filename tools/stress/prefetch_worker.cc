@@ -27,7 +27,8 @@ class PrefetchWorker::Impl {
   static constexpr std::size_t kDepth = 2;
 
   explicit Impl(const Shared& sh)
-      : sh_(sh), rng_(sh.cfg->seed * 15485863 + 2),
+      : sh_(sh),
+        rng_(sh.cfg->seed * 15485863 + 2),
         plan_(make_plan(sh.cfg->fault_rate, sh.cfg->seed * 15485863 + 2)) {
     engine_ = swap::make_io_engine(io_options(*sh.cfg, plan_));
     // max_bytes = the budget share; staging half of it; the largest layer an eighth, so that
@@ -37,7 +38,8 @@ class PrefetchWorker::Impl {
       sizes_.push_back(std::uniform_int_distribution<std::uint64_t>(1, max_layer_)(rng_));
     }
     sizes_[0] = max_layer_;  // one whole-block layer, the rest odd
-    store_ = make_store(sh, *engine_, kLayers * (max_layer_ + kStripe * (sh.store_dirs.size() + 1)));
+    store_ =
+        make_store(sh, *engine_, kLayers * (max_layer_ + kStripe * (sh.store_dirs.size() + 1)));
     unit_ = store_->alignment();
     gens_.assign(kLayers, 0);
     device_ = cuda::make_device(cuda::DeviceOptions{.kind = cuda::DeviceKind::kHost});

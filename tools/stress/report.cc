@@ -60,48 +60,53 @@ void print_report(const StressOptions& cfg, const StressTotals& totals, const St
     j.field("problems", v.problems);
     std::printf("%s\n", j.str().c_str());
   } else {
-    std::printf("zinf stress: %.1f s, %llu swap workers + optimizer + prefetch, engine=%s, "
-                "faults=%g, seed=%llu, checksums=%s\n",
-                seconds, static_cast<unsigned long long>(cfg.workers), engine_name.c_str(),
-                cfg.fault_rate, static_cast<unsigned long long>(cfg.seed),
-                cfg.checksums ? "on" : "off");
-    std::printf("  operations        %llu (swap_out %llu, swap_in %llu, optimizer steps %llu, "
-                "state transfers %llu, prefetch acquires %llu, layer writes %llu)\n",
-                static_cast<unsigned long long>(t.operations()),
-                static_cast<unsigned long long>(t.swap_outs),
-                static_cast<unsigned long long>(t.swap_ins),
-                static_cast<unsigned long long>(t.opt_steps),
-                static_cast<unsigned long long>(t.opt_state_reads),
-                static_cast<unsigned long long>(t.prefetch_acquires),
-                static_cast<unsigned long long>(t.prefetch_layer_writes));
+    std::printf(
+        "zinf stress: %.1f s, %llu swap workers + optimizer + prefetch, engine=%s, "
+        "faults=%g, seed=%llu, checksums=%s\n",
+        seconds, static_cast<unsigned long long>(cfg.workers), engine_name.c_str(), cfg.fault_rate,
+        static_cast<unsigned long long>(cfg.seed), cfg.checksums ? "on" : "off");
+    std::printf(
+        "  operations        %llu (swap_out %llu, swap_in %llu, optimizer steps %llu, "
+        "state transfers %llu, prefetch acquires %llu, layer writes %llu)\n",
+        static_cast<unsigned long long>(t.operations()),
+        static_cast<unsigned long long>(t.swap_outs), static_cast<unsigned long long>(t.swap_ins),
+        static_cast<unsigned long long>(t.opt_steps),
+        static_cast<unsigned long long>(t.opt_state_reads),
+        static_cast<unsigned long long>(t.prefetch_acquires),
+        static_cast<unsigned long long>(t.prefetch_layer_writes));
     std::printf("  bytes verified    %s (written %s)\n", mib(t.bytes_verified).c_str(),
                 mib(t.bytes_written).c_str());
-    std::printf("  faults injected   %llu (EIO %llu, ENOSPC %llu, short %llu, EAGAIN %llu, delay %llu)\n",
-                static_cast<unsigned long long>(t.injected.total()),
-                static_cast<unsigned long long>(t.injected.by_rule[kRuleEio]),
-                static_cast<unsigned long long>(t.injected.by_rule[kRuleEnospc]),
-                static_cast<unsigned long long>(t.injected.by_rule[kRuleShort]),
-                static_cast<unsigned long long>(t.injected.by_rule[kRuleEagain]),
-                static_cast<unsigned long long>(t.injected.by_rule[kRuleDelay]));
-    std::printf("  hard faults       %llu: %llu surfaced as errors of %llu failed operations, "
-                "%llu unsurfaced\n",
-                static_cast<unsigned long long>(t.injected.hard()),
-                static_cast<unsigned long long>(t.hard_surfaced),
-                static_cast<unsigned long long>(t.failed_ops),
-                static_cast<unsigned long long>(t.hard_unsurfaced));
-    std::printf("  prefetch          %llu failed reads of layers read ahead and never acquired "
-                "(logged as warnings)\n",
-                static_cast<unsigned long long>(t.prefetch_reads_dropped));
-    std::printf("  optimizer         %llu steps undone by failed reads, %llu rebuilds after failures\n",
-                static_cast<unsigned long long>(t.opt_undone),
-                static_cast<unsigned long long>(t.opt_rebuilds));
+    std::printf(
+        "  faults injected   %llu (EIO %llu, ENOSPC %llu, short %llu, EAGAIN %llu, delay %llu)\n",
+        static_cast<unsigned long long>(t.injected.total()),
+        static_cast<unsigned long long>(t.injected.by_rule[kRuleEio]),
+        static_cast<unsigned long long>(t.injected.by_rule[kRuleEnospc]),
+        static_cast<unsigned long long>(t.injected.by_rule[kRuleShort]),
+        static_cast<unsigned long long>(t.injected.by_rule[kRuleEagain]),
+        static_cast<unsigned long long>(t.injected.by_rule[kRuleDelay]));
+    std::printf(
+        "  hard faults       %llu: %llu surfaced as errors of %llu failed operations, "
+        "%llu unsurfaced\n",
+        static_cast<unsigned long long>(t.injected.hard()),
+        static_cast<unsigned long long>(t.hard_surfaced),
+        static_cast<unsigned long long>(t.failed_ops),
+        static_cast<unsigned long long>(t.hard_unsurfaced));
+    std::printf(
+        "  prefetch          %llu failed reads of layers read ahead and never acquired "
+        "(logged as warnings)\n",
+        static_cast<unsigned long long>(t.prefetch_reads_dropped));
+    std::printf(
+        "  optimizer         %llu steps undone by failed reads, %llu rebuilds after failures\n",
+        static_cast<unsigned long long>(t.opt_undone),
+        static_cast<unsigned long long>(t.opt_rebuilds));
     std::printf("  mismatches        %llu\n", static_cast<unsigned long long>(t.mismatches));
     std::printf("  unexpected errors %llu (corruption found %llu, without context %llu)\n",
                 static_cast<unsigned long long>(t.unexpected_errors + t.corruption_errors),
                 static_cast<unsigned long long>(t.corruption_errors),
                 static_cast<unsigned long long>(t.errors_without_context));
-    std::printf("  pinned memory     peak %s, reserved %s, budget %s%s\n", mib(totals.pinned.peak).c_str(),
-                mib(totals.pinned.reserved).c_str(), mib(cfg.budget).c_str(), overrun ? " (OVERRUN)" : "");
+    std::printf("  pinned memory     peak %s, reserved %s, budget %s%s\n",
+                mib(totals.pinned.peak).c_str(), mib(totals.pinned.reserved).c_str(),
+                mib(cfg.budget).c_str(), overrun ? " (OVERRUN)" : "");
     if (log.errors > log.shown) {
       std::printf("  library log       %llu error lines (the first %llu shown on stderr)\n",
                   static_cast<unsigned long long>(log.errors),
@@ -110,7 +115,7 @@ void print_report(const StressOptions& cfg, const StressTotals& totals, const St
     if (!totals.planted.empty()) std::printf("  planted           %s\n", totals.planted.c_str());
     for (const auto& p : v.problems) std::printf("  problem: %s\n", p.c_str());
     std::printf("%s\n", v.pass() ? "PASS: every byte verified, every hard fault surfaced"
-                             : "FAIL: see the problems above");
+                                 : "FAIL: see the problems above");
   }
 }
 

@@ -26,7 +26,8 @@ inline std::string decode(std::uint64_t w) {
 }
 
 // Fills `buf` (a multiple of 8 bytes) as tensor bytes from `offset` of generation `gen`.
-inline void fill(std::span<std::byte> buf, std::uint32_t uid, std::uint32_t gen, std::uint64_t offset) {
+inline void fill(std::span<std::byte> buf, std::uint32_t uid, std::uint32_t gen,
+                 std::uint64_t offset) {
   auto* w = reinterpret_cast<std::uint64_t*>(buf.data());
   const std::size_t n = buf.size() / 8;
   for (std::size_t i = 0; i < n; ++i) w[i] = stamp(uid, gen, offset + i * 8);

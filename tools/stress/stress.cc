@@ -180,14 +180,16 @@ int stress_main(const std::vector<std::string>& tokens) {
   sh.prefetch_budget = cfg.budget / 4 / 4096 * 4096;
   // Each swap worker holds at most one lease at a time (plus a prefetch layer write), so a
   // tensor of this size never waits for the pool longer than another worker's one operation.
-  sh.max_tensor = std::min<std::uint64_t>(8ull << 20, swap_budget / (cfg.workers + 1) / 4096 * 4096 - 4096);
+  sh.max_tensor =
+      std::min<std::uint64_t>(8ull << 20, swap_budget / (cfg.workers + 1) / 4096 * 4096 - 4096);
   swap::BufferPoolOptions bo;
   bo.budget_bytes = swap_budget;
   swap::BufferPool pool(bo);
   sh.swap_pool = &pool;
 
   std::vector<std::unique_ptr<SwapWorker>> swappers;
-  for (std::size_t i = 0; i < cfg.workers; ++i) swappers.push_back(std::make_unique<SwapWorker>(sh, i));
+  for (std::size_t i = 0; i < cfg.workers; ++i)
+    swappers.push_back(std::make_unique<SwapWorker>(sh, i));
   OptimizerWorker optimizer(sh);
   PrefetchWorker prefetcher(sh);
 
@@ -198,8 +200,10 @@ int stress_main(const std::vector<std::string>& tokens) {
     for (auto& w : swappers) {
       threads.emplace_back([&w] { guarded(w->tally(), "swap worker", [&] { w->run(); }); });
     }
-    threads.emplace_back([&] { guarded(optimizer.tally(), "optimizer worker", [&] { optimizer.run(); }); });
-    threads.emplace_back([&] { guarded(prefetcher.tally(), "prefetch worker", [&] { prefetcher.run(); }); });
+    threads.emplace_back(
+        [&] { guarded(optimizer.tally(), "optimizer worker", [&] { optimizer.run(); }); });
+    threads.emplace_back(
+        [&] { guarded(prefetcher.tally(), "prefetch worker", [&] { prefetcher.run(); }); });
   }
   const double seconds = seconds_since(start);
   throw_if_interrupted();  // a cut-short soak proves nothing: no report, no verdict

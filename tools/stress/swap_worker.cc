@@ -27,7 +27,9 @@ class SwapWorker::Impl {
   static constexpr std::size_t kMaxKeys = 6;
 
   Impl(const Shared& sh, std::size_t index)
-      : sh_(sh), index_(index), rng_(sh.cfg->seed * 7919 + index),
+      : sh_(sh),
+        index_(index),
+        rng_(sh.cfg->seed * 7919 + index),
         plan_(make_plan(sh.cfg->fault_rate, sh.cfg->seed * 7919 + index)) {
     engine_ = swap::make_io_engine(io_options(*sh.cfg, plan_));
     // Room for every key at its largest, padded, plus a stripe row per key for rounding.
@@ -35,8 +37,8 @@ class SwapWorker::Impl {
     store_ = make_store(sh, *engine_, kMaxKeys * per_key);
     unit_ = store_->alignment();
     if (unit_ > sh.swap_pool->alignment()) {
-      throw Error("the swap files need " + std::to_string(unit_) + "-byte alignment; the pool has " +
-                  std::to_string(sh.swap_pool->alignment()));
+      throw Error("the swap files need " + std::to_string(unit_) +
+                  "-byte alignment; the pool has " + std::to_string(sh.swap_pool->alignment()));
     }
   }
 
@@ -60,7 +62,9 @@ class SwapWorker::Impl {
   };
 
   double uniform() { return std::uniform_real_distribution<double>(0, 1)(rng_); }
-  std::uint64_t below(std::uint64_t n) { return std::uniform_int_distribution<std::uint64_t>(0, n - 1)(rng_); }
+  std::uint64_t below(std::uint64_t n) {
+    return std::uniform_int_distribution<std::uint64_t>(0, n - 1)(rng_);
+  }
 
   // Sizes that probe the edges: tiny odd ones, whole blocks, a block +-1, whole stripes, any.
   std::uint64_t random_size() {
@@ -121,7 +125,8 @@ class SwapWorker::Impl {
     k.uid = next_uid_++;
     k.name = "w" + std::to_string(index_) + "-t" + std::to_string(k.uid);
     // The planted corruption needs a tensor longer than the bytes it flips.
-    k.size = sh_.cfg->plant && index_ == 0 && planted.empty() ? (256u << 10) + 12345 : random_size();
+    k.size =
+        sh_.cfg->plant && index_ == 0 && planted.empty() ? (256u << 10) + 12345 : random_size();
     k.gens.assign(store_->padded_size(k.size) / unit_, 0);
     store_->allocate(k.name, k.size);
     keys_.push_back(std::move(k));
@@ -234,7 +239,8 @@ class SwapWorker::Impl {
   Tally tally_;
 };
 
-SwapWorker::SwapWorker(const Shared& sh, std::size_t index) : impl_(std::make_unique<Impl>(sh, index)) {}
+SwapWorker::SwapWorker(const Shared& sh, std::size_t index)
+    : impl_(std::make_unique<Impl>(sh, index)) {}
 SwapWorker::~SwapWorker() = default;
 void SwapWorker::run() { return impl_->run(); }
 Tally& SwapWorker::tally() { return impl_->tally(); }

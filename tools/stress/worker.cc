@@ -61,7 +61,8 @@ OpError error_of(const std::exception& e) {
 // an operation's start and its completion are exactly that operation's (per-request
 // attribution). A hard fault fails its request, so: faults and no error = unsurfaced; an error
 // without any hard fault = unexpected (a checksum mismatch counts as a corruption found).
-void judge_operation(Tally& t, const std::string& what, const FaultCounts& delta, const OpError& err) {
+void judge_operation(Tally& t, const std::string& what, const FaultCounts& delta,
+                     const OpError& err) {
   const std::uint64_t hard = delta.hard();
   if (err.failed && hard > 0) {
     ++t.failed_ops;

@@ -24,7 +24,8 @@ HostArray::HostArray(std::size_t bytes, std::string_view who) {
   constexpr std::size_t kAlign = std::size_t{2} << 20;
   const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
   ptr_.reset(std::aligned_alloc(kAlign, rounded));
-  if (!ptr_) throw Error(std::string(who) + ": cannot allocate " + std::to_string(rounded) + " bytes");
+  if (!ptr_)
+    throw Error(std::string(who) + ": cannot allocate " + std::to_string(rounded) + " bytes");
   // Advisory only: without THP the run is still valid, just with 4 KiB pages.
   (void)::madvise(ptr_.get(), rounded, MADV_HUGEPAGE);
 }
@@ -35,7 +36,9 @@ namespace {
 std::uint32_t bench_hash(std::size_t i) { return static_cast<std::uint32_t>(i * 2654435761u); }
 }  // namespace
 
-float bench_param(std::size_t i) { return static_cast<float>(bench_hash(i) % 2001u) / 1000.0f - 1.0f; }
+float bench_param(std::size_t i) {
+  return static_cast<float>(bench_hash(i) % 2001u) / 1000.0f - 1.0f;
+}
 
 void fill_bench_grads(void* out, std::size_t n, DType dtype) {
   for (std::size_t i = 0; i < n; ++i) {
@@ -46,7 +49,7 @@ void fill_bench_grads(void* out, std::size_t n, DType dtype) {
     } else {
       static_cast<std::uint16_t*>(out)[i] =
           dtype == DType::kBF16 ? static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(g) >> 16)
-                                         : static_cast<std::uint16_t>(0x1400u | (h & 0x83ffu));
+                                : static_cast<std::uint16_t>(0x1400u | (h & 0x83ffu));
     }
   }
 }
@@ -67,7 +70,8 @@ bool parse_on_off(const std::string& text, const char* what) {
 std::optional<DType> parse_copy_out(const std::string& text) {
   if (text == "none") return std::nullopt;
   const DType dtype = parse_dtype(text, "--copy-out");
-  if (dtype == DType::kF32) throw UsageError("invalid --copy-out 'fp32': expected none, bf16 or fp16");
+  if (dtype == DType::kF32)
+    throw UsageError("invalid --copy-out 'fp32': expected none, bf16 or fp16");
   return dtype;
 }
 

@@ -64,11 +64,10 @@ std::string verify_block(std::span<const std::byte> buf, std::uint32_t file, std
       std::memcpy(&got_a, buf.data() + s, 8);
       std::memcpy(&got_off, buf.data() + s + 8, 8);
       got_a ^= kMagic;
-      return "sector at file offset " + std::to_string(offset + s) +
-             " has the header of file " + std::to_string(got_a >> 32) + " generation " +
-             std::to_string(got_a & 0xffffffffu) + " offset " + std::to_string(got_off) +
-             " (expected file " + std::to_string(file) + " generation " +
-             std::to_string(generation) + ")";
+      return "sector at file offset " + std::to_string(offset + s) + " has the header of file " +
+             std::to_string(got_a >> 32) + " generation " + std::to_string(got_a & 0xffffffffu) +
+             " offset " + std::to_string(got_off) + " (expected file " + std::to_string(file) +
+             " generation " + std::to_string(generation) + ")";
     }
     if (std::memcmp(buf.data() + s + kHeader, body.data(), body.size()) != 0) {
       for (std::size_t i = 0; i < body.size(); ++i) {

@@ -14,12 +14,27 @@ namespace zinf::tools {
 
 class JsonWriter {
  public:
-  void field(std::string_view key, const std::string& v) { key_(key); quote(v); }
+  void field(std::string_view key, const std::string& v) {
+    key_(key);
+    quote(v);
+  }
   void field(std::string_view key, const char* v) { field(key, std::string(v)); }
-  void field(std::string_view key, bool v) { key_(key); out_ += v ? "true" : "false"; }
-  void field(std::string_view key, std::uint64_t v) { key_(key); out_ += std::to_string(v); }
-  void field(std::string_view key, std::int64_t v) { key_(key); out_ += std::to_string(v); }
-  void field(std::string_view key, double v) { key_(key); number(v); }
+  void field(std::string_view key, bool v) {
+    key_(key);
+    out_ += v ? "true" : "false";
+  }
+  void field(std::string_view key, std::uint64_t v) {
+    key_(key);
+    out_ += std::to_string(v);
+  }
+  void field(std::string_view key, std::int64_t v) {
+    key_(key);
+    out_ += std::to_string(v);
+  }
+  void field(std::string_view key, double v) {
+    key_(key);
+    number(v);
+  }
   void field(std::string_view key, const std::vector<double>& v) {
     array(key, v, [this](double x) { number(x); });
   }

@@ -70,7 +70,9 @@ UniqueFd open_unnamed_probe(const swap::Dir& dir, int extra_flags, int& error) {
 
 void write_output_file(const std::string& path, std::string_view text) {
   const std::size_t slash = path.rfind('/');
-  const std::string parent = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const std::string parent = slash == std::string::npos ? "."
+                             : slash == 0               ? "/"
+                                                        : path.substr(0, slash);
   const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
   if (name.empty() || name == "." || name == "..") {
     throw UsageError("invalid output file '" + path + "': expected a file name, not a directory");

@@ -79,7 +79,6 @@ constexpr std::uint32_t kThreadCounts[] = {4, 8, 16};
 constexpr std::uint64_t kGroupsPerPass = 8;
 constexpr std::uint64_t kMiB = 1u << 20;
 
-
 std::string size_text(std::uint64_t b) {
   char buf[32];
   if (b % kMiB == 0) {
@@ -167,7 +166,6 @@ std::uint64_t free_bytes(const std::string& dir) {
   return static_cast<std::uint64_t>(s.f_bavail) * s.f_frsize;
 }
 
-
 std::string point_json(const Point& p) {
   JsonWriter j;
   j.field("backend", std::string(swap::io_engine_kind_name(p.kind)));
@@ -189,8 +187,7 @@ std::string config_json(const Point& p, bool direct) {
                 "    \"intra_op_parallelism\": %u,\n    \"single_submit\": false,\n"
                 "    \"overlap_events\": true\n  },\n  \"zinf\": {\n    \"backend\": \"%.*s\",\n"
                 "    \"direct_io\": %s\n  }\n}\n",
-                p.block, p.depth, intra,
-                static_cast<int>(swap::io_engine_kind_name(p.kind).size()),
+                p.block, p.depth, intra, static_cast<int>(swap::io_engine_kind_name(p.kind).size()),
                 swap::io_engine_kind_name(p.kind).data(), direct ? "true" : "false");
   return buf;
 }
@@ -214,7 +211,8 @@ int tune_main(const std::vector<std::string>& tokens) {
     std::fputs(kHelp, stdout);
     return 0;
   }
-  if (dirs.empty()) throw UsageError("--dir is required (a directory on the drive to tune; repeatable)");
+  if (dirs.empty())
+    throw UsageError("--dir is required (a directory on the drive to tune; repeatable)");
   if (!(budget_s > 0) || budget_s > 86400) {
     throw UsageError("invalid --time-budget: must be between 0 and 86400 seconds");
   }
@@ -262,13 +260,20 @@ int tune_main(const std::vector<std::string>& tokens) {
   std::vector<Point> points;
   for (auto b : blocks) {
     for (auto d : depths) {
-      if (want_uring) points.push_back({swap::IoEngineKind::kUring, static_cast<std::uint32_t>(b),
-                                        static_cast<std::uint32_t>(d), 0, {}});
+      if (want_uring)
+        points.push_back({swap::IoEngineKind::kUring,
+                          static_cast<std::uint32_t>(b),
+                          static_cast<std::uint32_t>(d),
+                          0,
+                          {}});
       if (want_threads) {
         for (auto t : kThreadCounts) {
           if (t > d) continue;
-          points.push_back({swap::IoEngineKind::kThreads, static_cast<std::uint32_t>(b),
-                            static_cast<std::uint32_t>(d), t, {}});
+          points.push_back({swap::IoEngineKind::kThreads,
+                            static_cast<std::uint32_t>(b),
+                            static_cast<std::uint32_t>(d),
+                            t,
+                            {}});
         }
       }
     }
@@ -289,13 +294,17 @@ int tune_main(const std::vector<std::string>& tokens) {
   if (calib_group * kGroupsPerPass / dir_count > min_free / 2) {
     throw Error("not enough free space to tune: " + gib(static_cast<double>(min_free)) +
                 " free, the smallest test needs " +
-                gib(static_cast<double>(2 * calib_group * kGroupsPerPass / dir_count)) + " per dir");
+                gib(static_cast<double>(2 * calib_group * kGroupsPerPass / dir_count)) +
+                " per dir");
   }
   double calib_gbps = 0;
   {
     Workload w(opened, calib_group, kGroupsPerPass, memlock_ok);
     Point def{uring_ok && want_uring ? swap::IoEngineKind::kUring : swap::IoEngineKind::kThreads,
-              static_cast<std::uint32_t>(std::min<std::uint64_t>(max_block, 1u << 20)), 16, 16, {}};
+              static_cast<std::uint32_t>(std::min<std::uint64_t>(max_block, 1u << 20)),
+              16,
+              16,
+              {}};
     auto e = w.engine(def);
     (void)w.single_pass(*e, swap::IoOp::kWrite, -1);  // lay the files out
     calib_gbps = w.mixed_pass(*e);
@@ -309,7 +318,8 @@ int tune_main(const std::vector<std::string>& tokens) {
   const bool space_limited = min_free / 2 < kMaxPerDir;
   std::uint64_t cap = std::min<std::uint64_t>(kMaxPerDir, min_free / 2) * dir_count;
   std::uint64_t total = std::clamp<std::uint64_t>(static_cast<std::uint64_t>(want_total),
-                                                  calib_group * kGroupsPerPass, std::max(cap, calib_group * kGroupsPerPass));
+                                                  calib_group * kGroupsPerPass,
+                                                  std::max(cap, calib_group * kGroupsPerPass));
   if (space_limited && static_cast<double>(total) < want_total &&
       cap < static_cast<std::uint64_t>(want_total)) {
     std::string w = "free space limits the test state to " + gib(static_cast<double>(total)) +
@@ -320,9 +330,10 @@ int tune_main(const std::vector<std::string>& tokens) {
   const std::uint64_t group = group_for(total);
   Workload w(opened, group, kGroupsPerPass, memlock_ok);
   if (!json) {
-    std::fprintf(stderr, "zinf tune: %zu settings, %s test state in %llu sub-groups of %s, %.0f s budget\n",
-                 points.size(), gib(static_cast<double>(w.bytes())).c_str(),
-                 static_cast<unsigned long long>(kGroupsPerPass), size_text(group).c_str(), budget_s);
+    std::fprintf(
+        stderr, "zinf tune: %zu settings, %s test state in %llu sub-groups of %s, %.0f s budget\n",
+        points.size(), gib(static_cast<double>(w.bytes())).c_str(),
+        static_cast<unsigned long long>(kGroupsPerPass), size_text(group).c_str(), budget_s);
   }
   {
     Point def = points.front();
@@ -343,8 +354,8 @@ int tune_main(const std::vector<std::string>& tokens) {
     ++measured;
     if (tty && !json) {
       std::fprintf(stderr, "\r  %zu/%zu  %-7s %5s qd %-3u %8.2f GB/s ", measured, points.size(),
-                   std::string(swap::io_engine_kind_name(p.kind)).c_str(), size_text(p.block).c_str(),
-                   p.depth, p.runs.back());
+                   std::string(swap::io_engine_kind_name(p.kind)).c_str(),
+                   size_text(p.block).c_str(), p.depth, p.runs.back());
     }
   }
   if (tty && !json) std::fprintf(stderr, "\r%70s\r", "");
@@ -417,30 +428,36 @@ int tune_main(const std::vector<std::string>& tokens) {
     std::printf("%s\n", rep.c_str());
     return 0;
   }
-  std::printf("zinf tune: %zu dir%s, %s test state, sub-groups of %s, %zu of %zu settings in "
-              "%.1f s; mixed = optimizer-step reads+writes, GB/s = 1e9 B/s\n",
-              dirs.size(), dirs.size() == 1 ? "" : "s", gib(static_cast<double>(w.bytes())).c_str(),
-              size_text(group).c_str(), points.size(), planned, elapsed());
+  std::printf(
+      "zinf tune: %zu dir%s, %s test state, sub-groups of %s, %zu of %zu settings in "
+      "%.1f s; mixed = optimizer-step reads+writes, GB/s = 1e9 B/s\n",
+      dirs.size(), dirs.size() == 1 ? "" : "s", gib(static_cast<double>(w.bytes())).c_str(),
+      size_text(group).c_str(), points.size(), planned, elapsed());
   std::printf("%-8s %6s %5s %8s %11s   %s\n", "backend", "block", "qd", "threads", "mixed GB/s",
               "runs");
   for (const auto& p : points) {
-    std::printf("%-8s %6s %5u %8s %11.2f   %s\n", std::string(swap::io_engine_kind_name(p.kind)).c_str(),
-                size_text(p.block).c_str(), p.depth,
+    std::printf("%-8s %6s %5u %8s %11.2f   %s\n",
+                std::string(swap::io_engine_kind_name(p.kind)).c_str(), size_text(p.block).c_str(),
+                p.depth,
                 p.kind == swap::IoEngineKind::kThreads ? std::to_string(p.threads).c_str() : "-",
                 p.score(), figures_text(p.runs).c_str());
   }
-  std::printf("chosen: backend=%s block_size=%s queue_depth=%u%s: mixed %.2f GB/s, read %.2f GB/s, "
-              "write %.2f GB/s\n",
-              std::string(swap::io_engine_kind_name(best.kind)).c_str(), size_text(best.block).c_str(),
-              best.depth,
-              best.kind == swap::IoEngineKind::kThreads ? (" threads=" + std::to_string(best.threads)).c_str() : "",
-              best.score(), read_gbps, write_gbps);
+  std::printf(
+      "chosen: backend=%s block_size=%s queue_depth=%u%s: mixed %.2f GB/s, read %.2f GB/s, "
+      "write %.2f GB/s\n",
+      std::string(swap::io_engine_kind_name(best.kind)).c_str(), size_text(best.block).c_str(),
+      best.depth,
+      best.kind == swap::IoEngineKind::kThreads
+          ? (" threads=" + std::to_string(best.threads)).c_str()
+          : "",
+      best.score(), read_gbps, write_gbps);
   for (std::size_t i = 0; i < dirs.size(); ++i) {
     std::printf("  %s (%s%s): read %.2f GB/s, write %.2f GB/s\n", dirs[i].c_str(),
                 fs_type_name(dirs[i]).c_str(), w.direct(i) ? ", O_DIRECT" : ", buffered",
                 per_dir[i].first, per_dir[i].second);
   }
-  if (!out.empty()) std::printf("wrote %s (DeepSpeed \"aio\" block + \"zinf\" section)\n", out.c_str());
+  if (!out.empty())
+    std::printf("wrote %s (DeepSpeed \"aio\" block + \"zinf\" section)\n", out.c_str());
   if (!report.empty()) std::printf("wrote %s (for zinf plan --tune)\n", report.c_str());
   return 0;
 }

@@ -51,13 +51,16 @@ class Workload {
   /// ends, and no link planted in a directory is followed.
   Workload(const std::vector<swap::Dir>& dirs, std::uint64_t group_bytes, std::uint64_t groups,
            bool register_buffers)
-      : group_bytes_(group_bytes), groups_(groups), register_(register_buffers),
+      : group_bytes_(group_bytes),
+        groups_(groups),
+        register_(register_buffers),
         generation_(groups, 0) {
     const std::uint64_t per_file = (groups + dirs.size() - 1) / dirs.size() * group_bytes;
     for (std::size_t i = 0; i < dirs.size(); ++i) {
       swap::FileOptions fo;
       fo.preallocate_bytes = per_file;
-      files_.push_back(swap::File::create_unnamed(dirs[i], "zinf-tune." + std::to_string(i) + ".dat", fo));
+      files_.push_back(
+          swap::File::create_unnamed(dirs[i], "zinf-tune." + std::to_string(i) + ".dat", fo));
       alignment_ = std::max(alignment_, files_.back().alignment());
       direct_.push_back(files_.back().is_direct());
     }
@@ -146,10 +149,10 @@ class Workload {
 
  private:
   // Never 0: the rates divide by it.
-  static double pass_seconds(Clock::time_point t) {
-    return std::max(1e-9, seconds_since(t));
+  static double pass_seconds(Clock::time_point t) { return std::max(1e-9, seconds_since(t)); }
+  std::uint32_t file_of(std::uint64_t g) const {
+    return static_cast<std::uint32_t>(g % files_.size());
   }
-  std::uint32_t file_of(std::uint64_t g) const { return static_cast<std::uint32_t>(g % files_.size()); }
   std::uint64_t offset_of(std::uint64_t g) const { return g / files_.size() * group_bytes_; }
   swap::IoTicket submit(swap::IoEngine& e, swap::IoOp op, std::uint64_t g) {
     return submit_in(e, op, g, static_cast<std::size_t>(g % 3));
@@ -158,7 +161,9 @@ class Workload {
     swap::IoRequest req{op, ids_[file_of(g)], offset_of(g), bufs_[slot].span()};
     return e.submit(std::span<const swap::IoRequest>(&req, 1));
   }
-  void stamp(std::uint64_t g, std::uint32_t gen) { stamp_in(static_cast<std::size_t>(g % 3), g, gen); }
+  void stamp(std::uint64_t g, std::uint32_t gen) {
+    stamp_in(static_cast<std::size_t>(g % 3), g, gen);
+  }
   void stamp_in(std::size_t slot, std::uint64_t g, std::uint32_t gen) {
     fill_bulk(bufs_[slot].span(), gen);
     stamp_headers(bufs_[slot].span(), file_of(g), offset_of(g), gen);
@@ -167,9 +172,9 @@ class Workload {
   void verify_in(std::size_t slot, std::uint64_t g) {
     std::string err = verify_block(bufs_[slot].span(), file_of(g), offset_of(g), generation_[g]);
     if (!err.empty()) {
-      throw Error("verification failed: " + files_[file_of(g)].path() + " offset=" +
-                  std::to_string(offset_of(g)) + " length=" + std::to_string(group_bytes_) + ": " +
-                  err);
+      throw Error("verification failed: " + files_[file_of(g)].path() +
+                  " offset=" + std::to_string(offset_of(g)) +
+                  " length=" + std::to_string(group_bytes_) + ": " + err);
     }
   }
 

@@ -86,7 +86,9 @@ struct GradView {
   DType dtype = DType::kF32;
 
   /// Views fp32 gradients.
-  static GradView f32(std::span<const float> g) noexcept { return {g.data(), g.size(), DType::kF32}; }
+  static GradView f32(std::span<const float> g) noexcept {
+    return {g.data(), g.size(), DType::kF32};
+  }
   /// Views bf16 gradients given as their raw bits.
   static GradView bf16(std::span<const std::uint16_t> g) noexcept {
     return {g.data(), g.size(), DType::kBF16};
@@ -153,8 +155,8 @@ class CpuAdam {
   /// no alignment is required. Throws UsageError (before touching any memory) on mismatched
   /// lengths, a null pointer with a non-zero length, overlapping arrays, a copy-out type other
   /// than bf16/fp16, hyper-parameters that check_adam_params() refuses, or step == 0.
-  void step(const AdamParams& hp, std::span<float> params, std::span<float> m,
-            std::span<float> v, GradView grads, CopyOut out = {});
+  void step(const AdamParams& hp, std::span<float> params, std::span<float> m, std::span<float> v,
+            GradView grads, CopyOut out = {});
 
   /// Writes `params` rounded to `out`'s type (bf16/fp16, round to nearest even) with exactly
   /// the conversion step()'s copy-out uses on this instance's code path (the kernel itself,

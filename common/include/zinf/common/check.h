@@ -4,11 +4,12 @@
 #pragma once
 
 namespace zinf::detail {
-[[noreturn]] void check_failed(const char* expr, const char* msg, const char* file, int line) noexcept;
+[[noreturn]] void check_failed(const char* expr, const char* msg, const char* file,
+                               int line) noexcept;
 }  // namespace zinf::detail
 
-#define ZINF_CHECK(cond, msg)                                              \
-  do {                                                                     \
-    if (!(cond)) [[unlikely]]                                              \
-      ::zinf::detail::check_failed(#cond, (msg), __FILE__, __LINE__);      \
+#define ZINF_CHECK(cond, msg)                                         \
+  do {                                                                \
+    if (!(cond)) [[unlikely]]                                         \
+      ::zinf::detail::check_failed(#cond, (msg), __FILE__, __LINE__); \
   } while (0)

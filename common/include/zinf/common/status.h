@@ -23,10 +23,10 @@ enum class ErrorCode : std::uint8_t {
   kTimedOut,       ///< ETIMEDOUT, or a bounded retry that ran out
   kShortTransfer,  ///< a transfer stopped before its length (no errno)
   kCorrupt,        ///< a checksum mismatch or an inconsistent on-disk structure (no errno)
-  kInvalidArgument,///< misuse detected where a Status rather than an exception is the channel
-  kFailedState,    ///< an engine that refuses work after an earlier unrecoverable failure
-  kDevice,         ///< a device backend failed (a CUDA call, its host simulation); no errno
-  kInternal,       ///< an unexpected exception: a bug, never bad input (no errno)
+  kInvalidArgument,  ///< misuse detected where a Status rather than an exception is the channel
+  kFailedState,      ///< an engine that refuses work after an earlier unrecoverable failure
+  kDevice,           ///< a device backend failed (a CUDA call, its host simulation); no errno
+  kInternal,         ///< an unexpected exception: a bug, never bad input (no errno)
 };
 
 /// Returns the stable lower-case name of `code` ("no_space", "short_transfer", ...).
@@ -71,22 +71,72 @@ class [[nodiscard]] Status {
   const std::string& message() const noexcept { return message_; }
 
   // Builders, so that a lower layer can add what it knows as the Status travels up.
-  Status& with_code(ErrorCode c) & { code_ = c; return *this; }
-  Status&& with_code(ErrorCode c) && { code_ = c; return std::move(*this); }
-  Status& with_errno(int e) & { errno_ = e; return *this; }
-  Status&& with_errno(int e) && { errno_ = e; return std::move(*this); }
-  Status& with_operation(std::string op) & { operation_ = std::move(op); return *this; }
-  Status&& with_operation(std::string op) && { operation_ = std::move(op); return std::move(*this); }
-  Status& with_path(std::string p) & { path_ = std::move(p); return *this; }
-  Status&& with_path(std::string p) && { path_ = std::move(p); return std::move(*this); }
-  Status& with_range(std::uint64_t off, std::uint64_t len) & { offset_ = off; length_ = len; return *this; }
-  Status&& with_range(std::uint64_t off, std::uint64_t len) && { offset_ = off; length_ = len; return std::move(*this); }
-  Status& with_bytes_done(std::uint64_t n) & { bytes_done_ = n; return *this; }
-  Status&& with_bytes_done(std::uint64_t n) && { bytes_done_ = n; return std::move(*this); }
-  Status& with_backend(std::string b) & { backend_ = std::move(b); return *this; }
-  Status&& with_backend(std::string b) && { backend_ = std::move(b); return std::move(*this); }
-  Status& with_message(std::string m) & { message_ = std::move(m); return *this; }
-  Status&& with_message(std::string m) && { message_ = std::move(m); return std::move(*this); }
+  Status& with_code(ErrorCode c) & {
+    code_ = c;
+    return *this;
+  }
+  Status&& with_code(ErrorCode c) && {
+    code_ = c;
+    return std::move(*this);
+  }
+  Status& with_errno(int e) & {
+    errno_ = e;
+    return *this;
+  }
+  Status&& with_errno(int e) && {
+    errno_ = e;
+    return std::move(*this);
+  }
+  Status& with_operation(std::string op) & {
+    operation_ = std::move(op);
+    return *this;
+  }
+  Status&& with_operation(std::string op) && {
+    operation_ = std::move(op);
+    return std::move(*this);
+  }
+  Status& with_path(std::string p) & {
+    path_ = std::move(p);
+    return *this;
+  }
+  Status&& with_path(std::string p) && {
+    path_ = std::move(p);
+    return std::move(*this);
+  }
+  Status& with_range(std::uint64_t off, std::uint64_t len) & {
+    offset_ = off;
+    length_ = len;
+    return *this;
+  }
+  Status&& with_range(std::uint64_t off, std::uint64_t len) && {
+    offset_ = off;
+    length_ = len;
+    return std::move(*this);
+  }
+  Status& with_bytes_done(std::uint64_t n) & {
+    bytes_done_ = n;
+    return *this;
+  }
+  Status&& with_bytes_done(std::uint64_t n) && {
+    bytes_done_ = n;
+    return std::move(*this);
+  }
+  Status& with_backend(std::string b) & {
+    backend_ = std::move(b);
+    return *this;
+  }
+  Status&& with_backend(std::string b) && {
+    backend_ = std::move(b);
+    return std::move(*this);
+  }
+  Status& with_message(std::string m) & {
+    message_ = std::move(m);
+    return *this;
+  }
+  Status&& with_message(std::string m) && {
+    message_ = std::move(m);
+    return std::move(*this);
+  }
 
   /// Returns the one-line text a user sees, e.g.
   /// `read failed: /nvme/a.swp offset=1048576 length=4194304 done=0 engine=uring: Input/output error (EIO)`.

@@ -82,6 +82,7 @@ CommunicatorId make_communicator_id();
 /// every rank has joined). Throws DeviceError in a build without NCCL ("zinf was built without
 /// NCCL ..."), UsageError for a device that is not CUDA (the host simulation has no NCCL) or a
 /// rank outside [0, world_size), and DeviceError if NCCL fails.
-std::unique_ptr<Communicator> make_nccl_communicator(Device& device, const CommunicatorOptions& options);
+std::unique_ptr<Communicator> make_nccl_communicator(Device& device,
+                                                     const CommunicatorOptions& options);
 
 }  // namespace zinf::cuda

@@ -31,9 +31,9 @@ std::string_view offload_device_name(OffloadDevice device) noexcept;
 /// zero_optimization.offload_param. DeepSpeed's defaults unless noted.
 struct OffloadParamConfig {
   OffloadDevice device = OffloadDevice::kNone;
-  std::string nvme_path;        ///< required for kNvme (or zinf.nvme_paths)
-  bool pin_memory = true;       ///< zinf's staging is always page-locked; false is accepted
-  std::uint32_t buffer_count = 5;            ///< parameter buffers in the prefetch window
+  std::string nvme_path;           ///< required for kNvme (or zinf.nvme_paths)
+  bool pin_memory = true;          ///< zinf's staging is always page-locked; false is accepted
+  std::uint32_t buffer_count = 5;  ///< parameter buffers in the prefetch window
   std::uint64_t buffer_size = 100'000'000;   ///< elements per buffer; >= the largest layer
   std::uint64_t max_in_cpu = 1'000'000'000;  ///< accepted (DeepSpeed's cpu cache); unused
 };
@@ -41,7 +41,7 @@ struct OffloadParamConfig {
 /// zero_optimization.offload_optimizer.
 struct OffloadOptimizerConfig {
   OffloadDevice device = OffloadDevice::kNone;
-  std::string nvme_path;      ///< required for kNvme (or zinf.nvme_paths)
+  std::string nvme_path;  ///< required for kNvme (or zinf.nvme_paths)
   bool pin_memory = true;
   std::uint32_t buffer_count = 4;  ///< the optimizer pipeline's ring (>= 3)
   bool pipeline_read = false;      ///< accepted; zinf always pipelines reads
@@ -53,12 +53,13 @@ struct OffloadOptimizerConfig {
 /// The top-level "aio" block. Absent keys take zinf's measured defaults (IoOptions), not
 /// DeepSpeed's (queue_depth 8), because those are what the engine was measured with.
 struct AioConfig {
-  std::uint32_t block_size = 1u << 20;     ///< bytes per engine piece (multiple of 4096)
-  std::uint32_t queue_depth = 16;          ///< pieces in flight per engine
-  std::uint32_t intra_op_parallelism = 0;  ///< threads backend workers, 0: queue_depth (alias thread_count)
-  bool single_submit = false;              ///< accepted; zinf always submits in batches
-  bool overlap_events = true;              ///< accepted; zinf always overlaps
-  bool use_gds = false;                    ///< true is an error (GPUDirect Storage not built)
+  std::uint32_t block_size = 1u << 20;  ///< bytes per engine piece (multiple of 4096)
+  std::uint32_t queue_depth = 16;       ///< pieces in flight per engine
+  std::uint32_t intra_op_parallelism =
+      0;                       ///< threads backend workers, 0: queue_depth (alias thread_count)
+  bool single_submit = false;  ///< accepted; zinf always submits in batches
+  bool overlap_events = true;  ///< accepted; zinf always overlaps
+  bool use_gds = false;        ///< true is an error (GPUDirect Storage not built)
 };
 
 /// The "zinf" section: settings DeepSpeed has no key for.
@@ -75,8 +76,8 @@ struct ZinfSection {
   /// "zinf": {"checksums": false}: a corrupt byte is then trained on, fetched and checkpointed.
   bool checksums = true;
   swap::IoEngineKind backend = swap::IoEngineKind::kAuto;  ///< "auto" | "uring" | "threads"
-  bool direct_io = true;       ///< O_DIRECT where the file system allows it
-  bool precondition = false;   ///< write the swap files once at start (faster write-backs)
+  bool direct_io = true;             ///< O_DIRECT where the file system allows it
+  bool precondition = false;         ///< write the swap files once at start (faster write-backs)
   std::uint32_t prefetch_depth = 2;  ///< layers read ahead of the one computing
   std::uint32_t adam_threads = 0;    ///< CpuAdam threads (0: one per hardware thread)
 };

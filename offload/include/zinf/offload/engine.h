@@ -22,17 +22,17 @@ namespace zinf::offload {
 /// One layer (or parameter shard) the engine manages: its element count and the dtype of its
 /// parameters on the device. The fp32 master copy and both moments live in the optimizer tier.
 struct LayerSpec {
-  std::string name;                 ///< for messages and checkpoints; unique, not empty
-  std::uint64_t numel = 0;          ///< > 0
-  DType param_dtype = DType::kBF16; ///< kBF16 or kF16 (the device copy; fp32 is the master)
+  std::string name;                  ///< for messages and checkpoints; unique, not empty
+  std::uint64_t numel = 0;           ///< > 0
+  DType param_dtype = DType::kBF16;  ///< kBF16 or kF16 (the device copy; fp32 is the master)
 };
 
 /// Counters since construction (bytes, seconds) and the last step's figures.
 struct EngineStats {
-  std::uint64_t steps = 0;                 ///< steps completed
-  std::uint64_t param_bytes_read = 0;      ///< parameter bytes read from NVMe (padded)
-  std::uint64_t param_bytes_written = 0;   ///< updated parameter bytes written to NVMe
-  std::uint64_t param_bytes_to_device = 0; ///< parameter bytes copied host -> device
+  std::uint64_t steps = 0;                    ///< steps completed
+  std::uint64_t param_bytes_read = 0;         ///< parameter bytes read from NVMe (padded)
+  std::uint64_t param_bytes_written = 0;      ///< updated parameter bytes written to NVMe
+  std::uint64_t param_bytes_to_device = 0;    ///< parameter bytes copied host -> device
   std::uint64_t optimizer_bytes_read = 0;     ///< optimizer state bytes read (NVMe tier)
   std::uint64_t optimizer_bytes_written = 0;  ///< optimizer state bytes written (NVMe tier)
   /// Optimizer state bytes read / the optimizer's time with a read in flight (10^9 B/s).
@@ -42,9 +42,9 @@ struct EngineStats {
   /// Parameter bytes read from NVMe / the prefetcher's time with a read in flight (nvme
   /// parameter tier; 0 otherwise).
   double param_read_gbps = 0;
-  double stall_seconds = 0;    ///< compute stream waiting for parameters (prefetch stalls)
-  double step_seconds = 0;     ///< total wall time inside step()
-  std::uint64_t prefetch_hits = 0;       ///< fetches whose layer was already being read
+  double stall_seconds = 0;         ///< compute stream waiting for parameters (prefetch stalls)
+  double step_seconds = 0;          ///< total wall time inside step()
+  std::uint64_t prefetch_hits = 0;  ///< fetches whose layer was already being read
   std::uint64_t prefetch_on_demand = 0;  ///< fetches that had to start the read themselves
   std::uint64_t pinned_bytes = 0;        ///< pinned host memory held now
   std::uint64_t pinned_bytes_peak = 0;   ///< the most ever held; never above the budget

@@ -93,16 +93,16 @@ struct OptimizerOptions {
 
 /// What one step did, measured between begin_step() and the end of end_step().
 struct StepStats {
-  std::uint64_t step = 0;          ///< the step number (from 1)
-  std::uint64_t sub_groups = 0;    ///< sub-groups updated
-  std::uint64_t elements = 0;      ///< elements updated
-  double seconds = 0;              ///< wall time of the step
-  double read_seconds = 0;         ///< time with at least one state read in flight
-  double write_seconds = 0;        ///< time with at least one write-back in flight
-  double compute_seconds = 0;      ///< time inside CpuAdam
-  double wait_seconds = 0;         ///< time the pipeline waited for a read or a free buffer
-  std::uint64_t bytes_read = 0;    ///< state bytes read (padded records)
-  std::uint64_t bytes_written = 0; ///< state bytes written back (padded records)
+  std::uint64_t step = 0;            ///< the step number (from 1)
+  std::uint64_t sub_groups = 0;      ///< sub-groups updated
+  std::uint64_t elements = 0;        ///< elements updated
+  double seconds = 0;                ///< wall time of the step
+  double read_seconds = 0;           ///< time with at least one state read in flight
+  double write_seconds = 0;          ///< time with at least one write-back in flight
+  double compute_seconds = 0;        ///< time inside CpuAdam
+  double wait_seconds = 0;           ///< time the pipeline waited for a read or a free buffer
+  std::uint64_t bytes_read = 0;      ///< state bytes read (padded records)
+  std::uint64_t bytes_written = 0;   ///< state bytes written back (padded records)
   std::uint64_t copy_out_bytes = 0;  ///< low-precision bytes written to a StoreCopyOut key
 };
 

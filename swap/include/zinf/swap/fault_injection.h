@@ -22,14 +22,14 @@ namespace zinf::swap {
 /// An attempt is a piece's first submission or the resubmission of its remainder after a
 /// short transfer; EINTR/EAGAIN retries of an attempt do not consult the plan again.
 enum class FaultKind : std::uint8_t {
-  kError,    ///< the attempt fails with `err` (EIO, ENOSPC, ...) without doing any I/O, for
-             ///< reads and writes alike: nothing is transferred
-  kShort,    ///< the I/O is done in full but only `short_bytes` are reported done; the backend
-             ///< must resubmit the rest (from the aligned point below, for O_DIRECT files).
-             ///< short_bytes 0 reports zero bytes: the request fails with kShortTransfer
-  kEagain,   ///< the attempt reports -EAGAIN `count` times in a row (no I/O) before going
-             ///< through; beyond IoOptions::max_eagain_retries the request fails (kTimedOut)
-  kDelay,    ///< the attempt's completion is delayed by `delay` after its I/O is done
+  kError,   ///< the attempt fails with `err` (EIO, ENOSPC, ...) without doing any I/O, for
+            ///< reads and writes alike: nothing is transferred
+  kShort,   ///< the I/O is done in full but only `short_bytes` are reported done; the backend
+            ///< must resubmit the rest (from the aligned point below, for O_DIRECT files).
+            ///< short_bytes 0 reports zero bytes: the request fails with kShortTransfer
+  kEagain,  ///< the attempt reports -EAGAIN `count` times in a row (no I/O) before going
+            ///< through; beyond IoOptions::max_eagain_retries the request fails (kTimedOut)
+  kDelay,   ///< the attempt's completion is delayed by `delay` after its I/O is done
 };
 
 /// One rule. A piece matches when its op, file and offset fall in the rule's filter; the rule
@@ -37,9 +37,9 @@ enum class FaultKind : std::uint8_t {
 /// each matching piece with probability `probability` when that is > 0 (seeded, reproducible).
 struct FaultRule {
   FaultKind kind = FaultKind::kError;
-  std::optional<IoOp> op;              ///< unset: reads and writes
-  std::optional<FileId> file;          ///< unset: every file
-  std::uint64_t offset_begin = 0;      ///< piece offset in [offset_begin, offset_end)
+  std::optional<IoOp> op;          ///< unset: reads and writes
+  std::optional<FileId> file;      ///< unset: every file
+  std::uint64_t offset_begin = 0;  ///< piece offset in [offset_begin, offset_end)
   std::uint64_t offset_end = ~std::uint64_t{0};
   std::uint64_t first_match = 0;
   std::uint64_t times = 1;

@@ -16,10 +16,10 @@ class Dir;
 
 /// How File::open treats the file.
 struct FileOptions {
-  bool create = false;        ///< create if missing (mode 0600)
-  bool truncate = false;      ///< truncate to zero on open
-  bool read_only = false;     ///< open O_RDONLY instead of O_RDWR
-  bool direct = true;         ///< ask for O_DIRECT; falls back to buffered with one notice
+  bool create = false;     ///< create if missing (mode 0600)
+  bool truncate = false;   ///< truncate to zero on open
+  bool read_only = false;  ///< open O_RDONLY instead of O_RDWR
+  bool direct = true;      ///< ask for O_DIRECT; falls back to buffered with one notice
   std::uint64_t preallocate_bytes = 0;  ///< fallocate this many bytes (0: none)
 };
 

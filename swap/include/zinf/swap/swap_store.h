@@ -55,10 +55,10 @@ struct SwapStoreOptions {
 struct SwapStoreStats {
   std::uint64_t swaps_out = 0;
   std::uint64_t swaps_in = 0;
-  std::uint64_t bytes_out = 0;         ///< bytes written by successful swap_outs (padded)
-  std::uint64_t bytes_in = 0;          ///< bytes read by successful swap_ins (padded)
-  std::uint64_t checksum_failures = 0; ///< stripe units whose CRC32C did not match on swap_in
-  std::uint64_t failures = 0;          ///< swaps that completed with an error
+  std::uint64_t bytes_out = 0;          ///< bytes written by successful swap_outs (padded)
+  std::uint64_t bytes_in = 0;           ///< bytes read by successful swap_ins (padded)
+  std::uint64_t checksum_failures = 0;  ///< stripe units whose CRC32C did not match on swap_in
+  std::uint64_t failures = 0;           ///< swaps that completed with an error
 };
 
 /// Maps tensor keys to extents of striped, preallocated swap files.
