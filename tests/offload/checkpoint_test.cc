@@ -27,6 +27,7 @@
 
 #include "optimizer_test_util.h"
 #include "support/log_capture.h"
+#include "support/child_process.h"
 #include "support/test_dir.h"
 #include "zinf/common/error.h"
 #include "zinf/offload/optimizer.h"
@@ -479,45 +480,25 @@ TEST_F(CheckpointFiles, ASecondOptimizerOnTheDirectoryFailsNamingTheHolder) {
 // its death (even by SIGKILL) frees the directory.
 TEST_F(CheckpointFiles, AnotherProcessHoldingTheDirectoryIsNamed) {
   const std::string ckpt = dir_.file("ckpt");
-  int ready[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  std::fflush(nullptr);
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    ::close(ready[0]);
-    try {
-      OffloadedOptimizer a(cpu_options(dir_), test::odd_groups());
-      test::init_all(a);
-      a.save(ckpt);
-      const char ok = 'k';
-      if (::write(ready[1], &ok, 1) != 1) ::_exit(4);
-      for (;;) ::pause();
-    } catch (...) {
-      ::_exit(3);
-    }
-  }
-  ::close(ready[1]);
-  char got = 0;
-  const ssize_t n = ::read(ready[0], &got, 1);
-  ::close(ready[0]);
+  test::Child child([&](const std::function<void()>& ready) {
+    OffloadedOptimizer a(cpu_options(dir_), test::odd_groups());
+    test::init_all(a);
+    a.save(ckpt);
+    ready();
+    for (;;) ::pause();
+  });
+  ASSERT_TRUE(child.ready()) << "the child could not save";
   OffloadedOptimizer b(cpu_options(dir_), test::odd_groups());
   test::init_all(b);
-  if (n == 1) {
-    try {
-      b.save(ckpt);
-      ADD_FAILURE() << "saved into a directory another process holds";
-    } catch (const IoError& e) {
-      EXPECT_NE(std::string(e.what()).find("in use by zinf process " + std::to_string(pid)),
-                std::string::npos)
-          << e.what();
-    }
-  } else {
-    ADD_FAILURE() << "the child could not save";
+  try {
+    b.save(ckpt);
+    ADD_FAILURE() << "saved into a directory another process holds";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("in use by zinf process " + std::to_string(child.pid())),
+              std::string::npos)
+        << e.what();
   }
-  ::kill(pid, SIGKILL);
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  child.kill_and_reap();
   b.save(ckpt);
   b.load(ckpt);
 }

@@ -5,9 +5,7 @@
 // call throw EngineFailed quoting it. With the default config, a byte flipped in a swap file
 // (optimizer state, or a layer's parameters) is refused as kCorrupt: no fetch returns it, no
 // step trains on it, no checkpoint stores it.
-#include <signal.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
@@ -15,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -24,6 +23,7 @@
 #include <gtest/gtest.h>
 
 #include "engine_test_util.h"
+#include "support/child_process.h"
 #include "support/corrupt_swap_file.h"
 #include "support/tool_process.h"
 #include "zinf/common/error.h"
@@ -287,38 +287,19 @@ TEST(OffloadEngineFault, KilledAtRandomPointsLeavesOnlyALoadableCheckpoint) {
     test::TestDir dir;
     const EngineConfig c = test::engine_config(OffloadDevice::kNvme, OffloadDevice::kNvme, dir);
     const std::string ckpt = dir.file("ckpt");
-    int ready[2];
-    ASSERT_EQ(::pipe(ready), 0);
-    std::fflush(nullptr);
-    const pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      ::close(ready[0]);
-      try {
-        EngineRig rig;
-        rig.make(c);
-        rig.init_weights();
-        for (std::uint64_t t = 1;; ++t) {
-          rig.iteration(t, /*check=*/false);
-          rig.engine().save(ckpt);
-          if (t == 1) {
-            const char one = '1';
-            if (::write(ready[1], &one, 1) != 1) ::_exit(4);
-          }
-        }
-      } catch (...) {
-        ::_exit(3);
+    test::Child child([&](const std::function<void()>& ready) {
+      EngineRig rig;
+      rig.make(c);
+      rig.init_weights();
+      for (std::uint64_t t = 1;; ++t) {
+        rig.iteration(t, /*check=*/false);
+        rig.engine().save(ckpt);
+        if (t == 1) ready();
       }
-    }
-    ::close(ready[1]);
-    char got = 0;
-    const bool saved = ::read(ready[0], &got, 1) == 1;
-    ::close(ready[0]);
+    });
+    ASSERT_TRUE(child.ready()) << "the child failed before its first checkpoint";
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
-    ::kill(pid, SIGKILL);
-    int status = 0;
-    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-    ASSERT_TRUE(saved) << "the child failed before its first checkpoint (status " << status << ")";
+    const int status = child.kill_and_reap();
     ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
 
     EXPECT_TRUE(std::filesystem::is_empty(c.offload_param.nvme_path));

@@ -18,6 +18,7 @@
 
 #include <gtest/gtest.h>
 
+#include "support/child_process.h"
 #include "support/test_dir.h"
 #include "zinf/common/error.h"
 #include "zinf/swap/dir.h"
@@ -140,19 +141,15 @@ TEST(File, CreateUnnamedLeavesNoNameBehind) {
 
 TEST(File, CreateUnnamedLeavesNothingWhenTheProcessIsKilled) {
   test::TestDir dir;
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
+  test::Child child([&](const std::function<void()>& ready) {
     const Dir d = Dir::open(dir.path());
     File f = File::create_unnamed(d, "x", FileOptions{.preallocate_bytes = 4096});
-    ::pause();
-    ::_exit(0);
-  }
-  // Give the child time to create its file, then kill it without a chance to clean up.
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  ::kill(child, SIGKILL);
-  int status = 0;
-  ::waitpid(child, &status, 0);
+    ready();
+    for (;;) ::pause();
+  });
+  ASSERT_TRUE(child.ready());
+  // Killed without a chance to clean up: the kernel drops the file with its descriptor.
+  child.kill_and_reap();
   EXPECT_TRUE(entries(dir.path()).empty());
 }
 
@@ -302,30 +299,18 @@ TEST(Dir, SecondLockFailsNamingTheHolder) {
 
 TEST(Dir, LockOfAKilledProcessIsFreeAtOnce) {
   test::TestDir dir;
-  int ready[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
+  test::Child child([&](const std::function<void()>& ready) {
     const Dir d = Dir::open(dir.path());
-    const bool locked = d.try_lock();
-    const char c = locked ? '1' : '0';
-    (void)!::write(ready[1], &c, 1);
-    ::pause();
-    ::_exit(0);
-  }
-  char c = 0;
-  ASSERT_EQ(::read(ready[0], &c, 1), 1);
-  ASSERT_EQ(c, '1');
+    if (!d.try_lock()) return;
+    ready();
+    for (;;) ::pause();
+  });
+  ASSERT_TRUE(child.ready()) << "the child could not lock";
   const Dir d = Dir::open(dir.path());
   EXPECT_FALSE(d.try_lock());
-  EXPECT_EQ(d.holder_pid(), child);
-  ::kill(child, SIGKILL);
-  int status = 0;
-  ::waitpid(child, &status, 0);
+  EXPECT_EQ(d.holder_pid(), child.pid());
+  child.kill_and_reap();
   EXPECT_TRUE(d.try_lock());
-  ::close(ready[0]);
-  ::close(ready[1]);
 }
 
 }  // namespace

@@ -34,6 +34,7 @@
 
 #include "io_test_util.h"
 #include "support/pattern.h"
+#include "support/child_process.h"
 #include "support/test_dir.h"
 #include "zinf/common/error.h"
 #include "zinf/swap/crc32c.h"
@@ -571,47 +572,26 @@ TEST_P(SwapStoreTest, PlantedNamesAreNeitherFollowedNorCollidedWith) {
 TEST(SwapStoreFiles, KilledOwnerLeavesNothingBehind) {
   test::TestDir dir;
   const std::vector<std::string> dirs = {dir.subdir("a"), dir.subdir("b")};
-  int ready[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  std::fflush(nullptr);
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    ::close(ready[0]);
-    try {
-      IoOptions io;
-      io.kind = IoEngineKind::kThreads;
-      io.block_size = kStripe;
-      auto engine = make_io_engine(io);
-      SwapStoreOptions o;
-      o.directories = dirs;
-      o.capacity_bytes = 4 << 20;
-      o.stripe_bytes = kStripe;
-      SwapStore store(o, *engine);
-      store.allocate("k", 1 << 20);
-      AlignedBuffer out(1 << 20);
-      fill_pattern(out.span(), 1, 0, 1);
-      store.swap_out("k", out.span()).wait();
-      const char ok = 'k';
-      if (::write(ready[1], &ok, 1) != 1) ::_exit(4);
-      for (;;) ::pause();
-    } catch (...) {
-      ::_exit(3);
-    }
-  }
-  ::close(ready[1]);
-  char got = 0;
-  const ssize_t n = ::read(ready[0], &got, 1);
-  ::close(ready[0]);
-  if (n != 1) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    FAIL() << "the child could not make its store (status " << status << ")";
-  }
+  test::Child child([&](const std::function<void()>& ready) {
+    IoOptions io;
+    io.kind = IoEngineKind::kThreads;
+    io.block_size = kStripe;
+    auto engine = make_io_engine(io);
+    SwapStoreOptions o;
+    o.directories = dirs;
+    o.capacity_bytes = 4 << 20;
+    o.stripe_bytes = kStripe;
+    SwapStore store(o, *engine);
+    store.allocate("k", 1 << 20);
+    AlignedBuffer out(1 << 20);
+    fill_pattern(out.span(), 1, 0, 1);
+    store.swap_out("k", out.span()).wait();
+    ready();
+    for (;;) ::pause();
+  });
+  ASSERT_TRUE(child.ready()) << "the child could not make its store";
   for (const auto& d : dirs) EXPECT_EQ(entries(d), std::vector<std::string>{}) << d << " (open)";
-  ASSERT_EQ(::kill(pid, SIGKILL), 0);
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  const int status = child.kill_and_reap();
   EXPECT_TRUE(WIFSIGNALED(status));
   for (const auto& d : dirs) EXPECT_EQ(entries(d), std::vector<std::string>{}) << d << " (killed)";
 }
