@@ -182,6 +182,26 @@ std::string victims_changed(const Victims& v) {
   return what;
 }
 
+void expect_follows_no_probe_link(const std::string& tool, std::vector<std::string> args,
+                                  const std::string& parent) {
+  const std::string work = parent + "/work";
+  ::mkdir(work.c_str(), 0700);
+  const std::string victims = parent + "/victims";
+  ::mkdir(victims.c_str(), 0700);
+  const Victims v = make_victims(victims);
+  args.push_back("--dir");
+  args.push_back(work);
+  std::vector<std::string> planted;
+  ToolProcess p = spawn_tool(tool, args, [&](pid_t pid) {
+    planted = {".zinf-write-probe-" + std::to_string(pid)};
+    plant_links(work, planted, v);
+  });
+  const ToolEnd e = wait_tool(p);
+  EXPECT_EQ(e.status, 0) << e.out;
+  EXPECT_EQ(victims_changed(v), "");
+  EXPECT_EQ(dir_entries(work), planted);
+}
+
 void expect_signals_stop_cleanly(const std::string& tool, const std::string& command,
                                  const std::vector<std::string>& args, const std::string& parent,
                                  int min_ms, int max_ms) {

@@ -76,6 +76,14 @@ void plant_links(const std::string& dir, const std::vector<std::string>& names, 
 /// Empty if both victims are as made; otherwise what changed.
 std::string victims_changed(const Victims& v);
 
+/// The link tests' common body for a command whose only name of its own in its directory was
+/// the write probe: runs `tool args` with "--dir <parent>/work" after `args`, planting links
+/// (to victims under <parent>/victims) at `.zinf-write-probe-<pid>` between fork and exec,
+/// and expects exit status 0, both victims unchanged and nothing in the directory but the
+/// planted link.
+void expect_follows_no_probe_link(const std::string& tool, std::vector<std::string> args,
+                                  const std::string& parent);
+
 /// The signal tests' common body. For each of SIGINT, SIGTERM, SIGHUP and SIGKILL, runs
 /// `tool command args --dir D` (D a fresh directory under `parent`), sends the signal a random
 /// delay in [min_ms, max_ms) after start-up (seeded by signal_test_seed()) and expects: exit
