@@ -44,7 +44,7 @@ endif()
 zinf_resolve_option(ZINF_WITH_CUDA ZINF_HAVE_CUDA "the CUDA toolkit with nvcc")
 if(ZINF_HAVE_CUDA)
   # Machine code for the GPUs users train on, data-centre (sm_80 A100, sm_90 H100/H200) and
-  # consumer (sm_86, sm_89), plus sm_90 PTX that the driver compiles for newer ones (DESIGN.md).
+  # consumer (sm_86, sm_89), plus sm_90 PTX that the driver compiles for newer ones (docs/design.md).
   if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
     set(CMAKE_CUDA_ARCHITECTURES 80-real 86-real 89-real 90)
   endif()

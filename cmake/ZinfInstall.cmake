@@ -14,7 +14,7 @@ install(TARGETS zinf_shared EXPORT zinfTargets
 install(TARGETS zinf RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
 # Public headers of every layer, the generated zinf/config.h and the C API. Raw CUDA handles
-# live only in zinf/cuda/cuda_interop.h (STYLE.md section 1), installed only with CUDA.
+# live only in zinf/cuda/cuda_interop.h (docs/style.md section 1), installed only with CUDA.
 foreach(layer common swap cuda prefetch adam offload)
   set(exclude "")
   if(NOT ZINF_HAVE_CUDA)

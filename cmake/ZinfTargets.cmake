@@ -44,7 +44,7 @@ function(zinf_add_layer name)
   endforeach()
 endfunction()
 
-# zinf_check_headers: every public header compiles on its own (STYLE.md section 1).
+# zinf_check_headers: every public header compiles on its own (docs/style.md section 1).
 function(zinf_add_header_check)
   get_property(entries GLOBAL PROPERTY ZINF_PUBLIC_HEADERS)
   set(sources "")

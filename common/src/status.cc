@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Status rendering and the errno -> ErrorCode table (STYLE.md section 3).
+// Status rendering and the errno -> ErrorCode table (docs/style.md section 3).
 #include "zinf/common/status.h"
 
 #include <cerrno>

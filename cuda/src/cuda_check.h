@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // ZINF_CUDA_CHECK / ZINF_CUDA_CHECK_NOTHROW: every CUDA runtime call is checked, and a failure
-// names the call's text, file:line, the error's name and its string (STYLE.md section 3).
+// names the call's text, file:line, the error's name and its string (docs/style.md section 3).
 // Private to zinf::cuda; only built with CUDA.
 #pragma once
 

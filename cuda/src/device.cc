@@ -175,7 +175,7 @@ std::unique_ptr<Device> make_device(const DeviceOptions& options) {
   }
   if (options.kind == DeviceKind::kHost) return detail::make_host_device(options);
 
-  // One probe decides both detection and construction (STYLE.md section 2).
+  // One probe decides both detection and construction (docs/style.md section 2).
   CudaAvailability cuda = probe_cuda();
   if (!cuda.available()) {
     if (options.kind == DeviceKind::kCuda) {

@@ -56,7 +56,7 @@ std::string DeviceBase::usage_text(std::string_view op, std::string_view what) c
 DeviceBuffer DeviceBase::allocate(std::size_t bytes) {
   if (bytes == 0) return DeviceBuffer();
   // Reserve before allocating and give back on failure, so concurrent allocations never pass
-  // the capacity together (STYLE.md section 4, byte budget with rollback).
+  // the capacity together (docs/style.md section 4, byte budget with rollback).
   std::uint64_t before = allocated_bytes_.load();
   if (enforce_capacity_ && capacity_bytes_ != 0) {
     do {

@@ -27,7 +27,7 @@ namespace {
 constexpr std::size_t kCpuWindow = 4;
 
 // The Status behind the exception being handled, for the pipeline thread, which passes
-// errors as values (STYLE.md section 3); one that names no operation is the step's.
+// errors as values (docs/style.md section 3); one that names no operation is the step's.
 Status current_exception_status() {
   Status s = status_from_current_exception();
   if (s.operation().empty()) s.with_operation("optimizer step");

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Stamped data for round-trip tests: every 8-byte word encodes (file id, offset, generation),
-// so a mismatch says which block came back from where and when (STYLE.md section 7).
+// so a mismatch says which block came back from where and when (docs/style.md section 7).
 #pragma once
 
 #include <cstddef>

@@ -389,7 +389,7 @@ TEST(IoEngineFallback, AutoUsesThreadsWithOneNoticeWhenSeccompRefusesIoUring) {
 }
 
 // Drops CAP_IPC_LOCK (root bypasses the memlock limit with it) and sets an 8 MiB limit, as an
-// unprivileged process has here (shared/BENCHMARKS.md).
+// unprivileged process has here (measured with fio on the build machines).
 void drop_ipc_lock_with_small_memlock() {
   __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
   __user_cap_data_struct data[2]{};

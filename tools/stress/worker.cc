@@ -67,7 +67,7 @@ void judge_operation(Tally& t, const std::string& what, const FaultCounts& delta
   if (err.failed && hard > 0) {
     ++t.failed_ops;
     t.hard_surfaced += hard;
-    // The error a user sees must say where: file, offset and length (STYLE.md section 3).
+    // The error a user sees must say where: file, offset and length (docs/style.md section 3).
     if (err.text.find("offset=") == std::string::npos ||
         err.text.find("length=") == std::string::npos) {
       ++t.errors_without_context;

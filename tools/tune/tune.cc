@@ -70,7 +70,7 @@ GB/s means 10^9 bytes per second; the mixed figure counts bytes read plus bytes 
 )";
 
 // The sweep's default axes: block sizes around the 1 MiB where the drives here saturate
-// (shared/BENCHMARKS.md), queue depths around zinf's default 16, threads for the threads backend.
+// (measured with fio on the build machines), queue depths around zinf's default 16, threads for the threads backend.
 constexpr std::uint32_t kDefaultBlocks[] = {256u << 10, 1u << 20, 4u << 20};
 constexpr std::uint32_t kDefaultDepths[] = {8, 16, 32};
 constexpr std::uint32_t kThreadCounts[] = {4, 8, 16};

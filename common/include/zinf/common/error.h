@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The exceptions zinf throws at its public API (STYLE.md section 3). Each owns its text.
+// The exceptions zinf throws at its public API (docs/style.md section 3). Each owns its text.
 // Part of zinf::common.
 #pragma once
 

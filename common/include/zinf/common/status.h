@@ -32,7 +32,7 @@ enum class ErrorCode : std::uint8_t {
 /// Returns the stable lower-case name of `code` ("no_space", "short_transfer", ...).
 std::string_view error_code_name(ErrorCode code) noexcept;
 
-/// Maps an errno value to an ErrorCode following STYLE.md section 3. `opening_direct` marks an
+/// Maps an errno value to an ErrorCode following docs/style.md section 3. `opening_direct` marks an
 /// open(2) with O_DIRECT, where EINVAL means "this file system has no direct I/O".
 ErrorCode error_code_from_errno(int err, bool opening_direct = false) noexcept;
 

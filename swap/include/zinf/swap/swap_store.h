@@ -26,7 +26,7 @@ struct SwapStoreOptions {
   std::uint64_t capacity_bytes = 0;
   /// Striping unit: consecutive stripe_bytes of the store's address space go to consecutive
   /// files. A multiple of the store's alignment. 1 MiB: the transfer size at which the drives
-  /// here reach their bandwidth (shared/BENCHMARKS.md), and IoOptions::block_size's default.
+  /// here reach their bandwidth (measured with fio on the build machines), and IoOptions::block_size's default.
   std::uint32_t stripe_bytes = 1u << 20;
   /// Keep a CRC32C per stripe unit of each tensor: computed on swap_out, verified when a
   /// swap_in (or swap_in_range) completes, before its ticket does. On by default: a byte that
@@ -156,7 +156,7 @@ class SwapStore {
                          std::span<std::byte> buffer, IoCallback on_complete = {});
 
   /// Writes every block of every file once (zeros), so that later swap_outs overwrite written
-  /// blocks rather than fill unwritten extents: ~5.6 GB/s vs ~3.1 here (shared/BENCHMARKS.md).
+  /// blocks rather than fill unwritten extents: ~5.6 GB/s vs ~3.1 here (measured with fio on the build machines).
   /// Blocks until done; throws IoError on failure. Call before the first swap_out (UsageError
   /// afterwards, or while any swap is in flight): it destroys stored data.
   void precondition();
