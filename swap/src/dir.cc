@@ -186,6 +186,28 @@ void Dir::lock_or_throw(std::string_view what) const {
                                   "); use another directory or stop that process"));
 }
 
+UniqueFd Dir::open_unnamed(int flags, const std::string& shown, Status& failure) const {
+  UniqueFd fd(::openat(fd_.get(), ".", flags | O_TMPFILE | O_EXCL, 0600));
+  if (fd.valid()) return fd;
+  // No O_TMPFILE here (EOPNOTSUPP, or EISDIR from kernels and file systems that predate it): a
+  // name nobody can predict, created exclusively and removed straight away.
+  if (errno != EOPNOTSUPP && errno != EISDIR) {
+    failure = Status::from_errno(errno, "open", shown);
+    return fd;
+  }
+  const std::string name = unique_name(".zinf-tmp-");
+  fd.reset(::openat(fd_.get(), name.c_str(), flags | O_CREAT | O_EXCL | O_NOFOLLOW, 0600));
+  if (!fd.valid()) {
+    failure = Status::from_errno(errno, "open", shown);
+    return fd;
+  }
+  if (::unlinkat(fd_.get(), name.c_str(), 0) != 0) {
+    failure = Status::from_errno(errno, "unlink new file", path_of(name));
+    fd.reset();
+  }
+  return fd;
+}
+
 std::string unique_name(std::string_view prefix) {
   std::uint64_t bits = 0;
   std::size_t got = 0;

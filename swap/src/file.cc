@@ -148,27 +148,23 @@ File File::open(const std::string& path, const FileOptions& options) {
 File File::create_unnamed(const Dir& dir, std::string_view label, const FileOptions& options) {
   if (options.read_only) throw UsageError("File::create_unnamed: a new file cannot be read-only");
   const std::string shown = dir.path_of(label) + " (unlinked)";
+  Status failure;
   bool direct = false;
-  int fd = -1;
-  try {
-    fd = open_with_direct_fallback(dir.fd(), ".", base_flags(options) | O_TMPFILE | O_EXCL, options,
-                                   shown, direct);
-  } catch (const IoError& e) {
-    // No O_TMPFILE here (EOPNOTSUPP, or EISDIR from kernels and file systems that predate
-    // it): a name nobody can predict, created exclusively and removed straight away.
-    const int err = e.status().sys_errno();
-    if (err != EOPNOTSUPP && err != EISDIR) throw;
-    const std::string name = unique_name(".zinf-tmp-");
-    fd = open_with_direct_fallback(dir.fd(), name.c_str(),
-                                   base_flags(options) | O_CREAT | O_EXCL | O_NOFOLLOW, options,
-                                   shown, direct);
-    UniqueFd created(fd);
-    if (::unlinkat(dir.fd(), name.c_str(), 0) != 0) {
-      throw_errno(errno, "unlink new file", dir.path_of(name));
+  UniqueFd fd;
+  if (options.direct) {
+    fd = dir.open_unnamed(base_flags(options) | O_DIRECT, shown, failure);
+    direct = fd.valid();
+    if (!direct) {
+      // EINVAL with O_DIRECT: this file system has no direct I/O (as open_with_direct_fallback).
+      if (failure.sys_errno() != EINVAL) throw IoError(failure);
+      log(LogLevel::kNotice, "O_DIRECT refused for " + shown + " (EINVAL); using buffered I/O");
     }
-    fd = created.release();
   }
-  return adopt(fd, direct, shown, options);
+  if (!direct) {
+    fd = dir.open_unnamed(base_flags(options), shown, failure);
+    if (!fd.valid()) throw IoError(failure);
+  }
+  return adopt(fd.release(), direct, shown, options);
 }
 
 File File::create_exclusive(const Dir& dir, std::string_view name, const FileOptions& options) {

@@ -139,6 +139,24 @@ TEST(File, CreateUnnamedLeavesNoNameBehind) {
   EXPECT_TRUE(entries(dir.path()).empty());
 }
 
+TEST(Dir, OpenUnnamedIsQuietAndNamesWhatFailed) {
+  test::TestDir dir;
+  const Dir d = Dir::open(dir.path());
+  Status failure;
+  {
+    const UniqueFd fd = d.open_unnamed(O_RDWR | O_CLOEXEC, "probe", failure);
+    EXPECT_TRUE(fd.valid()) << failure.to_string();
+    EXPECT_TRUE(failure.ok());
+    EXPECT_TRUE(entries(dir.path()).empty());
+  }
+  // A file without a name cannot be read-only: the kernel says EINVAL, nothing is thrown.
+  const UniqueFd bad = d.open_unnamed(O_RDONLY | O_CLOEXEC, "probe", failure);
+  EXPECT_FALSE(bad.valid());
+  EXPECT_EQ(failure.sys_errno(), EINVAL);
+  EXPECT_EQ(failure.to_string(), "open failed: probe: Invalid argument (EINVAL)");
+  EXPECT_TRUE(entries(dir.path()).empty());
+}
+
 TEST(File, CreateUnnamedLeavesNothingWhenTheProcessIsKilled) {
   test::TestDir dir;
   test::Child child([&](const std::function<void()>& ready) {

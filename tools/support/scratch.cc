@@ -45,26 +45,9 @@ void check_scratch_dirs(std::vector<std::string>& dirs) {
 }
 
 UniqueFd open_unnamed_probe(const swap::Dir& dir, int extra_flags, int& error) {
-  const int base = O_RDWR | O_CLOEXEC | extra_flags;
-  error = 0;
-  UniqueFd fd(::openat(dir.fd(), ".", base | O_TMPFILE | O_EXCL, 0600));
-  if (fd.valid()) return fd;
-  // EOPNOTSUPP, or EISDIR from kernels and file systems that predate O_TMPFILE: fall back to
-  // a name nobody can predict, removed straight away (as File::create_unnamed does).
-  if (errno != EOPNOTSUPP && errno != EISDIR) {
-    error = errno;
-    return fd;
-  }
-  const std::string name = swap::unique_name(".zinf-probe-");
-  fd.reset(::openat(dir.fd(), name.c_str(), base | O_CREAT | O_EXCL | O_NOFOLLOW, 0600));
-  if (!fd.valid()) {
-    error = errno;
-    return fd;
-  }
-  if (::unlinkat(dir.fd(), name.c_str(), 0) != 0) {
-    error = errno;
-    fd.reset();  // keeps errno; `error` already holds the unlink's
-  }
+  Status failure;
+  UniqueFd fd = dir.open_unnamed(O_RDWR | O_CLOEXEC | extra_flags, dir.path(), failure);
+  error = fd.valid() ? 0 : failure.sys_errno();
   return fd;
 }
 

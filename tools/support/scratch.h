@@ -29,11 +29,10 @@ void check_scratch_dirs(std::vector<std::string>& dirs);
 /// no name (open_unnamed_probe), so nothing planted in `dir` is touched and a killed run
 /// leaves nothing behind.
 swap::Dir check_dir(const std::string& dir);
-/// Opens a new read-write file in `dir` that no name points to: O_TMPFILE, or where the file
-/// system lacks it, a swap::unique_name() created exclusively (O_EXCL|O_NOFOLLOW) and unlinked
-/// at once. `extra_flags` are added to the open (O_DIRECT for a probe). Returns the descriptor
-/// or -errno. Quiet, unlike File::create_unnamed, which logs its fallback from O_DIRECT: for
-/// probes whose failure is itself the answer.
+/// Opens a new read-write file in `dir` that no name points to (swap::Dir::open_unnamed), with
+/// `extra_flags` added (O_DIRECT for a probe). Returns it, or an empty UniqueFd with `error`
+/// set to the errno. Quiet, unlike File::create_unnamed, which logs its fallback from
+/// O_DIRECT: for probes whose failure is itself the answer.
 UniqueFd open_unnamed_probe(const swap::Dir& dir, int extra_flags, int& error);
 /// Writes `text` as the file at `path`, a file the user named (--out, --report): to a fresh
 /// temporary in the same directory, fsynced, then renamed over `path` (swap::

@@ -60,6 +60,15 @@ class Dir {
   /// naming the directory.
   std::vector<std::string> list() const;
 
+  /// Opens a new file in this directory that no name points to, with open(2) `flags` (access
+  /// mode, O_CLOEXEC, O_DIRECT...; not O_CREAT): O_TMPFILE where the file system has it, else
+  /// a file created exclusively under a unique_name() and unlinked at once. Either way it
+  /// disappears with its last descriptor and nothing planted here is opened. Logs nothing and
+  /// does not throw for the OS's refusals: on failure returns an empty UniqueFd and sets
+  /// `failure` (errno kept; an open failure names `shown`, a failed unlink the temporary name),
+  /// so that callers for whom a refusal is the answer (an O_DIRECT probe) stay quiet.
+  UniqueFd open_unnamed(int flags, const std::string& shown, Status& failure) const;
+
   /// Makes the directory's entries durable (fsync). Throws IoError naming the directory.
   void sync() const;
   /// Renames entry `from` to `to` inside this directory (renameat; replaces a file at `to`).
