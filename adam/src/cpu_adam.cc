@@ -158,7 +158,6 @@ ElemType elem_type(DType d) {
   return ElemType::kF32;
 }
 
-std::size_t dtype_bytes(DType d) { return d == DType::kF32 ? 4 : 2; }
 
 struct Range {
   const char* name;
@@ -349,8 +348,8 @@ void CpuAdam::step(const AdamParams& hp, std::span<float> params, std::span<floa
       {"grads", reinterpret_cast<std::uintptr_t>(grads.data)},
       {"copy-out", out.enabled ? reinterpret_cast<std::uintptr_t>(out.data) : 0},
   };
-  const std::size_t bytes[] = {n * 4, n * 4, n * 4, n * dtype_bytes(grads.dtype),
-                               out.enabled ? n * dtype_bytes(out.dtype) : 0};
+  const std::size_t bytes[] = {n * 4, n * 4, n * 4, n * dtype_size(grads.dtype),
+                               out.enabled ? n * dtype_size(out.dtype) : 0};
   for (std::size_t i = 0; i < 5; ++i) {
     for (std::size_t j = i + 1; j < 5; ++j) {
       if (bytes[i] == 0 || bytes[j] == 0) continue;
@@ -402,7 +401,7 @@ void CpuAdam::copy_out(std::span<const float> params, CopyOut out) {
   a.inv_sqrt_bc2 = 1.0f;
   a.eps = 1.0f;
   a.neg_step_size = -0.0f;
-  const std::size_t elem = dtype_bytes(out.dtype);
+  const std::size_t elem = dtype_size(out.dtype);
   for (std::size_t begin = 0; begin < n; begin += kChunk) {
     const std::size_t len = std::min(kChunk, n - begin);
     std::copy_n(params.data() + begin, len, p.data());

@@ -177,7 +177,8 @@ constexpr std::string_view kFp16Accepted[] = {
     "min_loss_scale",      "fp16_master_weights_and_grads"};
 constexpr std::string_view kZinfKeys[] = {"nvme_paths",     "pinned_budget_bytes", "checksums",
                                           "backend",        "direct_io",           "precondition",
-                                          "prefetch_depth", "adam_threads"};
+                                          "prefetch_depth", "adam_threads",
+                                          "grad_staging_buffers"};
 
 bool contains(std::span<const std::string_view> keys, std::string_view key) {
   return std::find(keys.begin(), keys.end(), key) != keys.end();
@@ -747,6 +748,11 @@ void parse_zinf(const Block& block, ZinfSection& out) {
   if (out.adam_threads > 1024) {
     block.fail("adam_threads", "at most 1024, got " + shown(*block.find("adam_threads")));
   }
+  block.read_uint("grad_staging_buffers", out.grad_staging_buffers);
+  if (out.grad_staging_buffers > 64) {
+    block.fail("grad_staging_buffers",
+               "at most 64, got " + shown(*block.find("grad_staging_buffers")));
+  }
 }
 
 }  // namespace
@@ -966,6 +972,7 @@ std::string config_to_json(const EngineConfig& c) {
   z["precondition"] = c.zinf.precondition;
   z["prefetch_depth"] = c.zinf.prefetch_depth;
   z["adam_threads"] = c.zinf.adam_threads;
+  z["grad_staging_buffers"] = c.zinf.grad_staging_buffers;
   return root.dump(2) + "\n";
 }
 

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <unordered_set>
@@ -16,6 +18,7 @@
 #include "zinf/common/align.h"
 #include "zinf/common/error.h"
 #include "zinf/common/log.h"
+#include "zinf/swap/buffer_pool.h"
 #include "zinf/swap/dir.h"
 
 namespace zinf::offload {
@@ -23,6 +26,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using detail::param_bytes;
+// Device-gradient staging buffers: page-aligned, as pinned registrations are page-granular.
+constexpr std::uint64_t kGradAlign = 4096;
 constexpr const char* kManifestName = "zinf-engine-layers";
 constexpr const char* kManifestHeader = "zinf engine layers v1";
 // A line per layer; far more than any model's table, small enough to read whole.
@@ -68,6 +73,13 @@ struct OffloadEngine::Impl {
   void fail(const Status& cause);
   // Writes `layer`'s low-precision copy from `masters` into the parameter tier. Blocks.
   void write_low_precision(std::size_t layer, std::span<const float> masters);
+  // The checks every set_gradients makes; returns the layer's state.
+  Layer& check_gradients(std::size_t layer, std::size_t size, const char* unit);
+  // Queues `layer`'s update through the parameter tier, opening the step if needed.
+  void queue_update(std::size_t layer, adam::GradView grads, GradHooks hooks);
+  // A free device-gradient staging buffer (allocated at the first call), waiting for one.
+  std::size_t acquire_grad_slot();
+  void release_grad_slot(std::size_t slot);
 
   EngineConfig config;
   std::vector<LayerSpec> layers;
@@ -75,6 +87,25 @@ struct OffloadEngine::Impl {
   cuda::StreamRef compute;
   std::uint64_t sub_group = 0;
   std::vector<Layer> state;
+
+  // Device gradients: zinf.grad_staging_buffers pinned buffers of grad_slot_bytes, the copy
+  // stream the device-to-host copies run on, and an event marking the compute stream's work
+  // before each copy. Declared before the optimizer, whose hooks use them (destroyed after).
+  struct GradSlot {
+    swap::BufferLease buffer;
+    cuda::Event copied;  // the latest copy into `buffer`
+    bool busy = false;   // holds gradients the optimizer has not read yet (grad_mu)
+  };
+  std::uint64_t grad_slot_bytes = 0;
+  std::unique_ptr<swap::BufferPool> grad_pool;
+  cuda::PinnedRegistration grad_pinned;
+  std::vector<GradSlot> grad_slots;
+  cuda::Stream copy_stream;
+  cuda::Event grads_written;
+  std::mutex grad_mu;
+  std::condition_variable grad_cv;
+  std::uint64_t grad_to_host = 0;
+  double grad_wait_seconds = 0;
 
   // The tier before the optimizer (destroyed after it): the optimizer's copy-out writes into
   // the tier's buffers or store.
@@ -172,15 +203,28 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
   std::vector<ParamGroupSpec> groups;
   for (const auto& layer : layers) groups.push_back({layer.name, layer.numel});
 
-  // The pinned budget: the optimizer's ring (or state) plus the parameter tier's.
+  // The pinned budget: the optimizer's ring (or state), the parameter tier's and the
+  // device-gradient staging (the largest layer's gradients in fp32, the widest dtype).
+  std::uint64_t largest = 0;
+  for (const auto& layer : layers) largest = std::max(largest, layer.numel);
+  grad_slot_bytes = align_up(largest * sizeof(float), kGradAlign);
+  const std::uint64_t grad_need = grad_slot_bytes * config.zinf.grad_staging_buffers;
   const std::uint64_t opt_need = optimizer_pinned_bytes_needed(oo, groups);
   const std::uint64_t budget = config.zinf.pinned_budget_bytes;
-  if (opt_need > budget || plan.pinned_bytes > budget - opt_need) {
-    throw UsageError("OffloadEngine: zinf.pinned_budget_bytes " + std::to_string(budget) +
-                     " cannot hold the optimizer's " + std::to_string(opt_need) + " bytes plus " +
-                     plan.pinned_what + "'s " + std::to_string(plan.pinned_bytes) +
-                     " bytes; the smallest budget that works is " +
-                     std::to_string(opt_need + plan.pinned_bytes));
+  const std::uint64_t need = opt_need + plan.pinned_bytes + grad_need;
+  if (need > budget) {
+    std::string what = "OffloadEngine: zinf.pinned_budget_bytes " + std::to_string(budget) +
+                       " cannot hold the optimizer's " + std::to_string(opt_need) +
+                       " bytes plus " + plan.pinned_what + "'s " +
+                       std::to_string(plan.pinned_bytes) + " bytes";
+    if (grad_need > 0) {
+      what += " plus the device-gradient staging's " + std::to_string(grad_need) +
+              " bytes (zinf.grad_staging_buffers " +
+              std::to_string(config.zinf.grad_staging_buffers) +
+              " x the largest layer's fp32 gradients; 0 if gradients always come from host "
+              "memory)";
+    }
+    throw UsageError(what + "; the smallest budget that works is " + std::to_string(need));
   }
   oo.pinned_budget_bytes = opt_need;
 
@@ -322,11 +366,12 @@ void OffloadEngine::release(std::size_t index) {
   st.fetched = false;
 }
 
-void OffloadEngine::set_gradients(std::size_t index, adam::GradView grads) {
-  Impl& m = *impl_;
-  m.check_usable();
-  Impl::Layer& st = m.layer_at(index, "set_gradients");
-  const LayerSpec& spec = m.layers[index];
+OffloadEngine::Impl::Layer& OffloadEngine::Impl::check_gradients(std::size_t index,
+                                                                 std::size_t size,
+                                                                 const char* unit) {
+  check_usable();
+  Layer& st = layer_at(index, "set_gradients");
+  const LayerSpec& spec = layers[index];
   if (st.fetched) {
     throw UsageError("OffloadEngine::set_gradients: layer " + in_quotes(spec.name) +
                      " is fetched (release it first)");
@@ -339,17 +384,119 @@ void OffloadEngine::set_gradients(std::size_t index, adam::GradView grads) {
     throw UsageError("OffloadEngine::set_gradients: layer " + in_quotes(spec.name) +
                      " has no weights yet (set_master_weights or load first)");
   }
-  if (grads.size != spec.numel || grads.data == nullptr) {
+  if (size != spec.numel) {
     throw UsageError("OffloadEngine::set_gradients: layer " + in_quotes(spec.name) + " has " +
-                     std::to_string(spec.numel) + " elements, got " + std::to_string(grads.size) +
-                     " gradients");
+                     std::to_string(spec.numel) + " elements, got " + std::to_string(size) +
+                     unit);
   }
-  if (!m.step_open) {
-    m.optimizer->begin_step();
-    m.step_open = true;
+  return st;
+}
+
+void OffloadEngine::Impl::queue_update(std::size_t index, adam::GradView grads, GradHooks hooks) {
+  if (!step_open) {
+    optimizer->begin_step();
+    step_open = true;
   }
-  m.params->queue_update(*m.optimizer, index, grads);
-  st.has_grads = true;
+  params->queue_update(*optimizer, index, grads, std::move(hooks));
+  state[index].has_grads = true;
+}
+
+std::size_t OffloadEngine::Impl::acquire_grad_slot() {
+  if (grad_slots.empty()) {
+    // First device-gradient call: the staging the budget check counted, pinned for DMA.
+    swap::BufferPoolOptions bo;
+    bo.budget_bytes = grad_slot_bytes * config.zinf.grad_staging_buffers;
+    bo.alignment = static_cast<std::uint32_t>(kGradAlign);
+    bo.huge_pages = true;
+    auto pool = std::make_unique<swap::BufferPool>(bo);
+    cuda::PinnedRegistration pinned = device.register_host(pool->arena());
+    std::vector<GradSlot> slots(config.zinf.grad_staging_buffers);
+    for (auto& s : slots) {
+      s.buffer = pool->acquire(grad_slot_bytes);
+      s.copied = device.create_event();
+    }
+    copy_stream = device.create_stream();
+    grads_written = device.create_event();
+    grad_pool = std::move(pool);
+    grad_pinned = std::move(pinned);
+    grad_slots = std::move(slots);
+  }
+  std::unique_lock lk(grad_mu);
+  const auto free_slot = [&] {
+    return std::find_if(grad_slots.begin(), grad_slots.end(), [](const GradSlot& s) {
+      return !s.busy;
+    });
+  };
+  if (free_slot() == grad_slots.end()) {
+    // Every buffer holds gradients the optimizer has yet to read; it reads them in order.
+    const auto t0 = Clock::now();
+    grad_cv.wait(lk, [&] { return free_slot() != grad_slots.end(); });
+    grad_wait_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  const auto it = free_slot();
+  it->busy = true;
+  return static_cast<std::size_t>(it - grad_slots.begin());
+}
+
+void OffloadEngine::Impl::release_grad_slot(std::size_t slot) {
+  {
+    std::lock_guard lk(grad_mu);
+    grad_slots[slot].busy = false;
+  }
+  grad_cv.notify_all();
+}
+
+void OffloadEngine::set_gradients(std::size_t index, adam::GradView grads) {
+  Impl& m = *impl_;
+  (void)m.check_gradients(index, grads.data == nullptr ? 0 : grads.size, " gradients");
+  m.queue_update(index, grads, {});
+}
+
+void OffloadEngine::set_gradients(std::size_t index, cuda::DeviceSpan grads, DType dtype) {
+  Impl& m = *impl_;
+  const std::size_t elem = dtype_size(dtype);
+  (void)m.check_gradients(index, grads.size() / elem, " gradients in device memory");
+  const LayerSpec& spec = m.layers[index];
+  if (grads.size() % elem != 0 || grads.empty()) {
+    throw UsageError("OffloadEngine::set_gradients: layer " + in_quotes(spec.name) + " has " +
+                     std::to_string(spec.numel) + " elements, got " +
+                     std::to_string(grads.size()) + " bytes of " +
+                     std::string(dtype_name(dtype)) + " gradients in device memory");
+  }
+  if (grads.device() != &m.device) {
+    throw UsageError("OffloadEngine::set_gradients: layer " + in_quotes(spec.name) +
+                     ": the gradients are not in the memory of device " +
+                     std::string(m.device.name()));
+  }
+  if (m.config.zinf.grad_staging_buffers == 0) {
+    throw UsageError("OffloadEngine::set_gradients: gradients in device memory need "
+                     "zinf.grad_staging_buffers >= 1 (it is 0: host gradients only)");
+  }
+  const std::size_t slot = m.acquire_grad_slot();
+  Impl::GradSlot& s = m.grad_slots[slot];
+  try {
+    // After the compute that wrote the gradients, on the copy stream: backward goes on.
+    m.device.record(m.grads_written, m.compute);
+    m.device.wait(m.copy_stream, m.grads_written);
+    m.device.copy_to_host(m.copy_stream, s.buffer.span().first(grads.size()), grads);
+    m.device.record(s.copied, m.copy_stream);
+    m.grad_to_host += grads.size();
+    cuda::Event* copied = &s.copied;
+    m.queue_update(index, {s.buffer.data(), static_cast<std::size_t>(spec.numel), dtype},
+                   {[copied] { copied->synchronize(); }, [&m, slot] { m.release_grad_slot(slot); }});
+  } catch (...) {
+    // Nothing was queued (the hooks run only for a queued update): the buffer is free once its
+    // copy, if one was enqueued, is over.
+    try {
+      s.copied.synchronize();
+    } catch (const std::exception& e) {
+      // The error being thrown is the one the caller needs; this one only frees the buffer.
+      log(LogLevel::kDebug, std::string("OffloadEngine::set_gradients: staging copy: ") +
+                                e.what());
+    }
+    m.release_grad_slot(slot);
+    throw;
+  }
 }
 
 StepStats OffloadEngine::step() {
@@ -470,8 +617,11 @@ EngineStats OffloadEngine::stats() const {
   if (m.opt_write_seconds > 0) {
     s.nvme_write_gbps = static_cast<double>(m.opt_written) / m.opt_write_seconds / 1e9;
   }
-  s.pinned_bytes = m.optimizer->pinned_bytes() + m.params->pinned_bytes();
-  s.pinned_bytes_peak = m.optimizer->pinned_bytes_peak() + m.params->pinned_bytes();
+  const std::uint64_t grad_pinned = m.grad_pool ? m.grad_pool->budget_bytes() : 0;
+  s.pinned_bytes = m.optimizer->pinned_bytes() + m.params->pinned_bytes() + grad_pinned;
+  s.pinned_bytes_peak = m.optimizer->pinned_bytes_peak() + m.params->pinned_bytes() + grad_pinned;
+  s.grad_bytes_to_host = m.grad_to_host;
+  s.grad_staging_wait_seconds = m.grad_wait_seconds;
   s.last_step = m.last_step;
   return s;
 }

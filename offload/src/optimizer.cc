@@ -51,17 +51,16 @@ double union_seconds(std::vector<std::pair<OptClock::time_point, OptClock::time_
   return total;
 }
 
-std::size_t dtype_bytes(DType d) { return d == DType::kF32 ? 4 : 2; }
 
 adam::GradView slice(const adam::GradView& g, std::uint64_t offset, std::uint64_t n) {
   const auto* base = static_cast<const std::byte*>(g.data);
-  return {base + offset * dtype_bytes(g.dtype), n, g.dtype};
+  return {base + offset * dtype_size(g.dtype), n, g.dtype};
 }
 
 adam::CopyOut slice(const adam::CopyOut& o, std::uint64_t offset, std::uint64_t n) {
   if (!o.enabled) return adam::CopyOut::none();
   auto* base = static_cast<std::byte*>(o.data);
-  return {base + offset * dtype_bytes(o.dtype), n, o.dtype, true};
+  return {base + offset * dtype_size(o.dtype), n, o.dtype, true};
 }
 
 // What the pinned budget must hold, and how to say it in an error.
@@ -522,6 +521,7 @@ void OffloadedOptimizer::Impl::pipeline_main() {
     }
     const std::size_t n = run.tasks.size();
     if (!run.error.ok()) {
+      drop_tasks(c, n);
       c = r = n;  // drop what is queued; I/O in flight drains through its callbacks
     }
 
@@ -555,6 +555,24 @@ void OffloadedOptimizer::Impl::pipeline_main() {
     // Update the next task once its record is in, then write it back.
     if (run.error.ok() && c < r && (!nvme() || !slots[c % depth].reading) &&
         (!run.tasks[c].store_out || !out_slots[c % out_slots.size()].writing)) {
+      if (run.tasks[c].ready) {
+        // The group's gradients are still arriving: wait for them (reads ahead stay in
+        // flight), then look at the task again.
+        const std::function<void()> ready = std::move(run.tasks[c].ready);
+        run.tasks[c].ready = nullptr;
+        lk.unlock();
+        std::optional<Status> err;
+        const auto w0 = OptClock::now();
+        try {
+          ready();
+        } catch (...) {
+          err = current_exception_status();
+        }
+        lk.lock();
+        run.stats.wait_seconds += std::chrono::duration<double>(OptClock::now() - w0).count();
+        if (err) note_error(*err);
+        continue;
+      }
       Task task = run.tasks[c];
       const std::size_t oi = task.store_out ? c % out_slots.size() : 0;
       if (task.store_out) {
@@ -606,6 +624,7 @@ void OffloadedOptimizer::Impl::pipeline_main() {
           err = current_exception_status();
         }
       }
+      if (task.consumed) task.consumed();  // the kernel has read the gradients
       lk.lock();
       run.stats.compute_seconds += std::chrono::duration<double>(t1 - t0).count();
       if (task.store_out) {
@@ -796,16 +815,28 @@ void OffloadedOptimizer::Impl::validate_group_grads(std::size_t group_index,
 }
 
 void OffloadedOptimizer::step_group(std::size_t group_index, adam::GradView grads,
-                                    adam::CopyOut out) {
+                                    adam::CopyOut out, GradHooks hooks) {
   Impl& im = *impl_;
   im.check_usable();
   im.validate_group_grads(group_index, grads, out);
-  im.queue_group(group_index, grads, out, nullptr);
+  im.queue_group(group_index, grads, out, nullptr, std::move(hooks));
+}
+
+void OffloadedOptimizer::Impl::drop_tasks(std::size_t from, std::size_t to) {
+  for (std::size_t i = from; i < to && i < run.tasks.size(); ++i) {
+    run.tasks[i].ready = nullptr;
+    if (run.tasks[i].consumed) {
+      const std::function<void()> consumed = std::move(run.tasks[i].consumed);
+      run.tasks[i].consumed = nullptr;
+      consumed();
+    }
+  }
 }
 
 void OffloadedOptimizer::Impl::queue_group(std::size_t group_index, const adam::GradView& grads,
                                            const adam::CopyOut& out,
-                                           const std::shared_ptr<const StoreCopyOut>& target) {
+                                           const std::shared_ptr<const StoreCopyOut>& target,
+                                           GradHooks hooks) {
   const ParamGroupSpec& g = groups[group_index];
   std::lock_guard lk(mu);
   if (!run.active) throw UsageError("OffloadedOptimizer::step_group: no open step (begin_step)");
@@ -814,11 +845,15 @@ void OffloadedOptimizer::Impl::queue_group(std::size_t group_index, const adam::
                      "' was already given in this step");
   }
   run.given[group_index] = true;
+  const std::size_t first = run.tasks.size();
   for (std::size_t ri : group_records[group_index]) {
     const Record& rec = records[ri];
-    run.tasks.push_back(
-        {ri, slice(grads, rec.offset, rec.numel), slice(out, rec.offset, rec.numel), target});
+    run.tasks.push_back({ri, slice(grads, rec.offset, rec.numel),
+                         slice(out, rec.offset, rec.numel), target, nullptr, nullptr});
   }
+  run.tasks[first].ready = std::move(hooks.ready);
+  run.tasks.back().consumed = std::move(hooks.consumed);
+  if (!run.error.ok()) drop_tasks(first, run.tasks.size());  // never updated: done with now
   cv.notify_all();
 }
 
@@ -863,13 +898,13 @@ void OffloadedOptimizer::Impl::validate_store_out(std::size_t group_index,
 }
 
 void OffloadedOptimizer::step_group(std::size_t group_index, adam::GradView grads,
-                                    const StoreCopyOut& out) {
+                                    const StoreCopyOut& out, GradHooks hooks) {
   Impl& im = *impl_;
   im.check_usable();
   im.validate_group_grads(group_index, grads, adam::CopyOut::none());
   im.validate_store_out(group_index, out);
   im.queue_group(group_index, grads, adam::CopyOut::none(),
-                 std::make_shared<const StoreCopyOut>(out));
+                 std::make_shared<const StoreCopyOut>(out), std::move(hooks));
 }
 
 StepStats OffloadedOptimizer::end_step() {

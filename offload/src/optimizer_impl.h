@@ -52,6 +52,10 @@ struct Task {
   // StoreCopyOut: the target (shared by the group's tasks); out is then set by the pipeline
   // to a staging buffer, written to the key at byte 2 x Record::offset.
   std::shared_ptr<const StoreCopyOut> store_out;
+  // The group's GradHooks: `ready` on its first task (cleared once it has run), `consumed` on
+  // its last.
+  std::function<void()> ready;
+  std::function<void()> consumed;
 };
 
 /// A copy-out staging buffer as the step pipeline sees it (guarded by Impl::mu).
@@ -154,7 +158,9 @@ struct OffloadedOptimizer::Impl {
   // Queues a validated group's sub-group tasks in the open step (UsageError if none is open or
   // the group was given already), with either a caller-buffer copy-out or a store target.
   void queue_group(std::size_t group, const adam::GradView& grads, const adam::CopyOut& out,
-                   const std::shared_ptr<const StoreCopyOut>& target);
+                   const std::shared_ptr<const StoreCopyOut>& target, GradHooks hooks);
+  // Runs the `consumed` hooks of tasks [from, to) that will never be updated (under mu).
+  void drop_tasks(std::size_t from, std::size_t to);
 
   // The checkpoint directory `dir`, opened (created first if `create`) and locked, or the one
   // already held if it is the same directory (a second open would conflict with our own lock).

@@ -75,9 +75,10 @@ class ParamTier {
   virtual cuda::DeviceSpan fetch(std::size_t layer) = 0;
   /// The compute stream is done with `layer` once it reaches this point. Non-blocking.
   virtual void release(std::size_t layer) = 0;
-  /// Queues `layer`'s update in `optimizer`'s open step with its copy-out into this tier.
+  /// Queues `layer`'s update in `optimizer`'s open step with its copy-out into this tier
+  /// (OffloadedOptimizer::step_group, `hooks` passed on).
   virtual void queue_update(OffloadedOptimizer& optimizer, std::size_t layer,
-                            adam::GradView grads) = 0;
+                            adam::GradView grads, GradHooks hooks) = 0;
   /// The step ended well: `updated` layers' new parameters become what the next fetch
   /// returns (for work enqueued on the compute stream from now on); `stats` is the step's.
   virtual void finish_step(std::span<const std::size_t> updated, const StepStats& stats) = 0;

@@ -61,11 +61,12 @@ class NvmeTier final : public ParamTier {
   void release(std::size_t layer) override { prefetcher_->release(layer); }
 
   void queue_update(OffloadedOptimizer& optimizer, std::size_t layer,
-                    adam::GradView grads) override {
+                    adam::GradView grads, GradHooks hooks) override {
     const LayerSpec& spec = layers_[layer];
     prefetcher_->suspend(layer);
     try {
-      optimizer.step_group(layer, grads, StoreCopyOut{store_.get(), spec.name, spec.param_dtype});
+      optimizer.step_group(layer, grads, StoreCopyOut{store_.get(), spec.name, spec.param_dtype},
+                           std::move(hooks));
     } catch (...) {
       prefetcher_->resume(layer);
       throw;

@@ -91,10 +91,10 @@ class PinnedTier final : public ParamTier {
   }
 
   void queue_update(OffloadedOptimizer& optimizer, std::size_t layer,
-                    adam::GradView grads) override {
+                    adam::GradView grads, GradHooks hooks) override {
     Layer& st = state_[layer];
     st.host_read.synchronize();  // the last fetch's copy has read the pinned copy
-    optimizer.step_group(layer, grads, copy_out(layer));
+    optimizer.step_group(layer, grads, copy_out(layer), std::move(hooks));
     ++st.version;  // device buffers holding the old bytes are stale from now on
   }
   void finish_step(std::span<const std::size_t>, const StepStats&) override {}

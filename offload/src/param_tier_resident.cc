@@ -27,12 +27,13 @@ class ResidentTier final : public ParamTier {
   void release(std::size_t) override {}
 
   void queue_update(OffloadedOptimizer& optimizer, std::size_t layer,
-                    adam::GradView grads) override {
+                    adam::GradView grads, GradHooks hooks) override {
     Layer& st = state_[layer];
     st.host_read.synchronize();  // the last refresh has read the host copy
     optimizer.step_group(layer, grads,
                          adam::CopyOut{st.host.data(), st.host.size(), layers_[layer].param_dtype,
-                                       true});
+                                       true},
+                         std::move(hooks));
   }
 
   void finish_step(std::span<const std::size_t> updated, const StepStats&) override {

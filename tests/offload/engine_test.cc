@@ -26,11 +26,6 @@
 #include "zinf/offload/engine.h"
 
 namespace zinf::offload {
-
-// Test names and failure messages show "nvme", not "1-byte object <02>" (found by ADL, so
-// outside the unnamed namespace).
-void PrintTo(OffloadDevice device, std::ostream* os) { *os << offload_device_name(device); }
-
 namespace {
 
 using test::EngineRig;
@@ -343,6 +338,7 @@ TEST(OffloadEngine, PinnedBudgetTooSmallNamesTheSmallestThatWorks) {
   c.offload_optimizer.buffer_count = 4;
   c.zinf.prefetch_depth = 2;
   c.zinf.pinned_budget_bytes = 1000;
+  c.zinf.grad_staging_buffers = 0;  // host gradients only (DeviceGradients tests the staging)
   const std::vector<LayerSpec> one = {{"w", 2048, DType::kBF16}};
   // Optimizer (cpu tier): 2048 x 12 bytes of state + 4 copy-out staging buffers of 4096;
   // parameters: (depth 2 + 2) x 4096 bytes of staging.

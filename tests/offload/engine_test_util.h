@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <ostream>
 #include <span>
 #include <string>
 #include <vector>
@@ -18,6 +19,12 @@
 #include "zinf/cuda/device.h"
 #include "zinf/offload/config.h"
 #include "zinf/offload/engine.h"
+
+namespace zinf::offload {
+// Test names and failure messages show "nvme", not "1-byte object <02>" (found by ADL, so in
+// the enum's namespace).
+inline void PrintTo(OffloadDevice device, std::ostream* os) { *os << offload_device_name(device); }
+}  // namespace zinf::offload
 
 namespace zinf::test {
 
@@ -77,18 +84,24 @@ class EngineRig {
   }
   ~EngineRig() {
     engine_.reset();
+    dev_grads_.clear();
     compute_ = cuda::Stream();
     device_.reset();
   }
   offload::OffloadEngine& make(offload::EngineConfig c,
                                std::vector<offload::LayerSpec> layers = engine_layers()) {
     engine_.reset();
+    dev_grads_.clear();
     engine_ = std::make_unique<offload::OffloadEngine>(std::move(c), std::move(layers), *device_,
                                                        compute_.ref());
     return *engine_;
   }
   offload::OffloadEngine& engine() { return *engine_; }
   cuda::Device& device() { return *device_; }
+  cuda::StreamRef compute() { return compute_.ref(); }
+  /// From now on iteration() hands gradients in from device memory: copied host -> device on
+  /// the compute stream, then set_gradients(layer, DeviceSpan, fp32).
+  void use_device_gradients(bool on = true) { device_grads_ = on; }
   void reset() { engine_.reset(); }
 
   void init_weights() {
@@ -151,7 +164,15 @@ class EngineRig {
         g[i] = static_cast<float>(got[i] % 1000u) * 2e-5f - 1e-2f +
                static_cast<float>(mix32(t * 7919 + l * 31 + i) % 101u) * 1e-5f;
       }
-      engine_->set_gradients(l, adam::GradView::f32(g));
+      if (device_grads_) {
+        if (dev_grads_.size() < n) dev_grads_.resize(n);
+        if (dev_grads_[l].empty()) dev_grads_[l] = device_->allocate(g.size() * sizeof(float));
+        device_->copy_to_device(compute_, dev_grads_[l].span(),
+                                std::as_bytes(std::span<const float>(g)));
+        engine_->set_gradients(l, dev_grads_[l].span(), DType::kF32);
+      } else {
+        engine_->set_gradients(l, adam::GradView::f32(g));
+      }
     }
     (void)engine_->step();
   }
@@ -168,8 +189,10 @@ class EngineRig {
  private:
   std::unique_ptr<cuda::Device> device_;
   cuda::Stream compute_;
+  std::vector<cuda::DeviceBuffer> dev_grads_;  // before the engine: it may still read them
   std::unique_ptr<offload::OffloadEngine> engine_;
   std::vector<std::vector<float>> grads_;
+  bool device_grads_ = false;
 };
 
 /// Bitwise equality of two sets of master weights ("" if equal).

@@ -7,6 +7,7 @@
 // layer's namespace would make every one of them spell an optimizer detail.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 
@@ -25,5 +26,8 @@ constexpr std::string_view dtype_name(DType dtype) noexcept {
   }
   return "?";
 }
+
+/// Bytes per element: 4 for fp32, 2 for bf16 and fp16.
+constexpr std::size_t dtype_size(DType dtype) noexcept { return dtype == DType::kF32 ? 4 : 2; }
 
 }  // namespace zinf

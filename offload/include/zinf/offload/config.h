@@ -66,7 +66,8 @@ struct AioConfig {
 struct ZinfSection {
   /// Extra NVMe directories; the state is striped over nvme_path and these (one file each).
   std::vector<std::string> nvme_paths;
-  /// The most pinned host memory the engine holds (optimizer ring + parameter staging).
+  /// The most pinned host memory the engine holds (optimizer ring + parameter staging +
+  /// gradient staging).
   std::uint64_t pinned_budget_bytes = std::uint64_t{2} << 30;
   /// CRC32C per stripe of every swap file (optimizer state and parameters), verified on every
   /// read back: a step's state reads, a layer's fetch, a checkpoint save. On by default; a
@@ -80,6 +81,11 @@ struct ZinfSection {
   bool precondition = false;         ///< write the swap files once at start (faster write-backs)
   std::uint32_t prefetch_depth = 2;  ///< layers read ahead of the one computing
   std::uint32_t adam_threads = 0;    ///< CpuAdam threads (0: one per hardware thread)
+  /// Pinned buffers for gradients handed in from device memory (OffloadEngine::set_gradients
+  /// with a DeviceSpan), each the largest layer's fp32 gradients: one receives a layer's
+  /// device-to-host copy while the optimizer updates from another. Counted in
+  /// pinned_budget_bytes; allocated at the first device-gradient call. 0: host gradients only.
+  std::uint32_t grad_staging_buffers = 2;
 };
 
 /// The optimizer: DeepSpeed's "optimizer" block ({"type": "Adam"|"AdamW", "params": {...}}).

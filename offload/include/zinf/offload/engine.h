@@ -46,6 +46,9 @@ struct EngineStats {
   double step_seconds = 0;          ///< total wall time inside step()
   std::uint64_t prefetch_hits = 0;  ///< fetches whose layer was already being read
   std::uint64_t prefetch_on_demand = 0;  ///< fetches that had to start the read themselves
+  std::uint64_t grad_bytes_to_host = 0;  ///< device gradients copied to the pinned staging
+  /// set_gradients (device) waiting for a free staging buffer.
+  double grad_staging_wait_seconds = 0;
   std::uint64_t pinned_bytes = 0;        ///< pinned host memory held now
   std::uint64_t pinned_bytes_peak = 0;   ///< the most ever held; never above the budget
   StepStats last_step;                   ///< the optimizer's figures for the last step
@@ -58,6 +61,9 @@ struct EngineStats {
 ///             reading p; release(l)
 ///   backward: for each layer l in reverse: p = fetch(l); compute; release(l);
 ///             set_gradients(l, grads of l in host memory)   (its update starts at once)
+///             or set_gradients(l, grads of l in device memory, dtype)  (copied to pinned
+///             staging on the engine's copy stream after the compute enqueued so far; the
+///             update starts when the copy lands, so the copies overlap the rest of backward)
 ///   step();   (waits for the updates; the next fetch of a layer sees its new parameters)
 /// Before the first iteration every layer's fp32 master weights are set once with
 /// set_master_weights (or load() restores them).
@@ -125,6 +131,20 @@ class OffloadEngine {
   /// unchanged until step() returns. Each layer at most once per step, and only while it is not
   /// fetched (released). UsageError otherwise.
   void set_gradients(std::size_t layer, adam::GradView grads);
+  /// Hands in `layer`'s gradients in device memory: numel elements of `dtype` (fp32, bf16 or
+  /// fp16) written by work enqueued on the compute stream before this call. The engine makes
+  /// its own copy stream wait for that work (the host does not block), copies the gradients
+  /// into one of zinf.grad_staging_buffers pinned buffers and queues the layer's update, which
+  /// starts on the optimizer's thread once the copy has landed. Returns at once, unless every
+  /// staging buffer holds gradients the optimizer has not read yet: then it waits for the
+  /// oldest (grad_staging_wait_seconds). `grads` must stay valid and unchanged until step()
+  /// returns. The updated weights are bitwise those of the host overload with the same
+  /// gradients. Same rules as the host overload, and UsageError for a span of another device,
+  /// a size other than numel x the dtype's size, or zinf.grad_staging_buffers 0. A failed copy
+  /// fails step() as a failed read does (the step did not happen). The staging (the count x
+  /// the largest layer's fp32 gradients) is counted in the pinned budget at construction and
+  /// allocated and pinned at the first call.
+  void set_gradients(std::size_t layer, cuda::DeviceSpan grads, DType dtype);
   /// Completes this step's updates (layers without gradients are not updated), makes every
   /// updated layer's new parameters what the next fetch returns, and ends the iteration for
   /// the prefetcher. Returns the optimizer's step figures. Throws as described under Errors.

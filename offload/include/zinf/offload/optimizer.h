@@ -100,7 +100,8 @@ struct StepStats {
   double read_seconds = 0;           ///< time with at least one state read in flight
   double write_seconds = 0;          ///< time with at least one write-back in flight
   double compute_seconds = 0;        ///< time inside CpuAdam
-  double wait_seconds = 0;           ///< time the pipeline waited for a read or a free buffer
+  /// Time the pipeline waited for a read, a free buffer or a group's gradients (GradHooks).
+  double wait_seconds = 0;
   std::uint64_t bytes_read = 0;      ///< state bytes read (padded records)
   std::uint64_t bytes_written = 0;   ///< state bytes written back (padded records)
   std::uint64_t copy_out_bytes = 0;  ///< low-precision bytes written to a StoreCopyOut key
@@ -132,6 +133,20 @@ std::uint64_t store_copy_out_sub_group(std::uint64_t requested, const swap::Swap
 /// UsageError for options the constructor would refuse.
 std::uint64_t optimizer_pinned_bytes_needed(const OptimizerOptions& options,
                                             const std::vector<ParamGroupSpec>& groups);
+
+/// When a group's gradients may be read, and when they are no longer needed: for gradients
+/// that are still arriving when the group is queued (e.g. a device-to-host copy in flight).
+/// Both run on the optimizer's pipeline thread. `ready` runs once, before the first of the
+/// group's sub-groups is updated (the reads of its state already in flight); if it throws, the
+/// step fails as if that update had failed before touching the state (a failed read: the step
+/// is undone unless a write-back of it began). `consumed` runs exactly once per queued group
+/// whatever happens: after its last sub-group's update, or when a failure drops the group's
+/// remaining work (then possibly inside end_step(), with internal locks held); it must not
+/// call into the optimizer. Either may be empty.
+struct GradHooks {
+  std::function<void()> ready;
+  std::function<void()> consumed;
+};
 
 /// The gradients (and optional low-precision copy-out) of one group for one step.
 struct GroupGrads {
@@ -204,7 +219,10 @@ class OffloadedOptimizer {
   void begin_step();
   /// Queues one group's update in the open step and returns at once. UsageError for an
   /// unknown group, a group already given in this step, a size mismatch, or no open step.
-  void step_group(std::size_t group, adam::GradView grads, adam::CopyOut out = {});
+  /// `hooks` (see GradHooks) say when the gradients may be read and when they are free; if
+  /// step_group throws, neither runs.
+  void step_group(std::size_t group, adam::GradView grads, adam::CopyOut out = {},
+                  GradHooks hooks = {});
   /// As above, with the updated low-precision parameters written into a SwapStore key (see
   /// StoreCopyOut). Also UsageError (before anything is queued) without
   /// options.store_copy_out, for an unknown key, a key whose size is not 2 x numel, a dtype
@@ -212,7 +230,8 @@ class OffloadedOptimizer {
   /// message names a sub_group_elements that works). A failed write of the copy-out follows
   /// the write-back rules: end_step() throws the store's IoError (key, file, offset, length)
   /// and the optimizer is failed.
-  void step_group(std::size_t group, adam::GradView grads, const StoreCopyOut& out);
+  void step_group(std::size_t group, adam::GradView grads, const StoreCopyOut& out,
+                  GradHooks hooks = {});
   /// Waits for the open step's work, closes it and returns its stats. Throws as described
   /// under Failures.
   StepStats end_step();
