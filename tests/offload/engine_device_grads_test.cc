@@ -25,9 +25,10 @@ using test::EngineRig;
 using test::master_diff;
 
 std::vector<std::vector<float>> train(OffloadDevice param, bool device_grads,
-                                      std::uint32_t staging = 2) {
+                                      std::uint32_t staging = 2,
+                                      cuda::DeviceKind kind = cuda::DeviceKind::kHost) {
   test::TestDir dir;
-  EngineRig rig;
+  EngineRig rig(kind);
   EngineConfig c = test::engine_config(param, OffloadDevice::kCpu, dir);
   c.zinf.grad_staging_buffers = staging;
   rig.make(c);
@@ -54,6 +55,14 @@ TEST_P(DeviceGradients, GiveBitwiseTheWeightsOfHostGradients) {
   // One staging buffer: every set_gradients after the first waits for the optimizer to have
   // read the previous layer's gradients.
   EXPECT_EQ(master_diff(train(GetParam(), true, /*staging=*/1), host), "");
+}
+
+// The same on a GPU: real device-to-host copies on a CUDA stream into registered memory.
+TEST_P(DeviceGradients, OnCudaGiveBitwiseTheWeightsOfHostGradients) {
+  const cuda::CudaAvailability cuda_ok = cuda::probe_cuda();
+  if (!cuda_ok.available()) GTEST_SKIP() << "no CUDA device: " << cuda_ok.reason;
+  const auto host = train(GetParam(), false, 2, cuda::DeviceKind::kCuda);
+  EXPECT_EQ(master_diff(train(GetParam(), true, 2, cuda::DeviceKind::kCuda), host), "");
 }
 
 INSTANTIATE_TEST_SUITE_P(ParamTiers, DeviceGradients,

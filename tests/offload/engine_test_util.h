@@ -76,9 +76,9 @@ inline std::vector<float> initial_weights(std::size_t layer, std::uint64_t numel
 /// A HostDevice, its compute stream and an engine; plus the loop.
 class EngineRig {
  public:
-  EngineRig() {
+  explicit EngineRig(cuda::DeviceKind kind = cuda::DeviceKind::kHost) {
     cuda::DeviceOptions o;
-    o.kind = cuda::DeviceKind::kHost;
+    o.kind = kind;
     device_ = cuda::make_device(o);
     compute_ = device_->create_stream();
   }
