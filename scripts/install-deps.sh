@@ -3,8 +3,11 @@
 # Skips apt-get entirely when everything is already there, so it is cheap to call every time.
 set -euo pipefail
 
+# The Python package (python/) builds with pybind11 for Debian's interpreter, whose torch the
+# tests use: python3-dev, pybind11-dev, python3-torch, python3-pytest.
 packages=(build-essential cmake ninja-build pkg-config liburing-dev libboost-dev
-          libgtest-dev libbenchmark-dev nlohmann-json3-dev fio python3)
+          libgtest-dev libbenchmark-dev nlohmann-json3-dev fio python3
+          python3-dev pybind11-dev python3-torch python3-pytest)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

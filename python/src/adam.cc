@@ -1,0 +1,72 @@
+// SPDX-License-Identifier: Apache-2.0
+// CpuAdam over memory the caller owns (torch tensors' storage, passed as addresses by
+// zinf.torch): one update of one parameter, the GIL released while the kernel runs.
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "native.h"
+#include "zinf/adam/cpu_adam.h"
+#include "zinf/common/error.h"
+
+namespace zinf::python {
+namespace {
+
+DType parse_dtype(const std::string& name, const char* what) {
+  if (name == "fp32" || name == "float32") return DType::kF32;
+  if (name == "bf16" || name == "bfloat16") return DType::kBF16;
+  if (name == "fp16" || name == "float16") return DType::kF16;
+  throw UsageError(std::string(what) + ": dtype must be fp32, bf16 or fp16, got '" + name + "'");
+}
+
+template <typename T>
+std::span<T> span_at(std::uintptr_t address, std::size_t n) {
+  return {reinterpret_cast<T*>(address), n};
+}
+
+}  // namespace
+
+void bind_adam(py::module_& m) {
+  using namespace pybind11::literals;
+  py::class_<adam::CpuAdam>(m, "CpuAdam", "zinf's CPU Adam kernel with its thread pool.")
+      .def(py::init([](std::size_t threads) {
+             return std::make_unique<adam::CpuAdam>(adam::CpuAdamOptions{threads, std::nullopt});
+           }),
+           "threads"_a = 0)
+      .def("isa", [](const adam::CpuAdam& a) { return std::string(adam::isa_name(a.isa())); })
+      .def(
+          "step",
+          [](adam::CpuAdam& a, std::uintptr_t params, std::uintptr_t grads,
+             const std::string& grad_dtype, std::uintptr_t m_, std::uintptr_t v, std::size_t numel,
+             double lr, double beta1, double beta2, double eps, double weight_decay,
+             std::uint64_t step, bool bias_correction, bool adamw, double grad_scale,
+             std::uintptr_t out, const std::string& out_dtype) {
+            adam::AdamParams hp;
+            hp.lr = lr;
+            hp.beta1 = beta1;
+            hp.beta2 = beta2;
+            hp.eps = eps;
+            hp.weight_decay = weight_decay;
+            hp.step = step;
+            hp.bias_correction = bias_correction;
+            hp.grad_scale = grad_scale;
+            hp.mode = adamw ? adam::AdamMode::kAdamW : adam::AdamMode::kAdam;
+            const adam::GradView g{reinterpret_cast<const void*>(grads), numel,
+                                   parse_dtype(grad_dtype, "CpuAdam.step grads")};
+            adam::CopyOut o = adam::CopyOut::none();
+            if (out != 0) {
+              o = {reinterpret_cast<void*>(out), numel, parse_dtype(out_dtype, "CpuAdam.step out"),
+                   true};
+            }
+            py::gil_scoped_release nogil;
+            a.step(hp, span_at<float>(params, numel), span_at<float>(m_, numel),
+                   span_at<float>(v, numel), g, o);
+          },
+          "params"_a, "grads"_a, "grad_dtype"_a, "exp_avg"_a, "exp_avg_sq"_a, "numel"_a, "lr"_a,
+          "beta1"_a, "beta2"_a, "eps"_a, "weight_decay"_a, "step"_a, "bias_correction"_a,
+          "adamw"_a, "grad_scale"_a = 1.0, "out"_a = 0, "out_dtype"_a = "bf16",
+          "One update of numel elements at the given addresses (fp32 params and moments; "
+          "gradients fp32/bf16/fp16; optional bf16/fp16 copy-out).");
+}
+
+}  // namespace zinf::python

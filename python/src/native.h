@@ -1,0 +1,24 @@
+// SPDX-License-Identifier: Apache-2.0
+// zinf._native: the pybind11 module over zinf's C++ layers. It never links libtorch: tensors
+// cross as (address, bytes, dtype) from the pure-Python side (zinf.torch, zinf.compat), so one
+// build serves any torch version. Each unit binds itself into the module.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace zinf::python {
+
+namespace py = pybind11;
+
+/// zinf.IoError (a subclass of OSError with errno, strerror, filename, plus offset, length and
+/// kind) and the translation of every zinf exception: IoError and EngineFailed -> IoError,
+/// UsageError -> ValueError, DeviceError -> RuntimeError.
+void bind_errors(py::module_& m);
+/// The DeepSpeed-shaped aio handle over a zinf IoEngine.
+void bind_aio(py::module_& m);
+/// Pinned, budgeted host buffers (buffer protocol) from a BufferPool.
+void bind_pinned(py::module_& m);
+/// CpuAdam over caller memory.
+void bind_adam(py::module_& m);
+
+}  // namespace zinf::python

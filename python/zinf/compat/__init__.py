@@ -1,0 +1,2 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Drop-in replacements for other offload libraries' Python APIs (zinf.compat.deepspeed)."""
