@@ -221,11 +221,15 @@ KernelArgs make_args(const AdamParams& hp) {
 struct AdamJob {
   KernelFn kernel;
   KernelArgs args;
+  float* out_f32 = nullptr;  // an fp32 copy-out: the kernels convert only to bf16/fp16
 };
 
 void run_adam_chunk(const void* ctx, std::size_t begin, std::size_t end) {
   const auto* job = static_cast<const AdamJob*>(ctx);
   job->kernel(job->args, begin, end);
+  if (job->out_f32 != nullptr) {
+    std::copy(job->args.params + begin, job->args.params + end, job->out_f32 + begin);
+  }
 }
 
 }  // namespace
@@ -332,12 +336,7 @@ void CpuAdam::step(const AdamParams& hp, std::span<float> params, std::span<floa
   check_array("m", m.data(), m.size(), n);
   check_array("v", v.data(), v.size(), n);
   check_array("grads", grads.data, grads.size, n);
-  if (out.enabled) {
-    if (out.dtype == DType::kF32) {
-      throw UsageError("cpu adam: copy-out type fp32 is not supported (use bf16 or fp16)");
-    }
-    check_array("copy-out", out.data, out.size, n);
-  }
+  if (out.enabled) check_array("copy-out", out.data, out.size, n);
   check_hyper(hp);
   if (n == 0) return;
 
@@ -368,8 +367,10 @@ void CpuAdam::step(const AdamParams& hp, std::span<float> params, std::span<floa
   job.args.v = v.data();
   job.args.grads = grads.data;
   job.args.grad_type = elem_type(grads.dtype);
-  job.args.out = out.enabled ? out.data : nullptr;
+  const bool f32_out = out.enabled && out.dtype == DType::kF32;
+  job.args.out = out.enabled && !f32_out ? out.data : nullptr;
   job.args.out_type = elem_type(out.dtype);
+  job.out_f32 = f32_out ? static_cast<float*>(out.data) : nullptr;
   impl_->pool.run(n, params.data(), sizeof(float), run_adam_chunk, &job);
 }
 

@@ -803,9 +803,9 @@ void OffloadedOptimizer::Impl::validate_group_grads(std::size_t group_index,
                      std::to_string(g.numel) + " elements, got " + std::to_string(grads.size) +
                      " gradients" + (grads.data == nullptr ? " (null)" : ""));
   }
-  if (out.enabled && (out.size != g.numel || out.data == nullptr || out.dtype == DType::kF32)) {
+  if (out.enabled && (out.size != g.numel || out.data == nullptr)) {
     throw UsageError("OffloadedOptimizer::step_group: group '" + g.name +
-                     "' copy-out must be a non-null bf16 or fp16 buffer of " +
+                     "' copy-out must be a non-null buffer of " +
                      std::to_string(g.numel) + " elements");
   }
   if (!initialized[group_index]) {

@@ -352,6 +352,23 @@ TEST_P(CpuAdamIsa, BitwiseIdenticalAcrossThreadCountsAndAlignments) {
   }
 }
 
+// An fp32 copy-out is the updated parameters themselves, for every thread count.
+TEST_P(CpuAdamIsa, Fp32CopyOutIsTheUpdatedParameters) {
+  const std::size_t n = 3 * kChunk + 77;
+  for (std::size_t threads : {1u, 3u}) {
+    CpuAdam adam({.threads = threads, .isa = GetParam()});
+    Problem pr(n, 1, kSeed);
+    std::vector<float> out(n, -1.0f);
+    for (std::uint64_t t = 1; t <= 2; ++t) {
+      AdamParams hp = typical(AdamMode::kAdamW, 0.01, true);
+      hp.step = t;
+      adam.step(hp, pr.p.span(), pr.m.span(), pr.v.span(), pr.grads(DType::kF32),
+                CopyOut::f32(out));
+    }
+    EXPECT_EQ(std::memcmp(out.data(), pr.p.cspan().data(), n * 4), 0) << "threads " << threads;
+  }
+}
+
 // With lr = 0 and zero state the parameters pass through unchanged, so the copy-out is the
 // conversion of arbitrary fp32 bit patterns: zeros, subnormals, ties, overflow, inf, NaN.
 TEST_P(CpuAdamIsa, CopyOutRoundsToNearestEvenOnEveryBitPattern) {
@@ -563,7 +580,8 @@ TEST(CpuAdam, RejectsNullPointersAndOverlaps) {
   } catch (const UsageError& e) {
     EXPECT_STREQ(e.what(), "cpu adam: v and copy-out overlap");
   }
-  EXPECT_THROW(adam.step({}, p, m, v, GradView::f32(g), CopyOut{g16.data(), 8, DType::kF32, true}),
+  // An fp32 copy-out is 4 bytes per element: 8 uint16 hold only 4 of them.
+  EXPECT_THROW(adam.step({}, p, m, v, GradView::f32(g), CopyOut{g16.data(), 4, DType::kF32, true}),
                UsageError);
   // Empty arrays are a no-op, null or not.
   EXPECT_NO_THROW(adam.step({}, {}, {}, {}, GradView{}));

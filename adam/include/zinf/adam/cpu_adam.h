@@ -99,8 +99,9 @@ struct GradView {
   }
 };
 
-/// Where the updated parameters are also written, rounded to nearest even, in the same pass.
-/// Default-constructed: no copy-out.
+/// Where the updated parameters are also written in the same pass: bf16/fp16 rounded to nearest
+/// even, or fp32 as they are (a trainer whose parameters are fp32 and whose master copy lives
+/// elsewhere, e.g. NVMe). Default-constructed: no copy-out.
 struct CopyOut {
   void* data = nullptr;
   std::size_t size = 0;
@@ -116,6 +117,10 @@ struct CopyOut {
   /// Writes IEEE fp16 bits (round to nearest even; overflow gives inf).
   static CopyOut f16(std::span<std::uint16_t> out) noexcept {
     return {out.data(), out.size(), DType::kF16, true};
+  }
+  /// Writes the fp32 values themselves.
+  static CopyOut f32(std::span<float> out) noexcept {
+    return {out.data(), out.size(), DType::kF32, true};
   }
 };
 
@@ -153,8 +158,9 @@ class CpuAdam {
   /// Updates `params`, `m` and `v` in place from `grads` and writes `out` if enabled. Blocks
   /// until every element is done. All arrays must have the same length and must not overlap;
   /// no alignment is required. Throws UsageError (before touching any memory) on mismatched
-  /// lengths, a null pointer with a non-zero length, overlapping arrays, a copy-out type other
-  /// than bf16/fp16, hyper-parameters that check_adam_params() refuses, or step == 0.
+  /// lengths, a null pointer with a non-zero length, overlapping arrays, hyper-parameters that
+  /// check_adam_params() refuses, or step == 0. An fp32 copy-out is copied per chunk right
+  /// after the kernel updated it (still in cache), so it costs a copy, not a memory pass.
   void step(const AdamParams& hp, std::span<float> params, std::span<float> m, std::span<float> v,
             GradView grads, CopyOut out = {});
 
