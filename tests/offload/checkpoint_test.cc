@@ -284,6 +284,18 @@ TEST_P(Checkpoint, PerGroupHyperParametersRoundTripAndResumeBitwise) {
             "");
 }
 
+std::string hex32(std::uint32_t v) {
+  char b[16];
+  std::snprintf(b, sizeof b, "%08x", v);
+  return b;
+}
+
+// A manifest's text: `body` and its closing line, the CRC32C of the body.
+std::string signed_manifest(const std::string& body) {
+  return body + "crc32c " +
+         hex32(swap::crc32c(std::as_bytes(std::span<const char>(body.data(), body.size())))) + "\n";
+}
+
 // A checkpoint as zinf wrote it before hyper-parameters per group (manifest format 1: one set,
 // in the header), built here by that format's rules from a given state rather than by today's
 // writer. The rules: LATEST names "v<step, 12 digits>-<pid>-<hex>"; state.bin holds each
@@ -297,11 +309,6 @@ void write_format1_checkpoint(const std::string& ckpt, const std::vector<ParamGr
   auto hex = [](double v) {
     char b[64];
     std::snprintf(b, sizeof b, "%a", v);
-    return std::string(b);
-  };
-  auto hex32 = [](std::uint32_t v) {
-    char b[16];
-    std::snprintf(b, sizeof b, "%08x", v);
     return std::string(b);
   };
   constexpr std::uint64_t kAlign = 4096;
@@ -337,9 +344,7 @@ void write_format1_checkpoint(const std::string& ckpt, const std::vector<ParamGr
   }
   o << "records " << record_count << '\n' << records.str();
   const std::string body = o.str();
-  const std::string manifest =
-      body + "crc32c " +
-      hex32(swap::crc32c(std::as_bytes(std::span<const char>(body.data(), body.size())))) + "\n";
+  const std::string manifest = signed_manifest(body);
 
   char version[64];
   std::snprintf(version, sizeof version, "v%012llu-1-0123456789abcdef",
@@ -397,6 +402,60 @@ TEST_P(Checkpoint, AFormat1CheckpointLoadsWithItsOneSetForEveryGroup) {
   c.load(copy);
   for (std::size_t g = 0; g < groups.size(); ++g) EXPECT_TRUE(test::same_hyper(c.hyper(g), hp));
   EXPECT_EQ(test::diff(test::read_all(c), state), "");
+}
+
+// A manifest that passes its CRC but holds a group's set out of range (or a format this code
+// does not know) is refused before any state changes.
+TEST_P(Checkpoint, ABadGroupSetOrAnUnknownFormatIsRefusedBeforeTheStateIsTouched) {
+  const std::string ckpt = dir_.file("ckpt");
+  const auto groups = test::groups_with_own_hyper();
+  OffloadedOptimizer a(options_for(GetParam(), dir_), groups);
+  test::init_all(a);
+  a.save(ckpt);
+  test::run_steps(a, 1, 1);
+  const test::State before = test::read_all(a);
+  const std::string manifest = ckpt + "/" + latest_version(ckpt) + "/manifest";
+  std::string text;
+  {
+    std::ifstream in(manifest);
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::string body = text.substr(0, text.rfind("crc32c "));
+  auto write_manifest = [&](const std::string& new_body) {
+    std::ofstream(manifest, std::ios::trunc) << signed_manifest(new_body);
+  };
+
+  // Group 2's learning rate, the first value on its line, becomes -1.
+  std::string bad = body;
+  const std::size_t lr_at = bad.find("\nhyper 2 ") + 9;
+  bad.replace(lr_at, bad.find(' ', lr_at) - lr_at, "-0x1p+0");
+  write_manifest(bad);
+  try {
+    a.load(ckpt);
+    ADD_FAILURE() << "loaded lr -1";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("OffloadedOptimizer: group 'bias': lr must be in ", 0),
+              0u)
+        << e.what();
+  }
+
+  std::string future = body;
+  future.replace(0, future.find('\n'), "zinf-optimizer-checkpoint 3");
+  write_manifest(future);
+  try {
+    a.load(ckpt);
+    ADD_FAILURE() << "loaded format 3";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCorrupt);
+    EXPECT_NE(std::string(e.what()).find("bad manifest: unsupported format version 3"),
+              std::string::npos)
+        << e.what();
+  }
+
+  EXPECT_FALSE(a.failed());
+  EXPECT_EQ(a.step_count(), 1u);
+  EXPECT_TRUE(test::same_hyper(a.hyper(2), *groups[2].hyper));
+  EXPECT_EQ(test::diff(test::read_all(a), before), "");
 }
 
 // ---- Files: nothing outside zinf's own is touched, one owner per directory ----------------
