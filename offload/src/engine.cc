@@ -154,6 +154,10 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
       throw UsageError("OffloadEngine: layer " + in_quotes(layer.name) +
                        " param_dtype must be bf16 or fp16");
     }
+    if (auto bad = layer.hyper ? adam::check_adam_params(*layer.hyper) : std::nullopt) {
+      throw UsageError("OffloadEngine: layer " + in_quotes(layer.name) +
+                       " hyper: " + std::string(bad->field) + " " + bad->what);
+    }
     if (buffered && layer.numel > config.offload_param.buffer_size) {
       throw UsageError(
           "OffloadEngine: layer " + in_quotes(layer.name) + " has " + std::to_string(layer.numel) +
@@ -201,7 +205,7 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
   oo.precondition = config.zinf.precondition;
   oo.store_copy_out = plan.store_copy_out;
   std::vector<ParamGroupSpec> groups;
-  for (const auto& layer : layers) groups.push_back({layer.name, layer.numel});
+  for (const auto& layer : layers) groups.push_back({layer.name, layer.numel, layer.hyper});
 
   // The pinned budget: the optimizer's ring (or state), the parameter tier's and the
   // device-gradient staging (the largest layer's gradients in fp32, the widest dtype).
@@ -557,7 +561,25 @@ void OffloadEngine::set_hyper(const adam::AdamParams& hyper) {
   impl_->optimizer->set_hyper(hyper);
 }
 
+void OffloadEngine::set_hyper(std::size_t index, const adam::AdamParams& hyper) {
+  impl_->check_usable();
+  (void)impl_->layer_at(index, "set_hyper");
+  const LayerSpec& spec = impl_->layers[index];
+  if (impl_->step_open)
+    throw UsageError("OffloadEngine::set_hyper inside a step (call step() first)");
+  if (auto bad = adam::check_adam_params(hyper)) {
+    throw UsageError("OffloadEngine::set_hyper: layer " + in_quotes(spec.name) + ": " +
+                     std::string(bad->field) + " " + bad->what);
+  }
+  impl_->optimizer->set_hyper(index, hyper);  // layer i is optimizer group i
+}
+
 adam::AdamParams OffloadEngine::hyper() const { return impl_->optimizer->hyper(); }
+
+adam::AdamParams OffloadEngine::hyper(std::size_t index) const {
+  (void)impl_->layer_at(index, "hyper");
+  return impl_->optimizer->hyper(index);
+}
 
 void OffloadEngine::save(const std::string& dir) {
   check_checkpoint_dir(dir, "OffloadEngine::save");

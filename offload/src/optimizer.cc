@@ -145,6 +145,9 @@ std::uint64_t check_options(const OptimizerOptions& options,
     }
   }
   validate_hyper(options.hyper);
+  for (const auto& grp : groups) {
+    if (grp.hyper) validate_hyper(*grp.hyper, grp.name);
+  }
   if (options.tier == StateTier::kNvme) {
     if (options.pipeline_depth < 3) {
       throw UsageError(
@@ -221,9 +224,10 @@ void check_checkpoint_dir(const std::string& dir, const char* function) {
 
 }  // namespace
 
-void validate_hyper(const adam::AdamParams& hp) {
+void validate_hyper(const adam::AdamParams& hp, const std::string& group) {
   if (auto bad = adam::check_adam_params(hp)) {
-    throw UsageError("OffloadedOptimizer: " + std::string(bad->field) + " " + bad->what);
+    const std::string where = group.empty() ? "" : "group '" + group + "': ";
+    throw UsageError("OffloadedOptimizer: " + where + std::string(bad->field) + " " + bad->what);
   }
 }
 
@@ -259,6 +263,7 @@ OffloadedOptimizer::Impl::Impl(OptimizerOptions o, std::vector<ParamGroupSpec> g
     }
   }
   initialized.assign(groups.size(), false);
+  for (const auto& grp : groups) group_hyper.push_back(grp.hyper.value_or(options.hyper));
 
   // The pinned-memory budget must hold the pipeline: checked before anything is created.
   std::uint64_t max_group_numel = 0;
@@ -580,7 +585,8 @@ void OffloadedOptimizer::Impl::pipeline_main() {
         task.out = {out_staging[oi].data(), static_cast<std::size_t>(records[task.record].numel),
                     task.store_out->dtype, true};
       }
-      const adam::AdamParams hp = run.hp;
+      adam::AdamParams hp = run.hp[records[task.record].group];
+      hp.step = run.step;
       const Record& rec = records[task.record];
       const std::size_t si = nvme() ? c % depth : 0;
       ++c;
@@ -657,7 +663,7 @@ void OffloadedOptimizer::Impl::pipeline_main() {
       run.stats.seconds = std::chrono::duration<double>(OptClock::now() - run.began).count();
       run.stats.read_seconds = union_seconds(run.reads);
       run.stats.write_seconds = union_seconds(run.writes);
-      run.stats.step = run.hp.step;
+      run.stats.step = run.step;
       run.finished = true;
       for (auto& s : slots) s = Slot{};  // drop the tickets
       for (auto& s : out_slots) s = OutSlot{};
@@ -689,10 +695,23 @@ StateTier OffloadedOptimizer::tier() const noexcept { return impl_->options.tier
 std::uint64_t OffloadedOptimizer::step_count() const noexcept { return impl_->steps_done; }
 const adam::AdamParams& OffloadedOptimizer::hyper() const noexcept { return impl_->hyper; }
 
+const adam::AdamParams& OffloadedOptimizer::hyper(std::size_t group_index) const {
+  (void)group(group_index);  // UsageError for an unknown group
+  return impl_->group_hyper[group_index];
+}
+
 void OffloadedOptimizer::set_hyper(const adam::AdamParams& hyper) {
   impl_->check_idle("set_hyper");
   validate_hyper(hyper);
   impl_->hyper = hyper;
+  impl_->group_hyper.assign(impl_->groups.size(), hyper);
+}
+
+void OffloadedOptimizer::set_hyper(std::size_t group_index, const adam::AdamParams& hyper) {
+  impl_->check_idle("set_hyper");
+  const ParamGroupSpec& g = group(group_index);
+  validate_hyper(hyper, g.name);
+  impl_->group_hyper[group_index] = hyper;
 }
 
 void OffloadedOptimizer::set_params(std::size_t group_index, std::span<const float> params) {
@@ -784,8 +803,8 @@ void OffloadedOptimizer::begin_step() {
   im.run = StepRun{};
   im.run.active = true;
   im.run.given.assign(im.groups.size(), false);
-  im.run.hp = im.hyper;
-  im.run.hp.step = im.steps_done + 1;
+  im.run.step = im.steps_done + 1;
+  im.run.hp = im.group_hyper;
   im.run.began = OptClock::now();
   ++im.steps_done;
 }

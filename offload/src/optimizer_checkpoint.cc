@@ -44,7 +44,9 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kMagic = "zinf-optimizer-checkpoint";
-constexpr int kFormatVersion = 1;
+// 2 adds a "hyper" line per group after the group lines; 1 (one set for every group, the
+// header's) still loads.
+constexpr int kFormatVersion = 2;
 constexpr const char* kLatest = "LATEST";
 constexpr const char* kStateFile = "state.bin";
 constexpr const char* kManifestFile = "manifest";
@@ -102,11 +104,15 @@ struct ManifestRecord {
 
 struct Manifest {
   std::uint64_t step = 0;
-  adam::AdamParams hp;
+  adam::AdamParams hp;  // the set for all groups (OffloadedOptimizer::hyper())
   std::uint64_t sub_group_elements = 0;
-  std::vector<ParamGroupSpec> groups;
+  std::vector<ParamGroupSpec> groups;  // with each group's set in ParamGroupSpec::hyper
   std::vector<ManifestRecord> records;
 };
+
+std::string mode_name(adam::AdamMode mode) {
+  return mode == adam::AdamMode::kAdamW ? "adamw" : "adam";
+}
 
 std::string render(const Manifest& m, const std::string& tier) {
   std::ostringstream o;
@@ -120,11 +126,20 @@ std::string render(const Manifest& m, const std::string& tier) {
   o << "weight_decay " << hexfloat(m.hp.weight_decay) << '\n';
   o << "grad_scale " << hexfloat(m.hp.grad_scale) << '\n';
   o << "bias_correction " << (m.hp.bias_correction ? 1 : 0) << '\n';
-  o << "mode " << (m.hp.mode == adam::AdamMode::kAdamW ? "adamw" : "adam") << '\n';
+  o << "mode " << mode_name(m.hp.mode) << '\n';
   o << "sub_group_elements " << m.sub_group_elements << '\n';
   o << "groups " << m.groups.size() << '\n';
   for (std::size_t i = 0; i < m.groups.size(); ++i) {
     o << "group " << i << ' ' << m.groups[i].numel << ' ' << m.groups[i].name << '\n';
+  }
+  // The names run to the end of their lines, so each group's set has a line of its own, in
+  // the header's order: lr beta1 beta2 eps weight_decay grad_scale bias_correction mode.
+  for (std::size_t i = 0; i < m.groups.size(); ++i) {
+    const adam::AdamParams& h = *m.groups[i].hyper;
+    o << "hyper " << i << ' ' << hexfloat(h.lr) << ' ' << hexfloat(h.beta1) << ' '
+      << hexfloat(h.beta2) << ' ' << hexfloat(h.eps) << ' ' << hexfloat(h.weight_decay) << ' '
+      << hexfloat(h.grad_scale) << ' ' << (h.bias_correction ? 1 : 0) << ' ' << mode_name(h.mode)
+      << '\n';
   }
   o << "records " << m.records.size() << '\n';
   for (const auto& r : m.records) {
@@ -151,18 +166,28 @@ Manifest parse(const std::string& text, const std::string& path) {
   std::string word;
   int version = 0;
   if (!(in >> word >> version) || word != kMagic) throw bad("not a zinf optimizer checkpoint");
-  if (version != kFormatVersion) throw bad("unsupported format version " + std::to_string(version));
+  if (version != 1 && version != kFormatVersion) {
+    throw bad("unsupported format version " + std::to_string(version));
+  }
   auto expect = [&](const char* key) {
     if (!(in >> word) || word != key) throw bad(std::string("expected '") + key + "'");
   };
-  auto real = [&](const char* key) {
-    expect(key);
+  auto number = [&](const std::string& key) {
     std::string v;
     in >> v;
     char* end = nullptr;
     const double d = std::strtod(v.c_str(), &end);
-    if (v.empty() || *end != '\0') throw bad(std::string("bad value for ") + key);
+    if (v.empty() || *end != '\0') throw bad("bad value for " + key);
     return d;
+  };
+  auto real = [&](const char* key) {
+    expect(key);
+    return number(key);
+  };
+  auto mode = [&](const std::string& key) {
+    in >> word;
+    if (word != "adam" && word != "adamw") throw bad("bad " + key + " '" + word + "'");
+    return word == "adamw" ? adam::AdamMode::kAdamW : adam::AdamMode::kAdam;
   };
   auto uint = [&](const char* key) {
     expect(key);
@@ -181,9 +206,7 @@ Manifest parse(const std::string& text, const std::string& path) {
   m.hp.grad_scale = real("grad_scale");
   m.hp.bias_correction = uint("bias_correction") != 0;
   expect("mode");
-  in >> word;
-  if (word != "adam" && word != "adamw") throw bad("bad mode '" + word + "'");
-  m.hp.mode = word == "adamw" ? adam::AdamMode::kAdamW : adam::AdamMode::kAdam;
+  m.hp.mode = mode("mode");
   m.sub_group_elements = uint("sub_group_elements");
   const std::uint64_t ng = uint("groups");
   for (std::uint64_t i = 0; i < ng; ++i) {
@@ -193,7 +216,25 @@ Manifest parse(const std::string& text, const std::string& path) {
     if (!(in >> idx >> g.numel) || idx != i) throw bad("bad group line " + std::to_string(i));
     in.get();  // the space before the name, which runs to the end of the line
     std::getline(in, g.name);
+    g.hyper = m.hp;  // format 1: the one set is every group's
     m.groups.push_back(std::move(g));
+  }
+  for (std::uint64_t i = 0; version >= 2 && i < ng; ++i) {
+    const std::string what = "hyper line " + std::to_string(i);
+    expect("hyper");
+    std::uint64_t idx = 0;
+    if (!(in >> idx) || idx != i) throw bad("bad " + what);
+    adam::AdamParams& h = *m.groups[i].hyper;
+    h.lr = number(what);
+    h.beta1 = number(what);
+    h.beta2 = number(what);
+    h.eps = number(what);
+    h.weight_decay = number(what);
+    h.grad_scale = number(what);
+    std::uint64_t bias_correction = 0;
+    if (!(in >> bias_correction)) throw bad("bad " + what);
+    h.bias_correction = bias_correction != 0;
+    h.mode = mode(what);
   }
   const std::uint64_t nr = uint("records");
   for (std::uint64_t i = 0; i < nr; ++i) {
@@ -281,6 +322,7 @@ void OffloadedOptimizer::Impl::save(const std::string& dir) {
   m.hp = hyper;
   m.sub_group_elements = options.sub_group_elements;
   m.groups = groups;
+  for (std::size_t g = 0; g < groups.size(); ++g) m.groups[g].hyper = group_hyper[g];
   std::uint64_t offset = 0;
   for (const auto& r : records) {
     m.records.push_back({r.group, r.sub, r.numel, offset, r.padded, 0});
@@ -427,6 +469,7 @@ void OffloadedOptimizer::Impl::load(const std::string& dir) {
     offset += b.padded;
   }
   validate_hyper(m.hp);
+  for (const auto& g : m.groups) validate_hyper(*g.hyper, g.name);
 
   swap::File file = reopen_buffered_if_misaligned(
       swap::File::open_existing(vdir, kStateFile, swap::FileOptions{.read_only = true}), vdir,
@@ -474,6 +517,7 @@ void OffloadedOptimizer::Impl::load(const std::string& dir) {
   s.ignore("read-only file: nothing to flush");
   steps_done = m.step;
   hyper = m.hp;
+  for (std::size_t g = 0; g < groups.size(); ++g) group_hyper[g] = *m.groups[g].hyper;
   initialized.assign(groups.size(), true);
   // Superseded by this optimizer's next save, which removes it.
   if (std::find(checkpoint_chain.begin(), checkpoint_chain.end(), name) == checkpoint_chain.end()) {

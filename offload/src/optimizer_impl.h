@@ -79,7 +79,9 @@ struct StepRun {
   bool finished = false;  // the pipeline has drained this step
   std::vector<Task> tasks;
   std::vector<bool> given;  // per group
-  adam::AdamParams hp;
+  std::uint64_t step = 0;   // this step's number
+  // Per group, copied at begin_step(): a set_hyper between steps never reaches a step in flight.
+  std::vector<adam::AdamParams> hp;
   Status error;           // the first failure
   bool modified = false;  // the stored state was (or may have been) changed
   StepStats stats;
@@ -110,7 +112,8 @@ struct OffloadedOptimizer::Impl {
   std::vector<swap::BufferLease> out_staging;  // options.store_copy_out
   adam::CpuAdam adam;
 
-  adam::AdamParams hyper;
+  adam::AdamParams hyper;                     // last set for all groups (hyper())
+  std::vector<adam::AdamParams> group_hyper;  // what each group's next step uses
   std::uint64_t steps_done = 0;
   std::optional<Status> failure;  // set once: the optimizer refuses work afterwards
 
@@ -173,7 +176,8 @@ struct OffloadedOptimizer::Impl {
 std::uint32_t copy_out_buffer_count(const OptimizerOptions& options);
 
 /// Validates hyper-parameters as CpuAdam::step would, so that a bad value is a UsageError at
-/// the call that sets it, never inside the pipeline.
-void validate_hyper(const adam::AdamParams& hp);
+/// the call that sets it, never inside the pipeline. `group`, if not empty, names the group
+/// whose set it is in the message.
+void validate_hyper(const adam::AdamParams& hp, const std::string& group = {});
 
 }  // namespace zinf::offload

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // OffloadedOptimizer checkpoints: round trips (every byte, step counter, hyper-parameters,
-// across tiers), resuming continues bitwise identical to an uninterrupted run, a save replaces
+// each group's too, across tiers), resuming continues bitwise identical to an uninterrupted
+// run, a checkpoint of format 1 (one set of hyper-parameters) still loads, a save replaces
 // the previous version, corruption is detected (state file: kCorrupt naming file and offset;
 // manifest), a mismatched layout is refused, and a process killed at any point of a save
 // leaves a loadable checkpoint (the previous one until the LATEST switch, the new one after).
@@ -20,6 +21,8 @@
 #include <future>
 #include <memory>
 #include <optional>
+#include <span>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -31,6 +34,7 @@
 #include "support/test_dir.h"
 #include "zinf/common/error.h"
 #include "zinf/offload/optimizer.h"
+#include "zinf/swap/crc32c.h"
 
 namespace zinf::offload {
 namespace {
@@ -238,6 +242,220 @@ TEST_P(Checkpoint, MissingCheckpointIsNotFound) {
     }
   }
   EXPECT_FALSE(a.failed());
+}
+
+TEST_P(Checkpoint, PerGroupHyperParametersRoundTripAndResumeBitwise) {
+  const auto groups = test::groups_with_own_hyper();
+  const std::string ckpt = dir_.file("ckpt");
+  OffloadedOptimizer a(options_for(GetParam(), dir_), groups);
+  test::init_all(a);
+  test::run_steps(a, 1, 2);
+  adam::AdamParams embed = test::test_hyper();
+  embed.lr = 0.1234567;  // a value with a long binary expansion survives exactly
+  embed.beta2 = 0.95;
+  embed.mode = adam::AdamMode::kAdam;
+  a.set_hyper(0, embed);
+  a.save(ckpt);
+  test::run_steps(a, 3, 4);
+
+  // b is built without sets of its own and with other defaults: the checkpoint's replace them.
+  const std::string copy = dir_.file("copy");
+  fs::copy(ckpt, copy, fs::copy_options::recursive);
+  auto o = options_for(GetParam(), dir_);
+  o.hyper.lr = 0.5;
+  OffloadedOptimizer b(o, test::odd_groups());
+  b.load(copy);
+  EXPECT_EQ(b.step_count(), 2u);
+  EXPECT_TRUE(test::same_hyper(b.hyper(), test::test_hyper()));
+  EXPECT_TRUE(test::same_hyper(b.hyper(0), embed));
+  for (std::size_t g = 1; g < groups.size(); ++g) {
+    EXPECT_TRUE(test::same_hyper(b.hyper(g), *groups[g].hyper)) << "group " << g;
+  }
+  test::run_steps(b, 3, 4);
+  EXPECT_EQ(test::diff(test::read_all(b), test::read_all(a)), "");
+  EXPECT_EQ(test::diff(test::read_all(b), test::reference_run_with(
+                                              groups,
+                                              [&](std::size_t g, std::uint64_t t) {
+                                                return g == 0 && t >= 3 ? embed
+                                                                        : groups[g].hyper.value_or(
+                                                                              test::test_hyper());
+                                              },
+                                              4, DType::kF32)),
+            "");
+}
+
+std::string hex32(std::uint32_t v) {
+  char b[16];
+  std::snprintf(b, sizeof b, "%08x", v);
+  return b;
+}
+
+// A manifest's text: `body` and its closing line, the CRC32C of the body.
+std::string signed_manifest(const std::string& body) {
+  return body + "crc32c " +
+         hex32(swap::crc32c(std::as_bytes(std::span<const char>(body.data(), body.size())))) + "\n";
+}
+
+// A checkpoint as zinf wrote it before hyper-parameters per group (manifest format 1: one set,
+// in the header), built here by that format's rules from a given state rather than by today's
+// writer. The rules: LATEST names "v<step, 12 digits>-<pid>-<hex>"; state.bin holds each
+// sub-group's record [params | m | v] padded to 4096 bytes (the cpu tier's alignment) one after
+// the other; the manifest's lines are as below, values of doubles in %a, the CRC32C of each
+// record's unpadded bytes and, last, of the text before the crc32c line. (Checked against a
+// checkpoint the format-1 code wrote for the same state: the same manifest, byte for byte.)
+void write_format1_checkpoint(const std::string& ckpt, const std::vector<ParamGroupSpec>& groups,
+                              std::uint64_t sub_group, std::uint64_t step,
+                              const adam::AdamParams& hp, const test::State& state) {
+  auto hex = [](double v) {
+    char b[64];
+    std::snprintf(b, sizeof b, "%a", v);
+    return std::string(b);
+  };
+  constexpr std::uint64_t kAlign = 4096;
+  std::string data;
+  std::ostringstream records;
+  std::size_t record_count = 0;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    for (std::uint64_t off = 0, s = 0; off < groups[g].numel; off += sub_group, ++s) {
+      const std::uint64_t n = std::min(sub_group, groups[g].numel - off);
+      std::string rec;
+      for (const auto* a : {&state.p[g], &state.m[g], &state.v[g]}) {
+        rec.append(reinterpret_cast<const char*>(a->data() + off), n * sizeof(float));
+      }
+      const std::uint32_t crc =
+          swap::crc32c(std::as_bytes(std::span<const char>(rec.data(), rec.size())));
+      const std::uint64_t padded = (rec.size() + kAlign - 1) / kAlign * kAlign;
+      records << "record " << g << ' ' << s << ' ' << n << ' ' << data.size() << ' ' << padded
+              << ' ' << hex32(crc) << '\n';
+      rec.resize(padded, '\0');
+      data += rec;
+      ++record_count;
+    }
+  }
+  std::ostringstream o;
+  o << "zinf-optimizer-checkpoint 1\ntier cpu\nstep " << step << "\nlr " << hex(hp.lr) << "\nbeta1 "
+    << hex(hp.beta1) << "\nbeta2 " << hex(hp.beta2) << "\neps " << hex(hp.eps) << "\nweight_decay "
+    << hex(hp.weight_decay) << "\ngrad_scale " << hex(hp.grad_scale) << "\nbias_correction "
+    << (hp.bias_correction ? 1 : 0) << "\nmode "
+    << (hp.mode == adam::AdamMode::kAdamW ? "adamw" : "adam") << "\nsub_group_elements "
+    << sub_group << "\ngroups " << groups.size() << '\n';
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    o << "group " << g << ' ' << groups[g].numel << ' ' << groups[g].name << '\n';
+  }
+  o << "records " << record_count << '\n' << records.str();
+  const std::string body = o.str();
+  const std::string manifest = signed_manifest(body);
+
+  char version[64];
+  std::snprintf(version, sizeof version, "v%012llu-1-0123456789abcdef",
+                static_cast<unsigned long long>(step));
+  fs::create_directories(ckpt + "/" + version);
+  std::ofstream(ckpt + "/" + version + "/state.bin", std::ios::binary) << data;
+  std::ofstream(ckpt + "/" + version + "/manifest", std::ios::binary) << manifest;
+  std::ofstream(ckpt + "/LATEST") << version << '\n';
+}
+
+TEST_P(Checkpoint, AFormat1CheckpointLoadsWithItsOneSetForEveryGroup) {
+  const auto groups = test::odd_groups();
+  // Any state will do (the checkpoint is not the result of a run): stamped values, v >= 0.
+  test::State state;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    state.p.push_back(test::initial_params(g, groups[g].numel));
+    state.m.push_back(test::grads_f32(g, 100, groups[g].numel));
+    state.v.push_back(test::grads_f32(g, 200, groups[g].numel));
+    for (float& x : state.v.back()) x *= x;
+  }
+  adam::AdamParams hp = test::test_hyper();
+  hp.lr = 0.1234567;
+  hp.beta1 = 0.8;
+  hp.weight_decay = 0.03;
+  const std::string ckpt = dir_.file("ckpt");
+  write_format1_checkpoint(ckpt, groups, test::kOddSubGroup, 7, hp, state);
+
+  // Built with sets of its own per group: the checkpoint's one set replaces them all.
+  OffloadedOptimizer b(options_for(GetParam(), dir_), test::groups_with_own_hyper());
+  b.load(ckpt);
+  EXPECT_FALSE(b.failed());
+  EXPECT_EQ(b.step_count(), 7u);
+  EXPECT_TRUE(test::same_hyper(b.hyper(), hp));
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    EXPECT_TRUE(test::same_hyper(b.hyper(g), hp)) << "group " << g;
+  }
+  EXPECT_EQ(test::diff(test::read_all(b), state), "");
+
+  // The next step is step 8 of the plain kernel with that set, from that state.
+  test::run_steps(b, 8, 8);
+  adam::CpuAdam adam;
+  test::StepGrads sg(groups, 8, DType::kF32);
+  adam::AdamParams hp8 = hp;
+  hp8.step = 8;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    adam.step(hp8, state.p[g], state.m[g], state.v[g], sg.views[g].grads);
+  }
+  EXPECT_EQ(test::diff(test::read_all(b), state), "");
+
+  // Saving writes today's format, which loads with the same sets.
+  b.save(ckpt);
+  OffloadedOptimizer c(options_for(GetParam(), dir_), groups);
+  const std::string copy = dir_.file("copy");
+  fs::copy(ckpt, copy, fs::copy_options::recursive);
+  c.load(copy);
+  for (std::size_t g = 0; g < groups.size(); ++g) EXPECT_TRUE(test::same_hyper(c.hyper(g), hp));
+  EXPECT_EQ(test::diff(test::read_all(c), state), "");
+}
+
+// A manifest that passes its CRC but holds a group's set out of range (or a format this code
+// does not know) is refused before any state changes.
+TEST_P(Checkpoint, ABadGroupSetOrAnUnknownFormatIsRefusedBeforeTheStateIsTouched) {
+  const std::string ckpt = dir_.file("ckpt");
+  const auto groups = test::groups_with_own_hyper();
+  OffloadedOptimizer a(options_for(GetParam(), dir_), groups);
+  test::init_all(a);
+  a.save(ckpt);
+  test::run_steps(a, 1, 1);
+  const test::State before = test::read_all(a);
+  const std::string manifest = ckpt + "/" + latest_version(ckpt) + "/manifest";
+  std::string text;
+  {
+    std::ifstream in(manifest);
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::string body = text.substr(0, text.rfind("crc32c "));
+  auto write_manifest = [&](const std::string& new_body) {
+    std::ofstream(manifest, std::ios::trunc) << signed_manifest(new_body);
+  };
+
+  // Group 2's learning rate, the first value on its line, becomes -1.
+  std::string bad = body;
+  const std::size_t lr_at = bad.find("\nhyper 2 ") + 9;
+  bad.replace(lr_at, bad.find(' ', lr_at) - lr_at, "-0x1p+0");
+  write_manifest(bad);
+  try {
+    a.load(ckpt);
+    ADD_FAILURE() << "loaded lr -1";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("OffloadedOptimizer: group 'bias': lr must be in ", 0),
+              0u)
+        << e.what();
+  }
+
+  std::string future = body;
+  future.replace(0, future.find('\n'), "zinf-optimizer-checkpoint 3");
+  write_manifest(future);
+  try {
+    a.load(ckpt);
+    ADD_FAILURE() << "loaded format 3";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCorrupt);
+    EXPECT_NE(std::string(e.what()).find("bad manifest: unsupported format version 3"),
+              std::string::npos)
+        << e.what();
+  }
+
+  EXPECT_FALSE(a.failed());
+  EXPECT_EQ(a.step_count(), 1u);
+  EXPECT_TRUE(test::same_hyper(a.hyper(2), *groups[2].hyper));
+  EXPECT_EQ(test::diff(test::read_all(a), before), "");
 }
 
 // ---- Files: nothing outside zinf's own is touched, one owner per directory ----------------

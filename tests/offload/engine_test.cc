@@ -2,7 +2,9 @@
 // OffloadEngine on the HostDevice: the same synthetic training loop gives bitwise identical
 // master weights for every parameter/optimizer tier combination, every fetch returns exactly
 // the rounded current masters, out-of-order fetches work, save/load resumes bitwise, config
-// contradictions are refused with their exact text before any file exists, misuse is refused.
+// contradictions are refused with their exact text before any file exists, misuse is refused;
+// layers with hyper-parameters of their own step exactly as the plain kernel with those, set
+// for one layer or all, kept by checkpoints.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -480,6 +482,178 @@ TEST(OffloadEngine, RefusedSetHyperLeavesTheEngineUsableAndItsStateIntact) {
     EXPECT_EQ(rig.engine().stats().last_step.step, 2u);
     EXPECT_EQ(master_diff(rig.masters(), reference), "");
   }
+}
+
+// ---- Hyper-parameters per layer -------------------------------------------------------------
+
+adam::AdamParams config_hyper() {
+  test::TestDir dir;
+  return test::engine_config(OffloadDevice::kCpu, OffloadDevice::kCpu, dir).optimizer.hyper;
+}
+
+// engine_layers() as a trainer declares them: l1 with a stronger decay, l2 (a norm) without.
+std::vector<LayerSpec> layers_with_own_hyper() {
+  auto layers = test::engine_layers();
+  adam::AdamParams l1 = config_hyper();
+  l1.weight_decay = 0.1;
+  layers[1].hyper = l1;
+  adam::AdamParams l2 = config_hyper();
+  l2.weight_decay = 0;
+  layers[2].hyper = l2;
+  return layers;
+}
+
+bool same_hyper(const adam::AdamParams& a, const adam::AdamParams& b) {
+  return a.lr == b.lr && a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.eps == b.eps &&
+         a.weight_decay == b.weight_decay && a.grad_scale == b.grad_scale &&
+         a.bias_correction == b.bias_correction && a.mode == b.mode;
+}
+
+TEST(OffloadEngine, EachLayerStepsWithItsOwnHyperParameters) {
+  const auto layers = layers_with_own_hyper();
+  auto own = [&](std::size_t l, std::uint64_t) { return layers[l].hyper.value_or(config_hyper()); };
+  const auto want = test::plain_masters(layers, own, kSteps);
+  // The sets matter: one set for every layer gives other masters.
+  ASSERT_NE(master_diff(want, test::plain_masters(
+                                  layers, [](std::size_t, std::uint64_t) { return config_hyper(); },
+                                  kSteps)),
+            "");
+  for (Tiers tiers : {Tiers{OffloadDevice::kNone, OffloadDevice::kCpu},
+                      Tiers{OffloadDevice::kNvme, OffloadDevice::kNvme}}) {
+    SCOPED_TRACE(std::string(offload_device_name(tiers.first)) + "/" +
+                 std::string(offload_device_name(tiers.second)));
+    test::TestDir dir;
+    EngineRig rig;
+    rig.make(test::engine_config(tiers.first, tiers.second, dir), layers);
+    EXPECT_TRUE(same_hyper(rig.engine().hyper(), config_hyper()));
+    for (std::size_t l = 0; l < layers.size(); ++l) {
+      EXPECT_TRUE(same_hyper(rig.engine().hyper(l), own(l, 1))) << "layer " << l;
+    }
+    rig.init_weights();
+    for (std::uint64_t t = 1; t <= kSteps; ++t) rig.iteration(t);
+    EXPECT_EQ(master_diff(rig.masters(), want), "");
+  }
+}
+
+TEST(OffloadEngine, SetHyperOfOneLayerChangesOnlyThatLayer) {
+  const auto layers = test::engine_layers();
+  test::TestDir dir;
+  EngineRig rig;
+  rig.make(test::engine_config(OffloadDevice::kCpu, OffloadDevice::kNvme, dir));
+  rig.init_weights();
+  rig.iteration(1);
+  adam::AdamParams norm = config_hyper();
+  norm.weight_decay = 0;
+  norm.lr = 2e-2;
+  rig.engine().set_hyper(2, norm);
+  EXPECT_TRUE(same_hyper(rig.engine().hyper(2), norm));
+  for (std::size_t l : {0, 1, 3}) {
+    EXPECT_TRUE(same_hyper(rig.engine().hyper(l), config_hyper())) << "layer " << l;
+  }
+  EXPECT_TRUE(same_hyper(rig.engine().hyper(), config_hyper()));
+
+  // Refused: an unknown layer, a bad value (naming the layer and the field). Neither changes
+  // anything: the masters below are those of a run that never made the calls.
+  auto expect_usage = [](auto&& f, const std::string& want) {
+    try {
+      f();
+      ADD_FAILURE() << "no throw: " << want;
+    } catch (const UsageError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(want, 0), 0u) << e.what();
+    }
+  };
+  expect_usage([&] { rig.engine().set_hyper(4, norm); },
+               "OffloadEngine::set_hyper: layer 4 out of range (4 layers)");
+  expect_usage([&] { (void)rig.engine().hyper(4); },
+               "OffloadEngine::hyper: layer 4 out of range (4 layers)");
+  adam::AdamParams bad = norm;
+  bad.eps = 0;
+  expect_usage([&] { rig.engine().set_hyper(1, bad); },
+               "OffloadEngine::set_hyper: layer 'l1': eps must be ");
+  EXPECT_TRUE(same_hyper(rig.engine().hyper(1), config_hyper()));
+
+  rig.iteration(2);
+  rig.iteration(3);
+  EXPECT_EQ(master_diff(rig.masters(), test::plain_masters(
+                                           layers,
+                                           [&](std::size_t l, std::uint64_t t) {
+                                             return l == 2 && t >= 2 ? norm : config_hyper();
+                                           },
+                                           3)),
+            "");
+
+  // Inside a step (gradients handed in) the sets are fixed.
+  std::vector<float> g(layers[0].numel, 1e-3f);
+  rig.engine().set_gradients(0, adam::GradView::f32(g));
+  expect_usage([&] { rig.engine().set_hyper(0, norm); },
+               "OffloadEngine::set_hyper inside a step (call step() first)");
+  EXPECT_TRUE(same_hyper(rig.engine().hyper(0), config_hyper()));
+  (void)rig.engine().step();
+}
+
+TEST(OffloadEngine, ABadLayerHyperIsRefusedAtConstructionNamingTheLayer) {
+  test::TestDir dir;
+  auto layers = test::engine_layers();
+  adam::AdamParams h = config_hyper();
+  h.lr = -1;
+  layers[3].hyper = h;
+  EngineRig rig;
+  try {
+    rig.make(test::engine_config(OffloadDevice::kNvme, OffloadDevice::kNvme, dir), layers);
+    ADD_FAILURE() << "constructed with lr -1 for a layer";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "OffloadEngine: layer 'l3' hyper: lr must be in [0, 3.4028235e+38], got -1");
+  }
+  // Before any file: the NVMe directories are still empty.
+  for (const char* sub : {"param", "opt"}) {
+    EXPECT_TRUE(std::filesystem::is_empty(dir.subdir(sub))) << sub;
+  }
+}
+
+TEST(OffloadEngine, SaveLoadKeepsEachLayersHyperParametersAndResumesBitwise) {
+  const auto layers = layers_with_own_hyper();
+  adam::AdamParams l0 = config_hyper();
+  l0.lr = 0.1234567;  // a value with a long binary expansion survives exactly
+  l0.mode = adam::AdamMode::kAdam;
+  test::TestDir dir;
+  const std::string ckpt = dir.subdir("ckpt");
+  std::vector<std::vector<float>> uninterrupted;
+  {
+    EngineRig rig;
+    rig.make(test::engine_config(OffloadDevice::kNvme, OffloadDevice::kCpu, dir), layers);
+    rig.init_weights();
+    rig.iteration(1);
+    rig.engine().set_hyper(0, l0);
+    rig.iteration(2);
+    rig.engine().save(ckpt);
+    rig.iteration(3);
+    uninterrupted = rig.masters();
+  }
+  // Loaded into an engine built without sets of its own and another learning rate: the
+  // checkpoint's sets replace its.
+  test::TestDir dir2;
+  EngineConfig c = test::engine_config(OffloadDevice::kNvme, OffloadDevice::kCpu, dir2);
+  c.optimizer.hyper.lr = 0.5;
+  EngineRig rig;
+  rig.make(c);
+  rig.engine().load(ckpt);
+  EXPECT_TRUE(same_hyper(rig.engine().hyper(), config_hyper()));
+  EXPECT_TRUE(same_hyper(rig.engine().hyper(0), l0));
+  EXPECT_TRUE(same_hyper(rig.engine().hyper(1), *layers[1].hyper));
+  EXPECT_TRUE(same_hyper(rig.engine().hyper(2), *layers[2].hyper));
+  EXPECT_TRUE(same_hyper(rig.engine().hyper(3), config_hyper()));
+  rig.iteration(3);
+  EXPECT_EQ(master_diff(rig.masters(), uninterrupted), "");
+  EXPECT_EQ(master_diff(uninterrupted, test::plain_masters(
+                                           layers,
+                                           [&](std::size_t l, std::uint64_t t) {
+                                             return l == 0 && t >= 2
+                                                        ? l0
+                                                        : layers[l].hyper.value_or(config_hyper());
+                                           },
+                                           3)),
+            "");
 }
 
 // "" + "/LATEST" is a path at the root of the file system: an empty directory is misuse.

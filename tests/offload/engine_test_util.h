@@ -7,7 +7,9 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <span>
 #include <string>
@@ -71,6 +73,44 @@ inline std::vector<float> initial_weights(std::size_t layer, std::uint64_t numel
     w[i] = static_cast<float>(mix32(layer * 1000003 + i) % 20001u) / 10000.0f - 1.0f;
   }
   return w;
+}
+
+/// The loop's gradients of `layer` in step `t`, from the bits its fetch returned.
+inline std::vector<float> synthetic_grads(std::span<const std::uint16_t> bits, std::uint64_t t,
+                                          std::size_t layer) {
+  std::vector<float> g(bits.size());
+  for (std::size_t i = 0; i < bits.size(); ++i) {
+    g[i] = static_cast<float>(bits[i] % 1000u) * 2e-5f - 1e-2f +
+           static_cast<float>(mix32(t * 7919 + layer * 31 + i) % 101u) * 1e-5f;
+  }
+  return g;
+}
+
+/// The masters EngineRig's loop must reach after `steps` iterations, computed with the plain
+/// kernel on in-memory arrays: each layer from initial_weights, its gradients from its masters
+/// rounded to its dtype (what a fetch returns), step t with hyper_of(layer, t).
+inline std::vector<std::vector<float>> plain_masters(
+    const std::vector<offload::LayerSpec>& layers,
+    const std::function<adam::AdamParams(std::size_t layer, std::uint64_t step)>& hyper_of,
+    std::uint64_t steps) {
+  adam::CpuAdam adam(adam::CpuAdamOptions{1, std::nullopt});
+  std::vector<std::vector<float>> p, m, v;
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    p.push_back(initial_weights(l, layers[l].numel));
+    m.emplace_back(layers[l].numel, 0.0f);
+    v.emplace_back(layers[l].numel, 0.0f);
+  }
+  for (std::uint64_t t = 1; t <= steps; ++t) {
+    for (std::size_t l = 0; l < layers.size(); ++l) {
+      std::vector<std::uint16_t> bits(layers[l].numel);
+      adam.copy_out(p[l], {bits.data(), bits.size(), layers[l].param_dtype, true});
+      const auto g = synthetic_grads(bits, t, l);
+      adam::AdamParams hp = hyper_of(l, t);
+      hp.step = t;
+      adam.step(hp, p[l], m[l], v[l], adam::GradView::f32(g));
+    }
+  }
+  return p;
 }
 
 /// A HostDevice, its compute stream and an engine; plus the loop.
@@ -158,12 +198,8 @@ class EngineRig {
       if (check) {
         EXPECT_EQ(got, want[l]) << "backward fetch of layer " << l << " before step " << t;
       }
-      auto& g = grads_[l];
-      g.resize(got.size());
-      for (std::size_t i = 0; i < got.size(); ++i) {
-        g[i] = static_cast<float>(got[i] % 1000u) * 2e-5f - 1e-2f +
-               static_cast<float>(mix32(t * 7919 + l * 31 + i) % 101u) * 1e-5f;
-      }
+      grads_[l] = synthetic_grads(got, t, l);
+      const auto& g = grads_[l];
       if (device_grads_) {
         if (dev_grads_.size() < n) dev_grads_.resize(n);
         if (dev_grads_[l].empty()) dev_grads_[l] = device_->allocate(g.size() * sizeof(float));

@@ -1,13 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // OffloadedOptimizer: parity of the nvme tier (every I/O backend), the cpu tier and the plain
 // in-memory kernel over K steps (bitwise, fp32 and bf16 gradients, odd sizes over several
-// groups and sub-groups); per-group stepping; copy-out; construction checks (budget, depth,
-// disk too small); usage errors; step statistics.
+// groups and sub-groups); per-group stepping; hyper-parameters per group (each as the plain
+// kernel with its set, set for one or all groups, refused values); copy-out; construction
+// checks (budget, depth, disk too small); usage errors; step statistics.
 #include "zinf/offload/optimizer.h"
 
 #include <cstdint>
+#include <functional>
+#include <limits>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -126,6 +130,136 @@ TEST(OffloadedOptimizer, GroupsLeftOutOfAStepAreNotUpdated) {
   EXPECT_EQ(after.p[0], before.p[0]);
   EXPECT_EQ(after.p[2], before.p[2]);
   EXPECT_NE(after.p[1], before.p[1]);
+}
+
+// ---- Hyper-parameters per group -------------------------------------------------------------
+
+TEST(OffloadedOptimizer, EachGroupStepsWithItsOwnHyperParameters) {
+  // Groups with different weight decay: each group's state is exactly what the plain kernel
+  // gives with that group's set, in both tiers.
+  test::TestDir dir;
+  const auto groups = test::groups_with_own_hyper();
+  const test::State want = test::reference_run(groups, test::test_hyper(), 3, DType::kF32);
+  // The sets matter: one set for every group gives other weights.
+  ASSERT_NE(test::diff(want, test::reference_run(odd_groups(), test::test_hyper(), 3, DType::kF32)),
+            "");
+  for (StateTier tier : {StateTier::kNvme, StateTier::kCpu}) {
+    OffloadedOptimizer opt(options_for(tier, swap::IoEngineKind::kThreads, dir), groups);
+    EXPECT_TRUE(test::same_hyper(opt.hyper(), test::test_hyper()));
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      EXPECT_TRUE(test::same_hyper(opt.hyper(g), groups[g].hyper.value_or(test::test_hyper())))
+          << "group " << g;
+    }
+    test::init_all(opt);
+    test::run_steps(opt, 1, 3);
+    EXPECT_EQ(test::diff(test::read_all(opt), want), "") << state_tier_name(tier);
+  }
+}
+
+TEST(OffloadedOptimizer, SetHyperOfOneGroupChangesOnlyThatGroupFromTheNextStep) {
+  test::TestDir dir;
+  const auto groups = odd_groups();
+  OffloadedOptimizer opt(options_for(StateTier::kCpu, swap::IoEngineKind::kThreads, dir), groups);
+  test::init_all(opt);
+  test::run_steps(opt, 1, 1);
+  adam::AdamParams changed = test::test_hyper();
+  changed.lr = 3e-2;
+  changed.weight_decay = 0.2;
+  changed.mode = adam::AdamMode::kAdam;
+  opt.set_hyper(1, changed);
+  EXPECT_TRUE(test::same_hyper(opt.hyper(1), changed));
+  EXPECT_TRUE(test::same_hyper(opt.hyper(0), test::test_hyper()));
+  EXPECT_TRUE(test::same_hyper(opt.hyper(2), test::test_hyper()));
+  EXPECT_TRUE(test::same_hyper(opt.hyper(), test::test_hyper()));  // the set for all groups
+
+  // An open step has fixed its sets: neither form of set_hyper reaches it.
+  {
+    test::StepGrads sg(groups, 2, DType::kF32);
+    opt.begin_step();
+    EXPECT_THROW(opt.set_hyper(0, changed), UsageError);
+    EXPECT_THROW(opt.set_hyper(changed), UsageError);
+    for (const auto& v : sg.views) opt.step_group(v.group, v.grads);
+    (void)opt.end_step();
+  }
+  test::run_steps(opt, 3, 3);
+  auto changed_from_2 = [&](std::size_t g, std::uint64_t t) {
+    return g == 1 && t >= 2 ? changed : test::test_hyper();
+  };
+  EXPECT_EQ(test::diff(test::read_all(opt),
+                       test::reference_run_with(groups, changed_from_2, 3, DType::kF32)),
+            "");
+
+  // set_hyper for all groups replaces every group's set, group 1's included.
+  adam::AdamParams all = test::test_hyper();
+  all.lr = 5e-3;
+  opt.set_hyper(all);
+  EXPECT_TRUE(test::same_hyper(opt.hyper(), all));
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    EXPECT_TRUE(test::same_hyper(opt.hyper(g), all)) << "group " << g;
+  }
+  test::run_steps(opt, 4, 4);
+  EXPECT_EQ(test::diff(test::read_all(opt), test::reference_run_with(
+                                                groups,
+                                                [&](std::size_t g, std::uint64_t t) {
+                                                  return t == 4 ? all : changed_from_2(g, t);
+                                                },
+                                                4, DType::kF32)),
+            "");
+}
+
+TEST(OffloadedOptimizer, RefusedHyperParametersChangeNothing) {
+  test::TestDir dir;
+  const auto groups = test::groups_with_own_hyper();
+  OffloadedOptimizer opt(options_for(StateTier::kCpu, swap::IoEngineKind::kThreads, dir), groups);
+  test::init_all(opt);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<std::pair<std::string, std::function<void(adam::AdamParams&)>>> bad = {
+      {"lr", [](adam::AdamParams& h) { h.lr = -1; }},
+      {"beta1", [&](adam::AdamParams& h) { h.beta1 = nan; }},
+      {"beta2", [](adam::AdamParams& h) { h.beta2 = 1; }},
+      {"eps", [](adam::AdamParams& h) { h.eps = 0; }},
+      {"weight_decay", [&](adam::AdamParams& h) { h.weight_decay = inf; }},
+      {"grad_scale", [](adam::AdamParams& h) { h.grad_scale = 0; }},
+  };
+  for (const auto& [field, spoil] : bad) {
+    adam::AdamParams h = test::test_hyper();
+    spoil(h);
+    try {
+      opt.set_hyper(1, h);
+      ADD_FAILURE() << "set_hyper(1, ...) accepted a bad " << field;
+    } catch (const UsageError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("OffloadedOptimizer: group 'w1': " + field + " ", 0),
+                0u)
+          << e.what();
+    }
+    EXPECT_THROW(opt.set_hyper(h), UsageError) << field;
+  }
+  EXPECT_THROW(opt.set_hyper(3, test::test_hyper()), UsageError);  // no group 3
+  EXPECT_THROW((void)opt.hyper(3), UsageError);
+  EXPECT_TRUE(test::same_hyper(opt.hyper(), test::test_hyper()));
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    EXPECT_TRUE(test::same_hyper(opt.hyper(g), groups[g].hyper.value_or(test::test_hyper())))
+        << "group " << g;
+  }
+  test::run_steps(opt, 1, 2);
+  EXPECT_EQ(test::diff(test::read_all(opt),
+                       test::reference_run(groups, test::test_hyper(), 2, DType::kF32)),
+            "");
+
+  // A group's own set is checked at construction too, and the message names the group.
+  auto bad_groups = odd_groups();
+  adam::AdamParams h = test::test_hyper();
+  h.eps = 0;
+  bad_groups[2].hyper = h;
+  try {
+    OffloadedOptimizer rejected(options_for(StateTier::kCpu, swap::IoEngineKind::kThreads, dir),
+                                bad_groups);
+    ADD_FAILURE() << "constructed with eps 0 for a group";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("OffloadedOptimizer: group 'bias': eps ", 0), 0u)
+        << e.what();
+  }
 }
 
 TEST(OffloadedOptimizer, CopyOutMatchesTheKernelsFusedCopy) {

@@ -7,6 +7,7 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -32,6 +33,19 @@ inline adam::AdamParams test_hyper() {
   hp.weight_decay = 0.01;
   hp.mode = adam::AdamMode::kAdamW;
   return hp;
+}
+
+/// odd_groups() as a trainer declares them: "w1" with a stronger weight decay of its own, the
+/// "bias" without decay, "embed" on test_hyper().
+inline std::vector<offload::ParamGroupSpec> groups_with_own_hyper() {
+  auto groups = odd_groups();
+  adam::AdamParams w1 = test_hyper();
+  w1.weight_decay = 0.1;
+  groups[1].hyper = w1;
+  adam::AdamParams bias = test_hyper();
+  bias.weight_decay = 0;
+  groups[2].hyper = bias;
+  return groups;
 }
 
 inline std::uint32_t mix(std::uint64_t a) {
@@ -134,9 +148,12 @@ struct StepGrads {
   }
 };
 
-/// The reference: CpuAdam on whole in-memory arrays, `steps` steps from the initial state.
-inline State reference_run(const std::vector<offload::ParamGroupSpec>& groups,
-                           const adam::AdamParams& hyper, std::uint64_t steps, DType dtype) {
+/// The reference: CpuAdam on whole in-memory arrays, `steps` steps from the initial state,
+/// group g's step t with hyper_of(g, t) (its `step` replaced by t).
+inline State reference_run_with(
+    const std::vector<offload::ParamGroupSpec>& groups,
+    const std::function<adam::AdamParams(std::size_t group, std::uint64_t step)>& hyper_of,
+    std::uint64_t steps, DType dtype) {
   adam::CpuAdam adam;
   State s;
   for (std::size_t g = 0; g < groups.size(); ++g) {
@@ -146,13 +163,30 @@ inline State reference_run(const std::vector<offload::ParamGroupSpec>& groups,
   }
   for (std::uint64_t t = 1; t <= steps; ++t) {
     StepGrads sg(groups, t, dtype);
-    adam::AdamParams hp = hyper;
-    hp.step = t;
     for (std::size_t g = 0; g < groups.size(); ++g) {
+      adam::AdamParams hp = hyper_of(g, t);
+      hp.step = t;
       adam.step(hp, s.p[g], s.m[g], s.v[g], sg.views[g].grads);
     }
   }
   return s;
+}
+
+/// The reference with fixed hyper-parameters: each group's own (ParamGroupSpec::hyper) where it
+/// has them, else `hyper`.
+inline State reference_run(const std::vector<offload::ParamGroupSpec>& groups,
+                           const adam::AdamParams& hyper, std::uint64_t steps, DType dtype) {
+  return reference_run_with(
+      groups, [&](std::size_t g, std::uint64_t) { return groups[g].hyper.value_or(hyper); }, steps,
+      dtype);
+}
+
+/// Field-by-field equality of two sets of hyper-parameters but `step` (exact: a set must come
+/// back bit for bit).
+inline bool same_hyper(const adam::AdamParams& a, const adam::AdamParams& b) {
+  return a.lr == b.lr && a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.eps == b.eps &&
+         a.weight_decay == b.weight_decay && a.grad_scale == b.grad_scale &&
+         a.bias_correction == b.bias_correction && a.mode == b.mode;
 }
 
 /// Sets every group's initial parameters.

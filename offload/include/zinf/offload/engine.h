@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -20,11 +21,17 @@
 namespace zinf::offload {
 
 /// One layer (or parameter shard) the engine manages: its element count and the dtype of its
-/// parameters on the device. The fp32 master copy and both moments live in the optimizer tier.
+/// parameters on the device, optionally hyper-parameters of its own. The fp32 master copy and
+/// both moments live in the optimizer tier.
 struct LayerSpec {
   std::string name;                  ///< for messages and checkpoints; unique, not empty
   std::uint64_t numel = 0;           ///< > 0
   DType param_dtype = DType::kBF16;  ///< kBF16 or kF16 (the device copy; fp32 is the master)
+  /// This layer's hyper-parameters from construction on, instead of config.optimizer.hyper
+  /// (the usual case: weight_decay 0 for biases and norms); `step` is ignored. Checked at
+  /// construction (UsageError naming the layer). Initial values only: set_hyper(hyper) for
+  /// all layers replaces them too, and so does load().
+  std::optional<adam::AdamParams> hyper = std::nullopt;
 };
 
 /// Counters since construction (bytes, seconds) and the last step's figures.
@@ -150,17 +157,28 @@ class OffloadEngine {
   /// the prefetcher. Returns the optimizer's step figures. Throws as described under Errors.
   StepStats step();
 
-  /// Sets the hyper-parameters from the next step on (e.g. a learning-rate schedule);
-  /// `hyper.step` is ignored. UsageError inside a step or for values check_adam_params()
-  /// refuses (inf, NaN, out of range); a refused call changes nothing, so the engine stays
-  /// usable and its state intact.
+  /// Sets every layer's hyper-parameters, per-layer sets included, from the next step on (e.g.
+  /// a learning-rate schedule where all layers share one set); `hyper.step` is ignored.
+  /// UsageError inside a step or for values check_adam_params() refuses (inf, NaN, out of
+  /// range); a refused call changes nothing, so the engine stays usable and its state intact.
+  /// A schedule over layers with sets of their own (no decay for biases) sets each layer with
+  /// set_hyper(layer, ...), starting from hyper(layer).
   void set_hyper(const adam::AdamParams& hyper);
-  /// The hyper-parameters the next step uses: the config's, then set_hyper's, or a loaded
-  /// checkpoint's after load(). Works in the failed state too (for reporting).
+  /// Sets layer `layer`'s hyper-parameters from the next step on; the other layers and
+  /// hyper() keep theirs. UsageError for an unknown layer, inside a step, or for values
+  /// check_adam_params() refuses (naming the layer and the field); a refused call changes
+  /// nothing.
+  void set_hyper(std::size_t layer, const adam::AdamParams& hyper);
+  /// The hyper-parameters last set for all layers: the config's, then set_hyper(hyper)'s, or a
+  /// loaded checkpoint's after load(). What every layer without a set of its own steps with.
+  /// Works in the failed state too (for reporting).
   adam::AdamParams hyper() const;
+  /// The hyper-parameters layer `layer`'s next step uses (its own set or hyper()). UsageError
+  /// for an unknown layer. Works in the failed state too.
+  adam::AdamParams hyper(std::size_t layer) const;
 
-  /// Checkpoint of the optimizer state (master weights, moments, step count, hyper-parameters)
-  /// and the layer table under `dir`, atomically (OffloadedOptimizer::save). Outside a step.
+  /// Checkpoint of the optimizer state (master weights, moments, step count, hyper-parameters:
+  /// hyper() and every layer's) and the layer table under `dir`, atomically (OffloadedOptimizer::save). Outside a step.
   /// UsageError for an empty `dir` (before anything is written). The directory's rules are
   /// OffloadedOptimizer::save's: the first save or load locks it for this engine until it is
   /// destroyed (another engine or process fails at once, naming the directory and the
@@ -168,7 +186,9 @@ class OffloadEngine {
   /// written through a link.
   void save(const std::string& dir);
   /// Restores what save() wrote and rewrites every layer's low-precision copy from the
-  /// restored master weights. UsageError if the layer table differs or `dir` is empty;
+  /// restored master weights. The checkpoint's hyper-parameters replace the engine's, per-layer
+  /// sets given at construction included; a checkpoint written before per-layer sets existed
+  /// gives its one set to every layer. UsageError if the layer table differs or `dir` is empty;
   /// IoError naming the layer table if it is missing, a link or anything but a regular file (a
   /// FIFO without blocking); the optimizer's load errors otherwise.
   void load(const std::string& dir);

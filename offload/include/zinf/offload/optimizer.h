@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -31,10 +32,15 @@ enum class StateTier : std::uint8_t {
 StateTier parse_state_tier(std::string_view text, std::string_view what);
 std::string_view state_tier_name(StateTier tier) noexcept;
 
-/// One parameter group: a name (for messages and checkpoints) and its element count (> 0).
+/// One parameter group: a name (for messages and checkpoints), its element count (> 0) and,
+/// optionally, hyper-parameters of its own.
 struct ParamGroupSpec {
   std::string name;
   std::uint64_t numel = 0;
+  /// This group's hyper-parameters from construction on, instead of OptimizerOptions::hyper
+  /// (the usual case: weight_decay 0 for biases and norms); `step` is ignored. Checked like
+  /// set_hyper's. Initial values only: set_hyper(hyper) for all groups replaces them too.
+  std::optional<adam::AdamParams> hyper = std::nullopt;
 };
 
 /// How an OffloadedOptimizer is built.
@@ -58,7 +64,8 @@ struct OptimizerOptions {
   /// bytes. kCpu: the whole padded state. Checked at construction (UsageError naming the
   /// smallest budget that works).
   std::uint64_t pinned_budget_bytes = std::uint64_t{1} << 30;
-  /// Hyper-parameters; `step` is ignored (the optimizer counts its steps).
+  /// Hyper-parameters of every group that does not bring its own (ParamGroupSpec::hyper);
+  /// `step` is ignored (the optimizer counts its steps).
   adam::AdamParams hyper;
   adam::CpuAdamOptions adam;
   /// kNvme: one swap file per directory (repeat a directory for more files on it).
@@ -166,7 +173,14 @@ struct GroupGrads {
 /// once (the update runs on the optimizer's pipeline thread), and end_step() waits for all of
 /// it. Gradient and copy-out memory must stay valid, and the gradients unchanged, until
 /// end_step() returns (or throws). Each group at most once per step; groups not given are not
-/// updated. The step counter and hyper-parameters belong to the step: begin_step() fixes them.
+/// updated. The step counter and hyper-parameters belong to the step: begin_step() fixes them
+/// (each group's own), so a set_hyper between steps takes effect at the next begin_step().
+///
+/// Hyper-parameters. Each group has its own set (weight_decay 0 for biases and norms is the
+/// usual reason): OptimizerOptions::hyper, or the group's ParamGroupSpec::hyper, until
+/// set_hyper() replaces them for all groups or set_hyper(group, ...) for one. A schedule that
+/// must keep per-group differences (a learning rate over groups with and without decay)
+/// changes each group with set_hyper(group, ...), starting from hyper(group).
 ///
 /// Failures. A failed write-back (or any failure after a write-back of the step began) makes
 /// end_step()/step() throw IoError naming the file, offset and length once; the optimizer is
@@ -198,11 +212,21 @@ class OffloadedOptimizer {
   StateTier tier() const noexcept;
   /// Steps completed so far (the next step is step_count() + 1).
   std::uint64_t step_count() const noexcept;
+  /// The hyper-parameters last set for all groups: options.hyper, then set_hyper(hyper)'s, or
+  /// a loaded checkpoint's. What groups without a set of their own step with; a group with
+  /// one (ParamGroupSpec::hyper, set_hyper(group, ...)) may differ: see hyper(group).
   const adam::AdamParams& hyper() const noexcept;
-  /// Replaces the hyper-parameters from the next step on (e.g. a learning-rate schedule);
-  /// `step` is ignored. UsageError inside a step or for values check_adam_params() refuses;
-  /// a refused call changes nothing.
+  /// The hyper-parameters group `group`'s next step uses. UsageError for an unknown group.
+  const adam::AdamParams& hyper(std::size_t group) const;
+  /// Replaces every group's hyper-parameters, per-group sets included, from the next step on
+  /// (e.g. a learning-rate schedule where all groups share one set); `step` is ignored.
+  /// UsageError inside a step or for values check_adam_params() refuses; a refused call
+  /// changes nothing.
   void set_hyper(const adam::AdamParams& hyper);
+  /// Replaces group `group`'s hyper-parameters from the next step on; the other groups and
+  /// hyper() keep theirs. Same errors as set_hyper(hyper), plus UsageError for an unknown
+  /// group; a refused call changes nothing.
+  void set_hyper(std::size_t group, const adam::AdamParams& hyper);
 
   /// Sets a group's fp32 master parameters (numel elements) and zeroes its moments. Every
   /// group needs this once before its first step. Blocks; IoError on a failed write.
@@ -236,10 +260,10 @@ class OffloadedOptimizer {
   /// under Failures.
   StepStats end_step();
 
-  /// Writes a checkpoint of the state, step counter and hyper-parameters under `dir` (created
-  /// if missing): a new version directory is written, synced and renamed into place, then the
-  /// `LATEST` pointer is replaced atomically, so a crash at any point leaves the previous
-  /// checkpoint loadable. Streams through bounded buffers. UsageError inside a step or for an
+  /// Writes a checkpoint of the state, step counter and hyper-parameters (hyper() and each
+  /// group's) under `dir` (created if missing): a new version directory is written, synced and
+  /// renamed into place, then the `LATEST` pointer is replaced atomically, so a crash at any
+  /// point leaves the previous checkpoint loadable. Streams through bounded buffers. UsageError inside a step or for an
   /// empty `dir`; IoError on failure (the optimizer state itself is untouched by a failed
   /// save).
   ///
@@ -256,15 +280,19 @@ class OffloadedOptimizer {
   /// other runs included (e.g. another optimizer's last checkpoint, even if LATEST now names
   /// ours); a failed removal is only logged.
   void save(const std::string& dir);
-  /// Restores what save() wrote: the version `LATEST` names. Takes the directory's lock as
-  /// save() does (same errors), and the version loaded joins this optimizer's versions (the
-  /// next save removes it). LATEST, the version directory, its manifest and state.bin are
-  /// opened without following a link, and anything but a directory or regular file there
-  /// (a FIFO included, without blocking) is an IoError naming it. Throws IoError kNotFound
-  /// naming the missing directory or file; UsageError for an empty `dir` or if the checkpoint's
-  /// groups or sub-group size differ from this optimizer's, IoError (kCorrupt naming file and offset) on a
-  /// checksum mismatch, IoError on a read failure. A load that fails after it began to
-  /// overwrite the state leaves the optimizer failed (EngineFailed afterwards).
+  /// Restores what save() wrote: the version `LATEST` names, hyper-parameters included (the
+  /// checkpoint's replace this optimizer's, per-group sets from construction too). A
+  /// checkpoint written before per-group hyper-parameters (manifest format 1) has one set,
+  /// which every group gets. Takes the directory's lock as save() does (same errors), and the
+  /// version loaded joins this optimizer's versions (the next save removes it). LATEST, the
+  /// version directory, its manifest and state.bin are opened without following a link, and
+  /// anything but a directory or regular file there (a FIFO included, without blocking) is an
+  /// IoError naming it. Throws IoError kNotFound naming the missing directory or file;
+  /// UsageError for an empty `dir`, if the checkpoint's groups or sub-group size differ from
+  /// this optimizer's or if its hyper-parameters are out of range (all before any state
+  /// changes); IoError (kCorrupt naming file and offset) on a checksum mismatch, IoError on a
+  /// read failure. A load that fails after it began to overwrite the state leaves the
+  /// optimizer failed (EngineFailed afterwards).
   void load(const std::string& dir);
   /// The checkpoint directory `dir` as save() and load() hold it: opened (created first, as
   /// save() does, if `create`), locked for this optimizer (same errors as save), and kept
