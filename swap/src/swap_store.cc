@@ -445,14 +445,20 @@ IoTicket SwapStore::Impl::swap(const std::string& key, bool write, bool whole, s
           o.ticket->record_failure(Status(s).with_operation(o.what() + ": " + s.operation()));
         } else if (!o.write && o.store->options.checksums) {
           if (o.store->verifier) {
+            // A hold for this thread while it is inside post(): the verify thread may finish
+            // the unit, and with it the op, before post() returns, and the last op's end lets
+            // close() destroy the pool that post() is still signalling.
+            o.pending.fetch_add(1, std::memory_order_relaxed);
             try {
               boost::asio::post(*o.store->verifier, [op, i] {
                 op->verify_unit(i);
                 op->arrive();
               });
+              o.arrive();  // this thread's hold
               return;
             } catch (...) {
               // Could not queue (out of memory): verify here rather than skip it.
+              o.arrive();
             }
           }
           o.verify_unit(i);
