@@ -7,4 +7,5 @@ PYBIND11_MODULE(_native, m) {
   zinf::python::bind_aio(m);
   zinf::python::bind_pinned(m);
   zinf::python::bind_adam(m);
+  zinf::python::bind_optimizer(m);
 }

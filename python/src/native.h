@@ -20,5 +20,7 @@ void bind_aio(py::module_& m);
 void bind_pinned(py::module_& m);
 /// CpuAdam over caller memory.
 void bind_adam(py::module_& m);
+/// OffloadedOptimizer: Adam state in pinned memory or on NVMe, fp32 copy-out.
+void bind_optimizer(py::module_& m);
 
 }  // namespace zinf::python

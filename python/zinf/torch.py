@@ -67,12 +67,26 @@ class _CpuAdamBase(torch.optim.Optimizer):
     """Adam/AdamW with torch's arguments and param_groups, updated by zinf's CPU Adam kernel.
 
     Parameters must be float32 CPU tensors; gradients may be float32, bfloat16 or float16.
-    State per parameter: ``step`` and float32 ``exp_avg`` / ``exp_avg_sq`` (pinned), as
-    torch.optim.Adam names them. The update is the kernel's fp32 arithmetic: equal to
-    torch.optim.Adam(W) up to fp32 rounding, not bitwise (the kernel fuses the operations).
+    The update is the kernel's fp32 arithmetic: equal to torch.optim.Adam(W) up to fp32
+    rounding, not bitwise (the kernel fuses the operations), and bitwise the same for every
+    ``state`` tier.
+
+    ``state="cpu"`` (default): per parameter ``step`` and float32 ``exp_avg`` / ``exp_avg_sq``
+    in zinf's pinned pool, as torch.optim.Adam names them.
+
+    ``state="nvme"``: the fp32 master weights and both moments (12 bytes per parameter) live
+    in swap files under ``nvme_path`` (a directory, or a list: striped over them), streamed
+    through a ring of ``pipeline_depth`` pinned buffers of ``sub_group_size`` elements
+    (OffloadedOptimizer); each step reads and writes them back and copies the updated weights
+    into the parameters. The masters are taken from the parameters at construction; after
+    changing a parameter's values outside the optimizer call ``reload_parameters()``.
+    Checksums (CRC32C) are verified on every read back unless ``checksums=False``. The state
+    is not in ``self.state``: checkpoint it with ``save(dir)`` / ``load(dir)``.
     """
 
-    def __init__(self, params, lr, betas, eps, weight_decay, amsgrad, adamw, threads):
+    def __init__(self, params, lr, betas, eps, weight_decay, amsgrad, adamw, threads,
+                 state="cpu", nvme_path=None, sub_group_size=1 << 20, pipeline_depth=4,
+                 pinned_budget=None, checksums=True):
         if amsgrad:
             raise ValueError("zinf: amsgrad is not supported (zinf's kernel is Adam/AdamW)")
         if not 0.0 <= lr:
@@ -84,11 +98,54 @@ class _CpuAdamBase(torch.optim.Optimizer):
                 raise ValueError(f"zinf: invalid beta{i + 1} {b}")
         if not 0.0 <= weight_decay:
             raise ValueError(f"zinf: invalid weight_decay {weight_decay}")
+        if state not in ("cpu", "nvme"):
+            raise ValueError(f"zinf: state must be 'cpu' or 'nvme', got {state!r}")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         bias_correction=True)
         super().__init__(params, defaults)
         self._adamw = adamw
-        self._kernel = _native.CpuAdam(threads)
+        self._threads = threads
+        self._tier = state
+        self._offloaded = None
+        if state == "cpu":
+            self._kernel = _native.CpuAdam(threads)
+            return
+        if not nvme_path:
+            raise ValueError("zinf: state='nvme' needs nvme_path (a directory, or a list)")
+        dirs = [str(nvme_path)] if isinstance(nvme_path, (str, bytes)) or not hasattr(
+            nvme_path, "__iter__") else [str(d) for d in nvme_path]
+        self._flat = [p for g in self.param_groups for p in g["params"]]
+        for p in self._flat:
+            self._check_param(p)
+        record = 12 * sub_group_size + 4096
+        budget = pinned_budget if pinned_budget is not None else pipeline_depth * record
+        self._offloaded = _native.OffloadedOptimizer(
+            [p.numel() for p in self._flat], "nvme", dirs, int(sub_group_size),
+            int(pipeline_depth), int(budget), int(threads), bool(checksums))
+        self._index = {id(p): i for i, p in enumerate(self._flat)}
+        self._hyper_given = [None] * len(self._flat)
+        self.reload_parameters()
+        self.last_step_stats = None
+
+    @staticmethod
+    def _check_param(p):
+        if p.dtype != torch.float32:
+            raise ValueError(f"zinf: parameters must be float32, got {p.dtype}")
+        address_of(p, "parameter")
+
+    def reload_parameters(self):
+        """state='nvme': takes every parameter's current values as its master weights and
+        zeroes its moments (as at construction)."""
+        if self._offloaded is None:
+            raise ValueError("zinf: reload_parameters is for state='nvme'")
+        with torch.no_grad():
+            for i, p in enumerate(self._flat):
+                self._offloaded.set_params(i, p.data_ptr(), p.numel())
+
+    def _grad_of(self, p):
+        if p.grad.is_sparse:
+            raise ValueError("zinf: sparse gradients are not supported")
+        return p.grad if p.grad.is_contiguous() else p.grad.contiguous()
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -96,43 +153,93 @@ class _CpuAdamBase(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self._offloaded is not None:
+            self._step_offloaded()
+            return loss
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                if p.dtype != torch.float32:
-                    raise ValueError(f"zinf: parameters must be float32, got {p.dtype}")
-                if p.grad.is_sparse:
-                    raise ValueError("zinf: sparse gradients are not supported")
+                self._check_param(p)
+                grad = self._grad_of(p)
                 state = self.state[p]
                 if len(state) == 0:
                     state["step"] = 0
                     state["exp_avg"] = pinned_zeros(p.shape, torch.float32)
                     state["exp_avg_sq"] = pinned_zeros(p.shape, torch.float32)
                 state["step"] += 1
-                grad = p.grad if p.grad.is_contiguous() else p.grad.contiguous()
-                p_addr, _ = address_of(p, "parameter")
                 g_addr, _ = address_of(grad, "gradient")
                 self._kernel.step(
-                    p_addr, g_addr, dtype_name(grad.dtype),
+                    p.data_ptr(), g_addr, dtype_name(grad.dtype),
                     state["exp_avg"].data_ptr(), state["exp_avg_sq"].data_ptr(), p.numel(),
                     group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
                     state["step"], group.get("bias_correction", True), self._adamw)
         return loss
+
+    def _step_offloaded(self):
+        # Everything is checked before the step opens: a refusal must not leave half a step.
+        work = []
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            hyper = (float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
+                     float(group["weight_decay"]), bool(group.get("bias_correction", True)),
+                     self._adamw)
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                i = self._index.get(id(p))
+                if i is None:
+                    raise ValueError("zinf: a parameter added after construction; state='nvme' "
+                                     "fixes its parameters when it is built")
+                self._check_param(p)
+                grad = self._grad_of(p)
+                dtype_name(grad.dtype)
+                work.append((i, p, grad, hyper))
+        if not work:
+            return
+        for i, _, _, hyper in work:
+            if self._hyper_given[i] != hyper:
+                self._offloaded.set_hyper(i, *hyper)
+                self._hyper_given[i] = hyper
+        self._offloaded.begin_step()
+        try:
+            for i, p, grad, _ in work:
+                self._offloaded.step_group(i, grad.data_ptr(), dtype_name(grad.dtype),
+                                           p.data_ptr(), p.numel())
+        finally:
+            self.last_step_stats = self._offloaded.end_step()
+
+    def save(self, directory):
+        """state='nvme': writes a checkpoint of the masters, moments, step count and
+        hyper-parameters under `directory` (atomic; the previous one stays loadable)."""
+        if self._offloaded is None:
+            raise ValueError("zinf: save(dir) is for state='nvme'; use state_dict() for 'cpu'")
+        self._offloaded.save(str(directory))
+
+    def load(self, directory):
+        """state='nvme': restores what save() wrote and copies the masters into the
+        parameters."""
+        if self._offloaded is None:
+            raise ValueError("zinf: load(dir) is for state='nvme'; use load_state_dict()")
+        self._offloaded.load(str(directory))
+        with torch.no_grad():
+            for i, p in enumerate(self._flat):
+                self._offloaded.read_state(i, p.data_ptr(), 0, 0, p.numel())
+        self._hyper_given = [None] * len(self._flat)
 
 
 class Adam(_CpuAdamBase):
     """torch.optim.Adam's arguments (L2 weight decay added to the gradient), zinf's kernel."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
-                 amsgrad=False, *, threads=0):
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, False, threads)
+                 amsgrad=False, *, threads=0, **tier):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, False, threads, **tier)
 
 
 class AdamW(_CpuAdamBase):
     """torch.optim.AdamW's arguments (decoupled weight decay), zinf's kernel."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                 amsgrad=False, *, threads=0):
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, True, threads)
+                 amsgrad=False, *, threads=0, **tier):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, True, threads, **tier)

@@ -1,0 +1,136 @@
+// SPDX-License-Identifier: Apache-2.0
+// OffloadedOptimizer for Python: the fp32 masters and Adam moments of every parameter in pinned
+// memory (tier "cpu") or on NVMe (tier "nvme"), one optimizer group per parameter tensor, the
+// update copied out into the caller's fp32 parameters (CopyOut::f32). zinf.torch.Adam/AdamW
+// with state="nvme" drive it; blocking calls release the GIL.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <pybind11/stl.h>
+
+#include "native.h"
+#include "zinf/common/error.h"
+#include "zinf/offload/optimizer.h"
+
+namespace zinf::python {
+namespace {
+
+using offload::OffloadedOptimizer;
+
+DType dtype_of(const std::string& name) {
+  if (name == "fp32") return DType::kF32;
+  if (name == "bf16") return DType::kBF16;
+  if (name == "fp16") return DType::kF16;
+  throw UsageError("OffloadedOptimizer: dtype must be fp32, bf16 or fp16, got '" + name + "'");
+}
+
+adam::AdamParams hyper_of(double lr, double beta1, double beta2, double eps,
+                          double weight_decay, bool bias_correction, bool adamw) {
+  adam::AdamParams hp;
+  hp.lr = lr;
+  hp.beta1 = beta1;
+  hp.beta2 = beta2;
+  hp.eps = eps;
+  hp.weight_decay = weight_decay;
+  hp.bias_correction = bias_correction;
+  hp.mode = adamw ? adam::AdamMode::kAdamW : adam::AdamMode::kAdam;
+  return hp;
+}
+
+py::dict stats_dict(const offload::StepStats& s) {
+  py::dict d;
+  d["step"] = s.step;
+  d["sub_groups"] = s.sub_groups;
+  d["elements"] = s.elements;
+  d["seconds"] = s.seconds;
+  d["read_seconds"] = s.read_seconds;
+  d["write_seconds"] = s.write_seconds;
+  d["compute_seconds"] = s.compute_seconds;
+  d["wait_seconds"] = s.wait_seconds;
+  d["bytes_read"] = s.bytes_read;
+  d["bytes_written"] = s.bytes_written;
+  return d;
+}
+
+}  // namespace
+
+void bind_optimizer(py::module_& m) {
+  using namespace pybind11::literals;
+  py::class_<OffloadedOptimizer>(m, "OffloadedOptimizer",
+                                 "zinf's offloaded Adam state; see zinf.torch.AdamW(state=...).")
+      .def(py::init([](const std::vector<std::uint64_t>& numels, const std::string& tier,
+                       const std::vector<std::string>& directories, std::uint64_t sub_group,
+                       std::uint32_t depth, std::uint64_t pinned_budget, std::size_t threads,
+                       bool checksums) {
+             offload::OptimizerOptions o;
+             o.tier = offload::parse_state_tier(tier, "state");
+             o.directories = directories;
+             o.sub_group_elements = sub_group;
+             o.pipeline_depth = depth;
+             o.pinned_budget_bytes = pinned_budget;
+             o.adam.threads = threads;
+             o.swap_checksums = checksums;
+             std::vector<offload::ParamGroupSpec> groups;
+             for (std::size_t i = 0; i < numels.size(); ++i) {
+               groups.push_back({"p" + std::to_string(i), numels[i]});
+             }
+             py::gil_scoped_release nogil;
+             return std::make_unique<OffloadedOptimizer>(std::move(o), std::move(groups));
+           }),
+           "numels"_a, "tier"_a, "directories"_a, "sub_group_elements"_a, "pipeline_depth"_a,
+           "pinned_budget_bytes"_a, "threads"_a, "checksums"_a)
+      .def("set_params",
+           [](OffloadedOptimizer& o, std::size_t group, std::uintptr_t params, std::size_t n) {
+             py::gil_scoped_release nogil;
+             o.set_params(group, {reinterpret_cast<const float*>(params), n});
+           })
+      .def("set_hyper",
+           [](OffloadedOptimizer& o, std::size_t group, double lr, double beta1, double beta2,
+              double eps, double weight_decay, bool bias_correction, bool adamw) {
+             o.set_hyper(group, hyper_of(lr, beta1, beta2, eps, weight_decay, bias_correction,
+                                         adamw));
+           })
+      .def("begin_step", &OffloadedOptimizer::begin_step)
+      .def("step_group",
+           [](OffloadedOptimizer& o, std::size_t group, std::uintptr_t grads,
+              const std::string& grad_dtype, std::uintptr_t params, std::size_t n) {
+             o.step_group(group, {reinterpret_cast<const void*>(grads), n, dtype_of(grad_dtype)},
+                          adam::CopyOut{reinterpret_cast<void*>(params), n, DType::kF32, true});
+           })
+      .def("end_step",
+           [](OffloadedOptimizer& o) {
+             offload::StepStats s;
+             {
+               py::gil_scoped_release nogil;
+               s = o.end_step();
+             }
+             return stats_dict(s);
+           })
+      .def("read_state",
+           [](OffloadedOptimizer& o, std::size_t group, std::uintptr_t p, std::uintptr_t m_,
+              std::uintptr_t v, std::size_t n) {
+             auto span = [n](std::uintptr_t a) {
+               return a == 0 ? std::span<float>() : std::span<float>(reinterpret_cast<float*>(a), n);
+             };
+             py::gil_scoped_release nogil;
+             o.read_state(group, span(p), span(m_), span(v));
+           })
+      .def("save",
+           [](OffloadedOptimizer& o, const std::string& dir) {
+             py::gil_scoped_release nogil;
+             o.save(dir);
+           })
+      .def("load",
+           [](OffloadedOptimizer& o, const std::string& dir) {
+             py::gil_scoped_release nogil;
+             o.load(dir);
+           })
+      .def("step_count", &OffloadedOptimizer::step_count)
+      .def("pinned_bytes", &OffloadedOptimizer::pinned_bytes)
+      .def("engine_name", [](const OffloadedOptimizer& o) { return std::string(o.engine_name()); });
+}
+
+}  // namespace zinf::python
