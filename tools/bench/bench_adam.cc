@@ -21,7 +21,7 @@
 #include "args.h"
 #include "commands.h"
 #include "interrupt.h"
-#include "json_writer.h"
+#include "json_out.h"
 #include "zinf/adam/cpu_adam.h"
 #include "zinf/adam/reference_kernels.h"
 #include "zinf/common/error.h"
@@ -156,27 +156,27 @@ int bench_adam_main(const std::vector<std::string>& tokens) {
   const std::string isa(adam::isa_name(adam.isa()));
   const std::string gt(dtype_name(grad_dtype));
   if (json) {
-    JsonWriter j;
-    j.field("bench", "adam");
-    j.field("isa", isa);
-    j.field("threads", std::uint64_t{adam.threads()});
-    j.field("numel", std::uint64_t{n});
-    j.field("grad_dtype", gt);
-    j.field("copy_out", copy_text);
-    j.field("steps", steps);
-    j.field("seconds_per_step", sec);
-    j.field("seconds_per_step_min", best_sec);
-    j.field("elements_per_s", eps);
-    j.field("bytes_per_element", std::uint64_t{bytes_per_element});
-    j.field("gbps", gbps);
+    Json j;
+    j["bench"] = "adam";
+    j["isa"] = isa;
+    j["threads"] = std::uint64_t{adam.threads()};
+    j["numel"] = std::uint64_t{n};
+    j["grad_dtype"] = gt;
+    j["copy_out"] = copy_text;
+    j["steps"] = steps;
+    j["seconds_per_step"] = sec;
+    j["seconds_per_step_min"] = best_sec;
+    j["elements_per_s"] = eps;
+    j["bytes_per_element"] = std::uint64_t{bytes_per_element};
+    j["gbps"] = gbps;
     if (rmw) {
-      j.field("rmw_gbps", rmw_gbps);
-      j.field("rmw_bound_elements_per_s", bound_eps);
-      j.field("ratio_to_rmw_bound", ratio);
-      j.field("ratio_to_rmw_bound_best", ratio_best);
+      j["rmw_gbps"] = rmw_gbps;
+      j["rmw_bound_elements_per_s"] = bound_eps;
+      j["ratio_to_rmw_bound"] = ratio;
+      j["ratio_to_rmw_bound_best"] = ratio_best;
     }
-    j.field("cpu", cpu_model());
-    std::printf("%s\n", j.str().c_str());
+    j["cpu"] = cpu_model();
+    std::printf("%s\n", json_text(j).c_str());
   } else {
     std::printf("cpu adam  isa=%s threads=%zu numel=%zu grad=%s copy-out=%s steps=%llu (median)\n",
                 isa.c_str(), adam.threads(), n, gt.c_str(), copy_text.c_str(),

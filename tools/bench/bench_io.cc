@@ -12,7 +12,7 @@
 #include "commands.h"
 #include "io_bench.h"
 #include "format.h"
-#include "json_writer.h"
+#include "json_out.h"
 #include "zinf/common/error.h"
 #include "zinf/cuda/device.h"
 #include "zinf/swap/io_engine.h"
@@ -200,33 +200,33 @@ int bench_io_main(const std::vector<std::string>& tokens) {
                                      ? std::to_string(gpu.device_count) + " CUDA device(s)"
                                      : "none (" + gpu.reason + ")";
     for (const auto& s : summaries) {
-      JsonWriter j;
-      j.field("op", s.op);
-      j.field("engine", std::string(bench.engine_name()));
-      j.field("bytes", s.bytes);
-      j.field("seconds", s.seconds);
-      j.field("gbps", s.gbps);
-      j.field("iops", s.iops);
-      j.field("lat_p50_us", s.lat_p50_us);
-      j.field("lat_p99_us", s.lat_p99_us);
-      j.field("block_size", std::uint64_t{cfg.block_size});
-      j.field("queue_depth", std::uint64_t{cfg.queue_depth});
-      j.field("buffer_bytes", cfg.buffer_bytes);
-      j.field("threads", std::uint64_t{bench.engine_threads()});
-      j.field("direct", bench.direct());
-      j.field("huge_pages", bench.huge_pages());
-      j.field("registered_buffers", bench.registered_buffers());
-      j.field("verified", s.op == "read" ? cfg.verify : false);
-      j.field("precondition", cfg.precondition);
-      j.field("loops", std::uint64_t{cfg.loops});
-      j.field("gbps_loops", s.gbps_per_loop);
-      j.field("files", file_count);
-      j.field("dirs", cfg.dirs);
-      j.field("file_system", fs);
-      j.field("kernel", kernel_release());
-      j.field("cpu", cpu_model());
-      j.field("gpu", gpu_text);
-      std::printf("%s\n", j.str().c_str());
+      Json j;
+      j["op"] = s.op;
+      j["engine"] = std::string(bench.engine_name());
+      j["bytes"] = s.bytes;
+      j["seconds"] = s.seconds;
+      j["gbps"] = s.gbps;
+      j["iops"] = s.iops;
+      j["lat_p50_us"] = s.lat_p50_us;
+      j["lat_p99_us"] = s.lat_p99_us;
+      j["block_size"] = std::uint64_t{cfg.block_size};
+      j["queue_depth"] = std::uint64_t{cfg.queue_depth};
+      j["buffer_bytes"] = cfg.buffer_bytes;
+      j["threads"] = std::uint64_t{bench.engine_threads()};
+      j["direct"] = bench.direct();
+      j["huge_pages"] = bench.huge_pages();
+      j["registered_buffers"] = bench.registered_buffers();
+      j["verified"] = s.op == "read" ? cfg.verify : false;
+      j["precondition"] = cfg.precondition;
+      j["loops"] = std::uint64_t{cfg.loops};
+      j["gbps_loops"] = s.gbps_per_loop;
+      j["files"] = file_count;
+      j["dirs"] = cfg.dirs;
+      j["file_system"] = fs;
+      j["kernel"] = kernel_release();
+      j["cpu"] = cpu_model();
+      j["gpu"] = gpu_text;
+      std::printf("%s\n", json_text(j).c_str());
     }
   } else {
     std::printf(

@@ -20,7 +20,7 @@
 #include "commands.h"
 #include "interrupt.h"
 #include "format.h"
-#include "json_writer.h"
+#include "json_out.h"
 #include "zinf/common/error.h"
 #include "zinf/cuda/device.h"
 #include "zinf/prefetch/layer_prefetcher.h"
@@ -367,40 +367,39 @@ int bench_prefetch_main(const std::vector<std::string>& tokens) {
   const double total_bytes = static_cast<double>(cfg.layers * padded);
 
   if (cfg.json) {
-    JsonWriter j;
-    j.field("bench", "prefetch");
-    j.field("wall_seconds", wall);
-    j.field("compute_seconds", compute_s);
-    j.field("io_seconds", io_s);
-    j.field("stall_seconds", stall_s);
-    j.field("acquire_blocked_seconds", median(blocked));
-    j.field("depth", cfg.depth);
-    j.field("wall_over_max", wall / bound);
-    j.field("wall_over_sum", wall / (compute_s + io_s));
-    j.field("layers", cfg.layers);
-    j.field("layer_bytes", cfg.layer_bytes);
-    j.field("compute_ms", cfg.compute_ms);
-    j.field("compute_ms_auto", auto_compute);
-    j.field("passes", cfg.passes);
-    j.field("checksums", cfg.checksums);
-    j.field("wall_seconds_passes", walls);
-    j.field("io_seconds_passes", ios);
-    j.field("read_gbps", total_bytes / io_s / 1e9);
+    Json j;
+    j["bench"] = "prefetch";
+    j["wall_seconds"] = wall;
+    j["compute_seconds"] = compute_s;
+    j["io_seconds"] = io_s;
+    j["stall_seconds"] = stall_s;
+    j["acquire_blocked_seconds"] = median(blocked);
+    j["depth"] = cfg.depth;
+    j["wall_over_max"] = wall / bound;
+    j["wall_over_sum"] = wall / (compute_s + io_s);
+    j["layers"] = cfg.layers;
+    j["layer_bytes"] = cfg.layer_bytes;
+    j["compute_ms"] = cfg.compute_ms;
+    j["compute_ms_auto"] = auto_compute;
+    j["passes"] = cfg.passes;
+    j["checksums"] = cfg.checksums;
+    j["wall_seconds_passes"] = walls;
+    j["io_seconds_passes"] = ios;
+    j["read_gbps"] = total_bytes / io_s / 1e9;
     // The rate the reads ran at inside the prefetch pass (bytes over the time any read was in
     // flight): below read_gbps, the drive itself was slower while compute and copies ran.
     const double busy = std::chrono::duration<double>(mid.stats.read_busy_time).count();
-    j.field("pass_read_gbps",
-            busy > 0 ? static_cast<double>(mid.stats.bytes_read) / busy / 1e9 : 0.0);
-    j.field("hits", mid.stats.hits);
-    j.field("on_demand", mid.stats.on_demand);
-    j.field("late_layers", mid.stats.late_layers);
-    j.field("peak_held_bytes", mid.stats.peak_held_bytes);
-    j.field("device", std::string(device->name()));
-    j.field("copy_gbps", cfg.copy_gbps);
-    j.field("engine", std::string(engine->name()));
-    j.field("dirs", cfg.dirs);
-    j.field("verified", cfg.verify);
-    std::printf("%s\n", j.str().c_str());
+    j["pass_read_gbps"] = busy > 0 ? static_cast<double>(mid.stats.bytes_read) / busy / 1e9 : 0.0;
+    j["hits"] = mid.stats.hits;
+    j["on_demand"] = mid.stats.on_demand;
+    j["late_layers"] = mid.stats.late_layers;
+    j["peak_held_bytes"] = mid.stats.peak_held_bytes;
+    j["device"] = std::string(device->name());
+    j["copy_gbps"] = cfg.copy_gbps;
+    j["engine"] = std::string(engine->name());
+    j["dirs"] = cfg.dirs;
+    j["verified"] = cfg.verify;
+    std::printf("%s\n", json_text(j).c_str());
   } else {
     std::printf(
         "zinf bench prefetch: device=%s engine=%.*s layers=%llu layer=%s depth=%llu "

@@ -23,7 +23,7 @@
 #include "interrupt.h"
 #include "io_bench.h"
 #include "format.h"
-#include "json_writer.h"
+#include "json_out.h"
 #include "scratch.h"
 #include "zinf/common/error.h"
 #include "zinf/offload/optimizer.h"
@@ -277,44 +277,44 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   const std::uint64_t bytes_written = all.front().bytes_written;
   const std::uint64_t sub_groups = all.front().sub_groups;
   if (json) {
-    JsonWriter j;
-    j.field("bench", "step");
-    j.field("tier", std::string(offload::state_tier_name(tier)));
-    j.field("engine", std::string(opt.engine_name()));
-    j.field("numel", std::uint64_t{numel});
-    j.field("sub_group", sub_group);
-    j.field("sub_groups", sub_groups);
-    j.field("depth", depth);
-    j.field("threads", threads);
-    j.field("grad_dtype", std::string(dtype_name(grad_dtype)));
-    j.field("copy_out", copy_text);
-    j.field("checksums", checksums);
-    j.field("steps", steps);
-    j.field("step_seconds", step_med);
-    j.field("step_seconds_min", *std::min_element(step_s.begin(), step_s.end()));
-    j.field("read_seconds", median(read_s));
-    j.field("write_seconds", median(write_s));
-    j.field("compute_seconds", median(compute_s));
-    j.field("wait_seconds", median(wait_s));
-    j.field("bytes_read", bytes_read);
-    j.field("bytes_written", bytes_written);
-    j.field("pinned_bytes_peak", opt.pinned_bytes_peak());
-    j.field("elements_per_s", static_cast<double>(numel) / step_med);
-    j.field("step_seconds_all", step_s);
+    Json j;
+    j["bench"] = "step";
+    j["tier"] = std::string(offload::state_tier_name(tier));
+    j["engine"] = std::string(opt.engine_name());
+    j["numel"] = std::uint64_t{numel};
+    j["sub_group"] = sub_group;
+    j["sub_groups"] = sub_groups;
+    j["depth"] = depth;
+    j["threads"] = threads;
+    j["grad_dtype"] = std::string(dtype_name(grad_dtype));
+    j["copy_out"] = copy_text;
+    j["checksums"] = checksums;
+    j["steps"] = steps;
+    j["step_seconds"] = step_med;
+    j["step_seconds_min"] = *std::min_element(step_s.begin(), step_s.end());
+    j["read_seconds"] = median(read_s);
+    j["write_seconds"] = median(write_s);
+    j["compute_seconds"] = median(compute_s);
+    j["wait_seconds"] = median(wait_s);
+    j["bytes_read"] = bytes_read;
+    j["bytes_written"] = bytes_written;
+    j["pinned_bytes_peak"] = opt.pinned_bytes_peak();
+    j["elements_per_s"] = static_cast<double>(numel) / step_med;
+    j["step_seconds_all"] = step_s;
     if (ref) {
-      j.field("reference_every", reference_every);
-      j.field("references", std::uint64_t{refs.size()});
-      j.field("ref_read_gbps", median(rr));
-      j.field("ref_write_gbps", median(rw));
-      j.field("ref_adam_seconds", median(ra));
-      j.field("ideal_seconds", median(ideal_s));
-      j.field("ratio_to_ideal", median(ratio));
-      j.field("ratio_to_ideal_all", ratio);
-      j.field("ref_read_gbps_all", rr);
-      j.field("ref_write_gbps_all", rw);
+      j["reference_every"] = reference_every;
+      j["references"] = std::uint64_t{refs.size()};
+      j["ref_read_gbps"] = median(rr);
+      j["ref_write_gbps"] = median(rw);
+      j["ref_adam_seconds"] = median(ra);
+      j["ideal_seconds"] = median(ideal_s);
+      j["ratio_to_ideal"] = median(ratio);
+      j["ratio_to_ideal_all"] = ratio;
+      j["ref_read_gbps_all"] = rr;
+      j["ref_write_gbps_all"] = rw;
     }
-    j.field("dirs", dirs);
-    std::printf("%s\n", j.str().c_str());
+    j["dirs"] = dirs;
+    std::printf("%s\n", json_text(j).c_str());
   } else {
     std::printf(
         "zinf bench step: tier=%s engine=%.*s numel=%llu sub-group=%llu (%llu) depth=%llu "

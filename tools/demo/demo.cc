@@ -24,7 +24,7 @@
 #include "interrupt.h"
 #include "demo_model.h"
 #include "format.h"
-#include "json_writer.h"
+#include "json_out.h"
 #include "scratch.h"
 #include "sha256.h"
 #include "zinf/common/error.h"
@@ -311,34 +311,34 @@ int demo_main(const std::vector<std::string>& tokens) {
                static_cast<unsigned long long>(st.prefetch_on_demand),
                decimal_bytes(static_cast<double>(st.pinned_bytes_peak)).c_str(), sha.c_str());
   if (json) {
-    JsonWriter j;
-    j.field("command", "demo");
-    j.field("offload", offload_name);
-    j.field("layers", std::uint64_t{shape.layers});
-    j.field("hidden", std::uint64_t{shape.hidden});
-    j.field("batch", std::uint64_t{shape.batch});
-    j.field("seed", seed);
-    j.field("lr", config.optimizer.hyper.lr);
-    j.field("parameters", std::uint64_t{shape.layers * numel});
-    j.field("steps", steps);
-    j.field("initial_loss", losses.front());
-    j.field("final_loss", losses.back());
-    j.field("losses", losses);
-    j.field("step_seconds", step_median);
-    j.field("total_seconds", total_s);
-    j.field("nvme_bytes_read", nvme_read);
-    j.field("nvme_bytes_written", nvme_written);
-    j.field("nvme_read_gbps", st.nvme_read_gbps);
-    j.field("nvme_write_gbps", st.nvme_write_gbps);
-    j.field("param_read_gbps", st.param_read_gbps);
-    j.field("stall_seconds", st.stall_seconds);
-    j.field("stall_share", stall_share);
-    j.field("prefetch_hits", st.prefetch_hits);
-    j.field("prefetch_on_demand", st.prefetch_on_demand);
-    j.field("pinned_bytes_peak", st.pinned_bytes_peak);
-    j.field("dir", dir_used);
-    j.field("weights_sha256", sha);
-    std::printf("%s\n", j.str().c_str());
+    Json j;
+    j["command"] = "demo";
+    j["offload"] = offload_name;
+    j["layers"] = std::uint64_t{shape.layers};
+    j["hidden"] = std::uint64_t{shape.hidden};
+    j["batch"] = std::uint64_t{shape.batch};
+    j["seed"] = seed;
+    j["lr"] = config.optimizer.hyper.lr;
+    j["parameters"] = std::uint64_t{shape.layers * numel};
+    j["steps"] = steps;
+    j["initial_loss"] = losses.front();
+    j["final_loss"] = losses.back();
+    j["losses"] = losses;
+    j["step_seconds"] = step_median;
+    j["total_seconds"] = total_s;
+    j["nvme_bytes_read"] = nvme_read;
+    j["nvme_bytes_written"] = nvme_written;
+    j["nvme_read_gbps"] = st.nvme_read_gbps;
+    j["nvme_write_gbps"] = st.nvme_write_gbps;
+    j["param_read_gbps"] = st.param_read_gbps;
+    j["stall_seconds"] = st.stall_seconds;
+    j["stall_share"] = stall_share;
+    j["prefetch_hits"] = st.prefetch_hits;
+    j["prefetch_on_demand"] = st.prefetch_on_demand;
+    j["pinned_bytes_peak"] = st.pinned_bytes_peak;
+    j["dir"] = dir_used;
+    j["weights_sha256"] = sha;
+    std::printf("%s\n", json_text(j).c_str());
   }
   return 0;
 }

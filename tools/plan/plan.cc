@@ -14,7 +14,7 @@
 #include "args.h"
 #include "bench_common.h"
 #include "commands.h"
-#include "json_writer.h"
+#include "json_out.h"
 #include "plan_model.h"
 #include "zinf/common/error.h"
 
@@ -85,30 +85,30 @@ DriveBandwidth read_tune_report(const std::string& path) {
 
 double g(double bytes) { return bytes / 1e9; }
 
-std::string row_json(const PlanRow& r) {
-  JsonWriter j;
-  j.field("stage", std::int64_t{r.setup.stage});
-  j.field("offload_optimizer", std::string(tier_name(r.setup.optimizer)));
-  j.field("offload_params", std::string(tier_name(r.setup.params)));
-  j.field("gpu_params_bytes", r.gpu_params);
-  j.field("gpu_grads_bytes", r.gpu_grads);
-  j.field("gpu_optimizer_bytes", r.gpu_optimizer);
-  j.field("gpu_model_states_bytes", r.gpu_model_states);
-  j.field("gpu_live_params_bytes", r.gpu_live_params);
-  j.field("gpu_activation_bytes", r.gpu_activations);
-  j.field("gpu_total_bytes", r.gpu_total);
-  j.field("host_pinned_bytes_per_node", r.host_per_node);
-  j.field("nvme_bytes_per_node", r.nvme_per_node);
-  j.field("nvme_read_bytes_per_step_per_node", r.nvme_read_per_step);
-  j.field("nvme_write_bytes_per_step_per_node", r.nvme_write_per_step);
+Json row_json(const PlanRow& r) {
+  Json j;
+  j["stage"] = std::int64_t{r.setup.stage};
+  j["offload_optimizer"] = std::string(tier_name(r.setup.optimizer));
+  j["offload_params"] = std::string(tier_name(r.setup.params));
+  j["gpu_params_bytes"] = r.gpu_params;
+  j["gpu_grads_bytes"] = r.gpu_grads;
+  j["gpu_optimizer_bytes"] = r.gpu_optimizer;
+  j["gpu_model_states_bytes"] = r.gpu_model_states;
+  j["gpu_live_params_bytes"] = r.gpu_live_params;
+  j["gpu_activation_bytes"] = r.gpu_activations;
+  j["gpu_total_bytes"] = r.gpu_total;
+  j["host_pinned_bytes_per_node"] = r.host_per_node;
+  j["nvme_bytes_per_node"] = r.nvme_per_node;
+  j["nvme_read_bytes_per_step_per_node"] = r.nvme_read_per_step;
+  j["nvme_write_bytes_per_step_per_node"] = r.nvme_write_per_step;
   if (r.io_seconds) {
-    j.field("io_seconds_per_step", *r.io_seconds);
+    j["io_seconds_per_step"] = *r.io_seconds;
   } else {
-    j.field("io_seconds_per_step", std::nan(""));  // null: no drive bandwidth given
+    j["io_seconds_per_step"] = std::nan("");  // null: no drive bandwidth given
   }
-  j.field("fits", r.fits);
-  j.field("why_not", r.why_not);
-  return j.str();
+  j["fits"] = r.fits;
+  j["why_not"] = r.why_not;
+  return j;
 }
 
 }  // namespace
@@ -159,27 +159,22 @@ int plan_main(const std::vector<std::string>& tokens) {
   const Plan plan = make_plan(in, opt_tier, par_tier);
 
   if (json) {
-    JsonWriter head;
-    head.field("params", in.params);
-    head.field("bytes_per_param",
-               std::vector<double>{in.bytes.params, in.bytes.grads, in.bytes.optimizer});
-    head.field("gpus", std::uint64_t{in.gpus});
-    head.field("tp", std::uint64_t{in.tp});
-    head.field("pp", std::uint64_t{in.pp});
-    head.field("dp", std::uint64_t{plan.dp});
-    head.field("gpus_per_node", std::uint64_t{plan.gpus_per_node});
-    head.field("nodes", std::uint64_t{plan.nodes});
-    head.field("params_per_model_slice", plan.params_per_model_slice);
-    head.field("activation_bytes", in.activations ? activation_bytes(*in.activations, in.tp) : 0.0);
-    std::string out = head.str();
-    out.pop_back();  // reopen the object to append the nested members
-    out += ",\"setups\":[";
-    for (std::size_t i = 0; i < plan.rows.size(); ++i) {
-      out += (i ? "," : "") + row_json(plan.rows[i]);
-    }
-    out += "],\"recommended\":";
-    out += plan.recommended ? row_json(plan.rows[*plan.recommended]) : "null";
-    out += "}";
+    Json head;
+    head["params"] = in.params;
+    head["bytes_per_param"] =
+        std::vector<double>{in.bytes.params, in.bytes.grads, in.bytes.optimizer};
+    head["gpus"] = std::uint64_t{in.gpus};
+    head["tp"] = std::uint64_t{in.tp};
+    head["pp"] = std::uint64_t{in.pp};
+    head["dp"] = std::uint64_t{plan.dp};
+    head["gpus_per_node"] = std::uint64_t{plan.gpus_per_node};
+    head["nodes"] = std::uint64_t{plan.nodes};
+    head["params_per_model_slice"] = plan.params_per_model_slice;
+    head["activation_bytes"] = in.activations ? activation_bytes(*in.activations, in.tp) : 0.0;
+    Json& setups = head["setups"] = Json::array();
+    for (const PlanRow& row : plan.rows) setups.push_back(row_json(row));
+    head["recommended"] = plan.recommended ? row_json(plan.rows[*plan.recommended]) : Json();
+    const std::string out = json_text(head);
     std::printf("%s\n", out.c_str());
     return 0;
   }

@@ -27,7 +27,7 @@
 #include "commands.h"
 #include "interrupt.h"
 #include "format.h"
-#include "json_writer.h"
+#include "json_out.h"
 #include "tune_checks.h"
 #include "workload.h"
 #include "zinf/common/error.h"
@@ -166,30 +166,30 @@ std::uint64_t free_bytes(const std::string& dir) {
   return static_cast<std::uint64_t>(s.f_bavail) * s.f_frsize;
 }
 
-std::string point_json(const Point& p) {
-  JsonWriter j;
-  j.field("backend", std::string(swap::io_engine_kind_name(p.kind)));
-  j.field("block_size", std::uint64_t{p.block});
-  j.field("queue_depth", std::uint64_t{p.depth});
-  j.field("threads", std::uint64_t{p.threads});
-  j.field("mixed_gbps", p.score());
-  j.field("runs_gbps", p.runs);
-  return j.str();
+Json point_json(const Point& p) {
+  Json j;
+  j["backend"] = std::string(swap::io_engine_kind_name(p.kind));
+  j["block_size"] = std::uint64_t{p.block};
+  j["queue_depth"] = std::uint64_t{p.depth};
+  j["threads"] = std::uint64_t{p.threads};
+  j["mixed_gbps"] = p.score();
+  j["runs_gbps"] = p.runs;
+  return j;
 }
 
 // The config zinf's parse_config and DeepSpeed both read: DeepSpeed's "aio" keys with real
 // numbers and booleans, zinf's backend and O_DIRECT choice in its own section.
 std::string config_json(const Point& p, bool direct) {
   const std::uint32_t intra = p.kind == swap::IoEngineKind::kThreads ? p.threads : 1;
-  char buf[512];
-  std::snprintf(buf, sizeof buf,
-                "{\n  \"aio\": {\n    \"block_size\": %u,\n    \"queue_depth\": %u,\n"
-                "    \"intra_op_parallelism\": %u,\n    \"single_submit\": false,\n"
-                "    \"overlap_events\": true\n  },\n  \"zinf\": {\n    \"backend\": \"%.*s\",\n"
-                "    \"direct_io\": %s\n  }\n}\n",
-                p.block, p.depth, intra, static_cast<int>(swap::io_engine_kind_name(p.kind).size()),
-                swap::io_engine_kind_name(p.kind).data(), direct ? "true" : "false");
-  return buf;
+  Json c;
+  c["aio"]["block_size"] = p.block;
+  c["aio"]["queue_depth"] = p.depth;
+  c["aio"]["intra_op_parallelism"] = intra;
+  c["aio"]["single_submit"] = false;
+  c["aio"]["overlap_events"] = true;
+  c["zinf"]["backend"] = std::string(swap::io_engine_kind_name(p.kind));
+  c["zinf"]["direct_io"] = direct;
+  return c.dump(2) + "\n";
 }
 
 }  // namespace
@@ -390,35 +390,33 @@ int tune_main(const std::vector<std::string>& tokens) {
   for (std::size_t i = 0; i < dirs.size(); ++i) all_direct = all_direct && w.direct(i);
 
   // 5. Report.
-  std::string rep = "{\"tool\":\"zinf tune\",\"dirs\":[";
+  Json report_doc;
+  report_doc["tool"] = "zinf tune";
+  Json& dir_list = report_doc["dirs"] = Json::array();
   for (std::size_t i = 0; i < dirs.size(); ++i) {
-    JsonWriter j;
-    j.field("dir", dirs[i]);
-    j.field("file_system", fs_type_name(dirs[i]));
-    j.field("direct", w.direct(i));
-    j.field("free_bytes", free_bytes(dirs[i]));
-    j.field("read_gbps", per_dir[i].first);
-    j.field("write_gbps", per_dir[i].second);
-    rep += (i ? "," : "") + j.str();
+    Json j;
+    j["dir"] = dirs[i];
+    j["file_system"] = fs_type_name(dirs[i]);
+    j["direct"] = w.direct(i);
+    j["free_bytes"] = free_bytes(dirs[i]);
+    j["read_gbps"] = per_dir[i].first;
+    j["write_gbps"] = per_dir[i].second;
+    dir_list.push_back(std::move(j));
   }
-  JsonWriter head;
-  head.field("warnings", warnings);
-  head.field("time_budget_s", budget_s);
-  head.field("elapsed_s", elapsed());
-  head.field("test_state_bytes", w.bytes());
-  head.field("sub_group_bytes", group);
-  head.field("settings_planned", std::uint64_t{planned});
-  head.field("kernel", kernel_release());
-  head.field("cpu", cpu_model());
-  std::string h = head.str();
-  rep += "]," + h.substr(1, h.size() - 2) + ",\"sweep\":[";
-  for (std::size_t i = 0; i < points.size(); ++i) rep += (i ? "," : "") + point_json(points[i]);
-  std::string chosen = point_json(best);
-  chosen.pop_back();
-  JsonWriter rates;
-  rates.field("read_gbps", read_gbps);
-  rates.field("write_gbps", write_gbps);
-  rep += "],\"chosen\":" + chosen + "," + rates.str().substr(1) + "}";
+  report_doc["warnings"] = warnings;
+  report_doc["time_budget_s"] = budget_s;
+  report_doc["elapsed_s"] = elapsed();
+  report_doc["test_state_bytes"] = w.bytes();
+  report_doc["sub_group_bytes"] = group;
+  report_doc["settings_planned"] = std::uint64_t{planned};
+  report_doc["kernel"] = kernel_release();
+  report_doc["cpu"] = cpu_model();
+  Json& sweep = report_doc["sweep"] = Json::array();
+  for (const Point& p : points) sweep.push_back(point_json(p));
+  Json& chosen = report_doc["chosen"] = point_json(best);
+  chosen["read_gbps"] = read_gbps;
+  chosen["write_gbps"] = write_gbps;
+  const std::string rep = json_text(report_doc);
 
   // Nothing written after a signal: the figures of a cut-short sweep are not the answer.
   throw_if_interrupted();
