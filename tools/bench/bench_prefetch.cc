@@ -33,8 +33,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr const char* kHelp = R"(usage: zinf bench prefetch [options]
-
+constexpr const char* kAbout = R"(
 Measures how much of the NVMe read time the layer prefetcher hides behind compute. Layers are
 written once to a swap store on DIR; each pass is then one iteration of one prefetcher (after
 an untimed first one, as in training) that acquires every layer in order, with a simulated
@@ -42,31 +41,15 @@ compute of --compute-ms per layer on the compute stream (a GPU kernel that waits
 timer with --device cuda, a sleeping stream worker on host). Each pass also reads the
 layers alone (NVMe -> pinned, back to back into as many buffers as the prefetcher's staging
 holds, no compute) and runs the compute alone, for the I/O and compute times of the same run.
-Every byte is verified after the timed passes unless --no-verify.
+Every byte is verified after the timed passes unless --no-verify.)";
 
-  --dir DIR            directory for the layers (repeatable: striped over the directories)
-                       [default: ./zinf-scratch, created if missing]
-  --layers N           number of layers [32]
-  --layer-bytes N      bytes per layer [16M]; a multiple of 4096
-  --compute-ms X       simulated compute per layer in ms [0 = the measured read time of one
-                       layer, so that I/O and compute are about equal]
-  --depth N            layers read ahead of the one computing; 0 = fetch on demand [2]
-  --device KIND        host | cuda | auto [host]
-  --copy-gbps X        host device only: host->device copy bandwidth cap in GB/s [0 = none]
-  --engine KIND        auto | uring | threads [auto]
-  --passes N           timed passes; medians are reported [3]
-  --checksums on|off   CRC32C per stripe of the layers' swap store, verified on every read,
-                       as the library does by default [on]; off measures the cost of that
-  --no-verify          skip the final read-back check
-  --json               one JSON object on stdout instead of the table
-
+constexpr const char* kFooter = R"(
 The wall time of a pass runs from the first acquire to the compute stream's last layer done.
 Target: with depth >= 2 and I/O about equal to compute, wall <= 1.10 x max(compute, io);
 with depth 0 the wall time is about compute + io.
 
 SIGINT, SIGTERM and SIGHUP stop the run between passes and remove its files (exit status 128 +
-the signal's number, e.g. 130 for SIGINT).
-)";
+the signal's number, e.g. 130 for SIGINT).)";
 
 struct Config {
   std::vector<std::string> dirs;
@@ -84,23 +67,35 @@ struct Config {
 };
 
 Config parse(const std::vector<std::string>& tokens, bool* help) {
-  Args a("bench prefetch", tokens);
   Config c;
-  *help = a.help();
-  c.dirs = a.strings("dir");
-  c.layers = a.uint("layers", 32);
-  c.layer_bytes = a.size("layer-bytes", 16ull << 20);
-  c.compute_ms = a.number("compute-ms", 0);
-  c.depth = a.uint("depth", 2);
-  c.device = cuda::parse_device_kind(a.string("device", "host"));
-  c.copy_gbps = a.number("copy-gbps", 0);
-  c.engine = swap::parse_io_engine_kind(a.string("engine", "auto"));
-  c.passes = a.uint("passes", 3);
-  c.checksums = parse_on_off(a.string("checksums", "on"), "--checksums");
-  c.verify = !a.flag("no-verify");
-  c.json = a.flag("json");
-  a.finish();
+  std::string device = "host", engine = "auto", checksums = "on";
+  bool no_verify = false;
+  Cli cli("bench prefetch", kAbout, kFooter);
+  cli.texts("--dir", c.dirs, "DIR",
+            "directory for the layers (repeatable: striped over the directories)",
+            "./zinf-scratch, created if missing");
+  cli.count("--layers", c.layers, "number of layers");
+  cli.size("--layer-bytes", c.layer_bytes, "bytes per layer; a multiple of 4096");
+  cli.number("--compute-ms", c.compute_ms,
+             "simulated compute per layer in ms (0 = the measured read time of one\n"
+             "layer, so that I/O and compute are about equal)");
+  cli.count("--depth", c.depth, "layers read ahead of the one computing; 0 = fetch on demand");
+  cli.text("--device", device, "KIND", "host | cuda | auto");
+  cli.number("--copy-gbps", c.copy_gbps,
+             "host device only: host->device copy bandwidth cap in GB/s (0 = none)");
+  cli.text("--engine", engine, "KIND", "auto | uring | threads");
+  cli.count("--passes", c.passes, "timed passes; medians are reported");
+  cli.text("--checksums", checksums, "on|off",
+           "CRC32C per stripe of the layers' swap store, verified on every read,\n"
+           "as the library does by default; off measures the cost of that");
+  cli.flag("--no-verify", no_verify, "skip the final read-back check");
+  cli.flag("--json", c.json, "one JSON object on stdout instead of the table");
+  *help = !cli.parse(tokens);
   if (*help) return c;
+  c.device = cuda::parse_device_kind(device);
+  c.engine = swap::parse_io_engine_kind(engine);
+  c.checksums = parse_on_off(checksums, "--checksums");
+  c.verify = !no_verify;
   if (c.layers == 0 || c.layers > 100000) {
     throw UsageError("invalid --layers " + std::to_string(c.layers) +
                      ": must be between 1 and 100000");
@@ -280,10 +275,7 @@ void verify_through_prefetcher(const Config& cfg, swap::SwapStore& store, cuda::
 int bench_prefetch_main(const std::vector<std::string>& tokens) {
   bool help = false;
   Config cfg = parse(tokens, &help);
-  if (help) {
-    std::fputs(kHelp, stdout);
-    return 0;
-  }
+  if (help) return 0;
 
   swap::IoOptions io;
   io.kind = cfg.engine;

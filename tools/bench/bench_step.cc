@@ -35,46 +35,27 @@ using adam::GradView;
 using offload::OffloadedOptimizer;
 using offload::StateTier;
 
-constexpr const char* kHelp = R"(usage: zinf bench step [options]
-
+constexpr const char* kAbout = R"(
 Times steps of zinf's offloaded optimizer: the fp32 parameters and Adam moments (12 bytes per
 element) live on NVMe (--tier nvme, one swap file per --dir) or in pinned host memory (--tier
 cpu), and each step streams them through the CPU Adam kernel with fp32 gradients held in memory.
-Reports the median step and, for that step count, the median busy time of each stage.
+Reports the median step and, for that step count, the median busy time of each stage.)";
 
-  --dir DIR          directory for the state (repeatable: striped over the files)
-                     [default: ./zinf-scratch, created if missing]
-  --numel N          parameters; K/M/G = 1024^n [256M: 3 GiB of state, 1 GiB of fp32 gradients]
-  --sub-group N      elements per sub-group [1048576]
-  --depth N          ring buffers of one sub-group each, >= 3 [4]
-  --threads N        CPU Adam threads including the caller [0 = one per hardware thread]
-  --tier T           nvme | cpu [nvme]
-  --steps N          timed steps after one untimed warm-up [5]
-  --engine KIND      auto | uring | threads [auto]
-  --queue-depth N    I/O requests in flight [16]
-  --grad-dtype T     fp32 | bf16 | fp16 [fp32]
-  --copy-out T       none | bf16 | fp16: also write the low-precision parameters [none]
-  --checksums on|off CRC32C per stripe of the swap files, computed on every write-back and
-                     verified on every read, as the library does by default [on]; off
-                     measures the cost of that integrity
-  --budget N         pinned-memory budget [the ring or the state, whichever the tier needs]
-  --reference K      every K timed steps (and after the last), measure what the steps are
-                     judged by: one write and one read pass of the state's size through `zinf
-                     bench io`'s code (same engine, queue depth and 1 MiB requests over fio's
-                     footprint of queue depth x 1 MiB, on a file without a name in each --dir) and
-                     one Adam step over the same elements in plain memory; reports each step
-                     against the mean of the two references around its block of K steps:
-                       ideal = max(bytes read / read rate + bytes written / write rate, Adam)
-                     K > 1 keeps steps back to back, as a trainer's are. Needs 12 bytes per
-                     element more memory and the state's size again on the drive.
-  --json             one JSON object on stdout instead of the table
+constexpr const char* kFooter = R"(
+--reference K: every K timed steps (and after the last), measure what the steps are judged by:
+one write and one read pass of the state's size through `zinf bench io`'s code (same engine,
+queue depth and 1 MiB requests over fio's footprint of queue depth x 1 MiB, on a file without a
+name in each --dir) and one Adam step over the same elements in plain memory; each step is
+reported against the mean of the two references around its block of N steps:
+  ideal = max(bytes read / read rate + bytes written / write rate, Adam)
+N > 1 keeps steps back to back, as a trainer's are. Needs 12 bytes per element more memory and
+the state's size again on the drive.
 
 Stage times: read/write = time with at least one state read/write-back in flight; compute =
 time inside the Adam kernel; they overlap, so the step takes about the longest of them.
 
 SIGINT, SIGTERM and SIGHUP stop the run between steps and remove its files (exit status 128 +
-the signal's number, e.g. 130 for SIGINT).
-)";
+the signal's number, e.g. 130 for SIGINT).)";
 
 // The ideal steps are judged by, measured around them (--reference K): the drive's own rates
 // from one write and one read pass of the state's size, and the Adam kernel alone on arrays in
@@ -151,27 +132,47 @@ class StepReference {
 }  // namespace
 
 int bench_step_main(const std::vector<std::string>& tokens) {
-  Args args("bench step", tokens);
-  if (args.help()) {
-    std::fputs(kHelp, stdout);
-    return 0;
-  }
-  std::vector<std::string> dirs = args.strings("dir");
-  const std::uint64_t numel = args.size("numel", std::uint64_t{256} << 20);
-  const std::uint64_t sub_group = args.size("sub-group", std::uint64_t{1} << 20);
-  const std::uint64_t depth = args.uint("depth", 4);
-  const std::uint64_t threads = args.uint("threads", 0, 0, 1024);  // CpuAdam's limit
-  const StateTier tier = offload::parse_state_tier(args.string("tier", "nvme"), "--tier");
-  const std::uint64_t steps = args.uint("steps", 5);
-  const auto engine_kind = swap::parse_io_engine_kind(args.string("engine", "auto"));
-  const std::uint64_t queue_depth = args.uint("queue-depth", 16);
-  const DType grad_dtype = parse_dtype(args.string("grad-dtype", "fp32"), "--grad-dtype");
-  const std::string copy_text = args.string("copy-out", "none");
-  const bool checksums = parse_on_off(args.string("checksums", "on"), "--checksums");
-  const std::uint64_t budget = args.size("budget", 0);
-  const std::uint64_t reference_every = args.uint("reference", 0);
-  const bool json = args.flag("json");
-  args.finish();
+  std::vector<std::string> dirs;
+  std::uint64_t numel = std::uint64_t{256} << 20, sub_group = std::uint64_t{1} << 20, depth = 4;
+  std::uint64_t threads = 0, steps = 5, queue_depth = 16, budget = 0, reference_every = 0;
+  std::string tier_text = "nvme", engine_text = "auto", grad_text = "fp32", copy_text = "none";
+  std::string checksums_text = "on";
+  bool json = false;
+  Cli cli("bench step", kAbout, kFooter);
+  cli.texts("--dir", dirs, "DIR", "directory for the state (repeatable: striped over the files)",
+            "./zinf-scratch, created if missing");
+  cli.count("--numel", numel, "parameters", 0, UINT64_MAX,
+            "256M: 3 GiB of state, 1 GiB of fp32 gradients");
+  cli.count("--sub-group", sub_group, "elements per sub-group");
+  cli.count("--depth", depth, "ring buffers of one sub-group each, >= 3");
+  cli.count("--threads", threads,
+            "CPU Adam threads including the caller (0 = one per hardware\n"
+            "thread)",
+            0, 1024);  // CpuAdam's limit
+  cli.text("--tier", tier_text, "T", "nvme | cpu");
+  cli.count("--steps", steps, "timed steps after one untimed warm-up");
+  cli.text("--engine", engine_text, "KIND", "auto | uring | threads");
+  cli.count("--queue-depth", queue_depth, "I/O requests in flight");
+  cli.text("--grad-dtype", grad_text, "T", "fp32 | bf16 | fp16");
+  cli.text("--copy-out", copy_text, "T",
+           "none | bf16 | fp16: also write the low-precision\n"
+           "parameters");
+  cli.text("--checksums", checksums_text, "on|off",
+           "CRC32C per stripe of the swap files, computed on every write-back and verified\n"
+           "on every read, as the library does by default; off measures the cost of that");
+  cli.size("--budget", budget, "pinned-memory budget",
+           "the ring or the state, whichever the tier "
+           "needs");
+  cli.count("--reference", reference_every,
+            "every N timed steps, measure the references the\n"
+            "steps are judged by (below); 0 = never");
+  cli.flag("--json", json, "one JSON object on stdout instead of the table");
+  cli.refuse("--runtime", "--runtime: zinf bench step runs a number of steps; set --steps");
+  if (!cli.parse(tokens)) return 0;
+  const StateTier tier = offload::parse_state_tier(tier_text, "--tier");
+  const auto engine_kind = swap::parse_io_engine_kind(engine_text);
+  const DType grad_dtype = parse_dtype(grad_text, "--grad-dtype");
+  const bool checksums = parse_on_off(checksums_text, "--checksums");
 
   check_numel(numel);
   if (sub_group == 0) throw UsageError("--sub-group must be at least 1");

@@ -38,34 +38,18 @@ namespace {
 using offload::EngineConfig;
 using offload::OffloadDevice;
 
-constexpr const char* kHelp = R"(usage: zinf demo [options]
-
+constexpr const char* kAbout = R"(
 Trains a small network through zinf's OffloadEngine: --layers dense layers of width --hidden
 with tanh between them learn to reproduce a fixed random "teacher" network of the same shape on
 --batch fixed random inputs (mean squared error, full batch, Adam). Each layer's bf16
 parameters are fetched through the engine for forward and backward; its fp32 gradients go to
 the engine as backward produces them, and the fp32 master weights and Adam moments live in the
 --offload tier. The forward and backward run in plain C++ on the host device's compute stream.
-The final weights (weights_sha256) are bitwise the same for every --offload tier.
+The final weights (weights_sha256) are bitwise the same for every --offload tier.)";
 
-  --offload T        none | cpu | nvme: parameters and optimizer state [nvme, or the config's]
-  --dir DIR          directory for the NVMe swap files [./zinf-scratch, created if missing]
-  --config FILE      a DeepSpeed-style JSON config (docs/config.md); --offload and --dir
-                     override its offload devices and NVMe paths, --lr its learning rate
-  --steps N          training steps [50]
-  --layers N         dense layers [8]
-  --hidden N         layer width: hidden x hidden weights + hidden biases per layer [1024]
-  --batch N          training samples [32]
-  --lr X             Adam learning rate [1e-3, or the config's]
-  --seed N           seed of the teacher, the inputs and the initial weights [1]
-  --adam-threads N   CPU Adam threads, 0 = one per hardware thread [0, or the config's]
-  --every N          print one line every N steps when not on a terminal [steps / 10]
-  --device D         host (the only one: the compute is plain C++ over host memory) [host]
-  --json             print a JSON summary on stdout (progress goes to stderr)
-
+constexpr const char* kFooter = R"(
 SIGINT, SIGTERM and SIGHUP stop training between steps and remove the swap files (exit status
-128 + the signal's number, e.g. 130 for SIGINT).
-)";
+128 + the signal's number, e.g. 130 for SIGINT).)";
 
 // Builds the engine config: the file's (if any), then the command line on top.
 EngineConfig make_config(const std::string& config_path, const std::string& offload_text,
@@ -140,28 +124,38 @@ std::string weights_sha256(offload::OffloadEngine& engine) {
 }  // namespace
 
 int demo_main(const std::vector<std::string>& tokens) {
-  Args args("demo", tokens);
-  if (args.help()) {
-    std::fputs(kHelp, stdout);
-    return 0;
-  }
-  const std::string offload_text = args.string("offload", "");
-  const std::string dir_option = args.string("dir", "");
-  const std::string config_path = args.string("config", "");
-  const std::uint64_t steps = args.uint("steps", 50);
+  std::string offload_text, dir_option, config_path, device_text = "host";
+  std::uint64_t steps = 50, seed = 1, every_option = 0;
   demo::MlpShape shape;
-  shape.layers = args.uint("layers", 8);
-  shape.hidden = args.uint("hidden", 1024);
-  shape.batch = args.uint("batch", 32);
-  const double lr = args.number("lr", std::nan(""));
-  const std::uint64_t seed = args.uint("seed", 1);
+  double lr = std::nan("");
   constexpr std::uint64_t kUnset = ~std::uint64_t{0};
   // kUnset is outside the range, so no value given can be mistaken for it.
-  const std::uint64_t adam_threads = args.uint("adam-threads", kUnset, 0, 1024);
-  const std::uint64_t every_option = args.uint("every", 0);
-  const std::string device_text = args.string("device", "host");
-  const bool json = args.flag("json");
-  args.finish();
+  std::uint64_t adam_threads = kUnset;
+  bool json = false;
+  Cli cli("demo", kAbout, kFooter);
+  cli.text("--offload", offload_text, "T", "none | cpu | nvme: parameters and optimizer state",
+           "nvme, or the config's");
+  cli.text("--dir", dir_option, "DIR", "directory for the NVMe swap files",
+           "./zinf-scratch, created if missing");
+  cli.text("--config", config_path, "FILE",
+           "a DeepSpeed-style JSON config (docs/config.md); --offload and --dir\n"
+           "override its offload devices and NVMe paths, --lr its learning rate");
+  cli.count("--steps", steps, "training steps");
+  cli.count("--layers", shape.layers, "dense layers");
+  cli.count("--hidden", shape.hidden,
+            "layer width: hidden x hidden weights + hidden biases per\n"
+            "layer");
+  cli.count("--batch", shape.batch, "training samples");
+  cli.number("--lr", lr, "Adam learning rate", "1e-3, or the config's");
+  cli.count("--seed", seed, "seed of the teacher, the inputs and the initial weights");
+  cli.count("--adam-threads", adam_threads, "CPU Adam threads, 0 = one per hardware thread", 0,
+            1024, "0, or the config's");
+  cli.count("--every", every_option, "print one line every N steps when not on a terminal", 0,
+            UINT64_MAX, "steps / 10");
+  cli.text("--device", device_text, "D",
+           "host (the only one: the compute is plain C++ over host memory)");
+  cli.flag("--json", json, "print a JSON summary on stdout (progress goes to stderr)");
+  if (!cli.parse(tokens)) return 0;
 
   if (steps == 0 || steps > 1'000'000) throw UsageError("--steps must be in [1, 1000000]");
   if (shape.layers == 0 || shape.layers > 4096) throw UsageError("--layers must be in [1, 4096]");

@@ -21,40 +21,14 @@
 namespace zinf::tools {
 namespace {
 
-constexpr const char* kHelp = R"(usage: zinf plan --params N [options]
-
+constexpr const char* kAbout = R"(
 Per-GPU memory of the model states for ZeRO stages 0-3 (the ZeRO paper's accounting), what
 offloading the optimizer state and parameters to cpu or nvme moves where, and, given the
-hardware, the least costly setup that fits. GB in the output means 10^9 bytes.
+hardware, the least costly setup that fits. GB in the output means 10^9 bytes.)";
 
-model
-  --params N                 parameters of the whole model: 13e9, 13B, 1.3M, 350K (required)
-  --bytes-per-param P,G,O    bytes per parameter of parameters, gradients, optimizer state
-                             [2,2,12: fp16 mixed precision with Adam; plain fp32: 4,4,8]
-parallelism
-  --gpus N                   GPUs in the job [1]
-  --tp N / --pp N            tensor / pipeline parallel degree [1]; DP = GPUs / (TP x PP)
-  --gpus-per-node N          [8]
-offload (show only this placement; default: every candidate)
-  --offload-optimizer T      none | cpu | nvme
-  --offload-params T         none | cpu | nvme (needs stage 3)
-  --sub-group-size N         optimizer sub-group elements [1e9], 4 of them pinned for nvme
-activations (all five, or none)
-  --seq-len N --hidden N --layers N --micro-batch N --heads N
-  --activation-checkpointing full recomputation: keep only each layer's input
-hardware (limits not given are not checked; a recommendation needs --gpu-mem)
-  --gpu-mem N                memory per GPU, e.g. 80G (GiB) or 80GB (10^9 bytes)
-  --cpu-mem N                host memory per node usable for pinned buffers
-  --nvme-free N              free NVMe space per node
-  --tune FILE                `zinf tune --report FILE` output: drive bandwidth for I/O time
-output
-  --json                     one JSON object instead of the table
-)";
-
-std::optional<double> optional_size(Args& a, const char* name) {
-  std::string s = a.string(name, "");
-  if (s.empty()) return std::nullopt;
-  return static_cast<double>(parse_size(s, std::string("--") + name));
+std::optional<double> as_double(const std::optional<std::uint64_t>& v) {
+  if (!v) return std::nullopt;
+  return static_cast<double>(*v);
 }
 
 DriveBandwidth read_tune_report(const std::string& path) {
@@ -114,35 +88,56 @@ Json row_json(const PlanRow& r) {
 }  // namespace
 
 int plan_main(const std::vector<std::string>& tokens) {
-  Args a("plan", tokens);
-  const bool help = a.help();
   PlanInput in;
-  std::string params = a.string("params", "");
-  std::string bpp = a.string("bytes-per-param", "");
-  in.gpus = to_u32(a.uint("gpus", 1), "--gpus");
-  in.tp = to_u32(a.uint("tp", 1), "--tp");
-  in.pp = to_u32(a.uint("pp", 1), "--pp");
-  in.gpus_per_node = to_u32(a.uint("gpus-per-node", 8), "--gpus-per-node");
-  std::string opt = a.string("offload-optimizer", "");
-  std::string par = a.string("offload-params", "");
-  in.sub_group_size = a.uint("sub-group-size", in.sub_group_size);
   ActivationShape shape;
-  shape.seq_len = a.uint("seq-len", 0);
-  shape.hidden = a.uint("hidden", 0);
-  shape.layers = a.uint("layers", 0);
-  shape.micro_batch = a.uint("micro-batch", 0);
-  shape.heads = a.uint("heads", 0);
-  shape.checkpointing = a.flag("activation-checkpointing");
-  in.gpu_mem = optional_size(a, "gpu-mem");
-  in.cpu_mem = optional_size(a, "cpu-mem");
-  in.nvme_free = optional_size(a, "nvme-free");
-  std::string tune = a.string("tune", "");
-  const bool json = a.flag("json");
-  a.finish();
-  if (help) {
-    std::fputs(kHelp, stdout);
-    return 0;
-  }
+  std::string params, bpp, opt, par, tune;
+  std::uint64_t gpus = 1, tp = 1, pp = 1, gpus_per_node = 8;
+  std::optional<std::uint64_t> gpu_mem, cpu_mem, nvme_free;
+  bool json = false;
+  Cli cli("plan", kAbout);
+  cli.group("model");
+  cli.text("--params", params, "N",
+           "parameters of the whole model: 13e9, 13B, 1.3M, 350K (K/M/B = 10^3/10^6/10^9, "
+           "as model sizes are counted)",
+           "required");
+  cli.text("--bytes-per-param", bpp, "P,G,O",
+           "bytes per parameter of parameters, gradients, optimizer state\n"
+           "(fp16 mixed precision with Adam; plain fp32: 4,4,8)",
+           "2,2,12");
+  cli.group("parallelism");
+  cli.count("--gpus", gpus, "GPUs in the job");
+  cli.count("--tp", tp, "tensor parallel degree; DP = GPUs / (TP x PP)");
+  cli.count("--pp", pp, "pipeline parallel degree");
+  cli.count("--gpus-per-node", gpus_per_node, "GPUs per node");
+  cli.group("offload (show only this placement; default: every candidate)");
+  cli.text("--offload-optimizer", opt, "T", "none | cpu | nvme", "every candidate");
+  cli.text("--offload-params", par, "T", "none | cpu | nvme (needs stage 3)", "every candidate");
+  cli.count("--sub-group-size", in.sub_group_size,
+            "optimizer sub-group elements, 4 of them pinned for nvme", 0, UINT64_MAX, "1e9");
+  cli.group("activations (all five, or none)");
+  cli.count("--seq-len", shape.seq_len, "sequence length", 0, UINT64_MAX, "none");
+  cli.count("--hidden", shape.hidden, "hidden size", 0, UINT64_MAX, "none");
+  cli.count("--layers", shape.layers, "transformer layers", 0, UINT64_MAX, "none");
+  cli.count("--micro-batch", shape.micro_batch, "micro-batch per GPU", 0, UINT64_MAX, "none");
+  cli.count("--heads", shape.heads, "attention heads", 0, UINT64_MAX, "none");
+  cli.flag("--activation-checkpointing", shape.checkpointing,
+           "full recomputation: keep only each layer's input");
+  cli.group("hardware (limits not given are not checked; a recommendation needs --gpu-mem)");
+  cli.size("--gpu-mem", gpu_mem, "memory per GPU, e.g. 80G (GiB) or 80GB (10^9 bytes)");
+  cli.size("--cpu-mem", cpu_mem, "host memory per node usable for pinned buffers");
+  cli.size("--nvme-free", nvme_free, "free NVMe space per node");
+  cli.text("--tune", tune, "FILE",
+           "`zinf tune --report FILE` output: drive bandwidth for I/O time");
+  cli.group("output");
+  cli.flag("--json", json, "one JSON object instead of the table");
+  if (!cli.parse(tokens)) return 0;
+  in.gpus = to_u32(gpus, "--gpus");
+  in.tp = to_u32(tp, "--tp");
+  in.pp = to_u32(pp, "--pp");
+  in.gpus_per_node = to_u32(gpus_per_node, "--gpus-per-node");
+  in.gpu_mem = as_double(gpu_mem);
+  in.cpu_mem = as_double(cpu_mem);
+  in.nvme_free = as_double(nvme_free);
   if (params.empty()) throw UsageError("--params is required (e.g. --params 13B)");
   in.params = parse_param_count(params, "--params");
   if (!bpp.empty()) in.bytes = parse_bytes_per_param(bpp);

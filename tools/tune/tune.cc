@@ -42,32 +42,22 @@ using tune::Workload;
 
 using Clock = tune::Clock;
 
-constexpr const char* kHelp = R"(usage: zinf tune --dir DIR [--dir DIR2 ...] [options]
-
+constexpr const char* kAbout = R"(
 Checks the setup, then measures which I/O settings move the optimizer step's traffic fastest on
 these directories (reads of sub-group i+1 interleaved with writes of sub-group i-1, equal bytes,
-every byte verified), and writes them as a config zinf and DeepSpeed accept.
+every byte verified), and writes them as a config zinf and DeepSpeed accept.)";
 
-  --dir DIR            directory to tune (repeatable: the state is striped over them)
-  --time-budget S      seconds for the whole sweep [60]
-  --out FILE           write the chosen settings: DeepSpeed "aio" block + "zinf" section
-  --report FILE        write the figures (per-dir read/write GB/s, the sweep) as JSON, for
-                       `zinf plan --tune FILE`
-                       Both are written whole to a temporary file that is then renamed over
-                       FILE: a reader never sees half of one, and a symbolic link at FILE is
-                       replaced by the file, never followed.
-  --json               print the report JSON on stdout instead of the table
-  --backends LIST      uring,threads [both where available]
-  --block-sizes LIST   [256K,1M,4M]
-  --queue-depths LIST  [8,16,32]
-  --pinned-budget N    pinned memory the engine will hold, for the memlock check [2G]
+constexpr const char* kFooter = R"(
+--out and --report are written whole to a temporary file that is then renamed over FILE: a
+reader never sees half of one, and a symbolic link at FILE is replaced by the file, never
+followed. The test files have no name (O_TMPFILE, or a random name unlinked at once): nothing
+is left behind however zinf exits, and nothing planted in DIR is opened. SIGINT, SIGTERM and
+SIGHUP stop the sweep without writing --out or --report (exit status 128 + the signal's
+number).
 
-The test files have no name (O_TMPFILE, or a random name unlinked at once): nothing is left
-behind however zinf exits, and nothing planted in DIR is opened. SIGINT, SIGTERM and SIGHUP stop
-the sweep without writing --out or --report (exit status 128 + the signal's number).
-
-GB/s means 10^9 bytes per second; the mixed figure counts bytes read plus bytes written.
-)";
+fio's --bs, --iodepth and --runtime are read as --block-sizes, --queue-depths and
+--time-budget. GB/s means 10^9 bytes per second; the mixed figure counts bytes read plus bytes
+written.)";
 
 // The sweep's default axes: block sizes around the 1 MiB where the drives here saturate
 // (measured with fio on the build machines), queue depths around zinf's default 16, threads for the threads backend.
@@ -79,24 +69,16 @@ constexpr std::uint32_t kThreadCounts[] = {4, 8, 16};
 constexpr std::uint64_t kGroupsPerPass = 8;
 constexpr std::uint64_t kMiB = 1u << 20;
 
-std::string size_text(std::uint64_t b) {
-  char buf[32];
-  if (b % kMiB == 0) {
-    std::snprintf(buf, sizeof buf, "%lluM", static_cast<unsigned long long>(b / kMiB));
-  } else {
-    std::snprintf(buf, sizeof buf, "%lluK", static_cast<unsigned long long>(b >> 10));
-  }
-  return buf;
-}
-
 std::string gib(double b) { return human_bytes(static_cast<std::uint64_t>(b)); }
 
-std::vector<std::uint64_t> parse_list(const std::string& text, const char* what) {
+// A comma-separated list of sizes (block sizes) or counts (queue depths), each read by the
+// grammar of its kind.
+std::vector<std::uint64_t> parse_list(const std::string& text, const char* what, bool sizes) {
   std::vector<std::uint64_t> out;
   std::stringstream ss(text);
   std::string item;
   while (std::getline(ss, item, ',')) {
-    std::uint64_t v = parse_size(item, what);
+    std::uint64_t v = sizes ? parse_size(item, what) : parse_count(item, what);
     if (v == 0 || v > 0xffffffffull) {
       throw UsageError(std::string("invalid ") + what + " '" + item + "': out of range");
     }
@@ -195,33 +177,43 @@ std::string config_json(const Point& p, bool direct) {
 }  // namespace
 
 int tune_main(const std::vector<std::string>& tokens) {
-  Args a("tune", tokens);
-  const bool help = a.help();
-  std::vector<std::string> dirs = a.strings("dir");
-  const double budget_s = a.number("time-budget", 60);
-  const std::string out = a.string("out", "");
-  const std::string report = a.string("report", "");
-  const bool json = a.flag("json");
-  std::string backends = a.string("backends", "");
-  std::string block_list = a.string("block-sizes", "");
-  std::string depth_list = a.string("queue-depths", "");
-  const std::uint64_t pinned_budget = a.size("pinned-budget", std::uint64_t{2} << 30);
-  a.finish();
-  if (help) {
-    std::fputs(kHelp, stdout);
-    return 0;
-  }
+  std::vector<std::string> dirs;
+  std::chrono::milliseconds budget = std::chrono::seconds(60);
+  std::string out, report, backends, block_list, depth_list;
+  std::uint64_t pinned_budget = std::uint64_t{2} << 30;
+  bool json = false;
+  Cli cli("tune", kAbout, kFooter);
+  cli.texts("--dir", dirs, "DIR",
+            "directory to tune (repeatable: the state is striped over them);\n"
+            "required",
+            "none");
+  cli.duration("--time-budget", budget, "time for the whole sweep");
+  cli.text("--out", out, "FILE",
+           "write the chosen settings: DeepSpeed \"aio\" block + \"zinf\"\n"
+           "section");
+  cli.text("--report", report, "FILE",
+           "write the figures (per-dir read/write GB/s, the sweep) as\n"
+           "JSON, for `zinf plan --tune FILE`");
+  cli.flag("--json", json, "print the report JSON on stdout instead of the table");
+  cli.text("--backends", backends, "LIST", "uring,threads", "both where available");
+  cli.text("--block-sizes", block_list, "LIST", "block sizes to try (SIZE,...)", "256K,1M,4M");
+  cli.text("--queue-depths", depth_list, "LIST", "queue depths to try (N,...)", "8,16,32");
+  cli.size("--pinned-budget", pinned_budget,
+           "pinned memory the engine will hold, for the memlock check");
+  cli.alias("--bs", "--block-sizes");
+  cli.alias("--iodepth", "--queue-depths");
+  cli.alias("--runtime", "--time-budget");
+  if (!cli.parse(tokens)) return 0;
+  const double budget_s = std::chrono::duration<double>(budget).count();
   if (dirs.empty())
     throw UsageError("--dir is required (a directory on the drive to tune; repeatable)");
-  if (!(budget_s > 0) || budget_s > 86400) {
-    throw UsageError("invalid --time-budget: must be between 0 and 86400 seconds");
-  }
+  if (budget > std::chrono::hours(24)) throw UsageError("invalid --time-budget: at most 24h");
   std::vector<swap::Dir> opened;  // each directory opened once; every file made relative to it
   for (const auto& d : dirs) opened.push_back(check_dir(d));
   std::vector<std::uint64_t> blocks(std::begin(kDefaultBlocks), std::end(kDefaultBlocks));
   std::vector<std::uint64_t> depths(std::begin(kDefaultDepths), std::end(kDefaultDepths));
-  if (!block_list.empty()) blocks = parse_list(block_list, "--block-sizes");
-  if (!depth_list.empty()) depths = parse_list(depth_list, "--queue-depths");
+  if (!block_list.empty()) blocks = parse_list(block_list, "--block-sizes", true);
+  if (!depth_list.empty()) depths = parse_list(depth_list, "--queue-depths", false);
   for (auto b : blocks) {
     if (b % 4096 != 0) {
       throw UsageError("invalid --block-sizes entry " + std::to_string(b) +
