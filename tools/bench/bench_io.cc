@@ -95,11 +95,11 @@ Config parse(const std::vector<std::string>& tokens, bool* help) {
            "time writes into fresh (fallocated) space instead of overwrites");
   cli.flag("--no-huge-pages", no_huge_pages, "do not ask for 2 MiB pages for the buffers");
   cli.size("--buffer-bytes", c.buffer_bytes,
-           "pinned memory the requests rotate over; set it to a pipeline's buffer ring\n"
+           "pinned memory the requests rotate over; set it to a pipeline's buffer ring "
            "(e.g. bench step's pinned_bytes_peak) to measure the drive with that footprint",
            "queue depth x block size, as fio");
   cli.flag("--keep", c.keep,
-           "keep the data files afterwards, under fresh names printed on stderr\n"
+           "keep the data files afterwards, under fresh names printed on stderr "
            "(zinf-bench-io-<pid>-<random>.dat); an interrupted run removes them");
   cli.flag("--json", c.json, "one JSON object per op on stdout instead of the table");
   cli.alias_value("--rw", op_from_fio_rw);

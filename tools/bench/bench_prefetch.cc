@@ -77,7 +77,7 @@ Config parse(const std::vector<std::string>& tokens, bool* help) {
   cli.count("--layers", c.layers, "number of layers");
   cli.size("--layer-bytes", c.layer_bytes, "bytes per layer; a multiple of 4096");
   cli.number("--compute-ms", c.compute_ms,
-             "simulated compute per layer in ms (0 = the measured read time of one\n"
+             "simulated compute per layer in ms (0 = the measured read time of one "
              "layer, so that I/O and compute are about equal)");
   cli.count("--depth", c.depth, "layers read ahead of the one computing; 0 = fetch on demand");
   cli.text("--device", device, "KIND", "host | cuda | auto");
@@ -86,7 +86,7 @@ Config parse(const std::vector<std::string>& tokens, bool* help) {
   cli.text("--engine", engine, "KIND", "auto | uring | threads");
   cli.count("--passes", c.passes, "timed passes; medians are reported");
   cli.text("--checksums", checksums, "on|off",
-           "CRC32C per stripe of the layers' swap store, verified on every read,\n"
+           "CRC32C per stripe of the layers' swap store, verified on every read, "
            "as the library does by default; off measures the cost of that");
   cli.flag("--no-verify", no_verify, "skip the final read-back check");
   cli.flag("--json", c.json, "one JSON object on stdout instead of the table");

@@ -42,7 +42,7 @@ cpu), and each step streams them through the CPU Adam kernel with fp32 gradients
 Reports the median step and, for that step count, the median busy time of each stage.)";
 
 constexpr const char* kFooter = R"(
---reference K: every K timed steps (and after the last), measure what the steps are judged by:
+--reference N: every N timed steps (and after the last), measure what the steps are judged by:
 one write and one read pass of the state's size through `zinf bench io`'s code (same engine,
 queue depth and 1 MiB requests over fio's footprint of queue depth x 1 MiB, on a file without a
 name in each --dir) and one Adam step over the same elements in plain memory; each step is
@@ -143,10 +143,10 @@ int bench_step_main(const std::vector<std::string>& tokens) {
             "./zinf-scratch, created if missing");
   cli.count("--numel", numel, "parameters", 0, UINT64_MAX,
             "256M: 3 GiB of state, 1 GiB of fp32 gradients");
-  cli.count("--sub-group", sub_group, "elements per sub-group");
+  cli.count("--sub-group", sub_group, "elements per sub-group", 0, UINT64_MAX, "1M");
   cli.count("--depth", depth, "ring buffers of one sub-group each, >= 3");
   cli.count("--threads", threads,
-            "CPU Adam threads including the caller (0 = one per hardware\n"
+            "CPU Adam threads including the caller (0 = one per hardware "
             "thread)",
             0, 1024);  // CpuAdam's limit
   cli.text("--tier", tier_text, "T", "nvme | cpu");
@@ -155,16 +155,16 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   cli.count("--queue-depth", queue_depth, "I/O requests in flight");
   cli.text("--grad-dtype", grad_text, "T", "fp32 | bf16 | fp16");
   cli.text("--copy-out", copy_text, "T",
-           "none | bf16 | fp16: also write the low-precision\n"
+           "none | bf16 | fp16: also write the low-precision "
            "parameters");
   cli.text("--checksums", checksums_text, "on|off",
-           "CRC32C per stripe of the swap files, computed on every write-back and verified\n"
+           "CRC32C per stripe of the swap files, computed on every write-back and verified "
            "on every read, as the library does by default; off measures the cost of that");
   cli.size("--budget", budget, "pinned-memory budget",
            "the ring or the state, whichever the tier "
            "needs");
   cli.count("--reference", reference_every,
-            "every N timed steps, measure the references the\n"
+            "every N timed steps, measure the references the "
             "steps are judged by (below); 0 = never");
   cli.flag("--json", json, "one JSON object on stdout instead of the table");
   cli.refuse("--runtime", "--runtime: zinf bench step runs a number of steps; set --steps");

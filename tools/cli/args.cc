@@ -293,28 +293,25 @@ class HelpFormat : public CLI::Formatter {
 
   static constexpr std::size_t kWidth = 100;  // the help fits the terminals the docs assume
 
-  // "  --name VALUE" in the left column, the description word-wrapped in the right one (its
-  // own line breaks kept), the default last.
+  // "  --name VALUE" in the left column, the description word-wrapped in the right one, the
+  // default last.
   static std::string line(const CLI::Option* o) {
     std::string left = "  ";
     for (const std::string& s : o->get_snames()) left += "-" + s + ", ";
     for (const std::string& l : o->get_lnames()) left += "--" + l + ", ";
     left.resize(left.size() - 2);
     if (!o->get_type_name().empty()) left += " " + o->get_type_name();
-    std::vector<std::string> lines;  // the description's lines, each wrapped
-    std::istringstream text(o->get_description());
-    for (std::string para; std::getline(text, para);) {
-      std::istringstream words(para);
-      std::string cur;
-      for (std::string w; words >> w;) {
-        if (!cur.empty() && kColumn + cur.size() + 1 + w.size() > kWidth) {
-          lines.push_back(cur);
-          cur.clear();
-        }
-        cur += (cur.empty() ? "" : " ") + w;
+    std::vector<std::string> lines;  // the description, word-wrapped
+    std::istringstream words(o->get_description());
+    std::string cur;
+    for (std::string w; words >> w;) {
+      if (!cur.empty() && kColumn + cur.size() + 1 + w.size() > kWidth) {
+        lines.push_back(cur);
+        cur.clear();
       }
-      lines.push_back(cur);
+      cur += (cur.empty() ? "" : " ") + w;
     }
+    if (!cur.empty()) lines.push_back(cur);
     if (!o->get_default_str().empty()) {
       const std::string d = "[" + o->get_default_str() + "]";
       if (lines.empty() || kColumn + lines.back().size() + 1 + d.size() > kWidth) {

@@ -138,12 +138,12 @@ int demo_main(const std::vector<std::string>& tokens) {
   cli.text("--dir", dir_option, "DIR", "directory for the NVMe swap files",
            "./zinf-scratch, created if missing");
   cli.text("--config", config_path, "FILE",
-           "a DeepSpeed-style JSON config (docs/config.md); --offload and --dir\n"
+           "a DeepSpeed-style JSON config (docs/config.md); --offload and --dir "
            "override its offload devices and NVMe paths, --lr its learning rate");
   cli.count("--steps", steps, "training steps");
   cli.count("--layers", shape.layers, "dense layers");
   cli.count("--hidden", shape.hidden,
-            "layer width: hidden x hidden weights + hidden biases per\n"
+            "layer width: hidden x hidden weights + hidden biases per "
             "layer");
   cli.count("--batch", shape.batch, "training samples");
   cli.number("--lr", lr, "Adam learning rate", "1e-3, or the config's");

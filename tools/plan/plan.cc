@@ -101,7 +101,7 @@ int plan_main(const std::vector<std::string>& tokens) {
            "as model sizes are counted)",
            "required");
   cli.text("--bytes-per-param", bpp, "P,G,O",
-           "bytes per parameter of parameters, gradients, optimizer state\n"
+           "bytes per parameter of parameters, gradients, optimizer state "
            "(fp16 mixed precision with Adam; plain fp32: 4,4,8)",
            "2,2,12");
   cli.group("parallelism");

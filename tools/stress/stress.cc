@@ -66,8 +66,8 @@ StressOptions parse(const std::vector<std::string>& tokens, bool* help) {
   cli.count("--workers", c.workers,
             "swap workers (the optimizer and prefetch workers come on top)");
   cli.flag("--checksums", c.checksums,
-           "keep CRC32C per stripe unit in every swap store. Off unless given, unlike\n"
-           "the library's default: stress checks every byte itself, and without\n"
+           "keep CRC32C per stripe unit in every swap store. Off unless given, unlike "
+           "the library's default: stress checks every byte itself, and without "
            "checksums its ranges need not be whole stripes (more layouts tested)");
   cli.hidden_flag("--plant-corruption", c.plant);  // stress's self-test (options.h)
   cli.text("--engine", engine, "KIND", "auto | uring | threads");

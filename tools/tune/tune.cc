@@ -183,16 +183,14 @@ int tune_main(const std::vector<std::string>& tokens) {
   std::uint64_t pinned_budget = std::uint64_t{2} << 30;
   bool json = false;
   Cli cli("tune", kAbout, kFooter);
-  cli.texts("--dir", dirs, "DIR",
-            "directory to tune (repeatable: the state is striped over them);\n"
-            "required",
-            "none");
-  cli.duration("--time-budget", budget, "time for the whole sweep");
+  cli.texts("--dir", dirs, "DIR", "directory to tune (repeatable: the state is striped over them)",
+            "required");
+  cli.duration("--time-budget", budget, "time for the whole sweep", "60s");
   cli.text("--out", out, "FILE",
-           "write the chosen settings: DeepSpeed \"aio\" block + \"zinf\"\n"
+           "write the chosen settings: DeepSpeed \"aio\" block + \"zinf\" "
            "section");
   cli.text("--report", report, "FILE",
-           "write the figures (per-dir read/write GB/s, the sweep) as\n"
+           "write the figures (per-dir read/write GB/s, the sweep) as "
            "JSON, for `zinf plan --tune FILE`");
   cli.flag("--json", json, "print the report JSON on stdout instead of the table");
   cli.text("--backends", backends, "LIST", "uring,threads", "both where available");
