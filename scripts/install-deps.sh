@@ -6,7 +6,7 @@ set -euo pipefail
 # The Python package (python/) builds with pybind11 for Debian's interpreter, whose torch the
 # tests use: python3-dev, pybind11-dev, python3-torch, python3-pytest.
 packages=(build-essential cmake ninja-build pkg-config liburing-dev libboost-dev
-          libgtest-dev libbenchmark-dev nlohmann-json3-dev fio python3
+          libgtest-dev libbenchmark-dev nlohmann-json3-dev nettle-dev libcli11-dev fio python3
           python3-dev pybind11-dev python3-torch python3-pytest)
 missing=()
 for p in "${packages[@]}"; do

@@ -39,6 +39,12 @@ if grep -rnE '#include *[<"](liburing|cuda_runtime|cuda|nccl)' "$p/include" | gr
   fail "a public header includes a third-party header"
 fi
 
+echo "== the tool's own dependencies (CLI11, Nettle) are not the package's"
+if grep -rniE 'cli11|nettle' "$p/lib/cmake" "$p/lib/pkgconfig" "$p/include"; then
+  fail "the CMake package, zinf.pc or a header names CLI11 or Nettle"
+fi
+if readelf -d "$p/lib/libzinf.so" | grep -i nettle; then fail "libzinf.so links Nettle"; fi
+
 echo "== exported symbols: the zinf namespace and the zinf_ C API only"
 bad=$(nm -D --defined-only "$p/lib/libzinf.so" | awk '{print $3}' | c++filt |
       grep -vE '^(zinf_|zinf::|typeinfo (name )?for zinf::|vtable for zinf::|VTT for zinf::|(non-)?virtual thunk to zinf::|guard variable for zinf::)' |

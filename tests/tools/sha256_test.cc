@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Sha256 against the FIPS 180-4 example vectors (NIST CSRC "SHA256.pdf" and the long-message
-// vector), fed whole and in every split, so padding at each block boundary is covered.
+// Sha256 (over Nettle) against the FIPS 180-4 example vectors (NIST CSRC "SHA256.pdf" and the
+// long-message vector), fed whole and in every split, so padding at each block boundary is
+// covered.
 #include "sha256.h"
 
 #include <gtest/gtest.h>

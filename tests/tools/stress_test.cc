@@ -120,9 +120,9 @@ TEST(StressCli, PlantedCorruptionWithChecksumsSurfacesAsACorruptionError) {
 TEST(StressCli, BadOptionsAreOneLineErrors) {
   ToolRun r = run_zinf("stress --duration 10parsecs");
   EXPECT_EQ(r.status, 2);
-  EXPECT_EQ(
-      r.out,
-      "zinf stress: error: invalid --duration '10parsecs': expected e.g. 500ms, 10s, 2m, 1h\n");
+  EXPECT_EQ(r.out,
+            "zinf stress: error: invalid --duration '10parsecs': expected a duration such as "
+            "250ms, 10s, 5m or 1h\n");
   r = run_zinf("stress --faults 0.9");
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(r.out, "zinf stress: error: invalid --faults: must be a probability in [0, 0.5]\n");

@@ -8,7 +8,9 @@
 #include <array>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -42,6 +44,136 @@ TEST(ZinfCli, UnknownCommandExits2) {
   ToolRun r = run_zinf("frobnicate");
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.out.find("zinf: unknown command 'frobnicate'"), std::string::npos) << r.out;
+}
+
+TEST(ZinfCli, MistypedCommandsGetTheNearestOne) {
+  const std::pair<const char*, const char*> table[] = {
+      {"bnech io", "zinf: unknown command 'bnech' (did you mean 'bench'?)"},
+      {"dmeo", "zinf: unknown command 'dmeo' (did you mean 'demo'?)"},
+      {"tnue --dir x", "zinf: unknown command 'tnue' (did you mean 'tune'?)"},
+      {"bench stpe", "zinf: unknown command 'bench stpe' (did you mean 'bench step'?)"},
+      {"io", "zinf: unknown command 'io' (did you mean 'bench io'?)"},
+      {"frobnicate", "zinf: unknown command 'frobnicate'\n"},
+  };
+  for (const auto& [args, line] : table) {
+    ToolRun r = run_zinf(args);
+    EXPECT_EQ(r.status, 2) << args;
+    EXPECT_EQ(r.out.rfind(line, 0), 0u) << args << ": " << r.out;
+  }
+}
+
+// `zinf help X` is `zinf X --help`, for every command, on stdout with status 0.
+TEST(ZinfCli, HelpXIsXDashDashHelp) {
+  for (const char* cmd : {"demo", "plan", "tune", "stress", "bench io", "bench adam", "bench step",
+                          "bench prefetch", "bench"}) {
+    ToolRun a = run_zinf(std::string("help ") + cmd, false);
+    ToolRun b = run_zinf(std::string(cmd) + " --help", false);
+    EXPECT_EQ(a.status, 0) << cmd;
+    EXPECT_EQ(b.status, 0) << cmd;
+    EXPECT_EQ(a.out, b.out) << cmd;
+    EXPECT_EQ(a.out.rfind(std::string("usage: zinf ") + cmd, 0), 0u) << a.out;
+  }
+  ToolRun r = run_zinf("help", false);
+  EXPECT_EQ(r.status, 0);
+  EXPECT_EQ(r.out.rfind("usage: zinf <command>", 0), 0u) << r.out;
+}
+
+// `zinf bench` alone lists the benchmarks on stderr with status 2, as `zinf` alone does.
+TEST(ZinfCli, BenchAloneListsTheBenchmarks) {
+  ToolRun r = run_zinf("bench", false);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "");  // nothing on stdout
+  r = run_zinf("bench");
+  EXPECT_EQ(r.out.rfind("zinf bench: which benchmark?\n", 0), 0u) << r.out;
+  for (const char* b :
+       {"zinf bench io ", "zinf bench adam ", "zinf bench step ", "zinf bench prefetch "}) {
+    EXPECT_NE(r.out.find(b), std::string::npos) << b << " in " << r.out;
+  }
+}
+
+// Every --help lists every option in one format: `  --name VALUE  text [default]`, or a switch
+// without a value and without a default. The options are the ones the command accepts.
+TEST(ZinfCli, EveryHelpListsEveryOptionWithItsDefault) {
+  for (const char* cmd : {"demo", "plan", "tune", "stress", "bench io", "bench adam", "bench step",
+                          "bench prefetch"}) {
+    ToolRun r = run_zinf(std::string(cmd) + " --help", false);
+    ASSERT_EQ(r.status, 0) << cmd;
+    std::istringstream lines(r.out);
+    int options = 0;
+    std::string pending;  // an option line whose default is still to come
+    for (std::string line; std::getline(lines, line);) {
+      const bool option = line.rfind("  --", 0) == 0 || line.rfind("  -h, --help", 0) == 0;
+      if (option) {
+        EXPECT_TRUE(pending.empty()) << cmd << ": no [default] for " << pending;
+        pending.clear();
+        ++options;
+        // "  --name VALUE": upper-case value name (or P,G,O / on|off) after the name.
+        const std::string head = line.substr(2, line.find("  ", 2) - 2);
+        const bool has_value = head.find(' ') != std::string::npos && head != "-h, --help";
+        if (has_value) pending = line;
+      }
+      if (!pending.empty() && line.find('[') != std::string::npos && line.back() == ']') {
+        pending.clear();
+      }
+    }
+    EXPECT_TRUE(pending.empty()) << cmd << ": no [default] for " << pending;
+    EXPECT_GT(options, 2) << cmd << ":\n" << r.out;
+  }
+}
+
+TEST(ZinfCli, FioNamesMapOrNameTheZinfOption) {
+  ToolRun r = run_zinf("bench io --rw randread");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out,
+            "zinf bench io: error: --rw randread: zinf bench io measures sequential reads and "
+            "writes only (no random or mixed mode); use --op read, --op write or --op both\n");
+  r = run_zinf("bench io --numjobs 4");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.out.find("--queue-depth"), std::string::npos) << r.out;
+  // A mapped name's value goes through the grammar under the zinf name.
+  r = run_zinf("bench io --bs 4Q");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out,
+            "zinf bench io: error: invalid --block-size '4Q': expected a size such as 4096, 512K, "
+            "1M, 2GiB or 1e8\n");
+  r = run_zinf("bench io --iodepth 0x4");
+  EXPECT_EQ(r.out,
+            "zinf bench io: error: invalid --queue-depth '0x4': expected an integer in [0, "
+            "18446744073709551615]\n");
+  r = run_zinf("stress --runtime 10parsecs");
+  EXPECT_EQ(r.out,
+            "zinf stress: error: invalid --duration '10parsecs': expected a duration such as "
+            "250ms, 10s, 5m or 1h\n");
+  zinf::test::TestDir dir;
+  r = run_zinf("tune --dir " + dir.path() + " --bs 4Q");
+  EXPECT_EQ(r.out,
+            "zinf tune: error: invalid --block-sizes '4Q': expected a size such as 4096, 512K, "
+            "1M, 2GiB or 1e8\n");
+  r = run_zinf("bench adam --iodepth 4");
+  EXPECT_EQ(r.out,
+            "zinf bench adam: error: --iodepth (fio's or ds_io's name) has no counterpart in "
+            "'zinf bench adam'; its options are listed by 'zinf bench adam --help'\n");
+}
+
+// One grammar for every command: the counts and sizes the issue found refused in one command
+// and accepted in another.
+TEST(ZinfCli, OneGrammarAcrossCommands) {
+  ToolRun r = run_zinf("bench adam --numel 20M --steps 0");
+  EXPECT_EQ(r.out, "zinf bench adam: error: --steps must be at least 1\n");  // --numel taken
+  r = run_zinf("bench adam --numel 1e8 --steps 1e0 --threads 1.5");
+  EXPECT_EQ(r.out,
+            "zinf bench adam: error: invalid --threads '1.5': expected an integer in [0, "
+            "1024]\n");
+  r = run_zinf("tune --dir /nonexistent/zinf-nowhere --time-budget 60s");
+  EXPECT_EQ(r.out, "zinf tune: error: directory does not exist: /nonexistent/zinf-nowhere\n");
+  r = run_zinf("stress --budget 64mb --duration 1.5.2s");
+  EXPECT_EQ(r.out,
+            "zinf stress: error: invalid --duration '1.5.2s': expected a duration such as "
+            "250ms, 10s, 5m or 1h\n");
+  r = run_zinf("bench io --size -1");
+  EXPECT_EQ(r.out,
+            "zinf bench io: error: invalid --size '-1': expected a size such as 4096, 512K, 1M, "
+            "2GiB or 1e8\n");
 }
 
 // Integer options are range-checked against what they feed, never truncated: --threads

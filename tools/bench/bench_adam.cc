@@ -21,7 +21,7 @@
 #include "args.h"
 #include "commands.h"
 #include "interrupt.h"
-#include "json_writer.h"
+#include "json_out.h"
 #include "zinf/adam/cpu_adam.h"
 #include "zinf/adam/reference_kernels.h"
 #include "zinf/common/error.h"
@@ -34,20 +34,14 @@ using adam::CpuAdam;
 using adam::GradView;
 using adam::StreamRmw;
 
-constexpr const char* kUsage =
-    "usage: zinf bench adam [--numel N] [--threads T] [--isa auto|avx512bf16|avx512|avx2|scalar]\n"
-    "                       [--grad-dtype fp32|bf16|fp16] [--copy-out none|bf16|fp16]\n"
-    "                       [--steps S] [--reference] [--json]\n"
-    "\n"
-    "Times S CpuAdam steps (after one untimed warm-up) over N elements of fp32 parameters and\n"
-    "moments and reports the median. Bytes moved per element: 24 for parameters and moments\n"
-    "(read and written) plus the gradient read (4 fp32, 2 bf16/fp16) plus the copy-out write\n"
-    "(2). --reference alternates each step with the read-modify-write kernel a[i] += s*b[i]\n"
-    "and reports its GB/s, the bound GB/s / 28 in elements/s, and the ratio to it (medians;\n"
-    "also fastest step against fastest pass, which preemption on a shared machine cannot skew).\n"
-    "  --numel N        elements (default 1e8)\n"
-    "  --threads T      threads including the caller (default 0: one per hardware thread)\n"
-    "  --steps S        timed steps (default 10)\n";
+constexpr const char* kAbout =
+    "Times --steps CpuAdam steps (after one untimed warm-up) over --numel elements of fp32\n"
+    "parameters and moments and reports the median. Bytes moved per element: 24 for parameters\n"
+    "and moments (read and written) plus the gradient read (4 fp32, 2 bf16/fp16) plus the\n"
+    "copy-out write (2). --reference alternates each step with the read-modify-write kernel\n"
+    "a[i] += s*b[i] and reports its GB/s, the bound GB/s / 28 in elements/s, and the ratio to it\n"
+    "(medians; also fastest step against fastest pass, which preemption on a shared machine\n"
+    "cannot skew).";
 
 constexpr std::size_t kAdamFp32BytesPerElement = 28;  // the unit: p, m, v r+w, g read
 
@@ -61,20 +55,21 @@ double time_seconds(Fn&& fn) {
 }  // namespace
 
 int bench_adam_main(const std::vector<std::string>& tokens) {
-  Args args("bench adam", tokens);
-  if (args.help()) {
-    std::fputs(kUsage, stdout);
-    return 0;
-  }
-  const std::uint64_t numel = args.uint("numel", 100'000'000);
-  const std::uint64_t threads = args.uint("threads", 0, 0, 1024);  // CpuAdam's limit
-  const std::string isa_text = args.string("isa", "auto");
-  const DType grad_dtype = parse_dtype(args.string("grad-dtype", "fp32"), "--grad-dtype");
-  const std::string copy_text = args.string("copy-out", "none");
-  const std::uint64_t steps = args.uint("steps", 10);
-  const bool reference = args.flag("reference");
-  const bool json = args.flag("json");
-  args.finish();
+  std::uint64_t numel = 100'000'000, threads = 0, steps = 10;
+  std::string isa_text = "auto", grad_text = "fp32", copy_text = "none";
+  bool reference = false, json = false;
+  Cli cli("bench adam", kAbout);
+  cli.count("--numel", numel, "elements", 0, UINT64_MAX, "1e8");
+  cli.count("--threads", threads, "threads including the caller (0 = one per hardware thread)", 0,
+            1024);  // CpuAdam's limit
+  cli.text("--isa", isa_text, "ISA", "auto | avx512bf16 | avx512 | avx2 | scalar");
+  cli.text("--grad-dtype", grad_text, "T", "fp32 | bf16 | fp16");
+  cli.text("--copy-out", copy_text, "T", "none | bf16 | fp16: also write low-precision parameters");
+  cli.count("--steps", steps, "timed steps");
+  cli.flag("--reference", reference, "alternate each step with the memory kernel (see above)");
+  cli.flag("--json", json, "one JSON object on stdout instead of the table");
+  if (!cli.parse(tokens)) return 0;
+  const DType grad_dtype = parse_dtype(grad_text, "--grad-dtype");
 
   // 2^36 elements is ~2 TB of state: far beyond any host, and keeps every byte count in range.
   check_numel(numel);
@@ -156,27 +151,27 @@ int bench_adam_main(const std::vector<std::string>& tokens) {
   const std::string isa(adam::isa_name(adam.isa()));
   const std::string gt(dtype_name(grad_dtype));
   if (json) {
-    JsonWriter j;
-    j.field("bench", "adam");
-    j.field("isa", isa);
-    j.field("threads", std::uint64_t{adam.threads()});
-    j.field("numel", std::uint64_t{n});
-    j.field("grad_dtype", gt);
-    j.field("copy_out", copy_text);
-    j.field("steps", steps);
-    j.field("seconds_per_step", sec);
-    j.field("seconds_per_step_min", best_sec);
-    j.field("elements_per_s", eps);
-    j.field("bytes_per_element", std::uint64_t{bytes_per_element});
-    j.field("gbps", gbps);
+    Json j;
+    j["bench"] = "adam";
+    j["isa"] = isa;
+    j["threads"] = std::uint64_t{adam.threads()};
+    j["numel"] = std::uint64_t{n};
+    j["grad_dtype"] = gt;
+    j["copy_out"] = copy_text;
+    j["steps"] = steps;
+    j["seconds_per_step"] = sec;
+    j["seconds_per_step_min"] = best_sec;
+    j["elements_per_s"] = eps;
+    j["bytes_per_element"] = std::uint64_t{bytes_per_element};
+    j["gbps"] = gbps;
     if (rmw) {
-      j.field("rmw_gbps", rmw_gbps);
-      j.field("rmw_bound_elements_per_s", bound_eps);
-      j.field("ratio_to_rmw_bound", ratio);
-      j.field("ratio_to_rmw_bound_best", ratio_best);
+      j["rmw_gbps"] = rmw_gbps;
+      j["rmw_bound_elements_per_s"] = bound_eps;
+      j["ratio_to_rmw_bound"] = ratio;
+      j["ratio_to_rmw_bound_best"] = ratio_best;
     }
-    j.field("cpu", cpu_model());
-    std::printf("%s\n", j.str().c_str());
+    j["cpu"] = cpu_model();
+    std::printf("%s\n", json_text(j).c_str());
   } else {
     std::printf("cpu adam  isa=%s threads=%zu numel=%zu grad=%s copy-out=%s steps=%llu (median)\n",
                 isa.c_str(), adam.threads(), n, gt.c_str(), copy_text.c_str(),

@@ -12,7 +12,7 @@
 #include "commands.h"
 #include "io_bench.h"
 #include "format.h"
-#include "json_writer.h"
+#include "json_out.h"
 #include "zinf/common/error.h"
 #include "zinf/cuda/device.h"
 #include "zinf/swap/io_engine.h"
@@ -20,37 +20,19 @@
 namespace zinf::tools {
 namespace {
 
-constexpr const char* kHelp = R"(usage: zinf bench io [options]
+constexpr const char* kAbout =
+    "Measures sequential O_DIRECT read and write bandwidth through zinf's I/O engine, with every\n"
+    "byte read back verified (a mismatch is an error, exit status 1).";
 
-Measures sequential O_DIRECT read and write bandwidth through zinf's I/O engine, with every byte
-read back verified (a mismatch is an error, exit status 1).
-
-  --dir DIR            directory to test (repeatable: blocks are striped over the files)
-                       [default: ./zinf-scratch, created if missing]
-  --size N             total bytes over all files [1G]; K/M/G/T = 1024^n, kB/MB/GB = 1000^n
-  --block-size N       bytes per request [1M]; a multiple of the direct-I/O alignment
-  --queue-depth N      requests kept in flight [16]
-  --threads N          worker threads for --engine threads [0 = queue depth]
-  --engine KIND        auto | uring | threads [auto]
-  --op OP              read | write | both [both]
-  --loops N            timed passes per op; the median is reported [3]
-  --no-verify          do not check the data (faster, not recommended)
-  --no-precondition    time writes into fresh (fallocated) space instead of overwrites
-  --no-huge-pages      do not ask for 2 MiB pages for the buffers
-  --buffer-bytes N     pinned memory the requests rotate over [queue depth x block size, as
-                       fio]; set it to a pipeline's buffer ring (e.g. bench step's
-                       pinned_bytes_peak) to measure the drive with that footprint
-  --keep               keep the data files afterwards, under fresh names printed on stderr
-                       (zinf-bench-io-<pid>-<random>.dat); an interrupted run removes them
-
+constexpr const char* kFooter = R"(
 Without --keep the data files have no name (O_TMPFILE, or a random name unlinked at once): they
 vanish when zinf exits however it exits, a link planted in DIR is never followed, and runs in
 one directory never share a file. SIGINT, SIGTERM and SIGHUP stop the run (exit status 128 +
 the signal's number, e.g. 130 for SIGINT).
-  --json               one JSON object per op on stdout instead of the table
 
-GB/s means 10^9 bytes per second.
-)";
+fio's and ds_io's names are read as zinf's: --bs, --iodepth, --directory/--folder, --io_size,
+--rw read|write (zinf has no random or mixed mode: --rw randread, randwrite, rw are refused),
+--read (ds_io). GB/s means 10^9 bytes per second.)";
 
 struct Config {
   std::vector<std::string> dirs;
@@ -81,17 +63,59 @@ struct OpSummary {
   double lat_p99_us = 0;
 };
 
+// fio's --rw as zinf's --op: sequential reads or writes only.
+std::vector<std::string> op_from_fio_rw(const std::string& rw) {
+  if (rw == "read" || rw == "write") return {"--op=" + rw};
+  throw UsageError("--rw " + rw +
+                   ": zinf bench io measures sequential reads and writes only (no random or "
+                   "mixed mode); use --op read, --op write or --op both");
+}
+
 Config parse(const std::vector<std::string>& tokens, bool* help) {
-  Args a("bench io", tokens);
   Config c;
-  *help = a.help();
-  c.dirs = a.strings("dir");
-  c.size = a.size("size", 1ull << 30);
-  c.block_size = to_u32(a.size("block-size", 1u << 20), "--block-size");
-  c.queue_depth = to_u32(a.uint("queue-depth", 16), "--queue-depth");
-  c.threads = static_cast<std::uint32_t>(a.uint("threads", 0, 0, UINT32_MAX));
-  c.engine = swap::parse_io_engine_kind(a.string("engine", "auto"));
-  std::string op = a.string("op", "both");
+  std::uint64_t block_size = 1u << 20, queue_depth = 16, threads = 0, loops = 3;
+  std::string engine = "auto", op = "both";
+  bool no_verify = false, no_precondition = false, no_huge_pages = false;
+  Cli cli("bench io", kAbout, kFooter);
+  cli.texts("--dir", c.dirs, "DIR",
+            "directory to test (repeatable: blocks are striped over the files)",
+            "./zinf-scratch, created if missing");
+  c.size = 1ull << 30;
+  cli.size("--size", c.size, "total bytes over all files");
+  cli.size("--block-size", block_size,
+           "bytes per request; a multiple of the direct-I/O alignment (4096)");
+  cli.count("--queue-depth", queue_depth, "requests kept in flight");
+  cli.count("--threads", threads, "worker threads for --engine threads (0 = queue depth)", 0,
+            UINT32_MAX);
+  cli.text("--engine", engine, "KIND", "auto | uring | threads");
+  cli.text("--op", op, "OP", "read | write | both");
+  cli.count("--loops", loops, "timed passes per op; the median is reported");
+  cli.flag("--no-verify", no_verify, "do not check the data (faster, not recommended)");
+  cli.flag("--no-precondition", no_precondition,
+           "time writes into fresh (fallocated) space instead of overwrites");
+  cli.flag("--no-huge-pages", no_huge_pages, "do not ask for 2 MiB pages for the buffers");
+  cli.size("--buffer-bytes", c.buffer_bytes,
+           "pinned memory the requests rotate over; set it to a pipeline's buffer ring "
+           "(e.g. bench step's pinned_bytes_peak) to measure the drive with that footprint",
+           "queue depth x block size, as fio");
+  cli.flag("--keep", c.keep,
+           "keep the data files afterwards, under fresh names printed on stderr "
+           "(zinf-bench-io-<pid>-<random>.dat); an interrupted run removes them");
+  cli.flag("--json", c.json, "one JSON object per op on stdout instead of the table");
+  cli.alias_value("--rw", op_from_fio_rw);
+  cli.alias_switch("--read", {"--op=read"});  // ds_io's read switch
+  cli.refuse("--numjobs",
+             "--numjobs: zinf bench io runs one job; set --queue-depth (requests in flight) and, "
+             "for --engine threads, --threads (worker threads)");
+  cli.refuse("--runtime",
+             "--runtime: zinf bench io has no time-based mode; it times --loops passes of --size "
+             "bytes (raise --size for a longer pass)");
+  *help = !cli.parse(tokens);
+  if (*help) return c;
+  c.block_size = to_u32(block_size, "--block-size");
+  c.queue_depth = to_u32(queue_depth, "--queue-depth");
+  c.threads = static_cast<std::uint32_t>(threads);
+  c.engine = swap::parse_io_engine_kind(engine);
   if (op == "read") {
     c.do_write = false;
   } else if (op == "write") {
@@ -99,15 +123,10 @@ Config parse(const std::vector<std::string>& tokens, bool* help) {
   } else if (op != "both") {
     throw UsageError("invalid --op '" + op + "': expected read, write or both");
   }
-  c.loops = to_u32(a.uint("loops", 3), "--loops");
-  c.verify = !a.flag("no-verify");
-  c.precondition = !a.flag("no-precondition");
-  c.huge_pages = !a.flag("no-huge-pages");
-  c.buffer_bytes = a.size("buffer-bytes", 0);
-  c.keep = a.flag("keep");
-  c.json = a.flag("json");
-  a.finish();
-  if (*help) return c;
+  c.loops = to_u32(loops, "--loops");
+  c.verify = !no_verify;
+  c.precondition = !no_precondition;
+  c.huge_pages = !no_huge_pages;
   check_scratch_dirs(c.dirs);
   if (c.block_size % 4096 != 0) {
     throw UsageError("invalid --block-size " + std::to_string(c.block_size) +
@@ -156,10 +175,7 @@ OpSummary summarize(const std::string& op, const std::vector<IoPassResult>& pass
 int bench_io_main(const std::vector<std::string>& tokens) {
   bool help = false;
   Config cfg = parse(tokens, &help);
-  if (help) {
-    std::fputs(kHelp, stdout);
-    return 0;
-  }
+  if (help) return 0;
 
   IoBenchOptions bo;
   bo.dirs = cfg.dirs;
@@ -200,33 +216,33 @@ int bench_io_main(const std::vector<std::string>& tokens) {
                                      ? std::to_string(gpu.device_count) + " CUDA device(s)"
                                      : "none (" + gpu.reason + ")";
     for (const auto& s : summaries) {
-      JsonWriter j;
-      j.field("op", s.op);
-      j.field("engine", std::string(bench.engine_name()));
-      j.field("bytes", s.bytes);
-      j.field("seconds", s.seconds);
-      j.field("gbps", s.gbps);
-      j.field("iops", s.iops);
-      j.field("lat_p50_us", s.lat_p50_us);
-      j.field("lat_p99_us", s.lat_p99_us);
-      j.field("block_size", std::uint64_t{cfg.block_size});
-      j.field("queue_depth", std::uint64_t{cfg.queue_depth});
-      j.field("buffer_bytes", cfg.buffer_bytes);
-      j.field("threads", std::uint64_t{bench.engine_threads()});
-      j.field("direct", bench.direct());
-      j.field("huge_pages", bench.huge_pages());
-      j.field("registered_buffers", bench.registered_buffers());
-      j.field("verified", s.op == "read" ? cfg.verify : false);
-      j.field("precondition", cfg.precondition);
-      j.field("loops", std::uint64_t{cfg.loops});
-      j.field("gbps_loops", s.gbps_per_loop);
-      j.field("files", file_count);
-      j.field("dirs", cfg.dirs);
-      j.field("file_system", fs);
-      j.field("kernel", kernel_release());
-      j.field("cpu", cpu_model());
-      j.field("gpu", gpu_text);
-      std::printf("%s\n", j.str().c_str());
+      Json j;
+      j["op"] = s.op;
+      j["engine"] = std::string(bench.engine_name());
+      j["bytes"] = s.bytes;
+      j["seconds"] = s.seconds;
+      j["gbps"] = s.gbps;
+      j["iops"] = s.iops;
+      j["lat_p50_us"] = s.lat_p50_us;
+      j["lat_p99_us"] = s.lat_p99_us;
+      j["block_size"] = std::uint64_t{cfg.block_size};
+      j["queue_depth"] = std::uint64_t{cfg.queue_depth};
+      j["buffer_bytes"] = cfg.buffer_bytes;
+      j["threads"] = std::uint64_t{bench.engine_threads()};
+      j["direct"] = bench.direct();
+      j["huge_pages"] = bench.huge_pages();
+      j["registered_buffers"] = bench.registered_buffers();
+      j["verified"] = s.op == "read" ? cfg.verify : false;
+      j["precondition"] = cfg.precondition;
+      j["loops"] = std::uint64_t{cfg.loops};
+      j["gbps_loops"] = s.gbps_per_loop;
+      j["files"] = file_count;
+      j["dirs"] = cfg.dirs;
+      j["file_system"] = fs;
+      j["kernel"] = kernel_release();
+      j["cpu"] = cpu_model();
+      j["gpu"] = gpu_text;
+      std::printf("%s\n", json_text(j).c_str());
     }
   } else {
     std::printf(

@@ -20,7 +20,7 @@
 #include "commands.h"
 #include "interrupt.h"
 #include "format.h"
-#include "json_writer.h"
+#include "json_out.h"
 #include "zinf/common/error.h"
 #include "zinf/cuda/device.h"
 #include "zinf/prefetch/layer_prefetcher.h"
@@ -33,8 +33,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr const char* kHelp = R"(usage: zinf bench prefetch [options]
-
+constexpr const char* kAbout = R"(
 Measures how much of the NVMe read time the layer prefetcher hides behind compute. Layers are
 written once to a swap store on DIR; each pass is then one iteration of one prefetcher (after
 an untimed first one, as in training) that acquires every layer in order, with a simulated
@@ -42,31 +41,15 @@ compute of --compute-ms per layer on the compute stream (a GPU kernel that waits
 timer with --device cuda, a sleeping stream worker on host). Each pass also reads the
 layers alone (NVMe -> pinned, back to back into as many buffers as the prefetcher's staging
 holds, no compute) and runs the compute alone, for the I/O and compute times of the same run.
-Every byte is verified after the timed passes unless --no-verify.
+Every byte is verified after the timed passes unless --no-verify.)";
 
-  --dir DIR            directory for the layers (repeatable: striped over the directories)
-                       [default: ./zinf-scratch, created if missing]
-  --layers N           number of layers [32]
-  --layer-bytes N      bytes per layer [16M]; a multiple of 4096
-  --compute-ms X       simulated compute per layer in ms [0 = the measured read time of one
-                       layer, so that I/O and compute are about equal]
-  --depth N            layers read ahead of the one computing; 0 = fetch on demand [2]
-  --device KIND        host | cuda | auto [host]
-  --copy-gbps X        host device only: host->device copy bandwidth cap in GB/s [0 = none]
-  --engine KIND        auto | uring | threads [auto]
-  --passes N           timed passes; medians are reported [3]
-  --checksums on|off   CRC32C per stripe of the layers' swap store, verified on every read,
-                       as the library does by default [on]; off measures the cost of that
-  --no-verify          skip the final read-back check
-  --json               one JSON object on stdout instead of the table
-
+constexpr const char* kFooter = R"(
 The wall time of a pass runs from the first acquire to the compute stream's last layer done.
 Target: with depth >= 2 and I/O about equal to compute, wall <= 1.10 x max(compute, io);
 with depth 0 the wall time is about compute + io.
 
 SIGINT, SIGTERM and SIGHUP stop the run between passes and remove its files (exit status 128 +
-the signal's number, e.g. 130 for SIGINT).
-)";
+the signal's number, e.g. 130 for SIGINT).)";
 
 struct Config {
   std::vector<std::string> dirs;
@@ -84,23 +67,35 @@ struct Config {
 };
 
 Config parse(const std::vector<std::string>& tokens, bool* help) {
-  Args a("bench prefetch", tokens);
   Config c;
-  *help = a.help();
-  c.dirs = a.strings("dir");
-  c.layers = a.uint("layers", 32);
-  c.layer_bytes = a.size("layer-bytes", 16ull << 20);
-  c.compute_ms = a.number("compute-ms", 0);
-  c.depth = a.uint("depth", 2);
-  c.device = cuda::parse_device_kind(a.string("device", "host"));
-  c.copy_gbps = a.number("copy-gbps", 0);
-  c.engine = swap::parse_io_engine_kind(a.string("engine", "auto"));
-  c.passes = a.uint("passes", 3);
-  c.checksums = parse_on_off(a.string("checksums", "on"), "--checksums");
-  c.verify = !a.flag("no-verify");
-  c.json = a.flag("json");
-  a.finish();
+  std::string device = "host", engine = "auto", checksums = "on";
+  bool no_verify = false;
+  Cli cli("bench prefetch", kAbout, kFooter);
+  cli.texts("--dir", c.dirs, "DIR",
+            "directory for the layers (repeatable: striped over the directories)",
+            "./zinf-scratch, created if missing");
+  cli.count("--layers", c.layers, "number of layers");
+  cli.size("--layer-bytes", c.layer_bytes, "bytes per layer; a multiple of 4096");
+  cli.number("--compute-ms", c.compute_ms,
+             "simulated compute per layer in ms (0 = the measured read time of one "
+             "layer, so that I/O and compute are about equal)");
+  cli.count("--depth", c.depth, "layers read ahead of the one computing; 0 = fetch on demand");
+  cli.text("--device", device, "KIND", "host | cuda | auto");
+  cli.number("--copy-gbps", c.copy_gbps,
+             "host device only: host->device copy bandwidth cap in GB/s (0 = none)");
+  cli.text("--engine", engine, "KIND", "auto | uring | threads");
+  cli.count("--passes", c.passes, "timed passes; medians are reported");
+  cli.text("--checksums", checksums, "on|off",
+           "CRC32C per stripe of the layers' swap store, verified on every read, "
+           "as the library does by default; off measures the cost of that");
+  cli.flag("--no-verify", no_verify, "skip the final read-back check");
+  cli.flag("--json", c.json, "one JSON object on stdout instead of the table");
+  *help = !cli.parse(tokens);
   if (*help) return c;
+  c.device = cuda::parse_device_kind(device);
+  c.engine = swap::parse_io_engine_kind(engine);
+  c.checksums = parse_on_off(checksums, "--checksums");
+  c.verify = !no_verify;
   if (c.layers == 0 || c.layers > 100000) {
     throw UsageError("invalid --layers " + std::to_string(c.layers) +
                      ": must be between 1 and 100000");
@@ -280,10 +275,7 @@ void verify_through_prefetcher(const Config& cfg, swap::SwapStore& store, cuda::
 int bench_prefetch_main(const std::vector<std::string>& tokens) {
   bool help = false;
   Config cfg = parse(tokens, &help);
-  if (help) {
-    std::fputs(kHelp, stdout);
-    return 0;
-  }
+  if (help) return 0;
 
   swap::IoOptions io;
   io.kind = cfg.engine;
@@ -367,40 +359,39 @@ int bench_prefetch_main(const std::vector<std::string>& tokens) {
   const double total_bytes = static_cast<double>(cfg.layers * padded);
 
   if (cfg.json) {
-    JsonWriter j;
-    j.field("bench", "prefetch");
-    j.field("wall_seconds", wall);
-    j.field("compute_seconds", compute_s);
-    j.field("io_seconds", io_s);
-    j.field("stall_seconds", stall_s);
-    j.field("acquire_blocked_seconds", median(blocked));
-    j.field("depth", cfg.depth);
-    j.field("wall_over_max", wall / bound);
-    j.field("wall_over_sum", wall / (compute_s + io_s));
-    j.field("layers", cfg.layers);
-    j.field("layer_bytes", cfg.layer_bytes);
-    j.field("compute_ms", cfg.compute_ms);
-    j.field("compute_ms_auto", auto_compute);
-    j.field("passes", cfg.passes);
-    j.field("checksums", cfg.checksums);
-    j.field("wall_seconds_passes", walls);
-    j.field("io_seconds_passes", ios);
-    j.field("read_gbps", total_bytes / io_s / 1e9);
+    Json j;
+    j["bench"] = "prefetch";
+    j["wall_seconds"] = wall;
+    j["compute_seconds"] = compute_s;
+    j["io_seconds"] = io_s;
+    j["stall_seconds"] = stall_s;
+    j["acquire_blocked_seconds"] = median(blocked);
+    j["depth"] = cfg.depth;
+    j["wall_over_max"] = wall / bound;
+    j["wall_over_sum"] = wall / (compute_s + io_s);
+    j["layers"] = cfg.layers;
+    j["layer_bytes"] = cfg.layer_bytes;
+    j["compute_ms"] = cfg.compute_ms;
+    j["compute_ms_auto"] = auto_compute;
+    j["passes"] = cfg.passes;
+    j["checksums"] = cfg.checksums;
+    j["wall_seconds_passes"] = walls;
+    j["io_seconds_passes"] = ios;
+    j["read_gbps"] = total_bytes / io_s / 1e9;
     // The rate the reads ran at inside the prefetch pass (bytes over the time any read was in
     // flight): below read_gbps, the drive itself was slower while compute and copies ran.
     const double busy = std::chrono::duration<double>(mid.stats.read_busy_time).count();
-    j.field("pass_read_gbps",
-            busy > 0 ? static_cast<double>(mid.stats.bytes_read) / busy / 1e9 : 0.0);
-    j.field("hits", mid.stats.hits);
-    j.field("on_demand", mid.stats.on_demand);
-    j.field("late_layers", mid.stats.late_layers);
-    j.field("peak_held_bytes", mid.stats.peak_held_bytes);
-    j.field("device", std::string(device->name()));
-    j.field("copy_gbps", cfg.copy_gbps);
-    j.field("engine", std::string(engine->name()));
-    j.field("dirs", cfg.dirs);
-    j.field("verified", cfg.verify);
-    std::printf("%s\n", j.str().c_str());
+    j["pass_read_gbps"] = busy > 0 ? static_cast<double>(mid.stats.bytes_read) / busy / 1e9 : 0.0;
+    j["hits"] = mid.stats.hits;
+    j["on_demand"] = mid.stats.on_demand;
+    j["late_layers"] = mid.stats.late_layers;
+    j["peak_held_bytes"] = mid.stats.peak_held_bytes;
+    j["device"] = std::string(device->name());
+    j["copy_gbps"] = cfg.copy_gbps;
+    j["engine"] = std::string(engine->name());
+    j["dirs"] = cfg.dirs;
+    j["verified"] = cfg.verify;
+    std::printf("%s\n", json_text(j).c_str());
   } else {
     std::printf(
         "zinf bench prefetch: device=%s engine=%.*s layers=%llu layer=%s depth=%llu "

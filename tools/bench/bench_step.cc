@@ -23,7 +23,7 @@
 #include "interrupt.h"
 #include "io_bench.h"
 #include "format.h"
-#include "json_writer.h"
+#include "json_out.h"
 #include "scratch.h"
 #include "zinf/common/error.h"
 #include "zinf/offload/optimizer.h"
@@ -35,46 +35,27 @@ using adam::GradView;
 using offload::OffloadedOptimizer;
 using offload::StateTier;
 
-constexpr const char* kHelp = R"(usage: zinf bench step [options]
-
+constexpr const char* kAbout = R"(
 Times steps of zinf's offloaded optimizer: the fp32 parameters and Adam moments (12 bytes per
 element) live on NVMe (--tier nvme, one swap file per --dir) or in pinned host memory (--tier
 cpu), and each step streams them through the CPU Adam kernel with fp32 gradients held in memory.
-Reports the median step and, for that step count, the median busy time of each stage.
+Reports the median step and, for that step count, the median busy time of each stage.)";
 
-  --dir DIR          directory for the state (repeatable: striped over the files)
-                     [default: ./zinf-scratch, created if missing]
-  --numel N          parameters; K/M/G = 1024^n [256M: 3 GiB of state, 1 GiB of fp32 gradients]
-  --sub-group N      elements per sub-group [1048576]
-  --depth N          ring buffers of one sub-group each, >= 3 [4]
-  --threads N        CPU Adam threads including the caller [0 = one per hardware thread]
-  --tier T           nvme | cpu [nvme]
-  --steps N          timed steps after one untimed warm-up [5]
-  --engine KIND      auto | uring | threads [auto]
-  --queue-depth N    I/O requests in flight [16]
-  --grad-dtype T     fp32 | bf16 | fp16 [fp32]
-  --copy-out T       none | bf16 | fp16: also write the low-precision parameters [none]
-  --checksums on|off CRC32C per stripe of the swap files, computed on every write-back and
-                     verified on every read, as the library does by default [on]; off
-                     measures the cost of that integrity
-  --budget N         pinned-memory budget [the ring or the state, whichever the tier needs]
-  --reference K      every K timed steps (and after the last), measure what the steps are
-                     judged by: one write and one read pass of the state's size through `zinf
-                     bench io`'s code (same engine, queue depth and 1 MiB requests over fio's
-                     footprint of queue depth x 1 MiB, on a file without a name in each --dir) and
-                     one Adam step over the same elements in plain memory; reports each step
-                     against the mean of the two references around its block of K steps:
-                       ideal = max(bytes read / read rate + bytes written / write rate, Adam)
-                     K > 1 keeps steps back to back, as a trainer's are. Needs 12 bytes per
-                     element more memory and the state's size again on the drive.
-  --json             one JSON object on stdout instead of the table
+constexpr const char* kFooter = R"(
+--reference N: every N timed steps (and after the last), measure what the steps are judged by:
+one write and one read pass of the state's size through `zinf bench io`'s code (same engine,
+queue depth and 1 MiB requests over fio's footprint of queue depth x 1 MiB, on a file without a
+name in each --dir) and one Adam step over the same elements in plain memory; each step is
+reported against the mean of the two references around its block of N steps:
+  ideal = max(bytes read / read rate + bytes written / write rate, Adam)
+N > 1 keeps steps back to back, as a trainer's are. Needs 12 bytes per element more memory and
+the state's size again on the drive.
 
 Stage times: read/write = time with at least one state read/write-back in flight; compute =
 time inside the Adam kernel; they overlap, so the step takes about the longest of them.
 
 SIGINT, SIGTERM and SIGHUP stop the run between steps and remove its files (exit status 128 +
-the signal's number, e.g. 130 for SIGINT).
-)";
+the signal's number, e.g. 130 for SIGINT).)";
 
 // The ideal steps are judged by, measured around them (--reference K): the drive's own rates
 // from one write and one read pass of the state's size, and the Adam kernel alone on arrays in
@@ -151,27 +132,47 @@ class StepReference {
 }  // namespace
 
 int bench_step_main(const std::vector<std::string>& tokens) {
-  Args args("bench step", tokens);
-  if (args.help()) {
-    std::fputs(kHelp, stdout);
-    return 0;
-  }
-  std::vector<std::string> dirs = args.strings("dir");
-  const std::uint64_t numel = args.size("numel", std::uint64_t{256} << 20);
-  const std::uint64_t sub_group = args.size("sub-group", std::uint64_t{1} << 20);
-  const std::uint64_t depth = args.uint("depth", 4);
-  const std::uint64_t threads = args.uint("threads", 0, 0, 1024);  // CpuAdam's limit
-  const StateTier tier = offload::parse_state_tier(args.string("tier", "nvme"), "--tier");
-  const std::uint64_t steps = args.uint("steps", 5);
-  const auto engine_kind = swap::parse_io_engine_kind(args.string("engine", "auto"));
-  const std::uint64_t queue_depth = args.uint("queue-depth", 16);
-  const DType grad_dtype = parse_dtype(args.string("grad-dtype", "fp32"), "--grad-dtype");
-  const std::string copy_text = args.string("copy-out", "none");
-  const bool checksums = parse_on_off(args.string("checksums", "on"), "--checksums");
-  const std::uint64_t budget = args.size("budget", 0);
-  const std::uint64_t reference_every = args.uint("reference", 0);
-  const bool json = args.flag("json");
-  args.finish();
+  std::vector<std::string> dirs;
+  std::uint64_t numel = std::uint64_t{256} << 20, sub_group = std::uint64_t{1} << 20, depth = 4;
+  std::uint64_t threads = 0, steps = 5, queue_depth = 16, budget = 0, reference_every = 0;
+  std::string tier_text = "nvme", engine_text = "auto", grad_text = "fp32", copy_text = "none";
+  std::string checksums_text = "on";
+  bool json = false;
+  Cli cli("bench step", kAbout, kFooter);
+  cli.texts("--dir", dirs, "DIR", "directory for the state (repeatable: striped over the files)",
+            "./zinf-scratch, created if missing");
+  cli.count("--numel", numel, "parameters", 0, UINT64_MAX,
+            "256M: 3 GiB of state, 1 GiB of fp32 gradients");
+  cli.count("--sub-group", sub_group, "elements per sub-group", 0, UINT64_MAX, "1M");
+  cli.count("--depth", depth, "ring buffers of one sub-group each, >= 3");
+  cli.count("--threads", threads,
+            "CPU Adam threads including the caller (0 = one per hardware "
+            "thread)",
+            0, 1024);  // CpuAdam's limit
+  cli.text("--tier", tier_text, "T", "nvme | cpu");
+  cli.count("--steps", steps, "timed steps after one untimed warm-up");
+  cli.text("--engine", engine_text, "KIND", "auto | uring | threads");
+  cli.count("--queue-depth", queue_depth, "I/O requests in flight");
+  cli.text("--grad-dtype", grad_text, "T", "fp32 | bf16 | fp16");
+  cli.text("--copy-out", copy_text, "T",
+           "none | bf16 | fp16: also write the low-precision "
+           "parameters");
+  cli.text("--checksums", checksums_text, "on|off",
+           "CRC32C per stripe of the swap files, computed on every write-back and verified "
+           "on every read, as the library does by default; off measures the cost of that");
+  cli.size("--budget", budget, "pinned-memory budget",
+           "the ring or the state, whichever the tier "
+           "needs");
+  cli.count("--reference", reference_every,
+            "every N timed steps, measure the references the "
+            "steps are judged by (below); 0 = never");
+  cli.flag("--json", json, "one JSON object on stdout instead of the table");
+  cli.refuse("--runtime", "--runtime: zinf bench step runs a number of steps; set --steps");
+  if (!cli.parse(tokens)) return 0;
+  const StateTier tier = offload::parse_state_tier(tier_text, "--tier");
+  const auto engine_kind = swap::parse_io_engine_kind(engine_text);
+  const DType grad_dtype = parse_dtype(grad_text, "--grad-dtype");
+  const bool checksums = parse_on_off(checksums_text, "--checksums");
 
   check_numel(numel);
   if (sub_group == 0) throw UsageError("--sub-group must be at least 1");
@@ -277,44 +278,44 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   const std::uint64_t bytes_written = all.front().bytes_written;
   const std::uint64_t sub_groups = all.front().sub_groups;
   if (json) {
-    JsonWriter j;
-    j.field("bench", "step");
-    j.field("tier", std::string(offload::state_tier_name(tier)));
-    j.field("engine", std::string(opt.engine_name()));
-    j.field("numel", std::uint64_t{numel});
-    j.field("sub_group", sub_group);
-    j.field("sub_groups", sub_groups);
-    j.field("depth", depth);
-    j.field("threads", threads);
-    j.field("grad_dtype", std::string(dtype_name(grad_dtype)));
-    j.field("copy_out", copy_text);
-    j.field("checksums", checksums);
-    j.field("steps", steps);
-    j.field("step_seconds", step_med);
-    j.field("step_seconds_min", *std::min_element(step_s.begin(), step_s.end()));
-    j.field("read_seconds", median(read_s));
-    j.field("write_seconds", median(write_s));
-    j.field("compute_seconds", median(compute_s));
-    j.field("wait_seconds", median(wait_s));
-    j.field("bytes_read", bytes_read);
-    j.field("bytes_written", bytes_written);
-    j.field("pinned_bytes_peak", opt.pinned_bytes_peak());
-    j.field("elements_per_s", static_cast<double>(numel) / step_med);
-    j.field("step_seconds_all", step_s);
+    Json j;
+    j["bench"] = "step";
+    j["tier"] = std::string(offload::state_tier_name(tier));
+    j["engine"] = std::string(opt.engine_name());
+    j["numel"] = std::uint64_t{numel};
+    j["sub_group"] = sub_group;
+    j["sub_groups"] = sub_groups;
+    j["depth"] = depth;
+    j["threads"] = threads;
+    j["grad_dtype"] = std::string(dtype_name(grad_dtype));
+    j["copy_out"] = copy_text;
+    j["checksums"] = checksums;
+    j["steps"] = steps;
+    j["step_seconds"] = step_med;
+    j["step_seconds_min"] = *std::min_element(step_s.begin(), step_s.end());
+    j["read_seconds"] = median(read_s);
+    j["write_seconds"] = median(write_s);
+    j["compute_seconds"] = median(compute_s);
+    j["wait_seconds"] = median(wait_s);
+    j["bytes_read"] = bytes_read;
+    j["bytes_written"] = bytes_written;
+    j["pinned_bytes_peak"] = opt.pinned_bytes_peak();
+    j["elements_per_s"] = static_cast<double>(numel) / step_med;
+    j["step_seconds_all"] = step_s;
     if (ref) {
-      j.field("reference_every", reference_every);
-      j.field("references", std::uint64_t{refs.size()});
-      j.field("ref_read_gbps", median(rr));
-      j.field("ref_write_gbps", median(rw));
-      j.field("ref_adam_seconds", median(ra));
-      j.field("ideal_seconds", median(ideal_s));
-      j.field("ratio_to_ideal", median(ratio));
-      j.field("ratio_to_ideal_all", ratio);
-      j.field("ref_read_gbps_all", rr);
-      j.field("ref_write_gbps_all", rw);
+      j["reference_every"] = reference_every;
+      j["references"] = std::uint64_t{refs.size()};
+      j["ref_read_gbps"] = median(rr);
+      j["ref_write_gbps"] = median(rw);
+      j["ref_adam_seconds"] = median(ra);
+      j["ideal_seconds"] = median(ideal_s);
+      j["ratio_to_ideal"] = median(ratio);
+      j["ratio_to_ideal_all"] = ratio;
+      j["ref_read_gbps_all"] = rr;
+      j["ref_write_gbps_all"] = rw;
     }
-    j.field("dirs", dirs);
-    std::printf("%s\n", j.str().c_str());
+    j["dirs"] = dirs;
+    std::printf("%s\n", json_text(j).c_str());
   } else {
     std::printf(
         "zinf bench step: tier=%s engine=%.*s numel=%llu sub-group=%llu (%llu) depth=%llu "

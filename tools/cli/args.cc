@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// Command-line parsing for tools/: values, sizes and the "did you mean" suggestion.
+// The argument grammar (sizes, counts, durations) and Cli over CLI11: option declaration,
+// fio/ds_io names, "did you mean", and the one help format every command prints.
 #include "args.h"
+
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <cctype>
@@ -9,7 +12,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <map>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -19,17 +24,6 @@
 
 namespace zinf::tools {
 namespace {
-
-double parse_number(std::string_view text, std::string_view what) {
-  std::string s(text);
-  char* end = nullptr;
-  errno = 0;
-  double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || end != s.c_str() + s.size() || errno != 0 || !std::isfinite(v)) {
-    throw UsageError("invalid " + std::string(what) + " '" + s + "': not a number");
-  }
-  return v;
-}
 
 // Decimal digits only, the whole of `text`, into a uint64; nullopt for anything else or
 // overflow (std::from_chars refuses signs, spaces and hex, and reports overflow).
@@ -41,201 +35,565 @@ std::optional<std::uint64_t> parse_digits(std::string_view text) {
   return value;
 }
 
-}  // namespace
-
-std::uint64_t parse_uint(std::string_view text, std::string_view what, std::uint64_t min,
-                         std::uint64_t max) {
-  const auto bad = [&]() {
-    return UsageError("invalid " + std::string(what) + " '" + std::string(text) +
-                      "': expected an integer in [" + std::to_string(min) + ", " +
-                      std::to_string(max) + "]");
-  };
-  std::optional<std::uint64_t> value = parse_digits(text);
-  if (!value) {
-    // "1e8", "2.5e6": digits, one '.', an exponent; no sign before the number, no hex, no
-    // "inf" (strtod would take those). Exact only up to 2^53.
-    const bool scientific = !text.empty() && std::isdigit(static_cast<unsigned char>(text[0])) &&
-                            text.find_first_of("eE") != std::string_view::npos &&
-                            text.find_first_not_of("0123456789.eE+-") == std::string_view::npos;
-    if (!scientific) throw bad();
-    const std::string s(text);
-    char* end = nullptr;
-    errno = 0;
-    const double d = std::strtod(s.c_str(), &end);
-    if (end != s.c_str() + s.size() || errno != 0 || !(d >= 0 && d <= 9007199254740992.0) ||
-        d != std::floor(d)) {
-      throw bad();
-    }
-    value = static_cast<std::uint64_t>(d);
-  }
-  if (*value < min || *value > max) throw bad();
-  return *value;
+// A non-negative decimal number without sign, hex, "inf" or spaces (strtod would take all of
+// those): digits, at most one '.', and an exponent only where `exponent` allows it.
+std::optional<double> parse_plain_decimal(std::string_view text, bool exponent) {
+  if (text.empty() || !std::isdigit(static_cast<unsigned char>(text[0]))) return std::nullopt;
+  const char* allowed = exponent ? "0123456789.eE+-" : "0123456789.";
+  if (text.find_first_not_of(allowed) != std::string_view::npos) return std::nullopt;
+  const std::string s(text);
+  char* end = nullptr;
+  errno = 0;
+  const double d = std::strtod(s.c_str(), &end);
+  if (end != s.c_str() + s.size() || errno != 0 || !std::isfinite(d)) return std::nullopt;
+  return d;
 }
 
-std::uint64_t parse_size(std::string_view text, std::string_view what) {
-  std::string_view t = text;
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+// Splits "1.5GiB" into "1.5" and "GiB": the number is digits, '.', and an 'e'/'E' only where
+// a digit follows it (so "1e8" is a number but the 'e' of nothing else is).
+std::pair<std::string_view, std::string_view> split_number(std::string_view t) {
   std::size_t i = 0;
   while (i < t.size() && (std::isdigit(static_cast<unsigned char>(t[i])) || t[i] == '.' ||
                           ((t[i] == 'e' || t[i] == 'E') && i > 0 && i + 1 < t.size() &&
                            std::isdigit(static_cast<unsigned char>(t[i + 1]))))) {
     ++i;
   }
-  std::string_view num = t.substr(0, i);
-  std::string_view suffix = t.substr(i);
-  auto bad = [&]() -> UsageError {
+  return {t.substr(0, i), t.substr(i)};
+}
+
+constexpr std::uint64_t kKi = 1024;
+
+// The unit words of a size, lower case. Binary unless the B follows a letter (kB, MB...):
+// those are the SI units, and a drive's capacity is sold in them.
+std::optional<std::uint64_t> size_unit(std::string_view suffix) {
+  static const std::map<std::string, std::uint64_t> kUnits = {{"", 1},
+                                                              {"b", 1},
+                                                              {"k", kKi},
+                                                              {"kib", kKi},
+                                                              {"m", kKi * kKi},
+                                                              {"mib", kKi * kKi},
+                                                              {"g", kKi * kKi * kKi},
+                                                              {"gib", kKi * kKi * kKi},
+                                                              {"t", kKi * kKi * kKi * kKi},
+                                                              {"tib", kKi * kKi * kKi * kKi},
+                                                              {"kb", 1000},
+                                                              {"mb", 1000000},
+                                                              {"gb", 1000000000},
+                                                              {"tb", 1000000000000}};
+  const auto it = kUnits.find(lower(suffix));
+  if (it == kUnits.end()) return std::nullopt;
+  return it->second;
+}
+
+std::optional<std::uint64_t> count_unit(std::string_view suffix) {
+  const std::string s = lower(suffix);
+  if (s.empty()) return 1;
+  if (s == "k") return kKi;
+  if (s == "m") return kKi * kKi;
+  if (s == "g") return kKi * kKi * kKi;
+  if (s == "t") return kKi * kKi * kKi * kKi;
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::uint64_t parse_size(std::string_view text, std::string_view what) {
+  const auto bad = [&]() {
     return UsageError("invalid " + std::string(what) + " '" + std::string(text) +
                       "': expected a size such as 4096, 512K, 1M, 2GiB or 1e8");
   };
-  if (num.empty()) throw bad();
-  // Whole numbers with a binary or no suffix stay integers: exact up to 2^64 - 1, and an
-  // overflow is refused rather than rounded.
-  static constexpr std::pair<std::string_view, std::uint64_t> kExact[] = {{"", 1},
-                                                                          {"B", 1},
-                                                                          {"K", 1ull << 10},
-                                                                          {"k", 1ull << 10},
-                                                                          {"KiB", 1ull << 10},
-                                                                          {"M", 1ull << 20},
-                                                                          {"m", 1ull << 20},
-                                                                          {"MiB", 1ull << 20},
-                                                                          {"G", 1ull << 30},
-                                                                          {"g", 1ull << 30},
-                                                                          {"GiB", 1ull << 30},
-                                                                          {"T", 1ull << 40},
-                                                                          {"t", 1ull << 40},
-                                                                          {"TiB", 1ull << 40},
-                                                                          {"kB", 1000},
-                                                                          {"KB", 1000},
-                                                                          {"MB", 1000000},
-                                                                          {"GB", 1000000000},
-                                                                          {"TB", 1000000000000}};
+  const auto [num, suffix] = split_number(text);
+  const std::optional<std::uint64_t> mult = size_unit(suffix);
+  if (num.empty() || !mult) throw bad();
+  // Whole numbers stay integers: exact up to 2^64 - 1, and an overflow is refused rather
+  // than rounded.
   if (const auto whole = parse_digits(num)) {
-    for (const auto& [name, mult] : kExact) {
-      if (suffix != name) continue;
-      if (*whole > UINT64_MAX / mult) throw bad();
-      return *whole * mult;
-    }
-    throw bad();
+    if (*whole > UINT64_MAX / *mult) throw bad();
+    return *whole * *mult;
   }
-  double v = 0;
-  try {
-    v = parse_number(num, what);
-  } catch (const UsageError&) {
-    throw bad();
-  }
-  double mult = 1;
-  std::string s(suffix);
-  if (s.empty() || s == "B") {
-    mult = 1;
-  } else if (s == "K" || s == "k" || s == "KiB") {
-    mult = 1024.0;
-  } else if (s == "M" || s == "m" || s == "MiB") {
-    mult = 1024.0 * 1024;
-  } else if (s == "G" || s == "g" || s == "GiB") {
-    mult = 1024.0 * 1024 * 1024;
-  } else if (s == "T" || s == "t" || s == "TiB") {
-    mult = 1024.0 * 1024 * 1024 * 1024;
-  } else if (s == "kB" || s == "KB") {
-    mult = 1e3;
-  } else if (s == "MB") {
-    mult = 1e6;
-  } else if (s == "GB") {
-    mult = 1e9;
-  } else if (s == "TB") {
-    mult = 1e12;
-  } else {
-    throw bad();
-  }
-  double bytes = v * mult;
-  if (bytes < 0 || bytes > 1.8e19 || bytes != std::floor(bytes)) throw bad();
+  const std::optional<double> v = parse_plain_decimal(num, true);
+  if (!v) throw bad();
+  const double bytes = *v * static_cast<double>(*mult);
+  // 2^64 itself is not representable in a uint64; a double compares exactly against it.
+  if (bytes >= 18446744073709551616.0 || bytes != std::floor(bytes)) throw bad();
   return static_cast<std::uint64_t>(bytes);
 }
 
-Args::Args(std::string command, std::vector<std::string> tokens)
-    : command_(std::move(command)), tokens_(std::move(tokens)), used_(tokens_.size(), false) {}
-
-std::optional<std::string> Args::take(std::string_view name) {
-  // The same scan as strings(), so `--name v` and `--name=v` are accepted alike; the last
-  // occurrence wins.
-  std::vector<std::string> values = strings(name);
-  if (values.empty()) return std::nullopt;
-  return std::move(values.back());
+std::uint64_t parse_count(std::string_view text, std::string_view what, std::uint64_t min,
+                          std::uint64_t max) {
+  const auto bad = [&]() {
+    return UsageError("invalid " + std::string(what) + " '" + std::string(text) +
+                      "': expected an integer in [" + std::to_string(min) + ", " +
+                      std::to_string(max) + "]");
+  };
+  const auto [num, suffix] = split_number(text);
+  const std::optional<std::uint64_t> mult = count_unit(suffix);
+  if (num.empty() || !mult) throw bad();
+  std::uint64_t value = 0;
+  if (const auto whole = parse_digits(num)) {
+    if (*whole > UINT64_MAX / *mult) throw bad();
+    value = *whole * *mult;
+  } else {
+    // "1e8", "2.5e6", "1.5K": exact only up to 2^53, where doubles stop counting by one.
+    const std::optional<double> v = parse_plain_decimal(num, true);
+    if (!v) throw bad();
+    const double d = *v * static_cast<double>(*mult);
+    if (!(d <= 9007199254740992.0) || d != std::floor(d)) throw bad();
+    value = static_cast<std::uint64_t>(d);
+  }
+  if (value < min || value > max) throw bad();
+  return value;
 }
 
-std::string Args::string(std::string_view name, std::string fallback) {
-  auto v = take(name);
-  return v ? *v : std::move(fallback);
+std::chrono::milliseconds parse_duration(std::string_view text, std::string_view what) {
+  const auto bad = [&]() {
+    return UsageError("invalid " + std::string(what) + " '" + std::string(text) +
+                      "': expected a duration such as 250ms, 10s, 5m or 1h");
+  };
+  std::size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'))
+    ++i;
+  const std::optional<double> v = parse_plain_decimal(text.substr(0, i), false);
+  const std::string unit = lower(text.substr(i));
+  double ms_per_unit = 0;
+  if (unit.empty() || unit == "s") {
+    ms_per_unit = 1e3;
+  } else if (unit == "ms") {
+    ms_per_unit = 1;
+  } else if (unit == "m" || unit == "min") {
+    ms_per_unit = 60e3;
+  } else if (unit == "h") {
+    ms_per_unit = 3600e3;
+  }
+  if (!v || ms_per_unit == 0) throw bad();
+  const double ms = *v * ms_per_unit;
+  // A week bounds a soak or a sweep far beyond any use, and keeps every sum in range.
+  if (!(ms >= 1) || ms > 7 * 24 * 3600e3) throw bad();
+  return std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(ms)));
 }
 
-std::vector<std::string> Args::strings(std::string_view name) {
-  known_.emplace_back("--" + std::string(name));
-  std::vector<std::string> out;
-  const std::string flag = "--" + std::string(name);
-  for (std::size_t i = 0; i < tokens_.size(); ++i) {
-    if (used_[i]) continue;
-    if (tokens_[i] == flag) {
-      if (i + 1 >= tokens_.size()) throw UsageError("option " + flag + " needs a value");
-      used_[i] = used_[i + 1] = true;
-      out.push_back(tokens_[i + 1]);
-      ++i;
-    } else if (tokens_[i].rfind(flag + "=", 0) == 0) {
-      used_[i] = true;
-      out.push_back(tokens_[i].substr(flag.size() + 1));
+double parse_number(std::string_view text, std::string_view what) {
+  std::string s(text);
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || end != s.c_str() + s.size() || errno != 0 || !std::isfinite(v)) {
+    throw UsageError("invalid " + std::string(what) + " '" + s +
+                     "': expected a number such as 0.5 or 1e-3");
+  }
+  return v;
+}
+
+std::string size_text(std::uint64_t bytes) {
+  static constexpr std::pair<char, unsigned> kUnits[] = {
+      {'T', 40}, {'G', 30}, {'M', 20}, {'K', 10}};
+  for (const auto& [letter, shift] : kUnits) {
+    const std::uint64_t unit = std::uint64_t{1} << shift;
+    if (bytes != 0 && bytes % unit == 0) return std::to_string(bytes / unit) + letter;
+  }
+  return std::to_string(bytes);
+}
+
+std::string duration_text(std::chrono::milliseconds d) {
+  const auto ms = d.count();
+  if (ms != 0 && ms % 3600000 == 0) return std::to_string(ms / 3600000) + "h";
+  if (ms != 0 && ms % 60000 == 0) return std::to_string(ms / 60000) + "m";
+  if (ms % 1000 == 0) return std::to_string(ms / 1000) + "s";
+  return std::to_string(ms) + "ms";
+}
+
+namespace {
+
+// How another tool's option is taken here.
+struct Alias {
+  std::string to;  // rename: the zinf option, value and all
+  std::function<std::vector<std::string>(const std::string&)> map;  // or map the value
+  std::string refusal;                                              // or refuse, naming ours
+  std::vector<std::string> switch_tokens;  // or, for a switch, these tokens
+};
+
+// fio's and DeepSpeed ds_io's names for what zinf also has: used wherever the command has the
+// target option. (ds_io's snake_case names, --block_size and --queue_depth, are read with
+// '_' as '-', for every option.)
+const std::pair<const char*, const char*> kForeignNames[] = {
+    {"--bs", "--block-size"},   {"--iodepth", "--queue-depth"}, {"--runtime", "--duration"},
+    {"--directory", "--dir"},   {"--folder", "--dir"},          {"--io_size", "--size"},
+    {"--ioengine", "--engine"},
+};
+
+// The names above and fio's --rw and --numjobs, for the error when this command lacks them.
+bool is_foreign_name(std::string_view name) {
+  if (name == "--rw" || name == "--numjobs" || name == "--read") return true;
+  return std::any_of(std::begin(kForeignNames), std::end(kForeignNames),
+                     [&](const auto& p) { return name == p.first; });
+}
+
+// One help format for every command: "  --name VALUE   text [default: X]", the text's own
+// lines indented under it; groups under their title; switches carry no default (off).
+class HelpFormat : public CLI::Formatter {
+ public:
+  std::string make_help(const CLI::App* app, std::string, CLI::AppFormatMode) const override {
+    std::ostringstream out;
+    out << "usage: " << app->get_name() << " [options]\n";
+    if (!app->get_description().empty()) out << '\n' << app->get_description() << '\n';
+    // The help switch is in no group (CLI11 would give it one of its own): it closes the
+    // last one instead.
+    std::vector<std::string> groups;
+    for (const CLI::Option* o : app->get_options()) {
+      if (!o->get_group().empty() &&
+          std::find(groups.begin(), groups.end(), o->get_group()) == groups.end()) {
+        groups.push_back(o->get_group());
+      }
     }
+    if (groups.empty()) groups.push_back("options");
+    out << "\nA value's default is in [brackets]; a switch is off unless given.\n";
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+      out << '\n' << groups[i] << ":\n";
+      for (const CLI::Option* o : app->get_options()) {
+        if (o->get_group() == groups[i]) out << line(o);
+      }
+      if (i + 1 == groups.size() && app->get_help_ptr() != nullptr) {
+        out << line(app->get_help_ptr());
+      }
+    }
+    out << value_kinds(app);
+    if (!app->get_footer().empty()) out << '\n' << app->get_footer() << '\n';
+    return out.str();
+  }
+
+ private:
+  static constexpr std::size_t kColumn = 26;
+
+  // The grammar of each kind of value this command takes, once (args.h has the whole of it).
+  static std::string value_kinds(const CLI::App* app) {
+    static constexpr std::pair<const char*, const char*> kKinds[] = {
+        {"SIZE",
+         "bytes: 4096, 4K, 1.5M, 2GiB, 64mb; K/M/G/T and KiB/MiB/GiB/TiB = 1024^n,\n"
+         "      kB/MB/GB/TB = 1000^n, any case"},
+        {"N", "a count: 16, 1e8, or with K/M/G/T = 1024^n (20M = 20 x 2^20)"},
+        {"TIME", "a duration: 250ms, 10s, 5m, 1h, any case; a bare number is seconds"},
+    };
+    std::string out;
+    for (const auto& [kind, text] : kKinds) {
+      for (const CLI::Option* o : app->get_options()) {
+        if (o->get_type_name() == kind) {
+          out += std::string(out.empty() ? "\n" : "") + kind + ": " + text + "\n";
+          break;
+        }
+      }
+    }
+    return out;
+  }
+
+  static constexpr std::size_t kWidth = 100;  // the help fits the terminals the docs assume
+
+  // "  --name VALUE" in the left column, the description word-wrapped in the right one, the
+  // default last.
+  static std::string line(const CLI::Option* o) {
+    std::string left = "  ";
+    for (const std::string& s : o->get_snames()) left += "-" + s + ", ";
+    for (const std::string& l : o->get_lnames()) left += "--" + l + ", ";
+    left.resize(left.size() - 2);
+    if (!o->get_type_name().empty()) left += " " + o->get_type_name();
+    std::vector<std::string> lines;  // the description, word-wrapped
+    std::istringstream words(o->get_description());
+    std::string cur;
+    for (std::string w; words >> w;) {
+      if (!cur.empty() && kColumn + cur.size() + 1 + w.size() > kWidth) {
+        lines.push_back(cur);
+        cur.clear();
+      }
+      cur += (cur.empty() ? "" : " ") + w;
+    }
+    if (!cur.empty()) lines.push_back(cur);
+    if (!o->get_default_str().empty()) {
+      const std::string d = "[" + o->get_default_str() + "]";
+      if (lines.empty() || kColumn + lines.back().size() + 1 + d.size() > kWidth) {
+        lines.push_back(d);
+      } else {
+        lines.back() += " " + d;
+      }
+    }
+    std::string out = left;
+    if (left.size() + 2 > kColumn) {
+      out += "\n" + std::string(kColumn, ' ');
+    } else {
+      out += std::string(kColumn - left.size(), ' ');
+    }
+    for (std::size_t i = 0; i < lines.size(); ++i) {
+      if (i) out += "\n" + std::string(kColumn, ' ');
+      out += lines[i];
+    }
+    return out + "\n";
+  }
+};
+
+// Help texts are raw strings that start on the line after R"( for the 100 columns: that first
+// newline is not part of the text.
+std::string trim_newline(std::string s) {
+  if (!s.empty() && s.front() == '\n') s.erase(0, 1);
+  return s;
+}
+
+}  // namespace
+
+struct Cli::Impl {
+  std::string command;
+  CLI::App app;
+  std::string group = "options";
+  std::vector<std::string> names;  // every option declared, "--name"
+  std::map<std::string, Alias> aliases;
+  bool help_asked = false;
+
+  Impl(std::string cmd, std::string about, std::string footer)
+      : command(std::move(cmd)), app(trim_newline(std::move(about)), "zinf " + command) {
+    app.footer(trim_newline(std::move(footer)));
+    app.formatter(std::make_shared<HelpFormat>());
+    // The last of a repeated option wins, as in most tools; texts() keep every one.
+    app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    // Unknown tokens come back to us, for "did you mean" rather than CLI11's own message.
+    app.allow_extras(true);
+    app.set_help_flag("-h,--help", "print this help and exit")->group("");
+  }
+
+  bool has(std::string_view name) const {
+    return std::find(names.begin(), names.end(), name) != names.end();
+  }
+
+  CLI::Option* declare(CLI::Option* o, const std::string& name, std::string value_name,
+                       std::string shown) {
+    names.push_back(name);
+    o->type_name(std::move(value_name));
+    o->default_str(std::move(shown));
+    o->group(group);
+    return o;
+  }
+
+  template <typename Convert>
+  void value(const std::string& name, std::string value_name, std::string help, std::string shown,
+             Convert convert) {
+    CLI::Option* o = app.add_option_function<std::string>(
+        name, [name, convert](const std::string& v) { convert(v, name); }, std::move(help));
+    declare(o, name, std::move(value_name), std::move(shown));
+  }
+
+  std::vector<std::string> translate(const std::vector<std::string>& tokens) const;
+  [[noreturn]] void unknown(const std::string& token) const;
+};
+
+// Rewrites other tools' names into zinf's before CLI11 sees them: "--bs=4K" -> "--block-size=4K",
+// "--queue_depth" -> "--queue-depth", "--rw read" -> "--op=read"; refuses what has no match.
+std::vector<std::string> Cli::Impl::translate(const std::vector<std::string>& tokens) const {
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    const std::string& tok = tokens[i];
+    if (tok.rfind("--", 0) != 0 || tok.size() == 2) {
+      out.push_back(tok);
+      continue;
+    }
+    const std::size_t eq = tok.find('=');
+    std::string name = tok.substr(0, eq);
+    const std::string rest = eq == std::string::npos ? "" : tok.substr(eq);
+    if (has(name)) {
+      out.push_back(tok);
+      continue;
+    }
+    if (const auto a = aliases.find(name); a != aliases.end()) {
+      const Alias& alias = a->second;
+      if (!alias.refusal.empty()) throw UsageError(alias.refusal);
+      if (!alias.switch_tokens.empty()) {
+        out.insert(out.end(), alias.switch_tokens.begin(), alias.switch_tokens.end());
+        continue;
+      }
+      if (alias.map) {
+        std::string v;
+        if (eq != std::string::npos) {
+          v = tok.substr(eq + 1);
+        } else if (i + 1 < tokens.size()) {
+          v = tokens[++i];
+        } else {
+          throw UsageError("option " + name + " needs a value");
+        }
+        for (std::string& t : alias.map(v)) out.push_back(std::move(t));
+        continue;
+      }
+      if (has(alias.to)) {
+        out.push_back(alias.to + rest);
+        continue;
+      }
+    }
+    std::string dashed = name;
+    std::replace(dashed.begin() + 2, dashed.end(), '_', '-');
+    if (dashed != name && has(dashed)) {
+      out.push_back(dashed + rest);
+      continue;
+    }
+    if (is_foreign_name(name)) {
+      throw UsageError(name + " (fio's or ds_io's name) has no counterpart in 'zinf " + command +
+                       "'; its options are listed by 'zinf " + command + " --help'");
+    }
+    out.push_back(tok);
   }
   return out;
 }
 
-std::uint64_t Args::size(std::string_view name, std::uint64_t fallback) {
-  auto v = take(name);
-  return v ? parse_size(*v, "--" + std::string(name)) : fallback;
+void Cli::Impl::unknown(const std::string& token) const {
+  const std::string name = token.substr(0, token.find('='));
+  std::string msg = "unknown option '" + name + "' for '" + command + "'";
+  // A typo is at most 2 edits, or one per 3 characters of what was typed.
+  std::string_view s = closest_match(name, names, typo_distance(name, 3));
+  if (s.empty()) {
+    // A near miss of another tool's name suggests the zinf option that name maps to.
+    std::vector<std::string> foreign;
+    for (const auto& [from, a] : aliases) {
+      if (!a.to.empty() && has(a.to)) foreign.push_back(from);
+    }
+    const std::string_view f = closest_match(name, foreign, typo_distance(name, 3));
+    if (!f.empty()) s = aliases.at(std::string(f)).to;
+  }
+  if (!s.empty()) msg += " (did you mean " + std::string(s) + "?)";
+  throw UsageError(msg);
 }
 
-std::uint64_t Args::uint(std::string_view name, std::uint64_t fallback, std::uint64_t min,
-                         std::uint64_t max) {
-  auto v = take(name);
-  return v ? parse_uint(*v, "--" + std::string(name), min, max) : fallback;
+Cli::Cli(std::string command, std::string about, std::string footer)
+    : impl_(std::make_unique<Impl>(std::move(command), std::move(about), std::move(footer))) {
+  for (const auto& [from, to] : kForeignNames) impl_->aliases[from].to = to;
 }
 
-double Args::number(std::string_view name, double fallback) {
-  auto v = take(name);
-  return v ? parse_number(*v, "--" + std::string(name)) : fallback;
+Cli::~Cli() = default;
+
+Cli& Cli::group(std::string title) {
+  impl_->group = std::move(title);
+  return *this;
 }
 
-bool Args::flag(std::string_view name) {
-  const std::string f = "--" + std::string(name);
-  known_.push_back(f);
-  bool found = false;
-  for (std::size_t i = 0; i < tokens_.size(); ++i) {
-    if (!used_[i] && tokens_[i] == f) {
-      used_[i] = true;
-      found = true;
+Cli& Cli::text(const std::string& name, std::string& dest, std::string value_name, std::string help,
+               std::string shown) {
+  if (shown.empty()) shown = dest.empty() ? "none" : dest;
+  impl_->value(name, std::move(value_name), std::move(help), std::move(shown),
+               [&dest](const std::string& v, const std::string&) { dest = v; });
+  return *this;
+}
+
+Cli& Cli::texts(const std::string& name, std::vector<std::string>& dest, std::string value_name,
+                std::string help, std::string shown) {
+  // One value per occurrence: `--dir a b` leaves b unknown instead of taking it as a second dir.
+  CLI::Option* o = impl_->app.add_option(name, dest, std::move(help));
+  o->expected(1)->allow_extra_args(false)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  impl_->declare(o, name, std::move(value_name), std::move(shown));
+  return *this;
+}
+
+Cli& Cli::size(const std::string& name, std::uint64_t& dest, std::string help, std::string shown) {
+  if (shown.empty()) shown = size_text(dest);
+  impl_->value(name, "SIZE", std::move(help), std::move(shown),
+               [&dest](const std::string& v, const std::string& n) { dest = parse_size(v, n); });
+  return *this;
+}
+
+Cli& Cli::size(const std::string& name, std::optional<std::uint64_t>& dest, std::string help,
+               std::string shown) {
+  impl_->value(name, "SIZE", std::move(help), std::move(shown),
+               [&dest](const std::string& v, const std::string& n) { dest = parse_size(v, n); });
+  return *this;
+}
+
+Cli& Cli::count(const std::string& name, std::uint64_t& dest, std::string help, std::uint64_t min,
+                std::uint64_t max, std::string shown) {
+  if (shown.empty()) shown = std::to_string(dest);
+  impl_->value(name, "N", std::move(help), std::move(shown),
+               [&dest, min, max](const std::string& v, const std::string& n) {
+                 dest = parse_count(v, n, min, max);
+               });
+  return *this;
+}
+
+Cli& Cli::number(const std::string& name, double& dest, std::string help, std::string shown) {
+  if (shown.empty()) {
+    std::ostringstream s;
+    s << dest;
+    shown = s.str();
+  }
+  impl_->value(name, "X", std::move(help), std::move(shown),
+               [&dest](const std::string& v, const std::string& n) { dest = parse_number(v, n); });
+  return *this;
+}
+
+Cli& Cli::duration(const std::string& name, std::chrono::milliseconds& dest, std::string help,
+                   std::string shown) {
+  if (shown.empty()) shown = duration_text(dest);
+  impl_->value(
+      name, "TIME", std::move(help), std::move(shown),
+      [&dest](const std::string& v, const std::string& n) { dest = parse_duration(v, n); });
+  return *this;
+}
+
+Cli& Cli::flag(const std::string& name, bool& dest, std::string help) {
+  CLI::Option* o = impl_->app.add_flag(name, dest, std::move(help));
+  impl_->declare(o, name, "", "");
+  return *this;
+}
+
+Cli& Cli::hidden_flag(const std::string& name, bool& dest) {
+  CLI::Option* o = impl_->app.add_flag(name, dest, "");
+  impl_->declare(o, name, "", "");
+  o->group("");  // CLI11's mark of an option left out of the help
+  return *this;
+}
+
+Cli& Cli::alias(const std::string& from, const std::string& to) {
+  impl_->aliases[from] = Alias{to, {}, "", {}};
+  return *this;
+}
+
+Cli& Cli::alias_value(const std::string& from,
+                      std::function<std::vector<std::string>(const std::string&)> map) {
+  impl_->aliases[from] = Alias{"", std::move(map), "", {}};
+  return *this;
+}
+
+Cli& Cli::refuse(const std::string& from, std::string why) {
+  impl_->aliases[from] = Alias{"", {}, std::move(why), {}};
+  return *this;
+}
+
+Cli& Cli::alias_switch(const std::string& from, std::vector<std::string> tokens) {
+  impl_->aliases[from] = Alias{"", {}, "", std::move(tokens)};
+  return *this;
+}
+
+bool Cli::parse(const std::vector<std::string>& tokens) {
+  // --help wins over everything else on the line, mistakes included: it is what a user
+  // reaches for when the line does not work.
+  for (const std::string& t : tokens) {
+    if (t == "--help" || t == "-h") {
+      std::fputs(help().c_str(), stdout);
+      return false;
     }
   }
-  return found;
+  std::vector<std::string> args = impl_->translate(tokens);
+  // CLI11 takes the arguments last-first.
+  std::reverse(args.begin(), args.end());
+  try {
+    impl_->app.parse(args);
+  } catch (const CLI::ArgumentMismatch& e) {
+    // "--size: 1 required SIZE missing": the option before the colon lacks its value.
+    const std::string what = e.what();
+    throw UsageError("option " + what.substr(0, what.find(':')) + " needs a value");
+  } catch (const CLI::ParseError& e) {
+    throw UsageError(e.what());
+  }
+  const std::vector<std::string> extra = impl_->app.remaining();
+  if (!extra.empty()) impl_->unknown(extra.front());
+  return true;
 }
 
-bool Args::help() {
-  bool found = false;
-  for (std::size_t i = 0; i < tokens_.size(); ++i) {
-    if (!used_[i] && (tokens_[i] == "--help" || tokens_[i] == "-h")) {
-      used_[i] = true;
-      found = true;
-    }
-  }
-  return found;
-}
-
-void Args::finish() {
-  for (std::size_t i = 0; i < tokens_.size(); ++i) {
-    if (used_[i]) continue;
-    const std::string& tok = tokens_[i];
-    std::string name = tok.substr(0, tok.find('='));
-    std::string msg = "unknown option '" + name + "' for '" + command_ + "'";
-    // A typo is at most 2 edits, or one per 3 characters of what was typed.
-    const std::string_view s = closest_match(name, known_, typo_distance(name, 3));
-    if (!s.empty()) msg += " (did you mean " + std::string(s) + "?)";
-    throw UsageError(msg);
-  }
-}
+std::string Cli::help() const { return impl_->app.help(); }
 
 }  // namespace zinf::tools

@@ -24,7 +24,7 @@
 #include "interrupt.h"
 #include "demo_model.h"
 #include "format.h"
-#include "json_writer.h"
+#include "json_out.h"
 #include "scratch.h"
 #include "sha256.h"
 #include "zinf/common/error.h"
@@ -38,34 +38,18 @@ namespace {
 using offload::EngineConfig;
 using offload::OffloadDevice;
 
-constexpr const char* kHelp = R"(usage: zinf demo [options]
-
+constexpr const char* kAbout = R"(
 Trains a small network through zinf's OffloadEngine: --layers dense layers of width --hidden
 with tanh between them learn to reproduce a fixed random "teacher" network of the same shape on
 --batch fixed random inputs (mean squared error, full batch, Adam). Each layer's bf16
 parameters are fetched through the engine for forward and backward; its fp32 gradients go to
 the engine as backward produces them, and the fp32 master weights and Adam moments live in the
 --offload tier. The forward and backward run in plain C++ on the host device's compute stream.
-The final weights (weights_sha256) are bitwise the same for every --offload tier.
+The final weights (weights_sha256) are bitwise the same for every --offload tier.)";
 
-  --offload T        none | cpu | nvme: parameters and optimizer state [nvme, or the config's]
-  --dir DIR          directory for the NVMe swap files [./zinf-scratch, created if missing]
-  --config FILE      a DeepSpeed-style JSON config (docs/config.md); --offload and --dir
-                     override its offload devices and NVMe paths, --lr its learning rate
-  --steps N          training steps [50]
-  --layers N         dense layers [8]
-  --hidden N         layer width: hidden x hidden weights + hidden biases per layer [1024]
-  --batch N          training samples [32]
-  --lr X             Adam learning rate [1e-3, or the config's]
-  --seed N           seed of the teacher, the inputs and the initial weights [1]
-  --adam-threads N   CPU Adam threads, 0 = one per hardware thread [0, or the config's]
-  --every N          print one line every N steps when not on a terminal [steps / 10]
-  --device D         host (the only one: the compute is plain C++ over host memory) [host]
-  --json             print a JSON summary on stdout (progress goes to stderr)
-
+constexpr const char* kFooter = R"(
 SIGINT, SIGTERM and SIGHUP stop training between steps and remove the swap files (exit status
-128 + the signal's number, e.g. 130 for SIGINT).
-)";
+128 + the signal's number, e.g. 130 for SIGINT).)";
 
 // Builds the engine config: the file's (if any), then the command line on top.
 EngineConfig make_config(const std::string& config_path, const std::string& offload_text,
@@ -140,28 +124,38 @@ std::string weights_sha256(offload::OffloadEngine& engine) {
 }  // namespace
 
 int demo_main(const std::vector<std::string>& tokens) {
-  Args args("demo", tokens);
-  if (args.help()) {
-    std::fputs(kHelp, stdout);
-    return 0;
-  }
-  const std::string offload_text = args.string("offload", "");
-  const std::string dir_option = args.string("dir", "");
-  const std::string config_path = args.string("config", "");
-  const std::uint64_t steps = args.uint("steps", 50);
+  std::string offload_text, dir_option, config_path, device_text = "host";
+  std::uint64_t steps = 50, seed = 1, every_option = 0;
   demo::MlpShape shape;
-  shape.layers = args.uint("layers", 8);
-  shape.hidden = args.uint("hidden", 1024);
-  shape.batch = args.uint("batch", 32);
-  const double lr = args.number("lr", std::nan(""));
-  const std::uint64_t seed = args.uint("seed", 1);
+  double lr = std::nan("");
   constexpr std::uint64_t kUnset = ~std::uint64_t{0};
   // kUnset is outside the range, so no value given can be mistaken for it.
-  const std::uint64_t adam_threads = args.uint("adam-threads", kUnset, 0, 1024);
-  const std::uint64_t every_option = args.uint("every", 0);
-  const std::string device_text = args.string("device", "host");
-  const bool json = args.flag("json");
-  args.finish();
+  std::uint64_t adam_threads = kUnset;
+  bool json = false;
+  Cli cli("demo", kAbout, kFooter);
+  cli.text("--offload", offload_text, "T", "none | cpu | nvme: parameters and optimizer state",
+           "nvme, or the config's");
+  cli.text("--dir", dir_option, "DIR", "directory for the NVMe swap files",
+           "./zinf-scratch, created if missing");
+  cli.text("--config", config_path, "FILE",
+           "a DeepSpeed-style JSON config (docs/config.md); --offload and --dir "
+           "override its offload devices and NVMe paths, --lr its learning rate");
+  cli.count("--steps", steps, "training steps");
+  cli.count("--layers", shape.layers, "dense layers");
+  cli.count("--hidden", shape.hidden,
+            "layer width: hidden x hidden weights + hidden biases per "
+            "layer");
+  cli.count("--batch", shape.batch, "training samples");
+  cli.number("--lr", lr, "Adam learning rate", "1e-3, or the config's");
+  cli.count("--seed", seed, "seed of the teacher, the inputs and the initial weights");
+  cli.count("--adam-threads", adam_threads, "CPU Adam threads, 0 = one per hardware thread", 0,
+            1024, "0, or the config's");
+  cli.count("--every", every_option, "print one line every N steps when not on a terminal", 0,
+            UINT64_MAX, "steps / 10");
+  cli.text("--device", device_text, "D",
+           "host (the only one: the compute is plain C++ over host memory)");
+  cli.flag("--json", json, "print a JSON summary on stdout (progress goes to stderr)");
+  if (!cli.parse(tokens)) return 0;
 
   if (steps == 0 || steps > 1'000'000) throw UsageError("--steps must be in [1, 1000000]");
   if (shape.layers == 0 || shape.layers > 4096) throw UsageError("--layers must be in [1, 4096]");
@@ -311,34 +305,34 @@ int demo_main(const std::vector<std::string>& tokens) {
                static_cast<unsigned long long>(st.prefetch_on_demand),
                decimal_bytes(static_cast<double>(st.pinned_bytes_peak)).c_str(), sha.c_str());
   if (json) {
-    JsonWriter j;
-    j.field("command", "demo");
-    j.field("offload", offload_name);
-    j.field("layers", std::uint64_t{shape.layers});
-    j.field("hidden", std::uint64_t{shape.hidden});
-    j.field("batch", std::uint64_t{shape.batch});
-    j.field("seed", seed);
-    j.field("lr", config.optimizer.hyper.lr);
-    j.field("parameters", std::uint64_t{shape.layers * numel});
-    j.field("steps", steps);
-    j.field("initial_loss", losses.front());
-    j.field("final_loss", losses.back());
-    j.field("losses", losses);
-    j.field("step_seconds", step_median);
-    j.field("total_seconds", total_s);
-    j.field("nvme_bytes_read", nvme_read);
-    j.field("nvme_bytes_written", nvme_written);
-    j.field("nvme_read_gbps", st.nvme_read_gbps);
-    j.field("nvme_write_gbps", st.nvme_write_gbps);
-    j.field("param_read_gbps", st.param_read_gbps);
-    j.field("stall_seconds", st.stall_seconds);
-    j.field("stall_share", stall_share);
-    j.field("prefetch_hits", st.prefetch_hits);
-    j.field("prefetch_on_demand", st.prefetch_on_demand);
-    j.field("pinned_bytes_peak", st.pinned_bytes_peak);
-    j.field("dir", dir_used);
-    j.field("weights_sha256", sha);
-    std::printf("%s\n", j.str().c_str());
+    Json j;
+    j["command"] = "demo";
+    j["offload"] = offload_name;
+    j["layers"] = std::uint64_t{shape.layers};
+    j["hidden"] = std::uint64_t{shape.hidden};
+    j["batch"] = std::uint64_t{shape.batch};
+    j["seed"] = seed;
+    j["lr"] = config.optimizer.hyper.lr;
+    j["parameters"] = std::uint64_t{shape.layers * numel};
+    j["steps"] = steps;
+    j["initial_loss"] = losses.front();
+    j["final_loss"] = losses.back();
+    j["losses"] = losses;
+    j["step_seconds"] = step_median;
+    j["total_seconds"] = total_s;
+    j["nvme_bytes_read"] = nvme_read;
+    j["nvme_bytes_written"] = nvme_written;
+    j["nvme_read_gbps"] = st.nvme_read_gbps;
+    j["nvme_write_gbps"] = st.nvme_write_gbps;
+    j["param_read_gbps"] = st.param_read_gbps;
+    j["stall_seconds"] = st.stall_seconds;
+    j["stall_share"] = stall_share;
+    j["prefetch_hits"] = st.prefetch_hits;
+    j["prefetch_on_demand"] = st.prefetch_on_demand;
+    j["pinned_bytes_peak"] = st.pinned_bytes_peak;
+    j["dir"] = dir_used;
+    j["weights_sha256"] = sha;
+    std::printf("%s\n", json_text(j).c_str());
   }
   return 0;
 }

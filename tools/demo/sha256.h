@@ -1,23 +1,32 @@
 // SPDX-License-Identifier: Apache-2.0
-// SHA-256 (FIPS 180-4), written from the standard, for the fingerprints the zinf tool prints
-// (`zinf demo`'s weights_sha256). Incremental: update() any number of times, then finish().
+// SHA-256 for the fingerprints the zinf tool prints (`zinf demo`'s weights_sha256), computed by
+// Nettle (nettle-dev): a maintained, tested implementation rather than one of our own.
+// Incremental: update() any number of times, then finish(). Nettle stays private to
+// sha256.cc, so users of this header need only the C++ standard library.
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 
+struct sha256_ctx;  // Nettle's state (<nettle/sha2.h>), allocated by Sha256
+
 namespace zinf::tools {
 
-/// An incremental SHA-256. Not thread-safe; one message per object.
+/// An incremental SHA-256 (FIPS 180-4). Not thread-safe; one message per object.
 class Sha256 {
  public:
   using Digest = std::array<std::uint8_t, 32>;
 
-  Sha256() noexcept;
+  Sha256();
+  ~Sha256();
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
+
   /// Appends `bytes` to the message. UsageError if called after finish().
   void update(std::span<const std::byte> bytes);
   /// Appends the bytes of `text`.
@@ -27,12 +36,7 @@ class Sha256 {
   Digest finish();
 
  private:
-  void compress(const std::uint8_t* block) noexcept;
-
-  std::array<std::uint32_t, 8> state_;
-  std::array<std::uint8_t, 64> block_{};
-  std::size_t block_used_ = 0;
-  std::uint64_t message_bytes_ = 0;
+  std::unique_ptr<sha256_ctx> ctx_;
   bool finished_ = false;
 };
 

@@ -14,47 +14,21 @@
 #include "args.h"
 #include "bench_common.h"
 #include "commands.h"
-#include "json_writer.h"
+#include "json_out.h"
 #include "plan_model.h"
 #include "zinf/common/error.h"
 
 namespace zinf::tools {
 namespace {
 
-constexpr const char* kHelp = R"(usage: zinf plan --params N [options]
-
+constexpr const char* kAbout = R"(
 Per-GPU memory of the model states for ZeRO stages 0-3 (the ZeRO paper's accounting), what
 offloading the optimizer state and parameters to cpu or nvme moves where, and, given the
-hardware, the least costly setup that fits. GB in the output means 10^9 bytes.
+hardware, the least costly setup that fits. GB in the output means 10^9 bytes.)";
 
-model
-  --params N                 parameters of the whole model: 13e9, 13B, 1.3M, 350K (required)
-  --bytes-per-param P,G,O    bytes per parameter of parameters, gradients, optimizer state
-                             [2,2,12: fp16 mixed precision with Adam; plain fp32: 4,4,8]
-parallelism
-  --gpus N                   GPUs in the job [1]
-  --tp N / --pp N            tensor / pipeline parallel degree [1]; DP = GPUs / (TP x PP)
-  --gpus-per-node N          [8]
-offload (show only this placement; default: every candidate)
-  --offload-optimizer T      none | cpu | nvme
-  --offload-params T         none | cpu | nvme (needs stage 3)
-  --sub-group-size N         optimizer sub-group elements [1e9], 4 of them pinned for nvme
-activations (all five, or none)
-  --seq-len N --hidden N --layers N --micro-batch N --heads N
-  --activation-checkpointing full recomputation: keep only each layer's input
-hardware (limits not given are not checked; a recommendation needs --gpu-mem)
-  --gpu-mem N                memory per GPU, e.g. 80G (GiB) or 80GB (10^9 bytes)
-  --cpu-mem N                host memory per node usable for pinned buffers
-  --nvme-free N              free NVMe space per node
-  --tune FILE                `zinf tune --report FILE` output: drive bandwidth for I/O time
-output
-  --json                     one JSON object instead of the table
-)";
-
-std::optional<double> optional_size(Args& a, const char* name) {
-  std::string s = a.string(name, "");
-  if (s.empty()) return std::nullopt;
-  return static_cast<double>(parse_size(s, std::string("--") + name));
+std::optional<double> as_double(const std::optional<std::uint64_t>& v) {
+  if (!v) return std::nullopt;
+  return static_cast<double>(*v);
 }
 
 DriveBandwidth read_tune_report(const std::string& path) {
@@ -85,64 +59,85 @@ DriveBandwidth read_tune_report(const std::string& path) {
 
 double g(double bytes) { return bytes / 1e9; }
 
-std::string row_json(const PlanRow& r) {
-  JsonWriter j;
-  j.field("stage", std::int64_t{r.setup.stage});
-  j.field("offload_optimizer", std::string(tier_name(r.setup.optimizer)));
-  j.field("offload_params", std::string(tier_name(r.setup.params)));
-  j.field("gpu_params_bytes", r.gpu_params);
-  j.field("gpu_grads_bytes", r.gpu_grads);
-  j.field("gpu_optimizer_bytes", r.gpu_optimizer);
-  j.field("gpu_model_states_bytes", r.gpu_model_states);
-  j.field("gpu_live_params_bytes", r.gpu_live_params);
-  j.field("gpu_activation_bytes", r.gpu_activations);
-  j.field("gpu_total_bytes", r.gpu_total);
-  j.field("host_pinned_bytes_per_node", r.host_per_node);
-  j.field("nvme_bytes_per_node", r.nvme_per_node);
-  j.field("nvme_read_bytes_per_step_per_node", r.nvme_read_per_step);
-  j.field("nvme_write_bytes_per_step_per_node", r.nvme_write_per_step);
+Json row_json(const PlanRow& r) {
+  Json j;
+  j["stage"] = std::int64_t{r.setup.stage};
+  j["offload_optimizer"] = std::string(tier_name(r.setup.optimizer));
+  j["offload_params"] = std::string(tier_name(r.setup.params));
+  j["gpu_params_bytes"] = r.gpu_params;
+  j["gpu_grads_bytes"] = r.gpu_grads;
+  j["gpu_optimizer_bytes"] = r.gpu_optimizer;
+  j["gpu_model_states_bytes"] = r.gpu_model_states;
+  j["gpu_live_params_bytes"] = r.gpu_live_params;
+  j["gpu_activation_bytes"] = r.gpu_activations;
+  j["gpu_total_bytes"] = r.gpu_total;
+  j["host_pinned_bytes_per_node"] = r.host_per_node;
+  j["nvme_bytes_per_node"] = r.nvme_per_node;
+  j["nvme_read_bytes_per_step_per_node"] = r.nvme_read_per_step;
+  j["nvme_write_bytes_per_step_per_node"] = r.nvme_write_per_step;
   if (r.io_seconds) {
-    j.field("io_seconds_per_step", *r.io_seconds);
+    j["io_seconds_per_step"] = *r.io_seconds;
   } else {
-    j.field("io_seconds_per_step", std::nan(""));  // null: no drive bandwidth given
+    j["io_seconds_per_step"] = std::nan("");  // null: no drive bandwidth given
   }
-  j.field("fits", r.fits);
-  j.field("why_not", r.why_not);
-  return j.str();
+  j["fits"] = r.fits;
+  j["why_not"] = r.why_not;
+  return j;
 }
 
 }  // namespace
 
 int plan_main(const std::vector<std::string>& tokens) {
-  Args a("plan", tokens);
-  const bool help = a.help();
   PlanInput in;
-  std::string params = a.string("params", "");
-  std::string bpp = a.string("bytes-per-param", "");
-  in.gpus = to_u32(a.uint("gpus", 1), "--gpus");
-  in.tp = to_u32(a.uint("tp", 1), "--tp");
-  in.pp = to_u32(a.uint("pp", 1), "--pp");
-  in.gpus_per_node = to_u32(a.uint("gpus-per-node", 8), "--gpus-per-node");
-  std::string opt = a.string("offload-optimizer", "");
-  std::string par = a.string("offload-params", "");
-  in.sub_group_size = a.uint("sub-group-size", in.sub_group_size);
   ActivationShape shape;
-  shape.seq_len = a.uint("seq-len", 0);
-  shape.hidden = a.uint("hidden", 0);
-  shape.layers = a.uint("layers", 0);
-  shape.micro_batch = a.uint("micro-batch", 0);
-  shape.heads = a.uint("heads", 0);
-  shape.checkpointing = a.flag("activation-checkpointing");
-  in.gpu_mem = optional_size(a, "gpu-mem");
-  in.cpu_mem = optional_size(a, "cpu-mem");
-  in.nvme_free = optional_size(a, "nvme-free");
-  std::string tune = a.string("tune", "");
-  const bool json = a.flag("json");
-  a.finish();
-  if (help) {
-    std::fputs(kHelp, stdout);
-    return 0;
-  }
+  std::string params, bpp, opt, par, tune;
+  std::uint64_t gpus = 1, tp = 1, pp = 1, gpus_per_node = 8;
+  std::optional<std::uint64_t> gpu_mem, cpu_mem, nvme_free;
+  bool json = false;
+  Cli cli("plan", kAbout);
+  cli.group("model");
+  cli.text("--params", params, "N",
+           "parameters of the whole model: 13e9, 13B, 1.3M, 350K (K/M/B = 10^3/10^6/10^9, "
+           "as model sizes are counted)",
+           "required");
+  cli.text("--bytes-per-param", bpp, "P,G,O",
+           "bytes per parameter of parameters, gradients, optimizer state "
+           "(fp16 mixed precision with Adam; plain fp32: 4,4,8)",
+           "2,2,12");
+  cli.group("parallelism");
+  cli.count("--gpus", gpus, "GPUs in the job");
+  cli.count("--tp", tp, "tensor parallel degree; DP = GPUs / (TP x PP)");
+  cli.count("--pp", pp, "pipeline parallel degree");
+  cli.count("--gpus-per-node", gpus_per_node, "GPUs per node");
+  cli.group("offload (show only this placement; default: every candidate)");
+  cli.text("--offload-optimizer", opt, "T", "none | cpu | nvme", "every candidate");
+  cli.text("--offload-params", par, "T", "none | cpu | nvme (needs stage 3)", "every candidate");
+  cli.count("--sub-group-size", in.sub_group_size,
+            "optimizer sub-group elements, 4 of them pinned for nvme", 0, UINT64_MAX, "1e9");
+  cli.group("activations (all five, or none)");
+  cli.count("--seq-len", shape.seq_len, "sequence length", 0, UINT64_MAX, "none");
+  cli.count("--hidden", shape.hidden, "hidden size", 0, UINT64_MAX, "none");
+  cli.count("--layers", shape.layers, "transformer layers", 0, UINT64_MAX, "none");
+  cli.count("--micro-batch", shape.micro_batch, "micro-batch per GPU", 0, UINT64_MAX, "none");
+  cli.count("--heads", shape.heads, "attention heads", 0, UINT64_MAX, "none");
+  cli.flag("--activation-checkpointing", shape.checkpointing,
+           "full recomputation: keep only each layer's input");
+  cli.group("hardware (limits not given are not checked; a recommendation needs --gpu-mem)");
+  cli.size("--gpu-mem", gpu_mem, "memory per GPU, e.g. 80G (GiB) or 80GB (10^9 bytes)");
+  cli.size("--cpu-mem", cpu_mem, "host memory per node usable for pinned buffers");
+  cli.size("--nvme-free", nvme_free, "free NVMe space per node");
+  cli.text("--tune", tune, "FILE",
+           "`zinf tune --report FILE` output: drive bandwidth for I/O time");
+  cli.group("output");
+  cli.flag("--json", json, "one JSON object instead of the table");
+  if (!cli.parse(tokens)) return 0;
+  in.gpus = to_u32(gpus, "--gpus");
+  in.tp = to_u32(tp, "--tp");
+  in.pp = to_u32(pp, "--pp");
+  in.gpus_per_node = to_u32(gpus_per_node, "--gpus-per-node");
+  in.gpu_mem = as_double(gpu_mem);
+  in.cpu_mem = as_double(cpu_mem);
+  in.nvme_free = as_double(nvme_free);
   if (params.empty()) throw UsageError("--params is required (e.g. --params 13B)");
   in.params = parse_param_count(params, "--params");
   if (!bpp.empty()) in.bytes = parse_bytes_per_param(bpp);
@@ -159,27 +154,22 @@ int plan_main(const std::vector<std::string>& tokens) {
   const Plan plan = make_plan(in, opt_tier, par_tier);
 
   if (json) {
-    JsonWriter head;
-    head.field("params", in.params);
-    head.field("bytes_per_param",
-               std::vector<double>{in.bytes.params, in.bytes.grads, in.bytes.optimizer});
-    head.field("gpus", std::uint64_t{in.gpus});
-    head.field("tp", std::uint64_t{in.tp});
-    head.field("pp", std::uint64_t{in.pp});
-    head.field("dp", std::uint64_t{plan.dp});
-    head.field("gpus_per_node", std::uint64_t{plan.gpus_per_node});
-    head.field("nodes", std::uint64_t{plan.nodes});
-    head.field("params_per_model_slice", plan.params_per_model_slice);
-    head.field("activation_bytes", in.activations ? activation_bytes(*in.activations, in.tp) : 0.0);
-    std::string out = head.str();
-    out.pop_back();  // reopen the object to append the nested members
-    out += ",\"setups\":[";
-    for (std::size_t i = 0; i < plan.rows.size(); ++i) {
-      out += (i ? "," : "") + row_json(plan.rows[i]);
-    }
-    out += "],\"recommended\":";
-    out += plan.recommended ? row_json(plan.rows[*plan.recommended]) : "null";
-    out += "}";
+    Json head;
+    head["params"] = in.params;
+    head["bytes_per_param"] =
+        std::vector<double>{in.bytes.params, in.bytes.grads, in.bytes.optimizer};
+    head["gpus"] = std::uint64_t{in.gpus};
+    head["tp"] = std::uint64_t{in.tp};
+    head["pp"] = std::uint64_t{in.pp};
+    head["dp"] = std::uint64_t{plan.dp};
+    head["gpus_per_node"] = std::uint64_t{plan.gpus_per_node};
+    head["nodes"] = std::uint64_t{plan.nodes};
+    head["params_per_model_slice"] = plan.params_per_model_slice;
+    head["activation_bytes"] = in.activations ? activation_bytes(*in.activations, in.tp) : 0.0;
+    Json& setups = head["setups"] = Json::array();
+    for (const PlanRow& row : plan.rows) setups.push_back(row_json(row));
+    head["recommended"] = plan.recommended ? row_json(plan.rows[*plan.recommended]) : Json();
+    const std::string out = json_text(head);
     std::printf("%s\n", out.c_str());
     return 0;
   }

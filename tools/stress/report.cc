@@ -4,7 +4,7 @@
 #include <cstdio>
 
 #include "format.h"
-#include "json_writer.h"
+#include "json_out.h"
 
 namespace zinf::tools::stress {
 
@@ -15,50 +15,50 @@ void print_report(const StressOptions& cfg, const StressTotals& totals, const St
   const char* kind_names[kRuleCount] = {"eio", "enospc", "short", "eagain", "delay"};
 
   if (cfg.json) {
-    JsonWriter j;
-    j.field("command", "stress");
-    j.field("result", v.pass() ? "pass" : "fail");
-    j.field("seconds", seconds);
-    j.field("workers", cfg.workers);
-    j.field("fault_rate", cfg.fault_rate);
-    j.field("seed", cfg.seed);
-    j.field("checksums", cfg.checksums);
-    j.field("engine", engine_name);
-    j.field("dirs", cfg.dirs);
-    j.field("operations", t.operations());
-    j.field("swap_outs", t.swap_outs);
-    j.field("swap_ins", t.swap_ins);
-    j.field("optimizer_steps", t.opt_steps);
-    j.field("optimizer_steps_undone", t.opt_undone);
-    j.field("optimizer_rebuilds", t.opt_rebuilds);
-    j.field("optimizer_state_transfers", t.opt_state_reads);
-    j.field("prefetch_segments", t.prefetch_passes);
-    j.field("prefetch_acquires", t.prefetch_acquires);
-    j.field("prefetch_layer_writes", t.prefetch_layer_writes);
-    j.field("prefetch_reads_dropped", t.prefetch_reads_dropped);
-    j.field("bytes_verified", t.bytes_verified);
-    j.field("bytes_written", t.bytes_written);
-    j.field("faults_injected", t.injected.total());
+    Json j;
+    j["command"] = "stress";
+    j["result"] = v.pass() ? "pass" : "fail";
+    j["seconds"] = seconds;
+    j["workers"] = cfg.workers;
+    j["fault_rate"] = cfg.fault_rate;
+    j["seed"] = cfg.seed;
+    j["checksums"] = cfg.checksums;
+    j["engine"] = engine_name;
+    j["dirs"] = cfg.dirs;
+    j["operations"] = t.operations();
+    j["swap_outs"] = t.swap_outs;
+    j["swap_ins"] = t.swap_ins;
+    j["optimizer_steps"] = t.opt_steps;
+    j["optimizer_steps_undone"] = t.opt_undone;
+    j["optimizer_rebuilds"] = t.opt_rebuilds;
+    j["optimizer_state_transfers"] = t.opt_state_reads;
+    j["prefetch_segments"] = t.prefetch_passes;
+    j["prefetch_acquires"] = t.prefetch_acquires;
+    j["prefetch_layer_writes"] = t.prefetch_layer_writes;
+    j["prefetch_reads_dropped"] = t.prefetch_reads_dropped;
+    j["bytes_verified"] = t.bytes_verified;
+    j["bytes_written"] = t.bytes_written;
+    j["faults_injected"] = t.injected.total();
     for (std::size_t i = 0; i < kRuleCount; ++i) {
-      j.field(std::string("faults_") + kind_names[i], t.injected.by_rule[i]);
+      j[std::string("faults_") + kind_names[i]] = t.injected.by_rule[i];
     }
-    j.field("hard_faults", t.injected.hard());
-    j.field("hard_faults_surfaced", t.hard_surfaced);
-    j.field("hard_faults_unsurfaced", t.hard_unsurfaced);
-    j.field("failed_operations", t.failed_ops);
-    j.field("unexpected_errors", t.unexpected_errors);
-    j.field("corruption_errors", t.corruption_errors);
-    j.field("errors_without_context", t.errors_without_context);
-    j.field("mismatches", t.mismatches);
-    j.field("pinned_budget_bytes", cfg.budget);
-    j.field("pinned_reserved_bytes", totals.pinned.reserved);
-    j.field("pinned_peak_bytes", totals.pinned.peak);
-    j.field("budget_overrun", overrun);
-    j.field("library_errors_logged", log.errors);
-    j.field("library_warnings_logged", log.warnings);
-    j.field("planted", totals.planted);
-    j.field("problems", v.problems);
-    std::printf("%s\n", j.str().c_str());
+    j["hard_faults"] = t.injected.hard();
+    j["hard_faults_surfaced"] = t.hard_surfaced;
+    j["hard_faults_unsurfaced"] = t.hard_unsurfaced;
+    j["failed_operations"] = t.failed_ops;
+    j["unexpected_errors"] = t.unexpected_errors;
+    j["corruption_errors"] = t.corruption_errors;
+    j["errors_without_context"] = t.errors_without_context;
+    j["mismatches"] = t.mismatches;
+    j["pinned_budget_bytes"] = cfg.budget;
+    j["pinned_reserved_bytes"] = totals.pinned.reserved;
+    j["pinned_peak_bytes"] = totals.pinned.peak;
+    j["budget_overrun"] = overrun;
+    j["library_errors_logged"] = log.errors;
+    j["library_warnings_logged"] = log.warnings;
+    j["planted"] = totals.planted;
+    j["problems"] = v.problems;
+    std::printf("%s\n", json_text(j).c_str());
   } else {
     std::printf(
         "zinf stress: %.1f s, %llu swap workers + optimizer + prefetch, engine=%s, "

@@ -38,77 +38,43 @@ namespace {
 
 using namespace stress;  // this file is the command those pieces make up
 
-constexpr const char* kHelp = R"(usage: zinf stress [options]
-
+constexpr const char* kAbout = R"(
 Runs, concurrently for --duration: swap workers (swap_out/swap_in of random-size tensors and
 ranges, every byte read back verified), optimizer steps (state on NVMe, checked bitwise against
 an in-memory CpuAdam after every step) and layer prefetch passes (every acquired layer's bytes
 verified). With --faults, the I/O engines inject EIO, ENOSPC, short transfers, EAGAIN and
 delays; every hard fault (EIO, ENOSPC) must surface as an error of the operation it hit, and
-every recoverable one must be absorbed with correct data.
+every recoverable one must be absorbed with correct data.)";
 
-  --dir DIR          directory for the swap files (repeatable: striped over the directories)
-                     [default: ./zinf-scratch, created if missing]
-  --duration T       how long to run: 500ms, 10s, 2m, 1h (a bare number is seconds) [10s]
-  --faults RATE      probability per I/O piece attempt of an injected fault, in [0, 0.5] [0]
-  --seed N           seed of the workloads and of the fault plans [1]
-  --budget BYTES     pinned memory for all workers together [64M]; at least 4M
-  --workers N        swap workers (the optimizer and prefetch workers come on top) [2]
-  --checksums        keep CRC32C per stripe unit in every swap store. Off unless given, unlike
-                     the library's default: stress checks every byte itself, and without
-                     checksums its ranges need not be whole stripes (more layouts tested)
-  --engine KIND      auto | uring | threads [auto]
-  --json             one JSON object on stdout instead of the report
-
+constexpr const char* kFooter = R"(
 Exit status: 0 if nothing was lost, 1 on any mismatch, unsurfaced hard fault, unexpected error
 or budget overrun, 2 on bad options, 128 + the signal's number when SIGINT, SIGTERM or SIGHUP
-ends the soak early (no report then). See docs/stress.md.
-)";
-
-std::chrono::milliseconds parse_duration(const std::string& text) {
-  const auto bad = [&] {
-    return UsageError("invalid --duration '" + text + "': expected e.g. 500ms, 10s, 2m, 1h");
-  };
-  std::size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    throw bad();
-  }
-  const std::string unit = text.substr(used);
-  double ms = 0;
-  if (unit.empty() || unit == "s") {
-    ms = value * 1e3;
-  } else if (unit == "ms") {
-    ms = value;
-  } else if (unit == "m" || unit == "min") {
-    ms = value * 60e3;
-  } else if (unit == "h") {
-    ms = value * 3600e3;
-  } else {
-    throw bad();
-  }
-  if (!(ms >= 1) || ms > 7 * 24 * 3600e3) throw bad();
-  return std::chrono::milliseconds(static_cast<std::int64_t>(ms));
-}
+ends the soak early (no report then). See docs/stress.md.)";
 
 StressOptions parse(const std::vector<std::string>& tokens, bool* help) {
-  Args a("stress", tokens);
   StressOptions c;
-  *help = a.help();
-  c.dirs = a.strings("dir");
-  c.duration = parse_duration(a.string("duration", "10s"));
-  c.fault_rate = a.number("faults", 0);
-  c.seed = a.uint("seed", 1);
-  c.budget = a.size("budget", 64ull << 20);
-  c.workers = a.uint("workers", 2);
-  c.checksums = a.flag("checksums");
-  c.plant = a.flag("plant-corruption");
-  c.engine = swap::parse_io_engine_kind(a.string("engine", "auto"));
-  c.json = a.flag("json");
-  a.finish();
+  std::string engine = "auto";
+  Cli cli("stress", kAbout, kFooter);
+  cli.texts("--dir", c.dirs, "DIR",
+            "directory for the swap files (repeatable: striped over the directories)",
+            "./zinf-scratch, created if missing");
+  cli.duration("--duration", c.duration, "how long to run");
+  cli.number("--faults", c.fault_rate,
+             "probability per I/O piece attempt of an injected fault, in [0, 0.5]");
+  cli.count("--seed", c.seed, "seed of the workloads and of the fault plans");
+  cli.size("--budget", c.budget, "pinned memory for all workers together; at least 4M");
+  cli.count("--workers", c.workers,
+            "swap workers (the optimizer and prefetch workers come on top)");
+  cli.flag("--checksums", c.checksums,
+           "keep CRC32C per stripe unit in every swap store. Off unless given, unlike "
+           "the library's default: stress checks every byte itself, and without "
+           "checksums its ranges need not be whole stripes (more layouts tested)");
+  cli.hidden_flag("--plant-corruption", c.plant);  // stress's self-test (options.h)
+  cli.text("--engine", engine, "KIND", "auto | uring | threads");
+  cli.flag("--json", c.json, "one JSON object on stdout instead of the report");
+  *help = !cli.parse(tokens);
   if (*help) return c;
+  c.engine = swap::parse_io_engine_kind(engine);
   if (!(c.fault_rate >= 0 && c.fault_rate <= 0.5)) {
     throw UsageError("invalid --faults: must be a probability in [0, 0.5]");
   }
@@ -162,10 +128,7 @@ class LogThrottle {
 int stress_main(const std::vector<std::string>& tokens) {
   bool help = false;
   const StressOptions cfg = parse(tokens, &help);
-  if (help) {
-    std::fputs(kHelp, stdout);
-    return 0;
-  }
+  if (help) return 0;
 
   LogThrottle log_throttle;
 

@@ -27,7 +27,7 @@
 #include "commands.h"
 #include "interrupt.h"
 #include "format.h"
-#include "json_writer.h"
+#include "json_out.h"
 #include "tune_checks.h"
 #include "workload.h"
 #include "zinf/common/error.h"
@@ -42,32 +42,22 @@ using tune::Workload;
 
 using Clock = tune::Clock;
 
-constexpr const char* kHelp = R"(usage: zinf tune --dir DIR [--dir DIR2 ...] [options]
-
+constexpr const char* kAbout = R"(
 Checks the setup, then measures which I/O settings move the optimizer step's traffic fastest on
 these directories (reads of sub-group i+1 interleaved with writes of sub-group i-1, equal bytes,
-every byte verified), and writes them as a config zinf and DeepSpeed accept.
+every byte verified), and writes them as a config zinf and DeepSpeed accept.)";
 
-  --dir DIR            directory to tune (repeatable: the state is striped over them)
-  --time-budget S      seconds for the whole sweep [60]
-  --out FILE           write the chosen settings: DeepSpeed "aio" block + "zinf" section
-  --report FILE        write the figures (per-dir read/write GB/s, the sweep) as JSON, for
-                       `zinf plan --tune FILE`
-                       Both are written whole to a temporary file that is then renamed over
-                       FILE: a reader never sees half of one, and a symbolic link at FILE is
-                       replaced by the file, never followed.
-  --json               print the report JSON on stdout instead of the table
-  --backends LIST      uring,threads [both where available]
-  --block-sizes LIST   [256K,1M,4M]
-  --queue-depths LIST  [8,16,32]
-  --pinned-budget N    pinned memory the engine will hold, for the memlock check [2G]
+constexpr const char* kFooter = R"(
+--out and --report are written whole to a temporary file that is then renamed over FILE: a
+reader never sees half of one, and a symbolic link at FILE is replaced by the file, never
+followed. The test files have no name (O_TMPFILE, or a random name unlinked at once): nothing
+is left behind however zinf exits, and nothing planted in DIR is opened. SIGINT, SIGTERM and
+SIGHUP stop the sweep without writing --out or --report (exit status 128 + the signal's
+number).
 
-The test files have no name (O_TMPFILE, or a random name unlinked at once): nothing is left
-behind however zinf exits, and nothing planted in DIR is opened. SIGINT, SIGTERM and SIGHUP stop
-the sweep without writing --out or --report (exit status 128 + the signal's number).
-
-GB/s means 10^9 bytes per second; the mixed figure counts bytes read plus bytes written.
-)";
+fio's --bs, --iodepth and --runtime are read as --block-sizes, --queue-depths and
+--time-budget. GB/s means 10^9 bytes per second; the mixed figure counts bytes read plus bytes
+written.)";
 
 // The sweep's default axes: block sizes around the 1 MiB where the drives here saturate
 // (measured with fio on the build machines), queue depths around zinf's default 16, threads for the threads backend.
@@ -79,24 +69,16 @@ constexpr std::uint32_t kThreadCounts[] = {4, 8, 16};
 constexpr std::uint64_t kGroupsPerPass = 8;
 constexpr std::uint64_t kMiB = 1u << 20;
 
-std::string size_text(std::uint64_t b) {
-  char buf[32];
-  if (b % kMiB == 0) {
-    std::snprintf(buf, sizeof buf, "%lluM", static_cast<unsigned long long>(b / kMiB));
-  } else {
-    std::snprintf(buf, sizeof buf, "%lluK", static_cast<unsigned long long>(b >> 10));
-  }
-  return buf;
-}
-
 std::string gib(double b) { return human_bytes(static_cast<std::uint64_t>(b)); }
 
-std::vector<std::uint64_t> parse_list(const std::string& text, const char* what) {
+// A comma-separated list of sizes (block sizes) or counts (queue depths), each read by the
+// grammar of its kind.
+std::vector<std::uint64_t> parse_list(const std::string& text, const char* what, bool sizes) {
   std::vector<std::uint64_t> out;
   std::stringstream ss(text);
   std::string item;
   while (std::getline(ss, item, ',')) {
-    std::uint64_t v = parse_size(item, what);
+    std::uint64_t v = sizes ? parse_size(item, what) : parse_count(item, what);
     if (v == 0 || v > 0xffffffffull) {
       throw UsageError(std::string("invalid ") + what + " '" + item + "': out of range");
     }
@@ -166,62 +148,70 @@ std::uint64_t free_bytes(const std::string& dir) {
   return static_cast<std::uint64_t>(s.f_bavail) * s.f_frsize;
 }
 
-std::string point_json(const Point& p) {
-  JsonWriter j;
-  j.field("backend", std::string(swap::io_engine_kind_name(p.kind)));
-  j.field("block_size", std::uint64_t{p.block});
-  j.field("queue_depth", std::uint64_t{p.depth});
-  j.field("threads", std::uint64_t{p.threads});
-  j.field("mixed_gbps", p.score());
-  j.field("runs_gbps", p.runs);
-  return j.str();
+Json point_json(const Point& p) {
+  Json j;
+  j["backend"] = std::string(swap::io_engine_kind_name(p.kind));
+  j["block_size"] = std::uint64_t{p.block};
+  j["queue_depth"] = std::uint64_t{p.depth};
+  j["threads"] = std::uint64_t{p.threads};
+  j["mixed_gbps"] = p.score();
+  j["runs_gbps"] = p.runs;
+  return j;
 }
 
 // The config zinf's parse_config and DeepSpeed both read: DeepSpeed's "aio" keys with real
 // numbers and booleans, zinf's backend and O_DIRECT choice in its own section.
 std::string config_json(const Point& p, bool direct) {
   const std::uint32_t intra = p.kind == swap::IoEngineKind::kThreads ? p.threads : 1;
-  char buf[512];
-  std::snprintf(buf, sizeof buf,
-                "{\n  \"aio\": {\n    \"block_size\": %u,\n    \"queue_depth\": %u,\n"
-                "    \"intra_op_parallelism\": %u,\n    \"single_submit\": false,\n"
-                "    \"overlap_events\": true\n  },\n  \"zinf\": {\n    \"backend\": \"%.*s\",\n"
-                "    \"direct_io\": %s\n  }\n}\n",
-                p.block, p.depth, intra, static_cast<int>(swap::io_engine_kind_name(p.kind).size()),
-                swap::io_engine_kind_name(p.kind).data(), direct ? "true" : "false");
-  return buf;
+  Json c;
+  c["aio"]["block_size"] = p.block;
+  c["aio"]["queue_depth"] = p.depth;
+  c["aio"]["intra_op_parallelism"] = intra;
+  c["aio"]["single_submit"] = false;
+  c["aio"]["overlap_events"] = true;
+  c["zinf"]["backend"] = std::string(swap::io_engine_kind_name(p.kind));
+  c["zinf"]["direct_io"] = direct;
+  return c.dump(2) + "\n";
 }
 
 }  // namespace
 
 int tune_main(const std::vector<std::string>& tokens) {
-  Args a("tune", tokens);
-  const bool help = a.help();
-  std::vector<std::string> dirs = a.strings("dir");
-  const double budget_s = a.number("time-budget", 60);
-  const std::string out = a.string("out", "");
-  const std::string report = a.string("report", "");
-  const bool json = a.flag("json");
-  std::string backends = a.string("backends", "");
-  std::string block_list = a.string("block-sizes", "");
-  std::string depth_list = a.string("queue-depths", "");
-  const std::uint64_t pinned_budget = a.size("pinned-budget", std::uint64_t{2} << 30);
-  a.finish();
-  if (help) {
-    std::fputs(kHelp, stdout);
-    return 0;
-  }
+  std::vector<std::string> dirs;
+  std::chrono::milliseconds budget = std::chrono::seconds(60);
+  std::string out, report, backends, block_list, depth_list;
+  std::uint64_t pinned_budget = std::uint64_t{2} << 30;
+  bool json = false;
+  Cli cli("tune", kAbout, kFooter);
+  cli.texts("--dir", dirs, "DIR", "directory to tune (repeatable: the state is striped over them)",
+            "required");
+  cli.duration("--time-budget", budget, "time for the whole sweep", "60s");
+  cli.text("--out", out, "FILE",
+           "write the chosen settings: DeepSpeed \"aio\" block + \"zinf\" "
+           "section");
+  cli.text("--report", report, "FILE",
+           "write the figures (per-dir read/write GB/s, the sweep) as "
+           "JSON, for `zinf plan --tune FILE`");
+  cli.flag("--json", json, "print the report JSON on stdout instead of the table");
+  cli.text("--backends", backends, "LIST", "uring,threads", "both where available");
+  cli.text("--block-sizes", block_list, "LIST", "block sizes to try (SIZE,...)", "256K,1M,4M");
+  cli.text("--queue-depths", depth_list, "LIST", "queue depths to try (N,...)", "8,16,32");
+  cli.size("--pinned-budget", pinned_budget,
+           "pinned memory the engine will hold, for the memlock check");
+  cli.alias("--bs", "--block-sizes");
+  cli.alias("--iodepth", "--queue-depths");
+  cli.alias("--runtime", "--time-budget");
+  if (!cli.parse(tokens)) return 0;
+  const double budget_s = std::chrono::duration<double>(budget).count();
   if (dirs.empty())
     throw UsageError("--dir is required (a directory on the drive to tune; repeatable)");
-  if (!(budget_s > 0) || budget_s > 86400) {
-    throw UsageError("invalid --time-budget: must be between 0 and 86400 seconds");
-  }
+  if (budget > std::chrono::hours(24)) throw UsageError("invalid --time-budget: at most 24h");
   std::vector<swap::Dir> opened;  // each directory opened once; every file made relative to it
   for (const auto& d : dirs) opened.push_back(check_dir(d));
   std::vector<std::uint64_t> blocks(std::begin(kDefaultBlocks), std::end(kDefaultBlocks));
   std::vector<std::uint64_t> depths(std::begin(kDefaultDepths), std::end(kDefaultDepths));
-  if (!block_list.empty()) blocks = parse_list(block_list, "--block-sizes");
-  if (!depth_list.empty()) depths = parse_list(depth_list, "--queue-depths");
+  if (!block_list.empty()) blocks = parse_list(block_list, "--block-sizes", true);
+  if (!depth_list.empty()) depths = parse_list(depth_list, "--queue-depths", false);
   for (auto b : blocks) {
     if (b % 4096 != 0) {
       throw UsageError("invalid --block-sizes entry " + std::to_string(b) +
@@ -390,35 +380,33 @@ int tune_main(const std::vector<std::string>& tokens) {
   for (std::size_t i = 0; i < dirs.size(); ++i) all_direct = all_direct && w.direct(i);
 
   // 5. Report.
-  std::string rep = "{\"tool\":\"zinf tune\",\"dirs\":[";
+  Json report_doc;
+  report_doc["tool"] = "zinf tune";
+  Json& dir_list = report_doc["dirs"] = Json::array();
   for (std::size_t i = 0; i < dirs.size(); ++i) {
-    JsonWriter j;
-    j.field("dir", dirs[i]);
-    j.field("file_system", fs_type_name(dirs[i]));
-    j.field("direct", w.direct(i));
-    j.field("free_bytes", free_bytes(dirs[i]));
-    j.field("read_gbps", per_dir[i].first);
-    j.field("write_gbps", per_dir[i].second);
-    rep += (i ? "," : "") + j.str();
+    Json j;
+    j["dir"] = dirs[i];
+    j["file_system"] = fs_type_name(dirs[i]);
+    j["direct"] = w.direct(i);
+    j["free_bytes"] = free_bytes(dirs[i]);
+    j["read_gbps"] = per_dir[i].first;
+    j["write_gbps"] = per_dir[i].second;
+    dir_list.push_back(std::move(j));
   }
-  JsonWriter head;
-  head.field("warnings", warnings);
-  head.field("time_budget_s", budget_s);
-  head.field("elapsed_s", elapsed());
-  head.field("test_state_bytes", w.bytes());
-  head.field("sub_group_bytes", group);
-  head.field("settings_planned", std::uint64_t{planned});
-  head.field("kernel", kernel_release());
-  head.field("cpu", cpu_model());
-  std::string h = head.str();
-  rep += "]," + h.substr(1, h.size() - 2) + ",\"sweep\":[";
-  for (std::size_t i = 0; i < points.size(); ++i) rep += (i ? "," : "") + point_json(points[i]);
-  std::string chosen = point_json(best);
-  chosen.pop_back();
-  JsonWriter rates;
-  rates.field("read_gbps", read_gbps);
-  rates.field("write_gbps", write_gbps);
-  rep += "],\"chosen\":" + chosen + "," + rates.str().substr(1) + "}";
+  report_doc["warnings"] = warnings;
+  report_doc["time_budget_s"] = budget_s;
+  report_doc["elapsed_s"] = elapsed();
+  report_doc["test_state_bytes"] = w.bytes();
+  report_doc["sub_group_bytes"] = group;
+  report_doc["settings_planned"] = std::uint64_t{planned};
+  report_doc["kernel"] = kernel_release();
+  report_doc["cpu"] = cpu_model();
+  Json& sweep = report_doc["sweep"] = Json::array();
+  for (const Point& p : points) sweep.push_back(point_json(p));
+  Json& chosen = report_doc["chosen"] = point_json(best);
+  chosen["read_gbps"] = read_gbps;
+  chosen["write_gbps"] = write_gbps;
+  const std::string rep = json_text(report_doc);
 
   // Nothing written after a signal: the figures of a cut-short sweep are not the answer.
   throw_if_interrupted();
