@@ -18,8 +18,9 @@
  *   streams); they never call back into the caller.
  * - Ownership and lifetimes. zinf_engine_create* returns an engine the caller owns and ends
  *   with zinf_engine_destroy. Every pointer the caller passes in is read during the call only,
- *   except gradients (see zinf_engine_set_gradients). Strings returned by the library are
- *   owned by it and valid as each function says.
+ *   except gradients (see zinf_engine_set_gradients) and the compute stream (see
+ *   zinf_engine_options). Strings returned by the library are owned by it and valid as each
+ *   function says.
  * - NULL. A NULL engine or a NULL required pointer is ZINF_ERR_USAGE (never a crash).
  */
 #pragma once
@@ -71,6 +72,16 @@ typedef struct zinf_layer_spec {
 typedef struct zinf_engine_options {
   zinf_device_kind device; /**< default ZINF_DEVICE_HOST */
   int device_index;        /**< CUDA device ordinal; ignored by the host simulation */
+  /** The caller's compute stream, or NULL for one the engine makes itself (the default).
+   *  - CUDA: a cudaStream_t of the device `device_index` names (another device's stream is
+   *    ZINF_ERR_USAGE). The default stream is spelled cudaStreamLegacy or cudaStreamPerThread,
+   *    as NULL means "none".
+   *  - Host simulation (tests): a host stream's native handle (zinf::cuda::native_stream of a
+   *    host device's Stream, zinf/cuda/cuda_interop.h); anything else is ZINF_ERR_USAGE.
+   *  The engine orders its work into this stream (zinf_engine_fetch) and never destroys it:
+   *  it must outlive the engine. zinf_engine_destroy waits for everything enqueued on it so
+   *  far. With ZINF_DEVICE_AUTO, the handle must be of the kind the engine ends up on. */
+  void* compute_stream;
 } zinf_engine_options;
 
 /** The optimizer's figures for one step (zinf::offload::StepStats). */
@@ -173,11 +184,18 @@ zinf_status zinf_engine_read_master_weights(zinf_engine* engine, size_t layer, f
                                             size_t count);
 
 /** Makes layer `layer`'s parameters (numel elements of its param_dtype) present on the device
- *  and writes their device address to *data and their size in bytes to *bytes. Blocks until
- *  they are there (unlike the C++ fetch, which returns at once and orders the engine's compute
- *  stream). With ZINF_DEVICE_HOST the address is host memory the caller may read. Read-only
- *  for the caller; valid until zinf_engine_release(layer), and every use of it (kernels on any
- *  stream included) must have completed before that call. */
+ *  and writes their device address to *data and their size in bytes to *bytes. Read-only for
+ *  the caller; valid until zinf_engine_release(layer).
+ *  - Without a compute stream (options.compute_stream NULL): blocks until the parameters are
+ *    there, so any stream, or the host with ZINF_DEVICE_HOST, may read them at once. Every use
+ *    of them must have completed before zinf_engine_release.
+ *  - With the caller's compute stream: does not wait for the copy. The stream waits for it
+ *    (device-side, as the C++ fetch does), so work enqueued on that stream after this call
+ *    sees the parameters; anything else (another stream, or the host with ZINF_DEVICE_HOST)
+ *    must wait for that stream first. The call still blocks while the layer's NVMe read is in
+ *    flight or every parameter buffer is in use. zinf_engine_release orders itself after the
+ *    work enqueued on the stream before it: uses on other streams must be ordered into the
+ *    compute stream (an event) before that call. */
 zinf_status zinf_engine_fetch(zinf_engine* engine, size_t layer, void** data, size_t* bytes);
 /** Ends the caller's use of the parameters fetch returned for `layer`. Non-blocking. */
 zinf_status zinf_engine_release(zinf_engine* engine, size_t layer);

@@ -17,6 +17,7 @@
 #include "zinf/common/error.h"
 #include "zinf/common/status.h"
 #include "zinf/config.h"
+#include "zinf/cuda/cuda_interop.h"
 #include "zinf/cuda/device.h"
 #include "zinf/offload/config.h"
 #include "zinf/offload/engine.h"
@@ -25,12 +26,19 @@ namespace adam = zinf::adam;
 namespace off = zinf::offload;
 
 /// The engine handle: the device and compute stream the engine runs on, declared before the
-/// engine so they are destroyed after it (the engine's contract).
+/// engine so they are destroyed after it (the engine's contract). The compute stream is either
+/// the engine's own (`stream`) or the caller's (`adopted`), never both.
 struct zinf_engine {
   std::unique_ptr<zinf::cuda::Device> device;
   zinf::cuda::Stream stream;
+  zinf::cuda::AdoptedStream adopted;
   std::unique_ptr<off::OffloadEngine> engine;
   std::string last_error;  // zinf_engine_last_error
+
+  bool has_callers_stream() const noexcept { return !adopted.empty(); }
+  zinf::cuda::StreamRef compute() const noexcept {
+    return has_callers_stream() ? adopted.ref() : stream.ref();
+  }
 };
 
 namespace {
@@ -166,9 +174,13 @@ zinf_status create(off::EngineConfig (*read)(const char*), const char* config,
 
     auto handle = std::make_unique<zinf_engine>();
     handle->device = zinf::cuda::make_device(device_options);
-    handle->stream = handle->device->create_stream();
+    if (opts.compute_stream != nullptr) {
+      handle->adopted = zinf::cuda::adopt_stream(*handle->device, opts.compute_stream);
+    } else {
+      handle->stream = handle->device->create_stream();
+    }
     handle->engine = std::make_unique<off::OffloadEngine>(std::move(parsed), std::move(specs),
-                                                          *handle->device, handle->stream.ref());
+                                                          *handle->device, handle->compute());
     *out = handle.release();
   });
 }
@@ -230,7 +242,8 @@ zinf_status zinf_engine_create_from_file(const char* config_path, const zinf_lay
 }
 
 void zinf_engine_destroy(zinf_engine* engine) {
-  // ~OffloadEngine, ~Stream and ~Device never throw (their contracts); delete cannot either.
+  // ~OffloadEngine, ~Stream, ~AdoptedStream and ~Device never throw (their contracts); delete
+  // cannot either.
   delete engine;
 }
 
@@ -276,9 +289,10 @@ zinf_status zinf_engine_fetch(zinf_engine* engine, size_t layer, void** data, si
     require(data != nullptr, fn, "data is NULL");
     require(bytes != nullptr, fn, "bytes is NULL");
     const zinf::cuda::DeviceSpan span = e.fetch(layer);
-    // The C contract is synchronous: the caller has no handle on the compute stream, so the
-    // parameters must be in place when the call returns.
-    engine->device->synchronize(engine->stream.ref());
+    // Without a stream of its own the caller cannot be ordered after the copy on the device,
+    // so the parameters must be in place when the call returns. With the caller's stream,
+    // fetch has already made that stream wait for them: returning now is the overlap.
+    if (!engine->has_callers_stream()) engine->device->synchronize(engine->stream.ref());
     *data = span.data();
     *bytes = span.size();
   });

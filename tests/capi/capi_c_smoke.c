@@ -11,7 +11,7 @@ int zinf_capi_c_smoke(char* message, size_t capacity);
 int zinf_capi_c_smoke(char* message, size_t capacity) {
   zinf_engine* engine = NULL;
   zinf_layer_spec layer = {"x", 16, ZINF_DTYPE_BF16};
-  zinf_engine_options options = {ZINF_DEVICE_HOST, 0};
+  zinf_engine_options options = {ZINF_DEVICE_HOST, 0, NULL};
   zinf_status status;
   if (strlen(zinf_version()) == 0) {
     snprintf(message, capacity, "empty version");

@@ -15,7 +15,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <future>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
@@ -24,6 +26,7 @@
 #include "support/test_dir.h"
 #include "zinf/common/error.h"
 #include "zinf/config.h"
+#include "zinf/cuda/cuda_interop.h"
 #include "zinf/cuda/device.h"
 #include "zinf/offload/config.h"
 #include "zinf/offload/engine.h"
@@ -72,6 +75,31 @@ std::vector<float> grads_of(std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) g[i] = 0.01f * static_cast<float>(i % 13) - 0.05f;
   return g;
 }
+
+// Host work that holds a stream until open(), standing in for a trainer's kernel still
+// running. Destruction opens it, so a failing test never leaves a stream stuck: declare it
+// after the engine and streams it holds.
+class StreamGate {
+ public:
+  StreamGate() = default;
+  ~StreamGate() { open(); }
+  StreamGate(const StreamGate&) = delete;
+  StreamGate& operator=(const StreamGate&) = delete;
+  std::function<void()> waiter() const {
+    return [f = future_] { f.wait(); };
+  }
+  void open() {
+    if (!opened_) promise_.set_value();
+    opened_ = true;
+  }
+
+ private:
+  std::promise<void> promise_;
+  std::shared_future<void> future_ = promise_.get_future().share();
+  bool opened_ = false;
+};
+
+using EngineOwner = std::unique_ptr<zinf_engine, void (*)(zinf_engine*)>;
 
 // Owns a C engine for a test.
 struct Engine {
@@ -166,7 +194,7 @@ TEST(CApi, CreateArgumentErrors) {
   const zinf_layer_spec bad_dtype[] = {{"a", 10, static_cast<zinf_dtype>(3)}};
   EXPECT_EQ(zinf_engine_create(kConfig, bad_dtype, 1, nullptr, &out), ZINF_ERR_USAGE);
   EXPECT_STREQ(zinf_last_error(), "zinf_engine_create: unknown dtype 3");
-  const zinf_engine_options bad_device{static_cast<zinf_device_kind>(3), 0};
+  const zinf_engine_options bad_device{static_cast<zinf_device_kind>(3), 0, nullptr};
   EXPECT_EQ(zinf_engine_create(kConfig, kLayers, 2, &bad_device, &out), ZINF_ERR_USAGE);
   EXPECT_STREQ(zinf_last_error(), "zinf_engine_create: unknown device kind 3");
   EXPECT_EQ(out, nullptr);
@@ -176,7 +204,7 @@ TEST(CApi, CudaWithoutAGpuIsADeviceErrorWithTheReason) {
   if (zinf::cuda::probe_cuda().available()) GTEST_SKIP() << "a CUDA device is visible";
   const std::string want =
       what_of([] { zinf::cuda::make_device({.kind = zinf::cuda::DeviceKind::kCuda}); });
-  const zinf_engine_options cuda{ZINF_DEVICE_CUDA, 0};
+  const zinf_engine_options cuda{ZINF_DEVICE_CUDA, 0, nullptr};
   zinf_engine* out = nullptr;
   EXPECT_EQ(zinf_engine_create(kConfig, kLayers, 2, &cuda, &out), ZINF_ERR_DEVICE);
   EXPECT_EQ(zinf_last_error(), want);
@@ -592,6 +620,98 @@ TEST(CApi, EmptyCheckpointDirectoryIsUsage) {
   const std::vector<float> g = grads_of(1000);
   ASSERT_EQ(zinf_engine_set_gradients(h.e, 0, g.data(), 1000, ZINF_DTYPE_F32), ZINF_OK);
   EXPECT_EQ(zinf_engine_step(h.e, nullptr), ZINF_OK) << zinf_last_error();
+}
+
+// The caller's compute stream (options.compute_stream): fetch makes that stream wait for the
+// copy and returns without waiting itself. The "trainer's" work holds the stream, so when
+// fetch returns the copy cannot have run (the device buffer still holds its zeros); once the
+// stream moves on, the bytes are the layer's. Ordering only, no timing. A whole iteration on
+// that stream then gives the same parameters as the master weights say.
+TEST(CApi, FetchOnTheCallersStreamReturnsBeforeTheCopy) {
+  auto trainer = zinf::cuda::make_device({.kind = zinf::cuda::DeviceKind::kHost});
+  zinf::cuda::Stream native = trainer->create_stream();
+  zinf_engine_options o{};
+  o.device = ZINF_DEVICE_HOST;
+  o.compute_stream = zinf::cuda::native_stream(native);
+  zinf_engine* created = nullptr;
+  ASSERT_EQ(zinf_engine_create(kConfig, kLayers, 2, &o, &created), ZINF_OK) << zinf_last_error();
+  EngineOwner e(created, zinf_engine_destroy);
+  StreamGate gate;
+  zinf::cuda::Event fetched = trainer->create_event();
+  const std::vector<float> w = weights_of(1000, 0.01f);
+  ASSERT_EQ(zinf_engine_set_master_weights(e.get(), 0, w.data(), w.size()), ZINF_OK);
+
+  trainer->enqueue_host_work(native, gate.waiter());
+  void* data = nullptr;
+  std::size_t bytes = 0;
+  ASSERT_EQ(zinf_engine_fetch(e.get(), 0, &data, &bytes), ZINF_OK) << zinf_last_error();
+  trainer->record(fetched, native);
+  EXPECT_FALSE(fetched.query()) << "the stream is held: fetch returned before its copy";
+  ASSERT_EQ(bytes, 2000u);
+  const auto* p = static_cast<const std::uint16_t*>(data);
+  for (std::size_t i = 0; i < 1000; ++i) ASSERT_EQ(p[i], 0u) << "copied before its turn: " << i;
+  gate.open();
+  trainer->synchronize(native);
+  EXPECT_TRUE(fetched.query());
+  for (std::size_t i = 0; i < 1000; ++i) ASSERT_EQ(p[i], bf16_of(w[i])) << i;
+  ASSERT_EQ(zinf_engine_release(e.get(), 0), ZINF_OK) << zinf_last_error();
+
+  const std::vector<float> g = grads_of(1000);
+  ASSERT_EQ(zinf_engine_set_gradients(e.get(), 0, g.data(), g.size(), ZINF_DTYPE_F32), ZINF_OK);
+  ASSERT_EQ(zinf_engine_step(e.get(), nullptr), ZINF_OK) << zinf_last_error();
+  std::vector<float> after(1000);
+  ASSERT_EQ(zinf_engine_read_master_weights(e.get(), 0, after.data(), after.size()), ZINF_OK);
+  ASSERT_EQ(zinf_engine_fetch(e.get(), 0, &data, &bytes), ZINF_OK) << zinf_last_error();
+  trainer->synchronize(native);
+  p = static_cast<const std::uint16_t*>(data);
+  for (std::size_t i = 0; i < 1000; ++i) ASSERT_EQ(p[i], bf16_of(after[i])) << i;
+  EXPECT_NE(after, w) << "the step changed nothing";
+  ASSERT_EQ(zinf_engine_release(e.get(), 0), ZINF_OK);
+}
+
+TEST(CApi, ACallersStreamThatIsNoStreamIsUsage) {
+  int not_a_stream = 0;
+  zinf_engine_options o{};
+  o.device = ZINF_DEVICE_HOST;
+  o.compute_stream = &not_a_stream;
+  zinf_engine* out = nullptr;
+  EXPECT_EQ(zinf_engine_create(kConfig, kLayers, 2, &o, &out), ZINF_ERR_USAGE);
+  EXPECT_NE(std::string(zinf_last_error()).find("is not a live host stream"), std::string::npos)
+      << zinf_last_error();
+  EXPECT_EQ(out, nullptr);
+}
+
+// The CUDA path of the test above: a real cudaStream_t (made here through zinf, as a trainer's
+// runtime would), ordering checked with an event on it. Skips without a GPU.
+TEST(CApi, FetchOnTheCallersCudaStreamReturnsBeforeTheCopy) {
+  const zinf::cuda::CudaAvailability cuda = zinf::cuda::probe_cuda();
+  if (!cuda.available()) GTEST_SKIP() << "no CUDA device visible: " << cuda.reason;
+  auto trainer = zinf::cuda::make_device({.kind = zinf::cuda::DeviceKind::kCuda});
+  zinf::cuda::Stream native = trainer->create_stream();
+  zinf_engine_options o{};
+  o.device = ZINF_DEVICE_CUDA;
+  o.compute_stream = zinf::cuda::native_stream(native);
+  zinf_engine* created = nullptr;
+  ASSERT_EQ(zinf_engine_create(kConfig, kLayers, 2, &o, &created), ZINF_OK) << zinf_last_error();
+  EngineOwner e(created, zinf_engine_destroy);
+  StreamGate gate;
+  zinf::cuda::Event fetched = trainer->create_event();
+  const std::vector<float> w = weights_of(1000, 0.01f);
+  ASSERT_EQ(zinf_engine_set_master_weights(e.get(), 0, w.data(), w.size()), ZINF_OK);
+  trainer->enqueue_host_work(native, gate.waiter());
+  void* data = nullptr;
+  std::size_t bytes = 0;
+  ASSERT_EQ(zinf_engine_fetch(e.get(), 0, &data, &bytes), ZINF_OK) << zinf_last_error();
+  trainer->record(fetched, native);
+  EXPECT_FALSE(fetched.query()) << "the stream is held: fetch returned before its copy";
+  gate.open();
+  trainer->synchronize(native);
+  EXPECT_TRUE(fetched.query());
+  EXPECT_EQ(bytes, 2000u);
+  ASSERT_EQ(zinf_engine_release(e.get(), 0), ZINF_OK) << zinf_last_error();
+  const std::vector<float> g = grads_of(1000);
+  ASSERT_EQ(zinf_engine_set_gradients(e.get(), 0, g.data(), g.size(), ZINF_DTYPE_F32), ZINF_OK);
+  ASSERT_EQ(zinf_engine_step(e.get(), nullptr), ZINF_OK) << zinf_last_error();
 }
 
 TEST(CApi, CallableFromC99) {
