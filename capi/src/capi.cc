@@ -5,7 +5,9 @@
 // crosses the C boundary.
 #include "zinf.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <new>
@@ -141,6 +143,41 @@ std::uint64_t checked_numel(off::OffloadEngine& engine, std::size_t layer, std::
   return spec.numel;
 }
 
+// The size a versioned struct's caller declared (0: the first version's), refused below the
+// first version before anything is read or written.
+std::size_t declared_size(std::size_t struct_size, std::size_t first_version, const char* function,
+                          const char* what) {
+  const std::size_t size = struct_size == 0 ? first_version : struct_size;
+  if (size < first_version) {
+    throw zinf::UsageError(std::string(function) + ": " + what + "->struct_size " +
+                           std::to_string(size) + " is smaller than the first version's " +
+                           std::to_string(first_version) + " bytes (set it to sizeof the struct)");
+  }
+  return size;
+}
+
+// The caller's options, as far as its struct_size covers them, over the defaults. Bytes past
+// the fields this library knows must be zero: a newer caller's nonzero field asks for
+// something this library would silently not do.
+zinf_engine_options read_options(const zinf_engine_options* in, const char* function) {
+  zinf_engine_options o{};  // the defaults: ZINF_DEVICE_AUTO, device 0, the engine's own stream
+  if (in == nullptr) return o;
+  const std::size_t size =
+      declared_size(in->struct_size, ZINF_ENGINE_OPTIONS_SIZE_V1, function, "options");
+  const auto* bytes = reinterpret_cast<const unsigned char*>(in);
+  for (std::size_t i = sizeof o; i < size; ++i) {
+    if (bytes[i] != 0) {
+      throw zinf::UsageError(
+          std::string(function) + ": options->struct_size " + std::to_string(size) +
+          " covers fields this library (zinf " + ZINF_VERSION + ", " + std::to_string(sizeof o) +
+          " bytes) does not know, and byte " + std::to_string(i) + " of them is not zero");
+    }
+  }
+  std::memcpy(&o, in, std::min(size, sizeof o));
+  o.struct_size = sizeof o;
+  return o;
+}
+
 zinf_status create(off::EngineConfig (*read)(const char*), const char* config,
                    const zinf_layer_spec* layers, std::size_t layer_count,
                    const zinf_engine_options* options, zinf_engine** out, const char* function) {
@@ -148,6 +185,7 @@ zinf_status create(off::EngineConfig (*read)(const char*), const char* config,
     require(config != nullptr, function, "config is NULL");
     require(out != nullptr, function, "out is NULL");
     require(layers != nullptr || layer_count == 0, function, "layers is NULL");
+    const zinf_engine_options opts = read_options(options, function);
     off::EngineConfig parsed = read(config);
     std::vector<off::LayerSpec> specs;
     specs.reserve(layer_count);
@@ -160,8 +198,6 @@ zinf_status create(off::EngineConfig (*read)(const char*), const char* config,
                                      dtype_of(layers[i].param_dtype, function)});
     }
     zinf::cuda::DeviceOptions device_options;
-    const zinf_engine_options defaults{};
-    const zinf_engine_options& opts = options != nullptr ? *options : defaults;
     switch (opts.device) {
       case ZINF_DEVICE_HOST: device_options.kind = zinf::cuda::DeviceKind::kHost; break;
       case ZINF_DEVICE_CUDA: device_options.kind = zinf::cuda::DeviceKind::kCuda; break;
@@ -257,6 +293,16 @@ zinf_status zinf_engine_layer_count(const zinf_engine* engine, size_t* count) {
     off::OffloadEngine& e = engine_of(const_cast<zinf_engine*>(engine), fn);
     require(count != nullptr, fn, "count is NULL");
     *count = e.layer_count();
+  });
+}
+
+zinf_status zinf_engine_device_kind(const zinf_engine* engine, zinf_device_kind* kind) {
+  return guarded(const_cast<zinf_engine*>(engine), [&] {
+    const char* fn = "zinf_engine_device_kind";
+    (void)engine_of(const_cast<zinf_engine*>(engine), fn);
+    require(kind != nullptr, fn, "kind is NULL");
+    *kind = engine->device->kind() == zinf::cuda::DeviceKind::kCuda ? ZINF_DEVICE_CUDA
+                                                                    : ZINF_DEVICE_HOST;
   });
 }
 
@@ -389,8 +435,10 @@ zinf_status zinf_engine_stats(const zinf_engine* engine, zinf_stats* out) {
     const char* fn = "zinf_engine_stats";
     const off::OffloadEngine& e = engine_of(const_cast<zinf_engine*>(engine), fn);
     require(out != nullptr, fn, "out is NULL");
+    const std::size_t size = declared_size(out->struct_size, ZINF_STATS_SIZE_V1, fn, "out");
     const off::EngineStats s = e.stats();
     zinf_stats c{};
+    c.struct_size = std::min(size, sizeof c);
     c.steps = s.steps;
     c.param_bytes_read = s.param_bytes_read;
     c.param_bytes_written = s.param_bytes_written;
@@ -407,7 +455,10 @@ zinf_status zinf_engine_stats(const zinf_engine* engine, zinf_stats* out) {
     c.pinned_bytes_peak = s.pinned_bytes_peak;
     c.last_step = to_c(s.last_step);
     c.param_read_gbps = s.param_read_gbps;
-    *out = c;
+    // Only the caller's fields: an older caller's struct ends before ours does.
+    std::memcpy(out, &c, c.struct_size);
+    if (size > sizeof c)
+      std::memset(reinterpret_cast<unsigned char*>(out) + sizeof c, 0, size - sizeof c);
   });
 }
 
