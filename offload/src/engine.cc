@@ -18,6 +18,7 @@
 #include "zinf/common/align.h"
 #include "zinf/common/error.h"
 #include "zinf/common/log.h"
+#include "zinf/offload/testing.h"
 #include "zinf/prefetch/layer_prefetcher.h"
 #include "zinf/swap/buffer_pool.h"
 #include "zinf/swap/dir.h"
@@ -59,7 +60,8 @@ std::string manifest_text(const std::vector<LayerSpec>& layers) {
 }  // namespace
 
 struct OffloadEngine::Impl {
-  Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device& d, cuda::StreamRef s);
+  Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device& d, cuda::StreamRef s,
+       const test_hooks::EngineFaults& faults);
   ~Impl();
 
   // Per layer.
@@ -137,7 +139,7 @@ struct OffloadEngine::Impl {
 };
 
 OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device& d,
-                          cuda::StreamRef s)
+                          cuda::StreamRef s, const test_hooks::EngineFaults& faults)
     : config(std::move(c)),
       layers(std::move(l)),
       device(d),
@@ -214,7 +216,7 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
   oo.adam.threads = config.zinf.adam_threads;
   if (otier == OffloadDevice::kNvme) oo.directories = opt_dirs;
   oo.io = config.io_options();
-  oo.io.faults = config.optimizer_faults;
+  oo.io.faults = faults.optimizer;
   oo.swap_checksums = config.zinf.checksums;
   oo.direct_io = config.zinf.direct_io;
   oo.precondition = config.zinf.precondition;
@@ -253,7 +255,7 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
   state.resize(layers.size());
   if (ptier == OffloadDevice::kNvme) {
     swap::IoOptions io = config.io_options();
-    io.faults = config.param_faults;
+    io.faults = faults.param;
     param_engine = swap::make_io_engine(io);
     swap::SwapStoreOptions so;
     so.directories = param_dirs;
@@ -440,7 +442,14 @@ cuda::DeviceSpan OffloadEngine::Impl::fetch_cpu(std::size_t index) {
 
 OffloadEngine::OffloadEngine(EngineConfig config, std::vector<LayerSpec> layers,
                              cuda::Device& device, cuda::StreamRef compute_stream)
-    : impl_(std::make_unique<Impl>(std::move(config), std::move(layers), device, compute_stream)) {}
+    : OffloadEngine(std::move(config), std::move(layers), device, compute_stream,
+                    test_hooks::EngineFaults{}) {}
+
+OffloadEngine::OffloadEngine(EngineConfig config, std::vector<LayerSpec> layers,
+                             cuda::Device& device, cuda::StreamRef compute_stream,
+                             const test_hooks::EngineFaults& faults)
+    : impl_(std::make_unique<Impl>(std::move(config), std::move(layers), device, compute_stream,
+                                   faults)) {}
 
 OffloadEngine::~OffloadEngine() = default;
 
