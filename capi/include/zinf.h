@@ -232,7 +232,9 @@ zinf_status zinf_engine_release(zinf_engine* engine, size_t layer);
 /** Hands in `layer`'s gradients for this step: `count` (= numel) elements of `dtype` (fp32,
  *  or bf16/fp16 as raw bits) in host memory, and starts the layer's update at once. `grads`
  *  must stay valid and unchanged until zinf_engine_step returns. Each layer at most once per
- *  step, only while it is released. */
+ *  step, only while it is released. With the caller's compute stream, the gradients must
+ *  already be complete in host memory (synchronise whatever copied them there): the update
+ *  reads them from this call on, on the engine's own thread. */
 zinf_status zinf_engine_set_gradients(zinf_engine* engine, size_t layer, const void* grads,
                                       size_t count, zinf_dtype dtype);
 /** Completes the step's updates (layers without gradients are not updated) and makes the new
