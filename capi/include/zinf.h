@@ -18,9 +18,19 @@
  *   streams); they never call back into the caller.
  * - Ownership and lifetimes. zinf_engine_create* returns an engine the caller owns and ends
  *   with zinf_engine_destroy. Every pointer the caller passes in is read during the call only,
- *   except gradients (see zinf_engine_set_gradients). Strings returned by the library are
- *   owned by it and valid as each function says.
+ *   except gradients (see zinf_engine_set_gradients) and the compute stream (see
+ *   zinf_engine_options). Strings returned by the library are owned by it and valid as each
+ *   function says.
  * - NULL. A NULL engine or a NULL required pointer is ZINF_ERR_USAGE (never a crash).
+ * - Structs that grow. zinf_engine_options and zinf_stats start with `struct_size`, which the
+ *   caller sets to sizeof the struct as it compiled it; 0 means the first version's size
+ *   (ZINF_*_SIZE_V1), so a zero-initialised struct works. The library reads (options) or
+ *   writes (stats) only the fields that size covers, and uses the defaults for the rest. A
+ *   nonzero size below the first version's is ZINF_ERR_USAGE naming the struct, with nothing
+ *   read or written. A size beyond the library's own (a caller built against a newer zinf.h):
+ *   options are accepted if the bytes this library does not know are all zero (else
+ *   ZINF_ERR_USAGE: they ask for something it cannot do); stats past the library's fields
+ *   are zeroed. Fields are only ever appended.
  */
 #pragma once
 
@@ -53,11 +63,12 @@ typedef enum zinf_dtype {
   ZINF_DTYPE_F16 = 2   /**< IEEE fp16, as raw uint16_t bits */
 } zinf_dtype;
 
-/** Which device backend an engine runs on. */
+/** Which device backend an engine runs on. Values are stable; 0 is the default, as in C++. */
 typedef enum zinf_device_kind {
-  ZINF_DEVICE_HOST = 0, /**< the host simulation: "device" memory is host memory (default) */
+  ZINF_DEVICE_AUTO = 0, /**< CUDA if a GPU is visible, else the host simulation (with a notice
+                             saying why): the default, as zinf::cuda::make_device's */
   ZINF_DEVICE_CUDA = 1, /**< a CUDA GPU, or ZINF_ERR_DEVICE saying why there is none */
-  ZINF_DEVICE_AUTO = 2  /**< CUDA if a GPU is visible, else the host simulation */
+  ZINF_DEVICE_HOST = 2  /**< the host simulation: "device" memory is host memory */
 } zinf_device_kind;
 
 /** One layer (parameter shard) the engine manages. */
@@ -67,11 +78,29 @@ typedef struct zinf_layer_spec {
   zinf_dtype param_dtype; /**< the device copy's type: ZINF_DTYPE_BF16 or ZINF_DTYPE_F16 */
 } zinf_layer_spec;
 
-/** How to build an engine beyond its config. All-zero (or NULL) means the defaults. */
+/** How to build an engine beyond its config. All-zero (or NULL) means the defaults: the same
+ *  device as C++ picks (ZINF_DEVICE_AUTO), device 0, the engine's own stream. */
 typedef struct zinf_engine_options {
-  zinf_device_kind device; /**< default ZINF_DEVICE_HOST */
+  /** sizeof(zinf_engine_options) as the caller compiled it, or 0 for
+   *  ZINF_ENGINE_OPTIONS_SIZE_V1 (see "Structs that grow" above). */
+  size_t struct_size;
+  zinf_device_kind device; /**< default ZINF_DEVICE_AUTO */
   int device_index;        /**< CUDA device ordinal; ignored by the host simulation */
+  /** The caller's compute stream, or NULL for one the engine makes itself (the default).
+   *  - CUDA: a cudaStream_t of the device `device_index` names (another device's stream is
+   *    ZINF_ERR_USAGE). The default stream is spelled cudaStreamLegacy or cudaStreamPerThread,
+   *    as NULL means "none".
+   *  - Host simulation (tests): a host stream's native handle (zinf::cuda::native_stream of a
+   *    host device's Stream, zinf/cuda/cuda_interop.h); anything else is ZINF_ERR_USAGE.
+   *  The engine orders its work into this stream (zinf_engine_fetch) and never destroys it:
+   *  it must outlive the engine. zinf_engine_destroy waits for everything enqueued on it so
+   *  far. With ZINF_DEVICE_AUTO, the handle must be of the kind the engine ends up on. */
+  void* compute_stream;
+  /* Later versions append fields here. */
 } zinf_engine_options;
+
+/** The first version of zinf_engine_options: every field above. */
+#define ZINF_ENGINE_OPTIONS_SIZE_V1 (offsetof(zinf_engine_options, compute_stream) + sizeof(void*))
 
 /** The optimizer's figures for one step (zinf::offload::StepStats). */
 typedef struct zinf_step_stats {
@@ -90,6 +119,10 @@ typedef struct zinf_step_stats {
 /** Counters since the engine was made (zinf::offload::EngineStats). Fields are only ever
  *  appended. */
 typedef struct zinf_stats {
+  /** In: sizeof(zinf_stats) as the caller compiled it, or 0 for ZINF_STATS_SIZE_V1 (see
+   *  "Structs that grow" above). Out: the bytes the library wrote (the smaller of that size
+   *  and its own), so a caller built against a newer zinf.h sees which fields are real. */
+  size_t struct_size;
   uint64_t steps;
   uint64_t param_bytes_read;
   uint64_t param_bytes_written;
@@ -108,7 +141,11 @@ typedef struct zinf_stats {
   /** Parameters (offload_param "nvme"): 10^9 bytes/s read from NVMe while the prefetcher had a
    *  read in flight; 0 for the other parameter tiers. */
   double param_read_gbps;
+  /* Later versions append fields here. */
 } zinf_stats;
+
+/** The first version of zinf_stats: every field above. */
+#define ZINF_STATS_SIZE_V1 (offsetof(zinf_stats, param_read_gbps) + sizeof(double))
 
 /** Adam hyper-parameters (zinf::adam::AdamParams, less the step number the engine keeps).
  *  The kernel computes in fp32, so each value must be finite as an fp32 (FLT_MAX is
@@ -141,8 +178,9 @@ const char* zinf_last_error(void);
  *  unknown key, a value out of range such as 1e309 or an infinite lr, a contradiction, more
  *  than 16 MiB of text or more than 64 levels of nesting: docs/config.md "Limits"), makes the
  *  device, checks the config against the layers and
- *  creates the swap files (ZINF_ERR_NO_SPACE etc.). `options` may be NULL. Blocks. On success
- *  *out is the new engine; on failure *out is left as it was. */
+ *  creates the swap files (ZINF_ERR_NO_SPACE etc.). `options` may be NULL (the defaults);
+ *  ZINF_ERR_USAGE for a bad options->struct_size (see "Structs that grow"). Blocks. On
+ *  success *out is the new engine; on failure *out is left as it was. */
 zinf_status zinf_engine_create(const char* config_json, const zinf_layer_spec* layers,
                                size_t layer_count, const zinf_engine_options* options,
                                zinf_engine** out);
@@ -161,6 +199,9 @@ void zinf_engine_destroy(zinf_engine* engine);
 const char* zinf_engine_last_error(const zinf_engine* engine);
 /** Writes the number of layers to *count. */
 zinf_status zinf_engine_layer_count(const zinf_engine* engine, size_t* count);
+/** Writes the device the engine runs on to *kind: ZINF_DEVICE_CUDA or ZINF_DEVICE_HOST (what
+ *  ZINF_DEVICE_AUTO became), i.e. whether fetched addresses are GPU or host memory. */
+zinf_status zinf_engine_device_kind(const zinf_engine* engine, zinf_device_kind* kind);
 
 /** Sets layer `layer`'s fp32 master weights from `weights` (`count` elements, which must be
  *  the layer's numel), zeroes its moments and writes its low-precision copy. Blocks. Outside
@@ -173,18 +214,27 @@ zinf_status zinf_engine_read_master_weights(zinf_engine* engine, size_t layer, f
                                             size_t count);
 
 /** Makes layer `layer`'s parameters (numel elements of its param_dtype) present on the device
- *  and writes their device address to *data and their size in bytes to *bytes. Blocks until
- *  they are there (unlike the C++ fetch, which returns at once and orders the engine's compute
- *  stream). With ZINF_DEVICE_HOST the address is host memory the caller may read. Read-only
- *  for the caller; valid until zinf_engine_release(layer), and every use of it (kernels on any
- *  stream included) must have completed before that call. */
+ *  and writes their device address to *data and their size in bytes to *bytes. Read-only for
+ *  the caller; valid until zinf_engine_release(layer).
+ *  - Without a compute stream (options.compute_stream NULL): blocks until the parameters are
+ *    there, so any stream, or the host with ZINF_DEVICE_HOST, may read them at once. Every use
+ *    of them must have completed before zinf_engine_release.
+ *  - With the caller's compute stream: does not wait for the copy. The stream waits for it
+ *    (device-side, as the C++ fetch does), so work enqueued on that stream after this call
+ *    sees the parameters; anything else (another stream, or the host with ZINF_DEVICE_HOST)
+ *    must wait for that stream first. The call still blocks while the layer's NVMe read is in
+ *    flight or every parameter buffer is in use. zinf_engine_release orders itself after the
+ *    work enqueued on the stream before it: uses on other streams must be ordered into the
+ *    compute stream (an event) before that call. */
 zinf_status zinf_engine_fetch(zinf_engine* engine, size_t layer, void** data, size_t* bytes);
 /** Ends the caller's use of the parameters fetch returned for `layer`. Non-blocking. */
 zinf_status zinf_engine_release(zinf_engine* engine, size_t layer);
 /** Hands in `layer`'s gradients for this step: `count` (= numel) elements of `dtype` (fp32,
  *  or bf16/fp16 as raw bits) in host memory, and starts the layer's update at once. `grads`
  *  must stay valid and unchanged until zinf_engine_step returns. Each layer at most once per
- *  step, only while it is released. */
+ *  step, only while it is released. With the caller's compute stream, the gradients must
+ *  already be complete in host memory (synchronise whatever copied them there): the update
+ *  reads them from this call on, on the engine's own thread. */
 zinf_status zinf_engine_set_gradients(zinf_engine* engine, size_t layer, const void* grads,
                                       size_t count, zinf_dtype dtype);
 /** Completes the step's updates (layers without gradients are not updated) and makes the new
@@ -211,7 +261,8 @@ zinf_status zinf_engine_save(zinf_engine* engine, const char* dir);
  *  ""). Blocks. */
 zinf_status zinf_engine_load(zinf_engine* engine, const char* dir);
 
-/** Writes the engine's counters to *out. */
+/** Writes the engine's counters to *out, as far as out->struct_size covers them (set it
+ *  first; ZINF_ERR_USAGE, writing nothing, for a size below ZINF_STATS_SIZE_V1). */
 zinf_status zinf_engine_stats(const zinf_engine* engine, zinf_stats* out);
 
 #ifdef __cplusplus

@@ -5,7 +5,9 @@
 // crosses the C boundary.
 #include "zinf.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <new>
@@ -17,6 +19,7 @@
 #include "zinf/common/error.h"
 #include "zinf/common/status.h"
 #include "zinf/config.h"
+#include "zinf/cuda/cuda_interop.h"
 #include "zinf/cuda/device.h"
 #include "zinf/offload/config.h"
 #include "zinf/offload/engine.h"
@@ -25,12 +28,19 @@ namespace adam = zinf::adam;
 namespace off = zinf::offload;
 
 /// The engine handle: the device and compute stream the engine runs on, declared before the
-/// engine so they are destroyed after it (the engine's contract).
+/// engine so they are destroyed after it (the engine's contract). The compute stream is either
+/// the engine's own (`stream`) or the caller's (`adopted`), never both.
 struct zinf_engine {
   std::unique_ptr<zinf::cuda::Device> device;
   zinf::cuda::Stream stream;
+  zinf::cuda::AdoptedStream adopted;
   std::unique_ptr<off::OffloadEngine> engine;
   std::string last_error;  // zinf_engine_last_error
+
+  bool has_callers_stream() const noexcept { return !adopted.empty(); }
+  zinf::cuda::StreamRef compute() const noexcept {
+    return has_callers_stream() ? adopted.ref() : stream.ref();
+  }
 };
 
 namespace {
@@ -133,6 +143,41 @@ std::uint64_t checked_numel(off::OffloadEngine& engine, std::size_t layer, std::
   return spec.numel;
 }
 
+// The size a versioned struct's caller declared (0: the first version's), refused below the
+// first version before anything is read or written.
+std::size_t declared_size(std::size_t struct_size, std::size_t first_version, const char* function,
+                          const char* what) {
+  const std::size_t size = struct_size == 0 ? first_version : struct_size;
+  if (size < first_version) {
+    throw zinf::UsageError(std::string(function) + ": " + what + "->struct_size " +
+                           std::to_string(size) + " is smaller than the first version's " +
+                           std::to_string(first_version) + " bytes (set it to sizeof the struct)");
+  }
+  return size;
+}
+
+// The caller's options, as far as its struct_size covers them, over the defaults. Bytes past
+// the fields this library knows must be zero: a newer caller's nonzero field asks for
+// something this library would silently not do.
+zinf_engine_options read_options(const zinf_engine_options* in, const char* function) {
+  zinf_engine_options o{};  // the defaults: ZINF_DEVICE_AUTO, device 0, the engine's own stream
+  if (in == nullptr) return o;
+  const std::size_t size =
+      declared_size(in->struct_size, ZINF_ENGINE_OPTIONS_SIZE_V1, function, "options");
+  const auto* bytes = reinterpret_cast<const unsigned char*>(in);
+  for (std::size_t i = sizeof o; i < size; ++i) {
+    if (bytes[i] != 0) {
+      throw zinf::UsageError(
+          std::string(function) + ": options->struct_size " + std::to_string(size) +
+          " covers fields this library (zinf " + ZINF_VERSION + ", " + std::to_string(sizeof o) +
+          " bytes) does not know, and byte " + std::to_string(i) + " of them is not zero");
+    }
+  }
+  std::memcpy(&o, in, std::min(size, sizeof o));
+  o.struct_size = sizeof o;
+  return o;
+}
+
 zinf_status create(off::EngineConfig (*read)(const char*), const char* config,
                    const zinf_layer_spec* layers, std::size_t layer_count,
                    const zinf_engine_options* options, zinf_engine** out, const char* function) {
@@ -140,6 +185,7 @@ zinf_status create(off::EngineConfig (*read)(const char*), const char* config,
     require(config != nullptr, function, "config is NULL");
     require(out != nullptr, function, "out is NULL");
     require(layers != nullptr || layer_count == 0, function, "layers is NULL");
+    const zinf_engine_options opts = read_options(options, function);
     off::EngineConfig parsed = read(config);
     std::vector<off::LayerSpec> specs;
     specs.reserve(layer_count);
@@ -152,8 +198,6 @@ zinf_status create(off::EngineConfig (*read)(const char*), const char* config,
                                      dtype_of(layers[i].param_dtype, function)});
     }
     zinf::cuda::DeviceOptions device_options;
-    const zinf_engine_options defaults{};
-    const zinf_engine_options& opts = options != nullptr ? *options : defaults;
     switch (opts.device) {
       case ZINF_DEVICE_HOST: device_options.kind = zinf::cuda::DeviceKind::kHost; break;
       case ZINF_DEVICE_CUDA: device_options.kind = zinf::cuda::DeviceKind::kCuda; break;
@@ -166,9 +210,13 @@ zinf_status create(off::EngineConfig (*read)(const char*), const char* config,
 
     auto handle = std::make_unique<zinf_engine>();
     handle->device = zinf::cuda::make_device(device_options);
-    handle->stream = handle->device->create_stream();
+    if (opts.compute_stream != nullptr) {
+      handle->adopted = zinf::cuda::adopt_stream(*handle->device, opts.compute_stream);
+    } else {
+      handle->stream = handle->device->create_stream();
+    }
     handle->engine = std::make_unique<off::OffloadEngine>(std::move(parsed), std::move(specs),
-                                                          *handle->device, handle->stream.ref());
+                                                          *handle->device, handle->compute());
     *out = handle.release();
   });
 }
@@ -230,7 +278,8 @@ zinf_status zinf_engine_create_from_file(const char* config_path, const zinf_lay
 }
 
 void zinf_engine_destroy(zinf_engine* engine) {
-  // ~OffloadEngine, ~Stream and ~Device never throw (their contracts); delete cannot either.
+  // ~OffloadEngine, ~Stream, ~AdoptedStream and ~Device never throw (their contracts); delete
+  // cannot either.
   delete engine;
 }
 
@@ -244,6 +293,16 @@ zinf_status zinf_engine_layer_count(const zinf_engine* engine, size_t* count) {
     off::OffloadEngine& e = engine_of(const_cast<zinf_engine*>(engine), fn);
     require(count != nullptr, fn, "count is NULL");
     *count = e.layer_count();
+  });
+}
+
+zinf_status zinf_engine_device_kind(const zinf_engine* engine, zinf_device_kind* kind) {
+  return guarded(const_cast<zinf_engine*>(engine), [&] {
+    const char* fn = "zinf_engine_device_kind";
+    (void)engine_of(const_cast<zinf_engine*>(engine), fn);
+    require(kind != nullptr, fn, "kind is NULL");
+    *kind = engine->device->kind() == zinf::cuda::DeviceKind::kCuda ? ZINF_DEVICE_CUDA
+                                                                    : ZINF_DEVICE_HOST;
   });
 }
 
@@ -276,9 +335,10 @@ zinf_status zinf_engine_fetch(zinf_engine* engine, size_t layer, void** data, si
     require(data != nullptr, fn, "data is NULL");
     require(bytes != nullptr, fn, "bytes is NULL");
     const zinf::cuda::DeviceSpan span = e.fetch(layer);
-    // The C contract is synchronous: the caller has no handle on the compute stream, so the
-    // parameters must be in place when the call returns.
-    engine->device->synchronize(engine->stream.ref());
+    // Without a stream of its own the caller cannot be ordered after the copy on the device,
+    // so the parameters must be in place when the call returns. With the caller's stream,
+    // fetch has already made that stream wait for them: returning now is the overlap.
+    if (!engine->has_callers_stream()) engine->device->synchronize(engine->stream.ref());
     *data = span.data();
     *bytes = span.size();
   });
@@ -375,8 +435,10 @@ zinf_status zinf_engine_stats(const zinf_engine* engine, zinf_stats* out) {
     const char* fn = "zinf_engine_stats";
     const off::OffloadEngine& e = engine_of(const_cast<zinf_engine*>(engine), fn);
     require(out != nullptr, fn, "out is NULL");
+    const std::size_t size = declared_size(out->struct_size, ZINF_STATS_SIZE_V1, fn, "out");
     const off::EngineStats s = e.stats();
     zinf_stats c{};
+    c.struct_size = std::min(size, sizeof c);
     c.steps = s.steps;
     c.param_bytes_read = s.param_bytes_read;
     c.param_bytes_written = s.param_bytes_written;
@@ -393,7 +455,10 @@ zinf_status zinf_engine_stats(const zinf_engine* engine, zinf_stats* out) {
     c.pinned_bytes_peak = s.pinned_bytes_peak;
     c.last_step = to_c(s.last_step);
     c.param_read_gbps = s.param_read_gbps;
-    *out = c;
+    // Only the caller's fields: an older caller's struct ends before ours does.
+    std::memcpy(out, &c, c.struct_size);
+    if (size > sizeof c)
+      std::memset(reinterpret_cast<unsigned char*>(out) + sizeof c, 0, size - sizeof c);
   });
 }
 

@@ -59,8 +59,8 @@ Status failure_up_to(StreamFailure& s, std::uint64_t index) {
 }
 
 struct CudaStream final : StreamImpl {
-  explicit CudaStream(std::uint64_t stream_id)
-      : StreamImpl(stream_id), failure(std::make_shared<StreamFailure>()) {}
+  CudaStream(std::uint64_t stream_id, bool is_adopted)
+      : StreamImpl(stream_id, is_adopted), failure(std::make_shared<StreamFailure>()) {}
   cudaStream_t stream = nullptr;
   std::shared_ptr<StreamFailure> failure;
   std::mutex enqueue_mu;             // numbers host functions and records in stream order
@@ -188,9 +188,39 @@ void CudaDevice::do_free(std::byte* data, std::size_t /*bytes*/) noexcept {
 
 std::shared_ptr<StreamImpl> CudaDevice::do_create_stream(std::uint64_t id) {
   select();
-  auto s = std::make_shared<CudaStream>(id);
+  auto s = std::make_shared<CudaStream>(id, /*is_adopted=*/false);
   ZINF_CUDA_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
   return s;
+}
+
+std::shared_ptr<StreamImpl> CudaDevice::do_adopt_stream(std::uint64_t id, void* native) {
+  if (native == nullptr) {
+    throw UsageError(usage_text("adopt_stream",
+                                "native stream is null; give cudaStreamLegacy or "
+                                "cudaStreamPerThread for the default stream (which one 0 "
+                                "means depends on how the caller was compiled)"));
+  }
+  select();
+  auto stream = static_cast<cudaStream_t>(native);
+  int owner = -1;
+  cudaError_t err = cudaStreamGetDevice(stream, &owner);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw UsageError(usage_text(
+        "adopt_stream", "native stream " + hex_address(native) + " is not a usable CUDA stream: " +
+                            cudaGetErrorName(err) + ": " + cudaGetErrorString(err)));
+  }
+  if (owner != index_) {
+    throw UsageError(usage_text("adopt_stream", "native stream " + hex_address(native) +
+                                                    " belongs to cuda:" + std::to_string(owner)));
+  }
+  auto s = std::make_shared<CudaStream>(id, /*is_adopted=*/true);
+  s->stream = stream;
+  return s;
+}
+
+void* CudaDevice::do_native_handle(StreamImpl& stream) const noexcept {
+  return static_cast<CudaStream&>(stream).stream;
 }
 
 void CudaDevice::do_destroy_stream(StreamImpl& stream) noexcept {
@@ -198,6 +228,8 @@ void CudaDevice::do_destroy_stream(StreamImpl& stream) noexcept {
   ZINF_CUDA_CHECK_NOTHROW(cudaSetDevice(index_));
   // Drain first, as the host backend does, so buffers used by queued copies may be freed next.
   ZINF_CUDA_CHECK_NOTHROW(cudaStreamSynchronize(s.stream));
+  // An adopted stream stays its owner's, failures included (the owner reports them).
+  if (s.adopted) return;
   ZINF_CUDA_CHECK_NOTHROW(cudaStreamDestroy(s.stream));
   s.stream = nullptr;
   try {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The owners (DeviceBuffer, Stream, Event, PinnedRegistration), option parsing and
-// make_device with its CUDA probe and fallback to the host simulation.
+// The owners (DeviceBuffer, Stream, Event, PinnedRegistration), option parsing, make_device
+// with its CUDA probe and fallback to the host simulation, and the interop entry points
+// (adopt_stream, native_stream) that reach the backends through Device's private hooks.
 #include "zinf/cuda/device.h"
 
 #include <cmath>
@@ -13,6 +14,7 @@
 #include "zinf/common/error.h"
 #include "zinf/common/log.h"
 #include "zinf/config.h"
+#include "zinf/cuda/cuda_interop.h"
 #if ZINF_HAVE_CUDA
 #include "cuda_device.h"
 #endif
@@ -156,6 +158,17 @@ Status PinnedRegistration::close() noexcept {
   if (device_ == nullptr || range_.empty()) return Status::ok_status();
   Device* device = std::exchange(device_, nullptr);
   return device->unregister_host(std::exchange(range_, {}));
+}
+
+// ---- interop ----
+
+AdoptedStream adopt_stream(Device& device, void* native) {
+  return AdoptedStream(device.adopt_native_stream(native), native);
+}
+
+void* native_stream(StreamRef stream) {
+  if (stream.empty()) throw UsageError("native_stream: empty stream");
+  return stream.device()->native_handle(stream);
 }
 
 // ---- factory ----

@@ -99,6 +99,17 @@ Stream DeviceBase::create_stream() {
   return make_stream(std::move(impl));
 }
 
+Stream DeviceBase::adopt_native_stream(void* native) {
+  std::shared_ptr<StreamImpl> impl = do_adopt_stream(next_stream_id_.fetch_add(1), native);
+  // Counted as a live stream: it must go before this device like any other.
+  live_streams_.fetch_add(1);
+  return make_stream(std::move(impl));
+}
+
+void* DeviceBase::native_handle(StreamRef stream) const {
+  return do_native_handle(checked_stream(stream, "native_stream"));
+}
+
 void DeviceBase::destroy_stream(StreamImpl& stream) noexcept {
   do_destroy_stream(stream);
   live_streams_.fetch_sub(1);

@@ -20,13 +20,16 @@
 
 namespace zinf::cuda::detail {
 
-/// A backend's stream state. The id is unique per Device, for logs and errors.
+/// A backend's stream state. The id is unique per Device, for logs and errors. An adopted
+/// stream (adopt_stream) wraps a native stream zinf does not own: destroying it waits for the
+/// stream's work but leaves the native stream to its owner.
 struct StreamImpl {
-  explicit StreamImpl(std::uint64_t stream_id) : id(stream_id) {}
+  StreamImpl(std::uint64_t stream_id, bool is_adopted) : id(stream_id), adopted(is_adopted) {}
   virtual ~StreamImpl() = default;
   StreamImpl(const StreamImpl&) = delete;
   StreamImpl& operator=(const StreamImpl&) = delete;
   const std::uint64_t id;
+  const bool adopted;
 };
 
 /// A backend's event state (shared with operations still queued on streams).
@@ -76,7 +79,12 @@ class DeviceBase : public Device {
   virtual std::byte* do_allocate(std::size_t bytes) = 0;  // throws DeviceError
   virtual void do_free(std::byte* data, std::size_t bytes) noexcept = 0;
   virtual std::shared_ptr<StreamImpl> do_create_stream(std::uint64_t id) = 0;
+  // An adopted stream over `native` (unchecked): the backend validates the handle and throws
+  // UsageError, naming it, for one it cannot use.
+  virtual std::shared_ptr<StreamImpl> do_adopt_stream(std::uint64_t id, void* native) = 0;
+  // Owned streams: drain and destroy. Adopted ones: wait for the work so far, destroy nothing.
   virtual void do_destroy_stream(StreamImpl& stream) noexcept = 0;
+  virtual void* do_native_handle(StreamImpl& stream) const noexcept = 0;
   virtual std::shared_ptr<EventImpl> do_create_event() = 0;
   virtual void do_register_host(std::span<std::byte> host) = 0;
   virtual Status do_unregister_host(std::span<std::byte> host) noexcept = 0;
@@ -87,6 +95,10 @@ class DeviceBase : public Device {
   virtual void do_host_work(StreamImpl& stream, std::function<void()> work) = 0;
   virtual void do_busy(StreamImpl& stream, std::chrono::nanoseconds duration) = 0;  // > 0
   virtual void do_synchronize(StreamImpl& stream) = 0;
+
+  // Device's interop hooks (cuda_interop.h), with the checks and accounting around do_*.
+  Stream adopt_native_stream(void* native) final;
+  void* native_handle(StreamRef stream) const final;
 
   // Device's owner callbacks, with the accounting around the hooks.
   void free_buffer(std::byte* data, std::size_t size) noexcept final;

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // HostDevice: streams as worker threads over an operation queue, events as generation counters,
 // "device memory" as aligned host memory, copies as a copy engine makes them (dma_copy),
-// optionally throttled by a shared CopyLane.
+// optionally throttled by a shared CopyLane. A queue is the simulation's native stream: any
+// host device may adopt it (adopt_stream), as any CUDA context user may a cudaStream_t.
 #include "host_device.h"
 
 #include <condition_variable>
@@ -12,6 +13,7 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <variant>
 
@@ -71,11 +73,13 @@ class HostEvent final : public EventImpl, public std::enable_shared_from_this<Ho
   Status failure_;               // of generation completed_
 };
 
+// A copy carries the lane of the device that enqueued it: an adopted queue runs copies of
+// several devices, each throttled by its own device's link.
 struct CopyOp {
   std::byte* dst;
   const std::byte* src;
   std::size_t n;
-  CopyDirection direction;
+  CopyLane* lane;
 };
 struct RecordOp {
   std::shared_ptr<HostEvent> event;
@@ -93,20 +97,45 @@ struct BusyOp {
 };
 using Op = std::variant<CopyOp, RecordOp, WaitOp, WorkOp, BusyOp>;
 
-class HostStream final : public StreamImpl {
+// One native host stream: the operation queue and its worker. Shared by the Stream that made
+// it (its owner, which stops it) and by the streams that adopted it.
+class HostQueue {
  public:
-  HostStream(std::uint64_t stream_id, HostDevice& device)
-      : StreamImpl(stream_id),
-        device_(device),
+  HostQueue(std::uint64_t queue_id, std::string backend)
+      : id(queue_id),
+        backend_(std::move(backend)),
         worker_([this](std::stop_token stop) { run(stop); }) {}
+  HostQueue(const HostQueue&) = delete;
+  HostQueue& operator=(const HostQueue&) = delete;
 
+  /// Throws UsageError once the owner has stopped the queue (an adoption outliving it).
   void enqueue(Op op) {
     {
       std::lock_guard lock(mu_);
+      if (stopped_) {
+        throw UsageError("host stream " + std::to_string(id) +
+                         " was destroyed by its owner while still adopted");
+      }
       queue_.push_back(std::move(op));
       ++enqueued_;
     }
     cv_.notify_all();
+  }
+
+  /// Waits for everything enqueued so far, throwing nothing (an adoption ending): the failure,
+  /// if any, stays for the owner's synchronize() to report.
+  void wait_quietly() noexcept {
+    std::unique_lock lock(mu_);
+    const std::uint64_t target = enqueued_;
+    cv_.wait(lock, [&] { return completed_ >= target; });
+    if (!failure_.ok()) {
+      try {
+        log(LogLevel::kDebug, "adoption of host stream " + std::to_string(id) +
+                                  " ended on a failed stream: " + failure_.to_string());
+      } catch (...) {
+        // Logging is best effort here.
+      }
+    }
   }
 
   void synchronize() {
@@ -119,8 +148,14 @@ class HostStream final : public StreamImpl {
     }
   }
 
-  /// Lets the worker finish everything queued, then joins it.
+  const std::uint64_t id;
+
+  /// Lets the worker finish everything queued, then joins it; later enqueues throw.
   void drain_and_stop() noexcept {
+    {
+      std::lock_guard lock(mu_);
+      stopped_ = true;
+    }
     worker_.request_stop();
     if (worker_.joinable()) worker_.join();
     std::lock_guard lock(mu_);
@@ -187,7 +222,7 @@ class HostStream final : public StreamImpl {
   }
 
   void copy(const CopyOp& op) {
-    CopyLane& lane = device_.lane(op.direction);
+    CopyLane& lane = *op.lane;
     if (!lane.capped()) {
       dma_copy(op.dst, op.src, op.n);
       return;
@@ -213,10 +248,10 @@ class HostStream final : public StreamImpl {
   Status host_work_failure(std::string what) const {
     return Status::error(ErrorCode::kIo, std::move(what))
         .with_operation("host work on stream " + std::to_string(id))
-        .with_backend(std::string(device_.name()));
+        .with_backend(backend_);
   }
 
-  HostDevice& device_;
+  const std::string backend_;
   std::mutex mu_;
   std::condition_variable_any cv_;
   std::deque<Op> queue_;
@@ -224,8 +259,29 @@ class HostStream final : public StreamImpl {
   std::uint64_t completed_ = 0;
   Status failure_;  // first failure; sticks
   bool failure_reported_ = false;
+  bool stopped_ = false;
   std::jthread worker_;  // last: starts once the state above exists
 };
+
+// A stream of one HostDevice over a queue: the queue's owner, or an adoption of it.
+struct HostStream final : StreamImpl {
+  HostStream(std::uint64_t stream_id, bool is_adopted, std::shared_ptr<HostQueue> q)
+      : StreamImpl(stream_id, is_adopted), queue(std::move(q)) {}
+  const std::shared_ptr<HostQueue> queue;
+};
+
+HostQueue& queue_of(StreamImpl& stream) { return *static_cast<HostStream&>(stream).queue; }
+
+// The live queues by native handle, so that adopt_stream checks a handle without touching what
+// it points to. Never destroyed: streams may still die during static destruction.
+struct QueueRegistry {
+  std::mutex mu;
+  std::unordered_map<const void*, std::weak_ptr<HostQueue>> live;
+};
+QueueRegistry& registry() {
+  static auto* r = new QueueRegistry;
+  return *r;
+}
 
 }  // namespace
 
@@ -265,12 +321,46 @@ void HostDevice::do_free(std::byte* data, std::size_t /*bytes*/) noexcept {
 }
 
 std::shared_ptr<StreamImpl> HostDevice::do_create_stream(std::uint64_t id) {
-  return std::make_shared<HostStream>(id, *this);
+  auto queue = std::make_shared<HostQueue>(id, std::string(name()));
+  auto stream = std::make_shared<HostStream>(id, /*is_adopted=*/false, queue);
+  QueueRegistry& r = registry();
+  std::lock_guard lock(r.mu);
+  r.live.emplace(queue.get(), queue);
+  return stream;
+}
+
+std::shared_ptr<StreamImpl> HostDevice::do_adopt_stream(std::uint64_t id, void* native) {
+  std::shared_ptr<HostQueue> queue;
+  {
+    QueueRegistry& r = registry();
+    std::lock_guard lock(r.mu);
+    auto it = r.live.find(native);
+    if (it != r.live.end()) queue = it->second.lock();
+  }
+  if (queue == nullptr) {
+    throw UsageError(usage_text("adopt_stream",
+                                "native stream " + hex_address(native) +
+                                    " is not a live host stream (give native_stream() of a Stream "
+                                    "of a host device)"));
+  }
+  return std::make_shared<HostStream>(id, /*is_adopted=*/true, std::move(queue));
 }
 
 void HostDevice::do_destroy_stream(StreamImpl& stream) noexcept {
-  static_cast<HostStream&>(stream).drain_and_stop();
+  HostQueue& queue = queue_of(stream);
+  if (stream.adopted) {
+    queue.wait_quietly();
+    return;
+  }
+  {
+    QueueRegistry& r = registry();
+    std::lock_guard lock(r.mu);
+    r.live.erase(&queue);
+  }
+  queue.drain_and_stop();
 }
+
+void* HostDevice::do_native_handle(StreamImpl& stream) const noexcept { return &queue_of(stream); }
 
 std::shared_ptr<EventImpl> HostDevice::do_create_event() { return std::make_shared<HostEvent>(); }
 
@@ -282,32 +372,30 @@ Status HostDevice::do_unregister_host(std::span<std::byte> /*host*/) noexcept {
 
 void HostDevice::do_copy(StreamImpl& stream, std::byte* dst, const std::byte* src, std::size_t n,
                          CopyDirection direction) {
-  static_cast<HostStream&>(stream).enqueue(CopyOp{dst, src, n, direction});
+  queue_of(stream).enqueue(CopyOp{dst, src, n, &lane(direction)});
 }
 
 void HostDevice::do_record(EventImpl& event, StreamImpl& stream) {
   auto& e = static_cast<HostEvent&>(event);
-  static_cast<HostStream&>(stream).enqueue(RecordOp{e.shared_from_this(), e.next_generation()});
+  queue_of(stream).enqueue(RecordOp{e.shared_from_this(), e.next_generation()});
 }
 
 void HostDevice::do_wait(StreamImpl& stream, EventImpl& event) {
   auto& e = static_cast<HostEvent&>(event);
   const std::uint64_t generation = e.recorded();
   if (generation == 0) return;  // never recorded: nothing to wait for (as cudaStreamWaitEvent)
-  static_cast<HostStream&>(stream).enqueue(WaitOp{e.shared_from_this(), generation});
+  queue_of(stream).enqueue(WaitOp{e.shared_from_this(), generation});
 }
 
 void HostDevice::do_host_work(StreamImpl& stream, std::function<void()> work) {
-  static_cast<HostStream&>(stream).enqueue(WorkOp{std::move(work)});
+  queue_of(stream).enqueue(WorkOp{std::move(work)});
 }
 
 void HostDevice::do_busy(StreamImpl& stream, std::chrono::nanoseconds duration) {
-  static_cast<HostStream&>(stream).enqueue(BusyOp{duration});
+  queue_of(stream).enqueue(BusyOp{duration});
 }
 
-void HostDevice::do_synchronize(StreamImpl& stream) {
-  static_cast<HostStream&>(stream).synchronize();
-}
+void HostDevice::do_synchronize(StreamImpl& stream) { queue_of(stream).synchronize(); }
 
 bool HostDevice::query_event(const EventImpl& event) {
   Status failure;

@@ -46,7 +46,9 @@ class HostDevice final : public DeviceBase {
   std::byte* do_allocate(std::size_t bytes) override;
   void do_free(std::byte* data, std::size_t bytes) noexcept override;
   std::shared_ptr<StreamImpl> do_create_stream(std::uint64_t id) override;
+  std::shared_ptr<StreamImpl> do_adopt_stream(std::uint64_t id, void* native) override;
   void do_destroy_stream(StreamImpl& stream) noexcept override;
+  void* do_native_handle(StreamImpl& stream) const noexcept override;
   std::shared_ptr<EventImpl> do_create_event() override;
   void do_register_host(std::span<std::byte> host) override;
   Status do_unregister_host(std::span<std::byte> host) noexcept override;

@@ -33,6 +33,9 @@ int main(void) {
   static float w[N], g[N], after[N];
   uint16_t bf16[N];
   zinf_layer_spec layer = {"only", N, ZINF_DTYPE_BF16};
+  /* The host simulation, so the fetched bytes can be read here; the default (zeroed or NULL
+   * options) is ZINF_DEVICE_AUTO, a GPU where there is one. */
+  zinf_engine_options options = {sizeof(zinf_engine_options), ZINF_DEVICE_HOST, 0, NULL};
   zinf_engine* engine = NULL;
   zinf_status s;
   void* data = NULL;
@@ -47,7 +50,7 @@ int main(void) {
     return 1;
   }
 
-  s = zinf_engine_create(kConfig, &layer, 1, NULL, &engine);
+  s = zinf_engine_create(kConfig, &layer, 1, &options, &engine);
   if (s != ZINF_OK) return fail("create", s);
   for (i = 0; i < N; ++i) {
     w[i] = 0.002f * (float)(i % 51) - 0.05f;
@@ -71,6 +74,7 @@ int main(void) {
     double want = w[i] - 0.01 * (g[i] > 0 ? 1.0 : -1.0);
     bad += fabs(after[i] - want) > 1e-5;
   }
+  stats.struct_size = sizeof stats; /* the fields this program knows */
   if ((s = zinf_engine_stats(engine, &stats)) != ZINF_OK) return fail("stats", s);
   zinf_engine_destroy(engine);
   if (stats.steps != 1 || bad != 0) {

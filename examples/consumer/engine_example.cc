@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The C++ OffloadEngine on a tiny model with the host device: set master weights, fetch and
-// check the bf16 copy, hand in gradients, step, and check that Adam's first step moved every
-// weight by lr against its gradient's sign. Exits 1 on any mismatch.
+// The C++ OffloadEngine on a tiny model with the host device, computing on the trainer's own
+// stream: set master weights, fetch and check the bf16 copy, hand in gradients, step, and
+// check that Adam's first step moved every weight by lr against its gradient's sign. Exits 1
+// on any mismatch.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -9,6 +10,7 @@
 #include <exception>
 #include <vector>
 
+#include "zinf/cuda/cuda_interop.h"
 #include "zinf/cuda/device.h"
 #include "zinf/offload/config.h"
 #include "zinf/offload/engine.h"
@@ -35,7 +37,11 @@ int run() {
   std::vector<off::LayerSpec> layers = {{"embed", 1000, zinf::DType::kBF16},
                                         {"head", 300, zinf::DType::kBF16}};
   auto device = zinf::cuda::make_device({.kind = zinf::cuda::DeviceKind::kHost});
-  zinf::cuda::Stream compute = device->create_stream();
+  // The trainer's own stream: a cudaStream_t on a GPU; on the host device a host stream stands
+  // in for it. zinf adopts it (never destroys it), so fetch's copies are ordered into it.
+  zinf::cuda::Stream trainer_stream = device->create_stream();
+  zinf::cuda::AdoptedStream compute =
+      zinf::cuda::adopt_stream(*device, zinf::cuda::native_stream(trainer_stream));
   off::OffloadEngine engine(off::parse_config(kConfig), layers, *device, compute);
 
   // One iteration over every layer, then one step: Adam's step count is the engine's, so each

@@ -18,6 +18,7 @@
 #include "zinf/common/align.h"
 #include "zinf/common/error.h"
 #include "zinf/common/log.h"
+#include "zinf/offload/testing.h"
 #include "zinf/swap/buffer_pool.h"
 #include "zinf/swap/dir.h"
 
@@ -55,7 +56,8 @@ std::string manifest_text(const std::vector<LayerSpec>& layers) {
 }  // namespace
 
 struct OffloadEngine::Impl {
-  Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device& d, cuda::StreamRef s);
+  Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device& d, cuda::StreamRef s,
+       const test_hooks::EngineFaults& faults);
   ~Impl();
 
   // Per layer: where it is in the iteration.
@@ -126,7 +128,7 @@ struct OffloadEngine::Impl {
 };
 
 OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device& d,
-                          cuda::StreamRef s)
+                          cuda::StreamRef s, const test_hooks::EngineFaults& faults)
     : config(std::move(c)), layers(std::move(l)), device(d), compute(s) {
   // ---- Validation: everything the config and the layers can contradict, before any file.
   check_config(config, "OffloadEngine");
@@ -199,7 +201,7 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
     oo.directories = config.nvme_directories(config.offload_optimizer.nvme_path);
   }
   oo.io = config.io_options();
-  oo.io.faults = config.optimizer_faults;
+  oo.io.faults = faults.optimizer;
   oo.swap_checksums = config.zinf.checksums;
   oo.direct_io = config.zinf.direct_io;
   oo.precondition = config.zinf.precondition;
@@ -238,7 +240,7 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
 
   // ---- Construction: the tier first (its files, then the optimizer's).
   state.resize(layers.size());
-  params = detail::make_param_tier({plan, config, layers, device, compute});
+  params = detail::make_param_tier({plan, config, layers, device, compute, faults.param});
   optimizer = std::make_unique<OffloadedOptimizer>(oo, groups);
 }
 
@@ -297,7 +299,14 @@ void OffloadEngine::Impl::write_low_precision(std::size_t index, std::span<const
 
 OffloadEngine::OffloadEngine(EngineConfig config, std::vector<LayerSpec> layers,
                              cuda::Device& device, cuda::StreamRef compute_stream)
-    : impl_(std::make_unique<Impl>(std::move(config), std::move(layers), device, compute_stream)) {}
+    : OffloadEngine(std::move(config), std::move(layers), device, compute_stream,
+                    test_hooks::EngineFaults{}) {}
+
+OffloadEngine::OffloadEngine(EngineConfig config, std::vector<LayerSpec> layers,
+                             cuda::Device& device, cuda::StreamRef compute_stream,
+                             const test_hooks::EngineFaults& faults)
+    : impl_(std::make_unique<Impl>(std::move(config), std::move(layers), device, compute_stream,
+                                   faults)) {}
 
 OffloadEngine::~OffloadEngine() = default;
 

@@ -289,7 +289,7 @@ void OffloadedOptimizer::Impl::save(const std::string& dir) {
     }
   }
   auto hook = [&](std::string_view phase, std::uint64_t bytes) {
-    if (options.checkpoint_hook) options.checkpoint_hook(phase, bytes);
+    if (checkpoint_hook) checkpoint_hook(phase, bytes);
   };
   const swap::Dir& root = open_checkpoint_dir(dir, /*create=*/true);
 

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -122,6 +123,8 @@ struct OffloadedOptimizer::Impl {
   // in it that this optimizer wrote or loaded from, the only versions a save removes.
   swap::Dir checkpoint_dir;
   std::vector<std::string> checkpoint_chain;
+  // zinf/offload/testing.h's set_checkpoint_hook; empty outside tests.
+  std::function<void(std::string_view phase, std::uint64_t bytes)> checkpoint_hook;
 
   std::mutex mu;
   std::condition_variable cv;

@@ -98,6 +98,8 @@ struct ParamTierContext {
   const std::vector<LayerSpec>& layers;
   cuda::Device& device;
   cuda::StreamRef compute;
+  /// Tests only (offload/testing.h): faults for the nvme tier's I/O engine.
+  std::shared_ptr<swap::FaultPlan> faults;
 };
 
 /// Builds the tier plan.kind names: creates its files (nvme), buffers and device memory.

@@ -31,7 +31,7 @@ class NvmeTier final : public ParamTier {
         convert_(adam::CpuAdamOptions{1, std::nullopt}) {
     const EngineConfig& config = c.config;
     swap::IoOptions io = config.io_options();
-    io.faults = config.param_faults;
+    io.faults = c.faults;
     engine_ = swap::make_io_engine(io);
     swap::SwapStoreOptions so;
     so.directories = config.nvme_directories(config.offload_param.nvme_path);

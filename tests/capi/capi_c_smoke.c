@@ -11,8 +11,14 @@ int zinf_capi_c_smoke(char* message, size_t capacity);
 int zinf_capi_c_smoke(char* message, size_t capacity) {
   zinf_engine* engine = NULL;
   zinf_layer_spec layer = {"x", 16, ZINF_DTYPE_BF16};
-  zinf_engine_options options = {ZINF_DEVICE_HOST, 0};
+  zinf_engine_options options = {sizeof(zinf_engine_options), ZINF_DEVICE_HOST, 0, NULL};
   zinf_status status;
+  /* The first versions' sizes are constant expressions a C99 caller can use. */
+  if (ZINF_ENGINE_OPTIONS_SIZE_V1 != sizeof(zinf_engine_options) ||
+      ZINF_STATS_SIZE_V1 != sizeof(zinf_stats)) {
+    snprintf(message, capacity, "the V1 sizes are not today's struct sizes");
+    return 1;
+  }
   if (strlen(zinf_version()) == 0) {
     snprintf(message, capacity, "empty version");
     return 1;

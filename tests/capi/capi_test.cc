@@ -11,11 +11,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <future>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
@@ -24,6 +27,7 @@
 #include "support/test_dir.h"
 #include "zinf/common/error.h"
 #include "zinf/config.h"
+#include "zinf/cuda/cuda_interop.h"
 #include "zinf/cuda/device.h"
 #include "zinf/offload/config.h"
 #include "zinf/offload/engine.h"
@@ -42,6 +46,9 @@ const char* kConfig = R"({
 })";
 
 const zinf_layer_spec kLayers[] = {{"a", 1000, ZINF_DTYPE_BF16}, {"b", 257, ZINF_DTYPE_F16}};
+// The host simulation, so the tests may read fetched parameters on the host on any machine
+// (the default, ZINF_DEVICE_AUTO, is a GPU where there is one).
+const zinf_engine_options kHost{sizeof(zinf_engine_options), ZINF_DEVICE_HOST, 0, nullptr};
 
 // The text the C++ API throws for `body`, or "" if it does not throw.
 template <typename Body>
@@ -73,11 +80,36 @@ std::vector<float> grads_of(std::size_t n) {
   return g;
 }
 
+// Host work that holds a stream until open(), standing in for a trainer's kernel still
+// running. Destruction opens it, so a failing test never leaves a stream stuck: declare it
+// after the engine and streams it holds.
+class StreamGate {
+ public:
+  StreamGate() = default;
+  ~StreamGate() { open(); }
+  StreamGate(const StreamGate&) = delete;
+  StreamGate& operator=(const StreamGate&) = delete;
+  std::function<void()> waiter() const {
+    return [f = future_] { f.wait(); };
+  }
+  void open() {
+    if (!opened_) promise_.set_value();
+    opened_ = true;
+  }
+
+ private:
+  std::promise<void> promise_;
+  std::shared_future<void> future_ = promise_.get_future().share();
+  bool opened_ = false;
+};
+
+using EngineOwner = std::unique_ptr<zinf_engine, void (*)(zinf_engine*)>;
+
 // Owns a C engine for a test.
 struct Engine {
   zinf_engine* e = nullptr;
   Engine() {
-    const zinf_status s = zinf_engine_create(kConfig, kLayers, 2, nullptr, &e);
+    const zinf_status s = zinf_engine_create(kConfig, kLayers, 2, &kHost, &e);
     EXPECT_EQ(s, ZINF_OK) << zinf_last_error();
   }
   ~Engine() { zinf_engine_destroy(e); }
@@ -166,7 +198,7 @@ TEST(CApi, CreateArgumentErrors) {
   const zinf_layer_spec bad_dtype[] = {{"a", 10, static_cast<zinf_dtype>(3)}};
   EXPECT_EQ(zinf_engine_create(kConfig, bad_dtype, 1, nullptr, &out), ZINF_ERR_USAGE);
   EXPECT_STREQ(zinf_last_error(), "zinf_engine_create: unknown dtype 3");
-  const zinf_engine_options bad_device{static_cast<zinf_device_kind>(3), 0};
+  const zinf_engine_options bad_device{0, static_cast<zinf_device_kind>(3), 0, nullptr};
   EXPECT_EQ(zinf_engine_create(kConfig, kLayers, 2, &bad_device, &out), ZINF_ERR_USAGE);
   EXPECT_STREQ(zinf_last_error(), "zinf_engine_create: unknown device kind 3");
   EXPECT_EQ(out, nullptr);
@@ -176,7 +208,7 @@ TEST(CApi, CudaWithoutAGpuIsADeviceErrorWithTheReason) {
   if (zinf::cuda::probe_cuda().available()) GTEST_SKIP() << "a CUDA device is visible";
   const std::string want =
       what_of([] { zinf::cuda::make_device({.kind = zinf::cuda::DeviceKind::kCuda}); });
-  const zinf_engine_options cuda{ZINF_DEVICE_CUDA, 0};
+  const zinf_engine_options cuda{0, ZINF_DEVICE_CUDA, 0, nullptr};
   zinf_engine* out = nullptr;
   EXPECT_EQ(zinf_engine_create(kConfig, kLayers, 2, &cuda, &out), ZINF_ERR_DEVICE);
   EXPECT_EQ(zinf_last_error(), want);
@@ -189,12 +221,14 @@ TEST(CApi, NullEngineIsUsageForEveryFunction) {
   std::size_t n = 0;
   zinf_stats stats{};
   zinf_adam_params hyper{};
+  zinf_device_kind kind = ZINF_DEVICE_AUTO;
   struct Case {
     zinf_status status;
     const char* function;
   };
   const Case cases[] = {
       {zinf_engine_layer_count(nullptr, &n), "zinf_engine_layer_count"},
+      {zinf_engine_device_kind(nullptr, &kind), "zinf_engine_device_kind"},
       {zinf_engine_set_master_weights(nullptr, 0, f, 1), "zinf_engine_set_master_weights"},
       {zinf_engine_read_master_weights(nullptr, 0, f, 1), "zinf_engine_read_master_weights"},
       {zinf_engine_fetch(nullptr, 0, &data, &n), "zinf_engine_fetch"},
@@ -224,6 +258,8 @@ TEST(CApi, NullOutputsAreUsageErrors) {
   void* data = nullptr;
   EXPECT_EQ(zinf_engine_layer_count(h.e, nullptr), ZINF_ERR_USAGE);
   EXPECT_STREQ(zinf_last_error(), "zinf_engine_layer_count: count is NULL");
+  EXPECT_EQ(zinf_engine_device_kind(h.e, nullptr), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(), "zinf_engine_device_kind: kind is NULL");
   EXPECT_EQ(zinf_engine_set_master_weights(h.e, 0, nullptr, 1000), ZINF_ERR_USAGE);
   EXPECT_STREQ(zinf_last_error(), "zinf_engine_set_master_weights: weights is NULL");
   EXPECT_EQ(zinf_engine_read_master_weights(h.e, 0, nullptr, 1000), ZINF_ERR_USAGE);
@@ -592,6 +628,182 @@ TEST(CApi, EmptyCheckpointDirectoryIsUsage) {
   const std::vector<float> g = grads_of(1000);
   ASSERT_EQ(zinf_engine_set_gradients(h.e, 0, g.data(), 1000, ZINF_DTYPE_F32), ZINF_OK);
   EXPECT_EQ(zinf_engine_step(h.e, nullptr), ZINF_OK) << zinf_last_error();
+}
+
+// The caller's compute stream (options.compute_stream): fetch makes that stream wait for the
+// copy and returns without waiting itself. The "trainer's" work holds the stream, so when
+// fetch returns the copy cannot have run (the device buffer still holds its zeros); once the
+// stream moves on, the bytes are the layer's. Ordering only, no timing. A whole iteration on
+// that stream then gives the same parameters as the master weights say.
+TEST(CApi, FetchOnTheCallersStreamReturnsBeforeTheCopy) {
+  auto trainer = zinf::cuda::make_device({.kind = zinf::cuda::DeviceKind::kHost});
+  zinf::cuda::Stream native = trainer->create_stream();
+  zinf_engine_options o{};
+  o.device = ZINF_DEVICE_HOST;
+  o.compute_stream = zinf::cuda::native_stream(native);
+  zinf_engine* created = nullptr;
+  ASSERT_EQ(zinf_engine_create(kConfig, kLayers, 2, &o, &created), ZINF_OK) << zinf_last_error();
+  EngineOwner e(created, zinf_engine_destroy);
+  StreamGate gate;
+  zinf::cuda::Event fetched = trainer->create_event();
+  const std::vector<float> w = weights_of(1000, 0.01f);
+  ASSERT_EQ(zinf_engine_set_master_weights(e.get(), 0, w.data(), w.size()), ZINF_OK);
+
+  trainer->enqueue_host_work(native, gate.waiter());
+  void* data = nullptr;
+  std::size_t bytes = 0;
+  ASSERT_EQ(zinf_engine_fetch(e.get(), 0, &data, &bytes), ZINF_OK) << zinf_last_error();
+  trainer->record(fetched, native);
+  EXPECT_FALSE(fetched.query()) << "the stream is held: fetch returned before its copy";
+  ASSERT_EQ(bytes, 2000u);
+  const auto* p = static_cast<const std::uint16_t*>(data);
+  for (std::size_t i = 0; i < 1000; ++i) ASSERT_EQ(p[i], 0u) << "copied before its turn: " << i;
+  gate.open();
+  trainer->synchronize(native);
+  EXPECT_TRUE(fetched.query());
+  for (std::size_t i = 0; i < 1000; ++i) ASSERT_EQ(p[i], bf16_of(w[i])) << i;
+  ASSERT_EQ(zinf_engine_release(e.get(), 0), ZINF_OK) << zinf_last_error();
+
+  const std::vector<float> g = grads_of(1000);
+  ASSERT_EQ(zinf_engine_set_gradients(e.get(), 0, g.data(), g.size(), ZINF_DTYPE_F32), ZINF_OK);
+  ASSERT_EQ(zinf_engine_step(e.get(), nullptr), ZINF_OK) << zinf_last_error();
+  std::vector<float> after(1000);
+  ASSERT_EQ(zinf_engine_read_master_weights(e.get(), 0, after.data(), after.size()), ZINF_OK);
+  ASSERT_EQ(zinf_engine_fetch(e.get(), 0, &data, &bytes), ZINF_OK) << zinf_last_error();
+  trainer->synchronize(native);
+  p = static_cast<const std::uint16_t*>(data);
+  for (std::size_t i = 0; i < 1000; ++i) ASSERT_EQ(p[i], bf16_of(after[i])) << i;
+  EXPECT_NE(after, w) << "the step changed nothing";
+  ASSERT_EQ(zinf_engine_release(e.get(), 0), ZINF_OK);
+}
+
+TEST(CApi, ACallersStreamThatIsNoStreamIsUsage) {
+  int not_a_stream = 0;
+  zinf_engine_options o{};
+  o.device = ZINF_DEVICE_HOST;
+  o.compute_stream = &not_a_stream;
+  zinf_engine* out = nullptr;
+  EXPECT_EQ(zinf_engine_create(kConfig, kLayers, 2, &o, &out), ZINF_ERR_USAGE);
+  EXPECT_NE(std::string(zinf_last_error()).find("is not a live host stream"), std::string::npos)
+      << zinf_last_error();
+  EXPECT_EQ(out, nullptr);
+}
+
+// The CUDA path of the test above: a real cudaStream_t (made here through zinf, as a trainer's
+// runtime would), ordering checked with an event on it. Skips without a GPU.
+TEST(CApi, FetchOnTheCallersCudaStreamReturnsBeforeTheCopy) {
+  const zinf::cuda::CudaAvailability cuda = zinf::cuda::probe_cuda();
+  if (!cuda.available()) GTEST_SKIP() << "no CUDA device visible: " << cuda.reason;
+  auto trainer = zinf::cuda::make_device({.kind = zinf::cuda::DeviceKind::kCuda});
+  zinf::cuda::Stream native = trainer->create_stream();
+  zinf_engine_options o{};
+  o.device = ZINF_DEVICE_CUDA;
+  o.compute_stream = zinf::cuda::native_stream(native);
+  zinf_engine* created = nullptr;
+  ASSERT_EQ(zinf_engine_create(kConfig, kLayers, 2, &o, &created), ZINF_OK) << zinf_last_error();
+  EngineOwner e(created, zinf_engine_destroy);
+  StreamGate gate;
+  zinf::cuda::Event fetched = trainer->create_event();
+  const std::vector<float> w = weights_of(1000, 0.01f);
+  ASSERT_EQ(zinf_engine_set_master_weights(e.get(), 0, w.data(), w.size()), ZINF_OK);
+  trainer->enqueue_host_work(native, gate.waiter());
+  void* data = nullptr;
+  std::size_t bytes = 0;
+  ASSERT_EQ(zinf_engine_fetch(e.get(), 0, &data, &bytes), ZINF_OK) << zinf_last_error();
+  trainer->record(fetched, native);
+  EXPECT_FALSE(fetched.query()) << "the stream is held: fetch returned before its copy";
+  gate.open();
+  trainer->synchronize(native);
+  EXPECT_TRUE(fetched.query());
+  EXPECT_EQ(bytes, 2000u);
+  ASSERT_EQ(zinf_engine_release(e.get(), 0), ZINF_OK) << zinf_last_error();
+  const std::vector<float> g = grads_of(1000);
+  ASSERT_EQ(zinf_engine_set_gradients(e.get(), 0, g.data(), g.size(), ZINF_DTYPE_F32), ZINF_OK);
+  ASSERT_EQ(zinf_engine_step(e.get(), nullptr), ZINF_OK) << zinf_last_error();
+}
+
+// Zero-initialised options (struct_size 0 = the first version) and NULL options pick the
+// device C++ picks by default (make_device's auto: CUDA if visible, else host).
+TEST(CApi, DefaultOptionsPickTheDeviceCppPicks) {
+  const zinf_device_kind want =
+      zinf::cuda::probe_cuda().available() ? ZINF_DEVICE_CUDA : ZINF_DEVICE_HOST;
+  const zinf_engine_options zero{};
+  for (const zinf_engine_options* o : {&zero, static_cast<const zinf_engine_options*>(nullptr)}) {
+    zinf_engine* e = nullptr;
+    ASSERT_EQ(zinf_engine_create(kConfig, kLayers, 2, o, &e), ZINF_OK) << zinf_last_error();
+    zinf_device_kind kind = ZINF_DEVICE_AUTO;
+    EXPECT_EQ(zinf_engine_device_kind(e, &kind), ZINF_OK);
+    EXPECT_EQ(kind, want) << (o == nullptr ? "NULL options" : "zeroed options");
+    zinf_engine_destroy(e);
+  }
+  zinf_engine* e = nullptr;
+  ASSERT_EQ(zinf_engine_create(kConfig, kLayers, 2, &kHost, &e), ZINF_OK) << zinf_last_error();
+  zinf_device_kind kind = ZINF_DEVICE_AUTO;
+  EXPECT_EQ(zinf_engine_device_kind(e, &kind), ZINF_OK);
+  EXPECT_EQ(kind, ZINF_DEVICE_HOST);
+  zinf_engine_destroy(e);
+}
+
+// struct_size: below the first version is refused before anything is read or written; a
+// newer caller's larger options are fine while the fields this library does not know are
+// zero; a newer caller's larger stats get their unknown tail zeroed and learn how much was
+// written.
+TEST(CApi, StructSizeIsCheckedAndBoundsWhatIsReadAndWritten) {
+  zinf_engine_options small = kHost;
+  small.struct_size = offsetof(zinf_engine_options, compute_stream);
+  zinf_engine* out = nullptr;
+  EXPECT_EQ(zinf_engine_create(kConfig, kLayers, 2, &small, &out), ZINF_ERR_USAGE);
+  EXPECT_EQ(std::string(zinf_last_error()), "zinf_engine_create: options->struct_size " +
+                                                std::to_string(small.struct_size) +
+                                                " is smaller than the first version's " +
+                                                std::to_string(ZINF_ENGINE_OPTIONS_SIZE_V1) +
+                                                " bytes (set it to sizeof the struct)");
+  EXPECT_EQ(out, nullptr);
+
+  struct NewerOptions {
+    zinf_engine_options v1;
+    std::uint64_t unknown;
+  } newer{kHost, 0};
+  newer.v1.struct_size = sizeof newer;
+  ASSERT_EQ(zinf_engine_create(kConfig, kLayers, 2, &newer.v1, &out), ZINF_OK) << zinf_last_error();
+  EngineOwner e(out, zinf_engine_destroy);
+  zinf_device_kind kind = ZINF_DEVICE_AUTO;
+  EXPECT_EQ(zinf_engine_device_kind(e.get(), &kind), ZINF_OK);
+  EXPECT_EQ(kind, ZINF_DEVICE_HOST) << "the fields it covers are read";
+  newer.unknown = 1;
+  zinf_engine* refused = nullptr;
+  EXPECT_EQ(zinf_engine_create(kConfig, kLayers, 2, &newer.v1, &refused), ZINF_ERR_USAGE);
+  EXPECT_NE(std::string(zinf_last_error())
+                .find("does not know, and byte " + std::to_string(sizeof(zinf_engine_options))),
+            std::string::npos)
+      << zinf_last_error();
+  EXPECT_EQ(refused, nullptr);
+
+  zinf_stats tiny{};
+  tiny.struct_size = 8;
+  tiny.steps = 77;
+  EXPECT_EQ(zinf_engine_stats(e.get(), &tiny), ZINF_ERR_USAGE);
+  EXPECT_NE(std::string(zinf_last_error()).find("zinf_engine_stats: out->struct_size 8"),
+            std::string::npos)
+      << zinf_last_error();
+  EXPECT_EQ(tiny.steps, 77u) << "nothing is written on failure";
+  EXPECT_EQ(tiny.struct_size, 8u);
+
+  zinf_stats zero{};
+  zero.steps = 77;
+  ASSERT_EQ(zinf_engine_stats(e.get(), &zero), ZINF_OK) << zinf_last_error();
+  EXPECT_EQ(zero.struct_size, ZINF_STATS_SIZE_V1);
+  EXPECT_EQ(zero.steps, 0u);
+
+  struct NewerStats {
+    zinf_stats v1;
+    std::uint64_t unknown;
+  } stats{};
+  stats.v1.struct_size = sizeof stats;
+  stats.unknown = 0xdeadbeef;
+  ASSERT_EQ(zinf_engine_stats(e.get(), &stats.v1), ZINF_OK) << zinf_last_error();
+  EXPECT_EQ(stats.v1.struct_size, sizeof(zinf_stats));
+  EXPECT_EQ(stats.unknown, 0u);
 }
 
 TEST(CApi, CallableFromC99) {

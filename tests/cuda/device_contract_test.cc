@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The Device contract (zinf/cuda/device.h), run against every backend. Built twice: as
+// The Device contract (zinf/cuda/device.h, and adopting native streams through
+// zinf/cuda/cuda_interop.h), run against every backend. Built twice: as
 // device_contract_test for the host simulation (uncapped and bandwidth-capped), and with
 // ZINF_TEST_CUDA_BACKEND as device_contract_gpu_test (label gpu) for CUDA, where every case
 // skips with the runtime's reason when no device is visible.
@@ -10,6 +11,7 @@
 #include <cstdio>
 #include <ostream>
 #include <cstddef>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -20,6 +22,7 @@
 #include "support/pattern.h"
 #include "device_test_util.h"
 #include "zinf/common/error.h"
+#include "zinf/cuda/cuda_interop.h"
 
 namespace zinf::cuda {
 namespace {
@@ -528,6 +531,101 @@ TEST_P(DeviceContract, MovedFromOwnersAreEmpty) {
   device_->record(f, c);
   f.synchronize();
 }
+
+// A trainer's stream: made by another Device of the same kind (for CUDA, any cudaStream_t of
+// the GPU; for the host simulation, the stand-in adopt_stream documents), adopted by device_.
+// Work the owner enqueues and work zinf enqueues through the adoption share one order.
+TEST_P(DeviceContract, AdoptedStreamRunsInTheNativeStreamsOrder) {
+  constexpr std::size_t kSize = 128 * 1024;
+  std::unique_ptr<Device> trainer = make_device(GetParam().options);
+  Stream native = trainer->create_stream();
+  DeviceBuffer buf = device_->allocate(kSize);
+  PageBuffer in = patterned(kSize, 11, 1);
+  PageBuffer out(kSize);
+  PinnedRegistration r1 = device_->register_host(in);
+  PinnedRegistration r2 = device_->register_host(out);
+  Event done = device_->create_event();
+  {
+    AdoptedStream adopted = adopt_stream(*device_, native_stream(native));
+    Gate gate;
+    EXPECT_FALSE(adopted.empty());
+    EXPECT_EQ(adopted.native(), native_stream(native));
+    EXPECT_EQ(native_stream(adopted), native_stream(native));
+    EXPECT_EQ(adopted.ref().device(), device_.get());
+    // native: [owner's work, blocked on the gate] -> zinf's copy in and out -> record(done).
+    trainer->enqueue_host_work(native, gate.waiter());
+    device_->copy_to_device(adopted, buf.span(), in);
+    device_->copy_to_host(adopted, out, buf.span());
+    device_->record(done, adopted);
+    EXPECT_FALSE(done.query()) << "zinf's copies wait behind the owner's work";
+    for (std::byte b : out) ASSERT_EQ(b, std::byte{0});
+    gate.open();
+    device_->synchronize(adopted);
+    EXPECT_TRUE(done.query());
+    EXPECT_EQ(check_pattern(out, 11, 0, 1), "");
+  }
+  trainer->synchronize(native);
+}
+
+TEST_P(DeviceContract, DestroyingAnAdoptionWaitsForItsWorkAndLeavesTheNativeStream) {
+  std::unique_ptr<Device> trainer = make_device(GetParam().options);
+  Stream native = trainer->create_stream();
+  std::atomic<bool> zinf_done{false};
+  {
+    AdoptedStream adopted = adopt_stream(*device_, native_stream(native));
+    device_->enqueue_host_work(adopted, [&zinf_done] { zinf_done = true; });
+    AdoptedStream moved = std::move(adopted);
+    EXPECT_TRUE(adopted.empty());  // NOLINT(bugprone-use-after-move)
+    EXPECT_EQ(adopted.native(), nullptr);
+  }
+  EXPECT_TRUE(zinf_done);
+  // The native stream is still its owner's, and still works.
+  std::atomic<bool> owner_done{false};
+  trainer->enqueue_host_work(native, [&owner_done] { owner_done = true; });
+  trainer->synchronize(native);
+  EXPECT_TRUE(owner_done);
+}
+
+TEST_P(DeviceContract, AdoptionMisuseIsUsageError) {
+  EXPECT_THROW(adopt_stream(*device_, nullptr), UsageError);
+  try {
+    (void)native_stream(StreamRef());
+    ADD_FAILURE() << "native_stream of an empty StreamRef";
+  } catch (const UsageError& e) {
+    EXPECT_STREQ(e.what(), "native_stream: empty stream");
+  }
+  if (GetParam().options.kind == DeviceKind::kCuda) return;  // a bad pointer is UB for CUDA
+  // The host simulation checks a handle against its live streams, never dereferencing it.
+  int not_a_stream = 0;
+  try {
+    (void)adopt_stream(*device_, &not_a_stream);
+    ADD_FAILURE() << "adopted a pointer that is no stream";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("is not a live host stream"), std::string::npos)
+        << e.what();
+  }
+  // An adoption that outlives its native stream's owner refuses work instead of hanging.
+  std::optional<Stream> native(device_->create_stream());
+  AdoptedStream adopted = adopt_stream(*device_, native_stream(*native));
+  native.reset();
+  EXPECT_THROW(device_->enqueue_host_work(adopted, [] {}), UsageError);
+  EXPECT_THROW(adopt_stream(*device_, native_stream(adopted)), UsageError);
+}
+
+#if ZINF_TEST_CUDA_BACKEND
+// The CUDA default stream, spelled as the runtime does (cudaStreamLegacy is (cudaStream_t)0x1).
+TEST_P(DeviceContract, AdoptsTheLegacyDefaultStream) {
+  constexpr std::size_t kSize = 4096;
+  AdoptedStream legacy = adopt_stream(*device_, reinterpret_cast<void*>(0x1));
+  DeviceBuffer buf = device_->allocate(kSize);
+  PageBuffer in = patterned(kSize, 12, 1);
+  PageBuffer out(kSize);
+  device_->copy_to_device(legacy, buf.span(), in);
+  device_->copy_to_host(legacy, out, buf.span());
+  device_->synchronize(legacy);
+  EXPECT_EQ(check_pattern(out, 12, 0, 1), "");
+}
+#endif
 
 TEST_P(DeviceContract, NameAndKind) {
   if (GetParam().options.kind == DeviceKind::kCuda) {

@@ -35,6 +35,7 @@
 #include "zinf/common/error.h"
 #include "zinf/offload/optimizer.h"
 #include "zinf/swap/crc32c.h"
+#include "zinf/offload/testing.h"
 
 namespace zinf::offload {
 namespace {
@@ -631,15 +632,14 @@ TEST_F(CheckpointFiles, SaveRefusesFilesPlantedInItsNewVersion) {
     SCOPED_TRACE(planted);
     const std::string phase = planted == "state.bin" ? "created" : "data";
     std::string where;
-    auto o = cpu_options(dir_);
-    o.checkpoint_hook = [&](std::string_view p, std::uint64_t) {
+    OffloadedOptimizer a(cpu_options(dir_), test::odd_groups());
+    test_hooks::set_checkpoint_hook(a, [&](std::string_view p, std::uint64_t) {
       if (p != phase || !where.empty()) return;
       for (const auto& n : entries(ckpt)) {
         if (n.ends_with(".tmp")) where = ckpt + "/" + n + "/" + planted;
       }
       ASSERT_EQ(::symlink(out.file.c_str(), where.c_str()), 0) << where;
-    };
-    OffloadedOptimizer a(o, test::odd_groups());
+    });
     test::init_all(a);
     try {
       a.save(ckpt);
@@ -822,11 +822,10 @@ TEST_P(CheckpointKill, LeavesALoadableCheckpoint) {
   if (pid == 0) {
     // Child: the same run from the checkpoint, then a save that dies at the kill point.
     try {
-      auto o = options_for(StateTier::kNvme, dir);
-      o.checkpoint_hook = [kp](std::string_view phase, std::uint64_t bytes) {
+      OffloadedOptimizer b(options_for(StateTier::kNvme, dir), groups);
+      test_hooks::set_checkpoint_hook(b, [kp](std::string_view phase, std::uint64_t bytes) {
         if (phase == kp.phase && bytes >= kp.after_bytes) ::raise(SIGKILL);
-      };
-      OffloadedOptimizer b(o, groups);
+      });
       b.load(ckpt);
       test::StepGrads sg(groups, 3, DType::kF32);
       (void)b.step(sg.views);

@@ -28,6 +28,7 @@
 #include "support/tool_process.h"
 #include "zinf/common/error.h"
 #include "zinf/offload/engine.h"
+#include "zinf/offload/testing.h"
 #include "zinf/swap/crc32c.h"
 #include "zinf/swap/fault_injection.h"
 
@@ -48,8 +49,8 @@ TEST(OffloadEngineFault, FailedParameterReadSurfacesAtFetchAndIsRetried) {
   eio.kind = swap::FaultKind::kError;
   eio.op = swap::IoOp::kRead;
   eio.err = EIO;
-  c.param_faults = plan_of(eio);  // the first read: layer 0's, on demand (tracing)
-  rig.make(c);
+  auto plan = plan_of(eio);  // the first read: layer 0's, on demand (tracing)
+  rig.make(c, {.param = plan, .optimizer = nullptr});
   rig.init_weights();
   try {
     (void)rig.engine().fetch(0);
@@ -65,11 +66,18 @@ TEST(OffloadEngineFault, FailedParameterReadSurfacesAtFetchAndIsRetried) {
               std::string::npos)
         << text;
   }
-  EXPECT_EQ(c.param_faults->injected_errors(), 1u);
+  EXPECT_EQ(plan->injected_errors(), 1u);
   // The engine is usable: the next fetch reads the layer again and gets every byte.
   EXPECT_EQ(rig.fetch_bits(0), rig.expected_bits(0));
   rig.iteration(1);
   rig.iteration(2);
+}
+
+// `plan` in the parameter store's I/O engine, or in the optimizer's.
+test_hooks::EngineFaults faults_on(bool param_plan, std::shared_ptr<swap::FaultPlan> plan) {
+  test_hooks::EngineFaults faults;
+  (param_plan ? faults.param : faults.optimizer) = std::move(plan);
+  return faults;
 }
 
 // Counts the write pieces of setting the weights (rule that never changes anything), so that
@@ -83,8 +91,7 @@ std::uint64_t setup_writes(bool param_plan, OffloadDevice p, OffloadDevice o) {
   count.op = swap::IoOp::kWrite;
   count.times = 1u << 30;
   auto plan = plan_of(count);
-  (param_plan ? c.param_faults : c.optimizer_faults) = plan;
-  rig.make(c);
+  rig.make(c, faults_on(param_plan, plan));
   rig.init_weights();
   return plan->injected();
 }
@@ -102,8 +109,7 @@ void expect_write_back_failure(bool param_plan) {
   eio.first_match = skip;
   eio.err = EIO;
   auto plan = plan_of(eio);
-  (param_plan ? c.param_faults : c.optimizer_faults) = plan;
-  rig.make(c);
+  rig.make(c, faults_on(param_plan, plan));
   rig.init_weights();
   std::string first;
   try {

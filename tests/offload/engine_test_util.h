@@ -21,6 +21,7 @@
 #include "zinf/cuda/device.h"
 #include "zinf/offload/config.h"
 #include "zinf/offload/engine.h"
+#include "zinf/offload/testing.h"
 
 namespace zinf::offload {
 // Test names and failure messages show "nvme", not "1-byte object <02>" (found by ADL, so in
@@ -134,6 +135,14 @@ class EngineRig {
     dev_grads_.clear();
     engine_ = std::make_unique<offload::OffloadEngine>(std::move(c), std::move(layers), *device_,
                                                        compute_.ref());
+    return *engine_;
+  }
+  /// As make(), with fault plans in the engine's I/O engines (zinf/offload/testing.h).
+  offload::OffloadEngine& make(offload::EngineConfig c, offload::test_hooks::EngineFaults faults,
+                               std::vector<offload::LayerSpec> layers = engine_layers()) {
+    engine_.reset();
+    engine_ = offload::test_hooks::make_engine_with_faults(
+        std::move(c), std::move(layers), *device_, compute_.ref(), std::move(faults));
     return *engine_;
   }
   offload::OffloadEngine& engine() { return *engine_; }

@@ -19,6 +19,7 @@
 namespace zinf::cuda {
 
 class Device;
+class AdoptedStream;
 namespace detail {
 struct StreamImpl;
 struct EventImpl;
@@ -127,7 +128,8 @@ class DeviceBuffer {
   std::size_t size_ = 0;
 };
 
-/// A view of a Stream, passed by value. Valid while its Stream lives.
+/// A view of a Stream (or of an AdoptedStream, zinf/cuda/cuda_interop.h), passed by value.
+/// Valid while its Stream lives.
 class StreamRef {
  public:
   StreamRef() = default;
@@ -275,6 +277,9 @@ struct DeviceStats {
 ///   the same error. Errors cross threads as values and surface at those calls only.
 /// - Pinned memory: copies from/to host memory inside a PinnedRegistration are truly
 ///   asynchronous on CUDA; others work but are counted in DeviceStats::pageable_copies.
+/// - Streams made outside zinf (a trainer's cudaStream_t) join through adopt_stream
+///   (zinf/cuda/cuda_interop.h); their StreamRef is a stream of the adopting device for all of
+///   the above.
 class Device {
  public:
   virtual ~Device() = default;
@@ -363,6 +368,15 @@ class Device {
   friend class Stream;
   friend class Event;
   friend class PinnedRegistration;
+  // zinf/cuda/cuda_interop.h: a stream made outside zinf, and the handle behind a StreamRef.
+  friend AdoptedStream adopt_stream(Device& device, void* native);
+  friend void* native_stream(StreamRef stream);
+
+  // The backend's half of adopt_stream: a Stream whose destruction waits for the work enqueued
+  // so far but leaves the native stream alive. Throws UsageError for a handle it cannot use.
+  virtual Stream adopt_native_stream(void* native) = 0;
+  // The backend's native handle of `stream` (a stream of this device); UsageError otherwise.
+  virtual void* native_handle(StreamRef stream) const = 0;
 
   // Called by the owners' destructors and members; never with an empty owner.
   virtual void free_buffer(std::byte* data, std::size_t size) noexcept = 0;

@@ -6,7 +6,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -107,12 +106,6 @@ struct EngineConfig {
   DType param_dtype = DType::kBF16;
   /// Notices from parsing (aliases used, accepted keys that have no effect), one line each.
   std::vector<std::string> notices;
-
-  /// Test-only (never read from or written to JSON): faults injected into the I/O engine of
-  /// the parameter swap store and into the optimizer's (IoOptions::faults), so that tests and
-  /// `zinf stress` can prove how an OffloadEngine handles failed reads and write-backs.
-  std::shared_ptr<swap::FaultPlan> param_faults;
-  std::shared_ptr<swap::FaultPlan> optimizer_faults;
 
   /// The I/O engine options these settings give (aio block + zinf.backend).
   swap::IoOptions io_options() const;

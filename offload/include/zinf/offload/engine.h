@@ -19,6 +19,10 @@
 #include "zinf/offload/optimizer.h"
 
 namespace zinf::offload {
+namespace test_hooks {
+struct EngineFaults;
+class EngineAccess;  // zinf/offload/testing.h: an engine with fault plans installed
+}  // namespace test_hooks
 
 /// One layer (or parameter shard) the engine manages: its element count and the dtype of its
 /// parameters on the device, optionally hyper-parameters of its own. The fp32 master copy and
@@ -196,6 +200,10 @@ class OffloadEngine {
   EngineStats stats() const;
 
  private:
+  friend class test_hooks::EngineAccess;
+  OffloadEngine(EngineConfig config, std::vector<LayerSpec> layers, cuda::Device& device,
+                cuda::StreamRef compute_stream, const test_hooks::EngineFaults& faults);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -6,7 +6,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -21,6 +20,9 @@
 #include "zinf/swap/swap_store.h"
 
 namespace zinf::offload {
+namespace test_hooks {
+class OptimizerAccess;  // zinf/offload/testing.h: the checkpoint hook
+}  // namespace test_hooks
 
 /// Where the optimizer state lives between steps.
 enum class StateTier : std::uint8_t {
@@ -91,11 +93,6 @@ struct OptimizerOptions {
   /// max(pipeline_depth, 2) buffers of 2 x sub_group_elements bytes (padded to the
   /// alignment), counted in pinned_budget_bytes. Without it a StoreCopyOut is a UsageError.
   bool store_copy_out = false;
-  /// Test-only: called on the saving thread as a checkpoint progresses, with the phase
-  /// ("created" once the new version's directory exists, empty; "data" after each record is
-  /// written, with the data bytes written so far; "synced", "committed", "latest", "done") so
-  /// that a test can kill the process, or plant files, at a chosen point.
-  std::function<void(std::string_view phase, std::uint64_t bytes)> checkpoint_hook;
 };
 
 /// What one step did, measured between begin_step() and the end of end_step().
@@ -313,6 +310,7 @@ class OffloadedOptimizer {
   bool failed() const noexcept;
 
  private:
+  friend class test_hooks::OptimizerAccess;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
