@@ -237,19 +237,44 @@ zinf_status zinf_engine_release(zinf_engine* engine, size_t layer);
  *  reads them from this call on, on the engine's own thread. */
 zinf_status zinf_engine_set_gradients(zinf_engine* engine, size_t layer, const void* grads,
                                       size_t count, zinf_dtype dtype);
+/** As zinf_engine_set_gradients, from device memory: `count` (= numel) elements of `dtype` at
+ *  `device_grads` (memory of the engine's device from any allocator, e.g. PyTorch's), written
+ *  by work enqueued on the compute stream before this call. The engine copies them to pinned
+ *  staging on its own copy stream after that work, without blocking the host, and the layer's
+ *  update starts when the copy has landed, so the copies overlap the rest of backward. Returns
+ *  at once unless every staging buffer (config "zinf": {"grad_staging_buffers": N}, default 2)
+ *  still holds gradients the update has not read. The memory must stay valid and unchanged
+ *  until zinf_engine_step returns. ZINF_ERR_USAGE for memory that is not the device's (CUDA:
+ *  checked with cudaPointerGetAttributes), grad_staging_buffers 0, and as the host variant; a
+ *  failed copy fails zinf_engine_step as a failed read (the step did not happen). */
+zinf_status zinf_engine_set_gradients_device(zinf_engine* engine, size_t layer,
+                                             const void* device_grads, size_t count,
+                                             zinf_dtype dtype);
 /** Completes the step's updates (layers without gradients are not updated) and makes the new
  *  parameters what the next fetch returns. Writes the step's figures to *out unless it is
  *  NULL. A failed write-back leaves the engine failed (ZINF_ERR_FAILED from then on). */
 zinf_status zinf_engine_step(zinf_engine* engine, zinf_step_stats* out);
 
-/** Writes the current hyper-parameters (the config's optimizer block, or the latest
- *  zinf_engine_set_hyper) to *out. */
+/** Writes the hyper-parameters last set for every layer (the config's optimizer block, or the
+ *  latest zinf_engine_set_hyper) to *out. */
 zinf_status zinf_engine_get_hyper(const zinf_engine* engine, zinf_adam_params* out);
-/** Sets the hyper-parameters from the next step on (e.g. a learning-rate schedule).
+/** Sets every layer's hyper-parameters from the next step on (e.g. a learning-rate schedule),
+ *  replacing layers' own sets too (to keep those, use zinf_engine_set_layer_hyper per layer).
  *  ZINF_ERR_USAGE, naming the field, for a value outside the ranges zinf_adam_params states
  *  (infinite or NaN included), or inside a step. A refused call changes nothing: the engine
  *  stays usable with its hyper-parameters and state as they were. */
 zinf_status zinf_engine_set_hyper(zinf_engine* engine, const zinf_adam_params* params);
+
+/** Writes the hyper-parameters layer `layer`'s next step uses to *out: the engine's, or the
+ *  layer's own set (zinf_engine_set_layer_hyper). */
+zinf_status zinf_engine_get_layer_hyper(const zinf_engine* engine, size_t layer,
+                                        zinf_adam_params* out);
+/** Sets layer `layer`'s own hyper-parameters from the next step on (e.g. weight_decay 0 for a
+ *  bias or a norm); the other layers keep theirs. zinf_engine_set_hyper sets every layer's,
+ *  these included. Refused as zinf_engine_set_hyper (nothing changes); saved and restored by
+ *  checkpoints. */
+zinf_status zinf_engine_set_layer_hyper(zinf_engine* engine, size_t layer,
+                                        const zinf_adam_params* params);
 
 /** Writes a checkpoint (master weights, moments, step count, hyper-parameters, layer table)
  *  under directory `dir`, atomically. Outside a step. Blocks. ZINF_ERR_USAGE for an empty

@@ -236,6 +236,40 @@ zinf_step_stats to_c(const off::StepStats& s) noexcept {
   return c;
 }
 
+zinf_adam_params to_c(const adam::AdamParams& h) noexcept {
+  zinf_adam_params c{};
+  c.lr = h.lr;
+  c.beta1 = h.beta1;
+  c.beta2 = h.beta2;
+  c.eps = h.eps;
+  c.weight_decay = h.weight_decay;
+  c.bias_correction = h.bias_correction ? 1 : 0;
+  c.grad_scale = h.grad_scale;
+  c.adamw = h.mode == adam::AdamMode::kAdamW ? 1 : 0;
+  return c;
+}
+
+// `base` with the C struct's fields: keeps what the struct does not carry. The engine refuses
+// the same values; checked here too so the message names the C function and the struct's field,
+// before the engine sees them (nothing changes).
+adam::AdamParams from_c(const zinf_adam_params* params, adam::AdamParams base,
+                        const char* function) {
+  require(params != nullptr, function, "params is NULL");
+  base.lr = params->lr;
+  base.beta1 = params->beta1;
+  base.beta2 = params->beta2;
+  base.eps = params->eps;
+  base.weight_decay = params->weight_decay;
+  base.bias_correction = params->bias_correction != 0;
+  base.grad_scale = params->grad_scale;
+  base.mode = params->adamw != 0 ? adam::AdamMode::kAdamW : adam::AdamMode::kAdam;
+  if (auto bad = adam::check_adam_params(base)) {
+    throw zinf::UsageError(std::string(function) + ": params->" + std::string(bad->field) + " " +
+                           bad->what);
+  }
+  return base;
+}
+
 }  // namespace
 
 extern "C" {
@@ -367,22 +401,37 @@ zinf_status zinf_engine_step(zinf_engine* engine, zinf_step_stats* out) {
   });
 }
 
+zinf_status zinf_engine_set_gradients_device(zinf_engine* engine, size_t layer,
+                                             const void* device_grads, size_t count,
+                                             zinf_dtype dtype) {
+  return guarded(engine, [&] {
+    const char* fn = "zinf_engine_set_gradients_device";
+    off::OffloadEngine& e = engine_of(engine, fn);
+    require(device_grads != nullptr, fn, "device_grads is NULL");
+    const zinf::DType type = dtype_of(dtype, fn);
+    checked_numel(e, layer, count, fn);
+    const zinf::cuda::DeviceSpan span = zinf::cuda::adopt_device_memory(
+        *engine->device, const_cast<void*>(device_grads), count * zinf::dtype_size(type));
+    e.set_gradients(layer, span, type);
+  });
+}
+
 zinf_status zinf_engine_get_hyper(const zinf_engine* engine, zinf_adam_params* out) {
   return guarded(const_cast<zinf_engine*>(engine), [&] {
     const char* fn = "zinf_engine_get_hyper";
     const off::OffloadEngine& e = engine_of(const_cast<zinf_engine*>(engine), fn);
     require(out != nullptr, fn, "out is NULL");
-    const adam::AdamParams h = e.hyper();
-    zinf_adam_params c{};
-    c.lr = h.lr;
-    c.beta1 = h.beta1;
-    c.beta2 = h.beta2;
-    c.eps = h.eps;
-    c.weight_decay = h.weight_decay;
-    c.bias_correction = h.bias_correction ? 1 : 0;
-    c.grad_scale = h.grad_scale;
-    c.adamw = h.mode == adam::AdamMode::kAdamW ? 1 : 0;
-    *out = c;
+    *out = to_c(e.hyper());
+  });
+}
+
+zinf_status zinf_engine_get_layer_hyper(const zinf_engine* engine, size_t layer,
+                                        zinf_adam_params* out) {
+  return guarded(const_cast<zinf_engine*>(engine), [&] {
+    const char* fn = "zinf_engine_get_layer_hyper";
+    const off::OffloadEngine& e = engine_of(const_cast<zinf_engine*>(engine), fn);
+    require(out != nullptr, fn, "out is NULL");
+    *out = to_c(e.hyper(layer));
   });
 }
 
@@ -390,23 +439,16 @@ zinf_status zinf_engine_set_hyper(zinf_engine* engine, const zinf_adam_params* p
   return guarded(engine, [&] {
     const char* fn = "zinf_engine_set_hyper";
     off::OffloadEngine& e = engine_of(engine, fn);
-    require(params != nullptr, fn, "params is NULL");
-    adam::AdamParams h = e.hyper();  // keeps what the C struct does not carry
-    h.lr = params->lr;
-    h.beta1 = params->beta1;
-    h.beta2 = params->beta2;
-    h.eps = params->eps;
-    h.weight_decay = params->weight_decay;
-    h.bias_correction = params->bias_correction != 0;
-    h.grad_scale = params->grad_scale;
-    h.mode = params->adamw != 0 ? adam::AdamMode::kAdamW : adam::AdamMode::kAdam;
-    // The engine refuses the same values; checked here too so the message names this function
-    // and the C struct's field. Refused before the engine sees them: nothing changes.
-    if (auto bad = adam::check_adam_params(h)) {
-      throw zinf::UsageError(std::string(fn) + ": params->" + std::string(bad->field) + " " +
-                             bad->what);
-    }
-    e.set_hyper(h);
+    e.set_hyper(from_c(params, e.hyper(), fn));
+  });
+}
+
+zinf_status zinf_engine_set_layer_hyper(zinf_engine* engine, size_t layer,
+                                        const zinf_adam_params* params) {
+  return guarded(engine, [&] {
+    const char* fn = "zinf_engine_set_layer_hyper";
+    off::OffloadEngine& e = engine_of(engine, fn);
+    e.set_hyper(layer, from_c(params, e.hyper(layer), fn));
   });
 }
 

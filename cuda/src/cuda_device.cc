@@ -219,6 +219,27 @@ std::shared_ptr<StreamImpl> CudaDevice::do_adopt_stream(std::uint64_t id, void* 
   return s;
 }
 
+void CudaDevice::check_native_memory(const void* data, std::size_t bytes) const {
+  cudaPointerAttributes attr{};
+  const cudaError_t err = cudaPointerGetAttributes(&attr, data);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw UsageError(usage_text("adopt_device_memory",
+                                hex_address(data) + " is not memory the CUDA runtime knows: " +
+                                    cudaGetErrorName(err) + ": " + cudaGetErrorString(err)));
+  }
+  if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) {
+    throw UsageError(usage_text("adopt_device_memory",
+                                hex_address(data) + " (" + std::to_string(bytes) +
+                                    " bytes) is host memory, not device memory"));
+  }
+  if (attr.device != index_) {
+    throw UsageError(usage_text("adopt_device_memory",
+                                hex_address(data) + " is memory of cuda:" +
+                                    std::to_string(attr.device)));
+  }
+}
+
 void* CudaDevice::do_native_handle(StreamImpl& stream) const noexcept {
   return static_cast<CudaStream&>(stream).stream;
 }

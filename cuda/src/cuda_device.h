@@ -38,6 +38,7 @@ class CudaDevice final : public DeviceBase {
   std::shared_ptr<StreamImpl> do_adopt_stream(std::uint64_t id, void* native) override;
   void do_destroy_stream(StreamImpl& stream) noexcept override;
   void* do_native_handle(StreamImpl& stream) const noexcept override;
+  void check_native_memory(const void* data, std::size_t bytes) const override;
   std::shared_ptr<EventImpl> do_create_event() override;
   void do_register_host(std::span<std::byte> host) override;
   Status do_unregister_host(std::span<std::byte> host) noexcept override;

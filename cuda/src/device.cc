@@ -166,6 +166,16 @@ AdoptedStream adopt_stream(Device& device, void* native) {
   return AdoptedStream(device.adopt_native_stream(native), native);
 }
 
+DeviceSpan adopt_device_memory(const Device& device, void* data, std::size_t bytes) {
+  if (bytes == 0) return DeviceSpan(&device, static_cast<std::byte*>(data), 0);
+  if (data == nullptr) {
+    throw UsageError("adopt_device_memory: null address for " + std::to_string(bytes) +
+                     " bytes on device " + std::string(device.name()));
+  }
+  device.check_native_memory(data, bytes);
+  return DeviceSpan(&device, static_cast<std::byte*>(data), bytes);
+}
+
 void* native_stream(StreamRef stream) {
   if (stream.empty()) throw UsageError("native_stream: empty stream");
   return stream.device()->native_handle(stream);

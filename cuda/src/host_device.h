@@ -49,6 +49,8 @@ class HostDevice final : public DeviceBase {
   std::shared_ptr<StreamImpl> do_adopt_stream(std::uint64_t id, void* native) override;
   void do_destroy_stream(StreamImpl& stream) noexcept override;
   void* do_native_handle(StreamImpl& stream) const noexcept override;
+  // Device memory is host memory: any address can be.
+  void check_native_memory(const void*, std::size_t) const override {}
   std::shared_ptr<EventImpl> do_create_event() override;
   void do_register_host(std::span<std::byte> host) override;
   Status do_unregister_host(std::span<std::byte> host) noexcept override;

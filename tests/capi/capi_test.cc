@@ -237,6 +237,10 @@ TEST(CApi, NullEngineIsUsageForEveryFunction) {
       {zinf_engine_step(nullptr, nullptr), "zinf_engine_step"},
       {zinf_engine_get_hyper(nullptr, &hyper), "zinf_engine_get_hyper"},
       {zinf_engine_set_hyper(nullptr, &hyper), "zinf_engine_set_hyper"},
+      {zinf_engine_get_layer_hyper(nullptr, 0, &hyper), "zinf_engine_get_layer_hyper"},
+      {zinf_engine_set_layer_hyper(nullptr, 0, &hyper), "zinf_engine_set_layer_hyper"},
+      {zinf_engine_set_gradients_device(nullptr, 0, f, 1, ZINF_DTYPE_F32),
+       "zinf_engine_set_gradients_device"},
       {zinf_engine_save(nullptr, "/tmp"), "zinf_engine_save"},
       {zinf_engine_load(nullptr, "/tmp"), "zinf_engine_load"},
       {zinf_engine_stats(nullptr, &stats), "zinf_engine_stats"},
@@ -504,6 +508,100 @@ TEST(CApi, HyperParametersRoundTrip) {
   EXPECT_NE(std::string(zinf_last_error()).find("beta1"), std::string::npos) << zinf_last_error();
   ASSERT_EQ(zinf_engine_get_hyper(h.e, &p), ZINF_OK);
   EXPECT_DOUBLE_EQ(p.beta1, 0.9);
+}
+
+// One layer's own set (no decay, as for a bias): the other keeps the engine's, zinf_engine_
+// set_hyper would reset both, and the training is the C++ engine's with the same sets, bitwise.
+TEST(CApi, LayerHyperParametersAreTheLayersOwn) {
+  Engine h;
+  ASSERT_NE(h.e, nullptr);
+  zinf_adam_params p{};
+  ASSERT_EQ(zinf_engine_get_layer_hyper(h.e, 1, &p), ZINF_OK) << zinf_last_error();
+  EXPECT_DOUBLE_EQ(p.weight_decay, 0.1);
+  p.weight_decay = 0.0;
+  ASSERT_EQ(zinf_engine_set_layer_hyper(h.e, 1, &p), ZINF_OK) << zinf_last_error();
+  zinf_adam_params q{};
+  ASSERT_EQ(zinf_engine_get_layer_hyper(h.e, 1, &q), ZINF_OK);
+  EXPECT_DOUBLE_EQ(q.weight_decay, 0.0);
+  ASSERT_EQ(zinf_engine_get_layer_hyper(h.e, 0, &q), ZINF_OK);
+  EXPECT_DOUBLE_EQ(q.weight_decay, 0.1);
+  ASSERT_EQ(zinf_engine_get_hyper(h.e, &q), ZINF_OK);
+  EXPECT_DOUBLE_EQ(q.weight_decay, 0.1);
+  EXPECT_EQ(zinf_engine_get_layer_hyper(h.e, 2, &q), ZINF_ERR_USAGE);
+  p.eps = 0.0;  // refused, naming the C field; nothing changes
+  EXPECT_EQ(zinf_engine_set_layer_hyper(h.e, 1, &p), ZINF_ERR_USAGE);
+  EXPECT_NE(std::string(zinf_last_error()).find("zinf_engine_set_layer_hyper: params->eps"),
+            std::string::npos)
+      << zinf_last_error();
+
+  std::vector<off::LayerSpec> specs = {{"a", 1000, zinf::DType::kBF16},
+                                       {"b", 257, zinf::DType::kF16}};
+  auto device = zinf::cuda::make_device({.kind = zinf::cuda::DeviceKind::kHost});
+  zinf::cuda::Stream stream = device->create_stream();
+  off::OffloadEngine cpp(off::parse_config(kConfig), specs, *device, stream);
+  zinf::adam::AdamParams no_decay = cpp.hyper(1);
+  no_decay.weight_decay = 0.0;
+  cpp.set_hyper(1, no_decay);
+  std::vector<std::vector<float>> w(2), g(2);
+  for (std::size_t l = 0; l < 2; ++l) {
+    w[l] = weights_of(specs[l].numel, 0.5f);
+    g[l] = grads_of(specs[l].numel);
+    ASSERT_EQ(zinf_engine_set_master_weights(h.e, l, w[l].data(), w[l].size()), ZINF_OK);
+    cpp.set_master_weights(l, w[l]);
+  }
+  for (int step = 0; step < 2; ++step) {
+    for (std::size_t l = 0; l < 2; ++l) {
+      ASSERT_EQ(zinf_engine_set_gradients(h.e, l, g[l].data(), g[l].size(), ZINF_DTYPE_F32),
+                ZINF_OK);
+      cpp.set_gradients(l, zinf::adam::GradView::f32(g[l]));
+    }
+    ASSERT_EQ(zinf_engine_step(h.e, nullptr), ZINF_OK) << zinf_last_error();
+    (void)cpp.step();
+  }
+  for (std::size_t l = 0; l < 2; ++l) {
+    std::vector<float> c_out(specs[l].numel), cpp_out(specs[l].numel);
+    ASSERT_EQ(zinf_engine_read_master_weights(h.e, l, c_out.data(), c_out.size()), ZINF_OK);
+    cpp.read_master_weights(l, cpp_out);
+    EXPECT_EQ(std::memcmp(c_out.data(), cpp_out.data(), c_out.size() * sizeof(float)), 0) << l;
+  }
+}
+
+// Gradients in device memory (host memory on the host simulation) give the weights host
+// gradients give, bitwise; a wrong count is refused before anything is queued.
+TEST(CApi, DeviceGradientsGiveTheWeightsOfHostGradients) {
+  Engine dev_side, host_side;
+  ASSERT_NE(dev_side.e, nullptr);
+  ASSERT_NE(host_side.e, nullptr);
+  const std::size_t numel[2] = {1000, 257};
+  std::vector<std::vector<float>> w(2), g(2);
+  for (std::size_t l = 0; l < 2; ++l) {
+    w[l] = weights_of(numel[l], 0.25f);
+    g[l] = grads_of(numel[l]);
+    ASSERT_EQ(zinf_engine_set_master_weights(dev_side.e, l, w[l].data(), numel[l]), ZINF_OK);
+    ASSERT_EQ(zinf_engine_set_master_weights(host_side.e, l, w[l].data(), numel[l]), ZINF_OK);
+  }
+  EXPECT_EQ(zinf_engine_set_gradients_device(dev_side.e, 0, g[0].data(), 999, ZINF_DTYPE_F32),
+            ZINF_ERR_USAGE);
+  for (int step = 0; step < 3; ++step) {
+    for (std::size_t l = 0; l < 2; ++l) {
+      ASSERT_EQ(zinf_engine_set_gradients_device(dev_side.e, l, g[l].data(), numel[l],
+                                                 ZINF_DTYPE_F32),
+                ZINF_OK)
+          << zinf_last_error();
+      ASSERT_EQ(zinf_engine_set_gradients(host_side.e, l, g[l].data(), numel[l], ZINF_DTYPE_F32),
+                ZINF_OK);
+    }
+    ASSERT_EQ(zinf_engine_step(dev_side.e, nullptr), ZINF_OK) << zinf_last_error();
+    ASSERT_EQ(zinf_engine_step(host_side.e, nullptr), ZINF_OK) << zinf_last_error();
+  }
+  for (std::size_t l = 0; l < 2; ++l) {
+    std::vector<float> a(numel[l]), b(numel[l]);
+    ASSERT_EQ(zinf_engine_read_master_weights(dev_side.e, l, a.data(), numel[l]), ZINF_OK);
+    ASSERT_EQ(zinf_engine_read_master_weights(host_side.e, l, b.data(), numel[l]), ZINF_OK);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), numel[l] * sizeof(float)), 0) << l;
+  }
+  zinf_stats stats{};
+  ASSERT_EQ(zinf_engine_stats(dev_side.e, &stats), ZINF_OK);
 }
 
 // Hostile configs are usage errors with the reader's message, never a crash or a hang.

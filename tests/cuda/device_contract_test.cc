@@ -627,6 +627,35 @@ TEST_P(DeviceContract, AdoptsTheLegacyDefaultStream) {
 }
 #endif
 
+// Memory another allocator owns (here a DeviceBuffer's, standing in for PyTorch's) works as a
+// DeviceSpan: copies through it reach that memory byte for byte.
+TEST_P(DeviceContract, AdoptedDeviceMemoryRoundTripsEveryByte) {
+  constexpr std::size_t kSize = 3 * 4096 + 17;
+  DeviceBuffer owner = device_->allocate(kSize);
+  const DeviceSpan span = adopt_device_memory(*device_, owner.data(), kSize);
+  EXPECT_EQ(span.size(), kSize);
+  EXPECT_EQ(span.device(), device_.get());
+  Stream s = device_->create_stream();
+  PageBuffer in = patterned(kSize, 21, 1);
+  PageBuffer out(kSize);
+  device_->copy_to_device(s, span, in);
+  device_->copy_to_host(s, out, owner.span());
+  device_->synchronize(s);
+  EXPECT_EQ(check_pattern(out, 21, 0, 1), "");
+  EXPECT_TRUE(adopt_device_memory(*device_, nullptr, 0).empty());
+  try {
+    (void)adopt_device_memory(*device_, nullptr, 8);
+    ADD_FAILURE() << "no throw";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "adopt_device_memory: null address for 8 bytes on device " + std::string(name()));
+  }
+  if (GetParam().options.kind == DeviceKind::kCuda) {
+    PageBuffer host(4096);  // host memory is refused, naming the address
+    EXPECT_THROW((void)adopt_device_memory(*device_, host.data(), 4096), UsageError);
+  }
+}
+
 TEST_P(DeviceContract, NameAndKind) {
   if (GetParam().options.kind == DeviceKind::kCuda) {
     EXPECT_EQ(device_->kind(), DeviceKind::kCuda);

@@ -80,4 +80,19 @@ AdoptedStream adopt_stream(Device& device, void* native);
 /// Valid while the stream lives. Thread-safe.
 void* native_stream(StreamRef stream);
 
+/// Views `bytes` of device memory at `data` that another allocator owns (a trainer's gradient
+/// buffer from PyTorch's caching allocator, cudaMalloc) as a DeviceSpan of `device`, usable
+/// wherever zinf takes one (copies, OffloadEngine::set_gradients). zinf never frees it; the
+/// memory must outlive every use zinf makes of the span.
+///
+/// - CUDA: cudaPointerGetAttributes must report device (or managed) memory of the CUDA device
+///   `device` runs on; host memory, another device's memory or an unknown pointer is a
+///   UsageError naming the address. Only the start is checked: the caller vouches for the
+///   length.
+/// - Host simulation: device memory is host memory, so any non-null address is accepted (the
+///   tests pass memory of a DeviceBuffer or of their own).
+///
+/// A null `data` is a UsageError unless `bytes` is 0 (an empty span). Thread-safe.
+DeviceSpan adopt_device_memory(const Device& device, void* data, std::size_t bytes);
+
 }  // namespace zinf::cuda

@@ -64,8 +64,9 @@ struct CudaAvailability {
 CudaAvailability probe_cuda();
 
 /// A non-owning view of a range of one DeviceBuffer (device memory: not dereferenceable on the
-/// host for CUDA). Made by DeviceBuffer::span, so it is always inside its buffer. Valid while
-/// the buffer lives.
+/// host for CUDA). Made by DeviceBuffer::span, so it is always inside its buffer, or by
+/// adopt_device_memory (cuda_interop.h) for memory another allocator owns. Valid while that
+/// memory lives.
 class DeviceSpan {
  public:
   DeviceSpan() = default;
@@ -83,6 +84,7 @@ class DeviceSpan {
 
  private:
   friend class DeviceBuffer;
+  friend DeviceSpan adopt_device_memory(const Device& device, void* data, std::size_t bytes);
   DeviceSpan(const Device* device, std::byte* data, std::size_t size) noexcept
       : device_(device), data_(data), size_(size) {}
 
@@ -371,6 +373,11 @@ class Device {
   // zinf/cuda/cuda_interop.h: a stream made outside zinf, and the handle behind a StreamRef.
   friend AdoptedStream adopt_stream(Device& device, void* native);
   friend void* native_stream(StreamRef stream);
+  friend DeviceSpan adopt_device_memory(const Device& device, void* data, std::size_t bytes);
+
+  // The backend's check of adopt_device_memory: UsageError unless [data, data + bytes) can be
+  // this device's memory.
+  virtual void check_native_memory(const void* data, std::size_t bytes) const = 0;
 
   // The backend's half of adopt_stream: a Stream whose destruction waits for the work enqueued
   // so far but leaves the native stream alive. Throws UsageError for a handle it cannot use.
