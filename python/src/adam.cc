@@ -26,6 +26,22 @@ std::span<T> span_at(std::uintptr_t address, std::size_t n) {
 
 }  // namespace
 
+adam::AdamParams make_hyper(double lr, double beta1, double beta2, double eps,
+                            double weight_decay, bool bias_correction, bool adamw,
+                            double grad_scale, std::uint64_t step) {
+  adam::AdamParams hp;
+  hp.lr = lr;
+  hp.beta1 = beta1;
+  hp.beta2 = beta2;
+  hp.eps = eps;
+  hp.weight_decay = weight_decay;
+  hp.step = step;
+  hp.bias_correction = bias_correction;
+  hp.grad_scale = grad_scale;
+  hp.mode = adamw ? adam::AdamMode::kAdamW : adam::AdamMode::kAdam;
+  return hp;
+}
+
 void bind_adam(py::module_& m) {
   using namespace pybind11::literals;
   py::class_<adam::CpuAdam>(m, "CpuAdam", "zinf's CPU Adam kernel with its thread pool.")
@@ -41,16 +57,8 @@ void bind_adam(py::module_& m) {
              double lr, double beta1, double beta2, double eps, double weight_decay,
              std::uint64_t step, bool bias_correction, bool adamw, double grad_scale,
              std::uintptr_t out, const std::string& out_dtype) {
-            adam::AdamParams hp;
-            hp.lr = lr;
-            hp.beta1 = beta1;
-            hp.beta2 = beta2;
-            hp.eps = eps;
-            hp.weight_decay = weight_decay;
-            hp.step = step;
-            hp.bias_correction = bias_correction;
-            hp.grad_scale = grad_scale;
-            hp.mode = adamw ? adam::AdamMode::kAdamW : adam::AdamMode::kAdam;
+            const adam::AdamParams hp = make_hyper(lr, beta1, beta2, eps, weight_decay,
+                                                   bias_correction, adamw, grad_scale, step);
             const adam::GradView g{reinterpret_cast<const void*>(grads), numel,
                                    parse_dtype(grad_dtype, "CpuAdam.step grads")};
             adam::CopyOut o = adam::CopyOut::none();

@@ -6,6 +6,8 @@
 
 #include <pybind11/pybind11.h>
 
+#include "zinf/adam/cpu_adam.h"
+
 namespace zinf::python {
 
 namespace py = pybind11;
@@ -18,6 +20,10 @@ void bind_errors(py::module_& m);
 void bind_aio(py::module_& m);
 /// Pinned, budgeted host buffers (buffer protocol) from a BufferPool.
 void bind_pinned(py::module_& m);
+/// The hyper-parameters of one update as Python passes them (mode: adamw or L2 Adam).
+adam::AdamParams make_hyper(double lr, double beta1, double beta2, double eps,
+                            double weight_decay, bool bias_correction, bool adamw,
+                            double grad_scale = 1.0, std::uint64_t step = 1);
 /// CpuAdam over caller memory.
 void bind_adam(py::module_& m);
 /// OffloadedOptimizer: Adam state in pinned memory or on NVMe, fp32 copy-out.

@@ -27,19 +27,6 @@ DType dtype_of(const std::string& name) {
   throw UsageError("OffloadedOptimizer: dtype must be fp32, bf16 or fp16, got '" + name + "'");
 }
 
-adam::AdamParams hyper_of(double lr, double beta1, double beta2, double eps,
-                          double weight_decay, bool bias_correction, bool adamw) {
-  adam::AdamParams hp;
-  hp.lr = lr;
-  hp.beta1 = beta1;
-  hp.beta2 = beta2;
-  hp.eps = eps;
-  hp.weight_decay = weight_decay;
-  hp.bias_correction = bias_correction;
-  hp.mode = adamw ? adam::AdamMode::kAdamW : adam::AdamMode::kAdam;
-  return hp;
-}
-
 py::dict stats_dict(const offload::StepStats& s) {
   py::dict d;
   d["step"] = s.step;
@@ -90,8 +77,8 @@ void bind_optimizer(py::module_& m) {
       .def("set_hyper",
            [](OffloadedOptimizer& o, std::size_t group, double lr, double beta1, double beta2,
               double eps, double weight_decay, bool bias_correction, bool adamw) {
-             o.set_hyper(group, hyper_of(lr, beta1, beta2, eps, weight_decay, bias_correction,
-                                         adamw));
+             o.set_hyper(group, make_hyper(lr, beta1, beta2, eps, weight_decay, bias_correction,
+                                           adamw));
            })
       .def("begin_step", &OffloadedOptimizer::begin_step)
       .def("step_group",
