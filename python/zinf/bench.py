@@ -1,0 +1,127 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Benchmarks of zinf from Python, each a ratio against a reference measured in the same run.
+
+  python3 -m zinf.bench adam [--numel 100M] [--threads 2] [--rounds 5]
+      zinf.torch.AdamW against torch.optim.AdamW(foreach=True), alternated, on the same
+      parameters (100 tensors): elements per second of each and the median ratio.
+  python3 -m zinf.bench step --dir D [--numel 256M] [--rounds 3] [--zinf PATH]
+      zinf.torch.AdamW(state="nvme") against `zinf bench step` (the C++ pipeline) at the same
+      size on the same directory, alternated: the binding's cost as the ratio of step times.
+
+Output: one JSON document on stdout.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+import zinf.torch as ztorch
+
+
+def count(text):
+    """'100M', '2.5G', '1e8', '1000' -> int (M/G/K decimal here: parameter counts)."""
+    t = str(text).strip().upper()
+    mult = {"K": 10**3, "M": 10**6, "G": 10**9}.get(t[-1:], 1)
+    if mult != 1:
+        t = t[:-1]
+    return int(float(t) * mult)
+
+
+def make_params(numel, tensors):
+    each = numel // tensors
+    torch.manual_seed(0)
+    ps = [torch.nn.Parameter(torch.randn(each)) for _ in range(tensors)]
+    for p in ps:
+        p.grad = torch.randn(each) * 1e-3
+    return ps
+
+
+def time_steps(opt, steps):
+    opt.step()  # warm-up: state allocation
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        opt.step()
+    return (time.perf_counter() - t0) / steps
+
+
+def bench_adam(a):
+    torch.set_num_threads(a.threads)
+    numel = count(a.numel)
+    ps = make_params(numel, 100)
+    n = sum(p.numel() for p in ps)
+    rows = []
+    for r in range(a.rounds):
+        z = time_steps(ztorch.AdamW(ps, lr=1e-3, threads=a.threads), a.steps)
+        t = time_steps(torch.optim.AdamW(ps, lr=1e-3, foreach=True), a.steps)
+        rows.append({"round": r + 1, "zinf_s": z, "torch_s": t, "ratio": t / z})
+    ratio = statistics.median(r["ratio"] for r in rows)
+    return {"bench": "python-adam", "numel": n, "threads": a.threads, "rounds": rows,
+            "zinf_elements_per_s": n / statistics.median(r["zinf_s"] for r in rows),
+            "torch_elements_per_s": n / statistics.median(r["torch_s"] for r in rows),
+            "median_speedup": ratio}
+
+
+def cli_step(zinf_bin, directory, numel, steps):
+    out = subprocess.run([zinf_bin, "bench", "step", "--dir", directory, "--numel", str(numel),
+                          "--steps", str(steps), "--json"], capture_output=True, text=True,
+                         check=True)
+    doc = json.loads(out.stdout)
+    return statistics.median(doc["step_seconds_all"])
+
+
+def python_step(directory, numel, steps):
+    ps = make_params(numel, 64)
+    opt = ztorch.AdamW(ps, lr=1e-3, state="nvme", nvme_path=directory)
+    opt.step()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    del opt
+    return statistics.median(times)
+
+
+def bench_step(a):
+    numel = count(a.numel)
+    zinf_bin = a.zinf or os.environ.get("ZINF_BIN", "zinf")
+    rows = []
+    with tempfile.TemporaryDirectory(dir=a.dir) as d:
+        for r in range(a.rounds):
+            c = cli_step(zinf_bin, d, numel, a.steps)
+            p = python_step(d, numel, a.steps)
+            rows.append({"round": r + 1, "cli_s": c, "python_s": p, "ratio": p / c})
+    return {"bench": "python-step", "numel": numel, "rounds": rows,
+            "median_ratio": statistics.median(r["ratio"] for r in rows)}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python3 -m zinf.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="what", required=True)
+    ad = sub.add_parser("adam", help="zinf.torch.AdamW against torch.optim.AdamW(foreach)")
+    ad.add_argument("--numel", default="100M")
+    ad.add_argument("--threads", type=int, default=2)
+    ad.add_argument("--rounds", type=int, default=5)
+    ad.add_argument("--steps", type=int, default=3)
+    st = sub.add_parser("step", help="state='nvme' against `zinf bench step`")
+    st.add_argument("--dir", required=True, help="a directory on the drive to measure")
+    st.add_argument("--numel", default="256M")
+    st.add_argument("--rounds", type=int, default=3)
+    st.add_argument("--steps", type=int, default=5)
+    st.add_argument("--zinf", help="the zinf binary (default: $ZINF_BIN, else zinf on PATH)")
+    a = ap.parse_args(argv)
+    doc = bench_adam(a) if a.what == "adam" else bench_step(a)
+    json.dump(doc, sys.stdout, indent=1)
+    print()
+
+
+if __name__ == "__main__":
+    main()
