@@ -82,11 +82,17 @@ class _CpuAdamBase(torch.optim.Optimizer):
     changing a parameter's values outside the optimizer call ``reload_parameters()``.
     Checksums (CRC32C) are verified on every read back unless ``checksums=False``. The state
     is not in ``self.state``: checkpoint it with ``save(dir)`` / ``load(dir)``.
+
+    ``overlap=True`` (state="nvme"): each parameter's update is queued as soon as backward has
+    produced its gradient (a gradient hook), so the state's NVMe reads, the updates and the
+    write-backs run during backward; ``step()`` waits for the rest. It needs one backward per
+    step with the gradients set to None before it (``zero_grad()`` of this optimizer does
+    that), and the gradients must not be changed after backward (no clipping in this mode).
     """
 
     def __init__(self, params, lr, betas, eps, weight_decay, amsgrad, adamw, threads,
                  state="cpu", nvme_path=None, sub_group_size=1 << 20, pipeline_depth=4,
-                 pinned_budget=None, checksums=True):
+                 pinned_budget=None, checksums=True, overlap=False):
         if amsgrad:
             raise ValueError("zinf: amsgrad is not supported (zinf's kernel is Adam/AdamW)")
         if not 0.0 <= lr:
@@ -100,6 +106,9 @@ class _CpuAdamBase(torch.optim.Optimizer):
             raise ValueError(f"zinf: invalid weight_decay {weight_decay}")
         if state not in ("cpu", "nvme"):
             raise ValueError(f"zinf: state must be 'cpu' or 'nvme', got {state!r}")
+        if overlap and state != "nvme":
+            raise ValueError("zinf: overlap=True is for state='nvme' (the cpu tier updates on the "
+                             "calling thread, so there is nothing to overlap)")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         bias_correction=True)
         super().__init__(params, defaults)
@@ -126,6 +135,62 @@ class _CpuAdamBase(torch.optim.Optimizer):
         self._hyper_given = [None] * len(self._flat)
         self.reload_parameters()
         self.last_step_stats = None
+        self._overlap = bool(overlap)
+        self._queued = []  # (index, param, grad) given to the open step by the hooks
+        self._step_open = False
+        if self._overlap:
+            for p in self._flat:
+                self._add_hook(p)
+
+    def _add_hook(self, p):
+        # torch >= 2.1 tells when .grad is final; torch 1.13 only hands the gradient flowing
+        # into the parameter, which is the final one when .grad was None (one backward per
+        # step, grads set to None in between: zero_grad() here always does that).
+        if hasattr(p, "register_post_accumulate_grad_hook"):
+            p.register_post_accumulate_grad_hook(lambda param: self._on_grad(param, param.grad))
+        else:
+            p.register_hook(lambda grad, param=p: self._on_grad(param, grad))
+
+    def _on_grad(self, p, grad):
+        if not hasattr(p, "register_post_accumulate_grad_hook") and p.grad is not None:
+            raise RuntimeError(
+                "zinf: overlap=True needs one backward per step with the gradients set to None "
+                "before it (optimizer.zero_grad() does that; model.zero_grad() on torch < 2.0 "
+                "leaves zeros): the update starts as each gradient arrives")
+        i = self._index.get(id(p))
+        if i is None:
+            return None
+        grad = grad.detach()
+        grad = grad if grad.is_contiguous() else grad.contiguous()
+        if not self._step_open:
+            self._give_hyper([i for i in range(len(self._flat))])
+            self._offloaded.begin_step()
+            self._step_open = True
+        self._offloaded.step_group(i, grad.data_ptr(), dtype_name(grad.dtype), p.data_ptr(),
+                                   p.numel())
+        self._queued.append((i, p, grad))  # alive until the step ends
+        return None
+
+    def _hyper_of(self, group):
+        beta1, beta2 = group["betas"]
+        return (float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
+                float(group["weight_decay"]), bool(group.get("bias_correction", True)),
+                self._adamw)
+
+    def _give_hyper(self, indices):
+        want = set(indices)
+        for group in self.param_groups:
+            hyper = self._hyper_of(group)
+            for p in group["params"]:
+                i = self._index.get(id(p))
+                if i in want and self._hyper_given[i] != hyper:
+                    self._offloaded.set_hyper(i, *hyper)
+                    self._hyper_given[i] = hyper
+
+    def zero_grad(self, set_to_none=True):
+        if self._offloaded is not None and self._overlap:
+            set_to_none = True  # the hooks need None (see _on_grad)
+        super().zero_grad(set_to_none=set_to_none)
 
     @staticmethod
     def _check_param(p):
@@ -154,7 +219,10 @@ class _CpuAdamBase(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         if self._offloaded is not None:
-            self._step_offloaded()
+            if self._overlap:
+                self._end_overlapped_step()
+            else:
+                self._step_offloaded()
             return loss
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
@@ -181,10 +249,7 @@ class _CpuAdamBase(torch.optim.Optimizer):
         # Everything is checked before the step opens: a refusal must not leave half a step.
         work = []
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            hyper = (float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
-                     float(group["weight_decay"]), bool(group.get("bias_correction", True)),
-                     self._adamw)
+            hyper = self._hyper_of(group)
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -198,10 +263,7 @@ class _CpuAdamBase(torch.optim.Optimizer):
                 work.append((i, p, grad, hyper))
         if not work:
             return
-        for i, _, _, hyper in work:
-            if self._hyper_given[i] != hyper:
-                self._offloaded.set_hyper(i, *hyper)
-                self._hyper_given[i] = hyper
+        self._give_hyper([i for i, _, _, _ in work])
         self._offloaded.begin_step()
         try:
             for i, p, grad, _ in work:
@@ -209,6 +271,15 @@ class _CpuAdamBase(torch.optim.Optimizer):
                                            p.data_ptr(), p.numel())
         finally:
             self.last_step_stats = self._offloaded.end_step()
+
+    def _end_overlapped_step(self):
+        if not self._step_open:
+            return
+        try:
+            self.last_step_stats = self._offloaded.end_step()
+        finally:
+            self._step_open = False
+            self._queued.clear()
 
     def save(self, directory):
         """state='nvme': writes a checkpoint of the masters, moments, step count and

@@ -98,3 +98,39 @@ def test_errors_name_what_failed(tmp_path):
     assert str(missing) in str(info.value)
     with pytest.raises(ValueError, match="is for state='nvme'"):
         AdamW(m.parameters()).save(tmp_path)
+
+
+def test_overlap_starts_updates_during_backward_and_gives_the_same_weights(tmp_path):
+    (tmp_path / "o").mkdir()
+    (tmp_path / "p").mkdir()
+    a, b = make_model(), make_model()
+    over = AdamW(groups(a), lr=1e-2, weight_decay=0.05, state="nvme", nvme_path=tmp_path / "o",
+                 sub_group_size=4096, overlap=True)
+    plain = AdamW(groups(b), lr=1e-2, weight_decay=0.05, state="nvme", nvme_path=tmp_path / "p",
+                  sub_group_size=4096)
+    torch.manual_seed(42)
+    xs = [torch.randn(16, 37) for _ in range(4)]
+    for x in xs:
+        for model, opt in ((a, over), (b, plain)):
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            if opt is over:
+                # Every parameter's update was queued by backward itself.
+                assert len(over._queued) == len(list(a.parameters()))
+            opt.step()
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.equal(pa, pb)
+    assert over.last_step_stats["step"] == 4
+
+
+def test_overlap_refuses_accumulated_gradients(tmp_path):
+    m = make_model()
+    opt = AdamW(m.parameters(), state="nvme", nvme_path=tmp_path, overlap=True)
+    x = torch.randn(4, 37)
+    m(x).sum().backward()
+    opt.step()
+    m.zero_grad(set_to_none=False)  # zeros, not None: the hook cannot know the final gradient
+    with pytest.raises(RuntimeError, match="one backward per step"):
+        m(x).sum().backward()
+    with pytest.raises(ValueError, match="overlap=True is for state='nvme'"):
+        AdamW(m.parameters(), overlap=True)
