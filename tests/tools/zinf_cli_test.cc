@@ -79,6 +79,23 @@ TEST(ZinfCli, HelpXIsXDashDashHelp) {
 }
 
 // `zinf bench` alone lists the benchmarks on stderr with status 2, as `zinf` alone does.
+// bench h2d on the host simulation: one JSON document with every size and kind, marked as
+// simulated with the note saying what the figures are; bad sizes are one-line usage errors.
+TEST(ZinfCli, BenchH2dSaysWhatItMeasuredOnTheSimulation) {
+  ToolRun r = run_zinf("bench h2d --device host --sizes 64K,1M --repeat 2 --json", false);
+  ASSERT_EQ(r.status, 0) << r.out;
+  for (const char* key : {"\"bench\":\"h2d\"", "\"device\":\"host\"", "\"simulated\":true",
+                          "\"bytes\":65536", "\"bytes\":1048576", "\"h2d_pinned_gbps\":",
+                          "\"d2h_pinned_gbps\":", "\"h2d_pageable_gbps\":",
+                          "\"d2h_pageable_gbps\":", "not a PCIe link"}) {
+    EXPECT_NE(r.out.find(key), std::string::npos) << key << " in " << r.out;
+  }
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << "one JSON document";
+  r = run_zinf("bench h2d --device host --sizes 64K,0");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.out.find("invalid --sizes: a size of 0 in '64K,0'"), std::string::npos) << r.out;
+}
+
 TEST(ZinfCli, BenchAloneListsTheBenchmarks) {
   ToolRun r = run_zinf("bench", false);
   EXPECT_EQ(r.status, 2);
@@ -86,7 +103,8 @@ TEST(ZinfCli, BenchAloneListsTheBenchmarks) {
   r = run_zinf("bench");
   EXPECT_EQ(r.out.rfind("zinf bench: which benchmark?\n", 0), 0u) << r.out;
   for (const char* b :
-       {"zinf bench io ", "zinf bench adam ", "zinf bench step ", "zinf bench prefetch "}) {
+       {"zinf bench io ", "zinf bench adam ", "zinf bench step ", "zinf bench prefetch ",
+        "zinf bench h2d "}) {
     EXPECT_NE(r.out.find(b), std::string::npos) << b << " in " << r.out;
   }
 }
@@ -95,7 +113,7 @@ TEST(ZinfCli, BenchAloneListsTheBenchmarks) {
 // without a value and without a default. The options are the ones the command accepts.
 TEST(ZinfCli, EveryHelpListsEveryOptionWithItsDefault) {
   for (const char* cmd : {"demo", "plan", "tune", "stress", "bench io", "bench adam", "bench step",
-                          "bench prefetch"}) {
+                          "bench prefetch", "bench h2d"}) {
     ToolRun r = run_zinf(std::string(cmd) + " --help", false);
     ASSERT_EQ(r.status, 0) << cmd;
     std::istringstream lines(r.out);

@@ -12,6 +12,7 @@ int bench_io_main(const std::vector<std::string>& args);
 int bench_adam_main(const std::vector<std::string>& args);
 int bench_prefetch_main(const std::vector<std::string>& args);
 int bench_step_main(const std::vector<std::string>& args);
+int bench_h2d_main(const std::vector<std::string>& args);
 int demo_main(const std::vector<std::string>& args);
 int stress_main(const std::vector<std::string>& args);
 int plan_main(const std::vector<std::string>& args);

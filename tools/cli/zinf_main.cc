@@ -32,6 +32,8 @@ constexpr Command kCommands[] = {
      zinf::tools::bench_prefetch_main},
     {"bench step", "time optimizer steps with the state on NVMe or in pinned memory",
      zinf::tools::bench_step_main},
+    {"bench h2d", "measure host <-> device copy rates, pinned and pageable, over a sweep of sizes",
+     zinf::tools::bench_h2d_main},
     {"demo", "train a small network with parameters and optimizer state offloaded (none|cpu|nvme)",
      zinf::tools::demo_main},
     {"plan", "what fits where: ZeRO stage, offload and memory per GPU and node",
