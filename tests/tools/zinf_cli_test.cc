@@ -96,6 +96,22 @@ TEST(ZinfCli, BenchH2dSaysWhatItMeasuredOnTheSimulation) {
   EXPECT_NE(r.out.find("invalid --sizes: a size of 0 in '64K,0'"), std::string::npos) << r.out;
 }
 
+// `--gpu-mem 40` read as 40 bytes advised activation checkpointing; a memory limit without a
+// unit is refused with the reading the user meant.
+TEST(ZinfCli, PlanMemoryWithoutAUnitSuggestsGigabytes) {
+  for (const char* flag : {"--gpu-mem", "--cpu-mem", "--nvme-free"}) {
+    ToolRun r = run_zinf(std::string("plan --params 7B --gpus 8 ") + flag + " 40");
+    EXPECT_EQ(r.status, 2) << flag;
+    EXPECT_NE(r.out.find(std::string("invalid ") + flag +
+                         " '40': a memory size needs a unit; did you mean 40G?"),
+              std::string::npos)
+        << r.out;
+  }
+  ToolRun ok = run_zinf("plan --params 7B --gpus 8 --gpu-mem 40G --cpu-mem 64G --nvme-free 2T");
+  EXPECT_EQ(ok.status, 0) << ok.out;
+  EXPECT_NE(ok.out.find("recommended:"), std::string::npos) << ok.out;
+}
+
 TEST(ZinfCli, BenchAloneListsTheBenchmarks) {
   ToolRun r = run_zinf("bench", false);
   EXPECT_EQ(r.status, 2);

@@ -85,6 +85,17 @@ Json row_json(const PlanRow& r) {
   return j;
 }
 
+// A memory limit with its unit: "40" as 40 bytes is never what a user of plan means (every GPU
+// has gigabytes), so a bare number is refused with the reading they meant.
+std::optional<std::uint64_t> memory_limit(const std::string& text, const char* what) {
+  if (text.empty()) return std::nullopt;
+  if (text.find_first_not_of("0123456789.") == std::string::npos) {
+    throw UsageError(std::string("invalid ") + what + " '" + text +
+                     "': a memory size needs a unit; did you mean " + text + "G?");
+  }
+  return parse_size(text, what);
+}
+
 }  // namespace
 
 int plan_main(const std::vector<std::string>& tokens) {
@@ -92,7 +103,7 @@ int plan_main(const std::vector<std::string>& tokens) {
   ActivationShape shape;
   std::string params, bpp, opt, par, tune;
   std::uint64_t gpus = 1, tp = 1, pp = 1, gpus_per_node = 8;
-  std::optional<std::uint64_t> gpu_mem, cpu_mem, nvme_free;
+  std::string gpu_mem_text, cpu_mem_text, nvme_free_text;
   bool json = false;
   Cli cli("plan", kAbout);
   cli.group("model");
@@ -123,9 +134,11 @@ int plan_main(const std::vector<std::string>& tokens) {
   cli.flag("--activation-checkpointing", shape.checkpointing,
            "full recomputation: keep only each layer's input");
   cli.group("hardware (limits not given are not checked; a recommendation needs --gpu-mem)");
-  cli.size("--gpu-mem", gpu_mem, "memory per GPU, e.g. 80G (GiB) or 80GB (10^9 bytes)");
-  cli.size("--cpu-mem", cpu_mem, "host memory per node usable for pinned buffers");
-  cli.size("--nvme-free", nvme_free, "free NVMe space per node");
+  cli.text("--gpu-mem", gpu_mem_text, "SIZE",
+           "memory per GPU with its unit, e.g. 80G (GiB) or 80GB (10^9 bytes)", "none");
+  cli.text("--cpu-mem", cpu_mem_text, "SIZE", "host memory per node usable for pinned buffers",
+           "none");
+  cli.text("--nvme-free", nvme_free_text, "SIZE", "free NVMe space per node", "none");
   cli.text("--tune", tune, "FILE",
            "`zinf tune --report FILE` output: drive bandwidth for I/O time");
   cli.group("output");
@@ -135,9 +148,9 @@ int plan_main(const std::vector<std::string>& tokens) {
   in.tp = to_u32(tp, "--tp");
   in.pp = to_u32(pp, "--pp");
   in.gpus_per_node = to_u32(gpus_per_node, "--gpus-per-node");
-  in.gpu_mem = as_double(gpu_mem);
-  in.cpu_mem = as_double(cpu_mem);
-  in.nvme_free = as_double(nvme_free);
+  in.gpu_mem = as_double(memory_limit(gpu_mem_text, "--gpu-mem"));
+  in.cpu_mem = as_double(memory_limit(cpu_mem_text, "--cpu-mem"));
+  in.nvme_free = as_double(memory_limit(nvme_free_text, "--nvme-free"));
   if (params.empty()) throw UsageError("--params is required (e.g. --params 13B)");
   in.params = parse_param_count(params, "--params");
   if (!bpp.empty()) in.bytes = parse_bytes_per_param(bpp);
