@@ -158,6 +158,24 @@ TEST(DemoCli, ConfigFileIsReadAndTheCommandLineOverridesIt) {
   EXPECT_EQ(field(r.out, "nvme_bytes_read"), "0");
 }
 
+// `zinf tune --out` writes I/O settings and no offload: `demo --config` with it used to train in
+// memory without a word. It keeps the demo's NVMe default, says so, and names the I/O settings.
+TEST(DemoCli, AConfigWithoutOffloadKeepsTheNvmeDefaultAndTheHeaderNamesTheIoSettings) {
+  zinf::test::TestDir dir;
+  const std::string path = dir.file("tuned.json");
+  std::ofstream(path) << R"({"aio": {"block_size": 524288, "queue_depth": 8}})";
+  ToolRun r = run_zinf("demo --config " + path + " --dir " + dir.subdir("d") +
+                       " --layers 2 --hidden 16 --batch 4 --steps 2");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find(path + " offloads nothing"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("offload nvme in"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("queue_depth 8, checksums on"), std::string::npos) << r.out;
+  r = run_zinf("demo --json --config " + path + " --offload none --layers 2 --hidden 16 "
+               "--batch 4 --steps 2", false);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(field(r.out, "offload"), "none");
+}
+
 TEST(DemoCli, BadArgumentsAreOneLineErrors) {
   ToolRun r = run_zinf("demo --offload disk", true);
   EXPECT_EQ(r.status, 2);

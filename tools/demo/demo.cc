@@ -56,7 +56,18 @@ EngineConfig make_config(const std::string& config_path, const std::string& offl
                          const std::string& dir_option, double lr, std::uint64_t adam_threads,
                          bool adam_threads_given, std::string& dir_used) {
   EngineConfig config = config_path.empty() ? EngineConfig{} : offload::load_config(config_path);
-  if (config_path.empty() && offload_text.empty()) {
+  const bool config_offloads = config.offload_param.device != OffloadDevice::kNone ||
+                               config.offload_optimizer.device != OffloadDevice::kNone;
+  if (offload_text.empty() && !config_offloads) {
+    // The demo is about offload: a config without any (e.g. `zinf tune --out`'s, which holds
+    // only I/O settings) keeps the demo's NVMe default rather than silently training in memory.
+    if (!config_path.empty()) {
+      std::fprintf(stderr,
+                   "zinf demo: %s offloads nothing (no zero_optimization.offload_param or "
+                   "offload_optimizer): keeping the demo's nvme default; --offload none trains "
+                   "without offload\n",
+                   config_path.c_str());
+    }
     config.offload_param.device = OffloadDevice::kNvme;
     config.offload_optimizer.device = OffloadDevice::kNvme;
   }
@@ -221,6 +232,15 @@ int demo_main(const std::vector<std::string>& tokens) {
                shape.layers, shape.hidden, shape.layers * numel, decimal_bytes(param_bytes).c_str(),
                decimal_bytes(param_bytes * 6).c_str(), shape.batch, offload_name.c_str(),
                dir_used.empty() ? "" : " in ", dir_used.c_str(), config.optimizer.hyper.lr);
+  if (!dir_used.empty()) {
+    // Which I/O settings are in use, so that a tuned config can be seen to take effect.
+    std::fprintf(out,
+                 "zinf demo: I/O backend %s, aio block_size %s, queue_depth %u, checksums %s, "
+                 "direct_io %s\n",
+                 std::string(swap::io_engine_kind_name(config.zinf.backend)).c_str(),
+                 human_bytes(config.aio.block_size).c_str(), config.aio.queue_depth,
+                 config.zinf.checksums ? "on" : "off", config.zinf.direct_io ? "on" : "off");
+  }
   std::fflush(out);
 
   // One iteration: forward through every layer (the compute runs on the compute stream as host
