@@ -54,6 +54,9 @@ TEST(TuneCli, TinyBudgetWritesAConfigTheReaderAcceptsWithTheChosenValues) {
                        cfg + " --report " + rep);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("chosen: backend="), std::string::npos) << r.out;
+  // The config is printed too, exactly what --out wrote (DeepSpeed's tuner prints its block).
+  EXPECT_NE(r.out.find(slurp(cfg)), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("wrote " + cfg), std::string::npos) << r.out;
 
   zinf::offload::EngineConfig c = zinf::offload::load_config(cfg);
   const nlohmann::json report = nlohmann::json::parse(slurp(rep));

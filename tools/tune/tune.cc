@@ -444,6 +444,10 @@ int tune_main(const std::vector<std::string>& tokens) {
                 fs_type_name(dirs[i]).c_str(), w.direct(i) ? ", O_DIRECT" : ", buffered",
                 per_dir[i].first, per_dir[i].second);
   }
+  // Always shown, as DeepSpeed's tuner prints its aio block: the answer even without --out.
+  std::printf("config (the DeepSpeed \"aio\" block + \"zinf\" section%s):\n%s\n",
+              out.empty() ? "; --out FILE writes it" : "",
+              config_json(best, all_direct).c_str());
   if (!out.empty())
     std::printf("wrote %s (DeepSpeed \"aio\" block + \"zinf\" section)\n", out.c_str());
   if (!report.empty()) std::printf("wrote %s (for zinf plan --tune)\n", report.c_str());
