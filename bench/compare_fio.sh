@@ -71,7 +71,7 @@ for op in ("write", "read"):
     for r in range(1, rounds + 1):
         f = json.load(open(f"{work}/fio-{op}-{r}.json"))
         fio_gbps = f["jobs"][0][op]["bw_bytes"] / 1e9
-        z = [json.loads(l) for l in open(f"{work}/zinf-{op}-{r}.json") if l.strip()]
+        z = json.load(open(f"{work}/zinf-{op}-{r}.json"))["jobs"]
         z = [x for x in z if x["op"] == op][0]
         ratios.append(z["gbps"] / fio_gbps)
         print(f"{op:6} {r:>5} {fio_gbps:9.2f} {z['gbps']:10.2f} {ratios[-1]:6.3f}")

@@ -210,6 +210,29 @@ TEST(ZinfCli, OneGrammarAcrossCommands) {
             "2GiB or 1e8\n");
 }
 
+// --json is one document, fio-like ({"jobs": [...], "host": {...}}), that a JSON parser reads
+// whole; --json-lines streams one complete object per op. A timed write says it is an overwrite.
+TEST(ZinfCli, BenchIoJsonIsOneDocumentAndJsonLinesStreams) {
+  zinf::test::TestDir dir;
+  const std::string base = "bench io --dir " + dir.path() + " --size 2M --block-size 64K --loops 1";
+  ToolRun r = run_zinf(base + " --json", false);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  EXPECT_EQ(r.out.rfind("{\"jobs\":[{\"op\":\"write\",\"overwrite\":true,", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find("{\"op\":\"read\","), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("],\"host\":{\"files\":1,"), std::string::npos) << r.out;
+  ToolRun check = run_shell("printf '%s' '" + r.out + "' | /usr/bin/python3 -m json.tool");
+  EXPECT_EQ(check.status, 0) << check.out;
+  r = run_zinf(base + " --json-lines", false);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 2) << r.out;
+  EXPECT_EQ(r.out.rfind("{\"op\":\"write\"", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find("\"file_system\":"), std::string::npos) << r.out;
+  r = run_zinf(base);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("write (overwrite)"), std::string::npos) << r.out;
+}
+
 // Integer options are range-checked against what they feed, never truncated: --threads
 // 4294967297 used to become 1 thread.
 TEST(ZinfCli, IntegerOptionsOutOfRangeExit2NamingTheRange) {
