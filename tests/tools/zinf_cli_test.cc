@@ -228,9 +228,19 @@ TEST(ZinfCli, BenchIoJsonIsOneDocumentAndJsonLinesStreams) {
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 2) << r.out;
   EXPECT_EQ(r.out.rfind("{\"op\":\"write\"", 0), 0u) << r.out;
   EXPECT_NE(r.out.find("\"file_system\":"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"usr_s_per_gb\":"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"sys_s_per_gb\":"), std::string::npos) << r.out;
   r = run_zinf(base);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("write (overwrite)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("usr s/GB  sys s/GB"), std::string::npos) << r.out;
+  // On tmpfs the figures are memory's: said once, on stderr.
+  r = run_zinf("bench io --dir /dev/shm --size 1M --block-size 64K --loops 1 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("zinf bench io: warning: /dev/shm is on tmpfs: the figures are those of "
+                       "memory, a container layer or a network, not of a drive"),
+            std::string::npos)
+      << r.out;
 }
 
 // Integer options are range-checked against what they feed, never truncated: --threads

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // `zinf bench io`: sequential read/write bandwidth of the swap path (File + IoEngine +
 // BufferPool) on the user's directories, verified byte for byte, in the shape fio reports.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -62,7 +64,19 @@ struct OpSummary {
   double iops = 0;
   double lat_p50_us = 0;
   double lat_p99_us = 0;
+  double usr_s_per_gb = 0;  // CPU seconds of this process per 1e9 bytes moved (fio's usr/sys)
+  double sys_s_per_gb = 0;
 };
+
+// User and system CPU seconds of the whole process so far.
+std::pair<double, double> cpu_seconds() {
+  struct rusage u {};
+  ::getrusage(RUSAGE_SELF, &u);
+  auto s = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6;
+  };
+  return {s(u.ru_utime), s(u.ru_stime)};
+}
 
 // fio's --rw as zinf's --op: sequential reads or writes only.
 std::vector<std::string> op_from_fio_rw(const std::string& rw) {
@@ -197,21 +211,36 @@ int bench_io_main(const std::vector<std::string>& tokens) {
   const auto file_count = static_cast<std::uint64_t>(bench.file_count());
   const std::uint64_t file_size = bench.file_size();
 
+  for (const auto& d : cfg.dirs) {
+    const std::string t = fs_type_name(d);
+    if (t == "tmpfs" || t == "overlayfs" || t == "nfs" || t == "fuse") {
+      std::fprintf(stderr,
+                   "zinf bench io: warning: %s is on %s: the figures are those of memory, a "
+                   "container layer or a network, not of a drive\n",
+                   d.c_str(), t.c_str());
+    }
+  }
   // Reads need data on disk, and steady-state writes need blocks written before (an optimizer
   // overwrites its state every step): one untimed pass lays the files out.
-  if (cfg.do_read || cfg.precondition) bench.write(!cfg.json && !cfg.json_lines, "precondition");
+  const bool progress = !cfg.json && !cfg.json_lines;
+  if (cfg.do_read || cfg.precondition) bench.write(progress, "precondition");
 
   std::vector<OpSummary> summaries;
-  if (cfg.do_write) {
+  // The CPU time of every timed loop of an op, per byte moved, as fio reports usr/sys.
+  auto timed = [&](const char* op, auto&& pass) {
     std::vector<IoPassResult> passes;
-    for (std::uint32_t l = 0; l < cfg.loops; ++l) passes.push_back(bench.write(!cfg.json && !cfg.json_lines, "write"));
-    summaries.push_back(summarize("write", passes, cfg.block_size));
-  }
-  if (cfg.do_read) {
-    std::vector<IoPassResult> passes;
-    for (std::uint32_t l = 0; l < cfg.loops; ++l) passes.push_back(bench.read(!cfg.json && !cfg.json_lines, "read"));
-    summaries.push_back(summarize("read", passes, cfg.block_size));
-  }
+    const auto [u0, s0] = cpu_seconds();
+    for (std::uint32_t l = 0; l < cfg.loops; ++l) passes.push_back(pass());
+    const auto [u1, s1] = cpu_seconds();
+    OpSummary s = summarize(op, passes, cfg.block_size);
+    double moved = 0;
+    for (const auto& p : passes) moved += static_cast<double>(p.bytes);
+    s.usr_s_per_gb = (u1 - u0) / (moved / 1e9);
+    s.sys_s_per_gb = (s1 - s0) / (moved / 1e9);
+    summaries.push_back(s);
+  };
+  if (cfg.do_write) timed("write", [&] { return bench.write(progress, "write"); });
+  if (cfg.do_read) timed("read", [&] { return bench.read(progress, "read"); });
 
   const std::string fs = fs_type_name(cfg.dirs[0]);
   if (cfg.json || cfg.json_lines) {
@@ -241,6 +270,8 @@ int bench_io_main(const std::vector<std::string>& tokens) {
       j["iops"] = s.iops;
       j["lat_p50_us"] = s.lat_p50_us;
       j["lat_p99_us"] = s.lat_p99_us;
+      j["usr_s_per_gb"] = s.usr_s_per_gb;
+      j["sys_s_per_gb"] = s.sys_s_per_gb;
       j["block_size"] = std::uint64_t{cfg.block_size};
       j["queue_depth"] = std::uint64_t{cfg.queue_depth};
       j["buffer_bytes"] = cfg.buffer_bytes;
@@ -273,13 +304,14 @@ int bench_io_main(const std::vector<std::string>& tokens) {
         cfg.block_size / 1024, cfg.queue_depth, bench.direct() ? "yes" : "no",
         bench.huge_pages() ? "yes" : "no", bench.registered_buffers() ? "yes" : "no", fs.c_str(),
         cfg.verify ? "every byte" : "off");
-    std::printf("%-17s %14s %10s %10s %10s   %s\n", "op", "GB/s (1e9B/s)", "IOPS", "p50 us",
-                "p99 us", "GB/s per loop");
+    std::printf("%-17s %14s %10s %10s %10s %9s %9s   %s\n", "op", "GB/s (1e9B/s)", "IOPS",
+                "p50 us", "p99 us", "usr s/GB", "sys s/GB", "GB/s per loop");
     for (const auto& s : summaries) {
       const std::string label =
           s.op == "write" && cfg.precondition ? "write (overwrite)" : s.op;
-      std::printf("%-17s %14.2f %10.0f %10.0f %10.0f   %s\n", label.c_str(), s.gbps, s.iops,
-                  s.lat_p50_us, s.lat_p99_us, figures_text(s.gbps_per_loop).c_str());
+      std::printf("%-17s %14.2f %10.0f %10.0f %10.0f %9.3f %9.3f   %s\n", label.c_str(), s.gbps,
+                  s.iops, s.lat_p50_us, s.lat_p99_us, s.usr_s_per_gb, s.sys_s_per_gb,
+                  figures_text(s.gbps_per_loop).c_str());
     }
   }
   if (cfg.keep) {
