@@ -112,6 +112,24 @@ TEST(ZinfCli, PlanMemoryWithoutAUnitSuggestsGigabytes) {
   EXPECT_NE(ok.out.find("recommended:"), std::string::npos) << ok.out;
 }
 
+// The recommendation comes as the zero_optimization block a DeepSpeed user pastes; when nothing
+// fits, the message names the limit that even the most offloaded setup exceeds.
+TEST(ZinfCli, PlanPrintsTheConfigBlockAndNamesTheLimitWhenNothingFits) {
+  ToolRun r = run_zinf("plan --params 7B --gpus 1 --gpu-mem 24G --cpu-mem 64G --nvme-free 2T");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("recommended: zero-3 optimizer=nvme params=none"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("{\n  \"zero_optimization\": {\n    \"stage\": 3,\n    "
+                       "\"offload_optimizer\": {\n      \"device\": \"nvme\","),
+            std::string::npos)
+      << r.out;
+  r = run_zinf("plan --params 70B --gpus 1 --gpu-mem 1G");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("nothing fits: even zero-3 optimizer=nvme params=nvme does not (GPU needs "),
+            std::string::npos)
+      << r.out;
+}
+
 TEST(ZinfCli, BenchAloneListsTheBenchmarks) {
   ToolRun r = run_zinf("bench", false);
   EXPECT_EQ(r.status, 2);

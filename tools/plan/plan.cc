@@ -96,6 +96,25 @@ std::optional<std::uint64_t> memory_limit(const std::string& text, const char* w
   return parse_size(text, what);
 }
 
+// The recommendation as the "zero_optimization" block a DeepSpeed user pastes into ds_config.
+std::string zero_optimization_json(const PlanSetup& s, std::uint64_t sub_group_size) {
+  Json z;
+  z["stage"] = s.stage;
+  auto offload = [](Tier t) {
+    Json o;
+    o["device"] = std::string(tier_name(t));
+    if (t == Tier::kNvme) o["nvme_path"] = "/local_nvme";
+    if (t == Tier::kCpu) o["pin_memory"] = true;
+    return o;
+  };
+  if (s.optimizer != Tier::kGpu) z["offload_optimizer"] = offload(s.optimizer);
+  if (s.params != Tier::kGpu) z["offload_param"] = offload(s.params);
+  if (s.stage == 3) z["sub_group_size"] = sub_group_size;
+  Json doc;
+  doc["zero_optimization"] = z;
+  return doc.dump(2);
+}
+
 }  // namespace
 
 int plan_main(const std::vector<std::string>& tokens) {
@@ -243,8 +262,15 @@ int plan_main(const std::vector<std::string>& tokens) {
                 g(r.nvme_per_node));
     if (r.io_seconds) std::printf(", NVMe I/O %.2f s/step", *r.io_seconds);
     std::printf(")\n");
+    std::printf("as a DeepSpeed config (set nvme_path to a directory on the drive):\n%s\n",
+                zero_optimization_json(r.setup, in.sub_group_size).c_str());
   } else {
-    std::printf("\nnothing fits: add GPUs, raise --tp/--pp, or use activation checkpointing\n");
+    // The setup that needs least of the GPU is the last candidate: its reason is the limit that
+    // no setup gets past.
+    const PlanRow& last = plan.rows.back();
+    std::printf("\nnothing fits: even %s does not (%s); add GPUs, raise --tp/--pp, or use "
+                "activation checkpointing\n",
+                setup_name(last.setup).c_str(), last.why_not.c_str());
   }
   return 0;
 }
