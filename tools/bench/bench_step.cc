@@ -23,6 +23,7 @@
 #include "interrupt.h"
 #include "io_bench.h"
 #include "format.h"
+#include "progress.h"
 #include "json_out.h"
 #include "scratch.h"
 #include "zinf/common/error.h"
@@ -235,8 +236,10 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   std::unique_ptr<StepReference> ref;
   std::vector<StepReference::Figures> refs;
   std::vector<double> ideal_s, ratio;
+  Progress progress("zinf bench step", static_cast<double>(steps + 1), "steps", !json);
   for (std::uint64_t s = 0; s <= steps; ++s) {  // s == 0: untimed warm-up
     throw_if_interrupted();  // between steps: nothing in flight, the optimizer's files go with it
+    progress.update(static_cast<double>(s));
     if (s == 1 && reference_every > 0) {
       // After the warm-up, which says how many bytes a step moves.
       ref = std::make_unique<StepReference>(
@@ -246,6 +249,7 @@ int bench_step_main(const std::vector<std::string>& tokens) {
     if (ref && (s - 1) % reference_every == 0) refs.push_back(ref->measure(o.hyper));
     all.push_back(opt.step(std::span<const offload::GroupGrads>(&gg, 1)));
   }
+  progress.finish();
   all.erase(all.begin());  // the warm-up
   if (ref) {
     // The closing reference, then each step against the mean of the ideals around its block.

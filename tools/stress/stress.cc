@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "progress.h"
 #include "args.h"
 #include "bench_common.h"
 #include "commands.h"
@@ -167,6 +168,15 @@ int stress_main(const std::vector<std::string>& tokens) {
         [&] { guarded(optimizer.tally(), "optimizer worker", [&] { optimizer.run(); }); });
     threads.emplace_back(
         [&] { guarded(prefetcher.tally(), "prefetch worker", [&] { prefetcher.run(); }); });
+    // The workers run until the deadline: say how far along the soak is, on a terminal.
+    Progress progress("zinf stress", std::chrono::duration<double>(cfg.duration).count(), "s",
+                      !cfg.json);
+    if (progress.enabled()) {
+      while (Clock::now() < sh.deadline && !interrupted()) {
+        progress.update(seconds_since(start));
+        std::this_thread::sleep_for(std::chrono::milliseconds(250));
+      }
+    }
   }
   const double seconds = seconds_since(start);
   throw_if_interrupted();  // a cut-short soak proves nothing: no report, no verdict

@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: Apache-2.0
+// Progress: the line's text, redrawn in place and cleared at the end; nothing at all when not
+// wanted (--json) — and, through the terminal check, when stderr is a file or a pipe.
+#include "progress.h"
+
+#include <cstdio>
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace zinf::tools {
+namespace {
+
+std::string contents(std::FILE* f) {
+  std::fflush(f);
+  std::rewind(f);
+  std::string s;
+  for (int c; (c = std::fgetc(f)) != EOF;) s.push_back(static_cast<char>(c));
+  return s;
+}
+
+TEST(Progress, LineSaysDoneTotalRateAndElapsed) {
+  Progress p("bench step", 10, "steps", true, nullptr);
+  EXPECT_EQ(p.line(4, 2.0), "bench step: 4/10 steps (40%), 2.0 steps/s, 2 s elapsed");
+  EXPECT_EQ(p.line(0, 0.0), "bench step: 0/10 steps (0%), 0.0 steps/s, 0 s elapsed");
+}
+
+TEST(Progress, DrawsInPlaceAndClearsAtTheEnd) {
+  std::FILE* f = std::tmpfile();
+  ASSERT_NE(f, nullptr);
+  {
+    Progress p("stress", 3, "s", true, f);
+    p.update(0);
+    p.update(3);  // the end is always drawn
+  }
+  const std::string s = contents(f);
+  EXPECT_EQ(s.rfind("\rstress: 0/3 s (0%)", 0), 0u) << s;
+  EXPECT_NE(s.find("\rstress: 3/3 s (100%)"), std::string::npos) << s;
+  EXPECT_EQ(s.back(), '\r') << "the line is blanked and the cursor back at its start";
+  std::fclose(f);
+}
+
+TEST(Progress, NotWantedWritesNothing) {
+  std::FILE* f = std::tmpfile();
+  ASSERT_NE(f, nullptr);
+  {
+    Progress p("bench step", 3, "steps", false, f);
+    EXPECT_FALSE(p.enabled());
+    p.update(1);
+    p.update(3);
+  }
+  EXPECT_EQ(contents(f), "");
+  std::fclose(f);
+  // Under ctest stderr is not a terminal: the plain constructor stays silent too.
+  Progress q("x", 1, "u", true);
+  EXPECT_FALSE(q.enabled());
+}
+
+}  // namespace
+}  // namespace zinf::tools

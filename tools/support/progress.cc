@@ -1,0 +1,47 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "progress.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+
+namespace zinf::tools {
+
+Progress::Progress(std::string what, double total, std::string unit, bool wanted)
+    : Progress(std::move(what), total, std::move(unit),
+               wanted && ::isatty(STDERR_FILENO) != 0, stderr) {}
+
+Progress::Progress(std::string what, double total, std::string unit, bool wanted, std::FILE* out)
+    : what_(std::move(what)), total_(total), unit_(std::move(unit)),
+      out_(wanted ? out : nullptr), start_(std::chrono::steady_clock::now()) {}
+
+Progress::~Progress() { finish(); }
+
+std::string Progress::line(double done, double elapsed) const {
+  char buf[256];
+  const double rate = elapsed > 0 ? done / elapsed : 0;
+  const double pct = total_ > 0 ? 100.0 * std::min(done, total_) / total_ : 0;
+  std::snprintf(buf, sizeof buf, "%s: %.0f/%.0f %s (%.0f%%), %.1f %s/s, %.0f s elapsed",
+                what_.c_str(), done, total_, unit_.c_str(), pct, rate, unit_.c_str(), elapsed);
+  return buf;
+}
+
+void Progress::update(double done) {
+  if (out_ == nullptr) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (done < total_ && now - last_ < std::chrono::milliseconds(500)) return;
+  last_ = now;
+  const std::string text = line(done, std::chrono::duration<double>(now - start_).count());
+  std::fprintf(out_, "\r%-*s", static_cast<int>(width_), text.c_str());
+  std::fflush(out_);
+  width_ = std::max(width_, text.size());
+}
+
+void Progress::finish() {
+  if (out_ == nullptr || width_ == 0) return;
+  std::fprintf(out_, "\r%*s\r", static_cast<int>(width_), "");
+  std::fflush(out_);
+  width_ = 0;
+}
+
+}  // namespace zinf::tools
