@@ -22,7 +22,9 @@ std::string contents(std::FILE* f) {
 TEST(Progress, LineSaysDoneTotalRateAndElapsed) {
   Progress p("bench step", 10, "steps", true, nullptr);
   EXPECT_EQ(p.line(4, 2.0), "bench step: 4/10 steps (40%), 2.0 steps/s, 2 s elapsed");
-  EXPECT_EQ(p.line(0, 0.0), "bench step: 0/10 steps (0%), 0.0 steps/s, 0 s elapsed");
+  EXPECT_EQ(p.line(1, 0.01), "bench step: 1/10 steps (10%), 0.0 steps/s, 0 s elapsed");
+  Progress t("stress", 600, "s", true, nullptr);  // a fixed duration: no rate
+  EXPECT_EQ(t.line(150, 150), "stress: 150/600 s (25%)");
 }
 
 TEST(Progress, DrawsInPlaceAndClearsAtTheEnd) {

@@ -19,8 +19,13 @@ Progress::~Progress() { finish(); }
 
 std::string Progress::line(double done, double elapsed) const {
   char buf[256];
-  const double rate = elapsed > 0 ? done / elapsed : 0;
   const double pct = total_ > 0 ? 100.0 * std::min(done, total_) / total_ : 0;
+  if (unit_ == "s") {  // a run of fixed duration: its rate would be 1 s/s
+    std::snprintf(buf, sizeof buf, "%s: %.0f/%.0f s (%.0f%%)", what_.c_str(), done, total_, pct);
+    return buf;
+  }
+  // Below half a second the rate is noise (and infinite at 0).
+  const double rate = elapsed >= 0.5 ? done / elapsed : 0;
   std::snprintf(buf, sizeof buf, "%s: %.0f/%.0f %s (%.0f%%), %.1f %s/s, %.0f s elapsed",
                 what_.c_str(), done, total_, unit_.c_str(), pct, rate, unit_.c_str(), elapsed);
   return buf;
