@@ -123,6 +123,14 @@ TEST(ZinfCli, PlanPrintsTheConfigBlockAndNamesTheLimitWhenNothingFits) {
                        "\"offload_optimizer\": {\n      \"device\": \"nvme\","),
             std::string::npos)
       << r.out;
+  r = run_zinf("plan --params 7B --gpus 1 --gpu-mem 24G --cpu-mem 64G --nvme-free 2T --tbw 600TB "
+               "--step-seconds 30");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("drive wear: 84.0 GB written per step per node, 241.9 TB per day at 30.00 "
+                       "s/step; 600 TB of endurance lasts 2.5 days of training (1% every 0.6 "
+                       "hours)"),
+            std::string::npos)
+      << r.out;
   r = run_zinf("plan --params 70B --gpus 1 --gpu-mem 1G");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("nothing fits: even zero-3 optimizer=nvme params=nvme does not (GPU needs "),

@@ -16,6 +16,7 @@
 #include "commands.h"
 #include "json_out.h"
 #include "plan_model.h"
+#include "wear.h"
 #include "zinf/common/error.h"
 
 namespace zinf::tools {
@@ -87,11 +88,12 @@ Json row_json(const PlanRow& r) {
 
 // A memory limit with its unit: "40" as 40 bytes is never what a user of plan means (every GPU
 // has gigabytes), so a bare number is refused with the reading they meant.
-std::optional<std::uint64_t> memory_limit(const std::string& text, const char* what) {
+std::optional<std::uint64_t> memory_limit(const std::string& text, const char* what,
+                                          const char* unit = "G") {
   if (text.empty()) return std::nullopt;
   if (text.find_first_not_of("0123456789.") == std::string::npos) {
     throw UsageError(std::string("invalid ") + what + " '" + text +
-                     "': a memory size needs a unit; did you mean " + text + "G?");
+                     "': a memory size needs a unit; did you mean " + text + unit + "?");
   }
   return parse_size(text, what);
 }
@@ -120,7 +122,8 @@ std::string zero_optimization_json(const PlanSetup& s, std::uint64_t sub_group_s
 int plan_main(const std::vector<std::string>& tokens) {
   PlanInput in;
   ActivationShape shape;
-  std::string params, bpp, opt, par, tune;
+  std::string params, bpp, opt, par, tune, tbw_text, drive;
+  double step_seconds = 0;
   std::uint64_t gpus = 1, tp = 1, pp = 1, gpus_per_node = 8;
   std::string gpu_mem_text, cpu_mem_text, nvme_free_text;
   bool json = false;
@@ -160,6 +163,18 @@ int plan_main(const std::vector<std::string>& tokens) {
   cli.text("--nvme-free", nvme_free_text, "SIZE", "free NVMe space per node", "none");
   cli.text("--tune", tune, "FILE",
            "`zinf tune --report FILE` output: drive bandwidth for I/O time");
+  cli.group("drive wear (of the recommended setup's NVMe writes)");
+  cli.text("--tbw", tbw_text, "SIZE",
+           "the drives' rated endurance per node, e.g. 600TB (10^12 bytes per TB, as rated)",
+           "none");
+  cli.number("--step-seconds", step_seconds,
+             "expected seconds per training step (default: the NVMe I/O time per step from "
+             "--tune, a lower bound, so the wear shown is the fastest it can be)",
+             "from --tune");
+  cli.text("--drive", drive, "DEV",
+           "an NVMe device (/dev/nvme0) whose SMART log gives the data written so far and the "
+           "life used; without --tbw, the endurance it implies",
+           "none");
   cli.group("output");
   cli.flag("--json", json, "one JSON object instead of the table");
   if (!cli.parse(tokens)) return 0;
@@ -185,6 +200,33 @@ int plan_main(const std::vector<std::string>& tokens) {
 
   const Plan plan = make_plan(in, opt_tier, par_tier);
 
+  // Wear of the recommended setup's drives, when asked for with --tbw or --drive.
+  std::optional<WearEstimate> wear;
+  std::optional<NvmeSmartLog> smart;
+  std::string wear_note;
+  double tbw = 0;
+  if (!tbw_text.empty()) tbw = static_cast<double>(*memory_limit(tbw_text, "--tbw", "TB"));
+  if (!drive.empty()) {
+    std::string why;
+    smart = read_nvme_smart_log(drive, &why);
+    if (!smart) wear_note = "SMART log not read: " + why;
+    if (smart && tbw == 0 && smart->percentage_used > 0) {
+      // The drive's own estimate: what it has written is percentage_used of its life.
+      tbw = smart->bytes_written * 100.0 / smart->percentage_used;
+    }
+  }
+  if (tbw > 0 && plan.recommended) {
+    const PlanRow& r = plan.rows[*plan.recommended];
+    const double secs = step_seconds > 0 ? step_seconds : r.io_seconds.value_or(0);
+    if (r.nvme_write_per_step <= 0) {
+      wear_note = "the recommended setup writes nothing to NVMe";
+    } else if (secs <= 0) {
+      wear_note = "give --step-seconds (or --tune for the I/O time) to estimate drive wear";
+    } else {
+      wear = estimate_wear(r.nvme_write_per_step, secs, tbw);
+    }
+  }
+
   if (json) {
     Json head;
     head["params"] = in.params;
@@ -201,6 +243,21 @@ int plan_main(const std::vector<std::string>& tokens) {
     Json& setups = head["setups"] = Json::array();
     for (const PlanRow& row : plan.rows) setups.push_back(row_json(row));
     head["recommended"] = plan.recommended ? row_json(plan.rows[*plan.recommended]) : Json();
+    if (wear || smart || !wear_note.empty()) {
+      Json w;
+      if (wear) {
+        w["tbw_bytes"] = tbw;
+        w["bytes_per_day"] = wear->bytes_per_day;
+        w["days_to_rated"] = wear->days_to_rated;
+        w["days_per_percent"] = wear->days_per_percent;
+      }
+      if (smart) {
+        w["smart_percentage_used"] = std::uint64_t{smart->percentage_used};
+        w["smart_bytes_written"] = smart->bytes_written;
+      }
+      if (!wear_note.empty()) w["note"] = wear_note;
+      head["wear"] = w;
+    }
     const std::string out = json_text(head);
     std::printf("%s\n", out.c_str());
     return 0;
@@ -264,6 +321,20 @@ int plan_main(const std::vector<std::string>& tokens) {
     std::printf(")\n");
     std::printf("as a DeepSpeed config (set nvme_path to a directory on the drive):\n%s\n",
                 zero_optimization_json(r.setup, in.sub_group_size).c_str());
+    if (smart) {
+      std::printf("drive %s: %u%% of its life used, %.1f TB written so far (SMART)\n",
+                  drive.c_str(), static_cast<unsigned>(smart->percentage_used),
+                  smart->bytes_written / 1e12);
+    }
+    if (wear) {
+      std::printf(
+          "drive wear: %.1f GB written per step per node, %.1f TB per day at %.2f s/step; "
+          "%.0f TB of endurance lasts %.1f days of training (1%% every %.1f hours)\n",
+          g(r.nvme_write_per_step), wear->bytes_per_day / 1e12,
+          step_seconds > 0 ? step_seconds : r.io_seconds.value_or(0), tbw / 1e12,
+          wear->days_to_rated, wear->days_per_percent * 24);
+    }
+    if (!wear_note.empty()) std::printf("drive wear: %s\n", wear_note.c_str());
   } else {
     // The setup that needs least of the GPU is the last candidate: its reason is the limit that
     // no setup gets past.
