@@ -76,10 +76,13 @@ void bind_optimizer(py::module_& m) {
            })
       .def("set_hyper",
            [](OffloadedOptimizer& o, std::size_t group, double lr, double beta1, double beta2,
-              double eps, double weight_decay, bool bias_correction, bool adamw) {
+              double eps, double weight_decay, bool bias_correction, bool adamw,
+              double grad_scale) {
              o.set_hyper(group, make_hyper(lr, beta1, beta2, eps, weight_decay, bias_correction,
-                                           adamw));
-           })
+                                           adamw, grad_scale));
+           },
+           "group"_a, "lr"_a, "beta1"_a, "beta2"_a, "eps"_a, "weight_decay"_a,
+           "bias_correction"_a, "adamw"_a, "grad_scale"_a = 1.0)
       .def("begin_step", &OffloadedOptimizer::begin_step)
       .def("step_group",
            [](OffloadedOptimizer& o, std::size_t group, std::uintptr_t grads,

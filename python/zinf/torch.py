@@ -116,6 +116,7 @@ class _CpuAdamBase(torch.optim.Optimizer):
         self._threads = threads
         self._tier = state
         self._offloaded = None
+        self.last_step_skipped = False
         if state == "cpu":
             self._kernel = _native.CpuAdam(threads)
             return
@@ -171,16 +172,16 @@ class _CpuAdamBase(torch.optim.Optimizer):
         self._queued.append((i, p, grad))  # alive until the step ends
         return None
 
-    def _hyper_of(self, group):
+    def _hyper_of(self, group, grad_scale=1.0):
         beta1, beta2 = group["betas"]
         return (float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
                 float(group["weight_decay"]), bool(group.get("bias_correction", True)),
-                self._adamw)
+                self._adamw, float(grad_scale))
 
-    def _give_hyper(self, indices):
+    def _give_hyper(self, indices, grad_scale=1.0):
         want = set(indices)
         for group in self.param_groups:
-            hyper = self._hyper_of(group)
+            hyper = self._hyper_of(group, grad_scale)
             for p in group["params"]:
                 i = self._index.get(id(p))
                 if i in want and self._hyper_given[i] != hyper:
@@ -212,17 +213,46 @@ class _CpuAdamBase(torch.optim.Optimizer):
             raise ValueError("zinf: sparse gradients are not supported")
         return p.grad if p.grad.is_contiguous() else p.grad.contiguous()
 
+    def _overflowed(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
+                    return True
+        return False
+
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure=None, *, loss_scale=None):
+        """One update of every parameter that has a gradient.
+
+        ``loss_scale``: the factor the loss was multiplied by before backward (fp16/bf16
+        training's loss scaling). The gradients are then unscaled inside the kernel
+        (``grad_scale = 1 / loss_scale``, exact for powers of two) and, if any gradient holds
+        an inf or a NaN, the step is skipped: no parameter, moment or step count changes, and
+        ``last_step_skipped`` is True (lower the scale and go on, as GradScaler does).
+        ``torch.nn.utils.clip_grad_norm_`` before ``step()`` works as with torch's optimizers
+        (except with ``overlap=True``, which reads the gradients during backward).
+        """
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        grad_scale = 1.0
+        self.last_step_skipped = False
+        if loss_scale is not None:
+            if not loss_scale > 0 or loss_scale == float("inf"):
+                raise ValueError(f"zinf: loss_scale must be finite and > 0, got {loss_scale}")
+            if self._offloaded is not None and self._overlap:
+                raise ValueError("zinf: loss_scale with overlap=True: the updates began during "
+                                 "backward, before the gradients could be checked")
+            grad_scale = 1.0 / loss_scale
+            if self._overflowed():
+                self.last_step_skipped = True
+                return loss
         if self._offloaded is not None:
             if self._overlap:
                 self._end_overlapped_step()
             else:
-                self._step_offloaded()
+                self._step_offloaded(grad_scale)
             return loss
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
@@ -242,14 +272,14 @@ class _CpuAdamBase(torch.optim.Optimizer):
                     p.data_ptr(), g_addr, dtype_name(grad.dtype),
                     state["exp_avg"].data_ptr(), state["exp_avg_sq"].data_ptr(), p.numel(),
                     group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
-                    state["step"], group.get("bias_correction", True), self._adamw)
+                    state["step"], group.get("bias_correction", True), self._adamw, grad_scale)
         return loss
 
-    def _step_offloaded(self):
+    def _step_offloaded(self, grad_scale=1.0):
         # Everything is checked before the step opens: a refusal must not leave half a step.
         work = []
         for group in self.param_groups:
-            hyper = self._hyper_of(group)
+            hyper = self._hyper_of(group, grad_scale)
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -263,7 +293,7 @@ class _CpuAdamBase(torch.optim.Optimizer):
                 work.append((i, p, grad, hyper))
         if not work:
             return
-        self._give_hyper([i for i, _, _, _ in work])
+        self._give_hyper([i for i, _, _, _ in work], grad_scale)
         self._offloaded.begin_step()
         try:
             for i, p, grad, _ in work:

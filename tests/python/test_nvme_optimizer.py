@@ -134,3 +134,58 @@ def test_overlap_refuses_accumulated_gradients(tmp_path):
         m(x).sum().backward()
     with pytest.raises(ValueError, match="overlap=True is for state='nvme'"):
         AdamW(m.parameters(), overlap=True)
+
+
+@pytest.mark.parametrize("state", ["cpu", "nvme"])
+def test_clipping_before_step_works_and_the_tiers_agree(tmp_path, state):
+    a, b = make_model(), make_model()
+    kw = dict(state="nvme", nvme_path=tmp_path, sub_group_size=4096) if state == "nvme" else {}
+    opt = AdamW(a.parameters(), lr=1e-2, **kw)
+    ref = torch.optim.AdamW(b.parameters(), lr=1e-2)
+    torch.manual_seed(3)
+    for _ in range(4):
+        x = torch.randn(16, 37)
+        for model, o in ((a, opt), (b, ref)):
+            o.zero_grad()
+            (model(x).pow(2).mean() * 50).backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            assert norm > 0.5  # the clip did something
+            o.step()
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(pa, pb, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("state", ["cpu", "nvme"])
+def test_loss_scale_unscales_exactly_and_an_overflow_skips_the_step(tmp_path, state):
+    a, b = make_model(), make_model()
+
+    def kw(sub):
+        if state == "cpu":
+            return {}
+        (tmp_path / sub).mkdir()
+        return dict(state="nvme", nvme_path=tmp_path / sub, sub_group_size=4096)
+
+    scaled = AdamW(a.parameters(), lr=1e-2, **kw("a"))
+    plain = AdamW(b.parameters(), lr=1e-2, **kw("b"))
+    torch.manual_seed(5)
+    for step in range(4):
+        x = torch.randn(16, 37)
+        scaled.zero_grad()
+        (a(x).pow(2).mean() * 1024).backward()  # a power of two: unscaling is exact
+        if step == 2:
+            before = [p.detach().clone() for p in a.parameters()]
+            next(a.parameters()).grad[0, 0] = float("inf")  # an fp16 overflow
+            scaled.step(loss_scale=1024)
+            assert scaled.last_step_skipped
+            for p, q in zip(a.parameters(), before):
+                assert torch.equal(p, q)
+            continue  # the plain run skips this batch too
+        scaled.step(loss_scale=1024)
+        assert not scaled.last_step_skipped
+        plain.zero_grad()
+        b(x).pow(2).mean().backward()
+        plain.step()
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.equal(pa, pb)
+    with pytest.raises(ValueError, match="loss_scale must be finite and > 0"):
+        scaled.step(loss_scale=0)
