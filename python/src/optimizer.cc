@@ -93,7 +93,7 @@ void bind_optimizer(py::module_& m) {
              o.set_hyper(group, hyper_of(lr, beta1, beta2, eps, weight_decay, bias_correction,
                                          adamw));
            })
-      .def("begin_step", &OffloadedOptimizer::begin_step)
+      .def("begin_step", py::overload_cast<>(&OffloadedOptimizer::begin_step))
       .def("step_group",
            [](OffloadedOptimizer& o, std::size_t group, std::uintptr_t grads,
               const std::string& grad_dtype, std::uintptr_t params, std::size_t n) {

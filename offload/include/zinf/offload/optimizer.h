@@ -238,6 +238,12 @@ class OffloadedOptimizer {
 
   /// Opens a step (counter + 1, hyper-parameters fixed). UsageError if one is open.
   void begin_step();
+  /// As begin_step(), with every group's grad_scale multiplied by `grad_scale` for this step
+  /// (the step's clipping coefficient over its loss scale, say): hyper() and hyper(group) are
+  /// unchanged, so the next step uses their grad_scale again. UsageError, before anything
+  /// opens, if a product is one check_adam_params() refuses (not finite, or not > 0 once
+  /// rounded to fp32).
+  void begin_step(double grad_scale);
   /// Queues one group's update in the open step and returns at once. UsageError for an
   /// unknown group, a group already given in this step, a size mismatch, or no open step.
   /// `hooks` (see GradHooks) say when the gradients may be read and when they are free; if
