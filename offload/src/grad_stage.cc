@@ -184,7 +184,6 @@ void GradientStage::stage(std::size_t index, adam::GradView grads) {
   const std::uint64_t padded = store_->padded_size(bytes);
   std::memset(buf + bytes, 0, padded - bytes);
   l.staged = true;
-  slot.layer = index;
   try {
     slot.write = store_->swap_out(l.spec.name, slot.buffer.span().first(padded));
     bytes_written_ += padded;
@@ -211,30 +210,55 @@ void GradientStage::wait_writes() {
   }
 }
 
-void GradientStage::replay(const std::function<void(std::size_t, adam::GradView)>& use,
-                           const std::function<void(std::size_t)>& release) {
+void GradientStage::flush() {
+  wait_writes();
+  if (!write_error_.ok()) throw IoError(write_error_);
+}
+
+void GradientStage::replay(
+    const std::function<void(std::size_t, adam::GradView, std::function<void()>)>& use) {
   if (!store_) {
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       const Layer& l = layers_[i];
       if (!l.staged) continue;
-      use(i, {l.pinned.data(), static_cast<std::size_t>(l.spec.numel), DType::kF32});
+      use(i, {l.pinned.data(), static_cast<std::size_t>(l.spec.numel), DType::kF32}, {});
     }
     return;
   }
-  wait_writes();
-  if (!write_error_.ok()) throw IoError(write_error_);
+  flush();
   std::size_t handed = 0;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     const Layer& l = layers_[i];
     if (!l.staged) continue;
-    Slot& slot = ring_[handed % ring_.size()];
-    if (handed >= ring_.size()) release(slot.layer);
+    const std::size_t si = handed % ring_.size();
+    Slot& slot = ring_[si];
+    {
+      // The layer that had this buffer must be done with it.
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return !slot.busy; });
+    }
     const std::uint64_t padded = store_->padded_size(l.spec.numel * kStagedBytesPerElement);
     store_->swap_in(l.spec.name, slot.buffer.span().first(padded)).wait();  // IoError as is
     bytes_read_ += padded;
-    slot.layer = i;
     ++handed;
-    use(i, {slot.buffer.data(), static_cast<std::size_t>(l.spec.numel), DType::kF32});
+    {
+      std::lock_guard lk(mu_);
+      slot.busy = true;
+    }
+    const auto consumed = [this, si] {
+      {
+        std::lock_guard lk(mu_);
+        ring_[si].busy = false;
+      }
+      cv_.notify_all();
+    };
+    try {
+      use(i, {slot.buffer.data(), static_cast<std::size_t>(l.spec.numel), DType::kF32},
+          consumed);
+    } catch (...) {
+      consumed();  // `use` threw: it will never call it
+      throw;
+    }
   }
 }
 
@@ -242,6 +266,10 @@ void GradientStage::clear() {
   wait_writes();
   write_error_ = Status();
   next_slot_ = 0;
+  {
+    std::lock_guard lk(mu_);
+    for (auto& slot : ring_) slot.busy = false;
+  }
   for (auto& l : layers_) {
     l.staged = false;
     l.sum_sq = 0;

@@ -9,8 +9,10 @@
 #pragma once
 
 #include <cstdint>
+#include <condition_variable>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -59,8 +61,8 @@ std::uint64_t grad_stage_ring_bytes(const std::vector<StagedLayer>& layers,
 /// arrive in: each layer's sum of squares is accumulated in double in a fixed order of its
 /// elements, and sum_of_squares() adds the layers in index order.
 ///
-/// Failures (nvme): a failed staging write is kept and reported by replay() before any layer
-/// is handed out (IoError naming key, file, offset, length), so the step can be abandoned with
+/// Failures (nvme): a failed staging write is kept and reported by flush() (and replay(),
+/// which flushes first) before any layer is handed out (IoError naming key, file, offset, length), so the step can be abandoned with
 /// nothing updated; a failed read-back during replay() throws that read's IoError, after
 /// earlier layers were handed out.
 class GradientStage {
@@ -86,13 +88,18 @@ class GradientStage {
   /// True if a staged element is inf or NaN.
   bool overflow() const;
 
-  /// Hands each staged layer's fp32 gradients to `use(layer, view)` in index order. With
-  /// pinned staging each view stays valid until clear(). With nvme staging a view lives in a
-  /// ring buffer: before a buffer is refilled, `release(layer)` is called for the layer that
-  /// used it and must return only once that layer's gradients are no longer read; the last
-  /// kStageRingSlots views stay valid until clear(). Throws as described under Failures.
-  void replay(const std::function<void(std::size_t, adam::GradView)>& use,
-              const std::function<void(std::size_t)>& release);
+  /// nvme: waits for the staging writes in flight and throws the first failed one's IoError
+  /// (the step's gradients are then incomplete). Pinned: nothing to wait for.
+  void flush();
+  /// Hands each staged layer's fp32 gradients to `use(layer, view, consumed)` in index order.
+  /// `use` must arrange for `consumed` to be called, once, from any thread, when the view is no
+  /// longer read (GradHooks::consumed does), or throw without calling it. With pinned staging
+  /// the views stay valid until clear() anyway. With nvme staging a view lives in a ring
+  /// buffer, refilled for a later layer only after its `consumed` has run (replay blocks
+  /// until then). Call clear() only once every `consumed` has run. Throws as described under
+  /// Failures.
+  void replay(
+      const std::function<void(std::size_t, adam::GradView, std::function<void()>)>& use);
   /// Forgets the step's gradients (waits for staging writes still in flight).
   void clear();
 
@@ -111,7 +118,7 @@ class GradientStage {
   struct Slot {
     swap::BufferLease buffer;
     swap::IoTicket write;
-    std::size_t layer = 0;
+    bool busy = false;  // handed out by replay, not consumed yet (guarded by mu_)
   };
   void wait_writes();
 
@@ -121,6 +128,8 @@ class GradientStage {
   std::unique_ptr<swap::IoEngine> engine_;
   std::unique_ptr<swap::SwapStore> store_;
   std::vector<Slot> ring_;
+  std::mutex mu_;
+  std::condition_variable cv_;
   std::size_t next_slot_ = 0;
   Status write_error_;  // the first failed staging write of this step
   std::uint64_t bytes_written_ = 0;

@@ -8,13 +8,17 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <thread>
 #include <vector>
+#include <functional>
 
 #include "support/test_dir.h"
 #include "zinf/common/error.h"
@@ -49,24 +53,22 @@ GradStageOptions nvme_options(const test::TestDir& dir) {
   return o;
 }
 
-// Every staged layer's gradients as replay hands them out, copied; and the release calls.
+// Every staged layer's gradients as replay hands them out, copied, each consumed at once.
 struct Replayed {
   std::vector<std::vector<float>> grads;
   std::vector<std::size_t> order;
-  std::vector<std::size_t> released;
 };
 
 Replayed replay_all(GradientStage& stage, std::size_t layers) {
   Replayed r;
   r.grads.resize(layers);
-  stage.replay(
-      [&](std::size_t l, adam::GradView g) {
-        EXPECT_EQ(g.dtype, DType::kF32);
-        const auto* p = static_cast<const float*>(g.data);
-        r.grads[l].assign(p, p + g.size);
-        r.order.push_back(l);
-      },
-      [&](std::size_t l) { r.released.push_back(l); });
+  stage.replay([&](std::size_t l, adam::GradView g, const std::function<void()>& consumed) {
+    EXPECT_EQ(g.dtype, DType::kF32);
+    const auto* p = static_cast<const float*>(g.data);
+    r.grads[l].assign(p, p + g.size);
+    r.order.push_back(l);
+    if (consumed) consumed();
+  });
   return r;
 }
 
@@ -89,7 +91,6 @@ TEST(GradientStage, PinnedStagingGivesTheGradientsBackInLayerOrder) {
   EXPECT_FALSE(stage.staged(1));
   const Replayed r = replay_all(stage, layers.size());
   EXPECT_EQ(r.order, (std::vector<std::size_t>{0, 2}));
-  EXPECT_TRUE(r.released.empty());
   EXPECT_TRUE(same_bits(r.grads[0], grads_of(0, layers[0].numel)));
   EXPECT_TRUE(same_bits(r.grads[2], grads_of(2, layers[2].numel)));
   EXPECT_FALSE(stage.overflow());
@@ -174,7 +175,7 @@ TEST(GradientStage, OneInfOrNanAnywhereIsAnOverflow) {
   EXPECT_TRUE(stage.overflow());
 }
 
-TEST(GradientStage, NvmeStagingReplaysThroughTheRingReleasingBeforeReuse) {
+TEST(GradientStage, NvmeStagingReplaysThroughTheRing) {
   test::TestDir dir;
   const auto layers = test_layers();
   GradientStage stage(nvme_options(dir));
@@ -189,8 +190,6 @@ TEST(GradientStage, NvmeStagingReplaysThroughTheRingReleasingBeforeReuse) {
     }
     const Replayed r = replay_all(stage, layers.size());
     EXPECT_EQ(r.order, (std::vector<std::size_t>{0, 1, 2}));
-    // Two buffers: layer 2 reuses layer 0's, after layer 0 is released.
-    EXPECT_EQ(r.released, (std::vector<std::size_t>{0}));
     for (std::size_t l = 0; l < layers.size(); ++l) {
       EXPECT_TRUE(same_bits(r.grads[l], grads_of(l + step, layers[l].numel))) << l;
     }
@@ -213,7 +212,9 @@ TEST(GradientStage, AFailedStagingWriteIsReportedBeforeAnyLayerIsHandedOut) {
     stage.stage(l, adam::GradView::f32(g));  // no throw: the step reports it
   }
   std::size_t handed = 0;
-  EXPECT_THROW(stage.replay([&](std::size_t, adam::GradView) { ++handed; }, [](std::size_t) {}),
+  EXPECT_THROW(stage.replay([&](std::size_t, adam::GradView, const std::function<void()>&) {
+    ++handed;
+  }),
                IoError);
   EXPECT_EQ(handed, 0u);
   stage.clear();
@@ -224,6 +225,44 @@ TEST(GradientStage, AFailedStagingWriteIsReportedBeforeAnyLayerIsHandedOut) {
   }
   const Replayed r = replay_all(stage, layers.size());
   EXPECT_TRUE(same_bits(r.grads[1], grads_of(1, layers[1].numel)));
+}
+
+TEST(GradientStage, ARingBufferIsRefilledOnlyAfterItsLayerIsConsumed) {
+  // The optimizer's pipeline consumes layers later, on its own thread: replay must wait
+  // before reading layer 2 into layer 0's buffer until layer 0 is consumed.
+  test::TestDir dir;
+  const auto layers = test_layers();
+  GradientStage stage(nvme_options(dir));
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    const auto g = grads_of(l, layers[l].numel);
+    stage.stage(l, adam::GradView::f32(g));
+  }
+  std::vector<std::function<void()>> pending;
+  std::vector<std::vector<float>> seen(layers.size());
+  std::atomic<bool> layer0_consumed{false};
+  std::thread consumer;
+  stage.replay([&](std::size_t l, adam::GradView g, std::function<void()> consumed) {
+    const auto* p = static_cast<const float*>(g.data);
+    seen[l].assign(p, p + g.size);
+    if (l == 0) {
+      // Consumed a little later, from another thread, after checking the buffer is intact.
+      consumer = std::thread([&, consumed, p, n = g.size] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        EXPECT_TRUE(same_bits(std::vector<float>(p, p + n), grads_of(0, layers[0].numel)));
+        layer0_consumed = true;
+        consumed();
+      });
+    } else {
+      if (l == 2) {
+        EXPECT_TRUE(layer0_consumed.load());
+      }
+      consumed();
+    }
+  });
+  consumer.join();
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    EXPECT_TRUE(same_bits(seen[l], grads_of(l, layers[l].numel))) << l;
+  }
 }
 
 TEST(GradientStage, SizeMismatchIsAUsageError) {
