@@ -271,6 +271,7 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
       stage_options->nvme = true;
       stage_options->directories = dirs;
       stage_options->io = config.io_options();
+      stage_options->io.faults = faults.grad_stage;
       stage_options->checksums = config.zinf.checksums;
       stage_options->direct_io = config.zinf.direct_io;
     }

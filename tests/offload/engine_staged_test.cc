@@ -13,6 +13,7 @@
 #include <cstring>
 #include <algorithm>
 #include <limits>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -20,6 +21,8 @@
 #include "engine_test_util.h"
 #include "support/test_dir.h"
 #include "zinf/common/error.h"
+#include "zinf/offload/testing.h"
+#include "zinf/swap/fault_injection.h"
 
 namespace zinf::offload {
 namespace {
@@ -357,6 +360,76 @@ TEST(OffloadEngineStaged, ABudgetTooSmallForPinnedStagingStagesOnNvmeWithTheSame
   EXPECT_EQ(e.stats().staged_grad_bytes_read, e.stats().staged_grad_bytes_written);
   EXPECT_LE(e.stats().pinned_bytes_peak, need);
   EXPECT_EQ(test::master_diff(rig.masters(), pinned_masters), "");
+}
+
+// A config whose budget is the smallest that works, which stages gradients on NVMe.
+EngineConfig nvme_staging_config(const test::TestDir& dir) {
+  EngineConfig c = staged_config(OffloadDevice::kCpu, OffloadDevice::kNvme, dir, 1.0, 0);
+  c.zinf.pinned_budget_bytes = 1;
+  try {
+    EngineRig rig;
+    rig.make(c);
+  } catch (const UsageError& e) {
+    c.zinf.pinned_budget_bytes = smallest_budget(e.what());
+  }
+  return c;
+}
+
+std::vector<adam::GradView> views_of(const std::vector<std::vector<float>>& g) {
+  std::vector<adam::GradView> v;
+  for (const auto& x : g) v.push_back(adam::GradView::f32(x));
+  return v;
+}
+
+std::vector<std::vector<float>> step_grads(std::uint64_t t) {
+  std::vector<std::vector<float>> g;
+  for (const auto& layer : test::engine_layers()) {
+    g.push_back(grads_of(g.size(), t, layer.numel));
+  }
+  return g;
+}
+
+TEST(OffloadEngineStaged, AFailedStagingWriteAbandonsTheStepAndTheEngineStaysUsable) {
+  test::TestDir dir;
+  EngineConfig c = nvme_staging_config(dir);
+  swap::FaultRule rule;
+  rule.op = swap::IoOp::kWrite;
+  rule.first_match = 1;  // the second layer's staging write
+  test_hooks::EngineFaults faults;
+  faults.grad_stage = std::make_shared<swap::FaultPlan>(std::vector<swap::FaultRule>{rule});
+  EngineRig rig;
+  OffloadEngine& e = rig.make(c, faults);
+  rig.init_weights();
+  const auto before = rig.masters();
+  const auto g1 = step_grads(1);
+  EXPECT_THROW((void)iterate(rig, views_of(g1)), IoError);
+  EXPECT_EQ(faults.grad_stage->injected_errors(), 1u);
+  EXPECT_EQ(test::master_diff(rig.masters(), before), "");
+  EXPECT_EQ(e.stats().steps, 0u);
+  // The step did not happen: the next one is step 1.
+  const auto g2 = step_grads(2);
+  const StepStats st = iterate(rig, views_of(g2));
+  EXPECT_EQ(st.step, 1u);
+  Reference ref(test::engine_layers());
+  ref.step(e.hyper(), 1, st.grad_scale_applied, views_of(g2));
+  EXPECT_EQ(test::master_diff(rig.masters(), ref.p), "");
+}
+
+TEST(OffloadEngineStaged, AFailedReadBackOfStagedGradientsFailsTheEngine) {
+  test::TestDir dir;
+  EngineConfig c = nvme_staging_config(dir);
+  swap::FaultRule rule;
+  rule.op = swap::IoOp::kRead;
+  rule.first_match = 1;  // the second layer's read-back: the first is queued already
+  test_hooks::EngineFaults faults;
+  faults.grad_stage = std::make_shared<swap::FaultPlan>(std::vector<swap::FaultRule>{rule});
+  EngineRig rig;
+  OffloadEngine& e = rig.make(c, faults);
+  rig.init_weights();
+  const auto g1 = step_grads(1);
+  EXPECT_THROW((void)iterate(rig, views_of(g1)), IoError);
+  EXPECT_THROW((void)e.fetch(0), EngineFailed);
+  EXPECT_THROW((void)e.step(), EngineFailed);
 }
 
 TEST(OffloadEngineStaged, WithoutAnNvmeDirectoryATooSmallBudgetNamesWhatIsMissing) {
