@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // OffloadEngine's staged step mode (clipping, loss scaling, overflow): clipped and loss-scaled
 // steps are bitwise the plain kernel's on copies of the state with the same factor, over
-// every parameter tier and from fp32, bf16 and fp16 gradients; an overflow step leaves
+// every parameter tier, from fp32, bf16, fp16 and device gradients, with per-layer
+// hyper-parameters; an overflow step leaves
 // weights, moments, step count and fetched parameters untouched and the next step proceeds;
 // the dynamic loss scale moves through steps and checkpoints; a short pinned budget stages on
 // NVMe (same result) or names what is missing; on_arrival with clipping is refused.
@@ -108,6 +109,9 @@ std::vector<std::vector<std::uint16_t>> all_bits(EngineRig& rig) {
   return out;
 }
 
+std::vector<adam::GradView> views_of(const std::vector<std::vector<float>>& g);
+std::vector<std::vector<float>> step_grads(std::uint64_t t);
+
 // (parameter tier, optimizer tier)
 using Tiers = std::tuple<OffloadDevice, OffloadDevice>;
 class StagedStep : public ::testing::TestWithParam<Tiers> {};
@@ -203,6 +207,36 @@ INSTANTIATE_TEST_SUITE_P(Tiers, StagedStep,
                                            Tiers{OffloadDevice::kCpu, OffloadDevice::kNvme},
                                            Tiers{OffloadDevice::kNvme, OffloadDevice::kNvme}),
                          tiers_name);
+
+TEST(OffloadEngineStaged, ClippingCombinesWithPerLayerHyperParameters) {
+  // A layer without weight decay and with a grad_scale of its own: the step's factor
+  // multiplies that layer's grad_scale, and every layer steps with its own set.
+  test::TestDir dir;
+  auto layers = test::engine_layers();
+  const EngineConfig c = staged_config(OffloadDevice::kNone, OffloadDevice::kCpu, dir, 1.0, 0);
+  adam::AdamParams own = c.optimizer.hyper;
+  own.weight_decay = 0;
+  own.grad_scale = 0.25;
+  layers[2].hyper = own;
+  EngineRig rig;
+  OffloadEngine& e = rig.make(c, layers);
+  rig.init_weights();
+  Reference ref(layers);
+  for (std::uint64_t t = 1; t <= 2; ++t) {
+    const auto g = step_grads(t);
+    const auto views = views_of(g);
+    const StepStats st = iterate(rig, views);
+    ASSERT_LT(st.grad_scale_applied, 1.0);
+    for (std::size_t l = 0; l < layers.size(); ++l) {
+      adam::AdamParams hp = l == 2 ? own : c.optimizer.hyper;
+      hp.step = t;
+      hp.grad_scale *= st.grad_scale_applied;
+      ref.adam.step(hp, ref.p[l], ref.m[l], ref.v[l], views[l]);
+    }
+    EXPECT_EQ(test::master_diff(rig.masters(), ref.p), "") << "step " << t;
+  }
+  EXPECT_EQ(e.hyper(2).grad_scale, 0.25);  // the factor is the step's only
+}
 
 TEST(OffloadEngineStaged, Bf16AndFp16GradientsAreStagedExactly) {
   test::TestDir dir;
