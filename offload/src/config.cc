@@ -42,8 +42,9 @@ using Json = nlohmann::ordered_json;
 // deepspeed/runtime/zero/config.py, offload_config.py, precision_config.py and
 // docs/_pages/config-json.md) that zinf accepts without effect, so an existing ds_config works.
 
-constexpr std::string_view kTopKeys[] = {"zero_optimization", "aio",  "optimizer", "bf16",
-                                         "bfloat16",          "fp16", "zinf", "gradient_clipping"};
+constexpr std::string_view kTopKeys[] = {
+    "zero_optimization", "aio",  "optimizer", "bf16",
+    "bfloat16",          "fp16", "zinf",      "gradient_clipping"};
 constexpr std::string_view kTopAccepted[] = {"train_batch_size",
                                              "train_micro_batch_size_per_gpu",
                                              "gradient_accumulation_steps",
@@ -171,15 +172,16 @@ constexpr std::string_view kBf16Accepted[] = {"immediate_grad_update", "check_gr
                                               "bf16_master_weights_and_grads",
                                               "bf16_optimizer_states"};
 // fp16's loss-scaling keys take effect (staged step mode); the rest are accepted.
-constexpr std::string_view kFp16Keys[] = {"enabled",           "loss_scale",
-                                          "initial_scale_power", "loss_scale_window",
-                                          "hysteresis",        "consecutive_hysteresis",
-                                          "min_loss_scale"};
+constexpr std::string_view kFp16Keys[] = {
+    "enabled",           "loss_scale", "initial_scale_power",
+    "loss_scale_window", "hysteresis", "consecutive_hysteresis",
+    "min_loss_scale"};
 constexpr std::string_view kFp16Accepted[] = {"auto_cast", "fp16_master_weights_and_grads"};
-constexpr std::string_view kZinfKeys[] = {"nvme_paths",     "pinned_budget_bytes", "checksums",
-                                          "backend",        "direct_io",           "precondition",
-                                          "prefetch_depth", "adam_threads",
-                                          "grad_staging_buffers", "step_mode"};
+constexpr std::string_view kZinfKeys[] = {
+    "nvme_paths",     "pinned_budget_bytes", "checksums",
+    "backend",        "direct_io",           "precondition",
+    "prefetch_depth", "adam_threads",        "grad_staging_buffers",
+    "step_mode"};
 
 bool contains(std::span<const std::string_view> keys, std::string_view key) {
   return std::find(keys.begin(), keys.end(), key) != keys.end();
@@ -851,11 +853,13 @@ void check_config(const EngineConfig& c, std::string_view source) {
     const std::string what = c.gradient_clipping > 0
                                  ? "gradient_clipping " + number_text(c.gradient_clipping) +
                                        " (it needs the global norm of every gradient)"
-                                 : std::string("fp16 loss scaling (it needs every gradient "
-                                               "checked for overflow)");
-    fail("zinf.step_mode: \"on_arrival\" updates each layer as its gradients arrive, so it "
-         "cannot apply " +
-         what + " before any update; set zinf.step_mode to \"staged\" or \"auto\"");
+                                 : std::string(
+                                       "fp16 loss scaling (it needs every gradient "
+                                       "checked for overflow)");
+    fail(
+        "zinf.step_mode: \"on_arrival\" updates each layer as its gradients arrive, so it "
+        "cannot apply " +
+        what + " before any update; set zinf.step_mode to \"staged\" or \"auto\"");
   }
   if (c.offload_optimizer.device == OffloadDevice::kNvme && c.offload_optimizer.buffer_count < 3) {
     fail(

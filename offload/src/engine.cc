@@ -9,10 +9,10 @@
 #include <algorithm>
 #include <cfloat>
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 #include <cmath>
+#include <condition_variable>
 #include <limits>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <unordered_set>
@@ -383,10 +383,9 @@ std::optional<StepStats> OffloadEngine::Impl::open_staged_step() {
     coefficient = std::min(1.0, config.gradient_clipping / (f.global_grad_norm + kClipEpsilon));
   }
   f.grad_scale_applied = coefficient / f.loss_scale;
-  // A norm so large that the step's grad_scale is no longer a normal fp32 could not be
-  // applied faithfully either: it is an overflow too (finite gradients never get near it
-  // with a sane loss scale).
-  // Each layer's own grad_scale is multiplied by the factor (begin_step checks every one).
+  // A norm so large that a layer's grad_scale times the factor is no longer a normal fp32
+  // could not be applied faithfully either: it is an overflow too (finite gradients never get
+  // near it with a sane loss scale). begin_step checks every layer's product the same way.
   double smallest_scale = std::numeric_limits<double>::infinity();
   for (std::size_t l = 0; l < layers.size(); ++l) {
     smallest_scale = std::min(smallest_scale, optimizer->hyper(l).grad_scale);
@@ -425,8 +424,8 @@ std::optional<StepStats> OffloadEngine::Impl::open_staged_step() {
     try {
       (void)optimizer->end_step();
     } catch (const std::exception& e) {
-      log(LogLevel::kDebug, std::string("OffloadEngine: draining a failed staged step: ") +
-                                e.what());
+      log(LogLevel::kDebug,
+          std::string("OffloadEngine: draining a failed staged step: ") + e.what());
     }
     step_open = false;
     params->abandon_step();
@@ -810,14 +809,15 @@ void OffloadEngine::load(const std::string& dir) {
       if (e.code() != ErrorCode::kNotFound) throw;
       log(LogLevel::kNotice, "OffloadEngine::load: " + d.path_of(kLossScaleName) +
                                  " is missing (a checkpoint without dynamic loss scaling); the "
-                                 "loss scale stays " + std::to_string(m.scaler.scale()));
+                                 "loss scale stays " +
+                                 std::to_string(m.scaler.scale()));
     }
     if (text) {
       scale_state = detail::LossScaler::from_text(*text);
       if (!scale_state) {
-        throw IoError(Status::error(ErrorCode::kCorrupt,
-                                    "OffloadEngine::load: " + d.path_of(kLossScaleName) +
-                                        " is not a zinf loss scale state"));
+        throw IoError(
+            Status::error(ErrorCode::kCorrupt, "OffloadEngine::load: " + d.path_of(kLossScaleName) +
+                                                   " is not a zinf loss scale state"));
       }
       detail::LossScaler probe = m.scaler;
       if (!probe.restore(*scale_state)) {

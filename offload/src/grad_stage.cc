@@ -162,8 +162,7 @@ void GradientStage::stage(std::size_t index, adam::GradView grads) {
   Layer& l = layers_[index];
   if (grads.size != l.spec.numel || grads.data == nullptr) {
     throw UsageError("GradientStage::stage: layer '" + l.spec.name + "' has " +
-                     std::to_string(l.spec.numel) + " elements, got " +
-                     std::to_string(grads.size));
+                     std::to_string(l.spec.numel) + " elements, got " + std::to_string(grads.size));
   }
   if (!store_) {
     l.sum_sq = widen(grads, reinterpret_cast<float*>(l.pinned.data()));
@@ -253,8 +252,7 @@ void GradientStage::replay(
       cv_.notify_all();
     };
     try {
-      use(i, {slot.buffer.data(), static_cast<std::size_t>(l.spec.numel), DType::kF32},
-          consumed);
+      use(i, {slot.buffer.data(), static_cast<std::size_t>(l.spec.numel), DType::kF32}, consumed);
     } catch (...) {
       consumed();  // `use` threw: it will never call it
       throw;

@@ -98,8 +98,7 @@ class GradientStage {
   /// buffer, refilled for a later layer only after its `consumed` has run (replay blocks
   /// until then). Call clear() only once every `consumed` has run. Throws as described under
   /// Failures.
-  void replay(
-      const std::function<void(std::size_t, adam::GradView, std::function<void()>)>& use);
+  void replay(const std::function<void(std::size_t, adam::GradView, std::function<void()>)>& use);
   /// Forgets the step's gradients (waits for staging writes still in flight).
   void clear();
 

@@ -845,8 +845,8 @@ TEST(Config, ClippingAndLossScalingKeysTakeEffectAndPickTheStagedMode) {
   c = parse_config(R"({"fp16": {"enabled": false, "loss_scale": 128, "hysteresis": 4}})");
   EXPECT_FALSE(c.loss_scaling.enabled);
   EXPECT_EQ(c.effective_step_mode(), StepMode::kOnArrival);
-  EXPECT_TRUE(has_notice(
-      c, "fp16: without effect while fp16.enabled is false: loss_scale, hysteresis"));
+  EXPECT_TRUE(
+      has_notice(c, "fp16: without effect while fp16.enabled is false: loss_scale, hysteresis"));
 
   // Forced modes.
   EXPECT_EQ(parse_config(R"({"zinf": {"step_mode": "staged"}})").effective_step_mode(),

@@ -35,10 +35,10 @@ using test::EngineRig;
 std::vector<float> grads_of(std::size_t layer, std::uint64_t t, std::uint64_t numel) {
   std::vector<float> g(numel);
   for (std::uint64_t i = 0; i < numel; ++i) {
-    g[i] = (static_cast<float>(test::mix32(t * 7919 + layer * 104729 + i * 31) % 20001u) /
-                10000.0f -
-            1.0f) *
-           0.05f;
+    g[i] =
+        (static_cast<float>(test::mix32(t * 7919 + layer * 104729 + i * 31) % 20001u) / 10000.0f -
+         1.0f) *
+        0.05f;
   }
   return g;
 }
@@ -243,8 +243,8 @@ TEST(OffloadEngineStaged, Bf16AndFp16GradientsAreStagedExactly) {
   const auto layers = test::engine_layers();
   for (DType dtype : {DType::kBF16, DType::kF16}) {
     EngineRig rig;
-    OffloadEngine& e = rig.make(
-        staged_config(OffloadDevice::kCpu, OffloadDevice::kCpu, dir, 0.5, 8.0));
+    OffloadEngine& e =
+        rig.make(staged_config(OffloadDevice::kCpu, OffloadDevice::kCpu, dir, 0.5, 8.0));
     rig.init_weights();
     Reference ref(layers);
     for (std::uint64_t t = 1; t <= 2; ++t) {
@@ -316,9 +316,9 @@ TEST(OffloadEngineStaged, DynamicLossScaleMovesWithOverflowsAndSurvivesACheckpoi
     return e.loss_scale();
   };
   EXPECT_EQ(e.loss_scale(), 1024.0);
-  EXPECT_EQ(run(1, true), 512.0);   // hysteresis 1: halved at once
+  EXPECT_EQ(run(1, true), 512.0);  // hysteresis 1: halved at once
   EXPECT_EQ(run(2, true), 256.0);
-  EXPECT_EQ(run(3, true), 256.0);   // the floor
+  EXPECT_EQ(run(3, true), 256.0);  // the floor
   EXPECT_EQ(run(4, false), 256.0);
   EXPECT_EQ(run(5, false), 512.0);  // a window of 2 good steps
   EXPECT_EQ(run(6, false), 512.0);

@@ -124,17 +124,19 @@ TEST(GradientStage, Bf16AndFp16GradientsWidenExactly) {
   // normal), 0x03ff (the largest subnormal), -0, 0.5.
   const std::vector<std::uint16_t> h = {0x3c00, 0xc000, 0x7bff, 0x0001,
                                         0x0400, 0x03ff, 0x8000, 0x3800};
-  const std::vector<float> h_want = {1.0f,     -2.0f,
-                                     65504.0f, std::ldexp(1.0f, -24),
-                                     std::ldexp(1.0f, -14), std::ldexp(1023.0f, -24),
-                                     -0.0f,    0.5f};
+  const std::vector<float> h_want = {1.0f,
+                                     -2.0f,
+                                     65504.0f,
+                                     std::ldexp(1.0f, -24),
+                                     std::ldexp(1.0f, -14),
+                                     std::ldexp(1023.0f, -24),
+                                     -0.0f,
+                                     0.5f};
   // bf16: 1, -3, and the bf16 of 1e-20 (its top 16 bits).
-  const std::vector<std::uint16_t> b = {0x3f80, 0xc040,
-                                        static_cast<std::uint16_t>(
-                                            std::bit_cast<std::uint32_t>(1e-20f) >> 16)};
+  const std::vector<std::uint16_t> b = {
+      0x3f80, 0xc040, static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(1e-20f) >> 16)};
   const std::vector<float> b_want = {
-      1.0f, -3.0f,
-      std::bit_cast<float>(std::bit_cast<std::uint32_t>(1e-20f) & 0xffff0000u)};
+      1.0f, -3.0f, std::bit_cast<float>(std::bit_cast<std::uint32_t>(1e-20f) & 0xffff0000u)};
   stage.stage(0, adam::GradView::f16(h));
   stage.stage(1, adam::GradView::bf16(b));
   const Replayed r = replay_all(stage, 2);
@@ -212,10 +214,9 @@ TEST(GradientStage, AFailedStagingWriteIsReportedBeforeAnyLayerIsHandedOut) {
     stage.stage(l, adam::GradView::f32(g));  // no throw: the step reports it
   }
   std::size_t handed = 0;
-  EXPECT_THROW(stage.replay([&](std::size_t, adam::GradView, const std::function<void()>&) {
-    ++handed;
-  }),
-               IoError);
+  EXPECT_THROW(
+      stage.replay([&](std::size_t, adam::GradView, const std::function<void()>&) { ++handed; }),
+      IoError);
   EXPECT_EQ(handed, 0u);
   stage.clear();
   // The next step works (the rule fired once).

@@ -106,9 +106,9 @@ TEST(LossScaler, StateRoundTripsThroughTextAndRefusesWhatTheConfigCannotReach) {
   EXPECT_FALSE(LossScaler::from_text("zinf loss scale v2\n").has_value());
   EXPECT_FALSE(LossScaler::from_text(text + "extra\n").has_value());
   EXPECT_FALSE(LossScaler::from_text(text.substr(0, text.size() - 1)).has_value());
-  EXPECT_FALSE(LossScaler::from_text(
-                   "zinf loss scale v1\nscale 0x1p+4\nhysteresis_left -1\ngood_steps 0\n")
-                   .has_value());
+  EXPECT_FALSE(
+      LossScaler::from_text("zinf loss scale v1\nscale 0x1p+4\nhysteresis_left -1\ngood_steps 0\n")
+          .has_value());
   EXPECT_FALSE(fresh.restore({0.0, 1, 0}));
   EXPECT_FALSE(fresh.restore({16.0, 0, 0}));
   EXPECT_FALSE(fresh.restore({16.0, 3, 0}));  // above the config's hysteresis 2
