@@ -17,6 +17,7 @@
 #include <limits>
 #include <memory>
 #include <set>
+#include <sstream>
 #include <span>
 #include <string>
 #include <utility>
@@ -41,8 +42,9 @@ using Json = nlohmann::ordered_json;
 // deepspeed/runtime/zero/config.py, offload_config.py, precision_config.py and
 // docs/_pages/config-json.md) that zinf accepts without effect, so an existing ds_config works.
 
-constexpr std::string_view kTopKeys[] = {"zero_optimization", "aio",  "optimizer", "bf16",
-                                         "bfloat16",          "fp16", "zinf"};
+constexpr std::string_view kTopKeys[] = {
+    "zero_optimization", "aio",  "optimizer", "bf16",
+    "bfloat16",          "fp16", "zinf",      "gradient_clipping"};
 constexpr std::string_view kTopAccepted[] = {"train_batch_size",
                                              "train_micro_batch_size_per_gpu",
                                              "gradient_accumulation_steps",
@@ -56,7 +58,6 @@ constexpr std::string_view kTopAccepted[] = {"train_batch_size",
                                              "sparse_gradients",
                                              "amp",
                                              "torch_autocast",
-                                             "gradient_clipping",
                                              "zero_allow_untested_optimizer",
                                              "zero_force_ds_cpu_optimizer",
                                              "steps_per_print",
@@ -166,19 +167,21 @@ constexpr std::string_view kOptimizerAccepted[] = {"legacy_fusion"};
 constexpr std::string_view kAdamKeys[] = {
     "lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode", "amsgrad"};
 constexpr std::string_view kAdamAccepted[] = {"torch_adam", "fp32_optimizer_states"};
-constexpr std::string_view kPrecisionKeys[] = {"enabled"};  // bf16, bfloat16 and fp16
+constexpr std::string_view kPrecisionKeys[] = {"enabled"};  // bf16 and bfloat16
 constexpr std::string_view kBf16Accepted[] = {"immediate_grad_update", "check_grad_overflow",
                                               "bf16_master_weights_and_grads",
                                               "bf16_optimizer_states"};
-constexpr std::string_view kFp16Accepted[] = {
-    "auto_cast",           "loss_scale",
-    "initial_scale_power", "loss_scale_window",
-    "hysteresis",          "consecutive_hysteresis",
-    "min_loss_scale",      "fp16_master_weights_and_grads"};
-constexpr std::string_view kZinfKeys[] = {"nvme_paths",     "pinned_budget_bytes", "checksums",
-                                          "backend",        "direct_io",           "precondition",
-                                          "prefetch_depth", "adam_threads",
-                                          "grad_staging_buffers"};
+// fp16's loss-scaling keys take effect (staged step mode); the rest are accepted.
+constexpr std::string_view kFp16Keys[] = {
+    "enabled",           "loss_scale", "initial_scale_power",
+    "loss_scale_window", "hysteresis", "consecutive_hysteresis",
+    "min_loss_scale"};
+constexpr std::string_view kFp16Accepted[] = {"auto_cast", "fp16_master_weights_and_grads"};
+constexpr std::string_view kZinfKeys[] = {
+    "nvme_paths",     "pinned_budget_bytes", "checksums",
+    "backend",        "direct_io",           "precondition",
+    "prefetch_depth", "adam_threads",        "grad_staging_buffers",
+    "step_mode"};
 
 bool contains(std::span<const std::string_view> keys, std::string_view key) {
   return std::find(keys.begin(), keys.end(), key) != keys.end();
@@ -709,6 +712,31 @@ bool parse_precision(const Block& block, std::span<const std::string_view> accep
   return enabled;
 }
 
+// fp16: {"enabled": bool, loss scaling keys}. The loss-scaling keys are read (and checked)
+// either way, and say so in a notice when fp16 is not enabled.
+bool parse_fp16(const Block& block, LossScaleConfig& out) {
+  block.check_keys(kFp16Keys, kFp16Accepted);
+  bool enabled = false;
+  block.read_bool("enabled", enabled);
+  block.read_number("loss_scale", out.loss_scale);
+  block.read_uint("initial_scale_power", out.initial_scale_power);
+  block.read_uint("loss_scale_window", out.loss_scale_window, 1u);
+  block.read_uint("hysteresis", out.hysteresis, 1u);
+  block.read_bool("consecutive_hysteresis", out.consecutive_hysteresis);
+  block.read_number("min_loss_scale", out.min_loss_scale);
+  out.enabled = enabled;
+  if (!enabled) {
+    std::string present;
+    for (std::string_view key : std::span(kFp16Keys).subspan(1)) {
+      if (block.find(key) != nullptr) present += (present.empty() ? "" : ", ") + std::string(key);
+    }
+    if (!present.empty()) {
+      block.notice("fp16: without effect while fp16.enabled is false: " + present);
+    }
+  }
+  return enabled;
+}
+
 void parse_zinf(const Block& block, ZinfSection& out) {
   block.check_keys(kZinfKeys);
   if (const Json* paths = block.find("nvme_paths")) {
@@ -753,6 +781,30 @@ void parse_zinf(const Block& block, ZinfSection& out) {
     block.fail("grad_staging_buffers",
                "at most 64, got " + shown(*block.find("grad_staging_buffers")));
   }
+  if (const Json* mode = block.find("step_mode")) {
+    const std::string text = mode->is_string() ? mode->get<std::string>() : std::string();
+    if (text == "auto") {
+      out.step_mode = StepMode::kAuto;
+    } else if (text == "on_arrival") {
+      out.step_mode = StepMode::kOnArrival;
+    } else if (text == "staged") {
+      out.step_mode = StepMode::kStaged;
+    } else {
+      block.fail("step_mode",
+                 "expected \"auto\", \"on_arrival\" or \"staged\", got " + shown(*mode));
+    }
+  }
+}
+
+// The largest loss scale: 1/2^126 is the smallest normal fp32, so the step's grad_scale stays
+// one.
+constexpr double kMaxLossScale = 8.507059173023462e+37;  // 2^126
+constexpr std::uint32_t kMaxScalePower = 126;
+
+std::string number_text(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
 }
 
 }  // namespace
@@ -778,6 +830,37 @@ void check_config(const EngineConfig& c, std::string_view source) {
          std::string(offload_device_name(c.offload_param.device)) +
          "\") needs zero_optimization.stage 3, but stage is " + std::to_string(c.zero_stage));
   }
+  if (!(c.gradient_clipping >= 0 && std::isfinite(c.gradient_clipping))) {
+    fail("gradient_clipping: must be a finite number >= 0 (0: no clipping), got " +
+         number_text(c.gradient_clipping));
+  }
+  const LossScaleConfig& ls = c.loss_scaling;
+  if (!(ls.loss_scale >= 0 && ls.loss_scale <= kMaxLossScale)) {
+    fail("fp16.loss_scale: must be 0 (dynamic) or a static scale in (0, 2^126], got " +
+         number_text(ls.loss_scale));
+  }
+  if (ls.initial_scale_power > kMaxScalePower) {
+    fail("fp16.initial_scale_power: at most 126 (1/2^126 is the smallest normal fp32), got " +
+         std::to_string(ls.initial_scale_power));
+  }
+  if (!(ls.min_loss_scale > 0 && ls.min_loss_scale <= kMaxLossScale)) {
+    fail("fp16.min_loss_scale: must be in (0, 2^126], got " + number_text(ls.min_loss_scale));
+  }
+  if (ls.loss_scale_window == 0) fail("fp16.loss_scale_window: must be at least 1, got 0");
+  if (ls.hysteresis == 0) fail("fp16.hysteresis: must be at least 1, got 0");
+  if (c.zinf.step_mode == StepMode::kOnArrival &&
+      (c.gradient_clipping > 0 || c.loss_scaling.enabled)) {
+    const std::string what = c.gradient_clipping > 0
+                                 ? "gradient_clipping " + number_text(c.gradient_clipping) +
+                                       " (it needs the global norm of every gradient)"
+                                 : std::string(
+                                       "fp16 loss scaling (it needs every gradient "
+                                       "checked for overflow)");
+    fail(
+        "zinf.step_mode: \"on_arrival\" updates each layer as its gradients arrive, so it "
+        "cannot apply " +
+        what + " before any update; set zinf.step_mode to \"staged\" or \"auto\"");
+  }
   if (c.offload_optimizer.device == OffloadDevice::kNvme && c.offload_optimizer.buffer_count < 3) {
     fail(
         "zero_optimization.offload_optimizer.buffer_count: the NVMe optimizer pipeline needs at "
@@ -794,6 +877,20 @@ std::string_view offload_device_name(OffloadDevice device) noexcept {
     case OffloadDevice::kNvme: return "nvme";
   }
   return "unknown";
+}
+
+std::string_view step_mode_name(StepMode mode) noexcept {
+  switch (mode) {
+    case StepMode::kAuto: return "auto";
+    case StepMode::kOnArrival: return "on_arrival";
+    case StepMode::kStaged: return "staged";
+  }
+  return "unknown";
+}
+
+StepMode EngineConfig::effective_step_mode() const noexcept {
+  if (zinf.step_mode != StepMode::kAuto) return zinf.step_mode;
+  return gradient_clipping > 0 || loss_scaling.enabled ? StepMode::kStaged : StepMode::kOnArrival;
 }
 
 swap::IoOptions EngineConfig::io_options() const {
@@ -842,7 +939,8 @@ EngineConfig parse_config(std::string_view json, std::string_view source) {
     config.notices.push_back("bfloat16: older name of bf16; read as bf16");
   }
   bool fp16 = false;
-  if (const auto f = top.child("fp16")) fp16 = parse_precision(*f, kFp16Accepted);
+  if (const auto f = top.child("fp16")) fp16 = parse_fp16(*f, config.loss_scaling);
+  top.read_number("gradient_clipping", config.gradient_clipping);
   if (bf16 && fp16) {
     top.fail("fp16", "bf16.enabled and fp16.enabled are both true; enable one of them");
   }
@@ -960,8 +1058,24 @@ std::string config_to_json(const EngineConfig& c) {
   params["bias_correction"] = hp.bias_correction;
   params["adam_w_mode"] = hp.mode == adam::AdamMode::kAdamW;
 
+  if (c.loss_scaling.enabled != (c.param_dtype == DType::kF16)) {
+    throw UsageError(
+        "config_to_json: loss_scaling.enabled and param_dtype fp16 are both fp16.enabled in a "
+        "config; they must agree");
+  }
+  root["gradient_clipping"] = c.gradient_clipping;
   root["bf16"]["enabled"] = c.param_dtype == DType::kBF16;
-  root["fp16"]["enabled"] = c.param_dtype == DType::kF16;
+  Json& fp16 = root["fp16"];
+  fp16["enabled"] = c.param_dtype == DType::kF16;
+  if (c.loss_scaling.enabled) {
+    const LossScaleConfig& ls = c.loss_scaling;
+    fp16["loss_scale"] = ls.loss_scale;
+    fp16["initial_scale_power"] = ls.initial_scale_power;
+    fp16["loss_scale_window"] = ls.loss_scale_window;
+    fp16["hysteresis"] = ls.hysteresis;
+    fp16["consecutive_hysteresis"] = ls.consecutive_hysteresis;
+    fp16["min_loss_scale"] = ls.min_loss_scale;
+  }
 
   Json& z = root["zinf"];
   z["nvme_paths"] = c.zinf.nvme_paths;
@@ -973,6 +1087,7 @@ std::string config_to_json(const EngineConfig& c) {
   z["prefetch_depth"] = c.zinf.prefetch_depth;
   z["adam_threads"] = c.zinf.adam_threads;
   z["grad_staging_buffers"] = c.zinf.grad_staging_buffers;
+  z["step_mode"] = std::string(step_mode_name(c.zinf.step_mode));
   return root.dump(2) + "\n";
 }
 

@@ -2,18 +2,24 @@
 // OffloadEngine: validation of a config against the layers (before any file exists), the pinned
 // budget, the optimizer tiers through OffloadedOptimizer, the step bookkeeping (which layer is
 // fetched, which has gradients, which step is open), checkpoints and statistics. What differs by
-// parameter tier is behind ParamTier (param_tier.h).
+// parameter tier is behind ParamTier (param_tier.h); the staged step mode's gradients and loss
+// scale are behind GradientStage (grad_stage.h) and LossScaler (loss_scale.h).
 #include "zinf/offload/engine.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <sstream>
 #include <unordered_set>
 #include <utility>
 
+#include "grad_stage.h"
+#include "loss_scale.h"
 #include "param_tier.h"
 #include "zinf/common/align.h"
 #include "zinf/common/error.h"
@@ -33,6 +39,12 @@ constexpr const char* kManifestName = "zinf-engine-layers";
 constexpr const char* kManifestHeader = "zinf engine layers v1";
 // A line per layer; far more than any model's table, small enough to read whole.
 constexpr std::uint64_t kMaxLayerTableBytes = std::uint64_t{64} << 20;
+// The dynamic loss scale's state, next to the layer table (a few lines).
+constexpr const char* kLossScaleName = "zinf-engine-loss-scale";
+constexpr std::uint64_t kMaxLossScaleBytes = 4096;
+// PyTorch's clip_grad_norm_ and DeepSpeed divide the clip by norm + 1e-6, so that a zero norm
+// gives a finite coefficient; the same here, so a trainer moving over sees the same factor.
+constexpr double kClipEpsilon = 1e-6;
 
 std::string in_quotes(const std::string& s) { return "'" + s + "'"; }
 
@@ -82,6 +94,11 @@ struct OffloadEngine::Impl {
   // A free device-gradient staging buffer (allocated at the first call), waiting for one.
   std::size_t acquire_grad_slot();
   void release_grad_slot(std::size_t slot);
+  // Staged mode, at step(): skips the step (returns its stats) or opens it with the step's
+  // factor and queues every staged layer (returns nothing; the step is then open).
+  std::optional<StepStats> open_staged_step();
+  // Staged mode: forgets the step's gradients and the layers' has_grads.
+  void drop_staged();
 
   EngineConfig config;
   std::vector<LayerSpec> layers;
@@ -113,12 +130,18 @@ struct OffloadEngine::Impl {
   // the tier's buffers or store.
   std::unique_ptr<detail::ParamTier> params;
   std::unique_ptr<OffloadedOptimizer> optimizer;
+  // Staged mode only (after the optimizer: destroyed first, while nothing reads it).
+  StepMode mode = StepMode::kOnArrival;
+  std::unique_ptr<detail::GradientStage> stage;
+  detail::LossScaler scaler{LossScaleConfig{}};
+  StepStats staged_figures;  // the open staged step's norm, factor and loss scale
 
   bool step_open = false;
   std::optional<Status> failure;
 
   // Counters.
   std::uint64_t steps = 0;
+  std::uint64_t skipped = 0;
   std::uint64_t opt_read = 0;
   std::uint64_t opt_written = 0;
   double opt_read_seconds = 0;
@@ -209,15 +232,57 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
   std::vector<ParamGroupSpec> groups;
   for (const auto& layer : layers) groups.push_back({layer.name, layer.numel, layer.hyper});
 
-  // The pinned budget: the optimizer's ring (or state), the parameter tier's and the
-  // device-gradient staging (the largest layer's gradients in fp32, the widest dtype).
+  // The pinned budget: the optimizer's ring (or state), the parameter tier's, the
+  // device-gradient staging (the largest layer's gradients in fp32, the widest dtype) and in
+  // the staged mode the gradient staging: the whole model's gradients if they fit, else the
+  // NVMe staging's ring.
   std::uint64_t largest = 0;
   for (const auto& layer : layers) largest = std::max(largest, layer.numel);
   grad_slot_bytes = align_up(largest * sizeof(float), kGradAlign);
   const std::uint64_t grad_need = grad_slot_bytes * config.zinf.grad_staging_buffers;
   const std::uint64_t opt_need = optimizer_pinned_bytes_needed(oo, groups);
   const std::uint64_t budget = config.zinf.pinned_budget_bytes;
-  const std::uint64_t need = opt_need + plan.pinned_bytes + grad_need;
+  mode = config.effective_step_mode();
+  std::optional<detail::GradStageOptions> stage_options;
+  std::uint64_t stage_need = 0;
+  std::string stage_what;
+  std::string stage_note;  // after the smallest budget: what else would have worked
+  if (mode == StepMode::kStaged) {
+    stage_options.emplace();
+    for (const auto& layer : layers) stage_options->layers.push_back({layer.name, layer.numel});
+    // Staging on NVMe goes where the state already streams: the optimizer's directories, else
+    // the parameters', else zinf.nvme_paths.
+    std::vector<std::string> dirs;
+    if (otier == OffloadDevice::kNvme) {
+      dirs = config.nvme_directories(config.offload_optimizer.nvme_path);
+    } else if (config.offload_param.device == OffloadDevice::kNvme) {
+      dirs = config.nvme_directories(config.offload_param.nvme_path);
+    } else {
+      dirs = config.zinf.nvme_paths;
+    }
+    const std::uint64_t base = opt_need + plan.pinned_bytes + grad_need;
+    const std::uint64_t whole = detail::grad_stage_pinned_bytes(stage_options->layers);
+    stage_need = whole;
+    stage_what = "the gradient staging (the whole model's gradients as fp32)";
+    if (base + whole > budget && !dirs.empty()) {
+      stage_need = detail::grad_stage_ring_bytes(stage_options->layers, dirs);
+      stage_what = "the NVMe gradient staging's ring (" + std::to_string(detail::kStageRingSlots) +
+                   " fp32 buffers of the largest layer)";
+      stage_options->nvme = true;
+      stage_options->directories = dirs;
+      stage_options->io = config.io_options();
+      stage_options->io.faults = faults.grad_stage;
+      stage_options->checksums = config.zinf.checksums;
+      stage_options->direct_io = config.zinf.direct_io;
+    }
+    if (base + stage_need > budget && dirs.empty()) {
+      stage_note =
+          " (with an NVMe directory, offload_optimizer or offload_param nvme_path or "
+          "zinf.nvme_paths, the gradients could be staged on NVMe instead through a ring of " +
+          std::to_string(detail::kStageRingSlots) + " buffers of the largest layer)";
+    }
+  }
+  const std::uint64_t need = opt_need + plan.pinned_bytes + grad_need + stage_need;
   if (need > budget) {
     std::string what = "OffloadEngine: zinf.pinned_budget_bytes " + std::to_string(budget) +
                        " cannot hold the optimizer's " + std::to_string(opt_need) +
@@ -230,7 +295,11 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
               " x the largest layer's fp32 gradients; 0 if gradients always come from host "
               "memory)";
     }
-    throw UsageError(what + "; the smallest budget that works is " + std::to_string(need));
+    if (stage_options) {
+      what += " plus " + stage_what + "'s " + std::to_string(stage_need) + " bytes";
+    }
+    throw UsageError(what + "; the smallest budget that works is " + std::to_string(need) +
+                     stage_note);
   }
   oo.pinned_budget_bytes = opt_need;
 
@@ -242,6 +311,10 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
   state.resize(layers.size());
   params = detail::make_param_tier({plan, config, layers, device, compute, faults.param});
   optimizer = std::make_unique<OffloadedOptimizer>(oo, groups);
+  if (stage_options) {
+    stage = std::make_unique<detail::GradientStage>(std::move(*stage_options));
+    scaler = detail::LossScaler(config.loss_scaling);
+  }
 }
 
 OffloadEngine::Impl::~Impl() {
@@ -292,6 +365,75 @@ void OffloadEngine::Impl::fail(const Status& cause) {
 
 void OffloadEngine::Impl::write_low_precision(std::size_t index, std::span<const float> masters) {
   params->write_from_masters(index, masters);
+}
+
+void OffloadEngine::Impl::drop_staged() {
+  stage->clear();
+  for (auto& s : state) s.has_grads = false;
+}
+
+std::optional<StepStats> OffloadEngine::Impl::open_staged_step() {
+  StepStats& f = staged_figures;
+  f = StepStats{};
+  f.loss_scale = scaler.scale();
+  const double sum_sq = stage->sum_of_squares();
+  f.global_grad_norm = std::sqrt(sum_sq) / f.loss_scale;
+  double coefficient = 1;
+  if (config.gradient_clipping > 0) {
+    coefficient = std::min(1.0, config.gradient_clipping / (f.global_grad_norm + kClipEpsilon));
+  }
+  f.grad_scale_applied = coefficient / f.loss_scale;
+  // A norm so large that a layer's grad_scale times the factor is no longer a normal fp32
+  // could not be applied faithfully either: it is an overflow too (finite gradients never get
+  // near it with a sane loss scale). begin_step checks every layer's product the same way.
+  double smallest_scale = std::numeric_limits<double>::infinity();
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    smallest_scale = std::min(smallest_scale, optimizer->hyper(l).grad_scale);
+  }
+  const double applied = smallest_scale * f.grad_scale_applied;
+  const bool overflow = !std::isfinite(sum_sq) || !(static_cast<float>(applied) >= FLT_MIN);
+  if (overflow) {
+    f.skipped = true;
+    f.grad_scale_applied = 0;
+    drop_staged();
+    // The iteration ended (for the prefetcher's trace); no layer changed.
+    params->finish_step({}, f);
+    scaler.update(/*overflow=*/true);
+    return f;
+  }
+  // A failed staging write: nothing has started, so the step did not happen.
+  try {
+    stage->flush();
+  } catch (const IoError&) {
+    drop_staged();
+    params->abandon_step();
+    throw;
+  }
+  optimizer->begin_step(f.grad_scale_applied);
+  step_open = true;
+  try {
+    // `consumed` tells the staging when the optimizer is done with a layer's gradients, so the
+    // NVMe staging can refill that ring buffer.
+    stage->replay([this](std::size_t layer, adam::GradView g, std::function<void()> consumed) {
+      params->queue_update(*optimizer, layer, g, GradHooks{{}, std::move(consumed)});
+    });
+  } catch (const std::exception&) {
+    // A read-back failed with part of the step queued: let that drain, then refuse further
+    // work (a mix of updated and stale layers must never be trained on).
+    const Status cause = status_from_current_exception();
+    try {
+      (void)optimizer->end_step();
+    } catch (const std::exception& e) {
+      log(LogLevel::kDebug,
+          std::string("OffloadEngine: draining a failed staged step: ") + e.what());
+    }
+    step_open = false;
+    params->abandon_step();
+    drop_staged();
+    fail(cause);
+    throw;
+  }
+  return std::nullopt;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -461,14 +603,19 @@ void OffloadEngine::Impl::release_grad_slot(std::size_t slot) {
 
 void OffloadEngine::set_gradients(std::size_t index, adam::GradView grads) {
   Impl& m = *impl_;
-  (void)m.check_gradients(index, grads.data == nullptr ? 0 : grads.size, " gradients");
+  Impl::Layer& st = m.check_gradients(index, grads.data == nullptr ? 0 : grads.size, " gradients");
+  if (m.stage) {
+    m.stage->stage(index, grads);  // staged mode: a copy; the update waits for step()
+    st.has_grads = true;
+    return;
+  }
   m.queue_update(index, grads, {});
 }
 
 void OffloadEngine::set_gradients(std::size_t index, cuda::DeviceSpan grads, DType dtype) {
   Impl& m = *impl_;
   const std::size_t elem = dtype_size(dtype);
-  (void)m.check_gradients(index, grads.size() / elem, " gradients in device memory");
+  Impl::Layer& st = m.check_gradients(index, grads.size() / elem, " gradients in device memory");
   const LayerSpec& spec = m.layers[index];
   if (grads.size() % elem != 0 || grads.empty()) {
     throw UsageError("OffloadEngine::set_gradients: layer " + in_quotes(spec.name) + " has " +
@@ -494,6 +641,15 @@ void OffloadEngine::set_gradients(std::size_t index, cuda::DeviceSpan grads, DTy
     m.device.copy_to_host(m.copy_stream, s.buffer.span().first(grads.size()), grads);
     m.device.record(s.copied, m.copy_stream);
     m.grad_to_host += grads.size();
+    if (m.stage) {
+      // Staged mode: the squares are summed from the copy, so the host waits for it to land
+      // (this mode does not overlap the copies with backward), then the buffer is free.
+      s.copied.synchronize();
+      m.stage->stage(index, {s.buffer.data(), static_cast<std::size_t>(spec.numel), dtype});
+      m.release_grad_slot(slot);
+      st.has_grads = true;
+      return;
+    }
     cuda::Event* copied = &s.copied;
     m.queue_update(index, {s.buffer.data(), static_cast<std::size_t>(spec.numel), dtype},
                    {[copied] { copied->synchronize(); }, [&m, slot] { m.release_grad_slot(slot); }});
@@ -522,6 +678,15 @@ StepStats OffloadEngine::step() {
     }
   }
   const auto t0 = Clock::now();
+  if (m.stage && !m.step_open) {
+    // Staged mode: clip, unscale, or skip on overflow (open_staged_step).
+    if (std::optional<StepStats> skipped = m.open_staged_step()) {
+      ++m.skipped;
+      m.last_step = *skipped;
+      m.step_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+      return *skipped;
+    }
+  }
   if (!m.step_open) {
     m.optimizer->begin_step();
     m.step_open = true;
@@ -538,6 +703,7 @@ StepStats OffloadEngine::step() {
       // parameter copies are as they were. Release the layers for the next attempt.
       m.params->abandon_step();
       for (auto& s : m.state) s.has_grads = false;
+      if (m.stage) m.stage->clear();
     }
     throw;
   } catch (const EngineFailed& e) {
@@ -553,6 +719,13 @@ StepStats OffloadEngine::step() {
     updated.push_back(i);
   }
   m.params->finish_step(updated, st);
+  if (m.stage) {
+    m.stage->clear();
+    m.scaler.update(/*overflow=*/false);
+    st.global_grad_norm = m.staged_figures.global_grad_norm;
+    st.grad_scale_applied = m.staged_figures.grad_scale_applied;
+    st.loss_scale = m.staged_figures.loss_scale;
+  }
   ++m.steps;
   m.opt_read += st.bytes_read;
   m.opt_written += st.bytes_written;
@@ -590,6 +763,10 @@ adam::AdamParams OffloadEngine::hyper(std::size_t index) const {
   return impl_->optimizer->hyper(index);
 }
 
+double OffloadEngine::loss_scale() const noexcept { return impl_->scaler.scale(); }
+
+StepMode OffloadEngine::step_mode() const noexcept { return impl_->mode; }
+
 void OffloadEngine::save(const std::string& dir) {
   check_checkpoint_dir(dir, "OffloadEngine::save");
   Impl& m = *impl_;
@@ -601,6 +778,12 @@ void OffloadEngine::save(const std::string& dir) {
   // The layer table first: it never changes for an engine, so a crash between it and the
   // optimizer's checkpoint leaves a table that matches the previous checkpoint too.
   swap::replace_file_durably(d, kManifestName, manifest_text(m.layers));
+  // The dynamic loss scale's state, under the same lock and also before the optimizer's
+  // checkpoint: a crash between the two leaves a scale one save newer than the state, which
+  // only shifts when the scale next moves.
+  if (m.scaler.dynamic()) {
+    swap::replace_file_durably(d, kLossScaleName, detail::LossScaler::to_text(m.scaler.state()));
+  }
   m.optimizer->save(dir);
 }
 
@@ -616,7 +799,37 @@ void OffloadEngine::load(const std::string& dir) {
     throw UsageError("OffloadEngine::load: the checkpoint's layer table " + path +
                      " differs from this engine's layers (names, element counts, dtypes)");
   }
+  // The loss scale's state is read and checked before anything changes.
+  std::optional<detail::LossScaleState> scale_state;
+  if (m.scaler.dynamic()) {
+    std::optional<std::string> text;
+    try {
+      text = swap::read_small_file(d, kLossScaleName, kMaxLossScaleBytes);
+    } catch (const IoError& e) {
+      if (e.code() != ErrorCode::kNotFound) throw;
+      log(LogLevel::kNotice, "OffloadEngine::load: " + d.path_of(kLossScaleName) +
+                                 " is missing (a checkpoint without dynamic loss scaling); the "
+                                 "loss scale stays " +
+                                 std::to_string(m.scaler.scale()));
+    }
+    if (text) {
+      scale_state = detail::LossScaler::from_text(*text);
+      if (!scale_state) {
+        throw IoError(
+            Status::error(ErrorCode::kCorrupt, "OffloadEngine::load: " + d.path_of(kLossScaleName) +
+                                                   " is not a zinf loss scale state"));
+      }
+      detail::LossScaler probe = m.scaler;
+      if (!probe.restore(*scale_state)) {
+        throw UsageError("OffloadEngine::load: the loss scale state in " +
+                         d.path_of(kLossScaleName) +
+                         " cannot come from this engine's fp16 loss scaling config "
+                         "(hysteresis or scale out of its range)");
+      }
+    }
+  }
   m.optimizer->load(dir);
+  if (scale_state) (void)m.scaler.restore(*scale_state);
   // Every layer's low-precision copy from the restored masters, one layer at a time.
   std::vector<float> masters;
   for (std::size_t i = 0; i < m.layers.size(); ++i) {
@@ -632,6 +845,11 @@ EngineStats OffloadEngine::stats() const {
   const Impl& m = *impl_;
   EngineStats s;
   s.steps = m.steps;
+  s.skipped_steps = m.skipped;
+  if (m.stage) {
+    s.staged_grad_bytes_written = m.stage->bytes_written();
+    s.staged_grad_bytes_read = m.stage->bytes_read();
+  }
   const detail::ParamTierStats p = m.params->stats();
   s.param_bytes_read = p.bytes_read;
   s.param_bytes_written = p.bytes_written;
@@ -649,8 +867,10 @@ EngineStats OffloadEngine::stats() const {
     s.nvme_write_gbps = static_cast<double>(m.opt_written) / m.opt_write_seconds / 1e9;
   }
   const std::uint64_t grad_pinned = m.grad_pool ? m.grad_pool->budget_bytes() : 0;
-  s.pinned_bytes = m.optimizer->pinned_bytes() + m.params->pinned_bytes() + grad_pinned;
-  s.pinned_bytes_peak = m.optimizer->pinned_bytes_peak() + m.params->pinned_bytes() + grad_pinned;
+  const std::uint64_t stage_pinned = m.stage ? m.stage->pinned_bytes() : 0;
+  const std::uint64_t own = m.params->pinned_bytes() + grad_pinned + stage_pinned;
+  s.pinned_bytes = m.optimizer->pinned_bytes() + own;
+  s.pinned_bytes_peak = m.optimizer->pinned_bytes_peak() + own;
   s.grad_bytes_to_host = m.grad_to_host;
   s.grad_staging_wait_seconds = m.grad_wait_seconds;
   s.last_step = m.last_step;

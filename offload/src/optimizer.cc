@@ -795,16 +795,29 @@ StepStats OffloadedOptimizer::step(std::span<const GroupGrads> grads) {
   return end_step();
 }
 
-void OffloadedOptimizer::begin_step() {
+void OffloadedOptimizer::begin_step() { begin_step(1.0); }
+
+void OffloadedOptimizer::begin_step(double grad_scale) {
   Impl& im = *impl_;
   im.check_usable();
   std::lock_guard lk(im.mu);
   if (im.run.active) throw UsageError("OffloadedOptimizer::begin_step: a step is already open");
+  // Every group's own hyper-parameters, with this step's factor; checked before anything
+  // opens, so a refused factor changes nothing.
+  std::vector<adam::AdamParams> hp = im.group_hyper;
+  for (std::size_t g = 0; g < hp.size(); ++g) {
+    hp[g].grad_scale *= grad_scale;  // x 1.0 is exact: the plain begin_step() is unchanged
+    if (auto bad = adam::check_adam_params(hp[g])) {
+      throw UsageError("OffloadedOptimizer::begin_step: group '" + im.groups[g].name +
+                       "': the step's grad_scale (" + std::to_string(im.group_hyper[g].grad_scale) +
+                       " x " + std::to_string(grad_scale) + ") " + bad->what);
+    }
+  }
   im.run = StepRun{};
   im.run.active = true;
   im.run.given.assign(im.groups.size(), false);
   im.run.step = im.steps_done + 1;
-  im.run.hp = im.group_hyper;
+  im.run.hp = std::move(hp);
   im.run.began = OptClock::now();
   ++im.steps_done;
 }

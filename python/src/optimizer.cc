@@ -83,7 +83,7 @@ void bind_optimizer(py::module_& m) {
            },
            "group"_a, "lr"_a, "beta1"_a, "beta2"_a, "eps"_a, "weight_decay"_a,
            "bias_correction"_a, "adamw"_a, "grad_scale"_a = 1.0)
-      .def("begin_step", &OffloadedOptimizer::begin_step)
+      .def("begin_step", py::overload_cast<>(&OffloadedOptimizer::begin_step))
       .def("step_group",
            [](OffloadedOptimizer& o, std::size_t group, std::uintptr_t grads,
               const std::string& grad_dtype, std::uintptr_t params, std::size_t n) {

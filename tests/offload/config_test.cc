@@ -78,6 +78,15 @@ void expect_same(const EngineConfig& a, const EngineConfig& b) {
   EXPECT_EQ(x.weight_decay, y.weight_decay);
   EXPECT_EQ(x.bias_correction, y.bias_correction);
   EXPECT_EQ(x.mode, y.mode);
+  EXPECT_EQ(a.gradient_clipping, b.gradient_clipping);
+  EXPECT_EQ(a.loss_scaling.enabled, b.loss_scaling.enabled);
+  EXPECT_EQ(a.loss_scaling.loss_scale, b.loss_scaling.loss_scale);
+  EXPECT_EQ(a.loss_scaling.initial_scale_power, b.loss_scaling.initial_scale_power);
+  EXPECT_EQ(a.loss_scaling.loss_scale_window, b.loss_scaling.loss_scale_window);
+  EXPECT_EQ(a.loss_scaling.hysteresis, b.loss_scaling.hysteresis);
+  EXPECT_EQ(a.loss_scaling.consecutive_hysteresis, b.loss_scaling.consecutive_hysteresis);
+  EXPECT_EQ(a.loss_scaling.min_loss_scale, b.loss_scaling.min_loss_scale);
+  EXPECT_EQ(a.zinf.step_mode, b.zinf.step_mode);
   EXPECT_EQ(a.zinf.nvme_paths, b.zinf.nvme_paths);
   EXPECT_EQ(a.zinf.pinned_budget_bytes, b.zinf.pinned_budget_bytes);
   EXPECT_EQ(a.zinf.checksums, b.zinf.checksums);
@@ -271,8 +280,7 @@ TEST(Config, AcceptsDeepSpeedKeysWithoutEffectAndSaysSo) {
   EXPECT_EQ(c.notices.size(), 3u);
   EXPECT_TRUE(has_notice(c,
                          "top level: accepted without effect in zinf: train_batch_size, "
-                         "gradient_clipping, scheduler, flops_profiler, "
-                         "zero_allow_untested_optimizer"));
+                         "scheduler, flops_profiler, zero_allow_untested_optimizer"));
   EXPECT_TRUE(has_notice(c,
                          "zero_optimization: accepted without effect in zinf: overlap_comm, "
                          "reduce_bucket_size, stage3_max_live_parameters, cpu_offload"));
@@ -476,6 +484,8 @@ TEST(Config, ParsesARealZeroInfinityConfig) {
   EXPECT_EQ(c.optimizer.hyper.beta2, 0.95);
   EXPECT_EQ(c.optimizer.hyper.weight_decay, 0.1);
   EXPECT_EQ(c.param_dtype, DType::kBF16);
+  EXPECT_EQ(c.gradient_clipping, 1.0);  // takes effect: the staged step mode
+  EXPECT_EQ(c.effective_step_mode(), StepMode::kStaged);
   EXPECT_EQ(c.nvme_directories(c.offload_param.nvme_path),
             (std::vector<std::string>{"/local_nvme"}));
   EXPECT_TRUE(has_notice(c, "aio.thread_count: older name"));
@@ -772,18 +782,122 @@ TEST(Config, RoundTripsAConfigWithEveryFieldChanged) {
   c.zinf.prefetch_depth = 5;
   c.zinf.adam_threads = 3;
   c.param_dtype = DType::kF16;
+  c.gradient_clipping = 0.1 / 3;
+  c.loss_scaling = {true, 0, 20, 7, 3, true, 0.25};
+  c.zinf.step_mode = StepMode::kStaged;
   const std::string json = config_to_json(c);
   expect_same(parse_config(json), c);
 
   // The other values of the enums and of the optimizer's mode.
   c.optimizer.hyper.mode = adam::AdamMode::kAdam;
   c.param_dtype = DType::kBF16;
+  c.loss_scaling = {};
+  c.zinf.step_mode = StepMode::kOnArrival;
+  c.gradient_clipping = 0;
   c.zinf.backend = swap::IoEngineKind::kUring;
   c.offload_param.device = OffloadDevice::kCpu;
   c.offload_optimizer.device = OffloadDevice::kCpu;
   expect_same(parse_config(config_to_json(c)), c);
+  c.zinf.step_mode = StepMode::kAuto;
+  c.loss_scaling.loss_scale = 512;  // static
+  c.loss_scaling.enabled = true;
+  c.param_dtype = DType::kF16;
+  expect_same(parse_config(config_to_json(c)), c);
+  c.param_dtype = DType::kBF16;  // loss scaling without fp16: no config spells it
+  EXPECT_THROW((void)config_to_json(c), UsageError);
   c.param_dtype = DType::kF32;
   EXPECT_THROW((void)config_to_json(c), UsageError);
+}
+
+TEST(Config, ClippingAndLossScalingKeysTakeEffectAndPickTheStagedMode) {
+  EngineConfig c = parse_config(R"({"gradient_clipping": 1.0})");
+  EXPECT_EQ(c.gradient_clipping, 1.0);
+  EXPECT_FALSE(c.loss_scaling.enabled);
+  EXPECT_EQ(c.zinf.step_mode, StepMode::kAuto);
+  EXPECT_EQ(c.effective_step_mode(), StepMode::kStaged);
+  EXPECT_TRUE(c.notices.empty());
+
+  c = parse_config(R"({"fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 12,
+      "loss_scale_window": 100, "hysteresis": 3, "consecutive_hysteresis": true,
+      "min_loss_scale": 0.5}})");
+  EXPECT_TRUE(c.loss_scaling.enabled);
+  EXPECT_EQ(c.loss_scaling.loss_scale, 0.0);
+  EXPECT_EQ(c.loss_scaling.initial_scale_power, 12u);
+  EXPECT_EQ(c.loss_scaling.loss_scale_window, 100u);
+  EXPECT_EQ(c.loss_scaling.hysteresis, 3u);
+  EXPECT_TRUE(c.loss_scaling.consecutive_hysteresis);
+  EXPECT_EQ(c.loss_scaling.min_loss_scale, 0.5);
+  EXPECT_EQ(c.effective_step_mode(), StepMode::kStaged);
+
+  // DeepSpeed's defaults (precision_config.py), and fp16 alone turns loss scaling on.
+  c = parse_config(R"({"fp16": {"enabled": true}})");
+  EXPECT_TRUE(c.loss_scaling.enabled);
+  EXPECT_EQ(c.loss_scaling.loss_scale, 0.0);
+  EXPECT_EQ(c.loss_scaling.initial_scale_power, 16u);
+  EXPECT_EQ(c.loss_scaling.loss_scale_window, 1000u);
+  EXPECT_EQ(c.loss_scaling.hysteresis, 2u);
+  EXPECT_FALSE(c.loss_scaling.consecutive_hysteresis);
+  EXPECT_EQ(c.loss_scaling.min_loss_scale, 1.0);
+
+  // Neither: the update-on-arrival mode stays the default.
+  c = parse_config(R"({"bf16": {"enabled": true}, "gradient_clipping": 0})");
+  EXPECT_EQ(c.effective_step_mode(), StepMode::kOnArrival);
+  c = parse_config(R"({"fp16": {"enabled": false, "loss_scale": 128, "hysteresis": 4}})");
+  EXPECT_FALSE(c.loss_scaling.enabled);
+  EXPECT_EQ(c.effective_step_mode(), StepMode::kOnArrival);
+  EXPECT_TRUE(
+      has_notice(c, "fp16: without effect while fp16.enabled is false: loss_scale, hysteresis"));
+
+  // Forced modes.
+  EXPECT_EQ(parse_config(R"({"zinf": {"step_mode": "staged"}})").effective_step_mode(),
+            StepMode::kStaged);
+  EXPECT_EQ(parse_config(R"({"zinf": {"step_mode": "on_arrival"}})").effective_step_mode(),
+            StepMode::kOnArrival);
+  EXPECT_EQ(parse_config(R"({"zinf": {"step_mode": "auto"}})").effective_step_mode(),
+            StepMode::kOnArrival);
+  EXPECT_EQ(step_mode_name(StepMode::kOnArrival), "on_arrival");
+}
+
+TEST(Config, OnArrivalWithClippingOrLossScalingIsAnErrorNotANoOp) {
+  EXPECT_EQ(error_of(R"({"gradient_clipping": 1.0, "zinf": {"step_mode": "on_arrival"}})"),
+            "cfg.json: zinf.step_mode: \"on_arrival\" updates each layer as its gradients "
+            "arrive, so it cannot apply gradient_clipping 1 (it needs the global norm of every "
+            "gradient) before any update; set zinf.step_mode to \"staged\" or \"auto\"");
+  EXPECT_EQ(error_of(R"({"fp16": {"enabled": true}, "zinf": {"step_mode": "on_arrival"}})"),
+            "cfg.json: zinf.step_mode: \"on_arrival\" updates each layer as its gradients "
+            "arrive, so it cannot apply fp16 loss scaling (it needs every gradient checked for "
+            "overflow) before any update; set zinf.step_mode to \"staged\" or \"auto\"");
+  // The same check for a config built in code.
+  EngineConfig c;
+  c.gradient_clipping = 0.5;
+  c.zinf.step_mode = StepMode::kOnArrival;
+  EXPECT_THROW(check_config(c), UsageError);
+  c.zinf.step_mode = StepMode::kStaged;
+  EXPECT_NO_THROW(check_config(c));
+}
+
+TEST(Config, ClippingAndLossScalingValuesOutOfRangeAreRefusedNamingTheKey) {
+  EXPECT_EQ(error_of(R"({"gradient_clipping": -1})"),
+            "cfg.json: gradient_clipping: must be a finite number >= 0 (0: no clipping), got -1");
+  EXPECT_EQ(error_of(R"({"gradient_clipping": "auto"})"),
+            "cfg.json: gradient_clipping: expected a number, got \"auto\"");
+  EXPECT_EQ(error_of(R"({"fp16": {"enabled": true, "loss_scale": -2}})"),
+            "cfg.json: fp16.loss_scale: must be 0 (dynamic) or a static scale in (0, 2^126], "
+            "got -2");
+  EXPECT_EQ(error_of(R"({"fp16": {"enabled": true, "initial_scale_power": 127}})"),
+            "cfg.json: fp16.initial_scale_power: at most 126 (1/2^126 is the smallest normal "
+            "fp32), got 127");
+  EXPECT_EQ(error_of(R"({"fp16": {"enabled": true, "min_loss_scale": 0}})"),
+            "cfg.json: fp16.min_loss_scale: must be in (0, 2^126], got 0");
+  EXPECT_EQ(error_of(R"({"fp16": {"enabled": true, "loss_scale_window": 0}})"),
+            "cfg.json: fp16.loss_scale_window: 0 is too small (at least 1)");
+  EXPECT_EQ(error_of(R"({"fp16": {"enabled": true, "hysteresis": 0}})"),
+            "cfg.json: fp16.hysteresis: 0 is too small (at least 1)");
+  EXPECT_EQ(error_of(R"({"zinf": {"step_mode": "deferred"}})"),
+            "cfg.json: zinf.step_mode: expected \"auto\", \"on_arrival\" or \"staged\", got "
+            "\"deferred\"");
+  EXPECT_EQ(error_of(R"({"fp16": {"enabled": true, "loss_scal": 1}})"),
+            "cfg.json: fp16.loss_scal: unknown key; did you mean 'loss_scale'?");
 }
 
 TEST(Config, OffloadDeviceNames) {

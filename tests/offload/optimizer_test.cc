@@ -116,6 +116,53 @@ TEST(OffloadedOptimizer, PerGroupSteppingInAnyOrderMatchesStep) {
   EXPECT_EQ(test::diff(test::read_all(staged), want), "");
 }
 
+TEST(OffloadedOptimizer, AStepsGradScaleMultipliesTheHyperParametersForThatStepOnly) {
+  // The engine's clipped, loss-scaled step: begin_step(factor) must be the plain kernel with
+  // grad_scale x factor, and the next begin_step() the configured grad_scale again.
+  test::TestDir dir;
+  const auto groups = odd_groups();
+  for (StateTier tier : {StateTier::kNvme, StateTier::kCpu}) {
+    OffloadedOptimizer opt(options_for(tier, swap::IoEngineKind::kThreads, dir), groups);
+    test::init_all(opt);
+    // Group 1 has a grad_scale of its own: the step's factor multiplies it too.
+    adam::AdamParams own = test::test_hyper();
+    own.grad_scale = 0.5;
+    opt.set_hyper(1, own);
+    const double factor = 0.37 / 1024.0;
+    test::StepGrads sg1(groups, 1, DType::kF32);
+    opt.begin_step(factor);
+    for (const auto& g : sg1.views) opt.step_group(g.group, g.grads);
+    (void)opt.end_step();
+    EXPECT_EQ(opt.hyper().grad_scale, 1.0);
+    EXPECT_EQ(opt.hyper(1).grad_scale, 0.5);
+    test::run_steps(opt, 2, 2);
+
+    adam::CpuAdam adam;
+    test::State want;
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      want.p.push_back(test::initial_params(g, groups[g].numel));
+      want.m.emplace_back(groups[g].numel, 0.0f);
+      want.v.emplace_back(groups[g].numel, 0.0f);
+    }
+    for (std::uint64_t t = 1; t <= 2; ++t) {
+      test::StepGrads sg(groups, t, DType::kF32);
+      for (std::size_t g = 0; g < groups.size(); ++g) {
+        adam::AdamParams hp = g == 1 ? own : test::test_hyper();
+        hp.step = t;
+        if (t == 1) hp.grad_scale *= factor;
+        adam.step(hp, want.p[g], want.m[g], want.v[g], sg.views[g].grads);
+      }
+    }
+    EXPECT_EQ(test::diff(test::read_all(opt), want), "") << state_tier_name(tier);
+
+    // A factor the kernel would refuse opens nothing.
+    EXPECT_THROW(opt.begin_step(0.0), UsageError);
+    EXPECT_THROW(opt.begin_step(std::numeric_limits<double>::infinity()), UsageError);
+    EXPECT_EQ(opt.step_count(), 2u);
+    test::run_steps(opt, 3, 3);
+  }
+}
+
 TEST(OffloadedOptimizer, GroupsLeftOutOfAStepAreNotUpdated) {
   test::TestDir dir;
   const auto groups = odd_groups();

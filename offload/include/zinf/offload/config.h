@@ -61,6 +61,38 @@ struct AioConfig {
   bool use_gds = false;        ///< true is an error (GPUDirect Storage not built)
 };
 
+/// How OffloadEngine applies gradients (zinf.step_mode).
+enum class StepMode : std::uint8_t {
+  /// kStaged if gradient_clipping > 0 or loss_scaling.enabled, else kOnArrival.
+  kAuto,
+  /// Each layer's update starts as soon as its gradients are handed in, overlapping backward.
+  /// Cannot clip or unscale: both need every gradient of the step first.
+  kOnArrival,
+  /// Gradients are copied into engine-owned staging as they arrive, with their squared norm
+  /// and a non-finite flag; step() then clips, unscales, or skips the step on overflow.
+  kStaged,
+};
+/// "auto" | "on_arrival" | "staged".
+std::string_view step_mode_name(StepMode mode) noexcept;
+
+/// fp16 loss scaling: DeepSpeed's "fp16" block, in effect with fp16.enabled (staged mode).
+/// Defaults are DeepSpeed's (deepspeed/runtime/precision_config.py).
+struct LossScaleConfig {
+  bool enabled = false;  ///< fp16.enabled: the trainer scales its loss by loss_scale()
+  /// > 0: this static scale; 0: dynamic scaling. At most 2^126, so that 1/scale is a normal
+  /// fp32.
+  double loss_scale = 0;
+  std::uint32_t initial_scale_power = 16;  ///< dynamic: start at 2^this (at most 126)
+  /// Dynamic: double the scale after this many consecutive steps without overflow (>= 1).
+  std::uint32_t loss_scale_window = 1000;
+  /// Dynamic: overflows tolerated before the scale is halved, DeepSpeed's "delay shift" (>=
+  /// 1; 1 halves at every overflow). The count refills when the scale grows, or after every
+  /// step without overflow with consecutive_hysteresis.
+  std::uint32_t hysteresis = 2;
+  bool consecutive_hysteresis = false;
+  double min_loss_scale = 1;  ///< dynamic: the scale never goes below this (finite, > 0)
+};
+
 /// The "zinf" section: settings DeepSpeed has no key for.
 struct ZinfSection {
   /// Extra NVMe directories; the state is striped over nvme_path and these (one file each).
@@ -85,6 +117,9 @@ struct ZinfSection {
   /// device-to-host copy while the optimizer updates from another. Counted in
   /// pinned_budget_bytes; allocated at the first device-gradient call. 0: host gradients only.
   std::uint32_t grad_staging_buffers = 2;
+  /// kOnArrival with gradient_clipping or loss scaling is refused (check_config), never a
+  /// silent no-op.
+  StepMode step_mode = StepMode::kAuto;
 };
 
 /// The optimizer: DeepSpeed's "optimizer" block ({"type": "Adam"|"AdamW", "params": {...}}).
@@ -104,11 +139,18 @@ struct EngineConfig {
   ZinfSection zinf;
   /// The parameter dtype implied by "bf16"/"fp16" {"enabled": true}: kBF16 if neither.
   DType param_dtype = DType::kBF16;
+  /// The top-level "gradient_clipping": > 0 clips the global L2 norm of each step's
+  /// (unscaled) gradients to this value (staged mode); 0, or absent, does not clip.
+  double gradient_clipping = 0;
+  /// fp16's loss scaling keys; enabled with fp16.enabled.
+  LossScaleConfig loss_scaling;
   /// Notices from parsing (aliases used, accepted keys that have no effect), one line each.
   std::vector<std::string> notices;
 
   /// The I/O engine options these settings give (aio block + zinf.backend).
   swap::IoOptions io_options() const;
+  /// zinf.step_mode with kAuto resolved: kStaged or kOnArrival.
+  StepMode effective_step_mode() const noexcept;
   /// Every NVMe directory for `device`'s state (its nvme_path, then zinf.nvme_paths).
   std::vector<std::string> nvme_directories(const std::string& nvme_path) const;
 };
@@ -128,8 +170,8 @@ inline constexpr std::uint64_t kConfigMinSubGroupSize = 32768;
 
 /// Parses a DeepSpeed-style JSON config. `source` names it in errors (a path, or "<string>").
 /// Integers may be written as 1e8 (as DeepSpeed accepts) if the value is integral and fits.
-/// Top-level DeepSpeed keys that zinf does not use (train_batch_size, gradient_clipping, ...)
-/// are accepted. Throws UsageError, one line, "<source>: <json path>: <what>", for an unknown
+/// Top-level DeepSpeed keys that zinf does not use (train_batch_size, scheduler, ...) are
+/// accepted. Throws UsageError, one line, "<source>: <json path>: <what>", for an unknown
 /// key ("<source>: zero_optimization.offload_param.nvme_pth: unknown key; did you mean
 /// 'nvme_path'?"), a value of the wrong type or out of range, and contradictory settings
 /// (e.g. NVMe offload without a path, parameter offload below stage 3), hyper-parameters that
@@ -149,13 +191,16 @@ EngineConfig parse_config(std::string_view json, std::string_view source = "<str
 EngineConfig load_config(const std::string& path);
 /// Throws UsageError, "<source>: <json path>: <what>", for settings of `config` that contradict
 /// each other (the checks parse_config ends with): NVMe offload without a directory, parameter
-/// offload below stage 3, an NVMe optimizer pipeline of fewer than 3 buffers. For configs
+/// offload below stage 3, an NVMe optimizer pipeline of fewer than 3 buffers, zinf.step_mode
+/// "on_arrival" with gradient_clipping or fp16 loss scaling, and gradient_clipping or loss
+/// scaling values out of the ranges LossScaleConfig states. For configs
 /// built in code; OffloadEngine's constructor runs it before anything else. Thread-safe.
 void check_config(const EngineConfig& config, std::string_view source = "EngineConfig");
 /// Writes `config` as JSON that parse_config reads back to the same settings: DeepSpeed's keys
 /// where DeepSpeed has them, the rest under "zinf". Real JSON booleans and numbers.
 /// `notices` are not written. Throws UsageError for param_dtype kF32, which no config spells
-/// (parameters are bf16 or fp16).
+/// (parameters are bf16 or fp16), and where loss_scaling.enabled differs from param_dtype ==
+/// kF16 (both are fp16.enabled in a config).
 std::string config_to_json(const EngineConfig& config);
 
 }  // namespace zinf::offload

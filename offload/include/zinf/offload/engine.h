@@ -40,7 +40,8 @@ struct LayerSpec {
 
 /// Counters since construction (bytes, seconds) and the last step's figures.
 struct EngineStats {
-  std::uint64_t steps = 0;                    ///< steps completed
+  std::uint64_t steps = 0;                    ///< steps completed (skipped ones not counted)
+  std::uint64_t skipped_steps = 0;            ///< staged mode: steps skipped on overflow
   std::uint64_t param_bytes_read = 0;         ///< parameter bytes read from NVMe (padded)
   std::uint64_t param_bytes_written = 0;      ///< updated parameter bytes written to NVMe
   std::uint64_t param_bytes_to_device = 0;    ///< parameter bytes copied host -> device
@@ -60,7 +61,9 @@ struct EngineStats {
   std::uint64_t grad_bytes_to_host = 0;  ///< device gradients copied to the pinned staging
   /// set_gradients (device) waiting for a free staging buffer.
   double grad_staging_wait_seconds = 0;
-  std::uint64_t pinned_bytes = 0;        ///< pinned host memory held now
+  std::uint64_t staged_grad_bytes_written = 0;  ///< staged mode on NVMe: gradient bytes staged
+  std::uint64_t staged_grad_bytes_read = 0;     ///< ... and read back at step()
+  std::uint64_t pinned_bytes = 0;        ///< pinned host memory held now (staging included)
   std::uint64_t pinned_bytes_peak = 0;   ///< the most ever held; never above the budget
   StepStats last_step;                   ///< the optimizer's figures for the last step
 };
@@ -79,6 +82,23 @@ struct EngineStats {
 /// Before the first iteration every layer's fp32 master weights are set once with
 /// set_master_weights (or load() restores them).
 ///
+/// Step modes (config.zinf.step_mode; step_mode() says which is in effect):
+/// - on_arrival (the default unless clipping or fp16 loss scaling is set): each layer's
+///   update starts in set_gradients, overlapping backward; the caller's gradients must stay
+///   valid until step() returns.
+/// - staged (auto picks it for gradient_clipping > 0 or fp16.enabled): set_gradients copies the
+///   gradients into engine-owned staging (pinned host memory if zinf.pinned_budget_bytes can
+///   hold the whole model's gradients as fp32, else a swap store in the optimizer's — or the
+///   parameters', or zinf.nvme_paths' — NVMe directory with a ring of two pinned buffers of
+///   the largest layer) while summing their squares and noting any inf or NaN; the caller's
+///   buffer is free as soon as set_gradients returns. step() then computes the global norm of
+///   the unscaled gradients, norm = sqrt(sum of squares) / loss_scale(), and either skips the
+///   step (any inf or NaN: weights, moments, step count and parameter copies untouched,
+///   StepStats::skipped) or runs it with grad_scale x min(1, clip / (norm + 1e-6)) /
+///   loss_scale() (clip = gradient_clipping; without clipping the coefficient is 1). Then it
+///   updates a dynamic loss scale (fp16.loss_scale 0; see LossScaleConfig). The trainer
+///   multiplies its loss by loss_scale() before backward, read after each step.
+///
 /// Tiers (config.offload_param.device / offload_optimizer.device):
 /// - parameters kNone: each layer's device copy is resident; fetch returns it at once and
 ///   step() refreshes updated layers on the compute stream. kCpu: the low-precision copy lives
@@ -94,7 +114,8 @@ struct EngineStats {
 /// Errors. The constructor checks the config against the layers before any file is created
 /// (UsageError: a layer larger than offload_param.buffer_size, a pinned budget that cannot hold
 /// the optimizer ring plus the parameter staging — naming the smallest budget that works —,
-/// NVMe offload without a path) and creates the swap files (IoError kNoSpace naming the
+/// NVMe offload without a path, staged gradients that fit neither the budget nor an NVMe
+/// directory — naming what is missing) and creates the swap files (IoError kNoSpace naming the
 /// directory when a drive is too small). I/O failures surface as IoError naming key, file,
 /// offset and length: a failed parameter read at that layer's fetch (retried by the next
 /// fetch); a failed write-back of optimizer state or parameters at step(), after which the
@@ -103,7 +124,10 @@ struct EngineStats {
 /// their CRC32C are such a failed read, IoError kCorrupt (file, offset, length, both CRCs):
 /// at fetch for a layer; at step() for optimizer state (failed as a read: the step did not
 /// happen if nothing was written yet, else the engine is failed); at save(), which then
-/// writes no checkpoint. Corrupt bytes are never handed out, trained on or saved.
+/// writes no checkpoint. Corrupt bytes are never handed out, trained on or saved. Staged
+/// mode on NVMe: a failed staging write surfaces at step() as IoError before anything is
+/// updated (the step did not happen, the engine stays usable); a failed read-back of staged
+/// gradients at step() fails the engine (part of the step may have run).
 ///
 /// Threads: one controlling thread (not thread-safe). Internal threads: the I/O engine, the
 /// optimizer pipeline, the device's stream workers.
@@ -137,10 +161,11 @@ class OffloadEngine {
   cuda::DeviceSpan fetch(std::size_t layer);
   /// The compute stream is done with `layer` once it reaches this point. Non-blocking.
   void release(std::size_t layer);
-  /// Hands in `layer`'s gradients for this step (numel elements, host memory, fp32/bf16/fp16)
-  /// and starts its update on the optimizer's thread at once. `grads` must stay valid and
-  /// unchanged until step() returns. Each layer at most once per step, and only while it is not
-  /// fetched (released). UsageError otherwise.
+  /// Hands in `layer`'s gradients for this step (numel elements, host memory, fp32/bf16/fp16).
+  /// on_arrival: starts its update on the optimizer's thread at once, and `grads` must stay
+  /// valid and unchanged until step() returns. staged: copies them into the engine's staging
+  /// (see Step modes) and returns; `grads` may be reused at once. Each layer at most once per
+  /// step, and only while it is not fetched (released). UsageError otherwise.
   void set_gradients(std::size_t layer, adam::GradView grads);
   /// Hands in `layer`'s gradients in device memory: numel elements of `dtype` (fp32, bf16 or
   /// fp16) written by work enqueued on the compute stream before this call. The engine makes
@@ -154,12 +179,20 @@ class OffloadEngine {
   /// a size other than numel x the dtype's size, or zinf.grad_staging_buffers 0. A failed copy
   /// fails step() as a failed read does (the step did not happen). The staging (the count x
   /// the largest layer's fp32 gradients) is counted in the pinned budget at construction and
-  /// allocated and pinned at the first call.
+  /// allocated and pinned at the first call. In the staged step mode the host waits for the
+  /// copy to land, stages it as host gradients are staged and frees the buffer: the copies do
+  /// not overlap backward in that mode, and `grads` may be reused once this returns.
   void set_gradients(std::size_t layer, cuda::DeviceSpan grads, DType dtype);
   /// Completes this step's updates (layers without gradients are not updated), makes every
   /// updated layer's new parameters what the next fetch returns, and ends the iteration for
-  /// the prefetcher. Returns the optimizer's step figures. Throws as described under Errors.
+  /// the prefetcher. Returns the optimizer's step figures, with the staged mode's norm, factor,
+  /// loss scale and whether the step was skipped. Throws as described under Errors.
   StepStats step();
+  /// The loss scale the trainer multiplies its loss by for the next backward: fp16 loss
+  /// scaling's current scale (static, or dynamic and updated by each step()), else 1.
+  double loss_scale() const noexcept;
+  /// The step mode in effect (config.zinf.step_mode with "auto" resolved).
+  StepMode step_mode() const noexcept;
 
   /// Sets every layer's hyper-parameters, per-layer sets included, from the next step on (e.g.
   /// a learning-rate schedule where all layers share one set); `hyper.step` is ignored.
@@ -182,7 +215,10 @@ class OffloadEngine {
   adam::AdamParams hyper(std::size_t layer) const;
 
   /// Checkpoint of the optimizer state (master weights, moments, step count, hyper-parameters:
-  /// hyper() and every layer's) and the layer table under `dir`, atomically (OffloadedOptimizer::save). Outside a step.
+  /// hyper() and every layer's) and the layer table under `dir`, atomically
+  /// (OffloadedOptimizer::save); with dynamic loss scaling also its state
+  /// (`dir/zinf-engine-loss-scale`, replaced atomically before the optimizer's checkpoint, like
+  /// the layer table). Outside a step.
   /// UsageError for an empty `dir` (before anything is written). The directory's rules are
   /// OffloadedOptimizer::save's: the first save or load locks it for this engine until it is
   /// destroyed (another engine or process fails at once, naming the directory and the
@@ -192,7 +228,10 @@ class OffloadEngine {
   /// Restores what save() wrote and rewrites every layer's low-precision copy from the
   /// restored master weights. The checkpoint's hyper-parameters replace the engine's, per-layer
   /// sets given at construction included; a checkpoint written before per-layer sets existed
-  /// gives its one set to every layer. UsageError if the layer table differs or `dir` is empty;
+  /// gives its one set to every layer. With dynamic loss scaling it also restores the loss
+  /// scale's state (a checkpoint without one keeps the current state, with a notice; one this
+  /// config cannot reach is a UsageError, one that does not parse IoError kCorrupt, both
+  /// before anything changes). UsageError if the layer table differs or `dir` is empty;
   /// IoError naming the layer table if it is missing, a link or anything but a regular file (a
   /// FIFO without blocking); the optimizer's load errors otherwise.
   void load(const std::string& dir);

@@ -109,6 +109,17 @@ struct StepStats {
   std::uint64_t bytes_read = 0;      ///< state bytes read (padded records)
   std::uint64_t bytes_written = 0;   ///< state bytes written back (padded records)
   std::uint64_t copy_out_bytes = 0;  ///< low-precision bytes written to a StoreCopyOut key
+  // OffloadEngine's staged step mode (zinf.step_mode); the optimizer leaves these as they are.
+  /// The step was skipped: a staged gradient was inf or NaN. Nothing was updated (step is 0).
+  bool skipped = false;
+  /// The global L2 norm of the step's unscaled gradients (staged norm / loss_scale); inf or
+  /// NaN on overflow. 0 outside the staged mode.
+  double global_grad_norm = 0;
+  /// What grad_scale was multiplied by for this step: min(1, clip / (norm + 1e-6)) /
+  /// loss_scale; 0 for a skipped step, 1 outside the staged mode.
+  double grad_scale_applied = 1;
+  /// The loss scale the step's gradients were scaled by (1 without fp16 loss scaling).
+  double loss_scale = 1;
 };
 
 /// A copy-out that goes straight into a parameter SwapStore key rather than a caller buffer:
@@ -238,6 +249,12 @@ class OffloadedOptimizer {
 
   /// Opens a step (counter + 1, hyper-parameters fixed). UsageError if one is open.
   void begin_step();
+  /// As begin_step(), with every group's grad_scale multiplied by `grad_scale` for this step
+  /// (the step's clipping coefficient over its loss scale, say): hyper() and hyper(group) are
+  /// unchanged, so the next step uses their grad_scale again. UsageError, before anything
+  /// opens, if a product is one check_adam_params() refuses (not finite, or not > 0 once
+  /// rounded to fp32).
+  void begin_step(double grad_scale);
   /// Queues one group's update in the open step and returns at once. UsageError for an
   /// unknown group, a group already given in this step, a size mismatch, or no open step.
   /// `hooks` (see GradHooks) say when the gradients may be read and when they are free; if

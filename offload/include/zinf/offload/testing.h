@@ -28,6 +28,9 @@ struct EngineFaults {
   std::shared_ptr<swap::FaultPlan> param;
   /// The optimizer's engine: its NVMe state and its checkpoints (every optimizer tier).
   std::shared_ptr<swap::FaultPlan> optimizer;
+  /// The staged step mode's NVMe gradient staging (used only when it stages on NVMe). With a
+  /// default, so that initialisers naming only the two above stay complete.
+  std::shared_ptr<swap::FaultPlan> grad_stage = nullptr;
 };
 
 /// Builds an OffloadEngine exactly as its constructor does (same arguments, same errors), with
