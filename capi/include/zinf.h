@@ -141,11 +141,22 @@ typedef struct zinf_stats {
   /** Parameters (offload_param "nvme"): 10^9 bytes/s read from NVMe while the prefetcher had a
    *  read in flight; 0 for the other parameter tiers. */
   double param_read_gbps;
+  /* Version 2 (ZINF_STATS_SIZE_V2): */
+  uint64_t skipped_steps;           /**< staged mode: steps skipped on overflow (inf/NaN) */
+  uint64_t last_step_skipped;       /**< 1 if the last step() was skipped, else 0 */
+  double last_global_grad_norm;     /**< staged mode: the last step's unscaled gradient norm */
+  double last_grad_scale_applied;   /**< min(1, clip / (norm + 1e-6)) / loss scale; 1 outside
+                                         the staged mode, 0 for a skipped step */
+  double loss_scale;                /**< what to multiply the next loss by (1 without fp16) */
+  uint64_t grad_bytes_to_host;      /**< device gradients copied to pinned staging */
+  double grad_staging_wait_seconds; /**< set_gradients_device waiting for a staging buffer */
   /* Later versions append fields here. */
 } zinf_stats;
 
-/** The first version of zinf_stats: every field above. */
+/** The first version of zinf_stats: every field up to param_read_gbps. */
 #define ZINF_STATS_SIZE_V1 (offsetof(zinf_stats, param_read_gbps) + sizeof(double))
+/** The second: up to grad_staging_wait_seconds. */
+#define ZINF_STATS_SIZE_V2 (offsetof(zinf_stats, grad_staging_wait_seconds) + sizeof(double))
 
 /** Adam hyper-parameters (zinf::adam::AdamParams, less the step number the engine keeps).
  *  The kernel computes in fp32, so each value must be finite as an fp32 (FLT_MAX is
@@ -265,6 +276,9 @@ zinf_status zinf_engine_get_hyper(const zinf_engine* engine, zinf_adam_params* o
  *  stays usable with its hyper-parameters and state as they were. */
 zinf_status zinf_engine_set_hyper(zinf_engine* engine, const zinf_adam_params* params);
 
+/** Writes the loss scale to multiply the next loss by to *out (config fp16.loss_scale, or the
+ *  dynamic scale as steps adjust it; 1 without fp16 loss scaling). */
+zinf_status zinf_engine_loss_scale(const zinf_engine* engine, double* out);
 /** Writes the hyper-parameters layer `layer`'s next step uses to *out: the engine's, or the
  *  layer's own set (zinf_engine_set_layer_hyper). */
 zinf_status zinf_engine_get_layer_hyper(const zinf_engine* engine, size_t layer,

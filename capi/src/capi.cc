@@ -425,6 +425,15 @@ zinf_status zinf_engine_get_hyper(const zinf_engine* engine, zinf_adam_params* o
   });
 }
 
+zinf_status zinf_engine_loss_scale(const zinf_engine* engine, double* out) {
+  return guarded(const_cast<zinf_engine*>(engine), [&] {
+    const char* fn = "zinf_engine_loss_scale";
+    const off::OffloadEngine& e = engine_of(const_cast<zinf_engine*>(engine), fn);
+    require(out != nullptr, fn, "out is NULL");
+    *out = e.loss_scale();
+  });
+}
+
 zinf_status zinf_engine_get_layer_hyper(const zinf_engine* engine, size_t layer,
                                         zinf_adam_params* out) {
   return guarded(const_cast<zinf_engine*>(engine), [&] {
@@ -497,6 +506,13 @@ zinf_status zinf_engine_stats(const zinf_engine* engine, zinf_stats* out) {
     c.pinned_bytes_peak = s.pinned_bytes_peak;
     c.last_step = to_c(s.last_step);
     c.param_read_gbps = s.param_read_gbps;
+    c.skipped_steps = s.skipped_steps;
+    c.last_step_skipped = s.last_step.skipped ? 1 : 0;
+    c.last_global_grad_norm = s.last_step.global_grad_norm;
+    c.last_grad_scale_applied = s.last_step.grad_scale_applied;
+    c.loss_scale = e.loss_scale();
+    c.grad_bytes_to_host = s.grad_bytes_to_host;
+    c.grad_staging_wait_seconds = s.grad_staging_wait_seconds;
     // Only the caller's fields: an older caller's struct ends before ours does.
     std::memcpy(out, &c, c.struct_size);
     if (size > sizeof c)

@@ -13,10 +13,10 @@ int zinf_capi_c_smoke(char* message, size_t capacity) {
   zinf_layer_spec layer = {"x", 16, ZINF_DTYPE_BF16};
   zinf_engine_options options = {sizeof(zinf_engine_options), ZINF_DEVICE_HOST, 0, NULL};
   zinf_status status;
-  /* The first versions' sizes are constant expressions a C99 caller can use. */
+  /* The versions' sizes are constant expressions a C99 caller can use. */
   if (ZINF_ENGINE_OPTIONS_SIZE_V1 != sizeof(zinf_engine_options) ||
-      ZINF_STATS_SIZE_V1 != sizeof(zinf_stats)) {
-    snprintf(message, capacity, "the V1 sizes are not today's struct sizes");
+      ZINF_STATS_SIZE_V2 != sizeof(zinf_stats) || ZINF_STATS_SIZE_V1 >= ZINF_STATS_SIZE_V2) {
+    snprintf(message, capacity, "the versioned sizes are not today's struct sizes");
     return 1;
   }
   if (strlen(zinf_version()) == 0) {

@@ -22,6 +22,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <limits>
 #include <vector>
 
 #include "support/test_dir.h"
@@ -601,7 +602,54 @@ TEST(CApi, DeviceGradientsGiveTheWeightsOfHostGradients) {
     EXPECT_EQ(std::memcmp(a.data(), b.data(), numel[l] * sizeof(float)), 0) << l;
   }
   zinf_stats stats{};
+  stats.struct_size = sizeof stats;
   ASSERT_EQ(zinf_engine_stats(dev_side.e, &stats), ZINF_OK);
+  EXPECT_EQ(stats.struct_size, ZINF_STATS_SIZE_V2);
+  EXPECT_EQ(stats.grad_bytes_to_host, 3u * (1000 + 257) * 4);
+  EXPECT_EQ(stats.skipped_steps, 0u);
+  EXPECT_EQ(stats.last_step_skipped, 0u);
+  EXPECT_DOUBLE_EQ(stats.last_grad_scale_applied, 1.0);
+  EXPECT_DOUBLE_EQ(stats.loss_scale, 1.0);
+  double scale = 0;
+  ASSERT_EQ(zinf_engine_loss_scale(dev_side.e, &scale), ZINF_OK);
+  EXPECT_DOUBLE_EQ(scale, 1.0);
+  EXPECT_EQ(zinf_engine_loss_scale(dev_side.e, nullptr), ZINF_ERR_USAGE);
+}
+
+// A config with clipping and a static fp16 loss scale runs the staged mode: the C caller reads
+// the scale to multiply its loss by, an overflow is a skipped step, reported in the stats.
+TEST(CApi, StagedModeReportsTheLossScaleAndSkippedSteps) {
+  const char* config = R"({
+  "zero_optimization": {"stage": 3, "sub_group_size": 32768,
+    "offload_param": {"device": "cpu", "buffer_count": 2, "buffer_size": 4096},
+    "offload_optimizer": {"device": "cpu"}},
+  "gradient_clipping": 1.0,
+  "fp16": {"enabled": true, "loss_scale": 128},
+  "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}
+})";
+  const zinf_layer_spec layers[] = {{"a", 1000, ZINF_DTYPE_F16}};
+  zinf_engine* created = nullptr;
+  ASSERT_EQ(zinf_engine_create(config, layers, 1, &kHost, &created), ZINF_OK)
+      << zinf_last_error();
+  EngineOwner e(created, zinf_engine_destroy);
+  double scale = 0;
+  ASSERT_EQ(zinf_engine_loss_scale(e.get(), &scale), ZINF_OK);
+  EXPECT_DOUBLE_EQ(scale, 128.0);
+  std::vector<float> w = weights_of(1000, 0.5f), g = grads_of(1000);
+  ASSERT_EQ(zinf_engine_set_master_weights(e.get(), 0, w.data(), w.size()), ZINF_OK);
+  g[7] = std::numeric_limits<float>::infinity();
+  ASSERT_EQ(zinf_engine_set_gradients(e.get(), 0, g.data(), g.size(), ZINF_DTYPE_F32), ZINF_OK);
+  ASSERT_EQ(zinf_engine_step(e.get(), nullptr), ZINF_OK) << zinf_last_error();
+  zinf_stats stats{};
+  stats.struct_size = sizeof stats;
+  ASSERT_EQ(zinf_engine_stats(e.get(), &stats), ZINF_OK);
+  EXPECT_EQ(stats.steps, 0u);
+  EXPECT_EQ(stats.skipped_steps, 1u);
+  EXPECT_EQ(stats.last_step_skipped, 1u);
+  EXPECT_DOUBLE_EQ(stats.loss_scale, 128.0);
+  std::vector<float> after(1000);
+  ASSERT_EQ(zinf_engine_read_master_weights(e.get(), 0, after.data(), after.size()), ZINF_OK);
+  EXPECT_EQ(after, w) << "a skipped step changes nothing";
 }
 
 // Hostile configs are usage errors with the reader's message, never a crash or a hang.
