@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // CRC32C: the portable slicing-by-8 tables, the lane-join table of the hardware path, and the
 // run-time choice between them (cpuid through __builtin_cpu_supports, checked once).
+// Hand-written because no packaged library does it here: Google's crc32c is not in Debian 12,
+// and zlib's crc32 is the other polynomial.
 #include "zinf/swap/crc32c.h"
 
 #include <array>

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // UringIoEngine: one io_uring driven by one thread that submits and reaps, with fixed files and
 // fixed buffers where the kernel allows them, an eventfd read kept armed in the ring to wake it,
-// and the shared piece logic (engine_core.h) judging every CQE.
+// and the shared piece logic (engine_core.h) judging every CQE. liburing (Debian's
+// liburing-dev) is the library; the engine on top of it (batching, resubmission of short
+// transfers, completion checks) is zinf's, since no packaged library does that part.
 #include "uring_io_engine.h"
 
 #include <liburing.h>
