@@ -84,8 +84,9 @@ TEST(DeviceGradients, SetGradientsReturnsWhileTheComputeWritingThemRuns) {
   std::vector<float> g(n);
   for (std::size_t i = 0; i < n; ++i) g[i] = 1e-3f * static_cast<float>(i % 7) - 2e-3f;
   cuda::DeviceBuffer d = dev.allocate(n * sizeof(float));
-  dev.copy_to_device(rig.compute(), d.span(),
-                     std::as_bytes(std::span<const float>(std::vector<float>(n, 0.0f))));
+  // The host side of an asynchronous copy must live until the copy has run.
+  const std::vector<float> zeros(n, 0.0f);
+  dev.copy_to_device(rig.compute(), d.span(), std::as_bytes(std::span<const float>(zeros)));
   dev.synchronize(rig.compute());
   // "Backward": 300 ms of compute, then the gradients land in device memory (host memory on the
   // HostDevice, so host work on the stream can write them).
@@ -137,8 +138,8 @@ TEST(DeviceGradients, StagingIsCountedInThePinnedBudgetAndNamedInItsError) {
   std::vector<float> w(2048, 0.5f);
   rig.engine().set_master_weights(0, w);
   cuda::DeviceBuffer d = rig.device().allocate(2048 * 4);
-  rig.device().copy_to_device(rig.compute(), d.span(),
-                              std::as_bytes(std::span<const float>(std::vector<float>(2048, 1.0f))));
+  const std::vector<float> ones(2048, 1.0f);  // alive until step() has read the copy
+  rig.device().copy_to_device(rig.compute(), d.span(), std::as_bytes(std::span<const float>(ones)));
   rig.engine().set_gradients(0, d.span(), DType::kF32);
   (void)rig.engine().step();
   EXPECT_EQ(rig.engine().stats().pinned_bytes, 73728u);
