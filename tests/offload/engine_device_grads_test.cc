@@ -88,10 +88,11 @@ TEST(DeviceGradients, SetGradientsReturnsWhileTheComputeWritingThemRuns) {
   const std::vector<float> zeros(n, 0.0f);
   dev.copy_to_device(rig.compute(), d.span(), std::as_bytes(std::span<const float>(zeros)));
   dev.synchronize(rig.compute());
-  // "Backward": 300 ms of compute, then the gradients land in device memory (host memory on the
-  // HostDevice, so host work on the stream can write them).
+  // "Backward": 2 s of compute (far more than set_gradients takes, sanitizers included), then
+  // the gradients land in device memory (host memory on the HostDevice, so host work on the
+  // stream can write them).
   std::byte* target = d.data();
-  dev.enqueue_busy(rig.compute(), std::chrono::milliseconds(300));
+  dev.enqueue_busy(rig.compute(), std::chrono::milliseconds(2000));
   dev.enqueue_host_work(rig.compute(), [target, &g] { std::memcpy(target, g.data(), g.size() * 4); });
   cuda::Event after = dev.create_event();
   dev.record(after, rig.compute());
