@@ -776,51 +776,69 @@ TEST(CApi, EmptyCheckpointDirectoryIsUsage) {
   EXPECT_EQ(zinf_engine_step(h.e, nullptr), ZINF_OK) << zinf_last_error();
 }
 
+// A "trainer" device with its own stream, an engine computing on that stream
+// (options.compute_stream) with layer 0's weights set, the stream held by the trainer's work,
+// and layer 0 fetched: fetch made the stream wait for the copy and returned without waiting
+// itself, so `fetched` (recorded after it) is still pending. Members in destruction order:
+// the gate opens before the engine goes, the engine before the stream and device it uses.
+struct HeldFetch {
+  std::unique_ptr<zinf::cuda::Device> trainer;
+  zinf::cuda::Stream native;
+  EngineOwner e{nullptr, zinf_engine_destroy};
+  StreamGate gate;
+  zinf::cuda::Event fetched;
+  std::vector<float> w = weights_of(1000, 0.01f);
+  void* data = nullptr;
+  std::size_t bytes = 0;
+};
+
+void fetch_on_held_stream(zinf::cuda::DeviceKind kind, zinf_device_kind c_kind, HeldFetch& h) {
+  h.trainer = zinf::cuda::make_device({.kind = kind});
+  h.native = h.trainer->create_stream();
+  zinf_engine_options o{};
+  o.device = c_kind;
+  o.compute_stream = zinf::cuda::native_stream(h.native);
+  zinf_engine* created = nullptr;
+  ASSERT_EQ(zinf_engine_create(kConfig, kLayers, 2, &o, &created), ZINF_OK) << zinf_last_error();
+  h.e.reset(created);
+  h.fetched = h.trainer->create_event();
+  ASSERT_EQ(zinf_engine_set_master_weights(h.e.get(), 0, h.w.data(), h.w.size()), ZINF_OK);
+  h.trainer->enqueue_host_work(h.native, h.gate.waiter());
+  ASSERT_EQ(zinf_engine_fetch(h.e.get(), 0, &h.data, &h.bytes), ZINF_OK) << zinf_last_error();
+  h.trainer->record(h.fetched, h.native);
+  EXPECT_FALSE(h.fetched.query()) << "the stream is held: fetch returned before its copy";
+  ASSERT_EQ(h.bytes, 2000u);
+}
+
 // The caller's compute stream (options.compute_stream): fetch makes that stream wait for the
 // copy and returns without waiting itself. The "trainer's" work holds the stream, so when
 // fetch returns the copy cannot have run (the device buffer still holds its zeros); once the
 // stream moves on, the bytes are the layer's. Ordering only, no timing. A whole iteration on
 // that stream then gives the same parameters as the master weights say.
 TEST(CApi, FetchOnTheCallersStreamReturnsBeforeTheCopy) {
-  auto trainer = zinf::cuda::make_device({.kind = zinf::cuda::DeviceKind::kHost});
-  zinf::cuda::Stream native = trainer->create_stream();
-  zinf_engine_options o{};
-  o.device = ZINF_DEVICE_HOST;
-  o.compute_stream = zinf::cuda::native_stream(native);
-  zinf_engine* created = nullptr;
-  ASSERT_EQ(zinf_engine_create(kConfig, kLayers, 2, &o, &created), ZINF_OK) << zinf_last_error();
-  EngineOwner e(created, zinf_engine_destroy);
-  StreamGate gate;
-  zinf::cuda::Event fetched = trainer->create_event();
-  const std::vector<float> w = weights_of(1000, 0.01f);
-  ASSERT_EQ(zinf_engine_set_master_weights(e.get(), 0, w.data(), w.size()), ZINF_OK);
-
-  trainer->enqueue_host_work(native, gate.waiter());
-  void* data = nullptr;
-  std::size_t bytes = 0;
-  ASSERT_EQ(zinf_engine_fetch(e.get(), 0, &data, &bytes), ZINF_OK) << zinf_last_error();
-  trainer->record(fetched, native);
-  EXPECT_FALSE(fetched.query()) << "the stream is held: fetch returned before its copy";
-  ASSERT_EQ(bytes, 2000u);
-  const auto* p = static_cast<const std::uint16_t*>(data);
+  HeldFetch h;
+  fetch_on_held_stream(zinf::cuda::DeviceKind::kHost, ZINF_DEVICE_HOST, h);
+  if (HasFatalFailure()) return;
+  const auto* p = static_cast<const std::uint16_t*>(h.data);
   for (std::size_t i = 0; i < 1000; ++i) ASSERT_EQ(p[i], 0u) << "copied before its turn: " << i;
-  gate.open();
-  trainer->synchronize(native);
-  EXPECT_TRUE(fetched.query());
-  for (std::size_t i = 0; i < 1000; ++i) ASSERT_EQ(p[i], bf16_of(w[i])) << i;
-  ASSERT_EQ(zinf_engine_release(e.get(), 0), ZINF_OK) << zinf_last_error();
+  h.gate.open();
+  h.trainer->synchronize(h.native);
+  EXPECT_TRUE(h.fetched.query());
+  for (std::size_t i = 0; i < 1000; ++i) ASSERT_EQ(p[i], bf16_of(h.w[i])) << i;
+  ASSERT_EQ(zinf_engine_release(h.e.get(), 0), ZINF_OK) << zinf_last_error();
 
   const std::vector<float> g = grads_of(1000);
-  ASSERT_EQ(zinf_engine_set_gradients(e.get(), 0, g.data(), g.size(), ZINF_DTYPE_F32), ZINF_OK);
-  ASSERT_EQ(zinf_engine_step(e.get(), nullptr), ZINF_OK) << zinf_last_error();
+  ASSERT_EQ(zinf_engine_set_gradients(h.e.get(), 0, g.data(), g.size(), ZINF_DTYPE_F32),
+            ZINF_OK);
+  ASSERT_EQ(zinf_engine_step(h.e.get(), nullptr), ZINF_OK) << zinf_last_error();
   std::vector<float> after(1000);
-  ASSERT_EQ(zinf_engine_read_master_weights(e.get(), 0, after.data(), after.size()), ZINF_OK);
-  ASSERT_EQ(zinf_engine_fetch(e.get(), 0, &data, &bytes), ZINF_OK) << zinf_last_error();
-  trainer->synchronize(native);
-  p = static_cast<const std::uint16_t*>(data);
+  ASSERT_EQ(zinf_engine_read_master_weights(h.e.get(), 0, after.data(), after.size()), ZINF_OK);
+  ASSERT_EQ(zinf_engine_fetch(h.e.get(), 0, &h.data, &h.bytes), ZINF_OK) << zinf_last_error();
+  h.trainer->synchronize(h.native);
+  p = static_cast<const std::uint16_t*>(h.data);
   for (std::size_t i = 0; i < 1000; ++i) ASSERT_EQ(p[i], bf16_of(after[i])) << i;
-  EXPECT_NE(after, w) << "the step changed nothing";
-  ASSERT_EQ(zinf_engine_release(e.get(), 0), ZINF_OK);
+  EXPECT_NE(after, h.w) << "the step changed nothing";
+  ASSERT_EQ(zinf_engine_release(h.e.get(), 0), ZINF_OK);
 }
 
 TEST(CApi, ACallersStreamThatIsNoStreamIsUsage) {
@@ -840,32 +858,17 @@ TEST(CApi, ACallersStreamThatIsNoStreamIsUsage) {
 TEST(CApi, FetchOnTheCallersCudaStreamReturnsBeforeTheCopy) {
   const zinf::cuda::CudaAvailability cuda = zinf::cuda::probe_cuda();
   if (!cuda.available()) GTEST_SKIP() << "no CUDA device visible: " << cuda.reason;
-  auto trainer = zinf::cuda::make_device({.kind = zinf::cuda::DeviceKind::kCuda});
-  zinf::cuda::Stream native = trainer->create_stream();
-  zinf_engine_options o{};
-  o.device = ZINF_DEVICE_CUDA;
-  o.compute_stream = zinf::cuda::native_stream(native);
-  zinf_engine* created = nullptr;
-  ASSERT_EQ(zinf_engine_create(kConfig, kLayers, 2, &o, &created), ZINF_OK) << zinf_last_error();
-  EngineOwner e(created, zinf_engine_destroy);
-  StreamGate gate;
-  zinf::cuda::Event fetched = trainer->create_event();
-  const std::vector<float> w = weights_of(1000, 0.01f);
-  ASSERT_EQ(zinf_engine_set_master_weights(e.get(), 0, w.data(), w.size()), ZINF_OK);
-  trainer->enqueue_host_work(native, gate.waiter());
-  void* data = nullptr;
-  std::size_t bytes = 0;
-  ASSERT_EQ(zinf_engine_fetch(e.get(), 0, &data, &bytes), ZINF_OK) << zinf_last_error();
-  trainer->record(fetched, native);
-  EXPECT_FALSE(fetched.query()) << "the stream is held: fetch returned before its copy";
-  gate.open();
-  trainer->synchronize(native);
-  EXPECT_TRUE(fetched.query());
-  EXPECT_EQ(bytes, 2000u);
-  ASSERT_EQ(zinf_engine_release(e.get(), 0), ZINF_OK) << zinf_last_error();
+  HeldFetch h;
+  fetch_on_held_stream(zinf::cuda::DeviceKind::kCuda, ZINF_DEVICE_CUDA, h);
+  if (HasFatalFailure()) return;
+  h.gate.open();
+  h.trainer->synchronize(h.native);
+  EXPECT_TRUE(h.fetched.query());
+  ASSERT_EQ(zinf_engine_release(h.e.get(), 0), ZINF_OK) << zinf_last_error();
   const std::vector<float> g = grads_of(1000);
-  ASSERT_EQ(zinf_engine_set_gradients(e.get(), 0, g.data(), g.size(), ZINF_DTYPE_F32), ZINF_OK);
-  ASSERT_EQ(zinf_engine_step(e.get(), nullptr), ZINF_OK) << zinf_last_error();
+  ASSERT_EQ(zinf_engine_set_gradients(h.e.get(), 0, g.data(), g.size(), ZINF_DTYPE_F32),
+            ZINF_OK);
+  ASSERT_EQ(zinf_engine_step(h.e.get(), nullptr), ZINF_OK) << zinf_last_error();
 }
 
 // Zero-initialised options (struct_size 0 = the first version) and NULL options pick the
