@@ -12,19 +12,19 @@
 namespace zinf::python {
 namespace {
 
-DType parse_dtype(const std::string& name, const char* what) {
-  if (name == "fp32" || name == "float32") return DType::kF32;
-  if (name == "bf16" || name == "bfloat16") return DType::kBF16;
-  if (name == "fp16" || name == "float16") return DType::kF16;
-  throw UsageError(std::string(what) + ": dtype must be fp32, bf16 or fp16, got '" + name + "'");
-}
-
 template <typename T>
 std::span<T> span_at(std::uintptr_t address, std::size_t n) {
   return {reinterpret_cast<T*>(address), n};
 }
 
 }  // namespace
+
+DType parse_dtype(const std::string& name, const char* what) {
+  if (name == "fp32" || name == "float32") return DType::kF32;
+  if (name == "bf16" || name == "bfloat16") return DType::kBF16;
+  if (name == "fp16" || name == "float16") return DType::kF16;
+  throw UsageError(std::string(what) + ": dtype must be fp32, bf16 or fp16, got '" + name + "'");
+}
 
 adam::AdamParams make_hyper(double lr, double beta1, double beta2, double eps,
                             double weight_decay, bool bias_correction, bool adamw,

@@ -20,13 +20,6 @@ namespace {
 
 using offload::OffloadedOptimizer;
 
-DType dtype_of(const std::string& name) {
-  if (name == "fp32") return DType::kF32;
-  if (name == "bf16") return DType::kBF16;
-  if (name == "fp16") return DType::kF16;
-  throw UsageError("OffloadedOptimizer: dtype must be fp32, bf16 or fp16, got '" + name + "'");
-}
-
 py::dict stats_dict(const offload::StepStats& s) {
   py::dict d;
   d["step"] = s.step;
@@ -87,7 +80,9 @@ void bind_optimizer(py::module_& m) {
       .def("step_group",
            [](OffloadedOptimizer& o, std::size_t group, std::uintptr_t grads,
               const std::string& grad_dtype, std::uintptr_t params, std::size_t n) {
-             o.step_group(group, {reinterpret_cast<const void*>(grads), n, dtype_of(grad_dtype)},
+             const adam::GradView g{reinterpret_cast<const void*>(grads), n,
+                                    parse_dtype(grad_dtype, "OffloadedOptimizer.step_group grads")};
+             o.step_group(group, g,
                           adam::CopyOut{reinterpret_cast<void*>(params), n, DType::kF32, true});
            })
       .def("end_step",
