@@ -131,6 +131,18 @@ TEST(ZinfCli, PlanPrintsTheConfigBlockAndNamesTheLimitWhenNothingFits) {
                        "hours)"),
             std::string::npos)
       << r.out;
+  // Endurance without a unit, and wear asked for without a step time: each says what to give.
+  r = run_zinf("plan --params 7B --gpus 1 --tbw 600");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.out.find("invalid --tbw '600': a memory size needs a unit; did you mean 600TB?"),
+            std::string::npos)
+      << r.out;
+  r = run_zinf("plan --params 7B --gpus 1 --gpu-mem 24G --cpu-mem 64G --nvme-free 2T --tbw 600TB");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("drive wear: give --step-seconds (or --tune for the I/O time) to estimate "
+                       "drive wear"),
+            std::string::npos)
+      << r.out;
   r = run_zinf("plan --params 70B --gpus 1 --gpu-mem 1G");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("nothing fits: even zero-3 optimizer=nvme params=nvme does not (GPU needs "),
