@@ -33,8 +33,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using detail::param_bytes;
-// Device-gradient staging buffers: page-aligned, as pinned registrations are page-granular.
-constexpr std::uint64_t kGradAlign = 4096;
 constexpr const char* kManifestName = "zinf-engine-layers";
 constexpr const char* kManifestHeader = "zinf engine layers v1";
 // A line per layer; far more than any model's table, small enough to read whole.
@@ -238,7 +236,7 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
   // NVMe staging's ring.
   std::uint64_t largest = 0;
   for (const auto& layer : layers) largest = std::max(largest, layer.numel);
-  grad_slot_bytes = align_up(largest * sizeof(float), kGradAlign);
+  grad_slot_bytes = align_up(largest * sizeof(float), detail::kHostAlign);
   const std::uint64_t grad_need = grad_slot_bytes * config.zinf.grad_staging_buffers;
   const std::uint64_t opt_need = optimizer_pinned_bytes_needed(oo, groups);
   const std::uint64_t budget = config.zinf.pinned_budget_bytes;
@@ -561,7 +559,7 @@ std::size_t OffloadEngine::Impl::acquire_grad_slot() {
     // First device-gradient call: the staging the budget check counted, pinned for DMA.
     swap::BufferPoolOptions bo;
     bo.budget_bytes = grad_slot_bytes * config.zinf.grad_staging_buffers;
-    bo.alignment = static_cast<std::uint32_t>(kGradAlign);
+    bo.alignment = static_cast<std::uint32_t>(detail::kHostAlign);
     bo.huge_pages = true;
     auto pool = std::make_unique<swap::BufferPool>(bo);
     cuda::PinnedRegistration pinned = device.register_host(pool->arena());

@@ -8,7 +8,6 @@
 namespace zinf::offload::detail {
 namespace {
 
-constexpr std::uint64_t kHostAlign = 4096;
 
 // The resident and pinned tiers: one 4 KiB-aligned host copy per layer (pinned only for the
 // pinned tier; the resident tier's host copies are ordinary memory, outside the budget).

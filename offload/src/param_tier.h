@@ -21,6 +21,10 @@
 
 namespace zinf::offload::detail {
 
+/// The alignment of zinf's host buffers that are not read by O_DIRECT (pinned copies, gradient
+/// staging): a page, as pinned registrations are page-granular.
+inline constexpr std::uint64_t kHostAlign = 4096;
+
 /// Bytes of one layer's low-precision copy (bf16 or fp16: two bytes per element).
 inline std::uint64_t param_bytes(const LayerSpec& layer) { return layer.numel * 2; }
 

@@ -19,7 +19,6 @@
 namespace zinf::offload::detail {
 namespace {
 
-constexpr std::uint64_t kHostAlign = 4096;
 // With checksums a range write must be whole stripes: 1 MiB keeps a layer's copy-out ranges
 // (one per sub-group) few and each read a handful of engine requests.
 constexpr std::uint32_t kParamStripe = 1u << 20;

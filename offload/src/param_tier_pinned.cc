@@ -18,7 +18,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr std::size_t kNone = std::numeric_limits<std::size_t>::max();
-constexpr std::uint64_t kHostAlign = 4096;
 
 class PinnedTier final : public ParamTier {
  public:
