@@ -222,13 +222,31 @@ struct AdamJob {
   KernelFn kernel;
   KernelArgs args;
   float* out_f32 = nullptr;  // an fp32 copy-out: the kernels convert only to bf16/fp16
+  const ChunkHooks* hooks = nullptr;
 };
+
+void run_adam_piece(const AdamJob& job, std::size_t begin, std::size_t end) {
+  job.kernel(job.args, begin, end);
+  if (job.out_f32 != nullptr) {
+    std::copy(job.args.params + begin, job.args.params + end, job.out_f32 + begin);
+  }
+}
 
 void run_adam_chunk(const void* ctx, std::size_t begin, std::size_t end) {
   const auto* job = static_cast<const AdamJob*>(ctx);
-  job->kernel(job->args, begin, end);
-  if (job->out_f32 != nullptr) {
-    std::copy(job->args.params + begin, job->args.params + end, job->out_f32 + begin);
+  if (job->hooks == nullptr) {
+    run_adam_piece(*job, begin, end);
+    return;
+  }
+  // Smaller pieces than the pool's chunks, so that what `before` touched is still in L2 when
+  // the kernel reads it, and what the kernel wrote when `after` reads it. The kernel gives
+  // every element the same arithmetic wherever a range starts, so the split changes no bit.
+  const ChunkHooks& h = *job->hooks;
+  for (std::size_t b = begin; b < end; b += kHookPieceElements) {
+    const std::size_t e = std::min(end, b + kHookPieceElements);
+    if (h.before != nullptr) h.before(h.ctx, b, e);
+    run_adam_piece(*job, b, e);
+    if (h.after != nullptr) h.after(h.ctx, b, e);
   }
 }
 
@@ -329,7 +347,7 @@ Isa CpuAdam::isa() const noexcept { return impl_->isa; }
 std::size_t CpuAdam::threads() const noexcept { return impl_->pool.threads(); }
 
 void CpuAdam::step(const AdamParams& hp, std::span<float> params, std::span<float> m,
-                   std::span<float> v, GradView grads, CopyOut out) {
+                   std::span<float> v, GradView grads, CopyOut out, const ChunkHooks* hooks) {
   // Every check comes before any memory is touched, so a refused call changes nothing.
   const std::size_t n = params.size();
   check_array("params", params.data(), n, n);
@@ -371,6 +389,7 @@ void CpuAdam::step(const AdamParams& hp, std::span<float> params, std::span<floa
   job.args.out = out.enabled && !f32_out ? out.data : nullptr;
   job.args.out_type = elem_type(out.dtype);
   job.out_f32 = f32_out ? static_cast<float*>(out.data) : nullptr;
+  job.hooks = hooks;
   impl_->pool.run(n, params.data(), sizeof(float), run_adam_chunk, &job);
 }
 

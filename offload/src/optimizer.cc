@@ -313,6 +313,7 @@ OffloadedOptimizer::Impl::Impl(OptimizerOptions o, std::vector<ParamGroupSpec> g
       ring.push_back(pool->acquire(max_record_bytes));
     }
     slots.resize(options.pipeline_depth);
+    slot_expected.resize(options.pipeline_depth);
     std::span<std::byte> arena = pool->arena();
     (void)engine->register_buffers(std::span<const std::span<std::byte>>(&arena, 1));
   } else {
@@ -466,10 +467,70 @@ bool OffloadedOptimizer::Impl::io_idle() const {
                       [](const OutSlot& s) { return s.writing; });
 }
 
-void OffloadedOptimizer::Impl::compute(const adam::AdamParams& hp, const Task& t, std::byte* base) {
+namespace {
+
+// The update's hooks for folded checksums: each piece of params, m and v is summed right
+// before the kernel reads it and right after it wrote it, while it is in the core's cache.
+struct FoldedPass {
+  swap::UnitSums* read;
+  swap::UnitSums* written;
+  std::byte* base;
+  std::uint64_t numel;
+
+  void add(swap::UnitSums& sums, std::size_t begin, std::size_t end) const {
+    const std::uint64_t array_bytes = numel * sizeof(float);
+    for (std::uint64_t a = 0; a < 3; ++a) {  // params, m, v
+      sums.add(base, a * array_bytes + begin * sizeof(float), (end - begin) * sizeof(float));
+    }
+  }
+  static void before(void* ctx, std::size_t begin, std::size_t end) {
+    const auto* f = static_cast<const FoldedPass*>(ctx);
+    f->add(*f->read, begin, end);
+  }
+  static void after(void* ctx, std::size_t begin, std::size_t end) {
+    const auto* f = static_cast<const FoldedPass*>(ctx);
+    f->add(*f->written, begin, end);
+  }
+};
+
+}  // namespace
+
+void OffloadedOptimizer::Impl::compute(const adam::AdamParams& hp, const Task& t, std::byte* base,
+                                       std::size_t slot) {
   const Record& rec = records[t.record];
-  adam.step(hp, params_of(base, rec.numel), m_of(base, rec.numel), v_of(base, rec.numel), t.grads,
-            t.out);
+  const auto p = params_of(base, rec.numel);
+  const auto m = m_of(base, rec.numel);
+  const auto v = v_of(base, rec.numel);
+  if (!folded_sums()) {
+    adam.step(hp, p, m, v, t.grads, t.out);
+    return;
+  }
+  // The record's bytes as the store keeps them: the three arrays, then padding to the
+  // store's alignment, which the update does not touch (summed once, for both sides).
+  const std::uint64_t state = rec.numel * kStateBytesPerElement;
+  const std::uint64_t stored = store->padded_size(state);
+  const std::size_t pieces = 3 * (rec.numel / adam::kHookPieceElements + 2);
+  sums_read.reset(stored, store->stripe_bytes(), pieces);
+  sums_written.reset(stored, store->stripe_bytes(), pieces);
+  if (stored > state) {
+    sums_read.add(base, state, stored - state);
+    sums_written.add(base, state, stored - state);
+  }
+  FoldedPass pass{&sums_read, &sums_written, base, rec.numel};
+  const adam::ChunkHooks hooks{FoldedPass::before, FoldedPass::after, &pass};
+  adam.step(hp, p, m, v, t.grads, t.out, &hooks);
+  // Checked before the caller writes the record back or copies the parameters out: bytes that
+  // differ from what was written are never handed on (the update made from them stays in the
+  // ring buffer, which the failed step drops).
+  const std::span<const std::uint32_t> found = sums_read.finish();
+  const std::vector<std::uint32_t>& expected = slot_expected[slot];
+  std::optional<Status> corrupt;
+  for (std::size_t u = 0; u < found.size(); ++u) {
+    if (found[u] == expected[u]) continue;
+    Status s = store->checksum_error(rec.key, u, expected[u], found[u]);  // counts each unit
+    if (!corrupt) corrupt = std::move(s);
+  }
+  if (corrupt) throw IoError(*corrupt);
 }
 
 void OffloadedOptimizer::Impl::pipeline_main() {
@@ -544,7 +605,11 @@ void OffloadedOptimizer::Impl::pipeline_main() {
       swap::IoTicket t;
       std::optional<Status> err;
       try {
-        t = store->swap_in(rec.key, ring[si].span(), on_done(si, false, rec.padded, at));
+        if (folded_sums()) slot_expected[si].resize(store->unit_count(rec.key));
+        t = folded_sums() ? store->swap_in_unchecked(rec.key, ring[si].span(), slot_expected[si],
+                                                     on_done(si, false, rec.padded, at))
+                          : store->swap_in(rec.key, ring[si].span(),
+                                           on_done(si, false, rec.padded, at));
       } catch (...) {
         err = current_exception_status();
       }
@@ -597,7 +662,7 @@ void OffloadedOptimizer::Impl::pipeline_main() {
       std::optional<Status> err;
       const auto t0 = OptClock::now();
       try {
-        compute(hp, task, base);
+        compute(hp, task, base, si);
       } catch (...) {
         err = current_exception_status();
       }
@@ -624,7 +689,10 @@ void OffloadedOptimizer::Impl::pipeline_main() {
       bool submitted = false;
       if (!err && nvme()) {
         try {
-          wt = store->swap_out(rec.key, ring[si].span(), on_done(si, true, rec.padded, t1));
+          wt = folded_sums()
+                   ? store->swap_out_summed(rec.key, ring[si].span(), sums_written.finish(),
+                                            on_done(si, true, rec.padded, t1))
+                   : store->swap_out(rec.key, ring[si].span(), on_done(si, true, rec.padded, t1));
           submitted = true;
         } catch (...) {
           err = current_exception_status();

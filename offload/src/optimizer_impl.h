@@ -23,6 +23,7 @@
 #include "zinf/swap/dir.h"
 #include "zinf/swap/io_engine.h"
 #include "zinf/swap/swap_store.h"
+#include "zinf/swap/unit_sums.h"
 
 namespace zinf::offload {
 
@@ -131,6 +132,12 @@ struct OffloadedOptimizer::Impl {
   StepRun run;                     // guarded by mu
   std::vector<Slot> slots;         // guarded by mu
   std::vector<OutSlot> out_slots;  // guarded by mu; one per out_staging buffer
+  // Checksums folded into the update (kNvme with swap checksums): per ring slot, the unit
+  // CRCs its record was written with (from swap_in_unchecked); the sums of the bytes the
+  // update read and of those it wrote. Only the pipeline thread touches these.
+  std::vector<std::vector<std::uint32_t>> slot_expected;
+  swap::UnitSums sums_read;
+  swap::UnitSums sums_written;
   bool stop = false;               // guarded by mu
   std::jthread pipeline;           // last: joined first
 
@@ -157,7 +164,11 @@ struct OffloadedOptimizer::Impl {
 
   void pipeline_main();
   bool pipeline_can_progress(std::size_t c, std::size_t r) const;
-  void compute(const adam::AdamParams& hp, const Task& t, std::byte* base);
+  bool folded_sums() const noexcept { return store && store->checksums(); }
+  // Runs the update of task t on `base`. With folded_sums(), `slot` is the ring slot it was
+  // read into: the update sums what it reads and writes, and the record's bytes are checked
+  // against slot_expected before this returns (IoError kCorrupt, nothing written anywhere).
+  void compute(const adam::AdamParams& hp, const Task& t, std::byte* base, std::size_t slot);
   // UsageError unless `grads` and `out` fit the group and the group has state.
   void validate_group_grads(std::size_t group, const adam::GradView& grads,
                             const adam::CopyOut& out) const;

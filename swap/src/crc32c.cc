@@ -132,6 +132,52 @@ std::uint32_t run(Crc32cImpl impl, std::span<const std::byte> data, std::uint32_
 
 }  // namespace
 
+namespace {
+
+// Polynomials over GF(2) modulo the CRC's polynomial, in the bit order of the CRC register
+// (reflected): bit 31 holds x^0 and bit 0 x^31.
+constexpr std::uint32_t kOne = 1u << 31;
+
+constexpr std::uint32_t times_x(std::uint32_t a) noexcept {
+  return (a >> 1) ^ ((a & 1u) != 0 ? detail::kPolyReflected : 0u);
+}
+
+constexpr std::uint32_t multiply(std::uint32_t a, std::uint32_t b) noexcept {
+  std::uint32_t product = 0;
+  for (int bit = 31; bit >= 0; --bit) {  // the coefficient of x^(31 - bit) in a
+    if (((a >> bit) & 1u) != 0) product ^= b;
+    b = times_x(b);
+  }
+  return product;
+}
+
+// kBytePowers[k] = x^(8 * 2^k): feeding 2^k zero bytes through the register multiplies it by
+// that, so a shift by n bytes is the product of the powers of n's set bits.
+constexpr std::array<std::uint32_t, 64> make_byte_powers() {
+  std::array<std::uint32_t, 64> p{};
+  std::uint32_t x8 = kOne;
+  for (int i = 0; i < 8; ++i) x8 = times_x(x8);
+  p[0] = x8;
+  for (std::size_t k = 1; k < p.size(); ++k) p[k] = multiply(p[k - 1], p[k - 1]);
+  return p;
+}
+
+constexpr std::array<std::uint32_t, 64> kBytePowers = make_byte_powers();
+
+}  // namespace
+
+std::uint32_t crc32c_combine(std::uint32_t crc_a, std::uint32_t crc_b,
+                             std::uint64_t length_b) noexcept {
+  // The register after a is crc_a's; b's bytes then shift it by x^(8 |b|) while adding b's
+  // own sum. The initial and final inversions cancel out in this form (they are the same
+  // constant on both sides), so the stored CRC values combine directly.
+  std::uint32_t shift = kOne;
+  for (std::size_t k = 0; length_b != 0; ++k, length_b >>= 1) {
+    if ((length_b & 1u) != 0) shift = multiply(shift, kBytePowers[k]);
+  }
+  return multiply(crc_a, shift) ^ crc_b;
+}
+
 std::uint32_t crc32c(std::span<const std::byte> data, std::uint32_t crc) noexcept {
   return run(crc32c_active_impl(), data, crc);
 }

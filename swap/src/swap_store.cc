@@ -236,8 +236,22 @@ struct SwapStore::Impl {
     return offset + padded;
   }
 
+  // Caller-side checksums (swap_in_unchecked / swap_out_summed): `expected` receives a
+  // read's stored unit CRCs, `sums` gives a write's; empty spans: the store checks and sums.
+  struct CallerSums {
+    std::span<std::uint32_t> expected;
+    std::span<const std::uint32_t> sums;
+    bool active() const noexcept { return !expected.empty() || !sums.empty(); }
+  };
   IoTicket swap(const std::string& key, bool write, bool whole, std::uint64_t offset,
-                std::uint64_t length, std::byte* data, std::size_t size, IoCallback on_complete);
+                std::uint64_t length, std::byte* data, std::size_t size, IoCallback on_complete,
+                CallerSums caller = {});
+
+  // The corruption error of stripe unit `unit` (tensor bytes [unit_offset, + unit_length),
+  // stored at `pieces`): one text for the store's own verification and the caller's.
+  Status corrupt_status(const std::string& operation, const std::vector<FilePiece>& pieces,
+                        std::uint64_t unit, std::uint64_t unit_offset, std::uint64_t unit_length,
+                        std::uint32_t written, std::uint32_t read) const;
 
   void commit(Op& op, const Status& status) noexcept;
   Status close_files();
@@ -264,6 +278,8 @@ struct SwapStore::Impl::Op {
   std::uint64_t first_unit = 0;
   std::vector<std::uint32_t> crcs;
   std::vector<std::vector<FilePiece>> unit_pieces;
+  // The caller verifies this swap_in's units, or has summed this swap_out's (CallerSums).
+  bool caller_sums = false;
 
   std::string what() const {
     return std::string(write ? "swap_out" : "swap_in") + " of key '" + key + "'";
@@ -283,27 +299,33 @@ void SwapStore::Impl::Op::verify_unit(std::size_t i) noexcept {
   if (found == crcs[i]) return;
   store->checksum_failures.fetch_add(1, std::memory_order_relaxed);
   try {
-    const auto& pieces = unit_pieces[i];
-    std::string where_stored;
-    for (const FilePiece& p : pieces) {
-      where_stored += (where_stored.empty() ? "" : ", ") + store->paths[p.file] +
-                      " offset=" + std::to_string(p.file_offset) +
-                      " length=" + std::to_string(p.length);
-    }
-    const FilePiece& first = pieces.front();
-    ticket->record_failure(
-        Status::error(ErrorCode::kCorrupt,
-                      "checksum mismatch in stripe unit " + std::to_string(first_unit + i) +
-                          " (tensor offset " + std::to_string(unit_offset) + " length " +
-                          std::to_string(unit_length) + ", stored at " + where_stored +
-                          "): crc32c written " + hex32(crcs[i]) + ", read " + hex32(found))
-            .with_operation(what())
-            .with_path(store->paths[first.file])
-            .with_range(first.file_offset, unit_length));
+    ticket->record_failure(store->corrupt_status(what(), unit_pieces[i], first_unit + i,
+                                                 unit_offset, unit_length, crcs[i], found));
   } catch (...) {
     // Building the text failed (out of memory): the failure itself must still be recorded.
     ticket->record_failure(Status::error(ErrorCode::kCorrupt, "checksum mismatch"));
   }
+}
+
+Status SwapStore::Impl::corrupt_status(const std::string& operation,
+                                       const std::vector<FilePiece>& pieces, std::uint64_t unit,
+                                       std::uint64_t unit_offset, std::uint64_t unit_length,
+                                       std::uint32_t written, std::uint32_t read) const {
+  std::string where_stored;
+  for (const FilePiece& p : pieces) {
+    where_stored += (where_stored.empty() ? "" : ", ") + paths[p.file] +
+                    " offset=" + std::to_string(p.file_offset) +
+                    " length=" + std::to_string(p.length);
+  }
+  const FilePiece& first = pieces.front();
+  return Status::error(ErrorCode::kCorrupt,
+                       "checksum mismatch in stripe unit " + std::to_string(unit) +
+                           " (tensor offset " + std::to_string(unit_offset) + " length " +
+                           std::to_string(unit_length) + ", stored at " + where_stored +
+                           "): crc32c written " + hex32(written) + ", read " + hex32(read))
+      .with_operation(operation)
+      .with_path(paths[first.file])
+      .with_range(first.file_offset, unit_length);
 }
 
 void SwapStore::Impl::Op::sum_unit(std::size_t i) noexcept {
@@ -365,15 +387,17 @@ void SwapStore::Impl::commit(Op& op, const Status& status) noexcept {
 
 IoTicket SwapStore::Impl::swap(const std::string& key, bool write, bool whole, std::uint64_t offset,
                                std::uint64_t length, std::byte* data, std::size_t size,
-                               IoCallback on_complete) {
-  const char* op_name =
-      write ? (whole ? "swap_out" : "swap_out_range") : (whole ? "swap_in" : "swap_in_range");
+                               IoCallback on_complete, CallerSums caller) {
+  const char* op_name = caller.active() ? (write ? "swap_out_summed" : "swap_in_unchecked")
+                        : write         ? (whole ? "swap_out" : "swap_out_range")
+                                        : (whole ? "swap_in" : "swap_in_range");
   auto op = std::make_shared<Op>();
   op->store = this;
   op->key = key;
   op->write = write;
   op->whole = whole;
   op->buffer = data;
+  op->caller_sums = caller.active();
   op->ticket->callback = std::move(on_complete);
 
   // Phase 1, under the lock: validate, check same-key conflicts, register the swap, and cut
@@ -412,7 +436,29 @@ IoTicket SwapStore::Impl::swap(const std::string& key, bool write, bool whole, s
       }
       return reqs;
     };
-    if (options.checksums) {
+    if (caller.active()) {
+      // Whole tensors only (the public calls); one unit count for the caller's span.
+      if (!options.checksums) {
+        throw UsageError(std::string("SwapStore::") + op_name + " of key '" + key +
+                         "': the store keeps no checksums (SwapStoreOptions::checksums)");
+      }
+      const std::size_t units = t.crcs.size();
+      const std::size_t given = write ? caller.sums.size() : caller.expected.size();
+      if (given != units) {
+        throw UsageError(std::string("SwapStore::") + op_name + " of key '" + key + "': " +
+                         std::to_string(given) + " unit checksums given for its " +
+                         std::to_string(units) + " stripe units");
+      }
+      // One batch, as without checksums: nothing waits for a unit to land.
+      std::vector<FilePiece> pieces;
+      map_range(t, op->begin, op->end, op->begin, pieces);
+      batches.push_back(to_requests(pieces));
+      if (write) {
+        op->crcs.assign(caller.sums.begin(), caller.sums.end());
+      } else {
+        std::copy(t.crcs.begin(), t.crcs.end(), caller.expected.begin());
+      }
+    } else if (options.checksums) {
       op->first_unit = op->begin / stripe;
       for (std::uint64_t u = op->first_unit; u * stripe < op->end; ++u) {
         std::vector<FilePiece> pieces;
@@ -443,7 +489,7 @@ IoTicket SwapStore::Impl::swap(const std::string& key, bool write, bool whole, s
         Op& o = *op;
         if (!s.ok()) {
           o.ticket->record_failure(Status(s).with_operation(o.what() + ": " + s.operation()));
-        } else if (!o.write && o.store->options.checksums) {
+        } else if (!o.write && o.store->options.checksums && !o.caller_sums) {
           if (o.store->verifier) {
             // A hold for this thread while it is inside post(): the verify thread may finish
             // the unit, and with it the op, before post() returns, and the last op's end lets
@@ -482,7 +528,7 @@ IoTicket SwapStore::Impl::swap(const std::string& key, bool write, bool whole, s
     op->pending.fetch_sub(static_cast<std::int64_t>(batches.size() - submitted),
                           std::memory_order_acq_rel);
   }
-  if (write && options.checksums) {
+  if (write && options.checksums && !op->caller_sums) {
     // Overlaps the writes already in flight (they only read the buffer). On the verify
     // threads, one task per unit, each holding the op like a batch: the submitter (the
     // optimizer's pipeline thread, between two Adam updates) returns at once instead of
@@ -787,6 +833,51 @@ IoTicket SwapStore::swap_in_range(const std::string& key, std::uint64_t offset,
                                   IoCallback on_complete) {
   return impl_->swap(key, false, false, offset, length, buffer.data(), buffer.size(),
                      std::move(on_complete));
+}
+
+IoTicket SwapStore::swap_in_unchecked(const std::string& key, std::span<std::byte> buffer,
+                                      std::span<std::uint32_t> expected, IoCallback on_complete) {
+  if (expected.empty()) throw UsageError("SwapStore::swap_in_unchecked: no span for the sums");
+  return impl_->swap(key, false, true, 0, 0, buffer.data(), buffer.size(), std::move(on_complete),
+                     Impl::CallerSums{expected, {}});
+}
+
+IoTicket SwapStore::swap_out_summed(const std::string& key, std::span<const std::byte> buffer,
+                                    std::span<const std::uint32_t> sums, IoCallback on_complete) {
+  if (sums.empty()) throw UsageError("SwapStore::swap_out_summed: no unit checksums given");
+  return impl_->swap(key, true, true, 0, 0, const_cast<std::byte*>(buffer.data()), buffer.size(),
+                     std::move(on_complete), Impl::CallerSums{{}, sums});
+}
+
+std::uint64_t SwapStore::unit_count(const std::string& key) const {
+  std::lock_guard lock(impl_->mu);
+  const Impl& s = *impl_;
+  auto it = s.tensors.find(key);
+  if (it == s.tensors.end()) throw UsageError("SwapStore::unit_count: unknown key '" + key + "'");
+  return (it->second.padded + s.stripe - 1) / s.stripe;
+}
+
+Status SwapStore::checksum_error(const std::string& key, std::uint64_t unit,
+                                 std::uint32_t expected, std::uint32_t found) {
+  Impl& s = *impl_;
+  std::vector<FilePiece> pieces;
+  std::uint64_t unit_offset = 0;
+  std::uint64_t unit_length = 0;
+  {
+    std::lock_guard lock(s.mu);
+    s.check_open();
+    const Tensor& t = s.find(key, "checksum_error");
+    unit_offset = unit * s.stripe;
+    if (unit_offset >= t.padded) {
+      throw UsageError("SwapStore::checksum_error: key '" + key + "' has no stripe unit " +
+                       std::to_string(unit));
+    }
+    unit_length = std::min(t.padded, unit_offset + s.stripe) - unit_offset;
+    s.map_range(t, unit_offset, unit_offset + unit_length, unit_offset, pieces);
+  }
+  s.checksum_failures.fetch_add(1, std::memory_order_relaxed);
+  return s.corrupt_status("swap_in of key '" + key + "'", pieces, unit, unit_offset, unit_length,
+                          expected, found);
 }
 
 void SwapStore::precondition() {

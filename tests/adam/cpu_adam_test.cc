@@ -7,12 +7,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -350,6 +352,74 @@ TEST_P(CpuAdamIsa, BitwiseIdenticalAcrossThreadCountsAndAlignments) {
       EXPECT_EQ(std::memcmp(pr.out.cspan().data(), first->out.cspan().data(), n * 2), 0);
     }
   }
+}
+
+template <typename T>
+bool same_range(std::span<const T> a, std::span<const T> b, std::size_t begin, std::size_t end) {
+  return std::memcmp(a.data() + begin, b.data() + begin, (end - begin) * sizeof(T)) == 0;
+}
+
+// ChunkHooks: `before` sees each piece's old values, `after` its new ones (and copy-out);
+// the pieces tile [0, n) once each, none longer than kHookPieceElements; the update is
+// bitwise the one without hooks.
+TEST_P(CpuAdamIsa, HooksSeeEachPieceBeforeAndAfterItsUpdateAndChangeNoBit) {
+  const std::size_t n = 3 * kChunk + 123;
+  CpuAdam adam({.threads = 3, .isa = GetParam()});
+  AdamParams hp = typical(AdamMode::kAdamW, 0.01, true);
+  Problem plain(n, 1, kSeed);
+  adam.step(hp, plain.p.span(), plain.m.span(), plain.v.span(), plain.grads(DType::kBF16),
+            CopyOut::bf16(plain.out.span()));
+
+  Problem hooked(n, 1, kSeed);
+  const Problem old(n, 1, kSeed);
+  struct Seen {
+    const Problem* old;
+    const Problem* plain;
+    Problem* hooked;
+    std::mutex mu;
+    std::vector<std::pair<std::size_t, std::size_t>> before, after;
+    std::atomic<int> wrong{0};
+  } seen{&old, &plain, &hooked, {}, {}, {}, {}};
+  ChunkHooks hooks;
+  hooks.ctx = &seen;
+  hooks.before = [](void* c, std::size_t b, std::size_t e) {
+    auto& s = *static_cast<Seen*>(c);
+    if (!same_range(s.hooked->p.cspan(), s.old->p.cspan(), b, e) ||
+        !same_range(s.hooked->m.cspan(), s.old->m.cspan(), b, e) ||
+        !same_range(s.hooked->v.cspan(), s.old->v.cspan(), b, e)) {
+      ++s.wrong;
+    }
+    std::lock_guard lock(s.mu);
+    s.before.emplace_back(b, e);
+  };
+  hooks.after = [](void* c, std::size_t b, std::size_t e) {
+    auto& s = *static_cast<Seen*>(c);
+    if (!same_range(s.hooked->p.cspan(), s.plain->p.cspan(), b, e) ||
+        !same_range(s.hooked->v.cspan(), s.plain->v.cspan(), b, e) ||
+        !same_range(s.hooked->out.cspan(), s.plain->out.cspan(), b, e)) {
+      ++s.wrong;
+    }
+    std::lock_guard lock(s.mu);
+    s.after.emplace_back(b, e);
+  };
+  adam.step(hp, hooked.p.span(), hooked.m.span(), hooked.v.span(), hooked.grads(DType::kBF16),
+            CopyOut::bf16(hooked.out.span()), &hooks);
+  EXPECT_EQ(seen.wrong.load(), 0);
+  EXPECT_EQ(std::memcmp(hooked.p.cspan().data(), plain.p.cspan().data(), n * 4), 0);
+  EXPECT_EQ(std::memcmp(hooked.m.cspan().data(), plain.m.cspan().data(), n * 4), 0);
+  EXPECT_EQ(std::memcmp(hooked.v.cspan().data(), plain.v.cspan().data(), n * 4), 0);
+  EXPECT_EQ(std::memcmp(hooked.out.cspan().data(), plain.out.cspan().data(), n * 2), 0);
+  std::sort(seen.before.begin(), seen.before.end());
+  std::sort(seen.after.begin(), seen.after.end());
+  EXPECT_EQ(seen.before, seen.after);
+  std::size_t covered = 0;
+  for (const auto& [b, e] : seen.before) {
+    EXPECT_EQ(b, covered);
+    EXPECT_GT(e, b);
+    EXPECT_LE(e - b, kHookPieceElements);
+    covered = e;
+  }
+  EXPECT_EQ(covered, n);
 }
 
 // An fp32 copy-out is the updated parameters themselves, for every thread count.

@@ -368,6 +368,56 @@ TEST_P(OptimizerFault, DefaultOptionsFailTheOptimizerOnACorruptRecordAfterWriteB
   }
 }
 
+// Records of four stripe units, whose checksums the update folds into its own pass: a byte
+// flipped in the padding of the first record (its last unit) fails the step before any
+// write-back, which leaves the optimizer usable; one flipped inside the m array of the second
+// record (unit 2, after the first record was written back) fails the optimizer. Either way
+// the error names the unit's file offset and length and both CRCs, as the store's own does.
+TEST_P(OptimizerFault, ChecksumsFoldedIntoTheUpdateCatchAFlipInAnyStripeUnit) {
+  const std::vector<ParamGroupSpec> groups = {{"big", 2 * 300007 + 11}};
+  constexpr std::uint64_t kMiB = 1 << 20;
+  struct Case {
+    const char* name;
+    std::uint64_t flip;      // file offset (one directory: file offsets are store addresses)
+    const char* key;
+    std::uint64_t unit_offset;
+    std::uint64_t unit_length;
+    bool fails_optimizer;
+  };
+  // big#0 takes [0, 3600384) (3600084 bytes of state, padded); big#1 follows it at once.
+  const Case cases[] = {{"padding", 3600100, "big#0", 3 * kMiB, 3600384 - 3 * kMiB, false},
+                        {"moments", 3600384 + 2 * kMiB + 100, "big#1", 3600384 + 2 * kMiB, kMiB,
+                         true}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string subdir = std::string("nvme-") + c.name;
+    OptimizerOptions o;
+    o.tier = StateTier::kNvme;
+    o.sub_group_elements = 300007;
+    o.hyper = test::test_hyper();
+    o.io.kind = GetParam();
+    o.directories = {dir_.subdir(subdir)};
+    OffloadedOptimizer opt(o, groups);
+    test::init_all(opt);
+    test::run_steps(opt, 1, 1);
+    const std::string path = opt.swap_file_paths()[0];
+    const auto flip = test::flip_swap_file_byte(dir_.file(subdir), c.flip);
+    test::StepGrads sg(groups, 2, DType::kF32);
+    try {
+      (void)opt.step(sg.views);
+      ADD_FAILURE() << "step 2 trained on a corrupt swap file";
+    } catch (const IoError& e) {
+      expect_corrupt(e, path, subdir, c.key, flip);
+      EXPECT_EQ(e.status().offset(), c.unit_offset);
+      EXPECT_EQ(e.status().length(), c.unit_length);
+    }
+    EXPECT_EQ(opt.failed(), c.fails_optimizer);
+    if (!c.fails_optimizer) {
+      EXPECT_EQ(opt.step_count(), 1u);  // the step was undone
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, OptimizerFault,
                          ::testing::Values(IoEngineKind::kThreads, IoEngineKind::kUring),
                          [](const auto& p) {

@@ -96,6 +96,23 @@ TEST(OffloadedOptimizer, NvmeAndCpuTiersAgreeBitwiseWithDeepRing) {
   EXPECT_EQ(test::diff(test::read_all(nvme), test::read_all(cpu)), "");
 }
 
+// With checksums (the default) the update sums what it reads and writes piece by piece; with
+// records of several stripe units, units start inside the arrays and straddle the params/m
+// and m/v boundaries, and the last one holds the padding: still bitwise the plain kernel.
+TEST(OffloadedOptimizer, ChecksumsFoldedIntoTheUpdateOverManyStripeUnitsChangeNoBit) {
+  test::TestDir dir;
+  const std::vector<ParamGroupSpec> groups = {{"big", 2 * 300007 + 11}, {"small", 5}};
+  auto o = options_for(StateTier::kNvme, swap::IoEngineKind::kThreads, dir);
+  o.sub_group_elements = 300007;  // 3.6 MB records: four 1 MiB stripe units each
+  ASSERT_TRUE(o.swap_checksums);
+  OffloadedOptimizer opt(o, groups);
+  test::init_all(opt);
+  test::run_steps(opt, 1, 3);
+  EXPECT_EQ(test::diff(test::read_all(opt), test::reference_run(groups, test::test_hyper(), 3,
+                                                                DType::kF32)),
+            "");
+}
+
 TEST(OffloadedOptimizer, PerGroupSteppingInAnyOrderMatchesStep) {
   // Backward produces the last layer's gradients first: groups are handed over in reverse,
   // one at a time, and the update of each runs while the caller goes on.

@@ -84,6 +84,28 @@ TEST(Crc32c, IncrementalEqualsWhole) {
   }
 }
 
+// crc32c_combine joins the CRCs of two pieces into the CRC of both, for every cut, including
+// empty pieces and lengths with many set bits.
+TEST(Crc32c, CombineEqualsTheCrcOfTheConcatenation) {
+  std::mt19937_64 rng(7);
+  std::vector<std::byte> data(200000);
+  for (auto& b : data) b = static_cast<std::byte>(rng());
+  std::span<const std::byte> all(data);
+  const std::uint32_t whole = crc32c(all);
+  for (std::size_t cut : {0ul, 1ul, 3ul, 4096ul, 65535ul, 65536ul, 131071ul, 199999ul, 200000ul}) {
+    const std::uint32_t a = crc32c(all.first(cut));
+    const std::uint32_t b = crc32c(all.subspan(cut));
+    EXPECT_EQ(crc32c_combine(a, b, data.size() - cut), whole) << "cut at " << cut;
+  }
+  // Three pieces joined right to left give the same as left to right.
+  const std::uint32_t p1 = crc32c(all.first(1000));
+  const std::uint32_t p2 = crc32c(all.subspan(1000, 77777));
+  const std::uint32_t p3 = crc32c(all.subspan(78777));
+  EXPECT_EQ(crc32c_combine(crc32c_combine(p1, p2, 77777), p3, data.size() - 78777), whole);
+  EXPECT_EQ(crc32c_combine(p1, crc32c_combine(p2, p3, data.size() - 78777), data.size() - 1000),
+            whole);
+}
+
 // The hardware path has a byte head (to 8-byte alignment), a 3-lane loop over 12 KiB chunks,
 // an 8-byte loop and a byte tail: lengths and start offsets around each boundary.
 TEST(Crc32c, HardwareMatchesTableOnAllPaths) {

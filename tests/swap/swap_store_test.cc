@@ -369,6 +369,75 @@ TEST_P(SwapStoreTest, ChecksumsCatchCorruptionPlantedInAFile) {
   }
 }
 
+// Caller-side checksums: swap_in_unchecked hands the stored unit CRCs over with the bytes,
+// swap_out_summed stores the caller's, and checksum_error() is the store's own corruption
+// error, so a caller that folds the sums into its own pass loses nothing of the store's
+// guarantees. A wrong caller sum is never silent: the next verified swap_in refuses the unit.
+TEST_P(SwapStoreTest, CallerSideChecksumsKeepTheStoresGuarantees) {
+  SwapStoreOptions o = options(3, 3 << 20, /*checksums=*/true);
+  SwapStore store(o, *engine_);
+  const std::uint64_t bytes = 4 * kStripe + 4096;  // a short last unit
+  store.allocate("w", bytes);
+  ASSERT_EQ(store.unit_count("w"), 5u);
+  AlignedBuffer out(bytes);
+  fill_pattern(out.span(), 9, 0, 1);
+  std::vector<std::uint32_t> sums;
+  for (std::uint64_t at = 0; at < bytes; at += kStripe) {
+    sums.push_back(crc32c(out.span().subspan(at, std::min<std::uint64_t>(kStripe, bytes - at))));
+  }
+  store.swap_out_summed("w", out.span(), sums).wait();
+
+  // Read back both ways: verified by the store, and unchecked with the sums handed over.
+  AlignedBuffer in(bytes);
+  store.swap_in("w", in.span()).wait();
+  EXPECT_EQ(check_pattern(in.span(), 9, 0, 1), "");
+  std::vector<std::uint32_t> expected(5);
+  AlignedBuffer raw(bytes);
+  store.swap_in_unchecked("w", raw.span(), expected).wait();
+  EXPECT_EQ(expected, sums);
+  EXPECT_EQ(check_pattern(raw.span(), 9, 0, 1), "");
+
+  // A byte changed in the file: swap_in_unchecked completes, the caller's sum differs, and
+  // checksum_error() gives exactly swap_in's own error.
+  {
+    int fd = ::open(fd_path(store, 1).c_str(), O_WRONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::pwrite(fd, "!", 1, 77), 1);
+    ::close(fd);
+  }
+  std::string store_text;
+  try {
+    store.swap_in("w", in.span()).wait();
+    FAIL() << "corruption not detected";
+  } catch (const IoError& e) {
+    store_text = e.what();
+  }
+  store.swap_in_unchecked("w", raw.span(), expected).wait();
+  const std::uint32_t found = crc32c(raw.span().subspan(kStripe, kStripe));
+  ASSERT_NE(found, expected[1]);
+  const Status err = store.checksum_error("w", 1, expected[1], found);
+  EXPECT_EQ(err.code(), ErrorCode::kCorrupt);
+  EXPECT_EQ(IoError(err).what(), store_text);
+  EXPECT_EQ(store.stats().checksum_failures, 2u);
+
+  // A wrong caller sum is stored as given and read back as corruption.
+  sums[3] ^= 1;
+  store.swap_out_summed("w", out.span(), sums).wait();
+  EXPECT_THROW(store.swap_in("w", in.span()).wait(), IoError);
+
+  // Misuse: wrong span sizes, unknown units, a store without checksums.
+  std::vector<std::uint32_t> four(4);
+  EXPECT_THROW((void)store.swap_in_unchecked("w", raw.span(), four), UsageError);
+  EXPECT_THROW((void)store.swap_out_summed("w", out.span(), four), UsageError);
+  EXPECT_THROW((void)store.checksum_error("w", 5, 0, 0), UsageError);
+  SwapStoreOptions plain = options(1, 1 << 20, /*checksums=*/false);
+  plain.directories = {dir_.subdir("plain")};
+  SwapStore unsummed(plain, *engine_);
+  unsummed.allocate("x", kStripe);
+  std::vector<std::uint32_t> one(1);
+  EXPECT_THROW((void)unsummed.swap_in_unchecked("x", raw.span(), one), UsageError);
+}
+
 TEST_P(SwapStoreTest, FreeSpaceCheckedAtCreationBeforeCreatingAnything) {
   std::vector<std::string> d = dirs(1);
   struct statvfs vfs {};

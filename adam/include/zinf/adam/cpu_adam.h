@@ -124,6 +124,23 @@ struct CopyOut {
   }
 };
 
+/// Work a caller does on each piece of the arrays while it is in cache, on the thread that
+/// updates that piece: `before(ctx, begin, end)` right before the kernel reads elements
+/// [begin, end) of every array, `after(ctx, begin, end)` right after it has written them (and
+/// their copy-out). The offloaded optimizer folds its swap checksums into the update's own
+/// pass over memory this way instead of making passes of its own. Pieces hold at most
+/// kHookPieceElements elements; together they cover [0, n) once each, in no set order and on
+/// several threads at once, so the functions must be thread-safe, and must not throw. Null
+/// functions are skipped.
+struct ChunkHooks {
+  void (*before)(void* ctx, std::size_t begin, std::size_t end) = nullptr;
+  void (*after)(void* ctx, std::size_t begin, std::size_t end) = nullptr;
+  void* ctx = nullptr;
+};
+/// 16 Ki elements: 64 KiB per fp32 array, so a piece's parameters, moments, gradients and
+/// copy-out (~290 KiB) stay in a core's L2 between `before`, the kernel and `after`.
+inline constexpr std::size_t kHookPieceElements = std::size_t{1} << 14;
+
 /// How a CpuAdam is built.
 struct CpuAdamOptions {
   /// Threads that run each step, the calling thread included; 0 means one per hardware thread.
@@ -161,8 +178,10 @@ class CpuAdam {
   /// lengths, a null pointer with a non-zero length, overlapping arrays, hyper-parameters that
   /// check_adam_params() refuses, or step == 0. An fp32 copy-out is copied per chunk right
   /// after the kernel updated it (still in cache), so it costs a copy, not a memory pass.
+  /// `hooks`, if given, run around each piece (see ChunkHooks); the update is bitwise the
+  /// same with or without them.
   void step(const AdamParams& hp, std::span<float> params, std::span<float> m, std::span<float> v,
-            GradView grads, CopyOut out = {});
+            GradView grads, CopyOut out = {}, const ChunkHooks* hooks = nullptr);
 
   /// Writes `params` rounded to `out`'s type (bf16/fp16, round to nearest even) with exactly
   /// the conversion step()'s copy-out uses on this instance's code path (the kernel itself,

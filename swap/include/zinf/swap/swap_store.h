@@ -155,6 +155,32 @@ class SwapStore {
   IoTicket swap_in_range(const std::string& key, std::uint64_t offset, std::uint64_t length,
                          std::span<std::byte> buffer, IoCallback on_complete = {});
 
+  /// Caller-side checksums, for a caller that passes over the bytes anyway and folds the
+  /// CRC32C into that pass (the optimizer sums inside its Adam update) rather than have the
+  /// store make a pass of its own. Whole tensors, stores with checksums on, only. Stripe unit
+  /// i of a tensor is its padded bytes [i * stripe_bytes(), min(padded, (i + 1) *
+  /// stripe_bytes())); unit_count(key) units in all.
+  ///
+  /// swap_in_unchecked: swap_in whose ticket completes WITHOUT verifying. `expected` (exactly
+  /// unit_count(key) entries) receives each unit's stored CRC32C before this returns. The
+  /// caller must compute every unit's CRC32C of the bytes read and, before acting on any of
+  /// them (writing them anywhere, handing them on), compare, and turn a difference into
+  /// checksum_error(). UsageError for a store without checksums or a wrong span size.
+  IoTicket swap_in_unchecked(const std::string& key, std::span<std::byte> buffer,
+                             std::span<std::uint32_t> expected, IoCallback on_complete = {});
+  /// swap_out with each unit's CRC32C given by the caller (`sums`, unit_count(key) entries),
+  /// stored as given: a wrong sum is never silent, the next swap_in fails with kCorrupt.
+  IoTicket swap_out_summed(const std::string& key, std::span<const std::byte> buffer,
+                           std::span<const std::uint32_t> sums, IoCallback on_complete = {});
+  /// The number of stripe units of `key`. UsageError for an unknown key.
+  std::uint64_t unit_count(const std::string& key) const;
+  /// Returns the kCorrupt error for unit `unit` of `key` whose bytes summed to `found` where
+  /// swap_in_unchecked gave `expected`: the same text, file, offset and length as swap_in's
+  /// own verification, and counted in stats().checksum_failures. UsageError for an unknown
+  /// key or unit.
+  Status checksum_error(const std::string& key, std::uint64_t unit, std::uint32_t expected,
+                        std::uint32_t found);
+
   /// Writes every block of every file once (zeros), so that later swap_outs overwrite written
   /// blocks rather than fill unwritten extents: ~5.6 GB/s vs ~3.1 here (measured with fio on the build machines).
   /// Blocks until done; throws IoError on failure. Call before the first swap_out (UsageError
