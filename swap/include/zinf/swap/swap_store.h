@@ -34,8 +34,10 @@ struct SwapStoreOptions {
   /// kCorrupt naming the key, file, offset, length and both CRCs, and is never returned as
   /// data. Cost: ~1 CRC32C pass over the bytes each way (SSE4.2, ~12 GB/s per thread; swap_in
   /// verification runs on the verify threads, overlapping the reads still in flight) and 4
-  /// bytes of memory per stripe unit. With it, ranges must cover whole stripe units (see
-  /// swap_out_range). false opts out: the store then hands back whatever the file holds.
+  /// bytes of memory per stripe unit. A caller that passes over the bytes anyway can take
+  /// both passes on itself (swap_in_unchecked / swap_out_summed; the optimizer does, inside
+  /// its Adam update). With it, ranges must cover whole stripe units (see swap_out_range).
+  /// false opts out: the store then hands back whatever the file holds.
   bool checksums = true;
   /// Threads that verify swap_in checksums and compute swap_out ones (0: verify on the
   /// engine's completion thread, sum on the submitting thread). Off the engine's thread,
