@@ -3,7 +3,7 @@
 // --sustained`): the steady-state rate of a series of per-interval samples, its noise, and
 // whether and where it fell off a cliff (a drive's write cache filling up) rather than
 // wandering with noise or drifting slowly. Pure functions of the series, unit-tested on
-// synthetic ones; the rule is stated here and in docs/benchmarks.md.
+// synthetic ones; the rule is stated here and in docs/consumer.md.
 #pragma once
 
 #include <cstddef>
