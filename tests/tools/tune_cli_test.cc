@@ -97,6 +97,50 @@ TEST(TuneCli, TinyBudgetWritesAConfigTheReaderAcceptsWithTheChosenValues) {
               24e9 / (chosen["mixed_gbps"].get<double>() * 1e9), 1e-6 * 24);
 }
 
+// --sustained: after a tiny sweep, a 2-second time-based write with the chosen setting over the
+// size asked for, stated in the text and the report; its steady state, compared with the burst
+// write figure, and said so where it is lower. plan --tune takes the steady rate.
+TEST(TuneCli, SustainedWritesReportTheSteadyRateOnTheSizeGiven) {
+  zinf::test::TestDir dir;
+  std::string data = dir.subdir("data");
+  std::string rep = dir.file("report.json");
+  ToolRun r = run_zinf("tune --dir " + data +
+                       " --time-budget 1 --block-sizes 256K --queue-depths 4 --sustained --size 8M "
+                       "--sustained-time 2s --report " +
+                       rep);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("zinf tune: sustained write of 8 MiB for 2s\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("sustained write: 8 MiB over 1 dir for 2 s with the chosen setting: "
+                       "steady "),
+            std::string::npos)
+      << r.out;
+  const nlohmann::json report = nlohmann::json::parse(slurp(rep));
+  ASSERT_TRUE(report.contains("sustained")) << slurp(rep);
+  const nlohmann::json& su = report["sustained"];
+  EXPECT_EQ(su["size_bytes"], 8u << 20);
+  EXPECT_EQ(su["duration_s"], 2.0);
+  EXPECT_GE(su["seconds"].get<double>(), 2.0);
+  EXPECT_GT(su["steady_write_gbps"].get<double>(), 0);
+  EXPECT_EQ(su["burst_write_gbps"], report["chosen"]["write_gbps"]);
+  EXPECT_GE(su["samples_gbps"].size(), 2u);
+  EXPECT_TRUE(su["cliff"].is_null());  // two samples: not judged
+  // Below the burst figure or not, the text and the report agree.
+  const bool below = su["below_burst"].get<bool>();
+  EXPECT_EQ(su.contains("note"), below) << su;
+  EXPECT_EQ(r.out.find("note: the steady write rate ") != std::string::npos, below) << r.out;
+  EXPECT_EQ(r.out.find("; sustained writes run at ") != std::string::npos, below) << r.out;
+
+  ToolRun p = run_zinf("plan --params 1B --gpus 1 --offload-optimizer nvme --tune " + rep);
+  ASSERT_EQ(p.status, 0) << p.out;
+  EXPECT_NE(p.out.find("  sustained writes: "), std::string::npos) << p.out;
+
+  r = run_zinf("tune --dir " + data + " --size 8M");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out,
+            "zinf tune: error: --size is the size --sustained writes over; give --sustained "
+            "with it\n");
+}
+
 TEST(TuneCli, WarnsWhenMemlockIsBelowThePinnedBudget) {
   zinf::test::TestDir dir;
   // Without CAP_IPC_LOCK (root has it) the limit applies; setpriv drops it for the child.

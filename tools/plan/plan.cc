@@ -55,6 +55,14 @@ DriveBandwidth read_tune_report(const std::string& path) {
     }
     *dst[i] = (*chosen)[keys[i]].get<double>();
   }
+  // `zinf tune --sustained`'s steady write rate, where it ran.
+  const auto sustained = doc.find("sustained");
+  if (sustained != doc.end() && sustained->is_object()) {
+    const auto steady = sustained->find("steady_write_gbps");
+    if (steady != sustained->end() && steady->is_number() && steady->get<double>() > 0) {
+      d.sustained_write_gbps = steady->get<double>();
+    }
+  }
   return d;
 }
 
@@ -291,6 +299,10 @@ int plan_main(const std::vector<std::string>& tokens) {
         "drives (from %s): read %.2f GB/s, write %.2f GB/s, optimizer read+write mix "
         "%.2f GB/s per node\n",
         tune.c_str(), in.drive->read_gbps, in.drive->write_gbps, in.drive->mixed_gbps);
+    if (in.drive->sustained_write_gbps > 0) {
+      std::printf("  sustained writes: %.2f GB/s (the I/O time is at least the writes at it)\n",
+                  in.drive->sustained_write_gbps);
+    }
   }
   std::printf(
       "\nGB per GPU (model states, stage-3 live parameters, activations), per node "
