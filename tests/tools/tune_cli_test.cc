@@ -199,6 +199,81 @@ TEST(PlanCli, RecommendsAndPrintsTheTable) {
       << r.out;
 }
 
+// The default table fits 100 columns and explains its columns; --wide is the full one.
+TEST(PlanCli, NarrowTableFitsOneHundredColumnsAndWideHasEveryColumn) {
+  const std::string args =
+      "plan --params 13B --gpus 8 --gpu-mem 40GB --cpu-mem 256GB --nvme-free 2TB --seq-len 2048 "
+      "--hidden 5120 --layers 40 --heads 40 --micro-batch 1 --activation-checkpointing";
+  ToolRun r = run_zinf(args);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::size_t from = r.out.find(
+      "\nstage opt   par        GPU  host/node  NVMe/node   "
+      "r+w/step    I/O s  fits\n");
+  const std::string legend_end = "--wide shows every column.\n";
+  const std::size_t to = r.out.find(legend_end);
+  ASSERT_NE(from, std::string::npos) << r.out;
+  ASSERT_NE(to, std::string::npos) << r.out;
+  std::istringstream table(r.out.substr(from + 1, to + legend_end.size() - from - 1));
+  int lines = 0;
+  for (std::string line; std::getline(table, line); ++lines) {
+    EXPECT_LE(line.size(), 100u) << line;
+  }
+  EXPECT_EQ(lines, 1 + 10 + 5);  // header, the ten candidate setups, the legend
+  EXPECT_NE(r.out.find("\n3     nvme  none       7.3      410.0      156.0      312.0      n/a  "
+                       "no: host > 256.0\n"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("params    grads"), std::string::npos) << r.out;
+
+  ToolRun w = run_zinf(args + " --wide");
+  ASSERT_EQ(w.status, 0) << w.out;
+  EXPECT_NE(w.out.find("stage opt-> par->   params    grads    optim   states    live   activ GPU "
+                       "total  host/node  NVMe/node  NVMe r+w/st  I/O s/st  fits\n"),
+            std::string::npos)
+      << w.out;
+  EXPECT_NE(w.out.find("no: host needs 410.0 GB per node > --cpu-mem 256.0 GB\n"),
+            std::string::npos)
+      << w.out;
+  EXPECT_EQ(w.out.find(legend_end), std::string::npos) << w.out;
+  // The rest of the output is the same either way.
+  EXPECT_NE(w.out.find("recommended: zero-3 optimizer=none params=none"), std::string::npos);
+}
+
+// A warning line when a setup's NVMe time per step is more than 3x the compute time: the
+// recommended setup's, or every setup's without a recommendation; none at or under 3x.
+TEST(PlanCli, WarnsWhenTheNvmeTimeIsMoreThanThreeTimesTheCompute) {
+  zinf::test::TestDir dir;
+  const std::string rep = dir.file("tune.json");
+  std::ofstream(rep) << R"({"chosen": {"read_gbps": 2, "write_gbps": 2, "mixed_gbps": 1}})";
+  // 7B, optimizer on NVMe: 84 GB read + 84 GB written per step at 1 GB/s mixed = 168 s.
+  const std::string args =
+      "plan --params 7B --gpus 1 --gpu-mem 24G --cpu-mem 64G --nvme-free 2T "
+      "--tune " +
+      rep;
+  ToolRun r = run_zinf(args + " --compute-time 10s");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("\nwarning: zero-3 optimizer=nvme params=none: NVMe I/O of 168.00 s per "
+                       "step is 16.8x the 10.00 s of compute (more than 3x): the GPU waits on the "
+                       "drive\n"),
+            std::string::npos)
+      << r.out;
+  // One line: the recommended setup's only.
+  EXPECT_EQ(r.out.find("warning:", r.out.find("warning:") + 1), std::string::npos) << r.out;
+  r = run_zinf(args + " --compute-time 56s");  // exactly 3x: no warning
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(r.out.find("warning:"), std::string::npos) << r.out;
+  r = run_zinf(args + " --compute-time 10s --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["compute_seconds_per_step"], 10.0);
+  ASSERT_EQ(j["warnings"].size(), 1u) << r.out;
+  // Without a recommendation (no --gpu-mem), every NVMe setup over 3x has its line.
+  r = run_zinf("plan --params 7B --gpus 1 --tune " + rep + " --compute-time 10s");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: zero-3 optimizer=nvme params=none: "), std::string::npos);
+  EXPECT_NE(r.out.find("warning: zero-3 optimizer=nvme params=nvme: "), std::string::npos);
+}
+
 // Links planted at every name tune used to give its files (the fixed test file name, the
 // O_DIRECT and write probes named after its pid) are not followed; a link at the --out name
 // is replaced by the config, never written through.
