@@ -95,7 +95,8 @@ class IoBench::Runner {
       if (stopping && in_flight == 0) throw_if_interrupted();
       const bool more = !stopping && (timed ? Clock::now() < deadline : issued < total_blocks);
       if (!more && in_flight == 0) break;
-      while (more && !free_slots.empty() && in_flight < window) {
+      while (more && (timed || issued < total_blocks) && !free_slots.empty() &&
+             in_flight < window) {
         const std::uint64_t b = spec.random ? order_[cursor] : cursor;
         if (busy_[b] != 0) break;  // a short lap wrapped onto a block still in flight
         const bool read = spec.read_share >= 1 || (mixed && draw(rng) < spec.read_share);
