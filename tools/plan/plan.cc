@@ -239,6 +239,10 @@ int plan_main(const std::vector<std::string>& tokens) {
   cli.text("--nvme-free", nvme_free_text, "SIZE", "free NVMe space per node", "none");
   cli.text("--tune", tune, "FILE",
            "`zinf tune --report FILE` output: drive bandwidth for I/O time");
+  cli.duration("--compute-time", compute,
+               "GPU compute (forward + backward) per step: a warning when a setup's NVMe I/O per "
+               "step (from --tune) is more than 3x it",
+               "none");
   cli.group("drive wear (of the recommended setup's NVMe writes)");
   cli.text("--tbw", tbw_text, "SIZE",
            "the drives' rated endurance per node, e.g. 600TB (10^12 bytes per TB, as rated)",
@@ -251,10 +255,6 @@ int plan_main(const std::vector<std::string>& tokens) {
            "an NVMe device (/dev/nvme0) whose SMART log gives the data written so far and the "
            "life used; without --tbw, the endurance it implies",
            "none");
-  cli.duration("--compute-time", compute,
-               "GPU compute (forward + backward) per step: a warning when a setup's NVMe I/O per "
-               "step (from --tune) is more than 3x it",
-               "none");
   cli.group("output");
   cli.flag("--wide", wide,
            "the full table (model states by kind, live parameters, activations; 140 columns) "

@@ -266,7 +266,7 @@ int tune_main(const std::vector<std::string>& tokens) {
            "bytes --sustained writes over, all dirs together; larger than the drive's write "
            "cache to see past it",
            "16G, at most half the free space");
-  cli.duration("--sustained-time", sustained_time, "how long --sustained writes");
+  cli.duration("--sustained-time", sustained_time, "how long --sustained writes", "60s");
   cli.alias("--bs", "--block-sizes");
   cli.alias("--iodepth", "--queue-depths");
   cli.alias("--runtime", "--time-budget");
