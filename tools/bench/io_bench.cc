@@ -182,9 +182,15 @@ class IoBench::Runner {
       }
     }
     const auto end = Clock::now();
-    if (timed && end - (next_sample - spec.sample_interval) >= spec.sample_interval / 2) {
-      for (Direction& x : dirs) {
-        x.close_sample(end - start, end - (next_sample - spec.sample_interval));
+    if (timed) {
+      // The whole intervals up to the end (the last completions may precede it), then the
+      // part of one left, if it is long enough to stand for a rate.
+      for (; end >= next_sample; next_sample += spec.sample_interval) {
+        for (Direction& x : dirs) x.close_sample(next_sample - start, spec.sample_interval);
+      }
+      const auto open = next_sample - spec.sample_interval;
+      if (end - open >= spec.sample_interval / 2) {
+        for (Direction& x : dirs) x.close_sample(end - start, end - open);
       }
     }
     result.seconds = std::chrono::duration<double>(end - start).count();
