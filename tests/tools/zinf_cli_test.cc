@@ -550,7 +550,8 @@ TEST(BenchIoCli, BadModesExit2WithTheGrammarsError) {
       {"--rw randread --rwmixread 20",
        "--rwmixread applies to --rw rw or randrw (reads and writes mixed)"},
       {"--op read --rw randread",
-       "--op read and --rw randread: give one of them (--rw read is --op read)"},
+       "--op read and --rw randread: give one of them (--rw takes all of fio's modes, --op the "
+       "sequential ones)"},
   };
   for (const auto& [args, error] : cases) {
     ToolRun r = run_zinf(std::string("bench io ") + args);

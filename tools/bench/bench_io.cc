@@ -174,8 +174,9 @@ Config parse(const std::vector<std::string>& tokens, bool* help) {
   c.threads = static_cast<std::uint32_t>(threads);
   c.engine = swap::parse_io_engine_kind(engine);
   if (!op.empty() && !rw.empty()) {
-    throw UsageError("--op " + op + " and --rw " + rw +
-                     ": give one of them (--rw read is --op read)");
+    throw UsageError(
+        "--op " + op + " and --rw " + rw +
+        ": give one of them (--rw takes all of fio's modes, --op the sequential ones)");
   }
   const bool mixed = rw == "rw" || rw == "randrw";
   if (rwmixread != UINT64_MAX && !mixed) {
