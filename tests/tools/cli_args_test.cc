@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "zinf/common/error.h"
@@ -132,6 +133,30 @@ TEST(ParseDuration, RefusesWithOneText) {
                   "': expected a duration such as 250ms, 10s, 5m or 1h")
         << text;
   }
+}
+
+TEST(ParseChoice, TakesAChoiceAndSuggestsTheNearest) {
+  const std::vector<std::string> modes = {"read", "write", "randread", "randwrite", "rw", "randrw"};
+  EXPECT_EQ(parse_choice("randread", "--rw", modes), "randread");
+  EXPECT_EQ(parse_choice("rw", "--rw", modes), "rw");
+  const std::string expected = "expected read, write, randread, randwrite, rw or randrw";
+  const std::pair<const char*, const char*> refused[] = {
+      {"randwirte", " (did you mean randwrite?)"},
+      {"Read", " (did you mean read?)"},
+      {"randreed", " (did you mean randread?)"},
+      {"randrd", " (did you mean randrw?)"},
+      {"sequential", ""},  // nothing near: the list alone
+      {"", ""},            // nothing typed: nothing to correct
+  };
+  for (const auto& [text, hint] : refused) {
+    EXPECT_EQ(error_of([&] { parse_choice(text, "--rw", modes); }),
+              std::string("invalid --rw '") + text + "': " + expected + hint)
+        << text;
+  }
+  EXPECT_EQ(error_of([] {
+              parse_choice("x", "--op", {"read", "write"});
+            }),
+            "invalid --op 'x': expected read or write");
 }
 
 TEST(FormatValues, SizeAndDurationTextReadBackExactly) {

@@ -153,6 +153,22 @@ TEST(PlanModel, PlacesOffloadedStateOnHostAndNvme) {
   EXPECT_DOUBLE_EQ(pc.host_per_node, 8 * (14 + 2) * part);
 }
 
+// zinf tune --sustained's steady write rate bounds the I/O time from below: the step's writes
+// at that rate, when the short passes promised more.
+TEST(PlanModel, SustainedWriteRateBoundsTheIoTime) {
+  PlanInput in;
+  in.params = 10e9;
+  in.gpus = 8;
+  const double part = 1.25e9;
+  in.drive = DriveBandwidth{4.0, 2.0, 3.0, 0.5};
+  PlanRow nv = evaluate_setup(in, {3, Tier::kNvme, Tier::kGpu}, 8);
+  ASSERT_TRUE(nv.io_seconds.has_value());
+  EXPECT_DOUBLE_EQ(*nv.io_seconds, 8 * 12 * part / 0.5e9);  // 240 s, not 80 s at 3 GB/s mixed
+  in.drive->sustained_write_gbps = 100;                     // faster than the passes: they stand
+  nv = evaluate_setup(in, {3, Tier::kNvme, Tier::kGpu}, 8);
+  EXPECT_DOUBLE_EQ(*nv.io_seconds, 8 * 24 * part / 3e9);
+}
+
 TEST(PlanModel, OffloadFilterShowsOnlyValidStages) {
   PlanInput in;
   in.params = 1e9;

@@ -97,6 +97,50 @@ TEST(TuneCli, TinyBudgetWritesAConfigTheReaderAcceptsWithTheChosenValues) {
               24e9 / (chosen["mixed_gbps"].get<double>() * 1e9), 1e-6 * 24);
 }
 
+// --sustained: after a tiny sweep, a 2-second time-based write with the chosen setting over the
+// size asked for, stated in the text and the report; its steady state, compared with the burst
+// write figure, and said so where it is lower. plan --tune takes the steady rate.
+TEST(TuneCli, SustainedWritesReportTheSteadyRateOnTheSizeGiven) {
+  zinf::test::TestDir dir;
+  std::string data = dir.subdir("data");
+  std::string rep = dir.file("report.json");
+  ToolRun r = run_zinf("tune --dir " + data +
+                       " --time-budget 1 --block-sizes 256K --queue-depths 4 --sustained --size 8M "
+                       "--sustained-time 2s --report " +
+                       rep);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("zinf tune: sustained write of 8 MiB for 2s\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("sustained write: 8 MiB over 1 dir for 2 s with the chosen setting: "
+                       "steady "),
+            std::string::npos)
+      << r.out;
+  const nlohmann::json report = nlohmann::json::parse(slurp(rep));
+  ASSERT_TRUE(report.contains("sustained")) << slurp(rep);
+  const nlohmann::json& su = report["sustained"];
+  EXPECT_EQ(su["size_bytes"], 8u << 20);
+  EXPECT_EQ(su["duration_s"], 2.0);
+  EXPECT_GE(su["seconds"].get<double>(), 2.0);
+  EXPECT_GT(su["steady_write_gbps"].get<double>(), 0);
+  EXPECT_EQ(su["burst_write_gbps"], report["chosen"]["write_gbps"]);
+  EXPECT_GE(su["samples_gbps"].size(), 2u);
+  EXPECT_TRUE(su["cliff"].is_null());  // two samples: not judged
+  // Below the burst figure or not, the text and the report agree.
+  const bool below = su["below_burst"].get<bool>();
+  EXPECT_EQ(su.contains("note"), below) << su;
+  EXPECT_EQ(r.out.find("note: the steady write rate ") != std::string::npos, below) << r.out;
+  EXPECT_EQ(r.out.find("; sustained writes run at ") != std::string::npos, below) << r.out;
+
+  ToolRun p = run_zinf("plan --params 1B --gpus 1 --offload-optimizer nvme --tune " + rep);
+  ASSERT_EQ(p.status, 0) << p.out;
+  EXPECT_NE(p.out.find("  sustained writes: "), std::string::npos) << p.out;
+
+  r = run_zinf("tune --dir " + data + " --size 8M");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out,
+            "zinf tune: error: --size is the size --sustained writes over; give --sustained "
+            "with it\n");
+}
+
 TEST(TuneCli, WarnsWhenMemlockIsBelowThePinnedBudget) {
   zinf::test::TestDir dir;
   // Without CAP_IPC_LOCK (root has it) the limit applies; setpriv drops it for the child.
@@ -153,6 +197,81 @@ TEST(PlanCli, RecommendsAndPrintsTheTable) {
   EXPECT_NE(r.out.find("recommended: zero-2 optimizer=none params=none (GPU 16.6 GB of 20.0"),
             std::string::npos)
       << r.out;
+}
+
+// The default table fits 100 columns and explains its columns; --wide is the full one.
+TEST(PlanCli, NarrowTableFitsOneHundredColumnsAndWideHasEveryColumn) {
+  const std::string args =
+      "plan --params 13B --gpus 8 --gpu-mem 40GB --cpu-mem 256GB --nvme-free 2TB --seq-len 2048 "
+      "--hidden 5120 --layers 40 --heads 40 --micro-batch 1 --activation-checkpointing";
+  ToolRun r = run_zinf(args);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::size_t from = r.out.find(
+      "\nstage opt   par        GPU  host/node  NVMe/node   "
+      "r+w/step    I/O s  fits\n");
+  const std::string legend_end = "--wide shows every column.\n";
+  const std::size_t to = r.out.find(legend_end);
+  ASSERT_NE(from, std::string::npos) << r.out;
+  ASSERT_NE(to, std::string::npos) << r.out;
+  std::istringstream table(r.out.substr(from + 1, to + legend_end.size() - from - 1));
+  int lines = 0;
+  for (std::string line; std::getline(table, line); ++lines) {
+    EXPECT_LE(line.size(), 100u) << line;
+  }
+  EXPECT_EQ(lines, 1 + 10 + 5);  // header, the ten candidate setups, the legend
+  EXPECT_NE(r.out.find("\n3     nvme  none       7.3      410.0      156.0      312.0      n/a  "
+                       "no: host > 256.0\n"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("params    grads"), std::string::npos) << r.out;
+
+  ToolRun w = run_zinf(args + " --wide");
+  ASSERT_EQ(w.status, 0) << w.out;
+  EXPECT_NE(w.out.find("stage opt-> par->   params    grads    optim   states    live   activ GPU "
+                       "total  host/node  NVMe/node  NVMe r+w/st  I/O s/st  fits\n"),
+            std::string::npos)
+      << w.out;
+  EXPECT_NE(w.out.find("no: host needs 410.0 GB per node > --cpu-mem 256.0 GB\n"),
+            std::string::npos)
+      << w.out;
+  EXPECT_EQ(w.out.find(legend_end), std::string::npos) << w.out;
+  // The rest of the output is the same either way.
+  EXPECT_NE(w.out.find("recommended: zero-3 optimizer=none params=none"), std::string::npos);
+}
+
+// A warning line when a setup's NVMe time per step is more than 3x the compute time: the
+// recommended setup's, or every setup's without a recommendation; none at or under 3x.
+TEST(PlanCli, WarnsWhenTheNvmeTimeIsMoreThanThreeTimesTheCompute) {
+  zinf::test::TestDir dir;
+  const std::string rep = dir.file("tune.json");
+  std::ofstream(rep) << R"({"chosen": {"read_gbps": 2, "write_gbps": 2, "mixed_gbps": 1}})";
+  // 7B, optimizer on NVMe: 84 GB read + 84 GB written per step at 1 GB/s mixed = 168 s.
+  const std::string args =
+      "plan --params 7B --gpus 1 --gpu-mem 24G --cpu-mem 64G --nvme-free 2T "
+      "--tune " +
+      rep;
+  ToolRun r = run_zinf(args + " --compute-time 10s");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("\nwarning: zero-3 optimizer=nvme params=none: NVMe I/O of 168.00 s per "
+                       "step is 16.8x the 10.00 s of compute (more than 3x): the GPU waits on the "
+                       "drive\n"),
+            std::string::npos)
+      << r.out;
+  // One line: the recommended setup's only.
+  EXPECT_EQ(r.out.find("warning:", r.out.find("warning:") + 1), std::string::npos) << r.out;
+  r = run_zinf(args + " --compute-time 56s");  // exactly 3x: no warning
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(r.out.find("warning:"), std::string::npos) << r.out;
+  r = run_zinf(args + " --compute-time 10s --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["compute_seconds_per_step"], 10.0);
+  ASSERT_EQ(j["warnings"].size(), 1u) << r.out;
+  // Without a recommendation (no --gpu-mem), every NVMe setup over 3x has its line.
+  r = run_zinf("plan --params 7B --gpus 1 --tune " + rep + " --compute-time 10s");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: zero-3 optimizer=nvme params=none: "), std::string::npos);
+  EXPECT_NE(r.out.find("warning: zero-3 optimizer=nvme params=nvme: "), std::string::npos);
 }
 
 // Links planted at every name tune used to give its files (the fixed test file name, the

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "support/test_dir.h"
 #include "support/tool_process.h"
@@ -194,11 +195,11 @@ TEST(ZinfCli, EveryHelpListsEveryOptionWithItsDefault) {
 }
 
 TEST(ZinfCli, FioNamesMapOrNameTheZinfOption) {
-  ToolRun r = run_zinf("bench io --rw randread");
+  ToolRun r = run_zinf("bench io --rw randwirte");
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(r.out,
-            "zinf bench io: error: --rw randread: zinf bench io measures sequential reads and "
-            "writes only (no random or mixed mode); use --op read, --op write or --op both\n");
+            "zinf bench io: error: invalid --rw 'randwirte': expected read, write, randread, "
+            "randwrite, rw or randrw (did you mean randwrite?)\n");
   r = run_zinf("bench io --numjobs 4");
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.out.find("--queue-depth"), std::string::npos) << r.out;
@@ -436,6 +437,127 @@ TEST(BenchIoCli, SmallVerifiedRunOverTwoDirsPrintsJson) {
   }
   // Without --keep the data files are gone.
   EXPECT_FALSE(std::ifstream(a + "/zinf-bench-io.0.dat").good());
+}
+
+// --runtime (fio's name for --duration): a time-based run for that long over a small file,
+// with the throughput per second inside its job of the one JSON document, the steady state and
+// the cliff (none judged on two samples), and the sparkline in the text.
+TEST(BenchIoCli, RuntimeKeepsGoingAndSamplesEachSecond) {
+  zinf::test::TestDir dir;
+  const std::string base = "bench io --dir " + dir.path() + " --size 8M --block-size 64K --runtime 2s";
+  ToolRun r = run_zinf(base + " --op write --json", false);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  const nlohmann::json doc = nlohmann::json::parse(r.out);
+  ASSERT_EQ(doc["jobs"].size(), 1u) << r.out;
+  ASSERT_TRUE(doc["host"].is_object()) << r.out;
+  const nlohmann::json& job = doc["jobs"][0];
+  EXPECT_EQ(job["op"], "write");
+  EXPECT_EQ(job["duration_s"], 2.0);
+  EXPECT_EQ(job["loops"], 1);
+  EXPECT_GE(job["seconds"].get<double>(), 2.0);  // no request goes out after 2 s, none before
+  // Laps over the 8 MiB file: more bytes than the file whenever the disk is not stalled.
+  EXPECT_GT(job["bytes"].get<std::uint64_t>(), 0u);
+  EXPECT_EQ(job["bytes"].get<std::uint64_t>() % 65536, 0u);
+  const nlohmann::json& samples = job["samples"];
+  ASSERT_TRUE(samples.is_array()) << r.out;
+  ASSERT_GE(samples.size(), 2u) << r.out;  // two whole seconds; a long drain may add a third
+  ASSERT_LE(samples.size(), 3u) << r.out;
+  std::uint64_t sampled = 0;
+  for (const auto& x : samples) {
+    for (const char* key : {"t_s", "seconds", "bytes", "gbps"}) {
+      EXPECT_TRUE(x.contains(key)) << key << " missing in " << x;
+    }
+    sampled += x["bytes"].get<std::uint64_t>();
+  }
+  EXPECT_DOUBLE_EQ(samples[0]["t_s"].get<double>(), 1.0);
+  EXPECT_LE(sampled, job["bytes"].get<std::uint64_t>());
+  EXPECT_TRUE(job["steady_gbps"].is_number()) << r.out;
+  EXPECT_TRUE(job["noise_gbps"].is_number()) << r.out;
+  EXPECT_TRUE(job.contains("cliff") && job["cliff"].is_null()) << r.out;
+  EXPECT_EQ(job["cliff_note"].get<std::string>().rfind("too few samples to judge a fall", 0), 0u)
+      << r.out;
+  r = run_zinf(base + " --rw read");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find(" duration=2s"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("read over time ("), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("steady state "), std::string::npos) << r.out;
+  // --loops does not apply: a time-based run is one run.
+  r = run_zinf(base + " --loops 2");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out,
+            "zinf bench io: error: --loops and --duration (fio's --runtime): a time-based run is "
+            "one run per op; give one of them\n");
+}
+
+// Each of fio's --rw modes runs, verified, and reports its op(s): a mixed mode reports its
+// reads and its writes as two jobs of the one run, with the share and seed it ran with.
+TEST(BenchIoCli, EveryRwModeRunsAndReportsItsOps) {
+  zinf::test::TestDir dir;
+  const std::uint64_t size = 4u << 20;
+  const std::string base =
+      "bench io --dir " + dir.path() + " --size 4M --block-size 64K --loops 1 --json --rw ";
+  struct Mode {
+    const char* rw;
+    std::vector<std::string> ops;
+    bool random;
+  };
+  for (const Mode& m : {Mode{"read", {"read"}, false}, Mode{"write", {"write"}, false},
+                        Mode{"randread", {"read"}, true}, Mode{"randwrite", {"write"}, true},
+                        Mode{"rw", {"write", "read"}, false},
+                        Mode{"randrw --rwmixread 25 --seed 7", {"write", "read"}, true}}) {
+    ToolRun r = run_zinf(base + m.rw, false);
+    ASSERT_EQ(r.status, 0) << m.rw << ": " << r.out;
+    const nlohmann::json doc = nlohmann::json::parse(r.out);
+    const nlohmann::json& jobs = doc["jobs"];
+    ASSERT_EQ(jobs.size(), m.ops.size()) << m.rw << ": " << r.out;
+    std::uint64_t bytes = 0;
+    for (std::size_t i = 0; i < m.ops.size(); ++i) {
+      const nlohmann::json& j = jobs[i];
+      EXPECT_EQ(j["op"], m.ops[i]) << m.rw;
+      EXPECT_EQ(j["rw"], std::string(m.rw).substr(0, std::string(m.rw).find(' '))) << m.rw;
+      EXPECT_EQ(j["random"], m.random) << m.rw;
+      EXPECT_EQ(j["verified"], m.ops[i] == "read") << m.rw;
+      bytes += j["bytes"].get<std::uint64_t>();
+      if (m.ops.size() == 2) {
+        EXPECT_EQ(j["rwmixread"], m.random ? 25 : 50) << m.rw;
+        EXPECT_GT(j["bytes"].get<std::uint64_t>(), 0u) << m.rw << ": " << r.out;
+      }
+      if (m.random || m.ops.size() == 2) {
+        EXPECT_EQ(j["seed"], std::string(m.rw).find("--seed 7") != std::string::npos ? 7 : 1)
+            << m.rw;
+      }
+    }
+    EXPECT_EQ(bytes, size) << m.rw << ": one lap, every block once";
+  }
+  ToolRun r = run_zinf("bench io --dir " + dir.path() + " --size 4M --block-size 64K --loops 1 --rw randrw");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find(" rw=randrw seed=1 rwmixread=50\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\nread (randrw) "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\nwrite (randrw) "), std::string::npos) << r.out;
+}
+
+TEST(BenchIoCli, BadModesExit2WithTheGrammarsError) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"--rw randwirte",
+       "invalid --rw 'randwirte': expected read, write, randread, randwrite, rw or randrw (did "
+       "you mean randwrite?)"},
+      {"--rw RandRead",
+       "invalid --rw 'RandRead': expected read, write, randread, randwrite, rw or randrw (did "
+       "you mean randread?)"},
+      {"--op bth", "invalid --op 'bth': expected read, write or both (did you mean both?)"},
+      {"--rw rw --rwmixread 101", "invalid --rwmixread '101': expected an integer in [0, 100]"},
+      {"--rw randread --rwmixread 20",
+       "--rwmixread applies to --rw rw or randrw (reads and writes mixed)"},
+      {"--op read --rw randread",
+       "--op read and --rw randread: give one of them (--rw takes all of fio's modes, --op the "
+       "sequential ones)"},
+  };
+  for (const auto& [args, error] : cases) {
+    ToolRun r = run_zinf(std::string("bench io ") + args);
+    EXPECT_EQ(r.status, 2) << args;
+    EXPECT_EQ(r.out, std::string("zinf bench io: error: ") + error + "\n");
+  }
 }
 
 // The requests rotate over a footprint larger than the queue: still every byte verified.

@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// `zinf bench io`: sequential read/write bandwidth of the swap path (File + IoEngine +
-// BufferPool) on the user's directories, verified byte for byte, in the shape fio reports.
+// `zinf bench io`: read/write bandwidth of the swap path (File + IoEngine + BufferPool) on the
+// user's directories, sequential or random, reads, writes or a mix, timed passes or a
+// time-based run with its throughput over time, verified byte for byte, in the shape fio
+// reports.
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -15,6 +18,7 @@
 #include "io_bench.h"
 #include "format.h"
 #include "json_out.h"
+#include "throughput.h"
 #include "zinf/common/error.h"
 #include "zinf/cuda/device.h"
 #include "zinf/swap/io_engine.h"
@@ -22,9 +26,12 @@
 namespace zinf::tools {
 namespace {
 
-constexpr const char* kAbout =
-    "Measures sequential O_DIRECT read and write bandwidth through zinf's I/O engine, with every\n"
-    "byte read back verified (a mismatch is an error, exit status 1).";
+constexpr const char* kAbout = R"(
+Measures O_DIRECT read and write bandwidth through zinf's I/O engine, sequential or random, with
+every byte read back verified (a mismatch is an error, exit status 1). With --duration it keeps
+going over the files for that long and reports the throughput second by second: the steady
+state, and where the rate fell if it fell by more than its noise (a drive's write cache
+filling up).)";
 
 constexpr const char* kFooter = R"(
 Without --keep the data files have no name (O_TMPFILE, or a random name unlinked at once): they
@@ -32,20 +39,33 @@ vanish when zinf exits however it exits, a link planted in DIR is never followed
 one directory never share a file. SIGINT, SIGTERM and SIGHUP stop the run (exit status 128 +
 the signal's number, e.g. 130 for SIGINT).
 
-fio's and ds_io's names are read as zinf's: --bs, --iodepth, --directory/--folder, --io_size,
---rw read|write (zinf has no random or mixed mode: --rw randread, randwrite, rw are refused),
---read (ds_io). GB/s means 10^9 bytes per second.)";
+A cliff is a fall of the per-second rate that is (1) larger than 4 x the noise (the spread of
+the rate from one second to the next) and than 10% of the rate before it, (2) abrupt: at least
+half of it within 3 seconds either side, and (3) lasting: no later 3 seconds climb back above
+halfway; it needs 6 samples. The steady state is the median of the last third of the samples.
+
+fio's and ds_io's names are read as zinf's: --bs, --iodepth, --runtime, --directory/--folder,
+--io_size, --read (ds_io). GB/s means 10^9 bytes per second.)";
+
+// What --op and --rw ask for: one job, or --op both's two (write, then read).
+struct Job {
+  std::string rw;         // fio's name for it: read, write, randread, randwrite, rw, randrw
+  double read_share = 0;  // 0 writes, 1 reads, between: a mix
+  bool random = false;
+};
 
 struct Config {
   std::vector<std::string> dirs;
+  std::vector<Job> jobs;
+  std::uint64_t rwmixread = 50;  // percent, for rw and randrw
+  std::uint64_t seed = 1;
+  std::chrono::milliseconds duration{0};  // 0: --loops passes; else one time-based run per job
   std::uint64_t size = 0;
   std::uint32_t block_size = 0;
   std::uint32_t queue_depth = 0;
   std::uint64_t buffer_bytes = 0;  // 0: queue_depth * block_size
   std::uint32_t threads = 0;
   swap::IoEngineKind engine = swap::IoEngineKind::kAuto;
-  bool do_read = true;
-  bool do_write = true;
   std::uint32_t loops = 3;
   bool verify = true;
   bool precondition = true;
@@ -56,7 +76,8 @@ struct Config {
 };
 
 struct OpSummary {
-  std::string op;
+  std::string op;  // "read" or "write": a mixed job has one of each
+  const Job* job = nullptr;
   std::vector<double> gbps_per_loop;
   double seconds = 0;  // of the median loop
   std::uint64_t bytes = 0;
@@ -66,6 +87,8 @@ struct OpSummary {
   double lat_p99_us = 0;
   double usr_s_per_gb = 0;  // CPU seconds of this process per 1e9 bytes moved (fio's usr/sys)
   double sys_s_per_gb = 0;
+  std::vector<ThroughputSample> samples;  // time-based runs
+  ThroughputProfile profile;
 };
 
 // User and system CPU seconds of the whole process so far.
@@ -78,18 +101,24 @@ std::pair<double, double> cpu_seconds() {
   return {s(u.ru_utime), s(u.ru_stime)};
 }
 
-// fio's --rw as zinf's --op: sequential reads or writes only.
-std::vector<std::string> op_from_fio_rw(const std::string& rw) {
-  if (rw == "read" || rw == "write") return {"--op=" + rw};
-  throw UsageError("--rw " + rw +
-                   ": zinf bench io measures sequential reads and writes only (no random or "
-                   "mixed mode); use --op read, --op write or --op both");
+const std::vector<std::string> kRwModes = {"read",      "write", "randread",
+                                           "randwrite", "rw",    "randrw"};
+
+Job job_of(const std::string& rw, double read_share) {
+  Job j;
+  j.rw = rw;
+  j.random = rw.rfind("rand", 0) == 0;
+  const std::string kind = j.random ? rw.substr(4) : rw;
+  j.read_share = kind == "read" ? 1.0 : kind == "write" ? 0.0 : read_share;
+  return j;
 }
 
 Config parse(const std::vector<std::string>& tokens, bool* help) {
   Config c;
-  std::uint64_t block_size = 1u << 20, queue_depth = 16, threads = 0, loops = 3;
-  std::string engine = "auto", op = "both";
+  // 0 for loops and UINT64_MAX for rwmixread mean "not given", for the checks below.
+  std::uint64_t block_size = 1u << 20, queue_depth = 16, threads = 0, loops = 0;
+  std::uint64_t rwmixread = UINT64_MAX;
+  std::string engine = "auto", op, rw;
   bool no_verify = false, no_precondition = false, no_huge_pages = false;
   Cli cli("bench io", kAbout, kFooter);
   cli.texts("--dir", c.dirs, "DIR",
@@ -103,8 +132,21 @@ Config parse(const std::vector<std::string>& tokens, bool* help) {
   cli.count("--threads", threads, "worker threads for --engine threads (0 = queue depth)", 0,
             UINT32_MAX);
   cli.text("--engine", engine, "KIND", "auto | uring | threads");
-  cli.text("--op", op, "OP", "read | write | both");
-  cli.count("--loops", loops, "timed passes per op; the median is reported");
+  cli.choice("--op", op, {"read", "write", "both"}, "OP",
+             "sequential reads, writes, or both (writes first)", "both");
+  cli.choice("--rw", rw, kRwModes, "MODE",
+             "fio's modes: read | write | randread | randwrite (block-aligned offsets in a "
+             "seeded random order, each block once per lap) | rw | randrw (reads and writes "
+             "mixed, --rwmixread percent reads); instead of --op",
+             "--op");
+  cli.count("--rwmixread", rwmixread, "percent of requests that are reads, for --rw rw|randrw", 0,
+            100, "50");
+  cli.count("--seed", c.seed, "seeds the random order and the read/write mix");
+  cli.duration("--duration", c.duration,
+               "time-based: keep going over the files for this long (fio's --runtime), one "
+               "sample per second; instead of --loops",
+               "none: --loops passes");
+  cli.count("--loops", loops, "timed passes per op; the median is reported", 1, UINT32_MAX, "3");
   cli.flag("--no-verify", no_verify, "do not check the data (faster, not recommended)");
   cli.flag("--no-precondition", no_precondition,
            "time writes into fresh (fallocated) space instead of overwrites");
@@ -121,28 +163,39 @@ Config parse(const std::vector<std::string>& tokens, bool* help) {
            "\"host\": {...}}, as fio's --output-format=json");
   cli.flag("--json-lines", c.json_lines,
            "one JSON object per op, one per line, each with the host fields (streaming)");
-  cli.alias_value("--rw", op_from_fio_rw);
   cli.alias_switch("--read", {"--op=read"});  // ds_io's read switch
   cli.refuse("--numjobs",
              "--numjobs: zinf bench io runs one job; set --queue-depth (requests in flight) and, "
              "for --engine threads, --threads (worker threads)");
-  cli.refuse("--runtime",
-             "--runtime: zinf bench io has no time-based mode; it times --loops passes of --size "
-             "bytes (raise --size for a longer pass)");
   *help = !cli.parse(tokens);
   if (*help) return c;
   c.block_size = to_u32(block_size, "--block-size");
   c.queue_depth = to_u32(queue_depth, "--queue-depth");
   c.threads = static_cast<std::uint32_t>(threads);
   c.engine = swap::parse_io_engine_kind(engine);
-  if (op == "read") {
-    c.do_write = false;
-  } else if (op == "write") {
-    c.do_read = false;
-  } else if (op != "both") {
-    throw UsageError("invalid --op '" + op + "': expected read, write or both");
+  if (!op.empty() && !rw.empty()) {
+    throw UsageError(
+        "--op " + op + " and --rw " + rw +
+        ": give one of them (--rw takes all of fio's modes, --op the sequential ones)");
   }
-  c.loops = to_u32(loops, "--loops");
+  const bool mixed = rw == "rw" || rw == "randrw";
+  if (rwmixread != UINT64_MAX && !mixed) {
+    throw UsageError("--rwmixread applies to --rw rw or randrw (reads and writes mixed)");
+  }
+  c.rwmixread = rwmixread == UINT64_MAX ? 50 : rwmixread;
+  if (!rw.empty()) {
+    c.jobs.push_back(job_of(rw, static_cast<double>(c.rwmixread) / 100));
+  } else if (op == "read" || op == "write") {
+    c.jobs.push_back(job_of(op, 0));
+  } else {
+    c.jobs = {job_of("write", 0), job_of("read", 0)};
+  }
+  if (loops != 0 && c.duration.count() > 0) {
+    throw UsageError(
+        "--loops and --duration (fio's --runtime): a time-based run is one run per op; "
+        "give one of them");
+  }
+  c.loops = loops == 0 ? (c.duration.count() > 0 ? 1 : 3) : to_u32(loops, "--loops");
   c.verify = !no_verify;
   c.precondition = !no_precondition;
   c.huge_pages = !no_huge_pages;
@@ -169,24 +222,87 @@ double percentile(std::vector<double> v, double p) {
   return v[std::min(idx, v.size() - 1)];
 }
 
-OpSummary summarize(const std::string& op, const std::vector<IoPassResult>& passes,
+// One direction ("read" or "write") of a job's runs.
+OpSummary summarize(const std::string& op, const Job& job, const std::vector<IoPassResult>& passes,
                     std::uint32_t block_size) {
+  const bool read = op == "read";
   OpSummary s;
   s.op = op;
+  s.job = &job;
   std::vector<double> lat;
   for (const auto& p : passes) {
-    s.gbps_per_loop.push_back(static_cast<double>(p.bytes) / p.seconds / 1e9);
-    lat.insert(lat.end(), p.latencies_us.begin(), p.latencies_us.end());
+    s.gbps_per_loop.push_back(read ? p.read_gbps() : p.write_gbps());
+    const auto& l = read ? p.read_latencies_us : p.write_latencies_us;
+    lat.insert(lat.end(), l.begin(), l.end());
   }
   // The median loop by bandwidth stands for the op (loops are few and noisy here).
   const IoPassResult& mid = passes[median_index(s.gbps_per_loop)];
   s.seconds = mid.seconds;
-  s.bytes = mid.bytes;
-  s.gbps = static_cast<double>(mid.bytes) / mid.seconds / 1e9;
-  s.iops = static_cast<double>(mid.bytes / block_size) / mid.seconds;
+  s.bytes = read ? mid.read_bytes : mid.write_bytes;
+  s.gbps = read ? mid.read_gbps() : mid.write_gbps();
+  s.iops = static_cast<double>(s.bytes / block_size) / mid.seconds;
   s.lat_p50_us = percentile(lat, 0.50);
   s.lat_p99_us = percentile(lat, 0.99);
+  s.samples = read ? mid.read_samples : mid.write_samples;
+  if (!s.samples.empty()) s.profile = analyze_throughput(s.samples);
   return s;
+}
+
+// A job's name in the table: the op, and how it ran when not plainly sequential.
+std::string op_label(const OpSummary& s, bool precondition) {
+  const Job& j = *s.job;
+  if (j.read_share > 0 && j.read_share < 1) return s.op + " (" + j.rw + ")";
+  if (j.random) return j.rw;
+  return s.op == "write" && precondition ? "write (overwrite)" : s.op;
+}
+
+// The time-based lines under the table: the sparkline, the steady state and the cliff.
+void print_over_time(const OpSummary& s, const std::string& label) {
+  if (s.samples.empty()) return;
+  std::vector<double> rates;
+  for (const auto& t : s.samples) rates.push_back(t.gbps());
+  const double top = *std::max_element(rates.begin(), rates.end());
+  std::printf("%s over time (%zu samples of 1 s, scale 0 to %.2f GB/s): %s\n", label.c_str(),
+              rates.size(), top, sparkline(rates).c_str());
+  const ThroughputProfile& p = s.profile;
+  std::printf("  steady state %.2f GB/s (median of the last third), noise %.2f GB/s; ",
+              p.steady_gbps, p.noise_gbps);
+  if (p.cliff) {
+    std::printf("fell from %.2f to %.2f GB/s after %s (%.0f s in)\n", p.cliff->before_gbps,
+                p.cliff->after_gbps,
+                decimal_bytes(static_cast<double>(p.cliff->bytes_before)).c_str(), p.cliff->at_s);
+  } else if (!p.note.empty()) {
+    std::printf("%s\n", p.note.c_str());
+  } else {
+    std::printf("no fall beyond the noise\n");
+  }
+}
+
+// A time-based job's samples, steady state and cliff, into its JSON object.
+void add_over_time(Json& j, const OpSummary& s) {
+  Json& samples = j["samples"] = Json::array();
+  for (const auto& t : s.samples) {
+    Json x;
+    x["t_s"] = t.end_s;
+    x["seconds"] = t.seconds;
+    x["bytes"] = t.bytes;
+    x["gbps"] = t.gbps();
+    samples.push_back(std::move(x));
+  }
+  j["steady_gbps"] = s.profile.steady_gbps;
+  j["noise_gbps"] = s.profile.noise_gbps;
+  if (s.profile.cliff) {
+    const Cliff& c = *s.profile.cliff;
+    Json x;
+    x["at_s"] = c.at_s;
+    x["bytes_before"] = c.bytes_before;
+    x["before_gbps"] = c.before_gbps;
+    x["after_gbps"] = c.after_gbps;
+    j["cliff"] = std::move(x);
+  } else {
+    j["cliff"] = nullptr;
+  }
+  if (!s.profile.note.empty()) j["cliff_note"] = s.profile.note;
 }
 
 }  // namespace
@@ -223,24 +339,36 @@ int bench_io_main(const std::vector<std::string>& tokens) {
   // Reads need data on disk, and steady-state writes need blocks written before (an optimizer
   // overwrites its state every step): one untimed pass lays the files out.
   const bool progress = !cfg.json && !cfg.json_lines;
-  if (cfg.do_read || cfg.precondition) bench.write(progress, "precondition");
+  const bool any_read =
+      std::any_of(cfg.jobs.begin(), cfg.jobs.end(), [](const Job& j) { return j.read_share > 0; });
+  if (any_read || cfg.precondition) bench.write(progress, "precondition");
 
   std::vector<OpSummary> summaries;
-  // The CPU time of every timed loop of an op, per byte moved, as fio reports usr/sys.
-  auto timed = [&](const char* op, auto&& pass) {
+  // Each job's loops (or its one time-based run); the CPU time of them all per byte moved, as
+  // fio reports usr/sys (a mixed job's two directions share theirs).
+  for (const Job& job : cfg.jobs) {
+    IoRunSpec spec;
+    spec.read_share = job.read_share;
+    spec.random = job.random;
+    spec.seed = cfg.seed;
+    spec.duration = cfg.duration;
     std::vector<IoPassResult> passes;
     const auto [u0, s0] = cpu_seconds();
-    for (std::uint32_t l = 0; l < cfg.loops; ++l) passes.push_back(pass());
+    for (std::uint32_t l = 0; l < cfg.loops; ++l) {
+      passes.push_back(bench.run(spec, progress, job.rw.c_str()));
+    }
     const auto [u1, s1] = cpu_seconds();
-    OpSummary s = summarize(op, passes, cfg.block_size);
     double moved = 0;
     for (const auto& p : passes) moved += static_cast<double>(p.bytes);
-    s.usr_s_per_gb = (u1 - u0) / (moved / 1e9);
-    s.sys_s_per_gb = (s1 - s0) / (moved / 1e9);
-    summaries.push_back(s);
-  };
-  if (cfg.do_write) timed("write", [&] { return bench.write(progress, "write"); });
-  if (cfg.do_read) timed("read", [&] { return bench.read(progress, "read"); });
+    for (const char* op : {"write", "read"}) {
+      const bool read = op[0] == 'r';
+      if (read ? job.read_share == 0 : job.read_share == 1) continue;
+      OpSummary s = summarize(op, job, passes, cfg.block_size);
+      s.usr_s_per_gb = moved > 0 ? (u1 - u0) / (moved / 1e9) : 0;
+      s.sys_s_per_gb = moved > 0 ? (s1 - s0) / (moved / 1e9) : 0;
+      summaries.push_back(std::move(s));
+    }
+  }
 
   const std::string fs = fs_type_name(cfg.dirs[0]);
   if (cfg.json || cfg.json_lines) {
@@ -263,6 +391,11 @@ int bench_io_main(const std::vector<std::string>& tokens) {
       // A timed write overwrites the blocks the precondition pass wrote (as an optimizer's
       // write-back does); a fresh-file write (fio's default) is slower on most drives.
       if (s.op == "write") j["overwrite"] = cfg.precondition;
+      j["rw"] = s.job->rw;
+      j["random"] = s.job->random;
+      const bool mixed = s.job->read_share > 0 && s.job->read_share < 1;
+      if (mixed) j["rwmixread"] = cfg.rwmixread;
+      if (mixed || s.job->random) j["seed"] = cfg.seed;
       j["engine"] = std::string(bench.engine_name());
       j["bytes"] = s.bytes;
       j["seconds"] = s.seconds;
@@ -283,6 +416,10 @@ int bench_io_main(const std::vector<std::string>& tokens) {
       j["precondition"] = cfg.precondition;
       j["loops"] = std::uint64_t{cfg.loops};
       j["gbps_loops"] = s.gbps_per_loop;
+      if (cfg.duration.count() > 0) {
+        j["duration_s"] = std::chrono::duration<double>(cfg.duration).count();
+        add_over_time(j, s);
+      }
       if (cfg.json_lines) {
         for (const auto& [k, v] : host.items()) j[k] = v;
         std::printf("%s\n", json_text(j).c_str());
@@ -296,23 +433,32 @@ int bench_io_main(const std::vector<std::string>& tokens) {
       std::printf("%s\n", json_text(doc).c_str());
     }
   } else {
+    // How it ran, when not the default passes: the time and the seed that redraws the run.
+    std::string how;
+    if (cfg.duration.count() > 0) how += " duration=" + duration_text(cfg.duration);
+    for (const Job& j : cfg.jobs) {
+      if (j.random || (j.read_share > 0 && j.read_share < 1)) {
+        how += " rw=" + j.rw + " seed=" + std::to_string(cfg.seed);
+        if (j.read_share > 0 && j.read_share < 1)
+          how += " rwmixread=" + std::to_string(cfg.rwmixread);
+      }
+    }
     std::printf(
         "zinf bench io: engine=%.*s files=%zu size=%.2f GiB block=%u KiB qd=%u direct=%s "
-        "huge_pages=%s registered=%s fs=%s verify=%s\n",
+        "huge_pages=%s registered=%s fs=%s verify=%s%s\n",
         static_cast<int>(bench.engine_name().size()), bench.engine_name().data(),
         bench.file_count(), static_cast<double>(file_size * file_count) / (1u << 30),
         cfg.block_size / 1024, cfg.queue_depth, bench.direct() ? "yes" : "no",
         bench.huge_pages() ? "yes" : "no", bench.registered_buffers() ? "yes" : "no", fs.c_str(),
-        cfg.verify ? "every byte" : "off");
-    std::printf("%-17s %14s %10s %10s %10s %9s %9s   %s\n", "op", "GB/s (1e9B/s)", "IOPS",
-                "p50 us", "p99 us", "usr s/GB", "sys s/GB", "GB/s per loop");
+        cfg.verify ? "every byte" : "off", how.c_str());
+    std::printf("%-17s %14s %10s %10s %10s %9s %9s   %s\n", "op", "GB/s (1e9B/s)", "IOPS", "p50 us",
+                "p99 us", "usr s/GB", "sys s/GB", "GB/s per loop");
     for (const auto& s : summaries) {
-      const std::string label =
-          s.op == "write" && cfg.precondition ? "write (overwrite)" : s.op;
-      std::printf("%-17s %14.2f %10.0f %10.0f %10.0f %9.3f %9.3f   %s\n", label.c_str(), s.gbps,
-                  s.iops, s.lat_p50_us, s.lat_p99_us, s.usr_s_per_gb, s.sys_s_per_gb,
-                  figures_text(s.gbps_per_loop).c_str());
+      std::printf("%-17s %14.2f %10.0f %10.0f %10.0f %9.3f %9.3f   %s\n",
+                  op_label(s, cfg.precondition).c_str(), s.gbps, s.iops, s.lat_p50_us, s.lat_p99_us,
+                  s.usr_s_per_gb, s.sys_s_per_gb, figures_text(s.gbps_per_loop).c_str());
     }
+    for (const auto& s : summaries) print_over_time(s, op_label(s, cfg.precondition));
   }
   if (cfg.keep) {
     for (const auto& p : bench.keep_files())

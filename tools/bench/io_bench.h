@@ -1,17 +1,21 @@
 // SPDX-License-Identifier: Apache-2.0
-// The measuring core of `zinf bench io`: sequential O_DIRECT passes over one data file per
-// directory through zinf's own File + IoEngine + BufferPool, every byte written with a checkable
-// pattern and verified on read. `zinf bench step --reference` runs the same passes between its
-// steps, so that the drive rates a step is judged by come from this code and the same moment.
+// The measuring core of `zinf bench io`: O_DIRECT runs over one data file per directory through
+// zinf's own File + IoEngine + BufferPool, sequential or in a seeded random order, reads, writes
+// or a mix, one pass over every block or laps for a given time with per-second samples; every
+// byte written with a checkable pattern and verified on read. `zinf bench step --reference` runs
+// the same passes between its steps, so that the drive rates a step is judged by come from this
+// code and the same moment.
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "throughput.h"
 #include "zinf/swap/dir.h"
 #include "zinf/swap/io_engine.h"
 
@@ -32,12 +36,44 @@ struct IoBenchOptions {
   std::string file_stem = "zinf-bench-io";  ///< names them, in messages and when kept
 };
 
-/// One timed pass.
+/// What one run does.
+struct IoRunSpec {
+  /// The share of requests that are reads: 0 writes only, 1 reads only; in between each
+  /// request is a read with this probability (drawn from the seeded generator).
+  double read_share = 0;
+  /// Visit the blocks in a random order drawn from `seed` (each block once per lap, as fio's
+  /// random map) instead of in file order.
+  bool random = false;
+  std::uint64_t seed = 1;
+  /// 0: one lap over every block. Otherwise laps over the files until this much time has
+  /// passed (no new request after it; those in flight complete), with samples.
+  std::chrono::milliseconds duration{0};
+  /// For a time-based run: the length of one sample.
+  std::chrono::milliseconds sample_interval{1000};
+};
+
+/// One timed run. Latencies are kept for at most kMaxLatencies requests per direction (a
+/// uniform sample of them beyond that, so a long run's memory is bounded).
 struct IoPassResult {
+  static constexpr std::size_t kMaxLatencies = std::size_t{1} << 20;
   double seconds = 0;
-  std::uint64_t bytes = 0;
-  std::vector<double> latencies_us;  ///< submit -> completion, one per request
-  double gbps() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
+  std::uint64_t bytes = 0;  ///< read + written
+  std::uint64_t read_bytes = 0;
+  std::uint64_t write_bytes = 0;
+  std::vector<double> read_latencies_us;  ///< submit -> completion
+  std::vector<double> write_latencies_us;
+  /// Time-based runs only: bytes completed per sample_interval, per direction (empty for a
+  /// direction the run did not do). A last interval shorter than half a sample is left out.
+  std::vector<ThroughputSample> read_samples;
+  std::vector<ThroughputSample> write_samples;
+  double gbps() const { return rate(bytes); }
+  double read_gbps() const { return rate(read_bytes); }
+  double write_gbps() const { return rate(write_bytes); }
+
+ private:
+  double rate(std::uint64_t b) const {
+    return seconds > 0 ? static_cast<double>(b) / seconds / 1e9 : 0;
+  }
 };
 
 /// Creates (preallocates) the data files, the engine and the buffer pool at construction. The
@@ -45,7 +81,9 @@ struct IoPassResult {
 /// Errors: UsageError for a block size that is not a multiple of a file's direct-I/O
 /// alignment or a size below one block per file; IoError (file, offset, length) for a failed
 /// request; zinf::Error naming file and offset for a verification mismatch.
-/// Threads: one caller at a time. Memory: buffer_bytes of pinned buffers.
+/// Threads: one caller at a time. Memory: buffer_bytes of pinned buffers, and 4 bytes per block
+/// (the generation each block holds, for verifying reads after random or partial writes; 12
+/// with random runs: their order).
 class IoBench {
  public:
   explicit IoBench(IoBenchOptions options);
@@ -59,6 +97,10 @@ class IoBench {
   /// Reads the files back, verifying the last generation written (unless !verify). Needs a
   /// write() before it.
   IoPassResult read(bool progress = false, const char* label = "read");
+  /// Runs `spec`: its writes lay down a new generation of the pattern, its reads verify each
+  /// block against the generation last written there (unless !verify). Reads need a write()
+  /// over every block before them.
+  IoPassResult run(const IoRunSpec& spec, bool progress = false, const char* label = "run");
   /// With options.keep: leaves the data files in place when the bench is destroyed (call it
   /// once the run has succeeded: an interrupted or failed run removes them) and returns their
   /// paths. UsageError without options.keep (the files have no names).

@@ -190,6 +190,27 @@ double parse_number(std::string_view text, std::string_view what) {
   return v;
 }
 
+std::string parse_choice(std::string_view text, std::string_view what,
+                         const std::vector<std::string>& choices) {
+  for (const std::string& c : choices) {
+    if (c == text) return c;
+  }
+  std::string list;
+  for (std::size_t i = 0; i < choices.size(); ++i) {
+    list += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + choices[i];
+  }
+  std::string msg =
+      "invalid " + std::string(what) + " '" + std::string(text) + "': expected " + list;
+  // Case is a typo too ("Read"), and so is a transposition ("randwirte", 2 edits).
+  std::string lower(text);
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  const std::string_view s =
+      lower.empty() ? "" : closest_match(lower, choices, typo_distance(lower, 3));
+  if (!s.empty()) msg += " (did you mean " + std::string(s) + "?)";
+  throw UsageError(msg);
+}
+
 std::string size_text(std::uint64_t bytes) {
   static constexpr std::pair<char, unsigned> kUnits[] = {
       {'T', 40}, {'G', 30}, {'M', 20}, {'K', 10}};
@@ -487,6 +508,16 @@ Cli& Cli::texts(const std::string& name, std::vector<std::string>& dest, std::st
   CLI::Option* o = impl_->app.add_option(name, dest, std::move(help));
   o->expected(1)->allow_extra_args(false)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   impl_->declare(o, name, std::move(value_name), std::move(shown));
+  return *this;
+}
+
+Cli& Cli::choice(const std::string& name, std::string& dest, std::vector<std::string> choices,
+                 std::string value_name, std::string help, std::string shown) {
+  if (shown.empty()) shown = dest.empty() ? "none" : dest;
+  impl_->value(name, std::move(value_name), std::move(help), std::move(shown),
+               [&dest, choices = std::move(choices)](const std::string& v, const std::string& n) {
+                 dest = parse_choice(v, n, choices);
+               });
   return *this;
 }
 

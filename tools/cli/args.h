@@ -41,6 +41,12 @@ std::uint64_t parse_count(std::string_view text, std::string_view what, std::uin
 /// as 250ms, 10s, 5m or 1h".
 std::chrono::milliseconds parse_duration(std::string_view text, std::string_view what);
 
+/// Checks that `text` is one of `choices` (exactly, case included) and returns it; otherwise a
+/// UsageError naming `what`, the choices and the nearest one: "invalid --rw 'randwirte':
+/// expected read, write, randread, randwrite, rw or randrw (did you mean randwrite?)".
+std::string parse_choice(std::string_view text, std::string_view what,
+                         const std::vector<std::string>& choices);
+
 /// Parses a finite decimal number ("0.5", "1e-3"); UsageError naming `what` otherwise.
 double parse_number(std::string_view text, std::string_view what);
 
@@ -71,6 +77,9 @@ class Cli {
   /// A repeatable `--name VALUE`: every value in order, each occurrence taking one.
   Cli& texts(const std::string& name, std::vector<std::string>& dest, std::string value_name,
              std::string help, std::string shown);
+  /// One of `choices` (parse_choice); `value_name` is the placeholder in --help ("MODE").
+  Cli& choice(const std::string& name, std::string& dest, std::vector<std::string> choices,
+              std::string value_name, std::string help, std::string shown = "");
   /// A byte size (parse_size); shown as size_text(dest) unless `shown` is given.
   Cli& size(const std::string& name, std::uint64_t& dest, std::string help, std::string shown = "");
   /// A byte size that has no default: unset unless given.

@@ -2,6 +2,7 @@
 // `zinf plan`: what fits where. Reads the model size, parallelism, offload choice and
 // hardware from the command line (and drive bandwidth from `zinf tune`'s report), prints the
 // per-GPU / per-node needs of each ZeRO setup and the least costly one that fits.
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 
@@ -54,6 +55,14 @@ DriveBandwidth read_tune_report(const std::string& path) {
                        "read_gbps, write_gbps and mixed_gbps)");
     }
     *dst[i] = (*chosen)[keys[i]].get<double>();
+  }
+  // `zinf tune --sustained`'s steady write rate, where it ran.
+  const auto sustained = doc.find("sustained");
+  if (sustained != doc.end() && sustained->is_object()) {
+    const auto steady = sustained->find("steady_write_gbps");
+    if (steady != sustained->end() && steady->is_number() && steady->get<double>() > 0) {
+      d.sustained_write_gbps = steady->get<double>();
+    }
   }
   return d;
 }
@@ -117,6 +126,72 @@ std::string zero_optimization_json(const PlanSetup& s, std::uint64_t sub_group_s
   return doc.dump(2);
 }
 
+// The full table (--wide): every column plan_model computes, the reasons in full.
+void print_wide_table(const Plan& plan, const PlanInput& in) {
+  std::printf(
+      "\nGB per GPU (model states, stage-3 live parameters, activations), per node "
+      "(host pinned, NVMe) and NVMe traffic per step per node\n");
+  std::printf("%-5s %-5s %-5s %8s %8s %8s %8s %7s %7s %9s %10s %10s %12s %9s  %s\n", "stage",
+              "opt->", "par->", "params", "grads", "optim", "states", "live", "activ", "GPU total",
+              "host/node", "NVMe/node", "NVMe r+w/st", "I/O s/st", "fits");
+  for (const auto& r : plan.rows) {
+    char io[32] = "n/a";
+    if (r.io_seconds) std::snprintf(io, sizeof io, "%.2f", *r.io_seconds);
+    std::printf(
+        "%-5d %-5s %-5s %8.1f %8.1f %8.1f %8.1f %7.1f %7.1f %9.1f %10.1f %10.1f %12.1f %9s  %s\n",
+        r.setup.stage, std::string(tier_name(r.setup.optimizer)).c_str(),
+        std::string(tier_name(r.setup.params)).c_str(), g(r.gpu_params), g(r.gpu_grads),
+        g(r.gpu_optimizer), g(r.gpu_model_states), g(r.gpu_live_params), g(r.gpu_activations),
+        g(r.gpu_total), g(r.host_per_node), g(r.nvme_per_node),
+        g(r.nvme_read_per_step + r.nvme_write_per_step), io,
+        r.fits ? (in.gpu_mem ? "yes" : "-") : ("no: " + r.why_not).c_str());
+  }
+}
+
+// The narrow table's fits column: the first limit a setup breaks, in plan_model's order, with
+// the limit (the row shows the need); "yes", or "-" when no limit was given to check.
+std::string fits_short(const PlanRow& r, const PlanInput& in) {
+  char buf[64];
+  if (r.fits) return in.gpu_mem ? "yes" : "-";
+  if (in.gpu_mem && r.gpu_total > *in.gpu_mem) {
+    std::snprintf(buf, sizeof buf, "no: GPU > %.1f", g(*in.gpu_mem));
+  } else if (in.cpu_mem && r.host_per_node > *in.cpu_mem) {
+    std::snprintf(buf, sizeof buf, "no: host > %.1f", g(*in.cpu_mem));
+  } else {
+    std::snprintf(buf, sizeof buf, "no: NVMe > %.1f", g(in.nvme_free.value_or(0)));
+  }
+  return buf;
+}
+
+// The default table: the columns a choice is made on, within 100 columns, then what they mean.
+void print_narrow_table(const Plan& plan, const PlanInput& in) {
+  std::printf("\n%-5s %-5s %-5s %8s %10s %10s %10s %8s  %s\n", "stage", "opt", "par", "GPU",
+              "host/node", "NVMe/node", "r+w/step", "I/O s", "fits");
+  for (const auto& r : plan.rows) {
+    char io[32] = "n/a";
+    if (r.io_seconds) std::snprintf(io, sizeof io, "%.2f", *r.io_seconds);
+    std::printf("%-5d %-5s %-5s %8.1f %10.1f %10.1f %10.1f %8s  %s\n", r.setup.stage,
+                std::string(tier_name(r.setup.optimizer)).c_str(),
+                std::string(tier_name(r.setup.params)).c_str(), g(r.gpu_total), g(r.host_per_node),
+                g(r.nvme_per_node), g(r.nvme_read_per_step + r.nvme_write_per_step), io,
+                fits_short(r, in).c_str());
+  }
+  std::printf(
+      "stage: ZeRO stage; opt, par: where the optimizer state and the parameters live (none: the "
+      "GPU)\n"
+      "GPU: GB per GPU (model states, stage-3 live parameters, activations); host/node: GB of "
+      "pinned\n"
+      "host memory per node; NVMe/node: GB stored per node; r+w/step: GB read + written per "
+      "step per\n"
+      "node; I/O s: NVMe seconds per step (with --tune); fits: within --gpu-mem, --cpu-mem and\n"
+      "--nvme-free (no: the first limit exceeded). --wide shows every column.\n");
+}
+
+// NVMe I/O more than this many times the compute per step: the GPU waits on the drive however
+// the I/O overlaps (prefetching hides I/O behind compute only up to the compute's length), and a
+// factor this size is beyond what a tune report's figures are off by on a shared machine.
+constexpr double kIoBoundRatio = 3;
+
 }  // namespace
 
 int plan_main(const std::vector<std::string>& tokens) {
@@ -126,7 +201,8 @@ int plan_main(const std::vector<std::string>& tokens) {
   double step_seconds = 0;
   std::uint64_t gpus = 1, tp = 1, pp = 1, gpus_per_node = 8;
   std::string gpu_mem_text, cpu_mem_text, nvme_free_text;
-  bool json = false;
+  bool json = false, wide = false;
+  std::chrono::milliseconds compute{0};
   Cli cli("plan", kAbout);
   cli.group("model");
   cli.text("--params", params, "N",
@@ -163,6 +239,10 @@ int plan_main(const std::vector<std::string>& tokens) {
   cli.text("--nvme-free", nvme_free_text, "SIZE", "free NVMe space per node", "none");
   cli.text("--tune", tune, "FILE",
            "`zinf tune --report FILE` output: drive bandwidth for I/O time");
+  cli.duration("--compute-time", compute,
+               "GPU compute (forward + backward) per step: a warning when a setup's NVMe I/O per "
+               "step (from --tune) is more than 3x it",
+               "none");
   cli.group("drive wear (of the recommended setup's NVMe writes)");
   cli.text("--tbw", tbw_text, "SIZE",
            "the drives' rated endurance per node, e.g. 600TB (10^12 bytes per TB, as rated)",
@@ -176,6 +256,9 @@ int plan_main(const std::vector<std::string>& tokens) {
            "life used; without --tbw, the endurance it implies",
            "none");
   cli.group("output");
+  cli.flag("--wide", wide,
+           "the full table (model states by kind, live parameters, activations; 140 columns) "
+           "instead of the narrow one");
   cli.flag("--json", json, "one JSON object instead of the table");
   if (!cli.parse(tokens)) return 0;
   in.gpus = to_u32(gpus, "--gpus");
@@ -227,6 +310,22 @@ int plan_main(const std::vector<std::string>& tokens) {
     }
   }
 
+  // I/O-bound setups: the recommended one, or without a recommendation every one.
+  std::vector<std::string> io_warnings;
+  const double compute_s = std::chrono::duration<double>(compute).count();
+  for (std::size_t i = 0; compute_s > 0 && i < plan.rows.size(); ++i) {
+    const PlanRow& r = plan.rows[i];
+    if (plan.recommended && i != *plan.recommended) continue;
+    if (!r.io_seconds || *r.io_seconds <= kIoBoundRatio * compute_s) continue;
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "%s: NVMe I/O of %.2f s per step is %.1fx the %.2f s of compute (more than "
+                  "%.0fx): the GPU waits on the drive",
+                  setup_name(r.setup).c_str(), *r.io_seconds, *r.io_seconds / compute_s, compute_s,
+                  kIoBoundRatio);
+    io_warnings.push_back(buf);
+  }
+
   if (json) {
     Json head;
     head["params"] = in.params;
@@ -243,6 +342,8 @@ int plan_main(const std::vector<std::string>& tokens) {
     Json& setups = head["setups"] = Json::array();
     for (const PlanRow& row : plan.rows) setups.push_back(row_json(row));
     head["recommended"] = plan.recommended ? row_json(plan.rows[*plan.recommended]) : Json();
+    if (compute_s > 0) head["compute_seconds_per_step"] = compute_s;
+    head["warnings"] = io_warnings;
     if (wear || smart || !wear_note.empty()) {
       Json w;
       if (wear) {
@@ -291,25 +392,17 @@ int plan_main(const std::vector<std::string>& tokens) {
         "drives (from %s): read %.2f GB/s, write %.2f GB/s, optimizer read+write mix "
         "%.2f GB/s per node\n",
         tune.c_str(), in.drive->read_gbps, in.drive->write_gbps, in.drive->mixed_gbps);
+    if (in.drive->sustained_write_gbps > 0) {
+      std::printf("  sustained writes: %.2f GB/s (the I/O time is at least the writes at it)\n",
+                  in.drive->sustained_write_gbps);
+    }
   }
-  std::printf(
-      "\nGB per GPU (model states, stage-3 live parameters, activations), per node "
-      "(host pinned, NVMe) and NVMe traffic per step per node\n");
-  std::printf("%-5s %-5s %-5s %8s %8s %8s %8s %7s %7s %9s %10s %10s %12s %9s  %s\n", "stage",
-              "opt->", "par->", "params", "grads", "optim", "states", "live", "activ", "GPU total",
-              "host/node", "NVMe/node", "NVMe r+w/st", "I/O s/st", "fits");
-  for (const auto& r : plan.rows) {
-    char io[32] = "n/a";
-    if (r.io_seconds) std::snprintf(io, sizeof io, "%.2f", *r.io_seconds);
-    std::printf(
-        "%-5d %-5s %-5s %8.1f %8.1f %8.1f %8.1f %7.1f %7.1f %9.1f %10.1f %10.1f %12.1f %9s  %s\n",
-        r.setup.stage, std::string(tier_name(r.setup.optimizer)).c_str(),
-        std::string(tier_name(r.setup.params)).c_str(), g(r.gpu_params), g(r.gpu_grads),
-        g(r.gpu_optimizer), g(r.gpu_model_states), g(r.gpu_live_params), g(r.gpu_activations),
-        g(r.gpu_total), g(r.host_per_node), g(r.nvme_per_node),
-        g(r.nvme_read_per_step + r.nvme_write_per_step), io,
-        r.fits ? (in.gpu_mem ? "yes" : "-") : ("no: " + r.why_not).c_str());
+  if (wide) {
+    print_wide_table(plan, in);
+  } else {
+    print_narrow_table(plan, in);
   }
+  for (const auto& w : io_warnings) std::printf("warning: %s\n", w.c_str());
   if (!in.gpu_mem) {
     std::printf("\nno recommendation: give --gpu-mem (and --cpu-mem, --nvme-free) to choose\n");
   } else if (plan.recommended) {

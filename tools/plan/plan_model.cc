@@ -167,6 +167,12 @@ PlanRow evaluate_setup(const PlanInput& in, const PlanSetup& setup, std::uint32_
              in.drive->write_gbps > 0) {
     r.io_seconds = gpn * (opt_io / (in.drive->mixed_gbps * 1e9) + rd / (in.drive->read_gbps * 1e9) +
                           wr / (in.drive->write_gbps * 1e9));
+    // Past a consumer drive's write cache the writes alone take longer than the short passes
+    // say: at least the step's write bytes at the sustained rate.
+    if (in.drive->sustained_write_gbps > 0) {
+      r.io_seconds =
+          std::max(*r.io_seconds, r.nvme_write_per_step / (in.drive->sustained_write_gbps * 1e9));
+    }
   }
 
   if (in.gpu_mem && r.gpu_total > *in.gpu_mem) {

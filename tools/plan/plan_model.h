@@ -58,6 +58,9 @@ struct DriveBandwidth {
   double read_gbps = 0;   ///< sequential reads (parameter fetches)
   double write_gbps = 0;  ///< sequential writes (parameter write-back)
   double mixed_gbps = 0;  ///< bytes moved per second by the optimizer step's read+write mix
+  /// The steady write rate under sustained writes (`zinf tune --sustained`); 0: not measured.
+  /// A step's writes take at least their bytes at this rate, whatever the short passes gave.
+  double sustained_write_gbps = 0;
 };
 
 /// Everything `zinf plan` is asked about.

@@ -2,7 +2,9 @@
 // `zinf tune`: checks the setup (O_DIRECT, memlock, io_uring, huge pages, free space), then
 // sweeps backend x block size x queue depth (x threads) on the user's directories with the
 // optimizer step's I/O pattern, and writes the winner as a zinf config with a DeepSpeed "aio"
-// block (--out) and the figures behind it (--report, read by `zinf plan --tune`).
+// block (--out) and the figures behind it (--report, read by `zinf plan --tune`). With
+// --sustained it then writes for a while with the winner (bench io's time-based run) for the
+// drive's steady write rate, which a consumer drive's write cache hides from short passes.
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/statvfs.h>
@@ -17,6 +19,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -27,7 +30,9 @@
 #include "commands.h"
 #include "interrupt.h"
 #include "format.h"
+#include "io_bench.h"
 #include "json_out.h"
+#include "throughput.h"
 #include "tune_checks.h"
 #include "workload.h"
 #include "zinf/common/error.h"
@@ -48,6 +53,13 @@ these directories (reads of sub-group i+1 interleaved with writes of sub-group i
 every byte verified), and writes them as a config zinf and DeepSpeed accept.)";
 
 constexpr const char* kFooter = R"(
+--sustained then writes over --size bytes (one file per DIR, striped) for --sustained-time with
+the chosen setting, sampling the rate every second as `zinf bench io --runtime` does: the
+steady state (median of the last third) and, if the rate fell by more than its noise, where.
+The first lap writes freshly allocated space, later laps overwrite it (as the optimizer's
+first step and the later ones do). Where the steady rate is below the burst write figure the
+text and the report say so.
+
 --out and --report are written whole to a temporary file that is then renamed over FILE: a
 reader never sees half of one, and a symbolic link at FILE is replaced by the file, never
 followed. The test files have no name (O_TMPFILE, or a random name unlinked at once): nothing
@@ -174,6 +186,53 @@ std::string config_json(const Point& p, bool direct) {
   return c.dump(2) + "\n";
 }
 
+// What --sustained measured.
+struct Sustained {
+  std::uint64_t size = 0;  // bytes over all files
+  double duration_s = 0;
+  IoPassResult run;
+  ThroughputProfile profile;
+  double burst_gbps = 0;  // the chosen setting's write pass
+  bool below_burst = false;
+};
+
+Json sustained_json(const Sustained& s) {
+  Json j;
+  j["size_bytes"] = s.size;
+  j["duration_s"] = s.duration_s;
+  j["seconds"] = s.run.seconds;
+  j["bytes_written"] = s.run.write_bytes;
+  j["write_gbps"] = s.run.write_gbps();
+  j["steady_write_gbps"] = s.profile.steady_gbps;
+  j["noise_gbps"] = s.profile.noise_gbps;
+  j["burst_write_gbps"] = s.burst_gbps;
+  j["below_burst"] = s.below_burst;
+  if (s.profile.cliff) {
+    Json c;
+    c["at_s"] = s.profile.cliff->at_s;
+    c["bytes_before"] = s.profile.cliff->bytes_before;
+    c["before_gbps"] = s.profile.cliff->before_gbps;
+    c["after_gbps"] = s.profile.cliff->after_gbps;
+    j["cliff"] = std::move(c);
+  } else {
+    j["cliff"] = nullptr;
+  }
+  if (!s.profile.note.empty()) j["cliff_note"] = s.profile.note;
+  Json& samples = j["samples_gbps"] = Json::array();
+  for (const auto& t : s.run.write_samples) samples.push_back(t.gbps());
+  return j;
+}
+
+// The line the text and the report give when the drive slows under sustained writes.
+std::string below_burst_note(const Sustained& s) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "the steady write rate %.2f GB/s is below the burst figure %.2f GB/s: a long run "
+                "writes at the steady rate (zinf plan --tune uses it)",
+                s.profile.steady_gbps, s.burst_gbps);
+  return buf;
+}
+
 }  // namespace
 
 int tune_main(const std::vector<std::string>& tokens) {
@@ -181,7 +240,9 @@ int tune_main(const std::vector<std::string>& tokens) {
   std::chrono::milliseconds budget = std::chrono::seconds(60);
   std::string out, report, backends, block_list, depth_list;
   std::uint64_t pinned_budget = std::uint64_t{2} << 30;
-  bool json = false;
+  bool json = false, sustained_on = false;
+  std::optional<std::uint64_t> sustained_size;
+  std::chrono::milliseconds sustained_time = std::chrono::seconds(60);
   Cli cli("tune", kAbout, kFooter);
   cli.texts("--dir", dirs, "DIR", "directory to tune (repeatable: the state is striped over them)",
             "required");
@@ -198,6 +259,14 @@ int tune_main(const std::vector<std::string>& tokens) {
   cli.text("--queue-depths", depth_list, "LIST", "queue depths to try (N,...)", "8,16,32");
   cli.size("--pinned-budget", pinned_budget,
            "pinned memory the engine will hold, for the memlock check");
+  cli.flag("--sustained", sustained_on,
+           "then write with the chosen setting for --sustained-time and report the steady "
+           "write rate (a consumer drive's cache hides it from short passes)");
+  cli.size("--size", sustained_size,
+           "bytes --sustained writes over, all dirs together; larger than the drive's write "
+           "cache to see past it",
+           "16G, at most half the free space");
+  cli.duration("--sustained-time", sustained_time, "how long --sustained writes", "60s");
   cli.alias("--bs", "--block-sizes");
   cli.alias("--iodepth", "--queue-depths");
   cli.alias("--runtime", "--time-budget");
@@ -206,6 +275,9 @@ int tune_main(const std::vector<std::string>& tokens) {
   if (dirs.empty())
     throw UsageError("--dir is required (a directory on the drive to tune; repeatable)");
   if (budget > std::chrono::hours(24)) throw UsageError("invalid --time-budget: at most 24h");
+  if (sustained_size && !sustained_on) {
+    throw UsageError("--size is the size --sustained writes over; give --sustained with it");
+  }
   std::vector<swap::Dir> opened;  // each directory opened once; every file made relative to it
   for (const auto& d : dirs) opened.push_back(check_dir(d));
   std::vector<std::uint64_t> blocks(std::begin(kDefaultBlocks), std::end(kDefaultBlocks));
@@ -379,7 +451,49 @@ int tune_main(const std::vector<std::string>& tokens) {
   bool all_direct = true;
   for (std::size_t i = 0; i < dirs.size(); ++i) all_direct = all_direct && w.direct(i);
 
-  // 5. Report.
+  // 5. Sustained writes with the chosen setting: bench io's time-based run over --size.
+  std::optional<Sustained> sustained;
+  if (sustained_on) {
+    Sustained su;
+    constexpr std::uint64_t kDefaultSustained = std::uint64_t{16} << 30;
+    const std::uint64_t room = min_free / 2 / best.block * best.block * dir_count;
+    su.size = sustained_size.value_or(kDefaultSustained);
+    if (su.size > room) {
+      std::string m = "free space limits the sustained test to " + gib(static_cast<double>(room)) +
+                      " (" + (sustained_size ? "--size" : "the default") + " asks for " +
+                      gib(static_cast<double>(su.size)) + ")";
+      std::fprintf(stderr, "zinf tune: warning: %s\n", m.c_str());
+      warnings.push_back(m);
+      su.size = room;
+    }
+    IoBenchOptions bo;
+    bo.dirs = dirs;
+    bo.size = su.size;
+    bo.io.kind = best.kind;
+    bo.io.block_size = best.block;
+    bo.io.queue_depth = best.depth;
+    bo.io.threads = best.threads;
+    bo.huge_pages = true;
+    bo.file_stem = "zinf-tune-sustained";
+    IoBench bench(bo);  // UsageError for a size below one block per dir
+    su.size = bench.file_size() * bench.file_count();
+    if (!json) {
+      std::fprintf(stderr, "zinf tune: sustained write of %s for %s\n",
+                   gib(static_cast<double>(su.size)).c_str(),
+                   duration_text(sustained_time).c_str());
+    }
+    IoRunSpec spec;
+    spec.duration = sustained_time;
+    su.duration_s = std::chrono::duration<double>(sustained_time).count();
+    su.run = bench.run(spec, tty && !json, "sustained write");
+    su.profile = analyze_throughput(su.run.write_samples);
+    su.burst_gbps = write_gbps;
+    su.below_burst = su.profile.steady_gbps > 0 &&
+                     significant_drop(su.burst_gbps, su.profile.steady_gbps, su.profile.noise_gbps);
+    sustained = std::move(su);
+  }
+
+  // 6. Report.
   Json report_doc;
   report_doc["tool"] = "zinf tune";
   Json& dir_list = report_doc["dirs"] = Json::array();
@@ -406,6 +520,10 @@ int tune_main(const std::vector<std::string>& tokens) {
   Json& chosen = report_doc["chosen"] = point_json(best);
   chosen["read_gbps"] = read_gbps;
   chosen["write_gbps"] = write_gbps;
+  if (sustained) {
+    Json& sj = report_doc["sustained"] = sustained_json(*sustained);
+    if (sustained->below_burst) sj["note"] = below_burst_note(*sustained);
+  }
   const std::string rep = json_text(report_doc);
 
   // Nothing written after a signal: the figures of a cut-short sweep are not the answer.
@@ -444,10 +562,37 @@ int tune_main(const std::vector<std::string>& tokens) {
                 fs_type_name(dirs[i]).c_str(), w.direct(i) ? ", O_DIRECT" : ", buffered",
                 per_dir[i].first, per_dir[i].second);
   }
+  if (sustained) {
+    const Sustained& su = *sustained;
+    std::vector<double> rates;
+    for (const auto& t : su.run.write_samples) rates.push_back(t.gbps());
+    std::printf(
+        "sustained write: %s over %zu dir%s for %.0f s with the chosen setting: steady %.2f GB/s "
+        "(median of the last third, noise %.2f GB/s), burst %.2f GB/s\n",
+        gib(static_cast<double>(su.size)).c_str(), dirs.size(), dirs.size() == 1 ? "" : "s",
+        su.duration_s, su.profile.steady_gbps, su.profile.noise_gbps, su.burst_gbps);
+    std::printf("  %s  (1 s per mark)\n", sparkline(rates).c_str());
+    if (su.profile.cliff) {
+      std::printf("  fell from %.2f to %.2f GB/s after %s (%.0f s in)\n",
+                  su.profile.cliff->before_gbps, su.profile.cliff->after_gbps,
+                  decimal_bytes(static_cast<double>(su.profile.cliff->bytes_before)).c_str(),
+                  su.profile.cliff->at_s);
+    } else if (!su.profile.note.empty()) {
+      std::printf("  %s\n", su.profile.note.c_str());
+    }
+    if (su.below_burst) std::printf("note: %s\n", below_burst_note(su).c_str());
+  }
   // Always shown, as DeepSpeed's tuner prints its aio block: the answer even without --out.
+  // The config takes no comment (the reader refuses unknown keys): the header says it.
+  std::string about_config = out.empty() ? "; --out FILE writes it" : "";
+  if (sustained && sustained->below_burst) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "; sustained writes run at %.2f GB/s, below the %.2f burst",
+                  sustained->profile.steady_gbps, sustained->burst_gbps);
+    about_config += buf;
+  }
   std::printf("config (the DeepSpeed \"aio\" block + \"zinf\" section%s):\n%s\n",
-              out.empty() ? "; --out FILE writes it" : "",
-              config_json(best, all_direct).c_str());
+              about_config.c_str(), config_json(best, all_direct).c_str());
   if (!out.empty())
     std::printf("wrote %s (DeepSpeed \"aio\" block + \"zinf\" section)\n", out.c_str());
   if (!report.empty()) std::printf("wrote %s (for zinf plan --tune)\n", report.c_str());
