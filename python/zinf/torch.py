@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""zinf for PyTorch: pinned tensors from zinf's budgeted pool and CPU Adam/AdamW optimizers.
+"""zinf for PyTorch: pinned tensors from zinf's budgeted pool, CPU Adam/AdamW optimizers and
+layer-wise parameter offload (offload_parameters).
 
 Everything here works on CPU tensors with torch 1.13 and later; zinf's native module never
 links libtorch, tensors are handed over as (address, bytes, dtype).
@@ -344,3 +345,7 @@ class AdamW(_CpuAdamBase):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  amsgrad=False, *, threads=0, **tier):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, True, threads, **tier)
+
+
+# After the optimizers: param_offload imports pinned_empty from this module when it runs.
+from zinf.param_offload import ParameterOffload, offload_parameters  # noqa: E402
