@@ -6,12 +6,14 @@
 // prefetcher's window into caller memory (a torch tensor) and releases it at once, so no torch
 // tensor ever points into memory the window recycles (autograd may keep views of a parameter
 // until backward). A write puts a unit's updated bytes back (suspend, swap_out, resume).
+// One calling thread at a time (zinf.torch's hooks run on the training thread).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -82,22 +84,8 @@ class ParamStore {
   void write(std::size_t u, std::uintptr_t address, std::uint64_t bytes) {
     check(u, bytes, "write");
     py::gil_scoped_release nogil;
-    // Suspended for the write, resumed whatever happens to it: a unit left suspended could
-    // never be read again.
-    struct Resume {
-      prefetch::LayerPrefetcher* p;
-      std::size_t u;
-      ~Resume() {
-        if (p == nullptr) return;
-        try {
-          p->resume(u);
-        } catch (const std::exception& e) {
-          log(LogLevel::kError, std::string("ParamStore: resume after a write: ") + e.what());
-        }
-      }
-    };
-    if (prefetcher_) prefetcher_->suspend(u);
-    const Resume resume{prefetcher_.get(), u};
+    const std::lock_guard lk(staging_mu_);
+    const Suspended suspended(prefetcher_.get(), u);
     const std::uint64_t padded = store_->padded_size(bytes);
     std::memcpy(staging_.get(), reinterpret_cast<const void*>(address), bytes);
     std::memset(staging_.get() + bytes, 0, padded - bytes);
@@ -111,11 +99,7 @@ class ParamStore {
   /// prefetcher read it ahead).
   void read(std::size_t u, std::uintptr_t address, std::uint64_t bytes) {
     check(u, bytes, "read");
-    for (std::size_t i = 0; i < written_.size(); ++i) {
-      if (!written_[i]) {
-        throw UsageError("ParamStore.read: unit " + std::to_string(i) + " was never written");
-      }
-    }
+    check_written("read");
     py::gil_scoped_release nogil;
     if (!prefetcher_) {
       prefetch::PrefetcherOptions o;
@@ -134,6 +118,22 @@ class ParamStore {
     device_->synchronize(compute_.ref());
     std::memcpy(reinterpret_cast<void*>(address), span.data(), bytes);
     prefetcher_->release(u);
+  }
+
+  /// Copies unit `u` into `address` straight from the store, outside the traced order: the
+  /// prefetcher neither counts nor learns it (a copy of the unit in its window is dropped, so
+  /// the next traced read of it goes to the drive). Blocks for the read.
+  void read_untraced(std::size_t u, std::uintptr_t address, std::uint64_t bytes) {
+    check(u, bytes, "read_untraced");
+    check_written("read_untraced");
+    py::gil_scoped_release nogil;
+    const std::lock_guard lk(staging_mu_);
+    const Suspended suspended(prefetcher_.get(), u);
+    const Status s =
+        store_->swap_in(key(u), std::span<std::byte>(staging_.get(), store_->padded_size(bytes)))
+            .wait_status();
+    if (!s.ok()) throw IoError(s);
+    std::memcpy(reinterpret_cast<void*>(address), staging_.get(), bytes);
   }
 
   void end_iteration() {
@@ -167,6 +167,39 @@ class ParamStore {
  private:
   static std::string key(std::size_t u) { return "unit" + std::to_string(u); }
 
+  // A unit taken out of the prefetcher's window while the store's copy is read or written
+  // directly (the store refuses a swap overlapping one of the window's), resumed whatever
+  // happens: a unit left suspended could never be read again.
+  class Suspended {
+   public:
+    Suspended(prefetch::LayerPrefetcher* p, std::size_t u) : p_(p), u_(u) {
+      if (p_ != nullptr) p_->suspend(u_);
+    }
+    ~Suspended() {
+      if (p_ == nullptr) return;
+      try {
+        p_->resume(u_);
+      } catch (const std::exception& e) {
+        log(LogLevel::kError, std::string("ParamStore: resume: ") + e.what());
+      }
+    }
+    Suspended(const Suspended&) = delete;
+    Suspended& operator=(const Suspended&) = delete;
+
+   private:
+    prefetch::LayerPrefetcher* p_;
+    std::size_t u_;
+  };
+
+  void check_written(const char* what) const {
+    for (std::size_t i = 0; i < written_.size(); ++i) {
+      if (!written_[i]) {
+        throw UsageError(std::string("ParamStore.") + what + ": unit " + std::to_string(i) +
+                         " was never written");
+      }
+    }
+  }
+
   void check(std::size_t u, std::uint64_t bytes, const char* what) const {
     if (u >= unit_bytes_.size()) {
       throw UsageError(std::string("ParamStore.") + what + ": unit " + std::to_string(u) + " of " +
@@ -186,6 +219,7 @@ class ParamStore {
   std::unique_ptr<swap::IoEngine> engine_;
   std::unique_ptr<swap::SwapStore> store_;
   std::uint64_t staging_bytes_ = 0;
+  std::mutex staging_mu_;  // write and read_untraced share the staging buffer
   std::unique_ptr<std::byte, FreeDeleter> staging_;
   std::vector<bool> written_;
   std::unique_ptr<cuda::Device> device_;
@@ -209,6 +243,7 @@ void bind_param_store(py::module_& m) {
            "unit_bytes"_a, "directories"_a, "depth"_a, "checksums"_a = true)
       .def("write", &ParamStore::write, "unit"_a, "address"_a, "nbytes"_a)
       .def("read", &ParamStore::read, "unit"_a, "address"_a, "nbytes"_a)
+      .def("read_untraced", &ParamStore::read_untraced, "unit"_a, "address"_a, "nbytes"_a)
       .def("end_iteration",
            [](ParamStore& s) {
              py::gil_scoped_release nogil;

@@ -170,14 +170,15 @@ class ParameterOffload:
 
     # ---- fetch, release, write back ---------------------------------------------------------
 
-    def _fetch(self, u):
+    def _fetch(self, u, traced=True):
         if self._resident[u]:
             return
         self._acquires += 1
         n = self._unit_bytes[u]
         if self._store is not None:
             host = torch.empty(n, dtype=torch.uint8)
-            self._store.read(u, host.data_ptr(), n)
+            read = self._store.read if traced else self._store.read_untraced
+            read(u, host.data_ptr(), n)
             record = host.to(self.exec_device)
         elif self.exec_device.type == "cpu":
             record = self._pinned[u].clone()
@@ -230,13 +231,17 @@ class ParameterOffload:
         if self._store is not None:
             self._store.end_iteration()
 
-    @contextlib.contextmanager
     def materialized(self, write_back=True):
         """Every unit's parameters in the module for the block (e.g. to build a state='nvme'
         optimizer, read or load a state_dict); on exit they are written back to the store
-        (unless write_back=False) and released."""
+        (unless write_back=False) and released. Its reads are not part of the traced order
+        (they do not happen every iteration)."""
+        return self._materialized(write_back, traced=False)
+
+    @contextlib.contextmanager
+    def _materialized(self, write_back, traced):
         for u in range(len(self.units)):
-            self._fetch(u)
+            self._fetch(u, traced)
         self._keep = True
         try:
             yield self
@@ -265,7 +270,7 @@ class ParameterOffload:
             if getattr(optimizer, "_overlap", False):
                 raise ValueError("zinf: offload_parameters with overlap=True: the updates "
                                  "would start during backward into released parameters")
-            with self.materialized():
+            with self._materialized(True, traced=True):  # every step: part of the order
                 optimizer.step()
         else:
             self._step_by_unit(optimizer)
