@@ -56,7 +56,9 @@ class _FetchForBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, offload, unit, *tensors):
         ctx.offload, ctx.unit = offload, unit
-        return tuple(t.view_as(t) for t in tensors)
+        # detach(): the same memory, but not a view in autograd's sense, so that the caller
+        # may modify the result in place (a view made in a custom Function may not be).
+        return tuple(t.detach() for t in tensors)
 
     @staticmethod
     def backward(ctx, *grads):
@@ -72,7 +74,9 @@ class _ReleaseAfterBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, offload, unit, *tensors):
         ctx.offload, ctx.unit = offload, unit
-        return tuple(t.view_as(t) for t in tensors)
+        # detach(): the same memory, but not a view in autograd's sense, so that the caller
+        # may modify the result in place (a view made in a custom Function may not be).
+        return tuple(t.detach() for t in tensors)
 
     @staticmethod
     def backward(ctx, *grads):
