@@ -18,7 +18,6 @@ other tiers (memory, cpu) and --optimizer torch uses torch.optim.AdamW, for comp
 import argparse
 import json
 import math
-import os
 import pathlib
 import random
 import sys
@@ -148,8 +147,10 @@ def train(args):
     if args.optimizer == "torch":
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     else:
-        build = lambda: zt.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01,  # noqa
-                                 state=args.state, nvme_path=root / "state")
+        def build():
+            return zt.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01,
+                            state=args.state, nvme_path=root / "state")
+
         if off is not None and args.state == "nvme":
             with off.materialized():  # its masters come from the parameters
                 opt = build()
@@ -201,7 +202,7 @@ def train(args):
         print(f"train_gpt: median step {sorted(rest)[len(rest) // 2] * 1e3:.1f} ms, "
               f"parameter fetches {summary['param_stats']['acquires']} "
               f"({summary['param_stats']['hits']} read ahead)", flush=True)
-    del opt, off, model
+    opt = off = model = None  # the swap files' owners go before their directory
     work.cleanup()
     return summary
 

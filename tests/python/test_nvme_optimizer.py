@@ -209,8 +209,10 @@ def test_state_dict_round_trip_resumes_bitwise(tmp_path, source, target):
     import io
     (tmp_path / "s").mkdir()
     (tmp_path / "t").mkdir()
-    tier = lambda t, d: dict(state=t, nvme_path=tmp_path / d, sub_group_size=4096) \
-        if t == "nvme" else {}  # noqa: E731
+
+    def tier(t, d):
+        return dict(state=t, nvme_path=tmp_path / d, sub_group_size=4096) if t == "nvme" else {}
+
     a = make_model()
     opt_a = AdamW(groups(a), lr=1e-2, weight_decay=0.05, **tier(source, "s"))
     train(a, opt_a, 3)
