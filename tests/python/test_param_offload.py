@@ -206,6 +206,32 @@ def test_eval_forward_releases_and_matches(tmp_path):
     assert off.resident_units() == []
 
 
+class Mixed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.low = torch.nn.Linear(8, 8).to(torch.bfloat16)
+        self.high = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.high(self.low(x).float())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mixed_dtypes_share_a_unit(tmp_path, device):
+    # One unit holding bf16 and fp32 parameters: each keeps its dtype and bytes.
+    torch.manual_seed(12)
+    ref = torch.nn.Sequential(Mixed())
+    m = copy.deepcopy(ref)
+    off = offload_parameters(m, unit=Mixed, nvme_path=tmp_path, device=device)
+    x = torch.randn(2, 8, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(m(x), ref(x))
+    with off.materialized(write_back=False):
+        assert [p.dtype for p in m.parameters()] == [torch.bfloat16] * 2 + [torch.float32] * 2
+        for pa, pb in zip(ref.parameters(), m.parameters()):
+            assert torch.equal(pa, pb)
+
+
 def test_bad_directory_is_named_and_the_model_untouched(tmp_path):
     a, b = make_pair(6)
     missing = tmp_path / "no-such-dir"
