@@ -130,6 +130,10 @@ class _CpuAdamBase(torch.optim.Optimizer):
         self._flat = [p for g in self.param_groups for p in g["params"]]
         for p in self._flat:
             self._check_param(p)
+            if p.numel() == 0:
+                raise ValueError("zinf: state='nvme' got a parameter with no elements (released "
+                                 "by offload_parameters? build the optimizer inside `with "
+                                 "offload.materialized():`)")
         record = 12 * sub_group_size + 4096
         budget = pinned_budget if pinned_budget is not None else pipeline_depth * record
         self._offloaded = _native.OffloadedOptimizer(
@@ -214,6 +218,10 @@ class _CpuAdamBase(torch.optim.Optimizer):
     def _grad_of(self, p):
         if p.grad.is_sparse:
             raise ValueError("zinf: sparse gradients are not supported")
+        if p.grad.numel() != p.numel():
+            raise ValueError(f"zinf: a parameter of {p.numel()} elements has a gradient of "
+                             f"{p.grad.numel()} (released by offload_parameters? step with "
+                             "offload.step(optimizer))")
         return p.grad if p.grad.is_contiguous() else p.grad.contiguous()
 
     def _overflowed(self):
@@ -257,25 +265,32 @@ class _CpuAdamBase(torch.optim.Optimizer):
             else:
                 self._step_offloaded(grad_scale)
             return loss
+        # Every parameter and gradient is checked before the first update, so that a refusal
+        # leaves no parameter updated.
+        work = []
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
             for p in group["params"]:
                 if p.grad is None:
                     continue
                 self._check_param(p)
                 grad = self._grad_of(p)
-                state = self.state[p]
-                if len(state) == 0:
-                    state["step"] = 0
-                    state["exp_avg"] = pinned_zeros(p.shape, torch.float32)
-                    state["exp_avg_sq"] = pinned_zeros(p.shape, torch.float32)
-                state["step"] += 1
-                g_addr, _ = address_of(grad, "gradient")
-                self._kernel.step(
-                    p.data_ptr(), g_addr, dtype_name(grad.dtype),
-                    state["exp_avg"].data_ptr(), state["exp_avg_sq"].data_ptr(), p.numel(),
-                    group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
-                    state["step"], group.get("bias_correction", True), self._adamw, grad_scale)
+                address_of(grad, "gradient")
+                dtype_name(grad.dtype)
+                work.append((group, p, grad))
+        for group, p, grad in work:
+            beta1, beta2 = group["betas"]
+            state = self.state[p]
+            if len(state) == 0:
+                state["step"] = 0
+                state["exp_avg"] = pinned_zeros(p.shape, torch.float32)
+                state["exp_avg_sq"] = pinned_zeros(p.shape, torch.float32)
+            state["step"] += 1
+            g_addr, _ = address_of(grad, "gradient")
+            self._kernel.step(
+                p.data_ptr(), g_addr, dtype_name(grad.dtype),
+                state["exp_avg"].data_ptr(), state["exp_avg_sq"].data_ptr(), p.numel(),
+                group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
+                state["step"], group.get("bias_correction", True), self._adamw, grad_scale)
         return loss
 
     def _step_offloaded(self, grad_scale=1.0):

@@ -258,6 +258,22 @@ def test_misuse_raises_value_error(tmp_path):
         offload_parameters(b, unit=[torch.nn.Linear(2, 2)], nvme_path=tmp_path)
 
 
+def test_zinf_optimizers_refuse_released_parameters(tmp_path):
+    (tmp_path / "p").mkdir()
+    _, b = make_pair(10)
+    off = offload_parameters(b, unit=Block, nvme_path=tmp_path / "p")
+    with pytest.raises(ValueError, match="materialized"):
+        AdamW(b.parameters(), state="nvme", nvme_path=tmp_path)
+    opt = AdamW(b.parameters())
+    b(batches(1)[0]).sum().backward()
+    embed = b.embed.weight.clone()
+    with pytest.raises(ValueError, match=r"offload\.step"):
+        opt.step()  # not off.step(opt): the blocks' parameters are released
+    assert torch.equal(b.embed.weight, embed)  # refused before any update
+    off.step(opt)
+    assert not torch.equal(b.embed.weight, embed)
+
+
 def test_remove_brings_the_parameters_back(tmp_path):
     a, b = make_pair(8)
     off = offload_parameters(b, unit=Block, nvme_path=tmp_path)
