@@ -94,6 +94,17 @@ def test_torch_adamw_bitwise(tmp_path, device):
     assert_same_params(a, b, off)
 
 
+def test_striped_over_two_directories(tmp_path):
+    dirs = [tmp_path / "d0", tmp_path / "d1"]
+    for d in dirs:
+        d.mkdir()
+    a, b = make_pair(13, d=200)  # blocks of ~1.3 MB: each spans both files
+    off = offload_parameters(b, unit=Block, nvme_path=dirs, prefetch_depth=1)
+    run_pair(a, b, off, torch.optim.AdamW(a.parameters(), lr=1e-2),
+             torch.optim.AdamW(b.parameters(), lr=1e-2), steps=2)
+    assert_same_params(a, b, off)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_zinf_adamw_cpu_state_bitwise(tmp_path, device):
     a, b = make_pair(1)
