@@ -783,13 +783,35 @@ void OffloadedOptimizer::set_hyper(std::size_t group_index, const adam::AdamPara
 }
 
 void OffloadedOptimizer::set_params(std::size_t group_index, std::span<const float> params) {
+  write_state("set_params", group_index, params, {}, {});
+}
+
+void OffloadedOptimizer::set_state(std::size_t group_index, std::span<const float> params,
+                                   std::span<const float> m, std::span<const float> v) {
+  write_state("set_state", group_index, params, m, v);
+}
+
+void OffloadedOptimizer::set_step_count(std::uint64_t steps) {
+  impl_->check_usable();
+  impl_->check_idle("set_step_count");
+  impl_->steps_done = steps;
+}
+
+// Writes a group's records: params, and m and v (zeros where their span is empty: set_params).
+void OffloadedOptimizer::write_state(const char* what, std::size_t group_index,
+                                     std::span<const float> params, std::span<const float> m,
+                                     std::span<const float> v) {
   Impl& im = *impl_;
   im.check_usable();
-  im.check_idle("set_params");
+  im.check_idle(what);
   const ParamGroupSpec& g = group(group_index);
-  if (params.size() != g.numel) {
-    throw UsageError("OffloadedOptimizer::set_params: group '" + g.name + "' has " +
-                     std::to_string(g.numel) + " elements, got " + std::to_string(params.size()));
+  const bool moments = !m.empty() || !v.empty();
+  for (const auto* s : {&params, &m, &v}) {
+    if (s->size() != g.numel && (s == &params || moments)) {
+      throw UsageError("OffloadedOptimizer::" + std::string(what) + ": group '" + g.name +
+                       "' has " + std::to_string(g.numel) + " elements, got " +
+                       std::to_string(s->size()));
+    }
   }
   const auto& recs = im.group_records[group_index];
   im.initialized[group_index] = false;
@@ -800,7 +822,12 @@ void OffloadedOptimizer::set_params(std::size_t group_index, std::span<const flo
         std::byte* base = im.nvme() ? buf.data() : rec.state.data();
         auto p = Impl::params_of(base, rec.numel);
         std::copy_n(params.data() + rec.offset, rec.numel, p.data());
-        std::fill_n(p.data() + rec.numel, 2 * rec.numel, 0.0f);
+        if (moments) {
+          std::copy_n(m.data() + rec.offset, rec.numel, Impl::m_of(base, rec.numel).data());
+          std::copy_n(v.data() + rec.offset, rec.numel, Impl::v_of(base, rec.numel).data());
+        } else {
+          std::fill_n(p.data() + rec.numel, 2 * rec.numel, 0.0f);
+        }
         // Zero the padding too, so that stored records (and checkpoints) are deterministic.
         std::memset(base + rec.numel * kStateBytesPerElement, 0,
                     rec.padded - rec.numel * kStateBytesPerElement);

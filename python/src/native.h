@@ -33,5 +33,7 @@ adam::AdamParams make_hyper(double lr, double beta1, double beta2, double eps,
 void bind_adam(py::module_& m);
 /// OffloadedOptimizer: Adam state in pinned memory or on NVMe, fp32 copy-out.
 void bind_optimizer(py::module_& m);
+/// ParamStore: units of parameters on NVMe, read ahead by a LayerPrefetcher.
+void bind_param_store(py::module_& m);
 
 }  // namespace zinf::python

@@ -94,6 +94,16 @@ void bind_optimizer(py::module_& m) {
              }
              return stats_dict(s);
            })
+      .def("set_state",
+           [](OffloadedOptimizer& o, std::size_t group, std::uintptr_t p, std::uintptr_t m_,
+              std::uintptr_t v, std::size_t n) {
+             auto span = [n](std::uintptr_t a) {
+               return std::span<const float>(reinterpret_cast<const float*>(a), n);
+             };
+             py::gil_scoped_release nogil;
+             o.set_state(group, span(p), span(m_), span(v));
+           })
+      .def("set_step_count", &OffloadedOptimizer::set_step_count)
       .def("read_state",
            [](OffloadedOptimizer& o, std::size_t group, std::uintptr_t p, std::uintptr_t m_,
               std::uintptr_t v, std::size_t n) {

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""zinf for PyTorch: pinned tensors from zinf's budgeted pool and CPU Adam/AdamW optimizers.
+"""zinf for PyTorch: pinned tensors from zinf's budgeted pool, CPU Adam/AdamW optimizers and
+layer-wise parameter offload (offload_parameters).
 
 Everything here works on CPU tensors with torch 1.13 and later; zinf's native module never
 links libtorch, tensors are handed over as (address, bytes, dtype).
@@ -81,7 +82,9 @@ class _CpuAdamBase(torch.optim.Optimizer):
     into the parameters. The masters are taken from the parameters at construction; after
     changing a parameter's values outside the optimizer call ``reload_parameters()``.
     Checksums (CRC32C) are verified on every read back unless ``checksums=False``. The state
-    is not in ``self.state``: checkpoint it with ``save(dir)`` / ``load(dir)``.
+    is not in ``self.state``: checkpoint it with ``save(dir)`` / ``load(dir)`` (zinf's
+    format), or ``state_dict()`` / ``load_state_dict()`` (torch's, read from and written to
+    the swap files).
 
     ``overlap=True`` (state="nvme"): each parameter's update is queued as soon as backward has
     produced its gradient (a gradient hook), so the state's NVMe reads, the updates and the
@@ -127,6 +130,10 @@ class _CpuAdamBase(torch.optim.Optimizer):
         self._flat = [p for g in self.param_groups for p in g["params"]]
         for p in self._flat:
             self._check_param(p)
+            if p.numel() == 0:
+                raise ValueError("zinf: state='nvme' got a parameter with no elements (released "
+                                 "by offload_parameters? build the optimizer inside `with "
+                                 "offload.materialized():`)")
         record = 12 * sub_group_size + 4096
         budget = pinned_budget if pinned_budget is not None else pipeline_depth * record
         self._offloaded = _native.OffloadedOptimizer(
@@ -211,6 +218,10 @@ class _CpuAdamBase(torch.optim.Optimizer):
     def _grad_of(self, p):
         if p.grad.is_sparse:
             raise ValueError("zinf: sparse gradients are not supported")
+        if p.grad.numel() != p.numel():
+            raise ValueError(f"zinf: a parameter of {p.numel()} elements has a gradient of "
+                             f"{p.grad.numel()} (released by offload_parameters? step with "
+                             "offload.step(optimizer))")
         return p.grad if p.grad.is_contiguous() else p.grad.contiguous()
 
     def _overflowed(self):
@@ -254,25 +265,32 @@ class _CpuAdamBase(torch.optim.Optimizer):
             else:
                 self._step_offloaded(grad_scale)
             return loss
+        # Every parameter and gradient is checked before the first update, so that a refusal
+        # leaves no parameter updated.
+        work = []
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
             for p in group["params"]:
                 if p.grad is None:
                     continue
                 self._check_param(p)
                 grad = self._grad_of(p)
-                state = self.state[p]
-                if len(state) == 0:
-                    state["step"] = 0
-                    state["exp_avg"] = pinned_zeros(p.shape, torch.float32)
-                    state["exp_avg_sq"] = pinned_zeros(p.shape, torch.float32)
-                state["step"] += 1
-                g_addr, _ = address_of(grad, "gradient")
-                self._kernel.step(
-                    p.data_ptr(), g_addr, dtype_name(grad.dtype),
-                    state["exp_avg"].data_ptr(), state["exp_avg_sq"].data_ptr(), p.numel(),
-                    group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
-                    state["step"], group.get("bias_correction", True), self._adamw, grad_scale)
+                address_of(grad, "gradient")
+                dtype_name(grad.dtype)
+                work.append((group, p, grad))
+        for group, p, grad in work:
+            beta1, beta2 = group["betas"]
+            state = self.state[p]
+            if len(state) == 0:
+                state["step"] = 0
+                state["exp_avg"] = pinned_zeros(p.shape, torch.float32)
+                state["exp_avg_sq"] = pinned_zeros(p.shape, torch.float32)
+            state["step"] += 1
+            g_addr, _ = address_of(grad, "gradient")
+            self._kernel.step(
+                p.data_ptr(), g_addr, dtype_name(grad.dtype),
+                state["exp_avg"].data_ptr(), state["exp_avg_sq"].data_ptr(), p.numel(),
+                group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
+                state["step"], group.get("bias_correction", True), self._adamw, grad_scale)
         return loss
 
     def _step_offloaded(self, grad_scale=1.0):
@@ -311,6 +329,82 @@ class _CpuAdamBase(torch.optim.Optimizer):
             self._step_open = False
             self._queued.clear()
 
+    def state_dict(self):
+        """torch's format: ``param_groups`` and per parameter ``step``, ``exp_avg`` and
+        ``exp_avg_sq``. With state='nvme' the moments are read from the swap files (each a
+        new float32 tensor) and ``step`` is the optimizer's step count for every parameter;
+        the master weights are not in it (they equal the parameters after a step, as the
+        model's own state_dict holds them)."""
+        if self._offloaded is None:
+            return super().state_dict()
+        if self._step_open:
+            raise ValueError("zinf: state_dict() inside an overlapped step (call step() first)")
+        sd = super().state_dict()  # param_groups with torch's parameter indices; state is {}
+        steps = int(self._offloaded.step_count())
+        state = {}
+        for i, p in enumerate(self._flat):  # torch numbers the parameters in this order
+            m = torch.empty(p.shape, dtype=torch.float32)
+            v = torch.empty(p.shape, dtype=torch.float32)
+            self._offloaded.read_state(i, 0, m.data_ptr(), v.data_ptr(), p.numel())
+            state[i] = {"step": steps, "exp_avg": m, "exp_avg_sq": v}
+        sd["state"] = state
+        return sd
+
+    def load_state_dict(self, state_dict):
+        """Restores what state_dict() gives (this optimizer's, another tier's, or
+        torch.optim.Adam(W)'s). With state='nvme' the master weights are taken from the
+        parameters as they are now (load the model's state_dict first), the moments and the
+        step count from `state_dict`; a parameter without state gets zero moments. Every
+        parameter with state must have the same step count (this tier counts steps per
+        optimizer). Everything is checked before anything changes (ValueError)."""
+        if self._offloaded is None:
+            return super().load_state_dict(state_dict)
+        if self._step_open:
+            raise ValueError("zinf: load_state_dict() inside an overlapped step")
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.param_groups) or any(
+                len(g["params"]) != len(mine["params"])
+                for g, mine in zip(groups, self.param_groups)):
+            raise ValueError("zinf: the state_dict's param_groups differ from this optimizer's "
+                             "(number of groups or of parameters in a group)")
+        by_index = {k: p for g, mine in zip(groups, self.param_groups)
+                    for k, p in zip(g["params"], mine["params"])}
+        work, steps = [], set()
+        for k, st in state_dict["state"].items():
+            p = by_index.get(k)
+            if p is None:
+                raise ValueError(f"zinf: the state_dict has state for parameter {k}, which "
+                                 "no group lists")
+            moments = []
+            for name in ("exp_avg", "exp_avg_sq"):
+                t = st[name]
+                if t.numel() != p.numel():
+                    raise ValueError(f"zinf: parameter {k}'s {name} has {t.numel()} elements, "
+                                     f"the parameter {p.numel()}")
+                moments.append(t.detach().to("cpu", torch.float32).contiguous())
+            step = st["step"]
+            steps.add(int(step.item()) if isinstance(step, torch.Tensor) else int(step))
+            work.append((self._index[id(p)], p, *moments))
+        if len(steps) > 1:
+            raise ValueError(f"zinf: state='nvme' counts steps per optimizer, the state_dict's "
+                             f"parameters have different step counts {sorted(steps)}")
+        for p in self._flat:
+            self._check_param(p)
+        with torch.no_grad():
+            given = {i for i, _, _, _ in work}
+            for i, p, m, v in work:
+                self._offloaded.set_state(i, p.data_ptr(), m.data_ptr(), v.data_ptr(),
+                                          p.numel())
+            for i, p in enumerate(self._flat):
+                if i not in given:
+                    self._offloaded.set_params(i, p.data_ptr(), p.numel())
+        self._offloaded.set_step_count(steps.pop() if steps else 0)
+        for g, mine in zip(groups, self.param_groups):
+            for key, value in g.items():
+                if key != "params":
+                    mine[key] = value
+        self._hyper_given = [None] * len(self._flat)
+
     def save(self, directory):
         """state='nvme': writes a checkpoint of the masters, moments, step count and
         hyper-parameters under `directory` (atomic; the previous one stays loadable)."""
@@ -344,3 +438,7 @@ class AdamW(_CpuAdamBase):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  amsgrad=False, *, threads=0, **tier):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, True, threads, **tier)
+
+
+# After the optimizers: param_offload imports pinned_empty from this module when it runs.
+from zinf.param_offload import ParameterOffload, offload_parameters  # noqa: E402,F401

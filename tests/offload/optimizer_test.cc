@@ -477,6 +477,44 @@ TEST(OffloadedOptimizer, UsageErrorsLeaveTheOptimizerUsable) {
   EXPECT_EQ(test::diff(test::read_all(opt), want), "");
 }
 
+TEST(OffloadedOptimizer, SetStateAndStepCountResumeAnotherOptimizerBitwise) {
+  // What a state_dict round trip does: the state read out of one optimizer after 2 steps is
+  // set into a fresh one of the other tier, which then steps on bitwise as the first does.
+  test::TestDir dir;
+  const auto groups = odd_groups();
+  for (const auto& [from_tier, to_tier] : {std::pair{StateTier::kNvme, StateTier::kCpu},
+                                           std::pair{StateTier::kCpu, StateTier::kNvme}}) {
+    test::TestDir sub;
+    OffloadedOptimizer a(options_for(from_tier, swap::IoEngineKind::kThreads, sub), groups);
+    test::init_all(a);
+    test::run_steps(a, 1, 2);
+    const test::State mid = test::read_all(a);
+    OffloadedOptimizer b(options_for(to_tier, swap::IoEngineKind::kThreads, dir), groups);
+    for (std::size_t g = 0; g < groups.size(); ++g) b.set_state(g, mid.p[g], mid.m[g], mid.v[g]);
+    b.set_step_count(a.step_count());
+    EXPECT_EQ(test::diff(test::read_all(b), mid), "");
+    test::run_steps(a, 3, kSteps);
+    test::run_steps(b, 3, kSteps);
+    EXPECT_EQ(b.step_count(), kSteps);
+    EXPECT_EQ(test::diff(test::read_all(b), test::read_all(a)), "");
+  }
+  OffloadedOptimizer opt(options_for(StateTier::kCpu, swap::IoEngineKind::kThreads, dir), groups);
+  test::init_all(opt);
+  const auto n = groups[0].numel;
+  EXPECT_THROW(
+      opt.set_state(0, std::vector<float>(n), std::vector<float>(n), std::vector<float>(n - 1)),
+      UsageError);
+  test::StepGrads sg(groups, 1, DType::kF32);
+  opt.begin_step();
+  EXPECT_THROW(opt.set_step_count(4), UsageError);
+  EXPECT_THROW(
+      opt.set_state(0, std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)),
+      UsageError);
+  for (std::size_t g = 0; g < groups.size(); ++g) opt.step_group(g, sg.views[g].grads);
+  (void)opt.end_step();
+  EXPECT_EQ(opt.step_count(), 1u);
+}
+
 TEST(OffloadedOptimizer, DestroyedInsideAStepFinishesItsWork) {
   test::TestDir dir;
   const auto groups = odd_groups();

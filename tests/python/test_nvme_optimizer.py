@@ -189,3 +189,91 @@ def test_loss_scale_unscales_exactly_and_an_overflow_skips_the_step(tmp_path, st
         assert torch.equal(pa, pb)
     with pytest.raises(ValueError, match="loss_scale must be finite and > 0"):
         scaled.step(loss_scale=0)
+
+
+def _continue(model, opt, steps, seed):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        loss = model(torch.randn(16, 37, generator=g)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("target", ["nvme", "cpu"])
+@pytest.mark.parametrize("source", ["nvme", "cpu"])
+def test_state_dict_round_trip_resumes_bitwise(tmp_path, source, target):
+    # A state_dict taken after 3 steps (through torch.save) and loaded into a fresh optimizer
+    # of either tier, over a copy of the model, steps on bitwise as the original does.
+    import copy
+    import io
+    (tmp_path / "s").mkdir()
+    (tmp_path / "t").mkdir()
+
+    def tier(t, d):
+        return dict(state=t, nvme_path=tmp_path / d, sub_group_size=4096) if t == "nvme" else {}
+
+    a = make_model()
+    opt_a = AdamW(groups(a), lr=1e-2, weight_decay=0.05, **tier(source, "s"))
+    train(a, opt_a, 3)
+    buf = io.BytesIO()
+    torch.save(opt_a.state_dict(), buf)
+    buf.seek(0)
+    sd = torch.load(buf)
+    assert sorted(sd["state"]) == list(range(4))
+    assert all(int(s["step"]) == 3 for s in sd["state"].values())
+    assert sd["param_groups"][1]["lr"] == 3e-3
+    b = copy.deepcopy(a)
+    opt_b = AdamW(groups(b), lr=5.0, weight_decay=0.0, **tier(target, "t"))
+    opt_b.load_state_dict(sd)
+    assert opt_b.param_groups[0]["lr"] == 1e-2 and opt_b.param_groups[1]["lr"] == 3e-3
+    if target == "nvme":
+        again = opt_b.state_dict()["state"]
+        for k, s in sd["state"].items():
+            assert torch.equal(again[k]["exp_avg"], s["exp_avg"])
+            assert torch.equal(again[k]["exp_avg_sq"], s["exp_avg_sq"])
+    _continue(a, opt_a, 3, seed=5)
+    _continue(b, opt_b, 3, seed=5)
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.equal(pa, pb)
+
+
+def test_load_state_dict_refuses_a_mismatch_and_changes_nothing(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = make_model()
+    opt = AdamW(groups(a), lr=1e-2, state="nvme", nvme_path=tmp_path / "a")
+    train(a, opt, 2)
+    sd = opt.state_dict()
+    before = opt.state_dict()["state"]
+    one_group = AdamW(a.parameters(), lr=1e-2).state_dict()
+    with pytest.raises(ValueError, match="param_groups differ"):
+        opt.load_state_dict(one_group)
+    sd["state"][3]["step"] = 7
+    with pytest.raises(ValueError, match="different step counts"):
+        opt.load_state_dict(sd)
+    sd["state"][3]["step"] = 2
+    sd["state"][0]["exp_avg"] = torch.zeros(5)
+    with pytest.raises(ValueError, match="exp_avg has 5 elements"):
+        opt.load_state_dict(sd)
+    after = opt.state_dict()["state"]
+    for k in before:
+        assert torch.equal(before[k]["exp_avg"], after[k]["exp_avg"])
+    assert opt._offloaded.step_count() == 2
+
+
+def test_torch_adamw_state_dict_loads_into_the_nvme_tier(tmp_path):
+    # torch keeps `step` as a tensor; the moments are torch's own. Continuing from them tracks
+    # torch.optim.AdamW within the kernel's rounding (rtol 2e-5, as test_cpu_adam).
+    import copy
+    a = make_model()
+    opt_a = torch.optim.AdamW(groups(a), lr=1e-2, weight_decay=0.05)
+    train(a, opt_a, 3)
+    b = copy.deepcopy(a)
+    opt_b = AdamW(groups(b), lr=1e-2, weight_decay=0.05, state="nvme", nvme_path=tmp_path)
+    opt_b.load_state_dict(opt_a.state_dict())
+    assert opt_b._offloaded.step_count() == 3
+    _continue(a, opt_a, 2, seed=9)
+    _continue(b, opt_b, 2, seed=9)
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(pb, pa, rtol=2e-5, atol=2e-6)

@@ -239,6 +239,15 @@ class OffloadedOptimizer {
   /// Sets a group's fp32 master parameters (numel elements) and zeroes its moments. Every
   /// group needs this once before its first step. Blocks; IoError on a failed write.
   void set_params(std::size_t group, std::span<const float> params);
+  /// Sets a group's whole state: the fp32 master parameters and both moments, each numel
+  /// elements (e.g. restoring a torch optimizer's state_dict). Blocks; IoError on a failed
+  /// write; UsageError inside a step or for a span of another size.
+  void set_state(std::size_t group, std::span<const float> params, std::span<const float> m,
+                 std::span<const float> v);
+  /// Sets the number of steps taken, so that the next step is `steps` + 1 (its bias
+  /// correction included), e.g. with set_state when restoring a state_dict. UsageError inside
+  /// a step.
+  void set_step_count(std::uint64_t steps);
   /// Copies a group's state out (each span numel elements, or empty to skip). Blocks.
   void read_state(std::size_t group, std::span<float> params, std::span<float> m,
                   std::span<float> v);
@@ -328,6 +337,8 @@ class OffloadedOptimizer {
 
  private:
   friend class test_hooks::OptimizerAccess;
+  void write_state(const char* what, std::size_t group, std::span<const float> params,
+                   std::span<const float> m, std::span<const float> v);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
