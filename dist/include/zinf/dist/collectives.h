@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 
 #include "zinf/common/error.h"
 #include "zinf/common/status.h"
