@@ -2,7 +2,8 @@
 // Communicator: collectives across ranks on device memory, enqueued on a Device stream:
 // all-gather of each rank's parameter shard into a whole layer on every GPU, reduce-scatter of
 // gradients back into shards (ZeRO-Infinity's bandwidth-centric partitioning: each rank reads
-// 1/N of a layer from its own drives). NCCL backend where NCCL is found. Part of zinf::cuda;
+// 1/N of a layer from its own drives); all-reduce and broadcast for norms, overflow flags and
+// initial state. NCCL backend where NCCL is found. Part of zinf::cuda;
 // never includes nccl.h or cuda_runtime.h.
 #pragma once
 
