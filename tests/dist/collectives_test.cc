@@ -113,8 +113,12 @@ class ThreadGroup {
     slots_[rank] = bytes;
     sync_.arrive_and_wait();
   }
+  // Skips a slot that is `to` itself (this rank's block of an in-place all-gather): copying it
+  // onto itself would write memory the other ranks are reading.
   void copy_slot(int q, std::span<std::byte> to) {
-    if (!to.empty()) std::memcpy(to.data(), slots_[q].data(), to.size());
+    if (!to.empty() && to.data() != slots_[q].data()) {
+      std::memcpy(to.data(), slots_[q].data(), to.size());
+    }
   }
 
   template <class T>
