@@ -126,10 +126,10 @@ class NcclCommunicator final : public Communicator {
                        "-byte elements");
     }
     ZINF_CUDA_CHECK(cudaSetDevice(device_.index()));
-    ZINF_NCCL_CHECK(ncclAllReduce(data.data(), data.data(), data.size() / element_size(type),
-                                  nccl_type(type), nccl_op(op), comm_,
-                                  CudaDevice::native_stream(stream)),
-                    comm_);
+    ZINF_NCCL_CHECK(
+        ncclAllReduce(data.data(), data.data(), data.size() / element_size(type), nccl_type(type),
+                      nccl_op(op), comm_, CudaDevice::native_stream(stream)),
+        comm_);
   }
 
   void broadcast(StreamRef stream, DeviceSpan data, int root) override {

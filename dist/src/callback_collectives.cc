@@ -31,8 +31,8 @@ class CallbackCollectives final : public Collectives {
     run("all_gather", send.size(), [&] { cb_.all_gather(send, recv); });
   }
 
-  void reduce_scatter(std::span<const std::byte> send, std::span<std::byte> recv,
-                      ElementType type, ReduceOp op) override {
+  void reduce_scatter(std::span<const std::byte> send, std::span<std::byte> recv, ElementType type,
+                      ReduceOp op) override {
     failed_.throw_if_failed();
     detail::check_reduce_scatter(who(), send, recv, type, op);
     const ReduceOp wire = on_wire(op);
@@ -119,7 +119,8 @@ std::unique_ptr<Collectives> make_callback_collectives(CollectiveCallbacks callb
   need(static_cast<bool>(callbacks.broadcast), "broadcast");
   need(static_cast<bool>(callbacks.barrier), "barrier");
   if (!missing.empty()) {
-    throw UsageError("callback collectives '" + callbacks.name + "': missing callbacks: " + missing);
+    throw UsageError("callback collectives '" + callbacks.name +
+                     "': missing callbacks: " + missing);
   }
   if (callbacks.size < 1 || callbacks.rank < 0 || callbacks.rank >= callbacks.size) {
     throw UsageError("callback collectives '" + callbacks.name + "': rank " +

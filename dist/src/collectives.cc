@@ -128,8 +128,8 @@ void check_all_reduce(const Caller& who, std::span<const std::byte> data, Elemen
 
 void check_broadcast(const Caller& who, int root) {
   if (root < 0 || root >= who.size) {
-    throw UsageError(where(who, "broadcast") + "root " + std::to_string(root) +
-                     " is outside [0, " + std::to_string(who.size) + ")");
+    throw UsageError(where(who, "broadcast") + "root " + std::to_string(root) + " is outside [0, " +
+                     std::to_string(who.size) + ")");
   }
 }
 
@@ -172,8 +172,8 @@ class LocalCollectives final : public Collectives {
     detail::check_all_gather(kWho, send, recv);
     copy(send, recv);
   }
-  void reduce_scatter(std::span<const std::byte> send, std::span<std::byte> recv,
-                      ElementType type, ReduceOp op) override {
+  void reduce_scatter(std::span<const std::byte> send, std::span<std::byte> recv, ElementType type,
+                      ReduceOp op) override {
     detail::check_reduce_scatter(kWho, send, recv, type, op);
     copy(send, recv);
   }

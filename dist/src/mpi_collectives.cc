@@ -25,8 +25,8 @@ std::string mpi_error_text(int rc) {
   char text[MPI_MAX_ERROR_STRING] = {};
   int length = 0;
   if (MPI_Error_string(rc, text, &length) != MPI_SUCCESS) return "MPI error " + std::to_string(rc);
-  return std::string(text, static_cast<std::size_t>(length)) + " (MPI error " +
-         std::to_string(rc) + ")";
+  return std::string(text, static_cast<std::size_t>(length)) + " (MPI error " + std::to_string(rc) +
+         ")";
 }
 
 MPI_Datatype mpi_type(ElementType type) {
@@ -113,8 +113,8 @@ class MpiCollectives final : public Collectives {
     finish("all_gather", send.size(), "MPI_Iallgather", rc, request);
   }
 
-  void reduce_scatter(std::span<const std::byte> send, std::span<std::byte> recv,
-                      ElementType type, ReduceOp op) override {
+  void reduce_scatter(std::span<const std::byte> send, std::span<std::byte> recv, ElementType type,
+                      ReduceOp op) override {
     failed_.throw_if_failed();
     detail::check_reduce_scatter(who(), send, recv, type, op);
     const int count = to_count("reduce_scatter", recv.size() / element_size(type), "recv elements");
@@ -159,8 +159,8 @@ class MpiCollectives final : public Collectives {
     if (count > static_cast<std::size_t>(INT_MAX)) {
       throw UsageError(std::string(op) + " (rank " + std::to_string(rank_) + " of " +
                        std::to_string(size_) + ", backend mpi): " + std::to_string(count) + " " +
-                       std::string(what) + " exceed MPI's count limit " +
-                       std::to_string(INT_MAX) + "; split the call");
+                       std::string(what) + " exceed MPI's count limit " + std::to_string(INT_MAX) +
+                       "; split the call");
     }
     return static_cast<int>(count);
   }
@@ -212,9 +212,9 @@ std::unique_ptr<Collectives> make_mpi_collectives(const MpiCollectivesOptions& o
     throw UsageError("mpi collectives: timeout must be positive, not " +
                      std::to_string(options.timeout.count()) + " ms");
   }
-  const MPI_Comm parent =
-      options.fortran_comm ? MPI_Comm_f2c(static_cast<MPI_Fint>(*options.fortran_comm))
-                           : MPI_COMM_WORLD;
+  const MPI_Comm parent = options.fortran_comm
+                              ? MPI_Comm_f2c(static_cast<MPI_Fint>(*options.fortran_comm))
+                              : MPI_COMM_WORLD;
   int rank = 0;
   int size = 0;
   if (parent == MPI_COMM_NULL || MPI_Comm_rank(parent, &rank) != MPI_SUCCESS ||

@@ -59,13 +59,11 @@ class NcclCollectives final : public Collectives {
   void all_gather(std::span<const std::byte> send, std::span<std::byte> recv) override {
     failed_.throw_if_failed();
     detail::check_all_gather(who(), send, recv);
-    run("all_gather", send.size(), [&] {
-      comm_.all_gather(stream_, adopt(send), adopt(recv));
-    });
+    run("all_gather", send.size(), [&] { comm_.all_gather(stream_, adopt(send), adopt(recv)); });
   }
 
-  void reduce_scatter(std::span<const std::byte> send, std::span<std::byte> recv,
-                      ElementType type, ReduceOp op) override {
+  void reduce_scatter(std::span<const std::byte> send, std::span<std::byte> recv, ElementType type,
+                      ReduceOp op) override {
     failed_.throw_if_failed();
     detail::check_reduce_scatter(who(), send, recv, type, op);
     run("reduce_scatter", send.size(), [&] {
@@ -76,9 +74,8 @@ class NcclCollectives final : public Collectives {
   void all_reduce(std::span<std::byte> data, ElementType type, ReduceOp op) override {
     failed_.throw_if_failed();
     detail::check_all_reduce(who(), data, type, op);
-    run("all_reduce", data.size(), [&] {
-      comm_.all_reduce(stream_, adopt(data), cuda_type(type), cuda_op(op));
-    });
+    run("all_reduce", data.size(),
+        [&] { comm_.all_reduce(stream_, adopt(data), cuda_type(type), cuda_op(op)); });
   }
 
   void broadcast(std::span<std::byte> data, int root) override {

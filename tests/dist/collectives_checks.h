@@ -183,9 +183,10 @@ inline void check_misuse(Collectives& c) {
   EXPECT_THROW(broadcast<float>(c, a, -1), UsageError);
   // Overlapping buffers that are not an in-place all-gather.
   std::vector<std::byte> bytes(4 * static_cast<std::size_t>(n) + 1);
-  EXPECT_THROW(c.all_gather(std::span<const std::byte>(bytes).subspan(1, 4),
-                            std::span<std::byte>(bytes).subspan(0, 4 * static_cast<std::size_t>(n))),
-               UsageError);
+  EXPECT_THROW(
+      c.all_gather(std::span<const std::byte>(bytes).subspan(1, 4),
+                   std::span<std::byte>(bytes).subspan(0, 4 * static_cast<std::size_t>(n))),
+      UsageError);
   // Still usable.
   std::vector<float> one{1.0f};
   all_reduce<float>(c, one, ReduceOp::kSum);

@@ -122,8 +122,7 @@ class ThreadGroup {
   }
 
   template <class T>
-  static void reduce_into(std::vector<std::byte>& acc, std::span<const std::byte> in,
-                          ReduceOp op) {
+  static void reduce_into(std::vector<std::byte>& acc, std::span<const std::byte> in, ReduceOp op) {
     for (std::size_t off = 0; off < acc.size(); off += sizeof(T)) {
       T a, b;
       std::memcpy(&a, acc.data() + off, sizeof a);
@@ -262,8 +261,8 @@ TEST(CallbackCollectives, DeviceMemoryPassesTheAverageThrough) {
   cb.memory = MemoryKind::kDevice;
   ReduceOp seen = ReduceOp::kSum;
   cb.all_reduce = [&seen](std::span<std::byte>, ElementType, ReduceOp op) { seen = op; };
-  cb.reduce_scatter = [](std::span<const std::byte>, std::span<std::byte>, ElementType,
-                         ReduceOp) {};
+  cb.reduce_scatter = [](std::span<const std::byte>, std::span<std::byte>, ElementType, ReduceOp) {
+  };
   auto c = make_callback_collectives(cb);
   // Never dereferenced on the host: a device address stands in as plain memory here.
   std::vector<float> data(4);

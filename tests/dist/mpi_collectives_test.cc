@@ -42,7 +42,9 @@ TEST(MpiCollectives, RankAndSizeAreTheCommunicators) {
   EXPECT_GE(g_collectives->size(), 2) << "run under mpirun -np 2 or more";
 }
 
-TEST(MpiCollectives, AllGatherIsExactForOddSizesAndInPlace) { test::check_all_gather(*g_collectives); }
+TEST(MpiCollectives, AllGatherIsExactForOddSizesAndInPlace) {
+  test::check_all_gather(*g_collectives);
+}
 TEST(MpiCollectives, ReduceScatterSumsAndAveragesExactly) {
   test::check_reduce_scatter(*g_collectives);
 }

@@ -135,10 +135,10 @@ TEST(MpiFault, ADeadPeerFailsTheOthersWithinTheTimeout) {
   }
   EXPECT_TRUE(ended) << "mpirun still ran after " << kRunLimit.count() << " s: a rank hung";
   // mpirun's own status is not the verdict: it reports the rank that died on purpose.
-  std::printf("mpirun ended with wait status %d after %lld ms\n", status,
-              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                         Clock::now() - start)
-                                         .count()));
+  std::printf(
+      "mpirun ended with wait status %d after %lld ms\n", status,
+      static_cast<long long>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count()));
 
   for (int r = 0; r < g_np; ++r) {
     const auto path = std::filesystem::path(dir) / ("rank" + std::to_string(r));

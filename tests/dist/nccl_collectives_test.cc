@@ -63,7 +63,8 @@ class OneRankCommunicator final : public cuda::Communicator {
 
 class NcclCollectivesHost : public ::testing::Test {
  protected:
-  std::unique_ptr<cuda::Device> device_ = cuda::make_device(cuda::DeviceOptions{cuda::DeviceKind::kHost});
+  std::unique_ptr<cuda::Device> device_ =
+      cuda::make_device(cuda::DeviceOptions{cuda::DeviceKind::kHost});
   cuda::Stream stream_ = device_->create_stream();
   OneRankCommunicator comm_{*device_};
 };

@@ -19,8 +19,8 @@ namespace zinf::dist {
 /// failure by throwing (anything; see make_callback_collectives). The adapter checks every
 /// call's arguments before it calls a callback, so a callback sees only well-formed requests.
 struct CollectiveCallbacks {
-  int rank = 0;       ///< this process's rank, 0 <= rank < size
-  int size = 1;       ///< ranks in the group
+  int rank = 0;                   ///< this process's rank, 0 <= rank < size
+  int size = 1;                   ///< ranks in the group
   std::string name = "callback";  ///< the backend name in logs and errors (e.g. "gloo")
   /// kHost, or kDevice when the callbacks take device addresses (then reduce_scatter must be
   /// given: its emulation copies through host memory).
@@ -39,8 +39,8 @@ struct CollectiveCallbacks {
   /// Optional; kAvg as for all_reduce. Without it, reduce_scatter is all_reduce on a host copy of
   /// send (send.size() bytes of scratch per call) and a slice of it: correct, but it moves
   /// size() times the bytes of a native reduce-scatter.
-  std::function<void(std::span<const std::byte> send, std::span<std::byte> recv,
-                     ElementType type, ReduceOp op)>
+  std::function<void(std::span<const std::byte> send, std::span<std::byte> recv, ElementType type,
+                     ReduceOp op)>
       reduce_scatter;
 };
 

@@ -116,11 +116,16 @@ constexpr ElementType element_type_of() noexcept {
                     std::is_same_v<U, std::int32_t> || std::is_same_v<U, std::int64_t> ||
                     std::is_same_v<U, std::uint8_t>,
                 "zinf::dist reduces float, double, int32_t, int64_t and uint8_t");
-  if constexpr (std::is_same_v<U, float>) return ElementType::kF32;
-  else if constexpr (std::is_same_v<U, double>) return ElementType::kF64;
-  else if constexpr (std::is_same_v<U, std::int32_t>) return ElementType::kI32;
-  else if constexpr (std::is_same_v<U, std::int64_t>) return ElementType::kI64;
-  else return ElementType::kU8;
+  if constexpr (std::is_same_v<U, float>)
+    return ElementType::kF32;
+  else if constexpr (std::is_same_v<U, double>)
+    return ElementType::kF64;
+  else if constexpr (std::is_same_v<U, std::int32_t>)
+    return ElementType::kI32;
+  else if constexpr (std::is_same_v<U, std::int64_t>)
+    return ElementType::kI64;
+  else
+    return ElementType::kU8;
 }
 
 /// Typed forms of the calls above (same contract; sizes in elements of T).
