@@ -66,9 +66,18 @@ if(NOT ZINF_WITH_NCCL STREQUAL "OFF" AND ZINF_HAVE_CUDA)
 endif()
 zinf_resolve_option(ZINF_WITH_NCCL ZINF_HAVE_NCCL "NCCL")
 
-message(STATUS "zinf: liburing=${ZINF_HAVE_LIBURING} cuda=${ZINF_HAVE_CUDA} nccl=${ZINF_HAVE_NCCL} sanitize='${ZINF_SANITIZE}'")
+# MPI's C bindings for the dist/ layer's MPI adapter (Debian: libopenmpi-dev; mpirun from
+# openmpi-bin runs its tests). Only C: zinf calls the C API, never the deprecated C++ one.
+set(ZINF_HAVE_MPI FALSE)
+if(NOT ZINF_WITH_MPI STREQUAL "OFF")
+  find_package(MPI COMPONENTS C QUIET)
+  set(ZINF_HAVE_MPI ${MPI_C_FOUND})
+endif()
+zinf_resolve_option(ZINF_WITH_MPI ZINF_HAVE_MPI "MPI with C bindings (apt-get install libopenmpi-dev openmpi-bin)")
 
-foreach(v LIBURING CUDA NCCL)
+message(STATUS "zinf: liburing=${ZINF_HAVE_LIBURING} cuda=${ZINF_HAVE_CUDA} nccl=${ZINF_HAVE_NCCL} mpi=${ZINF_HAVE_MPI} sanitize='${ZINF_SANITIZE}'")
+
+foreach(v LIBURING CUDA NCCL MPI)
   if(ZINF_HAVE_${v})
     set(ZINF_HAVE_${v}_01 1)
   else()
@@ -82,6 +91,7 @@ file(CONFIGURE OUTPUT ${CMAKE_BINARY_DIR}/generated/zinf/config.h CONTENT [=[
 #define ZINF_HAVE_LIBURING @ZINF_HAVE_LIBURING_01@
 #define ZINF_HAVE_CUDA @ZINF_HAVE_CUDA_01@
 #define ZINF_HAVE_NCCL @ZINF_HAVE_NCCL_01@
+#define ZINF_HAVE_MPI @ZINF_HAVE_MPI_01@
 ]=] @ONLY)
 add_library(zinf_config INTERFACE)
 add_library(zinf::config ALIAS zinf_config)

@@ -4,10 +4,12 @@
 set -euo pipefail
 
 # The Python package (python/) builds with pybind11 for Debian's interpreter, whose torch the
-# tests use: python3-dev, pybind11-dev, python3-torch, python3-pytest.
+# tests use: python3-dev, pybind11-dev, python3-torch, python3-pytest. The collectives layer's
+# MPI adapter builds against Open MPI's C bindings and its tests run under mpirun:
+# libopenmpi-dev, openmpi-bin.
 packages=(build-essential cmake ninja-build pkg-config liburing-dev libboost-dev
           libgtest-dev libbenchmark-dev nlohmann-json3-dev nettle-dev libcli11-dev fio python3
-          python3-dev pybind11-dev python3-torch python3-pytest)
+          python3-dev pybind11-dev python3-torch python3-pytest libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

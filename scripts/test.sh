@@ -2,7 +2,8 @@
 # Sets up and runs zinf's test suite: installs the Debian packages, then runs the CMake
 # workflows: `ci` (release build, public-header check, every label), `ci-asan` (address +
 # undefined sanitizers) and `ci-tsan` (thread sanitizer), the sanitizer ones on the unit,
-# contract and fault labels. GPU tests skip with a reason where no GPU is visible.
+# contract and fault labels. GPU tests skip with a reason where no GPU is visible. The release
+# workflow's every label includes `mpi` (the collectives under mpirun; docs/distributed.md).
 # Usage: scripts/test.sh [--quick]   (--quick: the release workflow only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +25,13 @@ for w in "${workflows[@]}"; do
     contract_tests=$(ctest --test-dir build/release -N -L contract)
     if ! grep -q 'OffloadEngine\.' <<<"$contract_tests"; then
       echo "test.sh: 'ctest -L contract' lists no OffloadEngine test: multi-label registration broke" >&2
+      exit 1
+    fi
+    # install-deps.sh installs Open MPI, so the mpi label must have run: an MPI that CMake no
+    # longer finds would otherwise drop those tests without a word.
+    mpi_tests=$(ctest --test-dir build/release -N -L mpi)
+    if ! grep -q 'mpi_fault_np2' <<<"$mpi_tests"; then
+      echo "test.sh: 'ctest -L mpi' lists no MPI test: was MPI found at configure time (ZINF_WITH_MPI)?" >&2
       exit 1
     fi
   fi

@@ -16,6 +16,9 @@ std::size_t element_size(ElementType type) noexcept {
     case ElementType::kFloat16: return 2;
     case ElementType::kBFloat16: return 2;
     case ElementType::kUInt8: return 1;
+    case ElementType::kFloat64: return 8;
+    case ElementType::kInt32: return 4;
+    case ElementType::kInt64: return 8;
   }
   return 1;
 }

@@ -43,6 +43,9 @@ ncclDataType_t nccl_type(ElementType type) {
     case ElementType::kFloat16: return ncclFloat16;
     case ElementType::kBFloat16: return ncclBfloat16;
     case ElementType::kUInt8: return ncclUint8;
+    case ElementType::kFloat64: return ncclFloat64;
+    case ElementType::kInt32: return ncclInt32;
+    case ElementType::kInt64: return ncclInt64;
   }
   return ncclUint8;
 }
@@ -113,6 +116,32 @@ class NcclCommunicator final : public Communicator {
         ncclReduceScatter(send.data(), recv.data(), recv.size() / element_size(type),
                           nccl_type(type), nccl_op(op), comm_, CudaDevice::native_stream(stream)),
         comm_);
+  }
+
+  void all_reduce(StreamRef stream, DeviceSpan data, ElementType type, ReduceOp op) override {
+    check(stream, data, data, "all_reduce");
+    if (data.size() % element_size(type) != 0) {
+      throw UsageError("all_reduce: data is " + std::to_string(data.size()) +
+                       " bytes, not a whole number of " + std::to_string(element_size(type)) +
+                       "-byte elements");
+    }
+    ZINF_CUDA_CHECK(cudaSetDevice(device_.index()));
+    ZINF_NCCL_CHECK(
+        ncclAllReduce(data.data(), data.data(), data.size() / element_size(type), nccl_type(type),
+                      nccl_op(op), comm_, CudaDevice::native_stream(stream)),
+        comm_);
+  }
+
+  void broadcast(StreamRef stream, DeviceSpan data, int root) override {
+    check(stream, data, data, "broadcast");
+    if (root < 0 || root >= world_size_) {
+      throw UsageError("broadcast: root " + std::to_string(root) + " is outside [0, " +
+                       std::to_string(world_size_) + ")");
+    }
+    ZINF_CUDA_CHECK(cudaSetDevice(device_.index()));
+    ZINF_NCCL_CHECK(ncclBroadcast(data.data(), data.data(), data.size(), ncclUint8, root, comm_,
+                                  CudaDevice::native_stream(stream)),
+                    comm_);
   }
 
  private:

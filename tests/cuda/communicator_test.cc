@@ -48,6 +48,9 @@ TEST(Communicator, ElementSizes) {
   EXPECT_EQ(element_size(ElementType::kFloat16), 2u);
   EXPECT_EQ(element_size(ElementType::kBFloat16), 2u);
   EXPECT_EQ(element_size(ElementType::kUInt8), 1u);
+  EXPECT_EQ(element_size(ElementType::kFloat64), 8u);
+  EXPECT_EQ(element_size(ElementType::kInt32), 4u);
+  EXPECT_EQ(element_size(ElementType::kInt64), 8u);
 }
 
 #else  // ZINF_TEST_GPU
@@ -102,6 +105,24 @@ TEST_F(CommunicatorGpu, OneRankReduceScatterSumAndAverageAreIdentity) {
     device_->synchronize(stream_);
     EXPECT_EQ(std::memcmp(host.data(), back.data(), bytes), 0);
   }
+}
+
+TEST_F(CommunicatorGpu, OneRankAllReduceAndBroadcastLeaveTheDataAsItIs) {
+  const std::size_t count = 4099;
+  std::vector<double> host(count), back(count);
+  for (std::size_t i = 0; i < count; ++i) host[i] = static_cast<double>(i) - 7.0;
+  const std::size_t bytes = count * sizeof(double);
+  DeviceBuffer data = device_->allocate(bytes);
+  device_->copy_to_device(stream_, data.span(), std::as_bytes(std::span<const double>(host)));
+  comm_->all_reduce(stream_, data.span(), ElementType::kFloat64, ReduceOp::kSum);
+  comm_->all_reduce(stream_, data.span(), ElementType::kFloat64, ReduceOp::kMax);
+  comm_->broadcast(stream_, data.span(), 0);
+  device_->copy_to_host(stream_, std::as_writable_bytes(std::span<double>(back)), data.span());
+  device_->synchronize(stream_);
+  EXPECT_EQ(std::memcmp(host.data(), back.data(), bytes), 0);
+  EXPECT_THROW(comm_->broadcast(stream_, data.span(), 1), UsageError);
+  EXPECT_THROW(comm_->all_reduce(stream_, data.span(0, 12), ElementType::kFloat64, ReduceOp::kSum),
+               UsageError);
 }
 
 TEST_F(CommunicatorGpu, RefusesMismatchedSizes) {

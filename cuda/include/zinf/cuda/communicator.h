@@ -2,7 +2,8 @@
 // Communicator: collectives across ranks on device memory, enqueued on a Device stream:
 // all-gather of each rank's parameter shard into a whole layer on every GPU, reduce-scatter of
 // gradients back into shards (ZeRO-Infinity's bandwidth-centric partitioning: each rank reads
-// 1/N of a layer from its own drives). NCCL backend where NCCL is found. Part of zinf::cuda;
+// 1/N of a layer from its own drives); all-reduce and broadcast for norms, overflow flags and
+// initial state. NCCL backend where NCCL is found. Part of zinf::cuda;
 // never includes nccl.h or cuda_runtime.h.
 #pragma once
 
@@ -17,8 +18,17 @@
 
 namespace zinf::cuda {
 
-/// Element type of a reduction.
-enum class ElementType : std::uint8_t { kFloat32, kFloat16, kBFloat16, kUInt8 };
+/// Element type of a reduction. kFloat64 and the integers serve reductions of norms, counts and
+/// flags (zinf::dist); appended so that the earlier values keep their numbers.
+enum class ElementType : std::uint8_t {
+  kFloat32,
+  kFloat16,
+  kBFloat16,
+  kUInt8,
+  kFloat64,
+  kInt32,
+  kInt64
+};
 /// Bytes per element of `type`.
 std::size_t element_size(ElementType type) noexcept;
 
@@ -66,6 +76,12 @@ class Communicator {
   /// recv.size() * world_size(), and recv.size() a multiple of element_size(type).
   virtual void reduce_scatter(StreamRef stream, DeviceSpan send, DeviceSpan recv, ElementType type,
                               ReduceOp op) = 0;
+  /// Enqueues an all-reduce on `stream`: every rank's `data` becomes the elementwise `op` of
+  /// all ranks' `data` (in place). data.size() must be a multiple of element_size(type).
+  virtual void all_reduce(StreamRef stream, DeviceSpan data, ElementType type, ReduceOp op) = 0;
+  /// Enqueues a broadcast on `stream`: every rank's `data` becomes rank `root`'s (in place).
+  /// `root` must be in [0, world_size()); every rank passes the same size.
+  virtual void broadcast(StreamRef stream, DeviceSpan data, int root) = 0;
 
  protected:
   Communicator() = default;

@@ -1,0 +1,190 @@
+// SPDX-License-Identifier: Apache-2.0
+// A dead peer fails the MPI adapter's survivors within the timeout, never hangs them. The test
+// (a plain GoogleTest run by ctest, label mpi) launches this same binary under mpirun in "rank"
+// mode: after a first collective, rank 1 ends abruptly (_exit, no MPI_Finalize), and every other
+// rank writes what its next collective did to a report file. The test then reads the reports:
+// each survivor got a CollectiveError naming the operation and its rank, within the bound.
+//
+// Usage (tests/dist/CMakeLists.txt): mpi_fault_test --np N -- <mpirun> <its options...>
+#include <signal.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "zinf/common/error.h"
+#include "zinf/dist/mpi_collectives.h"
+
+extern char** environ;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The adapter's timeout in the rank processes, and how much later than it a survivor may report
+// (scheduling on a loaded CI machine with ranks oversubscribed on few cores).
+constexpr auto kTimeout = std::chrono::milliseconds(2000);
+constexpr auto kSlack = std::chrono::milliseconds(8000);
+// The whole mpirun run: start-up, the timeout, reports. Past it the test kills mpirun.
+constexpr auto kRunLimit = std::chrono::seconds(90);
+constexpr int kDyingRank = 1;
+
+int g_np = 0;
+std::vector<std::string> g_launcher;
+
+// Rank mode: one process of the job. Reports go to <dir>/rank<R>.
+int rank_main(const std::string& dir) {
+  int provided = 0;
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::ostringstream report;  // written out at the end, so the dying rank leaves no file
+  try {
+    zinf::dist::MpiCollectivesOptions options;
+    options.timeout = kTimeout;
+    auto c = zinf::dist::make_mpi_collectives(options);
+    // Everyone is up and the communicator works before anyone dies.
+    std::vector<double> x{1.0};
+    zinf::dist::all_reduce<double>(*c, x, zinf::dist::ReduceOp::kSum);
+    if (rank == kDyingRank) _exit(1);  // abruptly: no finalize, no goodbye to the peers
+    const auto start = Clock::now();
+    std::string outcome = "completed";
+    try {
+      zinf::dist::all_reduce<double>(*c, x, zinf::dist::ReduceOp::kSum);
+    } catch (const zinf::dist::CollectiveError& e) {
+      outcome = std::string("CollectiveError code=") +
+                std::string(zinf::error_code_name(e.code())) + " what=" + e.what();
+    }
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+    std::string after = "usable";
+    try {
+      c->barrier();
+    } catch (const zinf::EngineFailed&) {
+      after = "EngineFailed";
+    }
+    report << "elapsed_ms=" << ms << "\nafter=" << after << "\noutcome=" << outcome << "\n";
+  } catch (const std::exception& e) {
+    report << "unexpected=" << e.what() << "\n";
+  }
+  std::ofstream(dir + "/rank" + std::to_string(rank)) << report.str();
+  // Not MPI_Finalize (it may wait for the dead rank) nor MPI_Abort (what a real job does, but
+  // here it could kill a survivor before it wrote its report): each survivor just ends.
+  _exit(0);
+}
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+TEST(MpiFault, ADeadPeerFailsTheOthersWithinTheTimeout) {
+  ASSERT_GE(g_np, 2) << "usage: mpi_fault_test --np N -- <mpirun> <options...>";
+  ASSERT_FALSE(g_launcher.empty());
+  char dir_template[] = "/tmp/zinf-mpi-fault-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr) << std::strerror(errno);
+  const std::string dir = dir_template;
+
+  std::vector<std::string> args = g_launcher;
+  args.insert(args.end(), {"-np", std::to_string(g_np),
+                           std::filesystem::read_symlink("/proc/self/exe").string()});
+  args.push_back("--fault-rank-dir=" + dir);
+  std::vector<char*> argv;
+  std::string command;
+  for (auto& a : args) {
+    argv.push_back(a.data());
+    command += a + " ";
+  }
+  argv.push_back(nullptr);
+  std::printf("running: %s\n", command.c_str());
+
+  const auto start = Clock::now();
+  pid_t pid = -1;
+  ASSERT_EQ(posix_spawnp(&pid, argv[0], nullptr, nullptr, argv.data(), environ), 0)
+      << "cannot start " << argv[0];
+  int status = 0;
+  bool ended = false;
+  // Polled rather than a blocking waitpid, so that a hang (the failure this test exists to
+  // catch) ends in a killed mpirun and a clear message instead of the ctest timeout.
+  while (Clock::now() - start < kRunLimit) {
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      ended = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (!ended) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+  }
+  EXPECT_TRUE(ended) << "mpirun still ran after " << kRunLimit.count() << " s: a rank hung";
+  // mpirun's own status is not the verdict: it reports the rank that died on purpose.
+  std::printf(
+      "mpirun ended with wait status %d after %lld ms\n", status,
+      static_cast<long long>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count()));
+
+  for (int r = 0; r < g_np; ++r) {
+    const auto path = std::filesystem::path(dir) / ("rank" + std::to_string(r));
+    if (r == kDyingRank) {
+      EXPECT_FALSE(std::filesystem::exists(path));
+      continue;
+    }
+    ASSERT_TRUE(std::filesystem::exists(path)) << "rank " << r << " wrote no report";
+    const std::string report = read_file(path);
+    std::printf("rank %d report:\n%s", r, report.c_str());
+    SCOPED_TRACE("rank " + std::to_string(r) + " report:\n" + report);
+    EXPECT_EQ(report.find("unexpected="), std::string::npos);
+    long long ms = -1;
+    ASSERT_EQ(std::sscanf(report.c_str(), "elapsed_ms=%lld", &ms), 1);
+    EXPECT_LE(ms, (kTimeout + kSlack).count()) << "the survivor took too long to fail";
+    EXPECT_NE(report.find("outcome=CollectiveError"), std::string::npos);
+    EXPECT_NE(report.find("all_reduce failed"), std::string::npos);
+    EXPECT_NE(report.find("rank " + std::to_string(r) + " of " + std::to_string(g_np)),
+              std::string::npos);
+    EXPECT_NE(report.find("engine=mpi"), std::string::npos);
+    EXPECT_NE(report.find("after=EngineFailed"), std::string::npos);
+    // Open MPI's shared-memory transport does not notice a dead peer, so here it is the
+    // timeout that fires; another transport may report the loss first (code io), also fine.
+    if (report.find("code=timed_out") != std::string::npos) {
+      EXPECT_NE(report.find("timed out after 2000 ms"), std::string::npos);
+      EXPECT_GE(ms, kTimeout.count() - 50);
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--fault-rank-dir=", 0) == 0) return rank_main(a.substr(17));
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--np" && i + 1 < argc) g_np = std::atoi(argv[++i]);
+    if (a == "--") {
+      for (int j = i + 1; j < argc; ++j) g_launcher.emplace_back(argv[j]);
+      break;
+    }
+  }
+  return RUN_ALL_TESTS();
+}
