@@ -23,7 +23,8 @@ constexpr std::uint64_t kHostAlign = 4096;
 class PinnedTier final : public ParamTier {
  public:
   explicit PinnedTier(const ParamTierContext& c)
-      : layers_(c.layers), pinned_bytes_(c.plan.pinned_bytes),
+      : layers_(c.layers),
+        pinned_bytes_(c.plan.pinned_bytes),
         convert_(adam::CpuAdamOptions{1, std::nullopt}) {
     const EngineConfig& config = c.config;
     swap::BufferPoolOptions bo;
@@ -44,8 +45,8 @@ class PinnedTier final : public ParamTier {
     // device share; there is no staging to count.
     po.max_bytes = std::uint64_t{config.offload_param.buffer_count} *
                    align_up(config.offload_param.buffer_size * 2, 256);
-    prefetcher_ =
-        std::make_unique<prefetch::LayerPrefetcher>(po, std::move(host_layers), c.device, c.compute);
+    prefetcher_ = std::make_unique<prefetch::LayerPrefetcher>(po, std::move(host_layers), c.device,
+                                                              c.compute);
   }
 
   cuda::DeviceSpan fetch(std::size_t layer) override { return prefetcher_->acquire(layer); }

@@ -84,7 +84,7 @@ struct Issue {
   bool device_failure = false;      // the copy could not be enqueued: fatal for the prefetcher
   std::string device_failure_text;  // its message
   std::exception_ptr submit_error;  // swap_in refused synchronously (caller's thread only)
-  swap::BufferLease staging;          // store source: what the read fills
+  swap::BufferLease staging;        // store source: what the read fills
   std::span<const std::byte> source;  // what the copy reads: the staging, or the host copy
   swap::IoTicket ticket;              // caller only; empty for the host source
   std::uint64_t generation = 0;
@@ -272,8 +272,9 @@ LayerPrefetcher::Impl::Impl(PrefetcherOptions opts, swap::SwapStore* s,
     }
   } else {
     if (!options.layer_keys.empty() || options.register_with_engine != nullptr) {
-      throw UsageError("layer prefetcher: layer_keys and register_with_engine are for a store "
-                       "source; host copies have neither keys nor staging");
+      throw UsageError(
+          "layer prefetcher: layer_keys and register_with_engine are for a store "
+          "source; host copies have neither keys nor staging");
     }
     slots.resize(host.size());
     for (std::size_t i = 0; i < slots.size(); ++i) {
@@ -296,12 +297,12 @@ LayerPrefetcher::Impl::Impl(PrefetcherOptions opts, swap::SwapStore* s,
   for (std::size_t i = 0; i < slots.size(); ++i) {
     const Slot& slot = slots[i];
     if (slot.staging_bytes + slot.bytes > options.max_bytes) {
-      throw UsageError(
-          "layer prefetcher: max_bytes " + std::to_string(options.max_bytes) +
-          " cannot hold layer " + std::to_string(i) + " ('" + slot.key + "'): it needs " +
-          (pool ? std::to_string(slot.staging_bytes) + " bytes of staging plus " +
-                      std::to_string(slot.bytes) + " on the device"
-                : std::to_string(slot.bytes) + " bytes on the device"));
+      throw UsageError("layer prefetcher: max_bytes " + std::to_string(options.max_bytes) +
+                       " cannot hold layer " + std::to_string(i) + " ('" + slot.key +
+                       "'): it needs " +
+                       (pool ? std::to_string(slot.staging_bytes) + " bytes of staging plus " +
+                                   std::to_string(slot.bytes) + " on the device"
+                             : std::to_string(slot.bytes) + " bytes on the device"));
     }
     if (pool && slot.staging_bytes > pool->budget_bytes()) {
       throw UsageError("layer prefetcher: staging_bytes " + std::to_string(pool->budget_bytes()) +

@@ -399,16 +399,14 @@ TEST(LayerPrefetcherHostSource, RefusesBadOptions) {
   expect_usage([&] { rig.make(po); },
                "layer prefetcher: layer_keys and register_with_engine are for a store source; "
                "host copies have neither keys nor staging");
-  expect_usage(
-      [&] {
-        LayerPrefetcher(rig.options(1), {}, rig.device(), rig.compute());
-      },
-      "layer prefetcher: no layers");
+  expect_usage([&] { LayerPrefetcher(rig.options(1), {}, rig.device(), rig.compute()); },
+               "layer prefetcher: no layers");
   std::vector<std::span<const std::byte>> layers = rig.host_layers();
   layers[1] = {};
   expect_usage([&] { LayerPrefetcher(rig.options(1), layers, rig.device(), rig.compute()); },
                "layer prefetcher: the host copy of layer 1 is empty");
-  expect_usage([&] { rig.make(rig.options(1, {0, 2})); },
+  const PrefetcherOptions bad_order = rig.options(1, {0, 2});
+  expect_usage([&] { rig.make(bad_order); },
                "layer prefetcher: order names layer 2 but there are 2 layers");
 }
 

@@ -368,13 +368,13 @@ void report(const Config& cfg, const Measured& m) {
     } else {
       std::printf("zinf bench prefetch: device=%s engine=%s", m.device.c_str(), m.engine.c_str());
     }
-    std::printf(
-        " layers=%llu layer=%s depth=%llu compute=%.2f ms/layer%s passes=%llu",
-        static_cast<unsigned long long>(cfg.layers), mib(cfg.layer_bytes).c_str(),
-        static_cast<unsigned long long>(cfg.depth), cfg.compute_ms,
-        m.auto_compute ? (cfg.pinned_source ? " (= measured copy time)" : " (= measured read time)")
-                       : "",
-        static_cast<unsigned long long>(cfg.passes));
+    std::printf(" layers=%llu layer=%s depth=%llu compute=%.2f ms/layer%s passes=%llu",
+                static_cast<unsigned long long>(cfg.layers), mib(cfg.layer_bytes).c_str(),
+                static_cast<unsigned long long>(cfg.depth), cfg.compute_ms,
+                m.auto_compute
+                    ? (cfg.pinned_source ? " (= measured copy time)" : " (= measured read time)")
+                    : "",
+                static_cast<unsigned long long>(cfg.passes));
     if (!cfg.pinned_source) std::printf(" checksums=%s", cfg.checksums ? "on" : "off");
     std::printf(" verify=%s\n", cfg.verify ? "every byte" : "off");
     std::printf("%10s %10s %10s %10s %10s %10s %6s %6s\n", "wall s", "compute s",
@@ -385,8 +385,8 @@ void report(const Config& cfg, const Measured& m) {
                 static_cast<unsigned long long>(mid.stats.hits),
                 static_cast<unsigned long long>(mid.stats.late_layers));
     std::printf("(medians of %llu passes; %s alone %.2f GB/s)\n",
-                static_cast<unsigned long long>(cfg.passes),
-                cfg.pinned_source ? "copies" : "read", total_bytes / io_s / 1e9);
+                static_cast<unsigned long long>(cfg.passes), cfg.pinned_source ? "copies" : "read",
+                total_bytes / io_s / 1e9);
   }
 }
 
@@ -434,7 +434,8 @@ int bench_pinned_source(Config& cfg) {
   // no compute time was given, one layer's copy time: copies about equal to compute.
   cuda::Stream copy_stream = device->create_stream();
   std::vector<cuda::DeviceBuffer> buffers;
-  for (std::uint64_t i = 0; i < cfg.depth + 2; ++i) buffers.push_back(device->allocate(cfg.layer_bytes));
+  for (std::uint64_t i = 0; i < cfg.depth + 2; ++i)
+    buffers.push_back(device->allocate(cfg.layer_bytes));
   (void)copy_alone(cfg, *device, copy_stream, layers, buffers);
   const double warm = copy_alone(cfg, *device, copy_stream, layers, buffers);
   Measured m;
@@ -450,10 +451,12 @@ int bench_pinned_source(Config& cfg) {
   // bind before the depth does.
   po.max_bytes = (cfg.depth + 2) * cfg.layer_bytes;
 
-  PassRunner runner(cfg, *device, compute.ref(),
-                    std::make_unique<prefetch::LayerPrefetcher>(po, layers, *device, compute.ref()));
-  run_passes(cfg, *device, compute.ref(), runner,
-             [&] { return copy_alone(cfg, *device, copy_stream, layers, buffers); }, m);
+  PassRunner runner(
+      cfg, *device, compute.ref(),
+      std::make_unique<prefetch::LayerPrefetcher>(po, layers, *device, compute.ref()));
+  run_passes(
+      cfg, *device, compute.ref(), runner,
+      [&] { return copy_alone(cfg, *device, copy_stream, layers, buffers); }, m);
   if (cfg.verify) {
     prefetch::LayerPrefetcher p(po, layers, *device, compute.ref());
     // The read-back buffer outside the registered arena: the check pins it on its own.
@@ -537,11 +540,12 @@ int bench_prefetch_main(const std::vector<std::string>& tokens) {
 
   prefetch::PrefetcherOptions timed = po;
   timed.register_with_engine = engine.get();
-  PassRunner runner(cfg, *device, compute.ref(),
-                    std::make_unique<prefetch::LayerPrefetcher>(timed, store, *device,
-                                                                compute.ref()));
-  run_passes(cfg, *device, compute.ref(), runner,
-             [&] { return read_alone(cfg, store, *engine, pool, alone_buffers, false); }, m);
+  PassRunner runner(
+      cfg, *device, compute.ref(),
+      std::make_unique<prefetch::LayerPrefetcher>(timed, store, *device, compute.ref()));
+  run_passes(
+      cfg, *device, compute.ref(), runner,
+      [&] { return read_alone(cfg, store, *engine, pool, alone_buffers, false); }, m);
   if (cfg.verify) {
     prefetch::LayerPrefetcher p(po, store, *device, compute.ref());
     verify_through_prefetcher(cfg, p, *device, compute.ref(), pool.acquire(padded));

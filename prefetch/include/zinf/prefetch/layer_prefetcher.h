@@ -59,12 +59,12 @@ struct PrefetcherOptions {
   /// that acquire and release do not call the device allocator: cudaMalloc is slow and may
   /// synchronize the device. Buffers are reused for layers of the same size.
   bool preallocate_device = true;
-  /// Store source only. If set, the staging arena is registered with this engine (IoEngine::register_buffers:
-  /// io_uring fixed buffers), and unregistered (register_buffers with no regions) by the
-  /// destructor, since the arena goes with the prefetcher. That replaces the engine's other
-  /// registrations, so leave it null when the engine serves other registered buffers. Must be
-  /// the store's engine, and no other request on it may be in flight at construction and
-  /// destruction (register_buffers' precondition).
+  /// Store source only. If set, the staging arena is registered with this engine
+  /// (IoEngine::register_buffers: io_uring fixed buffers), and unregistered (register_buffers
+  /// with no regions) by the destructor, since the arena goes with the prefetcher. That
+  /// replaces the engine's other registrations, so leave it null when the engine serves other
+  /// registered buffers. Must be the store's engine, and no other request on it may be in
+  /// flight at construction and destruction (register_buffers' precondition).
   swap::IoEngine* register_with_engine = nullptr;
 };
 
@@ -90,7 +90,7 @@ struct PrefetcherStats {
   /// the window unused.
   std::uint64_t layers_issued = 0;
   std::uint64_t evictions = 0;
-  std::uint64_t bytes_read = 0;       ///< NVMe -> staging (padded sizes), completed reads; 0 for host
+  std::uint64_t bytes_read = 0;  ///< NVMe -> staging (padded sizes), completed reads; 0 for host
   std::uint64_t bytes_to_device = 0;  ///< staging (or host copy) -> device, copies enqueued
   /// The most bytes held at once (staging leases + device memory), never above max_bytes.
   std::uint64_t peak_held_bytes = 0;
