@@ -724,11 +724,12 @@ void LayerPrefetcher::Impl::fetch_on_demand(std::size_t layer, std::unique_lock<
     for (const Slot& o : slots) {
       if (o.state == SlotState::kAcquired) acquired += o.bytes;
     }
+    const std::string needs = pool ? std::to_string(s.staging_bytes) + " bytes of staging plus " +
+                                         std::to_string(s.bytes) + " on the device"
+                                   : std::to_string(s.bytes) + " bytes on the device";
     throw UsageError("layer prefetcher: cannot fetch layer " + std::to_string(layer) + " (" +
-                     std::to_string(s.staging_bytes) + " bytes of staging plus " +
-                     std::to_string(s.bytes) + " on the device): acquired layers hold " +
-                     std::to_string(acquired) + " of max_bytes " +
-                     std::to_string(options.max_bytes) + "; release some first");
+                     needs + "): acquired layers hold " + std::to_string(acquired) +
+                     " of max_bytes " + std::to_string(options.max_bytes) + "; release some first");
   }
 }
 

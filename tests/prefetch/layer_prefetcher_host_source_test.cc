@@ -379,6 +379,31 @@ TEST(LayerPrefetcherHostSource, RewrittenEveryIterationNeverHandedOutStaleOrTorn
   EXPECT_EQ(rig.mismatches(), std::vector<std::string>{});
 }
 
+// Holding every layer the byte bound allows leaves no room for one more: a clear UsageError
+// naming the device bytes (there is no staging), not a hang; releasing one makes room.
+TEST(LayerPrefetcherHostSource, AcquiringMoreThanFitsIsAnError) {
+  HostRig rig(uniform(3));
+  PrefetcherOptions po = rig.options(0);
+  po.max_bytes = 2 * kLayer;
+  auto p = rig.make(po);
+  (void)p->acquire(0);
+  (void)p->acquire(1);
+  try {
+    p->acquire(2);
+    ADD_FAILURE() << "no throw";
+  } catch (const UsageError& e) {
+    EXPECT_STREQ(e.what(),
+                 "layer prefetcher: cannot fetch layer 2 (262144 bytes on the device): acquired "
+                 "layers hold 524288 of max_bytes 524288; release some first");
+  }
+  p->release(0);
+  cuda::DeviceSpan span = p->acquire(2);
+  rig.check_on_stream(2, span);
+  p->release(2);
+  p->release(1);
+  EXPECT_EQ(rig.mismatches(), std::vector<std::string>{});
+}
+
 TEST(LayerPrefetcherHostSource, RefusesBadOptions) {
   HostRig rig(uniform(2));
   auto expect_usage = [](auto&& f, const std::string& want) {
