@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // ParamTier: where OffloadEngine keeps each layer's low-precision parameters between uses, and
 // how they reach the device. Three backends: resident (a device copy per layer), pinned (a
-// pinned host copy per layer, copied into a bounded pool of device buffers when fetched) and
-// nvme (a swap store read ahead by a LayerPrefetcher). The engine validates, checks the
+// pinned host copy per layer, copied ahead of use by a LayerPrefetcher with the host source)
+// and nvme (a swap store read ahead by a LayerPrefetcher with the store source). The engine validates, checks the
 // budget, keeps the step bookkeeping and sums the statistics; everything that differs by tier
 // is behind this interface, so a change to one tier is read in one file.
 #pragma once

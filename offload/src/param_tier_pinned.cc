@@ -1,155 +1,119 @@
 // SPDX-License-Identifier: Apache-2.0
 // The pinned parameter tier (offload_param.device "cpu"): each layer's low-precision copy lives
-// in pinned host memory, which an update's copy-out writes in place; fetch copies it into one
-// of offload_param.buffer_count device buffers (least recently used first), or reuses a buffer
-// that still holds the layer's current bytes.
+// in pinned host memory, which an update's copy-out writes in place. A LayerPrefetcher with the
+// host source brings layers to the device ahead of use, with the nvme tier's window, traced
+// order and on-demand fallback, within offload_param.buffer_count device buffers; the copies go
+// straight from the pinned copies (no staging). A layer is suspended in the prefetcher while
+// its copy is rewritten, and suspend waits for any copy still reading it, so a copy never reads
+// a half-written layer and a copy made before the rewrite is never handed out after it.
 #include <algorithm>
 #include <chrono>
-#include <limits>
 #include <vector>
 
 #include "param_tier.h"
 #include "zinf/common/align.h"
-#include "zinf/common/error.h"
+#include "zinf/prefetch/layer_prefetcher.h"
 #include "zinf/swap/buffer_pool.h"
 
 namespace zinf::offload::detail {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-constexpr std::size_t kNone = std::numeric_limits<std::size_t>::max();
 
 class PinnedTier final : public ParamTier {
  public:
   explicit PinnedTier(const ParamTierContext& c)
-      : layers_(c.layers), device_(c.device), compute_(c.compute),
-        pinned_bytes_(c.plan.pinned_bytes), convert_(adam::CpuAdamOptions{1, std::nullopt}) {
+      : layers_(c.layers),
+        pinned_bytes_(c.plan.pinned_bytes),
+        convert_(adam::CpuAdamOptions{1, std::nullopt}) {
+    const EngineConfig& config = c.config;
     swap::BufferPoolOptions bo;
     bo.budget_bytes = pinned_bytes_;
     bo.alignment = static_cast<std::uint32_t>(kHostAlign);
     bo.huge_pages = true;
     host_pool_ = std::make_unique<swap::BufferPool>(bo);
-    host_pinned_ = device_.register_host(host_pool_->arena());
-    state_.resize(layers_.size());
-    std::uint64_t largest = 0;
-    for (std::size_t i = 0; i < layers_.size(); ++i) {
-      state_[i].pinned = host_pool_->acquire(align_up(param_bytes(layers_[i]), kHostAlign));
-      state_[i].host_read = device_.create_event();
-      largest = std::max(largest, param_bytes(layers_[i]));
+    host_pinned_ = c.device.register_host(host_pool_->arena());
+    std::vector<std::span<const std::byte>> host_layers;
+    for (const auto& layer : layers_) {
+      copies_.push_back(host_pool_->acquire(align_up(param_bytes(layer), kHostAlign)));
+      host_layers.push_back(copies_.back().span().first(param_bytes(layer)));
     }
-    pool_.resize(std::min<std::size_t>(c.config.offload_param.buffer_count, layers_.size()));
-    for (auto& b : pool_) {
-      b.buffer = device_.allocate(largest);
-      b.released = device_.create_event();
-    }
+
+    prefetch::PrefetcherOptions po;
+    po.depth = config.zinf.prefetch_depth;
+    // The device-side pool: buffer_count buffers of buffer_size elements, as the nvme tier's
+    // device share; there is no staging to count.
+    po.max_bytes = std::uint64_t{config.offload_param.buffer_count} *
+                   align_up(config.offload_param.buffer_size * 2, 256);
+    prefetcher_ = std::make_unique<prefetch::LayerPrefetcher>(po, std::move(host_layers), c.device,
+                                                              c.compute);
   }
 
-  cuda::DeviceSpan fetch(std::size_t layer) override {
-    Layer& st = state_[layer];
-    const std::uint64_t bytes = param_bytes(layers_[layer]);
-    const auto entered = Clock::now();
-    // A buffer that still holds this layer's current bytes is reused without a copy (reads
-    // only, ordered on the compute stream after its earlier use).
-    std::size_t pick = kNone;
-    for (std::size_t b = 0; b < pool_.size(); ++b) {
-      if (!pool_[b].held && pool_[b].layer == layer && pool_[b].version == st.version) pick = b;
-    }
-    if (pick == kNone) {
-      // Else the least recently used free buffer, once the compute stream is past its release.
-      for (std::size_t b = 0; b < pool_.size(); ++b) {
-        if (pool_[b].held) continue;
-        if (pick == kNone || pool_[b].last_use < pool_[pick].last_use) pick = b;
-      }
-      if (pick == kNone) {
-        throw UsageError("OffloadEngine::fetch: all " + std::to_string(pool_.size()) +
-                         " parameter buffers (offload_param.buffer_count) hold fetched layers; "
-                         "release some first");
-      }
-      DevBuf& b = pool_[pick];
-      b.released.synchronize();  // blocks only while the stream still uses the buffer
-      device_.copy_to_device(compute_, b.buffer.span(0, bytes), st.pinned.span().first(bytes));
-      device_.record(st.host_read, compute_);
-      b.layer = layer;
-      b.version = st.version;
-      to_device_ += bytes;
-    }
-    DevBuf& b = pool_[pick];
-    b.held = true;
-    b.last_use = ++use_clock_;
-    st.buffer = pick;
-    stall_seconds_ += std::chrono::duration<double>(Clock::now() - entered).count();
-    return b.buffer.span(0, bytes);
-  }
-
-  void release(std::size_t layer) override {
-    Layer& st = state_[layer];
-    DevBuf& b = pool_[st.buffer];
-    device_.record(b.released, compute_);
-    b.held = false;
-    st.buffer = kNone;
-  }
+  cuda::DeviceSpan fetch(std::size_t layer) override { return prefetcher_->acquire(layer); }
+  void release(std::size_t layer) override { prefetcher_->release(layer); }
 
   void queue_update(OffloadedOptimizer& optimizer, std::size_t layer,
                     adam::GradView grads, GradHooks hooks) override {
-    Layer& st = state_[layer];
-    st.host_read.synchronize();  // the last fetch's copy has read the pinned copy
-    optimizer.step_group(layer, grads, copy_out(layer), std::move(hooks));
-    ++st.version;  // device buffers holding the old bytes are stale from now on
+    // The copy-out writes the pinned copy in place while the step runs: no copy may read it
+    // meanwhile (suspend waits for one in flight), and none made before may be handed out.
+    prefetcher_->suspend(layer);
+    try {
+      optimizer.step_group(layer, grads, copy_out(layer), std::move(hooks));
+    } catch (...) {
+      prefetcher_->resume(layer);
+      throw;
+    }
+    suspended_.push_back(layer);
   }
-  void finish_step(std::span<const std::size_t>, const StepStats&) override {}
-  void abandon_step() override {}
+
+  void finish_step(std::span<const std::size_t>, const StepStats&) override {
+    resume_all();
+    prefetcher_->end_iteration();
+  }
+  void abandon_step() override { resume_all(); }
 
   void write_from_masters(std::size_t layer, std::span<const float> masters) override {
-    Layer& st = state_[layer];
-    st.host_read.synchronize();
-    convert_.copy_out(masters, copy_out(layer));
-    ++st.version;
+    prefetcher_->suspend(layer);
+    try {
+      convert_.copy_out(masters, copy_out(layer));
+    } catch (...) {
+      prefetcher_->resume(layer);
+      throw;
+    }
+    prefetcher_->resume(layer);
   }
 
   std::uint64_t pinned_bytes() const override { return pinned_bytes_; }
   ParamTierStats stats() const override {
+    const prefetch::PrefetcherStats p = prefetcher_->stats();
     ParamTierStats s;
-    s.bytes_to_device = to_device_;
-    s.stall_seconds = stall_seconds_;
+    s.bytes_to_device = p.bytes_to_device;
+    s.stall_seconds = std::chrono::duration<double>(p.stall_time).count();
+    s.prefetch_hits = p.hits;
+    s.prefetch_on_demand = p.on_demand;
     return s;
   }
 
  private:
-  struct Layer {
-    swap::BufferLease pinned;  // the pinned host copy
-    cuda::Event host_read;     // the latest copy from it to a device buffer
-    std::uint64_t version = 0;  // bumped whenever the host copy changes
-    std::size_t buffer = kNone;  // the device buffer holding it while fetched
-  };
-  // One device buffer of the bounded pool.
-  struct DevBuf {
-    cuda::DeviceBuffer buffer;
-    cuda::Event released;      // recorded on the compute stream by release()
-    std::size_t layer = kNone;  // whose bytes it holds (valid if version matches)
-    std::uint64_t version = 0;
-    bool held = false;
-    std::uint64_t last_use = 0;
-  };
+  void resume_all() {
+    for (std::size_t l : suspended_) prefetcher_->resume(l);
+    suspended_.clear();
+  }
 
   adam::CopyOut copy_out(std::size_t layer) {
-    return {state_[layer].pinned.data(), static_cast<std::size_t>(layers_[layer].numel),
+    return {copies_[layer].data(), static_cast<std::size_t>(layers_[layer].numel),
             layers_[layer].param_dtype, true};
   }
 
   const std::vector<LayerSpec>& layers_;
-  cuda::Device& device_;
-  cuda::StreamRef compute_;
   std::uint64_t pinned_bytes_;
   adam::CpuAdam convert_;
-  // The pool and its registration before the leases and buffers that use them (destroyed
-  // after them).
+  // The pool and its registration before the copies that use them, and the prefetcher, which
+  // copies from them, last (destroyed first: it waits for its copies and the compute stream).
   std::unique_ptr<swap::BufferPool> host_pool_;
   cuda::PinnedRegistration host_pinned_;
-  std::vector<Layer> state_;
-  std::vector<DevBuf> pool_;
-  std::uint64_t use_clock_ = 0;
-  std::uint64_t to_device_ = 0;
-  double stall_seconds_ = 0;  // fetch blocked for a free device buffer
+  std::vector<swap::BufferLease> copies_;
+  std::unique_ptr<prefetch::LayerPrefetcher> prefetcher_;
+  std::vector<std::size_t> suspended_;  // layers whose pinned copy the open step rewrites
 };
 
 }  // namespace

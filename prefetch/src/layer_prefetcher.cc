@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // LayerPrefetcher: the window of layers in flight, its NVMe -> pinned -> device chain (driven by
-// I/O completion callbacks and host functions on the copy stream), the layer and byte bounds,
-// order tracing, and stall accounting with host functions on the compute stream.
+// I/O completion callbacks and host functions on the copy stream) or its host copy -> device
+// copies, the layer and byte bounds, order tracing, and stall accounting with host functions on
+// the compute stream. The two sources differ only in how an issue gets the host bytes its copy
+// reads (try_issue) and in what suspend waits for (source_free); everything else is one policy.
 #include "zinf/prefetch/layer_prefetcher.h"
 
 #include <algorithm>
@@ -15,6 +17,7 @@
 
 #include "zinf/common/error.h"
 #include "zinf/common/log.h"
+#include "zinf/prefetch/testing.h"
 #include "zinf/swap/buffer_pool.h"
 
 namespace zinf::prefetch {
@@ -65,8 +68,8 @@ struct StreamCounters {
   std::atomic<std::int64_t> stall_ns{0};
 };
 
-// One issue of a layer: the NVMe read and the copy after it. Shared with the read's completion
-// callback and the copy stream's host function.
+// One issue of a layer: the NVMe read and the copy after it (host source: the copy only).
+// Shared with the read's completion callback and the copy stream's host function.
 //
 // Hand-offs: the caller fills `staging` before submitting; the completion callback then owns
 // it (reads its span, or resets it on failure) and publishes its outcome with `phase`
@@ -81,8 +84,9 @@ struct Issue {
   bool device_failure = false;      // the copy could not be enqueued: fatal for the prefetcher
   std::string device_failure_text;  // its message
   std::exception_ptr submit_error;  // swap_in refused synchronously (caller's thread only)
-  swap::BufferLease staging;
-  swap::IoTicket ticket;  // caller only
+  swap::BufferLease staging;        // store source: what the read fills
+  std::span<const std::byte> source;  // what the copy reads: the staging, or the host copy
+  swap::IoTicket ticket;              // caller only; empty for the host source
   std::uint64_t generation = 0;
 };
 
@@ -120,6 +124,9 @@ struct Slot {
   // suspend() .. resume(): the layer's stored bytes are being rewritten; never issued, never
   // handed out, and no copy of it is kept in the window.
   bool suspended = false;
+  // The device copy predates a rewrite (suspend met it while the compute stream, or its copy,
+  // still used its memory): never handed out again, recycled once the stream is past it.
+  bool stale = false;
   // The generation whose copy has completed, stored by the copy stream's host function and
   // read by the compute stream's probe (late or not).
   std::shared_ptr<std::atomic<std::uint64_t>> copied_generation =
@@ -130,16 +137,20 @@ struct Slot {
 
 struct LayerPrefetcher::Impl {
   static constexpr std::size_t kNoLayer = ~std::size_t{0};
-  Impl(PrefetcherOptions opts, swap::SwapStore& s, cuda::Device& d, cuda::StreamRef compute);
+  Impl(PrefetcherOptions opts, swap::SwapStore* s, std::vector<std::span<const std::byte>> h,
+       cuda::Device& d, cuda::StreamRef compute);
   ~Impl();
 
   // ---- helpers; all called with mu_ held ----
   void check_failed() const;
   [[noreturn]] void fail_and_rethrow(std::exception_ptr error);
   Slot& slot_of(std::size_t layer, const char* op);
-  std::uint64_t held_bytes() const { return pool.bytes_in_use() + device_bytes; }
+  std::uint64_t staging_in_use() const { return pool ? pool->bytes_in_use() : 0; }
+  std::uint64_t held_bytes() const { return staging_in_use() + device_bytes; }
   std::size_t window_count() const;
   bool issue_done(Slot& s);
+  bool source_free(Slot& s);
+  void drop_stale(Slot& s, std::unique_lock<std::mutex>& lock);
   void wait_for_reads();
   bool release_done(Slot& s) { return s.release_event.query(); }
   bool predicted_soon(std::size_t layer) const;
@@ -155,9 +166,12 @@ struct LayerPrefetcher::Impl {
   void wait_progress(std::uint64_t seen, std::unique_lock<std::mutex>& lock);
   void on_read_complete(const std::shared_ptr<Issue>& issue, std::size_t layer,
                         const Status& status);
+  void enqueue_copy(const std::shared_ptr<Issue>& issue, std::size_t layer);
 
   PrefetcherOptions options;
-  swap::SwapStore& store;
+  // The source: a store (NVMe reads into staging), or else the caller's host copies.
+  swap::SwapStore* store;
+  std::vector<std::span<const std::byte>> host;
   cuda::Device& device;
   cuda::StreamRef compute;
   std::shared_ptr<Progress> progress = std::make_shared<Progress>();
@@ -166,7 +180,7 @@ struct LayerPrefetcher::Impl {
   // Declared in acquisition order: the pool before its pinned registration, the slots (device
   // buffers, events) after, and the copy stream last so that it drains first at destruction
   // (its queued host functions return staging leases to the pool).
-  swap::BufferPool pool;
+  std::unique_ptr<swap::BufferPool> pool;  // staging; store source only
   cuda::PinnedRegistration pinned;
   mutable std::mutex mu;
   std::vector<Slot> slots;
@@ -208,6 +222,9 @@ struct LayerPrefetcher::Impl {
     }
   } read_busy;
 
+  // test_hooks::set_copy_hook: host work before each copy (set before any copy is enqueued).
+  std::function<void(std::size_t)> copy_hook;
+
   cuda::Stream copy_stream;  // last: destroyed (drained) first
 };
 
@@ -215,10 +232,6 @@ namespace {
 
 swap::BufferPoolOptions pool_options(const PrefetcherOptions& o, const swap::SwapStore& store,
                                      std::uint64_t largest_staging) {
-  if (o.depth > kMaxDepth) {
-    throw UsageError("layer prefetcher: depth " + std::to_string(o.depth) + " is above " +
-                     std::to_string(kMaxDepth));
-  }
   swap::BufferPoolOptions p;
   // Staging is held only from a read's start to its copy's end, so the window's layers (depth
   // + 1) plus one on-demand layer need at most this much at once.
@@ -231,43 +244,68 @@ swap::BufferPoolOptions pool_options(const PrefetcherOptions& o, const swap::Swa
   return p;
 }
 
-std::uint64_t largest_staging_of(const PrefetcherOptions& o, const swap::SwapStore& store) {
-  std::uint64_t largest = 0;
-  for (const auto& key : o.layer_keys) {
-    if (!store.contains(key)) throw UsageError("layer prefetcher: unknown layer key '" + key + "'");
-    largest = std::max(largest, store.padded_size(store.size_of(key)));
-  }
-  if (largest == 0) throw UsageError("layer prefetcher: no layers");
-  return largest;
-}
-
 }  // namespace
 
-LayerPrefetcher::Impl::Impl(PrefetcherOptions opts, swap::SwapStore& s, cuda::Device& d,
+LayerPrefetcher::Impl::Impl(PrefetcherOptions opts, swap::SwapStore* s,
+                            std::vector<std::span<const std::byte>> h, cuda::Device& d,
                             cuda::StreamRef compute_stream)
-    : options(std::move(opts)),
-      store(s),
-      device(d),
-      compute(compute_stream),
-      pool(pool_options(options, s, largest_staging_of(options, s))) {
+    : options(std::move(opts)), store(s), host(std::move(h)), device(d), compute(compute_stream) {
+  if (options.depth > kMaxDepth) {
+    throw UsageError("layer prefetcher: depth " + std::to_string(options.depth) + " is above " +
+                     std::to_string(kMaxDepth));
+  }
   if (compute.empty() || compute.device() != &device) {
     throw UsageError("layer prefetcher: the compute stream must be a stream of device " +
                      std::string(device.name()));
   }
-  slots.resize(options.layer_keys.size());
+  // The layers and what each needs, by source.
+  if (store != nullptr) {
+    slots.resize(options.layer_keys.size());
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      Slot& slot = slots[i];
+      slot.key = options.layer_keys[i];
+      if (!store->contains(slot.key)) {
+        throw UsageError("layer prefetcher: unknown layer key '" + slot.key + "'");
+      }
+      slot.bytes = store->size_of(slot.key);
+      slot.staging_bytes = store->padded_size(slot.bytes);
+    }
+  } else {
+    if (!options.layer_keys.empty() || options.register_with_engine != nullptr) {
+      throw UsageError(
+          "layer prefetcher: layer_keys and register_with_engine are for a store "
+          "source; host copies have neither keys nor staging");
+    }
+    slots.resize(host.size());
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      if (host[i].empty()) {
+        throw UsageError("layer prefetcher: the host copy of layer " + std::to_string(i) +
+                         " is empty");
+      }
+      slots[i].key = "host copy " + std::to_string(i);
+      slots[i].bytes = host[i].size();
+    }
+  }
+  std::uint64_t largest_staging = 0;
+  for (const Slot& slot : slots) largest_staging = std::max(largest_staging, slot.staging_bytes);
+  if (slots.empty() || (store != nullptr && largest_staging == 0)) {
+    throw UsageError("layer prefetcher: no layers");
+  }
+  if (store != nullptr) {
+    pool = std::make_unique<swap::BufferPool>(pool_options(options, *store, largest_staging));
+  }
   for (std::size_t i = 0; i < slots.size(); ++i) {
-    Slot& slot = slots[i];
-    slot.key = options.layer_keys[i];
-    slot.bytes = store.size_of(slot.key);
-    slot.staging_bytes = store.padded_size(slot.bytes);
+    const Slot& slot = slots[i];
     if (slot.staging_bytes + slot.bytes > options.max_bytes) {
       throw UsageError("layer prefetcher: max_bytes " + std::to_string(options.max_bytes) +
                        " cannot hold layer " + std::to_string(i) + " ('" + slot.key +
-                       "'): it needs " + std::to_string(slot.staging_bytes) +
-                       " bytes of staging plus " + std::to_string(slot.bytes) + " on the device");
+                       "'): it needs " +
+                       (pool ? std::to_string(slot.staging_bytes) + " bytes of staging plus " +
+                                   std::to_string(slot.bytes) + " on the device"
+                             : std::to_string(slot.bytes) + " bytes on the device"));
     }
-    if (slot.staging_bytes > pool.budget_bytes()) {
-      throw UsageError("layer prefetcher: staging_bytes " + std::to_string(pool.budget_bytes()) +
+    if (pool && slot.staging_bytes > pool->budget_bytes()) {
+      throw UsageError("layer prefetcher: staging_bytes " + std::to_string(pool->budget_bytes()) +
                        " cannot hold layer " + std::to_string(i) + " ('" + slot.key +
                        "'): it needs " + std::to_string(slot.staging_bytes));
     }
@@ -280,13 +318,15 @@ LayerPrefetcher::Impl::Impl(PrefetcherOptions opts, swap::SwapStore& s, cuda::De
   }
   order = options.order;
   tracing = order.empty();
-  pinned = device.register_host(pool.arena());
-  if (options.register_with_engine != nullptr) {
-    std::span<std::byte> arena = pool.arena();
-    // False (with a notice from the engine) where the memlock limit refuses: I/O then works
-    // unregistered, so it is not an error.
-    (void)options.register_with_engine->register_buffers(
-        std::span<const std::span<std::byte>>(&arena, 1));
+  if (pool) {
+    pinned = device.register_host(pool->arena());
+    if (options.register_with_engine != nullptr) {
+      std::span<std::byte> arena = pool->arena();
+      // False (with a notice from the engine) where the memlock limit refuses: I/O then works
+      // unregistered, so it is not an error.
+      (void)options.register_with_engine->register_buffers(
+          std::span<const std::span<std::byte>>(&arena, 1));
+    }
   }
   for (Slot& slot : slots) {
     slot.copy_event = device.create_event();
@@ -414,6 +454,32 @@ bool LayerPrefetcher::Impl::issue_done(Slot& s) {
   }
 }
 
+// True once nothing reads the layer's source for its latest issue, so that the caller may
+// rewrite it: the store's read is over (the copy reads the staging, not the key), or the host
+// source's copy, which reads the host copy itself, has completed.
+bool LayerPrefetcher::Impl::source_free(Slot& s) {
+  if (!s.issue) return true;
+  switch (s.issue->phase.load(std::memory_order_acquire)) {
+    case Issue::kReading: return false;
+    case Issue::kFailed: return !s.issue->device_failure;
+    default: return store != nullptr || s.copy_event.query();  // throws DeviceError on failure
+  }
+}
+
+// Waits until a stale copy of the layer can be recycled (its copy over, the compute stream past
+// its release) and recycles it, so that the layer is fetched anew.
+void LayerPrefetcher::Impl::drop_stale(Slot& s, std::unique_lock<std::mutex>& lock) {
+  for (;;) {
+    const std::uint64_t seen = progress->epoch();
+    if (!s.stale) return;
+    if (issue_done(s) && release_done(s)) {
+      recycle(s);
+      return;
+    }
+    wait_progress(seen, lock);
+  }
+}
+
 bool LayerPrefetcher::Impl::predicted_soon(std::size_t layer) const {
   if (tracing || order.empty()) return false;
   const std::size_t n = std::min(options.depth, order.size());
@@ -432,15 +498,17 @@ void LayerPrefetcher::Impl::recycle(Slot& s) {
   }
   s.issue.reset();
   s.state = SlotState::kIdle;
+  s.stale = false;
 }
 
 // Recycles released layers the compute stream has passed. With keep_predicted, a released
 // layer that the prediction wants again within the window stays resident; so does keep_layer.
+// A stale one never does.
 void LayerPrefetcher::Impl::poll(bool keep_predicted, std::size_t keep_layer) {
   for (std::size_t i = 0; i < slots.size(); ++i) {
     Slot& s = slots[i];
-    if (s.state != SlotState::kReleased || i == keep_layer) continue;
-    if (keep_predicted && predicted_soon(i)) continue;
+    if (s.state != SlotState::kReleased) continue;
+    if (!s.stale && (i == keep_layer || (keep_predicted && predicted_soon(i)))) continue;
     if (release_done(s) && issue_done(s)) recycle(s);
   }
 }
@@ -466,10 +534,11 @@ bool LayerPrefetcher::Impl::evict_one() {
   return false;
 }
 
-// Issues `layer` if the byte bound allows: leases staging, takes device memory (a cached buffer
-// of the same size, else a new one, freeing cached buffers of other sizes to make room) and
-// submits the read. Returns false, holding nothing new, if it does not fit now. A synchronous
-// refusal of the read is stored in the issue, to surface at the layer's acquire.
+// Issues `layer` if the byte bound allows: leases staging (store source), takes device memory (a
+// cached buffer of the same size, else a new one, freeing cached buffers of other sizes to make
+// room) and submits the read, or for the host source enqueues the copy from the host copy at
+// once. Returns false, holding nothing new, if it does not fit now. A synchronous refusal of the
+// read is stored in the issue, to surface at the layer's acquire.
 bool LayerPrefetcher::Impl::try_issue(std::size_t layer) {
   Slot& s = slots[layer];
   auto reuse = cache.find(s.bytes);
@@ -484,8 +553,11 @@ bool LayerPrefetcher::Impl::try_issue(std::size_t layer) {
     cache.erase(victim);
   }
   if (held_bytes() + s.staging_bytes + new_device > options.max_bytes) return false;
-  swap::BufferLease lease = pool.try_acquire(s.staging_bytes, std::chrono::nanoseconds(0));
-  if (!lease) return false;
+  swap::BufferLease lease;
+  if (pool) {
+    lease = pool->try_acquire(s.staging_bytes, std::chrono::nanoseconds(0));
+    if (!lease) return false;
+  }
   if (reuse != cache.end()) {
     s.buffer = std::move(reuse->second);
     cache.erase(reuse);
@@ -500,9 +572,16 @@ bool LayerPrefetcher::Impl::try_issue(std::size_t layer) {
   s.state = SlotState::kWindow;
   ++stats.layers_issued;
   stats.peak_held_bytes = std::max(stats.peak_held_bytes, held_bytes());
+  if (!store) {
+    // The host copy is the source: nothing to read, the copy goes straight from it.
+    issue->source = host[layer];
+    enqueue_copy(issue, layer);
+    return true;
+  }
+  issue->source = issue->staging.span();
   read_busy.begin();  // before the submit: the completion may run inline
   try {
-    issue->ticket = store.swap_in(
+    issue->ticket = store->swap_in(
         s.key, issue->staging.span(),
         [this, issue, layer](const Status& st) { on_read_complete(issue, layer, st); });
   } catch (const Error&) {
@@ -514,8 +593,7 @@ bool LayerPrefetcher::Impl::try_issue(std::size_t layer) {
   return true;
 }
 
-// Runs on an engine thread when a layer's read completes: enqueues the copy to the device, a
-// host function that returns the staging buffer and marks the copy done, and the copy event.
+// Runs on an engine thread when a layer's read completes: on success enqueues the copy.
 // Never takes mu (the caller may hold it while it waits on nothing of ours) and never throws.
 void LayerPrefetcher::Impl::on_read_complete(const std::shared_ptr<Issue>& issue, std::size_t layer,
                                              const Status& status) {
@@ -531,11 +609,22 @@ void LayerPrefetcher::Impl::on_read_complete(const std::shared_ptr<Issue>& issue
     wake->notify();
     return;
   }
+  bytes_read.fetch_add(issue->staging.size(), std::memory_order_relaxed);
+  enqueue_copy(issue, layer);
+}
+
+// Enqueues the copy of issue->source to the device, a host function that returns the staging
+// buffer (if any) and marks the copy done, and the copy event; then publishes the phase. Runs
+// on an engine thread (store source) or the caller's, under mu (host source). Never takes mu
+// and never throws: a failure to enqueue is the issue's device failure.
+void LayerPrefetcher::Impl::enqueue_copy(const std::shared_ptr<Issue>& issue, std::size_t layer) {
+  const std::shared_ptr<Progress> wake = progress;
   Slot& s = slots[layer];  // the vector never resizes; the slot keeps this issue until done
   try {
-    bytes_read.fetch_add(issue->staging.size(), std::memory_order_relaxed);
-    device.copy_to_device(copy_stream, s.buffer.span(0, s.bytes),
-                          issue->staging.span().first(s.bytes));
+    if (copy_hook) {
+      device.enqueue_host_work(copy_stream, [hook = copy_hook, layer] { hook(layer); });
+    }
+    device.copy_to_device(copy_stream, s.buffer.span(0, s.bytes), issue->source.first(s.bytes));
     bytes_to_device.fetch_add(s.bytes, std::memory_order_relaxed);
     // Before the record, so that a completed copy event implies the staging is back and the
     // generation is marked copied.
@@ -627,7 +716,7 @@ void LayerPrefetcher::Impl::fetch_on_demand(std::size_t layer, std::unique_lock<
       if (!evict_one()) wait_progress(seen, lock);
       continue;
     }
-    if (pool.bytes_in_use() > 0) {  // staging of acquired layers still copying
+    if (staging_in_use() > 0) {  // staging of acquired layers still copying
       wait_progress(seen, lock);
       continue;
     }
@@ -635,11 +724,12 @@ void LayerPrefetcher::Impl::fetch_on_demand(std::size_t layer, std::unique_lock<
     for (const Slot& o : slots) {
       if (o.state == SlotState::kAcquired) acquired += o.bytes;
     }
+    const std::string needs = pool ? std::to_string(s.staging_bytes) + " bytes of staging plus " +
+                                         std::to_string(s.bytes) + " on the device"
+                                   : std::to_string(s.bytes) + " bytes on the device";
     throw UsageError("layer prefetcher: cannot fetch layer " + std::to_string(layer) + " (" +
-                     std::to_string(s.staging_bytes) + " bytes of staging plus " +
-                     std::to_string(s.bytes) + " on the device): acquired layers hold " +
-                     std::to_string(acquired) + " of max_bytes " +
-                     std::to_string(options.max_bytes) + "; release some first");
+                     needs + "): acquired layers hold " + std::to_string(acquired) +
+                     " of max_bytes " + std::to_string(options.max_bytes) + "; release some first");
   }
 }
 
@@ -658,7 +748,15 @@ void LayerPrefetcher::Impl::wait_for_read(Slot& s, std::unique_lock<std::mutex>&
 
 LayerPrefetcher::LayerPrefetcher(PrefetcherOptions options, swap::SwapStore& store,
                                  cuda::Device& device, cuda::StreamRef compute_stream)
-    : impl_(std::make_unique<Impl>(std::move(options), store, device, compute_stream)) {}
+    : impl_(std::make_unique<Impl>(std::move(options), &store,
+                                   std::vector<std::span<const std::byte>>{}, device,
+                                   compute_stream)) {}
+
+LayerPrefetcher::LayerPrefetcher(PrefetcherOptions options,
+                                 std::vector<std::span<const std::byte>> host_layers,
+                                 cuda::Device& device, cuda::StreamRef compute_stream)
+    : impl_(std::make_unique<Impl>(std::move(options), nullptr, std::move(host_layers), device,
+                                   compute_stream)) {}
 
 LayerPrefetcher::~LayerPrefetcher() = default;
 
@@ -677,6 +775,7 @@ cuda::DeviceSpan LayerPrefetcher::acquire(std::size_t layer) {
   }
   try {
     const auto entered = Clock::now();
+    m.drop_stale(s, lock);  // a copy from before a rewrite is never handed out
     m.poll(/*keep_predicted=*/true, /*keep_layer=*/layer);  // a released copy of it is reused
     m.track_order(layer);
     ++m.stats.acquires;
@@ -793,10 +892,13 @@ void LayerPrefetcher::suspend(std::size_t layer) {
   }
   s.suspended = true;  // from here on nothing issues it
   try {
-    // Drop every copy of the layer: wait until its read (the store must see no swap_in of the
-    // key once this returns), its copy to the device and the compute stream's use of it are
-    // over, then recycle it. A read still in flight is waited for, never abandoned: its
-    // completion would otherwise copy old bytes into a buffer already given to another layer.
+    // Drop every copy of the layer. First wait until nothing reads its source: the store must
+    // see no swap_in of the key once this returns, and a host copy must not be rewritten while
+    // a copy still reads it (the device would get torn parameters). A read still in flight is
+    // waited for, never abandoned: its completion would otherwise copy old bytes into a buffer
+    // already given to another layer. Then recycle the copy now if nothing uses it, else mark
+    // it stale: it is never handed out again, and poll recycles it once the copy and the
+    // compute stream are past it (no need to hold the caller until the stream gets there).
     for (;;) {
       const std::uint64_t seen = m.progress->epoch();
       if (s.state == SlotState::kIdle) break;
@@ -804,9 +906,15 @@ void LayerPrefetcher::suspend(std::size_t layer) {
           s.issue->device_failure) {
         m.fail_and_rethrow(std::make_exception_ptr(DeviceError(s.issue->device_failure_text)));
       }
-      if (m.issue_done(s) && m.release_done(s)) {
+      if (m.source_free(s)) {
         if (s.state == SlotState::kWindow) ++m.stats.evictions;
-        m.recycle(s);
+        if (m.issue_done(s) && m.release_done(s)) {
+          m.recycle(s);
+        } else {
+          // Held like a released layer (its memory counts in the window) until recycled.
+          s.state = SlotState::kReleased;
+          s.stale = true;
+        }
         break;
       }
       m.wait_progress(seen, lock);
@@ -866,6 +974,12 @@ PrefetcherStats LayerPrefetcher::stats() const {
   s.read_failures = m.read_failures.load(std::memory_order_relaxed);
   s.read_busy_time = m.read_busy.now_total();
   return s;
+}
+
+void test_hooks::set_copy_hook(LayerPrefetcher& prefetcher,
+                               std::function<void(std::size_t layer)> hook) {
+  std::lock_guard lock(prefetcher.impl_->mu);
+  prefetcher.impl_->copy_hook = std::move(hook);
 }
 
 }  // namespace zinf::prefetch

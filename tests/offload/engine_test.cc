@@ -60,6 +60,12 @@ std::vector<std::vector<float>> train(Tiers tiers, std::uint64_t steps = kSteps,
     EXPECT_GT(st.param_read_gbps, 0.0);
   } else {
     EXPECT_EQ(st.param_read_gbps, 0.0);
+    EXPECT_EQ(st.param_bytes_read, 0u);
+  }
+  if (tiers.first == OffloadDevice::kCpu) {
+    // Prefetched like nvme: after the traced first iteration the window issues layers ahead.
+    EXPECT_GT(st.prefetch_hits, 0u);
+    EXPECT_GT(st.param_bytes_to_device, 0u);
   }
   if (tiers.second == OffloadDevice::kNvme) {
     EXPECT_GT(st.optimizer_bytes_read, 0u);
@@ -126,6 +132,72 @@ TEST(OffloadEngine, OutOfOrderFetchesReturnTheRightLayer) {
     rig.iteration(3, true, {3, 3 - 3, 1, 2});
     for (std::size_t l : {3u, 1u, 0u, 2u, 2u}) EXPECT_EQ(rig.fetch_bits(l), rig.expected_bits(l));
   }
+}
+
+// One iteration in which the host runs ahead of the copies: forward fetches are waited for
+// (the gradients are computed from their bits), backward fetches are not: each is copied back to
+// the host on the compute stream and its gradients handed in at once, so the step's copy-out of
+// a layer may start while the window's copy of it is still queued behind others. Once the step
+// is done, every backward fetch must have returned exactly the bits from before the step.
+void iteration_ahead_of_copies(EngineRig& rig, std::uint64_t t) {
+  OffloadEngine& e = rig.engine();
+  const std::size_t n = e.layer_count();
+  std::vector<std::vector<std::uint16_t>> want(n);
+  for (std::size_t l = 0; l < n; ++l) want[l] = rig.expected_bits(l);
+  std::vector<std::vector<float>> grads(n);
+  for (std::size_t l = 0; l < n; ++l) {
+    const auto got = rig.fetch_bits(l);
+    EXPECT_EQ(got, want[l]) << "forward fetch of layer " << l << " in step " << t;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      grads[l].push_back(static_cast<float>(got[i] % 1000u) * 2e-5f - 1e-2f +
+                         static_cast<float>(test::mix32(t * 7919 + l * 31 + i) % 101u) * 1e-5f);
+    }
+  }
+  std::vector<std::vector<std::uint16_t>> back(n);
+  for (std::size_t l = n; l-- > 0;) {
+    back[l].resize(e.layer(l).numel);
+    cuda::DeviceSpan span = e.fetch(l);
+    rig.device().copy_to_host(rig.compute(),
+                              std::as_writable_bytes(std::span<std::uint16_t>(back[l])), span);
+    e.release(l);
+    e.set_gradients(l, adam::GradView::f32(grads[l]));
+  }
+  (void)e.step();
+  rig.device().synchronize(rig.compute());
+  for (std::size_t l = 0; l < n; ++l) {
+    EXPECT_EQ(back[l], want[l]) << "backward fetch of layer " << l << " in step " << t;
+  }
+}
+
+// The pinned tier's copies read the pinned host copies that the step's copy-out and
+// set_master_weights rewrite in place. With a copy lane slow enough (1 GB/s / 1000: ~10 ms per
+// layer) that copies queue behind each other while the host runs ahead, every fetch still
+// returns exactly the masters of its moment and training gives bitwise the resident tier's
+// masters: a copy that read a layer during or after its rewrite would hand out new or torn
+// parameters.
+TEST(OffloadEngine, PinnedCopiesNeverReadALayerWhileItIsRewritten) {
+  auto run = [](OffloadDevice tier) {
+    test::TestDir dir;
+    EngineRig rig(cuda::DeviceKind::kHost, tier == OffloadDevice::kCpu ? 0.001 : 0);
+    EngineConfig c = test::engine_config(tier, OffloadDevice::kCpu, dir);
+    c.zinf.prefetch_depth = 3;
+    rig.make(c);
+    rig.init_weights();
+    for (std::uint64_t t = 1; t <= 3; ++t) iteration_ahead_of_copies(rig, t);
+    // Right after step() the window is copying the next iteration's first layers; new master
+    // weights rewrite every pinned copy at once.
+    for (std::size_t l = 0; l < rig.engine().layer_count(); ++l) {
+      std::vector<float> w = test::initial_weights(l + 10, rig.engine().layer(l).numel);
+      rig.engine().set_master_weights(l, w);
+    }
+    iteration_ahead_of_copies(rig, 4);
+    const EngineStats st = rig.engine().stats();
+    if (tier == OffloadDevice::kCpu) {
+      EXPECT_GT(st.prefetch_hits, 0u);
+    }
+    return rig.masters();
+  };
+  EXPECT_EQ(master_diff(run(OffloadDevice::kCpu), run(OffloadDevice::kNone)), "");
 }
 
 TEST(OffloadEngine, SaveLoadResumesBitwise) {

@@ -117,9 +117,11 @@ inline std::vector<std::vector<float>> plain_masters(
 /// A HostDevice, its compute stream and an engine; plus the loop.
 class EngineRig {
  public:
-  explicit EngineRig(cuda::DeviceKind kind = cuda::DeviceKind::kHost) {
+  /// `copy_gbps` caps the HostDevice's copy lanes (0: memory speed), to make copies slow.
+  explicit EngineRig(cuda::DeviceKind kind = cuda::DeviceKind::kHost, double copy_gbps = 0) {
     cuda::DeviceOptions o;
     o.kind = kind;
+    o.host_copy_bandwidth_gbps = copy_gbps;
     device_ = cuda::make_device(o);
     compute_ = device_->create_stream();
   }

@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// `zinf bench prefetch`: how well the LayerPrefetcher hides NVMe reads behind compute. Layers
-// live in a SwapStore on the user's directories; each pass acquires them in order with a
-// simulated per-layer compute on the compute stream, and the same run measures the reads
-// alone, so the wall time is compared with max(compute, I/O) and with their sum.
+// `zinf bench prefetch`: how well the LayerPrefetcher hides NVMe reads (or, with --source
+// pinned, host->device copies from pinned host copies) behind compute. Layers live in a
+// SwapStore on the user's directories, or in pinned host memory; each pass acquires them in
+// order with a simulated per-layer compute on the compute stream, and the same run measures the
+// source alone (the reads, or the copies), so the wall time is compared with max(compute,
+// source) and with their sum.
 #include <unistd.h>
 
 #include <algorithm>
@@ -41,17 +43,22 @@ compute of --compute-ms per layer on the compute stream (a GPU kernel that waits
 timer with --device cuda, a sleeping stream worker on host). Each pass also reads the
 layers alone (NVMe -> pinned, back to back into as many buffers as the prefetcher's staging
 holds, no compute) and runs the compute alone, for the I/O and compute times of the same run.
-Every byte is verified after the timed passes unless --no-verify.)";
+With --source pinned the layers are pinned host copies instead (the offload_param "cpu" tier):
+the prefetcher copies them to the device straight, and the reference is those copies alone
+(back to back on a stream, into depth + 2 device buffers). Every byte is verified after the
+timed passes unless --no-verify.)";
 
 constexpr const char* kFooter = R"(
 The wall time of a pass runs from the first acquire to the compute stream's last layer done.
 Target: with depth >= 2 and I/O about equal to compute, wall <= 1.10 x max(compute, io);
-with depth 0 the wall time is about compute + io.
+with depth 0 the wall time is about compute + io. The same for --source pinned, with the
+copies alone as io.
 
 SIGINT, SIGTERM and SIGHUP stop the run between passes and remove its files (exit status 128 +
 the signal's number, e.g. 130 for SIGINT).)";
 
 struct Config {
+  bool pinned_source = false;  // --source pinned
   std::vector<std::string> dirs;
   std::uint64_t layers = 32;
   std::uint64_t layer_bytes = 16ull << 20;
@@ -68,7 +75,7 @@ struct Config {
 
 Config parse(const std::vector<std::string>& tokens, bool* help) {
   Config c;
-  std::string device = "host", engine = "auto", checksums = "on";
+  std::string source = "nvme", device = "host", engine = "auto", checksums = "on";
   bool no_verify = false;
   Cli cli("bench prefetch", kAbout, kFooter);
   cli.texts("--dir", c.dirs, "DIR",
@@ -80,6 +87,9 @@ Config parse(const std::vector<std::string>& tokens, bool* help) {
              "simulated compute per layer in ms (0 = the measured read time of one "
              "layer, so that I/O and compute are about equal)");
   cli.count("--depth", c.depth, "layers read ahead of the one computing; 0 = fetch on demand");
+  cli.text("--source", source, "KIND",
+           "nvme | pinned: layers read from a swap store on DIR, or copied from pinned host "
+           "memory (--dir, --engine and --checksums are nvme's)");
   cli.text("--device", device, "KIND", "host | cuda | auto");
   cli.number("--copy-gbps", c.copy_gbps,
              "host device only: host->device copy bandwidth cap in GB/s (0 = none)");
@@ -96,6 +106,10 @@ Config parse(const std::vector<std::string>& tokens, bool* help) {
   c.engine = swap::parse_io_engine_kind(engine);
   c.checksums = parse_on_off(checksums, "--checksums");
   c.verify = !no_verify;
+  if (source != "nvme" && source != "pinned") {
+    throw UsageError("invalid --source '" + source + "': must be nvme or pinned");
+  }
+  c.pinned_source = source == "pinned";
   if (c.layers == 0 || c.layers > 100000) {
     throw UsageError("invalid --layers " + std::to_string(c.layers) +
                      ": must be between 1 and 100000");
@@ -114,7 +128,7 @@ Config parse(const std::vector<std::string>& tokens, bool* help) {
     throw UsageError("invalid --passes " + std::to_string(c.passes) +
                      ": must be between 1 and 1000");
   }
-  check_scratch_dirs(c.dirs);
+  if (!c.pinned_source) check_scratch_dirs(c.dirs);
   return c;
 }
 
@@ -210,50 +224,41 @@ prefetch::PrefetcherStats pass_stats(const prefetch::PrefetcherStats& after,
 // reads finish before the references run. The clock starts at the first acquire.
 class PassRunner {
  public:
-  PassRunner(const Config& cfg, swap::SwapStore& store, swap::IoEngine& engine,
-             cuda::Device& device, cuda::StreamRef compute, prefetch::PrefetcherOptions po)
-      : cfg_(cfg),
-        device_(device),
-        compute_(compute),
-        prefetcher_(with_engine(std::move(po), engine), store, device, compute) {
+  PassRunner(const Config& cfg, cuda::Device& device, cuda::StreamRef compute,
+             std::unique_ptr<prefetch::LayerPrefetcher> prefetcher)
+      : cfg_(cfg), device_(device), compute_(compute), prefetcher_(std::move(prefetcher)) {
     (void)run();  // warm-up
   }
 
   PassResult run() {
     PassResult r;
-    const prefetch::PrefetcherStats before = prefetcher_.stats();
+    const prefetch::PrefetcherStats before = prefetcher_->stats();
     const auto start = Clock::now();
     for (std::uint64_t l = 0; l < cfg_.layers; ++l) {
-      (void)prefetcher_.acquire(l);
+      (void)prefetcher_->acquire(l);
       device_.enqueue_busy(compute_, per_layer_compute(cfg_));
-      prefetcher_.release(l);
+      prefetcher_->release(l);
     }
     device_.synchronize(compute_);
     r.wall = seconds_since(start);
-    r.stats = pass_stats(prefetcher_.stats(), before);
-    prefetcher_.end_iteration();
-    prefetcher_.wait_for_reads();
+    r.stats = pass_stats(prefetcher_->stats(), before);
+    prefetcher_->end_iteration();
+    prefetcher_->wait_for_reads();
     return r;
   }
 
  private:
-  static prefetch::PrefetcherOptions with_engine(prefetch::PrefetcherOptions po,
-                                                 swap::IoEngine& engine) {
-    po.register_with_engine = &engine;
-    return po;
-  }
   const Config& cfg_;
   cuda::Device& device_;
   cuda::StreamRef compute_;
-  prefetch::LayerPrefetcher prefetcher_;
+  std::unique_ptr<prefetch::LayerPrefetcher> prefetcher_;
 };
 
-// Acquires every layer once more and copies it back to the host to check every byte.
-void verify_through_prefetcher(const Config& cfg, swap::SwapStore& store, cuda::Device& device,
-                               cuda::StreamRef compute, const prefetch::PrefetcherOptions& po,
-                               swap::BufferPool& pool) {
-  prefetch::LayerPrefetcher p(po, store, device, compute);
-  swap::BufferLease back = pool.acquire(store.padded_size(cfg.layer_bytes));
+// Acquires every layer once more through `p` (a fresh prefetcher) and copies it back to the
+// host, into `back` (at least a layer), to check every byte.
+void verify_through_prefetcher(const Config& cfg, prefetch::LayerPrefetcher& p,
+                               cuda::Device& device, cuda::StreamRef compute,
+                               swap::BufferLease back) {
   cuda::PinnedRegistration pin = device.register_host(back.span());
   for (std::uint64_t l = 0; l < cfg.layers; ++l) {
     cuda::DeviceSpan span = p.acquire(l);
@@ -270,12 +275,202 @@ void verify_through_prefetcher(const Config& cfg, swap::SwapStore& store, cuda::
   pin.close().ignore("the buffer is returned right after; a failed unregister was logged");
 }
 
+// What the timed passes measured, for the report.
+struct Measured {
+  std::vector<double> walls, computes, sources, stalls, blocked;
+  std::vector<PassResult> results;
+  std::uint64_t padded = 0;  // bytes per layer the source moves (the store's padded size)
+  bool auto_compute = false;
+  std::string device;
+  std::string engine;  // nvme only
+};
+
+// Alternates the source alone, the compute alone and prefetch passes (A B C A B C ...), so that
+// drift on a shared machine hits all alike.
+template <typename SourceAlone>
+void run_passes(const Config& cfg, cuda::Device& device, cuda::StreamRef compute,
+                PassRunner& runner, SourceAlone source_alone, Measured& m) {
+  for (std::uint64_t pass = 0; pass < cfg.passes; ++pass) {
+    throw_if_interrupted();  // between passes: the runner has waited for its reads
+    m.sources.push_back(source_alone());
+    m.computes.push_back(compute_alone(cfg, device, compute));
+    PassResult r = runner.run();
+    m.walls.push_back(r.wall);
+    m.stalls.push_back(std::chrono::duration<double>(r.stats.stall_time).count());
+    m.blocked.push_back(std::chrono::duration<double>(r.stats.acquire_blocked_time).count());
+    m.results.push_back(r);
+  }
+  throw_if_interrupted();
+}
+
+void report(const Config& cfg, const Measured& m) {
+  // The pass with the median wall time stands for the run (its counters come with it).
+  const PassResult& mid = m.results[median_index(m.walls)];
+  const double wall = mid.wall;
+  const double compute_s = median(m.computes);
+  const double io_s = median(m.sources);
+  const double stall_s = median(m.stalls);
+  const double bound = std::max(compute_s, io_s);
+  const double total_bytes = static_cast<double>(cfg.layers * m.padded);
+  // The reference the wall time is held against: NVMe reads alone, or copies alone.
+  const char* io_name = cfg.pinned_source ? "copy" : "io";
+
+  if (cfg.json) {
+    Json j;
+    j["bench"] = "prefetch";
+    j["source"] = cfg.pinned_source ? "pinned" : "nvme";
+    j["wall_seconds"] = wall;
+    j["compute_seconds"] = compute_s;
+    j[std::string(io_name) + "_seconds"] = io_s;
+    j["stall_seconds"] = stall_s;
+    j["acquire_blocked_seconds"] = median(m.blocked);
+    j["depth"] = cfg.depth;
+    j["wall_over_max"] = wall / bound;
+    j["wall_over_sum"] = wall / (compute_s + io_s);
+    j["layers"] = cfg.layers;
+    j["layer_bytes"] = cfg.layer_bytes;
+    j["compute_ms"] = cfg.compute_ms;
+    j["compute_ms_auto"] = m.auto_compute;
+    j["passes"] = cfg.passes;
+    j["wall_seconds_passes"] = m.walls;
+    j[std::string(io_name) + "_seconds_passes"] = m.sources;
+    if (cfg.pinned_source) {
+      j["copy_gbps_alone"] = total_bytes / io_s / 1e9;
+    } else {
+      j["checksums"] = cfg.checksums;
+      j["read_gbps"] = total_bytes / io_s / 1e9;
+      // The rate the reads ran at inside the prefetch pass (bytes over the time any read was
+      // in flight): below read_gbps, the drive itself was slower while compute and copies ran.
+      const double busy = std::chrono::duration<double>(mid.stats.read_busy_time).count();
+      j["pass_read_gbps"] =
+          busy > 0 ? static_cast<double>(mid.stats.bytes_read) / busy / 1e9 : 0.0;
+    }
+    j["hits"] = mid.stats.hits;
+    j["on_demand"] = mid.stats.on_demand;
+    j["late_layers"] = mid.stats.late_layers;
+    j["peak_held_bytes"] = mid.stats.peak_held_bytes;
+    j["device"] = m.device;
+    j["copy_gbps"] = cfg.copy_gbps;
+    if (!cfg.pinned_source) {
+      j["engine"] = m.engine;
+      j["dirs"] = cfg.dirs;
+    }
+    j["verified"] = cfg.verify;
+    std::printf("%s\n", json_text(j).c_str());
+  } else {
+    if (cfg.pinned_source) {
+      std::printf("zinf bench prefetch: source=pinned device=%s", m.device.c_str());
+    } else {
+      std::printf("zinf bench prefetch: device=%s engine=%s", m.device.c_str(), m.engine.c_str());
+    }
+    std::printf(" layers=%llu layer=%s depth=%llu compute=%.2f ms/layer%s passes=%llu",
+                static_cast<unsigned long long>(cfg.layers), mib(cfg.layer_bytes).c_str(),
+                static_cast<unsigned long long>(cfg.depth), cfg.compute_ms,
+                m.auto_compute
+                    ? (cfg.pinned_source ? " (= measured copy time)" : " (= measured read time)")
+                    : "",
+                static_cast<unsigned long long>(cfg.passes));
+    if (!cfg.pinned_source) std::printf(" checksums=%s", cfg.checksums ? "on" : "off");
+    std::printf(" verify=%s\n", cfg.verify ? "every byte" : "off");
+    std::printf("%10s %10s %10s %10s %10s %10s %6s %6s\n", "wall s", "compute s",
+                cfg.pinned_source ? "copy s" : "io s", "stall s", "wall/max", "wall/sum", "hits",
+                "late");
+    std::printf("%10.3f %10.3f %10.3f %10.3f %10.3f %10.3f %6llu %6llu\n", wall, compute_s, io_s,
+                stall_s, wall / bound, wall / (compute_s + io_s),
+                static_cast<unsigned long long>(mid.stats.hits),
+                static_cast<unsigned long long>(mid.stats.late_layers));
+    std::printf("(medians of %llu passes; %s alone %.2f GB/s)\n",
+                static_cast<unsigned long long>(cfg.passes), cfg.pinned_source ? "copies" : "read",
+                total_bytes / io_s / 1e9);
+  }
+}
+
+// Copies every layer alone from its pinned host copy to the device (no compute): the
+// reference of --source pinned. Back to back on one stream into `buffers` device buffers in
+// turn, as many as the prefetcher's window holds, so the destination's footprint is the
+// pass's.
+double copy_alone(const Config& cfg, cuda::Device& device, cuda::StreamRef stream,
+                  const std::vector<std::span<const std::byte>>& layers,
+                  std::vector<cuda::DeviceBuffer>& buffers) {
+  const auto start = Clock::now();
+  for (std::uint64_t l = 0; l < cfg.layers; ++l) {
+    device.copy_to_device(stream, buffers[l % buffers.size()].span(), layers[l]);
+  }
+  device.synchronize(stream);
+  return seconds_since(start);
+}
+
+// --source pinned: the layers are pinned host copies (the offload_param "cpu" tier), copied to
+// the device by a LayerPrefetcher with the host source.
+int bench_pinned_source(Config& cfg) {
+  cuda::DeviceOptions dopt;
+  dopt.kind = cfg.device;
+  dopt.host_copy_bandwidth_gbps = cfg.copy_gbps;
+  auto device = cuda::make_device(dopt);
+  cuda::Stream compute = device->create_stream();
+
+  // Every layer's host copy in one pinned arena, stamped so that every byte can be checked.
+  swap::BufferPoolOptions bo;
+  bo.budget_bytes = cfg.layers * cfg.layer_bytes;
+  bo.prefault = true;
+  swap::BufferPool pool(bo);
+  cuda::PinnedRegistration pinned = device->register_host(pool.arena());
+  std::vector<swap::BufferLease> copies;
+  std::vector<std::span<const std::byte>> layers;
+  for (std::uint64_t l = 0; l < cfg.layers; ++l) {
+    copies.push_back(pool.acquire(cfg.layer_bytes));
+    fill_bulk(copies.back().span(), 1);
+    stamp_headers(copies.back().span(), static_cast<std::uint32_t>(l), 0, 1);
+    layers.push_back(copies.back().span());
+    throw_if_interrupted();
+  }
+
+  // Untimed copies (warming the device buffers and the stream), then the timed reference; if
+  // no compute time was given, one layer's copy time: copies about equal to compute.
+  cuda::Stream copy_stream = device->create_stream();
+  std::vector<cuda::DeviceBuffer> buffers;
+  for (std::uint64_t i = 0; i < cfg.depth + 2; ++i)
+    buffers.push_back(device->allocate(cfg.layer_bytes));
+  (void)copy_alone(cfg, *device, copy_stream, layers, buffers);
+  const double warm = copy_alone(cfg, *device, copy_stream, layers, buffers);
+  Measured m;
+  m.padded = cfg.layer_bytes;
+  m.device = std::string(device->name());
+  m.auto_compute = cfg.compute_ms == 0;
+  if (m.auto_compute) cfg.compute_ms = warm / static_cast<double>(cfg.layers) * 1e3;
+
+  prefetch::PrefetcherOptions po;
+  for (std::uint64_t l = 0; l < cfg.layers; ++l) po.order.push_back(l);
+  po.depth = cfg.depth;
+  // Room for the window (depth + 1 layers) and the layer computing: the byte bound does not
+  // bind before the depth does.
+  po.max_bytes = (cfg.depth + 2) * cfg.layer_bytes;
+
+  PassRunner runner(
+      cfg, *device, compute.ref(),
+      std::make_unique<prefetch::LayerPrefetcher>(po, layers, *device, compute.ref()));
+  run_passes(
+      cfg, *device, compute.ref(), runner,
+      [&] { return copy_alone(cfg, *device, copy_stream, layers, buffers); }, m);
+  if (cfg.verify) {
+    prefetch::LayerPrefetcher p(po, layers, *device, compute.ref());
+    // The read-back buffer outside the registered arena: the check pins it on its own.
+    swap::BufferPoolOptions back;
+    back.budget_bytes = cfg.layer_bytes;
+    swap::BufferPool back_pool(back);
+    verify_through_prefetcher(cfg, p, *device, compute.ref(), back_pool.acquire(cfg.layer_bytes));
+  }
+  report(cfg, m);
+  return 0;
+}
+
 }  // namespace
 
 int bench_prefetch_main(const std::vector<std::string>& tokens) {
   bool help = false;
   Config cfg = parse(tokens, &help);
   if (help) return 0;
+  if (cfg.pinned_source) return bench_pinned_source(cfg);
 
   swap::IoOptions io;
   io.kind = cfg.engine;
@@ -319,8 +514,12 @@ int bench_prefetch_main(const std::vector<std::string>& tokens) {
   // one layer's read time: I/O about equal to compute.
   (void)read_alone(cfg, store, *engine, pool, alone_buffers, cfg.verify);
   const double warm_io = read_alone(cfg, store, *engine, pool, alone_buffers, false);
-  const bool auto_compute = cfg.compute_ms == 0;
-  if (auto_compute) cfg.compute_ms = warm_io / static_cast<double>(cfg.layers) * 1e3;
+  Measured m;
+  m.padded = padded;
+  m.device = std::string(device->name());
+  m.engine = std::string(engine->name());
+  m.auto_compute = cfg.compute_ms == 0;
+  if (m.auto_compute) cfg.compute_ms = warm_io / static_cast<double>(cfg.layers) * 1e3;
 
   prefetch::PrefetcherOptions po;
   for (std::uint64_t l = 0; l < cfg.layers; ++l) po.layer_keys.push_back(layer_key(l));
@@ -331,85 +530,19 @@ int bench_prefetch_main(const std::vector<std::string>& tokens) {
   po.max_bytes = (cfg.depth + 2) * (padded + cfg.layer_bytes);
   po.prefault_staging = true;
 
-  // Alternate I/O alone, compute alone and prefetch passes (A B C A B C ...), so that drift on
-  // a shared machine hits all alike.
-  std::vector<double> walls, computes, ios, stalls, blocked;
-  std::vector<PassResult> results;
-  PassRunner runner(cfg, store, *engine, *device, compute.ref(), po);
-  for (std::uint64_t pass = 0; pass < cfg.passes; ++pass) {
-    throw_if_interrupted();  // between passes: the runner has waited for its reads
-    ios.push_back(read_alone(cfg, store, *engine, pool, alone_buffers, false));
-    computes.push_back(compute_alone(cfg, *device, compute));
-    PassResult r = runner.run();
-    walls.push_back(r.wall);
-    stalls.push_back(std::chrono::duration<double>(r.stats.stall_time).count());
-    blocked.push_back(std::chrono::duration<double>(r.stats.acquire_blocked_time).count());
-    results.push_back(r);
+  prefetch::PrefetcherOptions timed = po;
+  timed.register_with_engine = engine.get();
+  PassRunner runner(
+      cfg, *device, compute.ref(),
+      std::make_unique<prefetch::LayerPrefetcher>(timed, store, *device, compute.ref()));
+  run_passes(
+      cfg, *device, compute.ref(), runner,
+      [&] { return read_alone(cfg, store, *engine, pool, alone_buffers, false); }, m);
+  if (cfg.verify) {
+    prefetch::LayerPrefetcher p(po, store, *device, compute.ref());
+    verify_through_prefetcher(cfg, p, *device, compute.ref(), pool.acquire(padded));
   }
-  throw_if_interrupted();
-  if (cfg.verify) verify_through_prefetcher(cfg, store, *device, compute.ref(), po, pool);
-
-  // The pass with the median wall time stands for the run (its counters come with it).
-  const PassResult& mid = results[median_index(walls)];
-  const double wall = mid.wall;
-  const double compute_s = median(computes);
-  const double io_s = median(ios);
-  const double stall_s = median(stalls);
-  const double bound = std::max(compute_s, io_s);
-  const double total_bytes = static_cast<double>(cfg.layers * padded);
-
-  if (cfg.json) {
-    Json j;
-    j["bench"] = "prefetch";
-    j["wall_seconds"] = wall;
-    j["compute_seconds"] = compute_s;
-    j["io_seconds"] = io_s;
-    j["stall_seconds"] = stall_s;
-    j["acquire_blocked_seconds"] = median(blocked);
-    j["depth"] = cfg.depth;
-    j["wall_over_max"] = wall / bound;
-    j["wall_over_sum"] = wall / (compute_s + io_s);
-    j["layers"] = cfg.layers;
-    j["layer_bytes"] = cfg.layer_bytes;
-    j["compute_ms"] = cfg.compute_ms;
-    j["compute_ms_auto"] = auto_compute;
-    j["passes"] = cfg.passes;
-    j["checksums"] = cfg.checksums;
-    j["wall_seconds_passes"] = walls;
-    j["io_seconds_passes"] = ios;
-    j["read_gbps"] = total_bytes / io_s / 1e9;
-    // The rate the reads ran at inside the prefetch pass (bytes over the time any read was in
-    // flight): below read_gbps, the drive itself was slower while compute and copies ran.
-    const double busy = std::chrono::duration<double>(mid.stats.read_busy_time).count();
-    j["pass_read_gbps"] = busy > 0 ? static_cast<double>(mid.stats.bytes_read) / busy / 1e9 : 0.0;
-    j["hits"] = mid.stats.hits;
-    j["on_demand"] = mid.stats.on_demand;
-    j["late_layers"] = mid.stats.late_layers;
-    j["peak_held_bytes"] = mid.stats.peak_held_bytes;
-    j["device"] = std::string(device->name());
-    j["copy_gbps"] = cfg.copy_gbps;
-    j["engine"] = std::string(engine->name());
-    j["dirs"] = cfg.dirs;
-    j["verified"] = cfg.verify;
-    std::printf("%s\n", json_text(j).c_str());
-  } else {
-    std::printf(
-        "zinf bench prefetch: device=%s engine=%.*s layers=%llu layer=%s depth=%llu "
-        "compute=%.2f ms/layer%s passes=%llu checksums=%s verify=%s\n",
-        std::string(device->name()).c_str(), static_cast<int>(engine->name().size()),
-        engine->name().data(), static_cast<unsigned long long>(cfg.layers),
-        mib(cfg.layer_bytes).c_str(), static_cast<unsigned long long>(cfg.depth), cfg.compute_ms,
-        auto_compute ? " (= measured read time)" : "", static_cast<unsigned long long>(cfg.passes),
-        cfg.checksums ? "on" : "off", cfg.verify ? "every byte" : "off");
-    std::printf("%10s %10s %10s %10s %10s %10s %6s %6s\n", "wall s", "compute s", "io s", "stall s",
-                "wall/max", "wall/sum", "hits", "late");
-    std::printf("%10.3f %10.3f %10.3f %10.3f %10.3f %10.3f %6llu %6llu\n", wall, compute_s, io_s,
-                stall_s, wall / bound, wall / (compute_s + io_s),
-                static_cast<unsigned long long>(mid.stats.hits),
-                static_cast<unsigned long long>(mid.stats.late_layers));
-    std::printf("(medians of %llu passes; read alone %.2f GB/s)\n",
-                static_cast<unsigned long long>(cfg.passes), total_bytes / io_s / 1e9);
-  }
+  report(cfg, m);
   return 0;
 }
 

@@ -56,8 +56,9 @@ struct EngineStats {
   double param_read_gbps = 0;
   double stall_seconds = 0;         ///< compute stream waiting for parameters (prefetch stalls)
   double step_seconds = 0;          ///< total wall time inside step()
-  std::uint64_t prefetch_hits = 0;  ///< fetches whose layer was already being read
-  std::uint64_t prefetch_on_demand = 0;  ///< fetches that had to start the read themselves
+  /// Fetches whose layer was already being read or copied (cpu and nvme parameter tiers).
+  std::uint64_t prefetch_hits = 0;
+  std::uint64_t prefetch_on_demand = 0;  ///< fetches that had to start the read/copy themselves
   std::uint64_t grad_bytes_to_host = 0;  ///< device gradients copied to the pinned staging
   /// set_gradients (device) waiting for a free staging buffer.
   double grad_staging_wait_seconds = 0;
@@ -102,9 +103,10 @@ struct EngineStats {
 /// Tiers (config.offload_param.device / offload_optimizer.device):
 /// - parameters kNone: each layer's device copy is resident; fetch returns it at once and
 ///   step() refreshes updated layers on the compute stream. kCpu: the low-precision copy lives
-///   in pinned host memory and fetch copies it to device memory from a bounded pool. kNvme: it
-///   lives in a swap store and a LayerPrefetcher reads layers ahead of the compute (traced
-///   order), within config.offload_param.buffer_count buffers.
+///   in pinned host memory and a LayerPrefetcher copies layers to the device ahead of the
+///   compute (traced order), straight from those copies. kNvme: it lives in a swap store and a
+///   LayerPrefetcher reads layers ahead of the compute through pinned staging. Both prefetch
+///   within config.offload_param.buffer_count device buffers, zinf.prefetch_depth layers ahead.
 /// - optimizer kNone / kCpu: state in pinned host memory (OffloadedOptimizer's cpu tier; kNone
 ///   is the same tier, counted in the pinned budget); kNvme: an OffloadedOptimizer over the
 ///   NVMe paths. In every combination the update is the same
