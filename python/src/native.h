@@ -35,5 +35,7 @@ void bind_adam(py::module_& m);
 void bind_optimizer(py::module_& m);
 /// ParamStore: units of parameters on NVMe, read ahead by a LayerPrefetcher.
 void bind_param_store(py::module_& m);
+/// ActivationStore over CPU tensors (zinf.torch.offload_activations).
+void bind_activations(py::module_& m);
 
 }  // namespace zinf::python

@@ -442,3 +442,4 @@ class AdamW(_CpuAdamBase):
 
 # After the optimizers: param_offload imports pinned_empty from this module when it runs.
 from zinf.param_offload import ParameterOffload, offload_parameters  # noqa: E402,F401
+from zinf.activations import ActivationStore, offload_activations  # noqa: E402,F401
