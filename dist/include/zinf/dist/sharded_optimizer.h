@@ -1,0 +1,70 @@
+// SPDX-License-Identifier: Apache-2.0
+// ShardedOptimizer: data-parallel Adam in which each of N ranks keeps 1/N of every group's fp32
+// master weights and moments (in pinned memory or on its own NVMe paths), averages gradients
+// with a reduce-scatter, updates its own slice and rebuilds the full parameters with an
+// all-gather. The optimizer half of the sharded engine. Part of zinf::dist.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "zinf/dist/collectives.h"
+#include "zinf/offload/optimizer.h"
+
+namespace zinf::dist {
+
+/// Adam over `groups` partitioned across the ranks of `comm` (ZeRO stage 1-2's way).
+///
+/// Layout. Group g (numel n) is padded with zeros to a multiple of size() elements; rank r owns
+/// elements [r * s, (r + 1) * s) of it, s = padded / size(), in an OffloadedOptimizer of its
+/// own (the padding elements' gradients are 0 and stay 0 through every update). With the nvme
+/// tier each directory of `options` gets a `rank<R>` subfolder for this rank's swap files (as
+/// DeepSpeed lays them out): created if missing, never followed if it is a link.
+///
+/// One rank (LocalCollectives) is exactly an OffloadedOptimizer over the whole groups.
+///
+/// Collective calls: the constructor (none, but every rank must build one with the same
+/// groups), set_params and step must be called by every rank in the same order with the same
+/// sizes (Collectives' contract). A rank whose collective fails throws the CollectiveError; the
+/// job must then abort (see Collectives).
+///
+/// Threads: one thread per rank calls the members. Host-memory collectives only (MPI,
+/// callbacks, local): UsageError at construction for a device-memory backend.
+class ShardedOptimizer {
+ public:
+  /// Throws UsageError for groups the inner optimizer refuses, for a device-memory `comm`; and
+  /// whatever OffloadedOptimizer's constructor throws (budget, disk space), naming this rank's
+  /// directories.
+  ShardedOptimizer(offload::OptimizerOptions options, std::vector<offload::ParamGroupSpec> groups,
+                   Collectives& comm);
+  ~ShardedOptimizer();
+  ShardedOptimizer(const ShardedOptimizer&) = delete;
+  ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
+
+  std::size_t group_count() const noexcept;
+  /// Elements of group g this rank owns (padding included), and where its slice starts.
+  std::uint64_t shard_numel(std::size_t group) const;
+  std::uint64_t shard_offset(std::size_t group) const;
+
+  /// Collective. Every rank passes group g's full initial parameters (the same values): this
+  /// rank keeps its slice. UsageError for a size other than the group's numel.
+  void set_params(std::size_t group, std::span<const float> full);
+  /// Collective. One step over every group: `grads[g]` is this rank's fp32 gradient of group g
+  /// (full size); the ranks' gradients are averaged (reduce-scatter), this rank's slice is
+  /// updated, and `params[g]` (full size) receives the updated parameters of every rank
+  /// (all-gather). Returns this rank's optimizer statistics.
+  offload::StepStats step(std::span<const std::span<const float>> grads,
+                          std::span<const std::span<float>> params);
+
+  /// This rank's optimizer over its slices (hyper-parameters, checkpoints of its own state,
+  /// statistics).
+  offload::OffloadedOptimizer& local() noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zinf::dist

@@ -1,0 +1,114 @@
+// SPDX-License-Identifier: Apache-2.0
+// The ShardedOptimizer's parity check, shared by the ranks-as-threads test and the MPI test:
+// every rank's full parameters after each step must be bitwise those of one OffloadedOptimizer
+// over the whole groups fed the ranks' averaged gradients (chosen so that the average is exact).
+#pragma once
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "offload/optimizer_test_util.h"
+#include "zinf/dist/sharded_optimizer.h"
+
+namespace zinf::dist::test {
+
+using offload::OptimizerOptions;
+using offload::ParamGroupSpec;
+using offload::StateTier;
+
+// Odd sizes: a group smaller than some worlds (7 elements over 4 ranks), one that spans several
+// sub-groups per slice, and uneven padding.
+inline std::vector<ParamGroupSpec> groups() { return {{"a", 1001}, {"b", 7}, {"c", 2 * 4099 + 3}}; }
+
+// The average the ranks' gradients are meant to have: dyadic values with few bits.
+inline float base_grad(std::size_t group, std::size_t i, std::uint64_t step) {
+  const auto k = static_cast<int>(zinf::test::mix(group * 1000003 + i * 31 + step) % 1025) - 512;
+  return static_cast<float>(k) / 1024.0f;
+}
+
+// Rank r's gradient: the base plus an offset that sums to zero over the ranks, so that the sum
+// and the division by the rank count are exact in fp32 in any order.
+inline float rank_grad(float base, int rank, int size) {
+  return base + (static_cast<float>(rank) - static_cast<float>(size - 1) / 2.0f) / 4096.0f;
+}
+
+inline OptimizerOptions options_for(StateTier tier, const std::string& dir) {
+  OptimizerOptions o;
+  o.tier = tier;
+  o.sub_group_elements = zinf::test::kOddSubGroup;
+  o.hyper = zinf::test::test_hyper();
+  o.io.kind = swap::IoEngineKind::kThreads;
+  if (tier == StateTier::kNvme) o.directories = {dir};
+  return o;
+}
+
+constexpr std::uint64_t kSteps = 3;
+
+// The full parameters after each step of one optimizer over the whole groups (cpu tier).
+inline std::vector<std::vector<std::vector<float>>> reference() {
+  const auto gs = groups();
+  offload::OffloadedOptimizer opt(options_for(StateTier::kCpu, ""), gs);
+  std::vector<std::vector<std::vector<float>>> out;
+  for (std::size_t g = 0; g < gs.size(); ++g) opt.set_params(g, zinf::test::initial_params(g, gs[g].numel));
+  for (std::uint64_t t = 1; t <= kSteps; ++t) {
+    std::vector<std::vector<float>> grads(gs.size());
+    std::vector<offload::GroupGrads> views;
+    for (std::size_t g = 0; g < gs.size(); ++g) {
+      grads[g].resize(gs[g].numel);
+      for (std::size_t i = 0; i < gs[g].numel; ++i) grads[g][i] = base_grad(g, i, t);
+    }
+    for (std::size_t g = 0; g < gs.size(); ++g) {
+      views.push_back(offload::GroupGrads{g, adam::GradView::f32(grads[g])});
+    }
+    (void)opt.step(views);
+    std::vector<std::vector<float>> params(gs.size());
+    for (std::size_t g = 0; g < gs.size(); ++g) {
+      params[g].resize(gs[g].numel);
+      std::vector<float> m(gs[g].numel), v(gs[g].numel);
+      opt.read_state(g, params[g], m, v);
+    }
+    out.push_back(std::move(params));
+  }
+  return out;
+}
+
+// Runs kSteps of a ShardedOptimizer on this rank of `c` and checks every step's parameters
+// against `want` (reference()).
+inline void check_sharded_parity(Collectives& c, StateTier tier, const std::string& swap_dir,
+                                 const std::vector<std::vector<std::vector<float>>>& want) {
+  const int size = c.size();
+  const auto gs = groups();
+    ShardedOptimizer opt(options_for(tier, swap_dir), gs, c);
+    std::uint64_t owned = 0;
+    for (std::size_t g = 0; g < gs.size(); ++g) {
+      EXPECT_EQ(opt.shard_numel(g) * static_cast<std::uint64_t>(size) >= gs[g].numel, true);
+      EXPECT_EQ(opt.shard_offset(g), opt.shard_numel(g) * static_cast<std::uint64_t>(c.rank()));
+      owned += opt.shard_numel(g);
+      opt.set_params(g, zinf::test::initial_params(g, gs[g].numel));
+    }
+    for (std::uint64_t t = 1; t <= kSteps; ++t) {
+      std::vector<std::vector<float>> grads(gs.size()), params(gs.size());
+      std::vector<std::span<const float>> gv;
+      std::vector<std::span<float>> pv;
+      for (std::size_t g = 0; g < gs.size(); ++g) {
+        grads[g].resize(gs[g].numel);
+        params[g].assign(gs[g].numel, -1.0f);
+        for (std::size_t i = 0; i < gs[g].numel; ++i) {
+          grads[g][i] = rank_grad(base_grad(g, i, t), c.rank(), size);
+        }
+        gv.emplace_back(grads[g]);
+        pv.emplace_back(params[g]);
+      }
+      const offload::StepStats st = opt.step(gv, pv);
+      EXPECT_EQ(st.elements, owned);  // each rank updates only its slices
+      for (std::size_t g = 0; g < gs.size(); ++g) {
+        EXPECT_EQ(params[g], want[t - 1][g])
+            << "rank " << c.rank() << " of " << size << ", group " << gs[g].name << ", step " << t;
+      }
+    }
+}
+
+}  // namespace zinf::dist::test
