@@ -2,10 +2,13 @@
 #include "zinf/dist/sharded_optimizer.h"
 
 #include <algorithm>
+#include <exception>
+#include <filesystem>
 #include <string>
 #include <utility>
 
 #include "zinf/common/error.h"
+#include "zinf/common/status.h"
 #include "zinf/swap/dir.h"
 
 namespace zinf::dist {
@@ -24,6 +27,29 @@ std::string rank_directory(const std::string& dir, int rank) {
     (void)parent.create_child(name);
   }
   return parent.path_of(name);
+}
+
+constexpr std::string_view kManifest = "zinf-sharded";
+constexpr std::uint64_t kMaxManifestBytes = 1 << 20;
+
+// What a rank's folder says of the job that saved it: the format, world size, rank, groups.
+std::string rank_manifest(int world, int rank, const std::vector<offload::ParamGroupSpec>& gs) {
+  std::string text = "zinf-sharded-optimizer 1\nworld_size " + std::to_string(world) +
+                     "\nrank " + std::to_string(rank) + "\n";
+  for (const auto& g : gs) text += "group " + g.name + " " + std::to_string(g.numel) + "\n";
+  return text;
+}
+
+// The value of `key` in a manifest's "key value" lines, or "" if there is none.
+std::string manifest_value(const std::string& text, const std::string& key) {
+  std::size_t at = 0;
+  while (at < text.size()) {
+    const std::size_t end = std::min(text.find('\n', at), text.size());
+    const std::string line = text.substr(at, end - at);
+    if (line.rfind(key + " ", 0) == 0) return line.substr(key.size() + 1);
+    at = end + 1;
+  }
+  return "";
 }
 
 }  // namespace
@@ -146,6 +172,78 @@ offload::StepStats ShardedOptimizer::step(std::span<const std::span<const float>
     std::copy_n(full.begin(), s.groups[g].numel, params[g].begin());
   }
   return stats;
+}
+
+namespace {
+
+// Runs `body` on this rank and all-reduces whether it failed, so that every rank throws if any
+// did: this rank's own error, or one saying which ranks failed.
+template <class Body>
+void on_every_rank(Collectives& comm, const char* what, Body&& body) {
+  std::exception_ptr mine;
+  try {
+    body();
+  } catch (...) {
+    mine = std::current_exception();
+  }
+  std::int32_t failed = mine ? 1 : 0;
+  all_reduce<std::int32_t>(comm, std::span<std::int32_t>(&failed, 1), ReduceOp::kSum);
+  if (mine) std::rethrow_exception(mine);
+  if (failed > 0) {
+    throw IoError(Status::error(ErrorCode::kIo, std::to_string(failed) + " of " +
+                                                    std::to_string(comm.size()) +
+                                                    " ranks failed; this rank (" +
+                                                    std::to_string(comm.rank()) +
+                                                    ") did not")
+                      .with_operation(std::string("ShardedOptimizer::") + what));
+  }
+}
+
+}  // namespace
+
+void ShardedOptimizer::save(const std::string& dir) {
+  Impl& s = *impl_;
+  if (dir.empty()) throw UsageError("ShardedOptimizer::save: the checkpoint directory is empty");
+  on_every_rank(s.comm, "save", [&] {
+    std::filesystem::create_directories(dir);
+    const std::string mine = rank_directory(dir, s.comm.rank());
+    s.local->save(mine);
+    swap::replace_file_durably(swap::Dir::open(mine), kManifest,
+                               rank_manifest(s.comm.size(), s.comm.rank(), s.groups));
+  });
+  on_every_rank(s.comm, "save", [&] {
+    if (s.comm.rank() != 0) return;
+    std::string text = rank_manifest(s.comm.size(), 0, s.groups);
+    text = text.substr(0, text.find("rank "));  // the global one names every rank instead
+    for (int r = 0; r < s.comm.size(); ++r) text += "rank_dir rank" + std::to_string(r) + "\n";
+    for (const auto& g : s.groups) text += "group " + g.name + " " + std::to_string(g.numel) + "\n";
+    swap::replace_file_durably(swap::Dir::open(dir), kManifest, text);
+  });
+}
+
+void ShardedOptimizer::load(const std::string& dir) {
+  Impl& s = *impl_;
+  if (dir.empty()) throw UsageError("ShardedOptimizer::load: the checkpoint directory is empty");
+  on_every_rank(s.comm, "load", [&] {
+    const std::string name = "rank" + std::to_string(s.comm.rank());
+    const swap::Dir top = swap::Dir::open(dir);
+    const std::string global = swap::read_small_file(top, kManifest, kMaxManifestBytes);
+    const std::string saved_world = manifest_value(global, "world_size");
+    if (saved_world != std::to_string(s.comm.size())) {
+      throw UsageError("ShardedOptimizer::load: " + top.path_of(kManifest) +
+                       " was saved by " + (saved_world.empty() ? "?" : saved_world) +
+                       " ranks; this job has " + std::to_string(s.comm.size()) +
+                       " (loading into another world size is not supported)");
+    }
+    const swap::Dir mine = top.open_child(name);  // never through a link
+    const std::string want = rank_manifest(s.comm.size(), s.comm.rank(), s.groups);
+    if (swap::read_small_file(mine, kManifest, kMaxManifestBytes) != want) {
+      throw UsageError("ShardedOptimizer::load: " + mine.path_of(kManifest) +
+                       " does not describe this rank and these groups (world size, rank, "
+                       "group names and sizes)");
+    }
+    s.local->load(mine.path());
+  });
 }
 
 offload::OffloadedOptimizer& ShardedOptimizer::local() noexcept { return *impl_->local; }

@@ -4,6 +4,7 @@
 // over the whole groups fed the ranks' averaged gradients (chosen so that the average is exact).
 #pragma once
 
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -76,39 +77,47 @@ inline std::vector<std::vector<std::vector<float>>> reference() {
 }
 
 // Runs kSteps of a ShardedOptimizer on this rank of `c` and checks every step's parameters
-// against `want` (reference()).
+// against `want` (reference()). With `checkpoint`, the optimizer is saved there after step 2,
+// destroyed, and a new one loads it and runs the last step.
 inline void check_sharded_parity(Collectives& c, StateTier tier, const std::string& swap_dir,
-                                 const std::vector<std::vector<std::vector<float>>>& want) {
+                                 const std::vector<std::vector<std::vector<float>>>& want,
+                                 const std::string& checkpoint = "") {
   const int size = c.size();
   const auto gs = groups();
-    ShardedOptimizer opt(options_for(tier, swap_dir), gs, c);
-    std::uint64_t owned = 0;
+  auto opt = std::make_unique<ShardedOptimizer>(options_for(tier, swap_dir), gs, c);
+  std::uint64_t owned = 0;
+  for (std::size_t g = 0; g < gs.size(); ++g) {
+    EXPECT_GE(opt->shard_numel(g) * static_cast<std::uint64_t>(size), gs[g].numel);
+    EXPECT_EQ(opt->shard_offset(g), opt->shard_numel(g) * static_cast<std::uint64_t>(c.rank()));
+    owned += opt->shard_numel(g);
+    opt->set_params(g, zinf::test::initial_params(g, gs[g].numel));
+  }
+  for (std::uint64_t t = 1; t <= kSteps; ++t) {
+    if (!checkpoint.empty() && t == 3) {
+      opt->save(checkpoint);
+      opt.reset();  // its swap files and checkpoint lock go with it
+      opt = std::make_unique<ShardedOptimizer>(options_for(tier, swap_dir), gs, c);
+      opt->load(checkpoint);
+    }
+    std::vector<std::vector<float>> grads(gs.size()), params(gs.size());
+    std::vector<std::span<const float>> gv;
+    std::vector<std::span<float>> pv;
     for (std::size_t g = 0; g < gs.size(); ++g) {
-      EXPECT_EQ(opt.shard_numel(g) * static_cast<std::uint64_t>(size) >= gs[g].numel, true);
-      EXPECT_EQ(opt.shard_offset(g), opt.shard_numel(g) * static_cast<std::uint64_t>(c.rank()));
-      owned += opt.shard_numel(g);
-      opt.set_params(g, zinf::test::initial_params(g, gs[g].numel));
-    }
-    for (std::uint64_t t = 1; t <= kSteps; ++t) {
-      std::vector<std::vector<float>> grads(gs.size()), params(gs.size());
-      std::vector<std::span<const float>> gv;
-      std::vector<std::span<float>> pv;
-      for (std::size_t g = 0; g < gs.size(); ++g) {
-        grads[g].resize(gs[g].numel);
-        params[g].assign(gs[g].numel, -1.0f);
-        for (std::size_t i = 0; i < gs[g].numel; ++i) {
-          grads[g][i] = rank_grad(base_grad(g, i, t), c.rank(), size);
-        }
-        gv.emplace_back(grads[g]);
-        pv.emplace_back(params[g]);
+      grads[g].resize(gs[g].numel);
+      params[g].assign(gs[g].numel, -1.0f);
+      for (std::size_t i = 0; i < gs[g].numel; ++i) {
+        grads[g][i] = rank_grad(base_grad(g, i, t), c.rank(), size);
       }
-      const offload::StepStats st = opt.step(gv, pv);
-      EXPECT_EQ(st.elements, owned);  // each rank updates only its slices
-      for (std::size_t g = 0; g < gs.size(); ++g) {
-        EXPECT_EQ(params[g], want[t - 1][g])
-            << "rank " << c.rank() << " of " << size << ", group " << gs[g].name << ", step " << t;
-      }
+      gv.emplace_back(grads[g]);
+      pv.emplace_back(params[g]);
     }
+    const offload::StepStats st = opt->step(gv, pv);
+    EXPECT_EQ(st.elements, owned);  // each rank updates only its slices
+    for (std::size_t g = 0; g < gs.size(); ++g) {
+      EXPECT_EQ(params[g], want[t - 1][g])
+          << "rank " << c.rank() << " of " << size << ", group " << gs[g].name << ", step " << t;
+    }
+  }
 }
 
 }  // namespace zinf::dist::test

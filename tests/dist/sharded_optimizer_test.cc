@@ -5,6 +5,7 @@
 // tiers; each rank's swap files sit in its own rank<R> folder; misuse is refused.
 #include "zinf/dist/sharded_optimizer.h"
 
+#include <atomic>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -47,6 +48,39 @@ INSTANTIATE_TEST_SUITE_P(
       return std::to_string(std::get<0>(p.param)) + "ranks_" +
              std::string(offload::state_tier_name(std::get<1>(p.param)));
     });
+
+// Saved after two steps by three ranks and loaded by new optimizers: the third step is the
+// uninterrupted run's, bitwise. Two ranks loading it are refused on every rank, naming both
+// world sizes, before anything changes.
+TEST(ShardedOptimizer, ACheckpointReloadsOnTheSameWorldSizeAndIsRefusedOnAnother) {
+  const auto want = test::reference();
+  zinf::test::TestDir dir;
+  const std::string swap_dir = dir.subdir("nvme");
+  const std::string ckpt = dir.file("ckpt");
+  test::ThreadGroup three(3);
+  three.run(false, [&](Collectives& c) {
+    test::check_sharded_parity(c, StateTier::kNvme, swap_dir, want, ckpt);
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(std::filesystem::exists(ckpt + "/rank" + std::to_string(r) + "/zinf-sharded"));
+  }
+  EXPECT_TRUE(std::filesystem::exists(ckpt + "/zinf-sharded"));
+  test::ThreadGroup two(2);
+  std::atomic<int> refused{0};
+  two.run(false, [&](Collectives& c) {
+    ShardedOptimizer opt(test::options_for(StateTier::kCpu, ""), test::groups(), c);
+    try {
+      opt.load(ckpt);
+      ADD_FAILURE() << "rank " << c.rank() << " loaded a 3-rank checkpoint";
+    } catch (const UsageError& e) {
+      ++refused;
+      EXPECT_EQ(std::string(e.what()),
+                "ShardedOptimizer::load: " + ckpt + "/zinf-sharded was saved by 3 ranks; this "
+                "job has 2 (loading into another world size is not supported)");
+    }
+  });
+  EXPECT_EQ(refused.load(), 2);
+}
 
 TEST(ShardedOptimizer, MisuseIsUsageError) {
   auto local = make_local_collectives();

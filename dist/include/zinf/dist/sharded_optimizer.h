@@ -58,6 +58,19 @@ class ShardedOptimizer {
   offload::StepStats step(std::span<const std::span<const float>> grads,
                           std::span<const std::span<float>> params);
 
+  /// Collective. Saves every rank's slices: rank R's optimizer checkpoint in `dir`/rank<R>
+  /// (OffloadedOptimizer::save: versions, CRC32C, atomic switch), and in that folder a manifest
+  /// naming the world size, the rank and the groups; then rank 0 writes `dir`/zinf-sharded, the
+  /// global manifest listing every rank's folder. `dir` is created if missing (a shared file
+  /// system, or the same path on every node). If any rank fails, every rank throws (the failure
+  /// flag is all-reduced), so that no rank goes on alone into the next collective.
+  void save(const std::string& dir);
+  /// Collective. Loads what save() wrote: each rank reads its own folder's manifest first and
+  /// refuses a checkpoint saved by another world size (UsageError naming both sizes; resharding
+  /// is not built) or with other groups, before anything changes. As save(), every rank throws
+  /// if any rank failed.
+  void load(const std::string& dir);
+
   /// This rank's optimizer over its slices (hyper-parameters, checkpoints of its own state,
   /// statistics).
   offload::OffloadedOptimizer& local() noexcept;
