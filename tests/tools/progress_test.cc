@@ -38,6 +38,8 @@ TEST(Progress, DetailDigitsAndANewTotal) {
   EXPECT_EQ(b.line(1, 2.0), "zinf bench io write: 1.00/2.50 GB (40%), 0.50 GB/s, 2 s elapsed");
   Progress t("zinf bench io write", 10, "s", true, nullptr);
   EXPECT_EQ(t.line(3, 3.0, "2.31 GB/s"), "zinf bench io write: 3/10 s (30%), 2.31 GB/s");
+  t.set_digits(1);
+  EXPECT_EQ(t.line(0.25, 0.25), "zinf bench io write: 0.2/10.0 s (2%)");
 }
 
 TEST(Progress, DrawsInPlaceAndClearsAtTheEnd) {

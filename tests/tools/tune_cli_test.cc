@@ -215,6 +215,21 @@ TEST(TuneCli, PlotDrawsTheGridOfEachBackend) {
   EXPECT_EQ(p.out, std::to_string(cells) + " 1\n") << slurp(svg);
 }
 
+// On a pseudo-terminal (util-linux's `script`) the sweep draws the shared progress line:
+// passes done of those planned, the rate, the elapsed time and the last figure.
+TEST(TuneCli, ProgressOnATerminal) {
+  zinf::test::TestDir dir;
+  if (run_shell("command -v script").status != 0) GTEST_SKIP() << "script (util-linux) missing";
+  ToolRun r =
+      run_shell("script -qec '" + std::string(ZINF_TOOL_PATH) + " tune --dir " + dir.path() +
+                " --time-budget 1 --block-sizes 256K --queue-depths 4 --backends "
+                "threads' /dev/null");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("\rzinf tune: 1/"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" passes (", r.out.find("\rzinf tune: 1/")), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" GB/s"), std::string::npos) << r.out;
+}
+
 TEST(TuneCli, WarnsWhenMemlockIsBelowThePinnedBudget) {
   zinf::test::TestDir dir;
   // Without CAP_IPC_LOCK (root has it) the limit applies; setpriv drops it for the child.

@@ -22,8 +22,8 @@ std::string Progress::line(double done, double elapsed, const std::string& detai
   const double pct = total_ > 0 ? 100.0 * std::min(done, total_) / total_ : 0;
   const std::string tail = detail.empty() ? "" : ", " + detail;
   if (unit_ == "s") {  // a run of fixed duration: its rate would be 1 s/s
-    std::snprintf(buf, sizeof buf, "%s: %.0f/%.0f s (%.0f%%)%s", what_.c_str(), done, total_, pct,
-                  tail.c_str());
+    std::snprintf(buf, sizeof buf, "%s: %.*f/%.*f s (%.0f%%)%s", what_.c_str(), digits_, done,
+                  digits_, total_, pct, tail.c_str());
     return buf;
   }
   // Below half a second the rate is noise (and infinite at 0).

@@ -30,7 +30,7 @@ class Progress {
   /// Changes the total, when the work turns out larger or smaller than planned.
   void set_total(double total) noexcept { total_ = total; }
   /// Shows done/total and the rate with `digits` decimals (default 0): for fractional units
-  /// such as GB.
+  /// such as GB, or seconds of a short run.
   void set_digits(int digits) noexcept { digits_ = digits; }
   /// Clears the line; idempotent. The destructor calls it.
   void finish();

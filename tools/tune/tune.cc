@@ -333,7 +333,6 @@ int tune_main(const std::vector<std::string>& tokens) {
 
   const auto t0 = Clock::now();
   auto elapsed = [&] { return seconds_since(t0); };
-  const bool tty = ::isatty(STDERR_FILENO) != 0;
 
   // 1. Checks.
   bool uring_ok = false, memlock_ok = false;
@@ -554,7 +553,7 @@ int tune_main(const std::vector<std::string>& tokens) {
     IoRunSpec spec;
     spec.duration = sustained_time;
     su.duration_s = std::chrono::duration<double>(sustained_time).count();
-    su.run = bench.run(spec, tty && !json, "sustained write");
+    su.run = bench.run(spec, !json, "zinf tune: sustained write");
     su.profile = analyze_throughput(su.run.write_samples);
     su.burst_gbps = write_gbps;
     su.below_burst = su.profile.steady_gbps > 0 &&
