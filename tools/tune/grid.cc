@@ -111,8 +111,8 @@ std::string grids_svg(const std::vector<Grid>& grids, const std::string& title) 
     rows = std::max(rows, g.blocks.size());
     width += kLabelW + kCellW * static_cast<double>(g.depths.size()) + kGap;
   }
-  width = std::max(width, 420.0);
-  const double height = kTop + kPanelHead + kCellH * static_cast<double>(rows) + 40;
+  width = std::max(width, 520.0);  // the legend's lines
+  const double height = kTop + kPanelHead + kCellH * static_cast<double>(rows) + 56;
   SvgWriter svg(width, height);
   svg.text(kMargin, 24, title, "start", 14, {{"font-weight", "bold"}});
   double x0 = kMargin;
@@ -147,10 +147,15 @@ std::string grids_svg(const std::vector<Grid>& grids, const std::string& title) 
     }
     x0 += kLabelW + kCellW * static_cast<double>(g.depths.size()) + kGap;
   }
-  svg.text(kMargin, height - 14,
+  if (lo > hi) lo = hi = 0;  // nothing measured: no scale to state
+  char scale[96];
+  std::snprintf(scale, sizeof scale, "colour: light %.2f GB/s to dark %.2f GB/s", lo, hi);
+  svg.text(kMargin, height - 30,
            "mixed GB/s (optimizer-step reads + writes, 1e9 B/s) by block size (rows) and queue "
-           "depth (columns); outlined: chosen",
+           "depth (columns)",
            "start", 11);
+  svg.text(kMargin, height - 14,
+           std::string(scale) + "; outlined: chosen; threads: its best thread count", "start", 11);
   return svg.str();
 }
 
