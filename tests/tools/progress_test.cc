@@ -27,6 +27,21 @@ TEST(Progress, LineSaysDoneTotalRateAndElapsed) {
   EXPECT_EQ(t.line(150, 150), "stress: 150/600 s (25%)");
 }
 
+TEST(Progress, DetailDigitsAndANewTotal) {
+  Progress p("zinf tune", 10, "passes", true, nullptr);
+  EXPECT_EQ(p.line(2, 4.0, "uring 1M qd16 1.62 GB/s"),
+            "zinf tune: 2/10 passes (20%), 0.5 passes/s, 4 s elapsed, uring 1M qd16 1.62 GB/s");
+  p.set_total(8);
+  EXPECT_EQ(p.line(2, 4.0), "zinf tune: 2/8 passes (25%), 0.5 passes/s, 4 s elapsed");
+  Progress b("zinf bench io write", 2.5, "GB", true, nullptr);
+  b.set_digits(2);
+  EXPECT_EQ(b.line(1, 2.0), "zinf bench io write: 1.00/2.50 GB (40%), 0.50 GB/s, 2 s elapsed");
+  Progress t("zinf bench io write", 10, "s", true, nullptr);
+  EXPECT_EQ(t.line(3, 3.0, "2.31 GB/s"), "zinf bench io write: 3/10 s (30%), 2.31 GB/s");
+  t.set_digits(1);
+  EXPECT_EQ(t.line(0.25, 0.25), "zinf bench io write: 0.2/10.0 s (2%)");
+}
+
 TEST(Progress, DrawsInPlaceAndClearsAtTheEnd) {
   std::FILE* f = std::tmpfile();
   ASSERT_NE(f, nullptr);

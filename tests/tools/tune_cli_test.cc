@@ -75,13 +75,47 @@ TEST(TuneCli, TinyBudgetWritesAConfigTheReaderAcceptsWithTheChosenValues) {
   EXPECT_GT(chosen["mixed_gbps"].get<double>(), 0);
   EXPECT_GT(chosen["read_gbps"].get<double>(), 0);
   EXPECT_GT(chosen["write_gbps"].get<double>(), 0);
-  // Only the block sizes and depths asked for were swept.
+  // Only the block sizes and depths asked for were swept, and zinf's default (1M, qd16), the
+  // reference the choice rule keeps unless a setting beats it by more than the spread.
+  int defaults = 0;
   for (const auto& p : report["sweep"]) {
     double b = p["block_size"].get<double>();
-    EXPECT_TRUE(b == 262144 || b == 1048576) << b;
     double q = p["queue_depth"].get<double>();
+    if (p["default"].get<bool>()) {
+      ++defaults;
+      EXPECT_EQ(b, 1048576);
+      EXPECT_EQ(q, 16);
+      EXPECT_GE(p["runs_gbps"].size(), 3u) << "the default is measured three times";
+      continue;
+    }
+    EXPECT_TRUE(b == 262144 || b == 1048576) << b;
     EXPECT_TRUE(q == 4 || q == 8) << q;
   }
+  EXPECT_EQ(defaults, 1);
+  // The rule and its outcome, in the report and the text; the chosen setting is the default
+  // unless it beat it by more than the noise.
+  const nlohmann::json& choice = report["choice"];
+  const bool beats = choice["beats_default"].get<bool>();
+  EXPECT_EQ(beats, choice["margin_gbps"].get<double>() > choice["noise_gbps"].get<double>());
+  EXPECT_EQ(chosen["default"].get<bool>(), !beats) << choice;
+  EXPECT_NE(r.out.find("\nrule: a setting replaces zinf's default only if its median beats the "
+                       "default's by more than the larger of the two spreads"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("\n" + choice["summary"].get<std::string>() + "\n"), std::string::npos)
+      << r.out;
+  // "top 3", or fewer where the budget cut the sweep short on a loaded machine.
+  EXPECT_NE(r.out.find(" within ", r.out.find("\ntop ")), std::string::npos) << r.out;
+  // The grid: one per backend swept, the chosen cell marked once.
+  EXPECT_NE(r.out.find("mixed GB/s by block size x queue depth (* chosen"), std::string::npos)
+      << r.out;
+  // The default (qd16, the deepest) is measured first, whatever the budget cuts.
+  EXPECT_NE(r.out.find("    qd16\n"), std::string::npos) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '*'), 2) << r.out;  // the legend and the cell
+  // Not a terminal: no progress line, no carriage return or escape code anywhere.
+  EXPECT_EQ(r.out.find('\r'), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(" passes/s"), std::string::npos) << r.out;
   // The test files are gone.
   EXPECT_FALSE(std::ifstream(data + "/zinf-tune.0.dat").good());
 
@@ -139,6 +173,61 @@ TEST(TuneCli, SustainedWritesReportTheSteadyRateOnTheSizeGiven) {
   EXPECT_EQ(r.out,
             "zinf tune: error: --size is the size --sustained writes over; give --sustained "
             "with it\n");
+}
+
+// --plot: the grid as an SVG heat map, well-formed XML (python3's parser) with a cell per
+// block size x queue depth of each backend, the chosen one marked; written with --json too.
+TEST(TuneCli, PlotDrawsTheGridOfEachBackend) {
+  zinf::test::TestDir dir;
+  std::string data = dir.subdir("data");
+  const std::string svg = dir.file("grid.svg");
+  ToolRun r =
+      run_zinf("tune --dir " + data +
+                   " --time-budget 1 --block-sizes 256K --queue-depths 4,8 --backends threads "
+                   "--json --plot " +
+                   svg,
+               false);
+  ASSERT_EQ(r.status, 0) << r.out;
+  // A loaded machine can cut the sweep short: the grid spans the settings measured.
+  const nlohmann::json report = nlohmann::json::parse(r.out);
+  std::vector<double> blocks, depths;
+  for (const auto& p : report["sweep"]) {
+    blocks.push_back(p["block_size"].get<double>());
+    depths.push_back(p["queue_depth"].get<double>());
+  }
+  auto distinct = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return static_cast<std::size_t>(std::unique(v.begin(), v.end()) - v.begin());
+  };
+  const std::size_t cells = distinct(blocks) * distinct(depths);
+  EXPECT_EQ(r.out.find('\r'), std::string::npos) << r.out;
+  if (run_shell("test -x /usr/bin/python3").status != 0) {
+    GTEST_SKIP() << "/usr/bin/python3 not installed: cannot parse the SVG";
+  }
+  ToolRun p = run_shell(
+      "/usr/bin/python3 -c \"import sys, xml.etree.ElementTree as E; "
+      "r = E.parse(sys.argv[1]).getroot(); ns = '{http://www.w3.org/2000/svg}'; "
+      "c = [e.get('class', '').split() for e in r.iter(ns + 'rect')]; "
+      "print(sum('cell' in x for x in c), sum('chosen' in x for x in c))\" " +
+      svg);
+  ASSERT_EQ(p.status, 0) << p.out;
+  // threads only: 256K and the default's 1M x qd4, qd8 and the default's qd16, as measured.
+  EXPECT_EQ(p.out, std::to_string(cells) + " 1\n") << slurp(svg);
+}
+
+// On a pseudo-terminal (util-linux's `script`) the sweep draws the shared progress line:
+// passes done of those planned, the rate, the elapsed time and the last figure.
+TEST(TuneCli, ProgressOnATerminal) {
+  zinf::test::TestDir dir;
+  if (run_shell("command -v script").status != 0) GTEST_SKIP() << "script (util-linux) missing";
+  ToolRun r =
+      run_shell("script -qec '" + std::string(ZINF_TOOL_PATH) + " tune --dir " + dir.path() +
+                " --time-budget 1 --block-sizes 256K --queue-depths 4 --backends "
+                "threads' /dev/null");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("\rzinf tune: 1/"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" passes (", r.out.find("\rzinf tune: 1/")), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" GB/s"), std::string::npos) << r.out;
 }
 
 TEST(TuneCli, WarnsWhenMemlockIsBelowThePinnedBudget) {

@@ -492,6 +492,32 @@ TEST(BenchIoCli, RuntimeKeepsGoingAndSamplesEachSecond) {
 
 // Each of fio's --rw modes runs, verified, and reports its op(s): a mixed mode reports its
 // reads and its writes as two jobs of the one run, with the share and seed it ran with.
+// The progress line (elapsed, done/total, rate) is drawn only on a terminal: under ctest the
+// output is a pipe, so neither the text nor the carriage returns that redraw it appear. On a
+// pseudo-terminal (util-linux's `script`) a time-based run draws it, and --json silences it.
+TEST(BenchIoCli, ProgressOnlyOnATerminalAndNeverWithJson) {
+  zinf::test::TestDir dir;
+  const std::string args = "bench io --dir " + dir.path() +
+                           " --size 4M --block-size 256K --queue-depth 4 --op write --duration 1s";
+  ToolRun r = run_zinf(args);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(r.out.find('\r'), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("zinf bench io write:"), std::string::npos) << r.out;
+  if (run_shell("command -v script").status != 0) GTEST_SKIP() << "script (util-linux) missing";
+  const std::string tty =
+      "script -qec '" + std::string(ZINF_TOOL_PATH) + " " + args + "' /dev/null";
+  r = run_shell(tty);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("\rzinf bench io write: 0."), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("/1.0 s ("), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" GB/s"), std::string::npos) << r.out;
+  r = run_shell("script -qec '" + std::string(ZINF_TOOL_PATH) + " " + args + " --json' /dev/null");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(r.out.find('\r'), r.out.find("\r\n")) << "only the terminal's line ends: " << r.out;
+  EXPECT_EQ(r.out.find("zinf bench io write:"), std::string::npos) << r.out;
+}
+
 TEST(BenchIoCli, EveryRwModeRunsAndReportsItsOps) {
   zinf::test::TestDir dir;
   const std::uint64_t size = 4u << 20;

@@ -341,7 +341,7 @@ int bench_io_main(const std::vector<std::string>& tokens) {
   const bool progress = !cfg.json && !cfg.json_lines;
   const bool any_read =
       std::any_of(cfg.jobs.begin(), cfg.jobs.end(), [](const Job& j) { return j.read_share > 0; });
-  if (any_read || cfg.precondition) bench.write(progress, "precondition");
+  if (any_read || cfg.precondition) bench.write(progress, "zinf bench io precondition");
 
   std::vector<OpSummary> summaries;
   // Each job's loops (or its one time-based run); the CPU time of them all per byte moved, as
@@ -355,7 +355,9 @@ int bench_io_main(const std::vector<std::string>& tokens) {
     std::vector<IoPassResult> passes;
     const auto [u0, s0] = cpu_seconds();
     for (std::uint32_t l = 0; l < cfg.loops; ++l) {
-      passes.push_back(bench.run(spec, progress, job.rw.c_str()));
+      std::string label = "zinf bench io " + job.rw;
+      if (cfg.loops > 1) label += " " + std::to_string(l + 1) + "/" + std::to_string(cfg.loops);
+      passes.push_back(bench.run(spec, progress, label.c_str()));
     }
     const auto [u1, s1] = cpu_seconds();
     double moved = 0;

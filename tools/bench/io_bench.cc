@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "io_pattern.h"
+#include "progress.h"
 #include "interrupt.h"
 #include "zinf/common/error.h"
 #include "zinf/swap/buffer_pool.h"
@@ -82,7 +83,12 @@ class IoBench::Runner {
     // FIFO: a finished buffer goes to the back, so every buffer of the footprint takes turns.
     std::deque<std::size_t> free_slots;
     for (std::size_t i = 0; i < slots_.size(); ++i) free_slots.push_back(i);
-    const bool progress = timed_progress && ::isatty(STDERR_FILENO) != 0;
+    // The shared progress line (silent unless stderr is a terminal): seconds of a time-based
+    // run with its rate, or gigabytes of a lap.
+    const double duration_s = std::chrono::duration<double>(spec.duration).count();
+    Progress progress(label, timed ? duration_s : static_cast<double>(total_blocks) * block / 1e9,
+                      timed ? "s" : "GB", timed_progress);
+    progress.set_digits(timed ? 1 : 2);
     auto last_progress = Clock::now();
     const auto start = Clock::now();
     const auto deadline = start + spec.duration;
@@ -170,15 +176,19 @@ class IoBench::Runner {
       }
       d.bytes += block;
       d.sample_bytes += block;
-      if (progress && now - last_progress > std::chrono::milliseconds(200)) {
+      // Checked here first: the line is redrawn twice a second, and a completion comes every
+      // few microseconds.
+      if (progress.enabled() && now - last_progress > std::chrono::milliseconds(200)) {
         last_progress = now;
         const double secs = std::chrono::duration<double>(now - start).count();
-        const double done =
-            timed ? secs / std::chrono::duration<double>(spec.duration).count()
-                  : static_cast<double>(issued - in_flight) / static_cast<double>(total_blocks);
         const double gb = static_cast<double>(dirs[0].bytes + dirs[1].bytes) / 1e9;
-        std::fprintf(stderr, "\r  %s %5.1f%%  %6.2f GB/s ", label, 100.0 * std::min(1.0, done),
-                     secs > 0 ? gb / secs : 0.0);
+        if (timed) {
+          char rate[32];
+          std::snprintf(rate, sizeof rate, "%.2f GB/s", secs > 0 ? gb / secs : 0.0);
+          progress.update(std::min(secs, duration_s), rate);
+        } else {
+          progress.update(gb);
+        }
       }
     }
     const auto end = Clock::now();
@@ -201,7 +211,7 @@ class IoBench::Runner {
     result.write_latencies_us = std::move(dirs[1].latencies_us);
     if (spec.read_share > 0) result.read_samples = std::move(dirs[0].samples);
     if (spec.read_share < 1) result.write_samples = std::move(dirs[1].samples);
-    if (progress) std::fprintf(stderr, "\r%60s\r", "");
+    progress.finish();
     return result;
   }
 

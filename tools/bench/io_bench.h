@@ -92,15 +92,18 @@ class IoBench {
   IoBench& operator=(const IoBench&) = delete;
 
   /// Writes the files once more with a new generation of the pattern. `label` names the pass
-  /// on a progress line (stderr, only when it is a terminal and `progress` is set).
-  IoPassResult write(bool progress = false, const char* label = "write");
+  /// on the shared progress line (progress.h: on stderr, only when it is a terminal and
+  /// `progress` is set): "zinf bench io write", elapsed, done/total (GB, or seconds of a
+  /// time-based run) and the rate.
+  IoPassResult write(bool progress = false, const char* label = "zinf bench io write");
   /// Reads the files back, verifying the last generation written (unless !verify). Needs a
   /// write() before it.
-  IoPassResult read(bool progress = false, const char* label = "read");
+  IoPassResult read(bool progress = false, const char* label = "zinf bench io read");
   /// Runs `spec`: its writes lay down a new generation of the pattern, its reads verify each
   /// block against the generation last written there (unless !verify). Reads need a write()
   /// over every block before them.
-  IoPassResult run(const IoRunSpec& spec, bool progress = false, const char* label = "run");
+  IoPassResult run(const IoRunSpec& spec, bool progress = false,
+                   const char* label = "zinf bench io run");
   /// With options.keep: leaves the data files in place when the bench is destroyed (call it
   /// once the run has succeeded: an interrupted or failed run removes them) and returns their
   /// paths. UsageError without options.keep (the files have no names).

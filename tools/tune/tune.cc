@@ -25,6 +25,9 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "choice.h"
+#include "grid.h"
+#include "progress.h"
 #include "scratch.h"
 #include "args.h"
 #include "commands.h"
@@ -53,6 +56,11 @@ these directories (reads of sub-group i+1 interleaved with writes of sub-group i
 every byte verified), and writes them as a config zinf and DeepSpeed accept.)";
 
 constexpr const char* kFooter = R"(
+zinf's default setting (uring, else threads with 16 workers; 1M; queue depth 16) is always
+measured. A setting replaces it only if its median beats the default's by more than the larger
+of the two spreads (max - min of each one's passes): the output says which, with the three
+best, and ends with the block-size x queue-depth grid of each backend (--plot draws it).
+
 --sustained then writes over --size bytes (one file per DIR, striped) for --sustained-time with
 the chosen setting, sampling the rate every second as `zinf bench io --runtime` does: the
 steady state (median of the last third) and, if the rate fell by more than its noise, where.
@@ -70,6 +78,11 @@ number).
 fio's --bs, --iodepth and --runtime are read as --block-sizes, --queue-depths and
 --time-budget. GB/s means 10^9 bytes per second; the mixed figure counts bytes read plus bytes
 written.)";
+
+// The choice rule in one line, for the text and the report.
+constexpr const char* kRule =
+    "a setting replaces zinf's default only if its median beats the default's by more than "
+    "the larger of the two spreads (max - min of each one's passes)";
 
 // The sweep's default axes: block sizes around the 1 MiB where the drives here saturate
 // (measured with fio on the build machines), queue depths around zinf's default 16, threads for the threads backend.
@@ -160,6 +173,14 @@ std::uint64_t free_bytes(const std::string& dir) {
   return static_cast<std::uint64_t>(s.f_bavail) * s.f_frsize;
 }
 
+// "uring 1M qd16", "threads 1M qd16 t16": a setting in one line of text.
+std::string point_name(const Point& p) {
+  std::string s = std::string(swap::io_engine_kind_name(p.kind)) + " " + size_text(p.block) +
+                  " qd" + std::to_string(p.depth);
+  if (p.kind == swap::IoEngineKind::kThreads) s += " t" + std::to_string(p.threads);
+  return s;
+}
+
 Json point_json(const Point& p) {
   Json j;
   j["backend"] = std::string(swap::io_engine_kind_name(p.kind));
@@ -167,7 +188,9 @@ Json point_json(const Point& p) {
   j["queue_depth"] = std::uint64_t{p.depth};
   j["threads"] = std::uint64_t{p.threads};
   j["mixed_gbps"] = p.score();
+  j["spread_gbps"] = tune::measured(p.runs).spread_gbps;
   j["runs_gbps"] = p.runs;
+  j["default"] = p.is_default;
   return j;
 }
 
@@ -238,7 +261,7 @@ std::string below_burst_note(const Sustained& s) {
 int tune_main(const std::vector<std::string>& tokens) {
   std::vector<std::string> dirs;
   std::chrono::milliseconds budget = std::chrono::seconds(60);
-  std::string out, report, backends, block_list, depth_list;
+  std::string out, report, plot, backends, block_list, depth_list;
   std::uint64_t pinned_budget = std::uint64_t{2} << 30;
   bool json = false, sustained_on = false;
   std::optional<std::uint64_t> sustained_size;
@@ -254,6 +277,8 @@ int tune_main(const std::vector<std::string>& tokens) {
            "write the figures (per-dir read/write GB/s, the sweep) as "
            "JSON, for `zinf plan --tune FILE`");
   cli.flag("--json", json, "print the report JSON on stdout instead of the table");
+  cli.text("--plot", plot, "FILE.svg",
+           "draw the block-size x queue-depth grid of each backend as an SVG heat map");
   cli.text("--backends", backends, "LIST", "uring,threads", "both where available");
   cli.text("--block-sizes", block_list, "LIST", "block sizes to try (SIZE,...)", "256K,1M,4M");
   cli.text("--queue-depths", depth_list, "LIST", "queue depths to try (N,...)", "8,16,32");
@@ -308,7 +333,6 @@ int tune_main(const std::vector<std::string>& tokens) {
 
   const auto t0 = Clock::now();
   auto elapsed = [&] { return seconds_since(t0); };
-  const bool tty = ::isatty(STDERR_FILENO) != 0;
 
   // 1. Checks.
   bool uring_ok = false, memlock_ok = false;
@@ -340,7 +364,30 @@ int tune_main(const std::vector<std::string>& tokens) {
       }
     }
   }
-  const std::uint64_t max_block = *std::max_element(blocks.begin(), blocks.end());
+  // zinf's default (IoOptions: uring where it runs, 1 MiB, queue depth 16; the threads
+  // backend's 16 workers otherwise) is always measured, swept or not: it is what a user gets
+  // without tuning, and what a setting must beat by more than the noise to replace it.
+  {
+    const Point def{want_uring ? swap::IoEngineKind::kUring : swap::IoEngineKind::kThreads,
+                    1u << 20,
+                    16,
+                    want_uring ? 0u : 16u,
+                    {},
+                    true};
+    auto same = [&](const Point& p) {
+      return p.kind == def.kind && p.block == def.block && p.depth == def.depth &&
+             p.threads == def.threads;
+    };
+    auto it = std::find_if(points.begin(), points.end(), same);
+    if (it == points.end()) {
+      points.insert(points.begin(), def);
+    } else {
+      it->is_default = true;
+      std::rotate(points.begin(), it, it + 1);  // measured first: it never misses the budget
+    }
+  }
+  std::uint64_t max_block = 0;
+  for (const auto& p : points) max_block = std::max<std::uint64_t>(max_block, p.block);
 
   // 2. Calibrate with a small state at zinf's default setting, then size the test state so
   // that one pass per point fills ~55% of the budget (repeats of the best take ~25%, the
@@ -403,10 +450,19 @@ int tune_main(const std::vector<std::string>& tokens) {
     (void)w.single_pass(*e, swap::IoOp::kWrite, -1);
   }
 
-  // 3. Sweep: every point once while the budget lasts, then repeats of the three best.
+  // 3. Sweep: every point once while the budget lasts, then two more passes of the three best
+  // and of the default, so that each candidate has a median and a spread (max - min of its
+  // passes) for the choice rule. The progress line counts passes: one per setting plus the
+  // repeats (2 x 4).
+  const std::size_t planned = points.size();
+  Progress progress("zinf tune", static_cast<double>(planned + 8), "passes", !json);
+  std::size_t passes = 0;
   auto measure = [&](Point& p) {
     auto e = w.engine(p);
     p.runs.push_back(w.mixed_pass(*e));
+    char detail[96];
+    std::snprintf(detail, sizeof detail, "%s %.2f GB/s", point_name(p).c_str(), p.runs.back());
+    progress.update(static_cast<double>(++passes), detail);
   };
   std::size_t measured = 0;
   const double phase1_end = budget_s * 0.75;
@@ -414,25 +470,37 @@ int tune_main(const std::vector<std::string>& tokens) {
     if (measured > 0 && elapsed() > phase1_end) break;
     measure(p);
     ++measured;
-    if (tty && !json) {
-      std::fprintf(stderr, "\r  %zu/%zu  %-7s %5s qd %-3u %8.2f GB/s ", measured, points.size(),
-                   std::string(swap::io_engine_kind_name(p.kind)).c_str(),
-                   size_text(p.block).c_str(), p.depth, p.runs.back());
-    }
   }
-  if (tty && !json) std::fprintf(stderr, "\r%70s\r", "");
-  const std::size_t planned = points.size();
   points.resize(measured);
   auto by_score = [](const Point& x, const Point& y) { return x.score() > y.score(); };
   std::stable_sort(points.begin(), points.end(), by_score);
+  const std::size_t others = std::min<std::size_t>(3, points.size() - 1);
+  progress.set_total(static_cast<double>(measured + 2 * (others + 1)));
   for (int round = 0; round < 2; ++round) {
-    for (std::size_t i = 0; i < std::min<std::size_t>(3, points.size()); ++i) {
-      if (elapsed() > budget_s * 0.85) break;
-      measure(points[i]);
+    std::size_t seen = 0;
+    for (auto& p : points) {
+      // The default always (the rule needs its spread), the three best others while the
+      // budget lasts.
+      if (p.is_default) {
+        measure(p);
+      } else if (seen < others) {
+        ++seen;
+        if (elapsed() <= budget_s * 0.85) measure(p);
+      }
     }
   }
+  progress.finish();
   std::stable_sort(points.begin(), points.end(), by_score);
-  const Point& best = points.front();
+  std::vector<tune::Measured> figures;
+  std::vector<std::string> names;
+  std::size_t default_index = 0;
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    figures.push_back(tune::measured(points[i].runs));
+    names.push_back(point_name(points[i]));
+    if (points[i].is_default) default_index = i;
+  }
+  const tune::Choice choice = tune::choose(figures, default_index);
+  const Point& best = points[choice.chosen];
 
   // 4. The chosen setting's read and write figures, all dirs together and each alone.
   auto e = w.engine(best);
@@ -485,7 +553,7 @@ int tune_main(const std::vector<std::string>& tokens) {
     IoRunSpec spec;
     spec.duration = sustained_time;
     su.duration_s = std::chrono::duration<double>(sustained_time).count();
-    su.run = bench.run(spec, tty && !json, "sustained write");
+    su.run = bench.run(spec, !json, "zinf tune: sustained write");
     su.profile = analyze_throughput(su.run.write_samples);
     su.burst_gbps = write_gbps;
     su.below_burst = su.profile.steady_gbps > 0 &&
@@ -517,6 +585,14 @@ int tune_main(const std::vector<std::string>& tokens) {
   report_doc["cpu"] = cpu_model();
   Json& sweep = report_doc["sweep"] = Json::array();
   for (const Point& p : points) sweep.push_back(point_json(p));
+  Json& rule = report_doc["choice"];
+  rule["rule"] = kRule;
+  rule["default"] = point_json(points[default_index]);
+  rule["best"] = point_json(points[choice.best]);
+  rule["margin_gbps"] = choice.margin_gbps;
+  rule["noise_gbps"] = choice.noise_gbps;
+  rule["beats_default"] = choice.beats_default;
+  rule["summary"] = tune::choice_line(choice, figures, names, default_index);
   Json& chosen = report_doc["chosen"] = point_json(best);
   chosen["read_gbps"] = read_gbps;
   chosen["write_gbps"] = write_gbps;
@@ -530,6 +606,17 @@ int tune_main(const std::vector<std::string>& tokens) {
   throw_if_interrupted();
   if (!out.empty()) write_output_file(out, config_json(best, all_direct));
   if (!report.empty()) write_output_file(report, rep + "\n");
+  std::vector<tune::GridPoint> cells;
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    cells.push_back({std::string(swap::io_engine_kind_name(points[i].kind)), points[i].block,
+                     points[i].depth, points[i].score(), i == choice.chosen});
+  }
+  const std::vector<tune::Grid> grids = tune::make_grids(cells);
+  if (!plot.empty()) {
+    std::string title = "zinf tune:";
+    for (const auto& d : dirs) title += " " + d;
+    write_output_file(plot, tune::grids_svg(grids, title));
+  }
   if (json) {
     std::printf("%s\n", rep.c_str());
     return 0;
@@ -539,15 +626,28 @@ int tune_main(const std::vector<std::string>& tokens) {
       "%.1f s; mixed = optimizer-step reads+writes, GB/s = 1e9 B/s\n",
       dirs.size(), dirs.size() == 1 ? "" : "s", gib(static_cast<double>(w.bytes())).c_str(),
       size_text(group).c_str(), points.size(), planned, elapsed());
-  std::printf("%-8s %6s %5s %8s %11s   %s\n", "backend", "block", "qd", "threads", "mixed GB/s",
-              "runs");
-  for (const auto& p : points) {
-    std::printf("%-8s %6s %5u %8s %11.2f   %s\n",
-                std::string(swap::io_engine_kind_name(p.kind)).c_str(), size_text(p.block).c_str(),
-                p.depth,
-                p.kind == swap::IoEngineKind::kThreads ? std::to_string(p.threads).c_str() : "-",
-                p.score(), figures_text(p.runs).c_str());
+  std::printf("%-8s %6s %5s %8s %11s %7s   %s\n", "backend", "block", "qd", "threads", "mixed GB/s",
+              "spread", "runs");
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    const Point& p = points[i];
+    std::printf(
+        "%-8s %6s %5u %8s %11.2f %7.2f   %s%s\n",
+        std::string(swap::io_engine_kind_name(p.kind)).c_str(), size_text(p.block).c_str(), p.depth,
+        p.kind == swap::IoEngineKind::kThreads ? std::to_string(p.threads).c_str() : "-", p.score(),
+        figures[i].spread_gbps, figures_text(p.runs).c_str(), p.is_default ? "(default)" : "");
   }
+  // The three best and how far apart they are: on a flat top the choice matters little.
+  const std::size_t top = std::min<std::size_t>(3, points.size());
+  const double lead = figures[0].median_gbps;
+  const double within = lead > 0 ? 100.0 * (lead - figures[top - 1].median_gbps) / lead : 0;
+  std::printf("top %zu within %.1f%%:", top, within);
+  for (std::size_t i = 0; i < top; ++i) {
+    std::printf("%s %s %.2f GB/s (spread %.2f, %zu pass%s)", i == 0 ? "" : ";", names[i].c_str(),
+                figures[i].median_gbps, figures[i].spread_gbps, figures[i].passes,
+                figures[i].passes == 1 ? "" : "es");
+  }
+  std::printf("\nrule: %s\n%s\n", kRule,
+              tune::choice_line(choice, figures, names, default_index).c_str());
   std::printf(
       "chosen: backend=%s block_size=%s queue_depth=%u%s: mixed %.2f GB/s, read %.2f GB/s, "
       "write %.2f GB/s\n",
@@ -582,6 +682,10 @@ int tune_main(const std::vector<std::string>& tokens) {
     }
     if (su.below_burst) std::printf("note: %s\n", below_burst_note(su).c_str());
   }
+  std::printf(
+      "mixed GB/s by block size x queue depth (* chosen; threads: its best thread count):\n%s",
+      tune::grids_text(grids).c_str());
+  if (!plot.empty()) std::printf("wrote %s (the grid as an SVG heat map)\n", plot.c_str());
   // Always shown, as DeepSpeed's tuner prints its aio block: the answer even without --out.
   // The config takes no comment (the reader refuses unknown keys): the header says it.
   std::string about_config = out.empty() ? "; --out FILE writes it" : "";

@@ -31,6 +31,7 @@ struct Point {
   std::uint32_t depth = 16;
   std::uint32_t threads = 0;  // threads backend only
   std::vector<double> runs;   // mixed GB/s per pass
+  bool is_default = false;    // zinf's default setting: the reference the others must beat
   double score() const { return median(runs); }
 };
 
