@@ -21,6 +21,7 @@
 #include "grad_stage.h"
 #include "loss_scale.h"
 #include "param_tier.h"
+#include "rate_watch.h"
 #include "zinf/common/align.h"
 #include "zinf/common/error.h"
 #include "zinf/common/log.h"
@@ -144,6 +145,9 @@ struct OffloadEngine::Impl {
   std::uint64_t opt_written = 0;
   double opt_read_seconds = 0;
   double opt_write_seconds = 0;
+  // The drive-slowdown notice (zinf.rate_notice_*): the optimizer's NVMe writes and reads.
+  std::optional<detail::RateWatch> write_watch;
+  std::optional<detail::RateWatch> read_watch;
   double step_seconds = 0;
   StepStats last_step;
 };
@@ -220,6 +224,14 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
   oo.adam.threads = config.zinf.adam_threads;
   if (otier == OffloadDevice::kNvme) {
     oo.directories = config.nvme_directories(config.offload_optimizer.nvme_path);
+    if (config.zinf.rate_notice_share > 0) {
+      std::string where;
+      for (const auto& dir : oo.directories) where += (where.empty() ? "" : ", ") + dir;
+      write_watch.emplace("optimizer writes to " + where, config.zinf.rate_notice_share,
+                          config.zinf.rate_notice_steps, config.zinf.tuned_write_gbps);
+      read_watch.emplace("optimizer reads from " + where, config.zinf.rate_notice_share,
+                         config.zinf.rate_notice_steps, config.zinf.tuned_read_gbps);
+    }
   }
   oo.io = config.io_options();
   oo.io.faults = faults.optimizer;
@@ -729,6 +741,20 @@ StepStats OffloadEngine::step() {
   m.opt_written += st.bytes_written;
   m.opt_read_seconds += st.read_seconds;
   m.opt_write_seconds += st.write_seconds;
+  // This step's rates against the reference: one notice when the drive stays slow (its write
+  // cache full, or hot), not one per step. Steps that moved nothing say nothing of the drive.
+  if (m.write_watch && st.bytes_written > 0 && st.write_seconds > 0) {
+    if (auto line = m.write_watch->observe(static_cast<double>(st.bytes_written) /
+                                           st.write_seconds / 1e9)) {
+      log(LogLevel::kNotice, "OffloadEngine: " + *line);
+    }
+  }
+  if (m.read_watch && st.bytes_read > 0 && st.read_seconds > 0) {
+    if (auto line =
+            m.read_watch->observe(static_cast<double>(st.bytes_read) / st.read_seconds / 1e9)) {
+      log(LogLevel::kNotice, "OffloadEngine: " + *line);
+    }
+  }
   m.last_step = st;
   m.step_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
   return st;

@@ -26,6 +26,8 @@
 #include "zinf/common/error.h"
 #include "zinf/offload/config.h"
 #include "zinf/offload/engine.h"
+#include "zinf/offload/testing.h"
+#include "zinf/swap/fault_injection.h"
 
 namespace zinf::offload {
 namespace {
@@ -746,6 +748,113 @@ TEST(OffloadEngine, EmptyCheckpointDirectoryIsRefused) {
   }
   rig.iteration(1);  // still usable
   EXPECT_EQ(rig.engine().stats().steps, 1u);
+}
+
+
+// The drive-slowdown notice (zinf.rate_notice_*). The optimizer's NVMe writes are slowed from
+// step 3 on by the fault plan's delay rule (20 ms per write piece: the healthy writes of these
+// small layers take well under a millisecond, so the slowed rate is far below the share); the
+// reference is the median of the first 3 steps. Counts, never timings, are asserted: exactly
+// one slowdown notice naming the directory, one recovery notice once the delay stops (the
+// watch is silent after it), and none at all without the delay.
+namespace {
+
+// The lines of the notice about `what`: "writes", "reads", or "" for both.
+std::vector<std::string> rate_notices(const std::vector<std::string>& lines,
+                                      const std::string& what) {
+  std::vector<std::string> out;
+  for (const auto& l : lines) {
+    if (l.find("OffloadEngine: NVMe optimizer " + what) != std::string::npos) out.push_back(l);
+  }
+  return out;
+}
+
+// Optimizer write pieces issued by set_master_weights for every layer and by each step: the
+// first is `init`, each step `per_step` (the same layout every step).
+struct WriteCounts {
+  std::uint64_t init = 0;
+  std::uint64_t per_step = 0;
+};
+
+WriteCounts count_optimizer_writes(const EngineConfig& c) {
+  swap::FaultRule count;  // a delay of 0 on every write: counts them, changes nothing
+  count.kind = swap::FaultKind::kDelay;
+  count.op = swap::IoOp::kWrite;
+  count.times = ~std::uint64_t{0};
+  auto plan = std::make_shared<swap::FaultPlan>(std::vector<swap::FaultRule>{count});
+  EngineRig rig;
+  rig.make(c, {.param = nullptr, .optimizer = plan});
+  rig.init_weights();
+  WriteCounts w;
+  w.init = plan->fired(0);
+  rig.iteration(1, false);
+  const std::uint64_t one = plan->fired(0);
+  rig.iteration(2, false);
+  w.per_step = plan->fired(0) - one;
+  EXPECT_EQ(one - w.init, w.per_step) << "steps write different numbers of pieces";
+  return w;
+}
+
+}  // namespace
+
+TEST(OffloadEngine, SlowDriveGivesOneNoticeAndOneOnRecovery) {
+  test::TestDir dir;
+  EngineConfig c = test::engine_config(OffloadDevice::kCpu, OffloadDevice::kNvme, dir);
+  // A quarter of the reference, not the default half: a shared test machine's healthy steps
+  // vary by more than 2x now and then, never three in a row by 4x.
+  c.zinf.rate_notice_share = 0.25;
+  c.zinf.rate_notice_steps = 3;
+  const WriteCounts w = count_optimizer_writes(c);
+  ASSERT_GT(w.per_step, 0u);
+
+  swap::FaultRule slow;
+  slow.kind = swap::FaultKind::kDelay;
+  slow.op = swap::IoOp::kWrite;
+  slow.delay = std::chrono::milliseconds(20);
+  slow.first_match = w.init + 3 * w.per_step;  // steps 4, 5, 6, 7 are slow
+  slow.times = 4 * w.per_step;
+  auto plan = std::make_shared<swap::FaultPlan>(std::vector<swap::FaultRule>{slow});
+  test::LogCapture log;
+  EngineRig rig;
+  rig.make(c, {.param = nullptr, .optimizer = plan});
+  rig.init_weights();
+  // 13 healthy steps after the slow ones: the recovery needs 3 in a row at or above the share,
+  // and a loaded machine may spoil a few.
+  for (std::uint64_t t = 1; t <= 20; ++t) rig.iteration(t);
+  EXPECT_EQ(plan->fired(0), 4 * w.per_step);
+  // Reads may be noticed too (they queue behind the slowed writes, as on a drive busy
+  // flushing its cache); the writes are what this asserts.
+  const auto notices = rate_notices(log.lines(), "writes");
+  ASSERT_EQ(notices.size(), 2u) << ::testing::PrintToString(log.lines());
+  const std::string where = c.offload_optimizer.nvme_path;
+  EXPECT_EQ(notices[0].rfind("notice: OffloadEngine: NVMe optimizer writes to " + where +
+                                 " slowed down: ",
+                             0),
+            0u)
+      << notices[0];
+  EXPECT_NE(notices[0].find(" GB/s in the last 3 steps, below 25% of "), std::string::npos)
+      << notices[0];
+  EXPECT_NE(notices[0].find(" GB/s (median of the first steps); the drive's write cache may be "
+                            "full or it is throttling (hot)"),
+            std::string::npos)
+      << notices[0];
+  EXPECT_EQ(notices[1].rfind("notice: OffloadEngine: NVMe optimizer writes to " + where +
+                                 " recovered: ",
+                             0),
+            0u)
+      << notices[1];
+}
+
+TEST(OffloadEngine, HealthyDriveGivesNoRateNotice) {
+  test::TestDir dir;
+  EngineConfig c = test::engine_config(OffloadDevice::kCpu, OffloadDevice::kNvme, dir);
+  c.zinf.rate_notice_share = 0.25;
+  test::LogCapture log;
+  EngineRig rig;
+  rig.make(c);
+  rig.init_weights();
+  for (std::uint64_t t = 1; t <= 10; ++t) rig.iteration(t);
+  EXPECT_TRUE(rate_notices(log.lines(), "").empty()) << ::testing::PrintToString(log.lines());
 }
 
 }  // namespace
