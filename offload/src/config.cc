@@ -182,7 +182,7 @@ constexpr std::string_view kZinfKeys[] = {
     "backend",        "direct_io",           "precondition",
     "prefetch_depth", "adam_threads",        "grad_staging_buffers",
     "step_mode",      "rate_notice_share",   "rate_notice_steps",
-    "tuned_write_gbps", "tuned_read_gbps"};
+    "tuned_write_gbps", "tuned_read_gbps",     "tbw_tb"};
 
 bool contains(std::span<const std::string_view> keys, std::string_view key) {
   return std::find(keys.begin(), keys.end(), key) != keys.end();
@@ -797,6 +797,11 @@ void parse_zinf(const Block& block, ZinfSection& out) {
                           shown(*block.find(key)));
     }
   }
+  block.read_number("tbw_tb", out.tbw_tb);
+  if (!(out.tbw_tb >= 0) || !std::isfinite(out.tbw_tb)) {
+    block.fail("tbw_tb", "expected the rated endurance in TB >= 0 (0: no wear notice), got " +
+                             shown(*block.find("tbw_tb")));
+  }
   if (const Json* mode = block.find("step_mode")) {
     const std::string text = mode->is_string() ? mode->get<std::string>() : std::string();
     if (text == "auto") {
@@ -1108,6 +1113,7 @@ std::string config_to_json(const EngineConfig& c) {
   z["rate_notice_steps"] = c.zinf.rate_notice_steps;
   z["tuned_write_gbps"] = c.zinf.tuned_write_gbps;
   z["tuned_read_gbps"] = c.zinf.tuned_read_gbps;
+  z["tbw_tb"] = c.zinf.tbw_tb;
   return root.dump(2) + "\n";
 }
 

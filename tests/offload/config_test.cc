@@ -286,6 +286,11 @@ TEST(Config, ReadsTheRateNoticeKeys) {
   EXPECT_EQ(error_of(R"({"zinf": {"tuned_write_gbps": -1}})"),
             "cfg.json: zinf.tuned_write_gbps: expected GB/s >= 0 (0: measured by the first "
             "steps), got -1");
+  EXPECT_EQ(d.zinf.tbw_tb, 0);
+  EXPECT_EQ(parse_config(R"({"zinf": {"tbw_tb": 600}})").zinf.tbw_tb, 600);
+  EXPECT_EQ(error_of(R"({"zinf": {"tbw_tb": -600}})"),
+            "cfg.json: zinf.tbw_tb: expected the rated endurance in TB >= 0 (0: no wear notice), "
+            "got -600");
   EXPECT_EQ(error_of(R"({"zinf": {"tuned_read_gbps": "fast"}})"),
             "cfg.json: zinf.tuned_read_gbps: expected a number, got \"fast\"");
 }

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -855,6 +856,69 @@ TEST(OffloadEngine, HealthyDriveGivesNoRateNotice) {
   rig.init_weights();
   for (std::uint64_t t = 1; t <= 10; ++t) rig.iteration(t);
   EXPECT_TRUE(rate_notices(log.lines(), "").empty()) << ::testing::PrintToString(log.lines());
+}
+
+
+// Drive wear (zinf.tbw_tb): one start-up notice from the layers (12 bytes per element of
+// optimizer state: 12 x 13499 = 161,988 bytes a step; 1 TB / 161,988 B = 6,173,296.8 steps, 1%
+// every 61,733), and one after step 4 with what steps 2-4 wrote (the padded records, as the
+// stats count them) at the measured rate. Their days depend on the time, so only the text
+// around them is asserted.
+TEST(OffloadEngine, WearNoticesFromTheRatedEndurance) {
+  test::TestDir dir;
+  EngineConfig c = test::engine_config(OffloadDevice::kCpu, OffloadDevice::kNvme, dir);
+  c.zinf.tbw_tb = 1;
+  test::LogCapture log;
+  EngineRig rig;
+  rig.make(c);
+  rig.init_weights();
+  std::vector<std::string> wear;
+  auto wear_lines = [&] {
+    wear.clear();
+    for (const auto& l : log.lines()) {
+      if (l.find("OffloadEngine: drive wear: ") != std::string::npos) wear.push_back(l);
+    }
+  };
+  wear_lines();
+  const std::string where = c.offload_optimizer.nvme_path;
+  ASSERT_EQ(wear.size(), 1u) << ::testing::PrintToString(log.lines());
+  EXPECT_EQ(wear[0], "notice: OffloadEngine: drive wear: each step writes about 0.000162 GB to " +
+                         where +
+                         "; the rated 1 TB of endurance lasts 6173297 steps (1% every 61733 "
+                         "steps); days at the step rate follow after the first steps");
+  rig.iteration(1);
+  const std::uint64_t after_first = rig.engine().stats().optimizer_bytes_written;
+  for (std::uint64_t t = 2; t <= 4; ++t) rig.iteration(t);
+  const std::uint64_t per_step =
+      (rig.engine().stats().optimizer_bytes_written - after_first) / 3;
+  for (std::uint64_t t = 5; t <= 6; ++t) rig.iteration(t);
+  wear_lines();
+  ASSERT_EQ(wear.size(), 2u) << ::testing::PrintToString(log.lines());
+  char gb[32];
+  std::snprintf(gb, sizeof gb, "%.3g", static_cast<double>(per_step) / 1e9);
+  EXPECT_EQ(wear[1].rfind("notice: OffloadEngine: drive wear: " + std::string(gb) +
+                              " GB written per step to " + where + " at ",
+                          0),
+            0u)
+      << wear[1];
+  EXPECT_NE(wear[1].find(" s per step (steps 2-4), "), std::string::npos) << wear[1];
+  EXPECT_NE(wear[1].find(" TB a day: the rated 1 TB lasts "), std::string::npos) << wear[1];
+  EXPECT_NE(wear[1].find(" days of training (1% every "), std::string::npos) << wear[1];
+
+  // Without tbw_tb, or with nothing on NVMe, there is no wear notice.
+  test::LogCapture quiet;
+  EngineRig none;
+  c.zinf.tbw_tb = 0;
+  none.make(c);
+  none.init_weights();
+  for (std::uint64_t t = 1; t <= 5; ++t) none.iteration(t);
+  EngineRig cpu;
+  EngineConfig cc = test::engine_config(OffloadDevice::kCpu, OffloadDevice::kCpu, dir);
+  cc.zinf.tbw_tb = 1;
+  cpu.make(cc);
+  cpu.init_weights();
+  for (std::uint64_t t = 1; t <= 5; ++t) cpu.iteration(t);
+  for (const auto& l : quiet.lines()) EXPECT_EQ(l.find("drive wear"), std::string::npos) << l;
 }
 
 }  // namespace

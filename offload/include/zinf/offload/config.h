@@ -130,6 +130,11 @@ struct ZinfSection {
   /// median of the first rate_notice_steps steps' own rates.
   double tuned_write_gbps = 0;
   double tuned_read_gbps = 0;
+  /// The NVMe drives' rated endurance in TB written (10^12 bytes, as datasheets rate it); with
+  /// an nvme tier the engine logs at start-up what a step writes and how many steps the
+  /// endurance lasts, and after its first steps how many days at the measured step rate.
+  /// 0: no wear notices.
+  double tbw_tb = 0;
 };
 
 /// The optimizer: DeepSpeed's "optimizer" block ({"type": "Adam"|"AdamW", "params": {...}}).
