@@ -178,10 +178,10 @@ constexpr std::string_view kFp16Keys[] = {
     "min_loss_scale"};
 constexpr std::string_view kFp16Accepted[] = {"auto_cast", "fp16_master_weights_and_grads"};
 constexpr std::string_view kZinfKeys[] = {
-    "nvme_paths",     "pinned_budget_bytes", "checksums",
-    "backend",        "direct_io",           "precondition",
-    "prefetch_depth", "adam_threads",        "grad_staging_buffers",
-    "step_mode",      "rate_notice_share",   "rate_notice_steps",
+    "nvme_paths",       "pinned_budget_bytes", "checksums",
+    "backend",          "direct_io",           "precondition",
+    "prefetch_depth",   "adam_threads",        "grad_staging_buffers",
+    "step_mode",        "rate_notice_share",   "rate_notice_steps",
     "tuned_write_gbps", "tuned_read_gbps",     "tbw_tb"};
 
 bool contains(std::span<const std::string_view> keys, std::string_view key) {
@@ -789,8 +789,8 @@ void parse_zinf(const Block& block, ZinfSection& out) {
   }
   block.read_uint("rate_notice_steps", out.rate_notice_steps, std::uint32_t{1});
   for (const char* key : {"tuned_write_gbps", "tuned_read_gbps"}) {
-    double& rate = std::string_view(key) == "tuned_write_gbps" ? out.tuned_write_gbps
-                                                               : out.tuned_read_gbps;
+    double& rate =
+        std::string_view(key) == "tuned_write_gbps" ? out.tuned_write_gbps : out.tuned_read_gbps;
     block.read_number(key, rate);
     if (!(rate >= 0) || !std::isfinite(rate)) {
       block.fail(key, "expected GB/s >= 0 (0: measured by the first steps), got " +

@@ -442,8 +442,8 @@ void OffloadEngine::Impl::note_wear() {
                 "(steps 2-%llu), %.3g TB a day: the rated %g TB lasts %.3g days of training "
                 "(1%% every %.3g hours)",
                 per_step / 1e9, wear_where.c_str(), secs,
-                static_cast<unsigned long long>(1 + kWearSteps), per_day / 1e12,
-                config.zinf.tbw_tb, tbw / per_day, tbw / per_day / 100 * 24);
+                static_cast<unsigned long long>(1 + kWearSteps), per_day / 1e12, config.zinf.tbw_tb,
+                tbw / per_day, tbw / per_day / 100 * 24);
   log(LogLevel::kNotice, line);
 }
 

@@ -751,9 +751,8 @@ TEST(OffloadEngine, EmptyCheckpointDirectoryIsRefused) {
   EXPECT_EQ(rig.engine().stats().steps, 1u);
 }
 
-
 // The drive-slowdown notice (zinf.rate_notice_*). The optimizer's NVMe writes are slowed from
-// step 3 on by the fault plan's delay rule (20 ms per write piece: the healthy writes of these
+// steps 4 to 7 by the fault plan's delay rule (20 ms per write piece: the healthy writes of these
 // small layers take well under a millisecond, so the slowed rate is far below the share); the
 // reference is the median of the first 3 steps. Counts, never timings, are asserted: exactly
 // one slowdown notice naming the directory, one recovery notice once the delay stops (the
@@ -828,9 +827,8 @@ TEST(OffloadEngine, SlowDriveGivesOneNoticeAndOneOnRecovery) {
   const auto notices = rate_notices(log.lines(), "writes");
   ASSERT_EQ(notices.size(), 2u) << ::testing::PrintToString(log.lines());
   const std::string where = c.offload_optimizer.nvme_path;
-  EXPECT_EQ(notices[0].rfind("notice: OffloadEngine: NVMe optimizer writes to " + where +
-                                 " slowed down: ",
-                             0),
+  EXPECT_EQ(notices[0].rfind(
+                "notice: OffloadEngine: NVMe optimizer writes to " + where + " slowed down: ", 0),
             0u)
       << notices[0];
   EXPECT_NE(notices[0].find(" GB/s in the last 3 steps, below 25% of "), std::string::npos)
@@ -839,9 +837,8 @@ TEST(OffloadEngine, SlowDriveGivesOneNoticeAndOneOnRecovery) {
                             "full or it is throttling (hot)"),
             std::string::npos)
       << notices[0];
-  EXPECT_EQ(notices[1].rfind("notice: OffloadEngine: NVMe optimizer writes to " + where +
-                                 " recovered: ",
-                             0),
+  EXPECT_EQ(notices[1].rfind(
+                "notice: OffloadEngine: NVMe optimizer writes to " + where + " recovered: ", 0),
             0u)
       << notices[1];
 }
@@ -857,7 +854,6 @@ TEST(OffloadEngine, HealthyDriveGivesNoRateNotice) {
   for (std::uint64_t t = 1; t <= 10; ++t) rig.iteration(t);
   EXPECT_TRUE(rate_notices(log.lines(), "").empty()) << ::testing::PrintToString(log.lines());
 }
-
 
 // Drive wear (zinf.tbw_tb): one start-up notice from the layers (12 bytes per element of
 // optimizer state: 12 x 13499 = 161,988 bytes a step; 1 TB / 161,988 B = 6,173,296.8 steps, 1%
@@ -889,8 +885,7 @@ TEST(OffloadEngine, WearNoticesFromTheRatedEndurance) {
   rig.iteration(1);
   const std::uint64_t after_first = rig.engine().stats().optimizer_bytes_written;
   for (std::uint64_t t = 2; t <= 4; ++t) rig.iteration(t);
-  const std::uint64_t per_step =
-      (rig.engine().stats().optimizer_bytes_written - after_first) / 3;
+  const std::uint64_t per_step = (rig.engine().stats().optimizer_bytes_written - after_first) / 3;
   for (std::uint64_t t = 5; t <= 6; ++t) rig.iteration(t);
   wear_lines();
   ASSERT_EQ(wear.size(), 2u) << ::testing::PrintToString(log.lines());

@@ -50,7 +50,7 @@ TEST(RateWatch, IsolatedSlowStepsAndAHealthySeriesSayNothing) {
 
 TEST(RateWatch, TunedReferenceAndOff) {
   RateWatch w("optimizer reads from /d", 0.25, 2, 4.0);  // 25% of 4 GB/s: below 1.0
-  auto lines = feed(w, {0.9, 0.9});  // no learning phase with a tuned rate
+  auto lines = feed(w, {0.9, 0.9});                      // no learning phase with a tuned rate
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(lines[0].first, 1u);
   EXPECT_NE(lines[0].second.find("below 25% of 4.00 GB/s (tuned)"), std::string::npos)

@@ -321,7 +321,7 @@ TEST(PlanModel, PcieTrafficAndTime) {
   EXPECT_DOUBLE_EQ(nn.h2d_per_step, 4 * part);
   EXPECT_DOUBLE_EQ(nn.d2h_per_step, 2 * part);
   EXPECT_DOUBLE_EQ(*nn.pcie_seconds, 4 * part / 20e9);  // 0.25 s either way
-  in.d2h_gbps = 0;  // symmetric
+  in.d2h_gbps = 0;                                      // symmetric
   cpu = evaluate_setup(in, {3, Tier::kCpu, Tier::kGpu}, 8);
   EXPECT_DOUBLE_EQ(*cpu.pcie_seconds, 2 * part / 20e9);
 }
@@ -351,7 +351,7 @@ TEST(PlanModel, PrefetchDepthAdvice) {
   EXPECT_EQ(*a.depth, 1u);  // 0.25 s hides behind one 0.3 s layer
   a = prefetch_advice(1e9, 5, 20, 0.2);
   ASSERT_TRUE(a.depth.has_value());
-  EXPECT_EQ(*a.depth, 2u);  // ceil(0.25 / 0.2)
+  EXPECT_EQ(*a.depth, 2u);                // ceil(0.25 / 0.2)
   a = prefetch_advice(1e9, 5, 20, 0.15);  // the drive needs 0.2 s a layer: nothing hides it
   EXPECT_FALSE(a.depth.has_value());
   EXPECT_NEAR(a.stall_seconds, 0.05, 1e-12);

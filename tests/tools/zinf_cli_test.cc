@@ -168,9 +168,11 @@ TEST(ZinfCli, PlanLargestAndH2dReport) {
   std::ofstream(rep) << R"({"bench": "h2d", "device": "cuda", "simulated": false, "sizes": [
       {"bytes": 1048576, "h2d_pinned_gbps": 5.0, "d2h_pinned_gbps": 5.0},
       {"bytes": 268435456, "h2d_pinned_gbps": 24.0, "d2h_pinned_gbps": 20.0}]})";
-  r = run_zinf("plan --params 13B --gpu-mem 24G --cpu-mem 64G --nvme-free 2T --nvme-gbps 6 "
-               "--sub-group-size 100000000 --offload-optimizer nvme --offload-params nvme "
-               "--layer-params 300M --compute-time 60s --h2d " + rep);
+  r = run_zinf(
+      "plan --params 13B --gpu-mem 24G --cpu-mem 64G --nvme-free 2T --nvme-gbps 6 "
+      "--sub-group-size 100000000 --offload-optimizer nvme --offload-params nvme "
+      "--layer-params 300M --compute-time 60s --h2d " +
+      rep);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("PCIe: 24.00 GB/s host->device, 20.00 GB/s device->host per GPU\n"),
             std::string::npos)

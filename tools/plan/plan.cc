@@ -255,7 +255,8 @@ std::string limit_short(const std::string& why) {
 // the step time the drive and the link bound it to at that size.
 void print_largest(const std::vector<LargestModel>& ms, const PlanInput& in) {
   std::printf("\nlargest model per placement (GPU %.1f GB", g(*in.gpu_mem));
-  if (in.cpu_mem) std::printf(", host %.1f GB - %.1f GB reserve", g(*in.cpu_mem), g(in.host_reserve));
+  if (in.cpu_mem)
+    std::printf(", host %.1f GB - %.1f GB reserve", g(*in.cpu_mem), g(in.host_reserve));
   if (in.nvme_free) std::printf(", NVMe %.1f GB", g(*in.nvme_free));
   std::printf(")\n%-5s %-5s %-5s %9s %8s %10s %10s %8s %8s  %s\n", "opt", "par", "stage", "params",
               "GPU", "host/node", "NVMe/node", "NVMe s", "PCIe s", "limited by");
@@ -442,10 +443,11 @@ int plan_main(const std::vector<std::string>& tokens) {
       std::printf("%s\n", json_text(head).c_str());
       return 0;
     }
-    std::printf("zinf plan: %u GPU%s (TP %u x PP %u), %u per node; bytes per parameter "
-                "P,G,O = %g,%g,%g\n",
-                in.gpus, in.gpus == 1 ? "" : "s", in.tp, in.pp, std::min(in.gpus_per_node, in.gpus), in.bytes.params,
-                in.bytes.grads, in.bytes.optimizer);
+    std::printf(
+        "zinf plan: %u GPU%s (TP %u x PP %u), %u per node; bytes per parameter "
+        "P,G,O = %g,%g,%g\n",
+        in.gpus, in.gpus == 1 ? "" : "s", in.tp, in.pp, std::min(in.gpus_per_node, in.gpus),
+        in.bytes.params, in.bytes.grads, in.bytes.optimizer);
     print_largest(biggest, in);
     return 0;
   }
@@ -595,7 +597,8 @@ int plan_main(const std::vector<std::string>& tokens) {
     std::printf(
         "drives (from %s): read %.2f GB/s, write %.2f GB/s, optimizer read+write mix "
         "%.2f GB/s per node\n",
-        tune.empty() ? "--nvme-gbps" : tune.c_str(), in.drive->read_gbps, in.drive->write_gbps, in.drive->mixed_gbps);
+        tune.empty() ? "--nvme-gbps" : tune.c_str(), in.drive->read_gbps, in.drive->write_gbps,
+        in.drive->mixed_gbps);
     if (in.drive->sustained_write_gbps > 0) {
       std::printf("  sustained writes: %.2f GB/s (the I/O time is at least the writes at it)\n",
                   in.drive->sustained_write_gbps);
@@ -629,13 +632,15 @@ int plan_main(const std::vector<std::string>& tokens) {
       if (a.compute_seconds <= 0) {
         std::printf("; give --compute-time for the depth that hides it\n");
       } else if (a.depth) {
-        std::printf("; behind %.3f s of forward compute per layer, prefetch_depth %u hides it "
-                    "(zinf's default: 2)\n",
-                    a.compute_seconds, *a.depth);
+        std::printf(
+            "; behind %.3f s of forward compute per layer, prefetch_depth %u hides it "
+            "(zinf's default: 2)\n",
+            a.compute_seconds, *a.depth);
       } else {
-        std::printf("; longer than the %.3f s of forward compute per layer: no prefetch_depth "
-                    "hides it, each layer waits %.3f s\n",
-                    a.compute_seconds, a.stall_seconds);
+        std::printf(
+            "; longer than the %.3f s of forward compute per layer: no prefetch_depth "
+            "hides it, each layer waits %.3f s\n",
+            a.compute_seconds, a.stall_seconds);
       }
     }
     std::printf("as a DeepSpeed config (set nvme_path to a directory on the drive):\n%s\n",

@@ -264,7 +264,8 @@ Plan make_plan(const PlanInput& in, std::optional<Tier> optimizer, std::optional
 }
 
 std::vector<LargestModel> largest_models(const PlanInput& input) {
-  if (!input.gpu_mem) throw UsageError("the largest model needs --gpu-mem (and --cpu-mem, --nvme-free)");
+  if (!input.gpu_mem)
+    throw UsageError("the largest model needs --gpu-mem (and --cpu-mem, --nvme-free)");
   const std::uint32_t dp = check_parallelism(input);
   // The best stage of a placement at a size: the first valid stage that fits, else the last
   // (the one that needs least of the GPU), whose reason is reported.
