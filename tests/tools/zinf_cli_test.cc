@@ -163,6 +163,16 @@ TEST(ZinfCli, PlanLargestAndH2dReport) {
                        "4.35  --cpu-mem"),
             std::string::npos)
       << r.out;
+  r = run_zinf(
+      "plan --gpu-mem 24G --cpu-mem 64G --nvme-free 2T --host-reserve 8G --nvme-gbps 3 "
+      "--h2d-gbps 25 --largest --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("\"largest\":["), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"limit\":\"host needs 60.1 GB per node pinned + 8.6 GB reserve > "
+                       "--cpu-mem 68.7 GB\""),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("\"pcie_seconds_per_step\":0.89"), std::string::npos) << r.out;
   zinf::test::TestDir dir;
   const std::string rep = dir.file("h2d.json");
   std::ofstream(rep) << R"({"bench": "h2d", "device": "cuda", "simulated": false, "sizes": [
