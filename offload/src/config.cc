@@ -178,10 +178,11 @@ constexpr std::string_view kFp16Keys[] = {
     "min_loss_scale"};
 constexpr std::string_view kFp16Accepted[] = {"auto_cast", "fp16_master_weights_and_grads"};
 constexpr std::string_view kZinfKeys[] = {
-    "nvme_paths",     "pinned_budget_bytes", "checksums",
-    "backend",        "direct_io",           "precondition",
-    "prefetch_depth", "adam_threads",        "grad_staging_buffers",
-    "step_mode"};
+    "nvme_paths",       "pinned_budget_bytes", "checksums",
+    "backend",          "direct_io",           "precondition",
+    "prefetch_depth",   "adam_threads",        "grad_staging_buffers",
+    "step_mode",        "rate_notice_share",   "rate_notice_steps",
+    "tuned_write_gbps", "tuned_read_gbps",     "tbw_tb"};
 
 bool contains(std::span<const std::string_view> keys, std::string_view key) {
   return std::find(keys.begin(), keys.end(), key) != keys.end();
@@ -781,6 +782,26 @@ void parse_zinf(const Block& block, ZinfSection& out) {
     block.fail("grad_staging_buffers",
                "at most 64, got " + shown(*block.find("grad_staging_buffers")));
   }
+  block.read_number("rate_notice_share", out.rate_notice_share);
+  if (!(out.rate_notice_share >= 0 && out.rate_notice_share < 1)) {
+    block.fail("rate_notice_share", "expected a share in [0, 1) (0: no notice), got " +
+                                        shown(*block.find("rate_notice_share")));
+  }
+  block.read_uint("rate_notice_steps", out.rate_notice_steps, std::uint32_t{1});
+  for (const char* key : {"tuned_write_gbps", "tuned_read_gbps"}) {
+    double& rate =
+        std::string_view(key) == "tuned_write_gbps" ? out.tuned_write_gbps : out.tuned_read_gbps;
+    block.read_number(key, rate);
+    if (!(rate >= 0) || !std::isfinite(rate)) {
+      block.fail(key, "expected GB/s >= 0 (0: measured by the first steps), got " +
+                          shown(*block.find(key)));
+    }
+  }
+  block.read_number("tbw_tb", out.tbw_tb);
+  if (!(out.tbw_tb >= 0) || !std::isfinite(out.tbw_tb)) {
+    block.fail("tbw_tb", "expected the rated endurance in TB >= 0 (0: no wear notice), got " +
+                             shown(*block.find("tbw_tb")));
+  }
   if (const Json* mode = block.find("step_mode")) {
     const std::string text = mode->is_string() ? mode->get<std::string>() : std::string();
     if (text == "auto") {
@@ -1088,6 +1109,11 @@ std::string config_to_json(const EngineConfig& c) {
   z["adam_threads"] = c.zinf.adam_threads;
   z["grad_staging_buffers"] = c.zinf.grad_staging_buffers;
   z["step_mode"] = std::string(step_mode_name(c.zinf.step_mode));
+  z["rate_notice_share"] = c.zinf.rate_notice_share;
+  z["rate_notice_steps"] = c.zinf.rate_notice_steps;
+  z["tuned_write_gbps"] = c.zinf.tuned_write_gbps;
+  z["tuned_read_gbps"] = c.zinf.tuned_read_gbps;
+  z["tbw_tb"] = c.zinf.tbw_tb;
   return root.dump(2) + "\n";
 }
 

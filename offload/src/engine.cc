@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdio>
 #include <limits>
 #include <mutex>
 #include <optional>
@@ -21,6 +22,7 @@
 #include "grad_stage.h"
 #include "loss_scale.h"
 #include "param_tier.h"
+#include "rate_watch.h"
 #include "zinf/common/align.h"
 #include "zinf/common/error.h"
 #include "zinf/common/log.h"
@@ -83,6 +85,8 @@ struct OffloadEngine::Impl {
   Layer& layer_at(std::size_t index, const char* op);
   void check_outside_step(const char* op) const;
   void fail(const Status& cause);
+  // After a completed step: the drive-wear notice at the measured step rate, once.
+  void note_wear();
   // Writes `layer`'s low-precision copy from `masters` into the parameter tier. Blocks.
   void write_low_precision(std::size_t layer, std::span<const float> masters);
   // The checks every set_gradients makes; returns the layer's state.
@@ -144,6 +148,15 @@ struct OffloadEngine::Impl {
   std::uint64_t opt_written = 0;
   double opt_read_seconds = 0;
   double opt_write_seconds = 0;
+  // The drive-slowdown notice (zinf.rate_notice_*): the optimizer's NVMe writes and reads.
+  std::optional<detail::RateWatch> write_watch;
+  std::optional<detail::RateWatch> read_watch;
+  // Drive wear (zinf.tbw_tb): the NVMe directories written to, and the bytes written and the
+  // time at the end of the first step, from which the steps after it are measured.
+  std::string wear_where;
+  std::optional<Clock::time_point> wear_since;
+  std::uint64_t wear_bytes_since = 0;
+  bool wear_told = false;
   double step_seconds = 0;
   StepStats last_step;
 };
@@ -220,6 +233,14 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
   oo.adam.threads = config.zinf.adam_threads;
   if (otier == OffloadDevice::kNvme) {
     oo.directories = config.nvme_directories(config.offload_optimizer.nvme_path);
+    if (config.zinf.rate_notice_share > 0) {
+      std::string where;
+      for (const auto& dir : oo.directories) where += (where.empty() ? "" : ", ") + dir;
+      write_watch.emplace("optimizer writes to " + where, config.zinf.rate_notice_share,
+                          config.zinf.rate_notice_steps, config.zinf.tuned_write_gbps);
+      read_watch.emplace("optimizer reads from " + where, config.zinf.rate_notice_share,
+                         config.zinf.rate_notice_steps, config.zinf.tuned_read_gbps);
+    }
   }
   oo.io = config.io_options();
   oo.io.faults = faults.optimizer;
@@ -305,6 +326,47 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
   // it reads as (an old key name, a rounded size).
   for (const auto& notice : config.notices) log(LogLevel::kNotice, "config: " + notice);
 
+  // Drive wear, before the first step: every step rewrites the optimizer's whole state (12
+  // bytes per element) and, with nvme parameters, the updated parameters. Padding to the I/O
+  // alignment adds a little; the measured figure follows after the first steps.
+  if (config.zinf.tbw_tb > 0) {
+    std::uint64_t numel = 0, param_bytes = 0;
+    for (const auto& layer : layers) {
+      numel += layer.numel;
+      param_bytes += layer.numel * dtype_size(layer.param_dtype);
+    }
+    double per_step = 0;
+    std::vector<std::string> dirs;
+    if (otier == OffloadDevice::kNvme) {
+      per_step += 12.0 * static_cast<double>(numel);
+      dirs = config.nvme_directories(config.offload_optimizer.nvme_path);
+    }
+    if (config.offload_param.device == OffloadDevice::kNvme) {
+      per_step += static_cast<double>(param_bytes);
+      for (auto& pdir : config.nvme_directories(config.offload_param.nvme_path)) {
+        if (std::find(dirs.begin(), dirs.end(), pdir) == dirs.end()) {
+          dirs.push_back(std::move(pdir));
+        }
+      }
+    }
+    for (const auto& dir : dirs) wear_where += (wear_where.empty() ? "" : ", ") + dir;
+    if (per_step > 0) {
+      const double tbw = config.zinf.tbw_tb * 1e12;
+      char line[512];
+      std::snprintf(line, sizeof line,
+                    "OffloadEngine: drive wear: each step writes about %.3g GB to %s; the rated "
+                    "%g TB of endurance lasts %.0f steps (1%% every %.0f steps); days at the "
+                    "step rate follow after the first steps",
+                    per_step / 1e9, wear_where.c_str(), config.zinf.tbw_tb, tbw / per_step,
+                    tbw / per_step / 100);
+      log(LogLevel::kNotice, line);
+    } else {
+      wear_told = true;  // nothing on NVMe: nothing to wear
+    }
+  } else {
+    wear_told = true;
+  }
+
   // ---- Construction: the tier first (its files, then the optimizer's).
   state.resize(layers.size());
   params = detail::make_param_tier({plan, config, layers, device, compute, faults.param});
@@ -352,6 +414,37 @@ void OffloadEngine::Impl::check_outside_step(const char* op) const {
                        in_quotes(layers[i].name) + " is fetched (release it first)");
     }
   }
+}
+
+// Steps measured for the wear notice, after the first (which also warms the files and
+// threads): enough to average a step's ups and downs, few enough to say it early in a run.
+constexpr std::uint64_t kWearSteps = 3;
+
+void OffloadEngine::Impl::note_wear() {
+  if (wear_told) return;
+  const std::uint64_t written = opt_written + params->stats().bytes_written;
+  if (steps == 1) {
+    wear_since = Clock::now();
+    wear_bytes_since = written;
+    return;
+  }
+  if (!wear_since || steps < 1 + kWearSteps) return;
+  wear_told = true;
+  const double secs =
+      std::chrono::duration<double>(Clock::now() - *wear_since).count() / kWearSteps;
+  const double per_step = static_cast<double>(written - wear_bytes_since) / kWearSteps;
+  if (!(secs > 0) || !(per_step > 0)) return;
+  const double per_day = per_step * 86400 / secs;
+  const double tbw = config.zinf.tbw_tb * 1e12;
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "OffloadEngine: drive wear: %.3g GB written per step to %s at %.3g s per step "
+                "(steps 2-%llu), %.3g TB a day: the rated %g TB lasts %.3g days of training "
+                "(1%% every %.3g hours)",
+                per_step / 1e9, wear_where.c_str(), secs,
+                static_cast<unsigned long long>(1 + kWearSteps), per_day / 1e12, config.zinf.tbw_tb,
+                tbw / per_day, tbw / per_day / 100 * 24);
+  log(LogLevel::kNotice, line);
 }
 
 void OffloadEngine::Impl::fail(const Status& cause) {
@@ -729,8 +822,23 @@ StepStats OffloadEngine::step() {
   m.opt_written += st.bytes_written;
   m.opt_read_seconds += st.read_seconds;
   m.opt_write_seconds += st.write_seconds;
+  // This step's rates against the reference: one notice when the drive stays slow (its write
+  // cache full, or hot), not one per step. Steps that moved nothing say nothing of the drive.
+  if (m.write_watch && st.bytes_written > 0 && st.write_seconds > 0) {
+    if (auto line = m.write_watch->observe(static_cast<double>(st.bytes_written) /
+                                           st.write_seconds / 1e9)) {
+      log(LogLevel::kNotice, "OffloadEngine: " + *line);
+    }
+  }
+  if (m.read_watch && st.bytes_read > 0 && st.read_seconds > 0) {
+    if (auto line =
+            m.read_watch->observe(static_cast<double>(st.bytes_read) / st.read_seconds / 1e9)) {
+      log(LogLevel::kNotice, "OffloadEngine: " + *line);
+    }
+  }
   m.last_step = st;
   m.step_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  m.note_wear();
   return st;
 }
 

@@ -264,6 +264,37 @@ TEST(Config, ReadsEveryZinfKey) {
             "cfg.json: zinf.pinned_budget_bytes: 0 is too small (at least 1)");
 }
 
+// The drive-slowdown notice's keys (docs/config.md): defaults, values, and what is refused.
+TEST(Config, ReadsTheRateNoticeKeys) {
+  const EngineConfig d = parse_config("{}");
+  EXPECT_EQ(d.zinf.rate_notice_share, 0.5);
+  EXPECT_EQ(d.zinf.rate_notice_steps, 3u);
+  EXPECT_EQ(d.zinf.tuned_write_gbps, 0);
+  EXPECT_EQ(d.zinf.tuned_read_gbps, 0);
+  const EngineConfig c = parse_config(R"({"zinf": {"rate_notice_share": 0.3,
+      "rate_notice_steps": 5, "tuned_write_gbps": 2.5, "tuned_read_gbps": 3}})");
+  EXPECT_EQ(c.zinf.rate_notice_share, 0.3);
+  EXPECT_EQ(c.zinf.rate_notice_steps, 5u);
+  EXPECT_EQ(c.zinf.tuned_write_gbps, 2.5);
+  EXPECT_EQ(c.zinf.tuned_read_gbps, 3);
+  EXPECT_EQ(parse_config(R"({"zinf": {"rate_notice_share": 0}})").zinf.rate_notice_share, 0);
+  EXPECT_EQ(error_of(R"({"zinf": {"rate_notice_share": 1.5}})"),
+            "cfg.json: zinf.rate_notice_share: expected a share in [0, 1) (0: no notice), got "
+            "1.5");
+  EXPECT_EQ(error_of(R"({"zinf": {"rate_notice_steps": 0}})"),
+            "cfg.json: zinf.rate_notice_steps: 0 is too small (at least 1)");
+  EXPECT_EQ(error_of(R"({"zinf": {"tuned_write_gbps": -1}})"),
+            "cfg.json: zinf.tuned_write_gbps: expected GB/s >= 0 (0: measured by the first "
+            "steps), got -1");
+  EXPECT_EQ(d.zinf.tbw_tb, 0);
+  EXPECT_EQ(parse_config(R"({"zinf": {"tbw_tb": 600}})").zinf.tbw_tb, 600);
+  EXPECT_EQ(error_of(R"({"zinf": {"tbw_tb": -600}})"),
+            "cfg.json: zinf.tbw_tb: expected the rated endurance in TB >= 0 (0: no wear notice), "
+            "got -600");
+  EXPECT_EQ(error_of(R"({"zinf": {"tuned_read_gbps": "fast"}})"),
+            "cfg.json: zinf.tuned_read_gbps: expected a number, got \"fast\"");
+}
+
 TEST(Config, NvmeDirectoriesArePathThenZinfPathsWithRepeatsKept) {
   const EngineConfig c = parse_config(R"({"zinf": {"nvme_paths": ["/b", "/a", "/b"]}})");
   EXPECT_EQ(c.nvme_directories("/a"), (std::vector<std::string>{"/a", "/b", "/a", "/b"}));

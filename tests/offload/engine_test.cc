@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -26,6 +27,8 @@
 #include "zinf/common/error.h"
 #include "zinf/offload/config.h"
 #include "zinf/offload/engine.h"
+#include "zinf/offload/testing.h"
+#include "zinf/swap/fault_injection.h"
 
 namespace zinf::offload {
 namespace {
@@ -746,6 +749,171 @@ TEST(OffloadEngine, EmptyCheckpointDirectoryIsRefused) {
   }
   rig.iteration(1);  // still usable
   EXPECT_EQ(rig.engine().stats().steps, 1u);
+}
+
+// The drive-slowdown notice (zinf.rate_notice_*). The optimizer's NVMe writes are slowed from
+// steps 4 to 7 by the fault plan's delay rule (20 ms per write piece: the healthy writes of these
+// small layers take well under a millisecond, so the slowed rate is far below the share); the
+// reference is the median of the first 3 steps. Counts, never timings, are asserted: exactly
+// one slowdown notice naming the directory, one recovery notice once the delay stops (the
+// watch is silent after it), and none at all without the delay.
+namespace {
+
+// The lines of the notice about `what`: "writes", "reads", or "" for both.
+std::vector<std::string> rate_notices(const std::vector<std::string>& lines,
+                                      const std::string& what) {
+  std::vector<std::string> out;
+  for (const auto& l : lines) {
+    if (l.find("OffloadEngine: NVMe optimizer " + what) != std::string::npos) out.push_back(l);
+  }
+  return out;
+}
+
+// Optimizer write pieces issued by set_master_weights for every layer and by each step: the
+// first is `init`, each step `per_step` (the same layout every step).
+struct WriteCounts {
+  std::uint64_t init = 0;
+  std::uint64_t per_step = 0;
+};
+
+WriteCounts count_optimizer_writes(const EngineConfig& c) {
+  swap::FaultRule count;  // a delay of 0 on every write: counts them, changes nothing
+  count.kind = swap::FaultKind::kDelay;
+  count.op = swap::IoOp::kWrite;
+  count.times = ~std::uint64_t{0};
+  auto plan = std::make_shared<swap::FaultPlan>(std::vector<swap::FaultRule>{count});
+  EngineRig rig;
+  rig.make(c, {.param = nullptr, .optimizer = plan});
+  rig.init_weights();
+  WriteCounts w;
+  w.init = plan->fired(0);
+  rig.iteration(1, false);
+  const std::uint64_t one = plan->fired(0);
+  rig.iteration(2, false);
+  w.per_step = plan->fired(0) - one;
+  EXPECT_EQ(one - w.init, w.per_step) << "steps write different numbers of pieces";
+  return w;
+}
+
+}  // namespace
+
+TEST(OffloadEngine, SlowDriveGivesOneNoticeAndOneOnRecovery) {
+  test::TestDir dir;
+  EngineConfig c = test::engine_config(OffloadDevice::kCpu, OffloadDevice::kNvme, dir);
+  // A quarter of the reference, not the default half: a shared test machine's healthy steps
+  // vary by more than 2x now and then, never three in a row by 4x.
+  c.zinf.rate_notice_share = 0.25;
+  c.zinf.rate_notice_steps = 3;
+  const WriteCounts w = count_optimizer_writes(c);
+  ASSERT_GT(w.per_step, 0u);
+
+  swap::FaultRule slow;
+  slow.kind = swap::FaultKind::kDelay;
+  slow.op = swap::IoOp::kWrite;
+  slow.delay = std::chrono::milliseconds(20);
+  slow.first_match = w.init + 3 * w.per_step;  // steps 4, 5, 6, 7 are slow
+  slow.times = 4 * w.per_step;
+  auto plan = std::make_shared<swap::FaultPlan>(std::vector<swap::FaultRule>{slow});
+  test::LogCapture log;
+  EngineRig rig;
+  rig.make(c, {.param = nullptr, .optimizer = plan});
+  rig.init_weights();
+  // 13 healthy steps after the slow ones: the recovery needs 3 in a row at or above the share,
+  // and a loaded machine may spoil a few.
+  for (std::uint64_t t = 1; t <= 20; ++t) rig.iteration(t);
+  EXPECT_EQ(plan->fired(0), 4 * w.per_step);
+  // Reads may be noticed too (they queue behind the slowed writes, as on a drive busy
+  // flushing its cache); the writes are what this asserts.
+  const auto notices = rate_notices(log.lines(), "writes");
+  ASSERT_EQ(notices.size(), 2u) << ::testing::PrintToString(log.lines());
+  const std::string where = c.offload_optimizer.nvme_path;
+  EXPECT_EQ(notices[0].rfind(
+                "notice: OffloadEngine: NVMe optimizer writes to " + where + " slowed down: ", 0),
+            0u)
+      << notices[0];
+  EXPECT_NE(notices[0].find(" GB/s in the last 3 steps, below 25% of "), std::string::npos)
+      << notices[0];
+  EXPECT_NE(notices[0].find(" GB/s (median of the first steps); the drive's write cache may be "
+                            "full or it is throttling (hot)"),
+            std::string::npos)
+      << notices[0];
+  EXPECT_EQ(notices[1].rfind(
+                "notice: OffloadEngine: NVMe optimizer writes to " + where + " recovered: ", 0),
+            0u)
+      << notices[1];
+}
+
+TEST(OffloadEngine, HealthyDriveGivesNoRateNotice) {
+  test::TestDir dir;
+  EngineConfig c = test::engine_config(OffloadDevice::kCpu, OffloadDevice::kNvme, dir);
+  c.zinf.rate_notice_share = 0.25;
+  test::LogCapture log;
+  EngineRig rig;
+  rig.make(c);
+  rig.init_weights();
+  for (std::uint64_t t = 1; t <= 10; ++t) rig.iteration(t);
+  EXPECT_TRUE(rate_notices(log.lines(), "").empty()) << ::testing::PrintToString(log.lines());
+}
+
+// Drive wear (zinf.tbw_tb): one start-up notice from the layers (12 bytes per element of
+// optimizer state: 12 x 13499 = 161,988 bytes a step; 1 TB / 161,988 B = 6,173,296.8 steps, 1%
+// every 61,733), and one after step 4 with what steps 2-4 wrote (the padded records, as the
+// stats count them) at the measured rate. Their days depend on the time, so only the text
+// around them is asserted.
+TEST(OffloadEngine, WearNoticesFromTheRatedEndurance) {
+  test::TestDir dir;
+  EngineConfig c = test::engine_config(OffloadDevice::kCpu, OffloadDevice::kNvme, dir);
+  c.zinf.tbw_tb = 1;
+  test::LogCapture log;
+  EngineRig rig;
+  rig.make(c);
+  rig.init_weights();
+  std::vector<std::string> wear;
+  auto wear_lines = [&] {
+    wear.clear();
+    for (const auto& l : log.lines()) {
+      if (l.find("OffloadEngine: drive wear: ") != std::string::npos) wear.push_back(l);
+    }
+  };
+  wear_lines();
+  const std::string where = c.offload_optimizer.nvme_path;
+  ASSERT_EQ(wear.size(), 1u) << ::testing::PrintToString(log.lines());
+  EXPECT_EQ(wear[0], "notice: OffloadEngine: drive wear: each step writes about 0.000162 GB to " +
+                         where +
+                         "; the rated 1 TB of endurance lasts 6173297 steps (1% every 61733 "
+                         "steps); days at the step rate follow after the first steps");
+  rig.iteration(1);
+  const std::uint64_t after_first = rig.engine().stats().optimizer_bytes_written;
+  for (std::uint64_t t = 2; t <= 4; ++t) rig.iteration(t);
+  const std::uint64_t per_step = (rig.engine().stats().optimizer_bytes_written - after_first) / 3;
+  for (std::uint64_t t = 5; t <= 6; ++t) rig.iteration(t);
+  wear_lines();
+  ASSERT_EQ(wear.size(), 2u) << ::testing::PrintToString(log.lines());
+  char gb[32];
+  std::snprintf(gb, sizeof gb, "%.3g", static_cast<double>(per_step) / 1e9);
+  EXPECT_EQ(wear[1].rfind("notice: OffloadEngine: drive wear: " + std::string(gb) +
+                              " GB written per step to " + where + " at ",
+                          0),
+            0u)
+      << wear[1];
+  EXPECT_NE(wear[1].find(" s per step (steps 2-4), "), std::string::npos) << wear[1];
+  EXPECT_NE(wear[1].find(" TB a day: the rated 1 TB lasts "), std::string::npos) << wear[1];
+  EXPECT_NE(wear[1].find(" days of training (1% every "), std::string::npos) << wear[1];
+
+  // Without tbw_tb, or with nothing on NVMe, there is no wear notice.
+  test::LogCapture quiet;
+  EngineRig none;
+  c.zinf.tbw_tb = 0;
+  none.make(c);
+  none.init_weights();
+  for (std::uint64_t t = 1; t <= 5; ++t) none.iteration(t);
+  EngineRig cpu;
+  EngineConfig cc = test::engine_config(OffloadDevice::kCpu, OffloadDevice::kCpu, dir);
+  cc.zinf.tbw_tb = 1;
+  cpu.make(cc);
+  cpu.init_weights();
+  for (std::uint64_t t = 1; t <= 5; ++t) cpu.iteration(t);
+  for (const auto& l : quiet.lines()) EXPECT_EQ(l.find("drive wear"), std::string::npos) << l;
 }
 
 }  // namespace

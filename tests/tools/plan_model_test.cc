@@ -243,5 +243,126 @@ TEST(PlanModel, RecommendsTheLeastCostlySetupThatFits) {
   EXPECT_EQ(p.rows.back().why_not, "NVMe needs 182.0 GB per node > --nvme-free 100.0 GB");
 }
 
+// The consumer box of docs/consumer.md: one GPU, --gpu-mem 24G, --cpu-mem 64G,
+// --host-reserve 8G, --nvme-free 2T (G and T are powers of 1024), --nvme-gbps 3,
+// --h2d-gbps 25, P,G,O = 2,2,12, DP = 1, no activations. By hand, with Gi = 2^30:
+//   GPU 24 Gi = 25,769,803,776 B; host for pinned 64 Gi - 8 Gi = 56 Gi = 60,129,542,144 B.
+//   none/none: stage 0 (no live term) 16Ψ <= 24 Gi -> Ψ = 1.5 Gi = 1,610,612,736 (GPU).
+//   cpu/none: stage 2, GPU 2Ψ, host (12+2)Ψ <= 56 Gi -> Ψ = 4 Gi = 4,294,967,296 (host).
+//   nvme/none: host 2Ψ + 4 x 1e9 x 12 = 2Ψ + 48e9 <= 56 Gi -> Ψ = 6,064,771,072 (host); the
+//     GPU would allow 2Ψ + 2e9 live <= 24 Gi -> 11,884,901,888.
+//   cpu/cpu: host 16Ψ <= 56 Gi -> Ψ = 3.5 Gi = 3,758,096,384 (host).
+//   nvme/cpu: host 4Ψ + 48e9 <= 56 Gi -> Ψ = 3,032,385,536 (host).
+//   nvme/nvme: host 2Ψ + 48e9 + 5 x 1e8 x 2 <= 56 Gi -> Ψ = 5,564,771,072 (host).
+// With --sub-group-size 1e8 the ring is 4.8e9: nvme/none is GPU-bound at 11,884,901,888 and
+// nvme/nvme host-bound at (56 Gi - 4.8e9 - 1e9) / 2 = 27,164,771,072. At that size one step
+// moves 12Ψ read + 12Ψ written by the optimizer, 4Ψ of parameter reads and 2Ψ of writes, all
+// at 3 GB/s: 30Ψ / 3e9 = 271.65 s; the link carries 4Ψ host->device (forward + backward
+// fetches) and 2Ψ of gradients back: 4Ψ / 25e9 = 4.346 s.
+TEST(PlanModel, LargestModelOnAConsumerBox) {
+  const double Gi = 1024.0 * 1024 * 1024;
+  PlanInput in;
+  in.gpus = 1;
+  in.gpu_mem = 24 * Gi;
+  in.cpu_mem = 64 * Gi;
+  in.host_reserve = 8 * Gi;
+  in.nvme_free = 2 * 1024 * Gi;
+  in.drive = DriveBandwidth{3, 3, 3};
+  in.h2d_gbps = 25;
+  std::vector<LargestModel> m = largest_models(in);
+  ASSERT_EQ(m.size(), 6u);
+  const double want[] = {1.5 * Gi, 4 * Gi, 6064771072, 3.5 * Gi, 3032385536, 5564771072};
+  const char* limit[] = {"GPU", "host", "host", "host", "host", "host"};
+  for (int i = 0; i < 6; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_NEAR(m[i].max_params, want[i], want[i] * 2e-6);
+    EXPECT_LE(m[i].max_params, want[i] * (1 + 1e-12));  // never above the edge
+    EXPECT_EQ(m[i].limit.rfind(limit[i], 0), 0u) << m[i].limit;
+    EXPECT_TRUE(m[i].row.fits);
+  }
+  EXPECT_EQ(m[0].row.setup, (PlanSetup{0, Tier::kGpu, Tier::kGpu}));
+  EXPECT_EQ(m[1].row.setup, (PlanSetup{2, Tier::kCpu, Tier::kGpu}));
+  EXPECT_EQ(m[5].row.setup, (PlanSetup{3, Tier::kNvme, Tier::kNvme}));
+  EXPECT_NE(m[2].limit.find("pinned + 8.6 GB reserve > --cpu-mem 68.7 GB"), std::string::npos)
+      << m[2].limit;
+
+  in.sub_group_size = 100'000'000;
+  m = largest_models(in);
+  EXPECT_NEAR(m[2].max_params, 11884901888, 11884901888 * 2e-6);
+  EXPECT_EQ(m[2].limit.rfind("GPU", 0), 0u) << m[2].limit;
+  const double psi = 27164771072;
+  EXPECT_NEAR(m[5].max_params, psi, psi * 2e-6);
+  ASSERT_TRUE(m[5].row.io_seconds && m[5].row.pcie_seconds);
+  EXPECT_NEAR(*m[5].row.io_seconds, 271.65, 0.01);
+  EXPECT_NEAR(*m[5].row.pcie_seconds, 4.346, 0.001);
+
+  in.gpu_mem.reset();
+  EXPECT_THROW(largest_models(in), UsageError);
+}
+
+// PCIe per GPU per step (10B on 8 GPUs, part = 1.25e9): optimizer offload sends the gradient
+// partition out and the updated fp16 parameters back; parameter offload fetches them twice.
+TEST(PlanModel, PcieTrafficAndTime) {
+  PlanInput in;
+  in.params = 10e9;
+  in.gpus = 8;
+  const double part = 1.25e9;
+  PlanRow none = evaluate_setup(in, {3, Tier::kGpu, Tier::kGpu}, 8);
+  EXPECT_EQ(none.h2d_per_step, 0);
+  EXPECT_EQ(none.d2h_per_step, 0);
+  EXPECT_FALSE(none.pcie_seconds.has_value());  // no rate given
+  in.h2d_gbps = 20;
+  in.d2h_gbps = 10;
+  PlanRow cpu = evaluate_setup(in, {3, Tier::kCpu, Tier::kGpu}, 8);
+  EXPECT_DOUBLE_EQ(cpu.h2d_per_step, 2 * part);
+  EXPECT_DOUBLE_EQ(cpu.d2h_per_step, 2 * part);
+  EXPECT_DOUBLE_EQ(*cpu.pcie_seconds, 2 * part / 10e9);  // the slower direction: 0.25 s
+  PlanRow nn = evaluate_setup(in, {3, Tier::kNvme, Tier::kNvme}, 8);
+  EXPECT_DOUBLE_EQ(nn.h2d_per_step, 4 * part);
+  EXPECT_DOUBLE_EQ(nn.d2h_per_step, 2 * part);
+  EXPECT_DOUBLE_EQ(*nn.pcie_seconds, 4 * part / 20e9);  // 0.25 s either way
+  in.d2h_gbps = 0;                                      // symmetric
+  cpu = evaluate_setup(in, {3, Tier::kCpu, Tier::kGpu}, 8);
+  EXPECT_DOUBLE_EQ(*cpu.pcie_seconds, 2 * part / 20e9);
+}
+
+// The host reserve counts against --cpu-mem beside the pinned buffers.
+TEST(PlanModel, HostReserveCountsAgainstCpuMem) {
+  PlanInput in;
+  in.params = 1e9;
+  in.cpu_mem = 20e9;
+  PlanRow r = evaluate_setup(in, {2, Tier::kCpu, Tier::kGpu}, 1);  // 14 GB pinned
+  EXPECT_TRUE(r.fits);
+  in.host_reserve = 8e9;
+  r = evaluate_setup(in, {2, Tier::kCpu, Tier::kGpu}, 1);
+  EXPECT_FALSE(r.fits);
+  EXPECT_EQ(r.why_not, "host needs 14.0 GB per node pinned + 8.0 GB reserve > --cpu-mem 20.0 GB");
+}
+
+// Prefetch depth with fixed numbers. A 1 GB layer from a 5 GB/s drive (0.2 s) over a 20 GB/s
+// link (0.05 s): latency 0.25 s, the drive the slower stage at 0.2 s per layer.
+TEST(PlanModel, PrefetchDepthAdvice) {
+  PrefetchAdvice a = prefetch_advice(1e9, 5, 20, 0.3);
+  EXPECT_DOUBLE_EQ(a.nvme_seconds, 0.2);
+  EXPECT_DOUBLE_EQ(a.h2d_seconds, 0.05);
+  EXPECT_DOUBLE_EQ(a.latency_seconds, 0.25);
+  EXPECT_DOUBLE_EQ(a.throughput_seconds, 0.2);
+  ASSERT_TRUE(a.depth.has_value());
+  EXPECT_EQ(*a.depth, 1u);  // 0.25 s hides behind one 0.3 s layer
+  a = prefetch_advice(1e9, 5, 20, 0.2);
+  ASSERT_TRUE(a.depth.has_value());
+  EXPECT_EQ(*a.depth, 2u);                // ceil(0.25 / 0.2)
+  a = prefetch_advice(1e9, 5, 20, 0.15);  // the drive needs 0.2 s a layer: nothing hides it
+  EXPECT_FALSE(a.depth.has_value());
+  EXPECT_NEAR(a.stall_seconds, 0.05, 1e-12);
+  a = prefetch_advice(1e9, 0, 20, 0.01);  // parameters pinned on the host: the link only
+  EXPECT_DOUBLE_EQ(a.latency_seconds, 0.05);
+  EXPECT_FALSE(a.depth.has_value());
+  EXPECT_NEAR(a.stall_seconds, 0.04, 1e-12);
+  a = prefetch_advice(1e9, 5, 20, 0);  // no compute time: figures without a depth
+  EXPECT_FALSE(a.depth.has_value());
+  EXPECT_EQ(a.stall_seconds, 0);
+}
+
 }  // namespace
 }  // namespace zinf::tools

@@ -151,6 +151,55 @@ TEST(ZinfCli, PlanPrintsTheConfigBlockAndNamesTheLimitWhenNothingFits) {
       << r.out;
 }
 
+// --largest on the consumer box of docs/consumer.md (figures: PlanModel.LargestModelOnAConsumerBox),
+// and the PCIe rate read from `zinf bench h2d --json` (its largest size) for the step bound and
+// the prefetch advice.
+TEST(ZinfCli, PlanLargestAndH2dReport) {
+  ToolRun r = run_zinf(
+      "plan --gpu-mem 24G --cpu-mem 64G --nvme-free 2T --host-reserve 8G --nvme-gbps 3 "
+      "--h2d-gbps 25 --sub-group-size 100000000 --largest");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("nvme  nvme  3        27.16B      2.0       60.1      380.3   271.65     "
+                       "4.35  --cpu-mem"),
+            std::string::npos)
+      << r.out;
+  r = run_zinf(
+      "plan --gpu-mem 24G --cpu-mem 64G --nvme-free 2T --host-reserve 8G --nvme-gbps 3 "
+      "--h2d-gbps 25 --largest --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("\"largest\":["), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"limit\":\"host needs 60.1 GB per node pinned + 8.6 GB reserve > "
+                       "--cpu-mem 68.7 GB\""),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("\"pcie_seconds_per_step\":0.89"), std::string::npos) << r.out;
+  zinf::test::TestDir dir;
+  const std::string rep = dir.file("h2d.json");
+  std::ofstream(rep) << R"({"bench": "h2d", "device": "cuda", "simulated": false, "sizes": [
+      {"bytes": 1048576, "h2d_pinned_gbps": 5.0, "d2h_pinned_gbps": 5.0},
+      {"bytes": 268435456, "h2d_pinned_gbps": 24.0, "d2h_pinned_gbps": 20.0}]})";
+  r = run_zinf(
+      "plan --params 13B --gpu-mem 24G --cpu-mem 64G --nvme-free 2T --nvme-gbps 6 "
+      "--sub-group-size 100000000 --offload-optimizer nvme --offload-params nvme "
+      "--layer-params 300M --compute-time 60s --h2d " +
+      rep);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("PCIe: 24.00 GB/s host->device, 20.00 GB/s device->host per GPU\n"),
+            std::string::npos)
+      << r.out;
+  // 0.6 GB a layer: 0.1 s from the drive, 0.025 s over the link; 60 s / (3 x 43.3 layers) =
+  // 0.4615 s of forward compute per layer hides the 0.125 s with one layer of read-ahead.
+  EXPECT_NE(r.out.find("prefetch: a layer of 0.60 GB takes 0.100 s from NVMe + 0.025 s over "
+                       "PCIe; behind 0.462 s of forward compute per layer, prefetch_depth 1 "
+                       "hides it"),
+            std::string::npos)
+      << r.out;
+  std::ofstream(rep) << R"({"sizes": []})";
+  r = run_zinf("plan --params 13B --gpu-mem 24G --h2d " + rep);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.out.find("not a zinf bench h2d --json report"), std::string::npos) << r.out;
+}
+
 TEST(ZinfCli, BenchAloneListsTheBenchmarks) {
   ToolRun r = run_zinf("bench", false);
   EXPECT_EQ(r.status, 2);

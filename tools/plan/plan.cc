@@ -2,6 +2,7 @@
 // `zinf plan`: what fits where. Reads the model size, parallelism, offload choice and
 // hardware from the command line (and drive bandwidth from `zinf tune`'s report), prints the
 // per-GPU / per-node needs of each ZeRO setup and the least costly one that fits.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -67,7 +68,53 @@ DriveBandwidth read_tune_report(const std::string& path) {
   return d;
 }
 
+// `zinf bench h2d --json`'s pinned rates at its largest size (small copies pay the per-copy
+// cost; a layer's fetch is large). Sets `simulated` when the figures are the host simulation's.
+void read_h2d_report(const std::string& path, PlanInput& in, bool& simulated) {
+  std::ifstream f(path);
+  if (!f) throw UsageError("cannot read --h2d file: " + path);
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(path + ": " + e.what());
+  }
+  const auto bad = [&]() {
+    return UsageError(path +
+                      ": not a zinf bench h2d --json report (needs \"sizes\" with bytes and a "
+                      "positive h2d_pinned_gbps)");
+  };
+  if (!doc.is_object() || !doc.contains("sizes") || !doc["sizes"].is_array()) throw bad();
+  const nlohmann::json* largest = nullptr;
+  for (const auto& e : doc["sizes"]) {
+    if (!e.is_object() || !e.contains("bytes") || !e["bytes"].is_number()) throw bad();
+    if (!largest || e["bytes"].get<double>() > (*largest)["bytes"].get<double>()) largest = &e;
+  }
+  if (!largest || !largest->contains("h2d_pinned_gbps") ||
+      !(*largest)["h2d_pinned_gbps"].is_number() ||
+      (*largest)["h2d_pinned_gbps"].get<double>() <= 0) {
+    throw bad();
+  }
+  in.h2d_gbps = (*largest)["h2d_pinned_gbps"].get<double>();
+  if (largest->contains("d2h_pinned_gbps") && (*largest)["d2h_pinned_gbps"].is_number()) {
+    in.d2h_gbps = std::max(0.0, (*largest)["d2h_pinned_gbps"].get<double>());
+  }
+  simulated = doc.value("simulated", false);
+}
+
 double g(double bytes) { return bytes / 1e9; }
+
+std::string param_count_text(double params) {
+  char count[32];
+  if (params >= 1e9) {
+    std::snprintf(count, sizeof count, "%.4gB", params / 1e9);
+  } else if (params >= 1e6) {
+    std::snprintf(count, sizeof count, "%.4gM", params / 1e6);
+  } else {
+    std::snprintf(count, sizeof count, "%.4g", params);
+  }
+  return count;
+}
 
 Json row_json(const PlanRow& r) {
   Json j;
@@ -90,6 +137,9 @@ Json row_json(const PlanRow& r) {
   } else {
     j["io_seconds_per_step"] = std::nan("");  // null: no drive bandwidth given
   }
+  j["h2d_bytes_per_step_per_gpu"] = r.h2d_per_step;
+  j["d2h_bytes_per_step_per_gpu"] = r.d2h_per_step;
+  j["pcie_seconds_per_step"] = r.pcie_seconds ? *r.pcie_seconds : std::nan("");
   j["fits"] = r.fits;
   j["why_not"] = r.why_not;
   return j;
@@ -187,6 +237,67 @@ void print_narrow_table(const Plan& plan, const PlanInput& in) {
       "--nvme-free (no: the first limit exceeded). --wide shows every column.\n");
 }
 
+// The limit column of --largest: which of the three a larger model breaks (the JSON has the
+// sentence with the figures).
+std::string limit_short(const std::string& why) {
+  if (why.empty()) return "nothing given";
+  for (const char* what : {"GPU", "host", "NVMe"}) {
+    if (why.rfind(what, 0) == 0) {
+      return std::string(what) == "GPU"    ? "--gpu-mem"
+             : std::string(what) == "host" ? "--cpu-mem"
+                                           : "--nvme-free";
+    }
+  }
+  return why;
+}
+
+// The largest model per placement (--largest): its size, the limit one size larger breaks, and
+// the step time the drive and the link bound it to at that size.
+void print_largest(const std::vector<LargestModel>& ms, const PlanInput& in) {
+  std::printf("\nlargest model per placement (GPU %.1f GB", g(*in.gpu_mem));
+  if (in.cpu_mem)
+    std::printf(", host %.1f GB - %.1f GB reserve", g(*in.cpu_mem), g(in.host_reserve));
+  if (in.nvme_free) std::printf(", NVMe %.1f GB", g(*in.nvme_free));
+  std::printf(")\n%-5s %-5s %-5s %9s %8s %10s %10s %8s %8s  %s\n", "opt", "par", "stage", "params",
+              "GPU", "host/node", "NVMe/node", "NVMe s", "PCIe s", "limited by");
+  for (const auto& m : ms) {
+    char nv[32] = "n/a", pc[32] = "n/a";
+    if (m.row.io_seconds) std::snprintf(nv, sizeof nv, "%.2f", *m.row.io_seconds);
+    if (m.row.pcie_seconds) std::snprintf(pc, sizeof pc, "%.2f", *m.row.pcie_seconds);
+    if (m.max_params <= 0) {
+      std::printf("%-5s %-5s %-5s %9s %8s %10s %10s %8s %8s  %s\n",
+                  std::string(tier_name(m.optimizer)).c_str(),
+                  std::string(tier_name(m.params)).c_str(), "-", "none", "", "", "", "", "",
+                  m.limit.c_str());
+      continue;
+    }
+    std::printf("%-5s %-5s %-5d %9s %8.1f %10.1f %10.1f %8s %8s  %s\n",
+                std::string(tier_name(m.optimizer)).c_str(),
+                std::string(tier_name(m.params)).c_str(), m.row.setup.stage,
+                param_count_text(m.max_params).c_str(), g(m.row.gpu_total), g(m.row.host_per_node),
+                g(m.row.nvme_per_node), nv, pc, limit_short(m.limit).c_str());
+  }
+  std::printf(
+      "params: the largest model that fits at the placement's best stage; limited by: the limit\n"
+      "a larger one exceeds (--cpu-mem: pinned + --host-reserve); NVMe s: drive seconds\n"
+      "per step at that size (--tune or --nvme-gbps); PCIe s: link seconds per step per GPU\n"
+      "(--h2d-gbps or --h2d); a step takes at least the larger of the two.\n");
+}
+
+Json largest_json(const std::vector<LargestModel>& ms) {
+  Json list = Json::array();
+  for (const auto& m : ms) {
+    Json j;
+    j["offload_optimizer"] = std::string(tier_name(m.optimizer));
+    j["offload_params"] = std::string(tier_name(m.params));
+    j["max_params"] = m.max_params;
+    j["limit"] = m.limit;
+    j["setup"] = m.max_params > 0 ? row_json(m.row) : Json();
+    list.push_back(j);
+  }
+  return list;
+}
+
 // NVMe I/O more than this many times the compute per step: the GPU waits on the drive however
 // the I/O overlaps (prefetching hides I/O behind compute only up to the compute's length), and a
 // factor this size is beyond what a tune report's figures are off by on a shared machine.
@@ -197,8 +308,10 @@ constexpr double kIoBoundRatio = 3;
 int plan_main(const std::vector<std::string>& tokens) {
   PlanInput in;
   ActivationShape shape;
-  std::string params, bpp, opt, par, tune, tbw_text, drive;
-  double step_seconds = 0;
+  std::string params, bpp, opt, par, tune, tbw_text, drive, h2d_report, reserve_text;
+  std::string layer_params_text;
+  double step_seconds = 0, nvme_gbps = 0;
+  bool largest = false;
   std::uint64_t gpus = 1, tp = 1, pp = 1, gpus_per_node = 8;
   std::string gpu_mem_text, cpu_mem_text, nvme_free_text;
   bool json = false, wide = false;
@@ -237,8 +350,25 @@ int plan_main(const std::vector<std::string>& tokens) {
   cli.text("--cpu-mem", cpu_mem_text, "SIZE", "host memory per node usable for pinned buffers",
            "none");
   cli.text("--nvme-free", nvme_free_text, "SIZE", "free NVMe space per node", "none");
+  cli.text("--host-reserve", reserve_text, "SIZE",
+           "host memory per node the pinned buffers must leave to the OS, its page cache and "
+           "the training process (counted against --cpu-mem)",
+           "0");
   cli.text("--tune", tune, "FILE",
            "`zinf tune --report FILE` output: drive bandwidth for I/O time");
+  cli.number("--nvme-gbps", nvme_gbps,
+             "the drives' read and write rate per node in GB/s, instead of --tune (use the "
+             "sustained rate of a consumer drive)",
+             "none");
+  cli.number("--h2d-gbps", in.h2d_gbps,
+             "pinned host <-> GPU copy rate per GPU in GB/s, for the PCIe time per step", "none");
+  cli.text("--h2d", h2d_report, "FILE",
+           "`zinf bench h2d --json` output: the pinned rates at its largest size, instead of "
+           "--h2d-gbps",
+           "none");
+  cli.text("--layer-params", layer_params_text, "N",
+           "parameters per layer, for the prefetch depth advice (default: --params / --layers)",
+           "none");
   cli.duration("--compute-time", compute,
                "GPU compute (forward + backward) per step: a warning when a setup's NVMe I/O per "
                "step (from --tune) is more than 3x it",
@@ -256,6 +386,9 @@ int plan_main(const std::vector<std::string>& tokens) {
            "life used; without --tbw, the endurance it implies",
            "none");
   cli.group("output");
+  cli.flag("--largest", largest,
+           "also the largest model each placement fits on this hardware (needs --gpu-mem; "
+           "--params may be left out)");
   cli.flag("--wide", wide,
            "the full table (model states by kind, live parameters, activations; 140 columns) "
            "instead of the narrow one");
@@ -268,8 +401,25 @@ int plan_main(const std::vector<std::string>& tokens) {
   in.gpu_mem = as_double(memory_limit(gpu_mem_text, "--gpu-mem"));
   in.cpu_mem = as_double(memory_limit(cpu_mem_text, "--cpu-mem"));
   in.nvme_free = as_double(memory_limit(nvme_free_text, "--nvme-free"));
-  if (params.empty()) throw UsageError("--params is required (e.g. --params 13B)");
-  in.params = parse_param_count(params, "--params");
+  if (params.empty() && !largest) {
+    throw UsageError("--params is required (e.g. --params 13B)");
+  }
+  if (!params.empty()) in.params = parse_param_count(params, "--params");
+  if (!reserve_text.empty()) {
+    in.host_reserve = static_cast<double>(*memory_limit(reserve_text, "--host-reserve"));
+  }
+  if (!(nvme_gbps >= 0) || !(in.h2d_gbps >= 0)) {
+    throw UsageError("invalid --nvme-gbps or --h2d-gbps: must be > 0");
+  }
+  if (nvme_gbps > 0 && !tune.empty()) {
+    throw UsageError("give --tune or --nvme-gbps, not both: each sets the drive rates");
+  }
+  bool h2d_simulated = false;
+  if (!h2d_report.empty()) {
+    if (in.h2d_gbps > 0) throw UsageError("give --h2d or --h2d-gbps, not both");
+    read_h2d_report(h2d_report, in, h2d_simulated);
+  }
+  if (nvme_gbps > 0) in.drive = DriveBandwidth{nvme_gbps, nvme_gbps, nvme_gbps};
   if (!bpp.empty()) in.bytes = parse_bytes_per_param(bpp);
   if (in.sub_group_size == 0) throw UsageError("invalid --sub-group-size: must be at least 1");
   if (shape.seq_len || shape.hidden || shape.layers || shape.micro_batch || shape.heads ||
@@ -281,7 +431,52 @@ int plan_main(const std::vector<std::string>& tokens) {
   if (!par.empty()) par_tier = parse_tier(par, "--offload-params");
   if (!tune.empty()) in.drive = read_tune_report(tune);
 
+  std::vector<LargestModel> biggest;
+  if (largest) biggest = largest_models(in);
+  if (in.params <= 0) {
+    // --largest alone: only the hardware was described.
+    if (json) {
+      Json head;
+      head["gpus"] = std::uint64_t{in.gpus};
+      head["host_reserve_bytes"] = in.host_reserve;
+      head["largest"] = largest_json(biggest);
+      std::printf("%s\n", json_text(head).c_str());
+      return 0;
+    }
+    std::printf(
+        "zinf plan: %u GPU%s (TP %u x PP %u), %u per node; bytes per parameter "
+        "P,G,O = %g,%g,%g\n",
+        in.gpus, in.gpus == 1 ? "" : "s", in.tp, in.pp, std::min(in.gpus_per_node, in.gpus),
+        in.bytes.params, in.bytes.grads, in.bytes.optimizer);
+    print_largest(biggest, in);
+    return 0;
+  }
+
   const Plan plan = make_plan(in, opt_tier, par_tier);
+
+  // Prefetch depth for the recommended setup when its parameters live off the GPU: a layer's
+  // bytes from --layer-params or Ψ' / --layers, and the forward pass's compute per layer (a
+  // third of --compute-time: backward is about twice forward, so forward is the tight side).
+  std::optional<PrefetchAdvice> prefetch;
+  if (plan.recommended && in.h2d_gbps > 0 &&
+      plan.rows[*plan.recommended].setup.params != Tier::kGpu) {
+    const PlanRow& r = plan.rows[*plan.recommended];
+    double layer_params = 0;
+    if (!layer_params_text.empty()) {
+      layer_params = parse_param_count(layer_params_text, "--layer-params");
+    } else if (shape.layers > 0) {
+      layer_params = plan.params_per_model_slice / static_cast<double>(shape.layers);
+    }
+    if (layer_params > 0) {
+      const double layers = plan.params_per_model_slice / layer_params;
+      const double compute_per_layer =
+          std::chrono::duration<double>(compute).count() / (3.0 * layers);
+      const double read_gbps =
+          r.setup.params == Tier::kNvme && in.drive ? in.drive->read_gbps : 0.0;
+      prefetch = prefetch_advice(layer_params * in.bytes.params, read_gbps, in.h2d_gbps,
+                                 compute_per_layer);
+    }
+  }
 
   // Wear of the recommended setup's drives, when asked for with --tbw or --drive.
   std::optional<WearEstimate> wear;
@@ -344,6 +539,24 @@ int plan_main(const std::vector<std::string>& tokens) {
     head["recommended"] = plan.recommended ? row_json(plan.rows[*plan.recommended]) : Json();
     if (compute_s > 0) head["compute_seconds_per_step"] = compute_s;
     head["warnings"] = io_warnings;
+    head["host_reserve_bytes"] = in.host_reserve;
+    if (in.h2d_gbps > 0) {
+      head["h2d_gbps"] = in.h2d_gbps;
+      head["d2h_gbps"] = in.d2h_gbps > 0 ? in.d2h_gbps : in.h2d_gbps;
+      head["h2d_simulated"] = h2d_simulated;
+    }
+    if (largest) head["largest"] = largest_json(biggest);
+    if (prefetch) {
+      Json pf;
+      pf["layer_bytes"] = prefetch->layer_bytes;
+      pf["nvme_seconds"] = prefetch->nvme_seconds;
+      pf["h2d_seconds"] = prefetch->h2d_seconds;
+      pf["latency_seconds"] = prefetch->latency_seconds;
+      pf["compute_seconds"] = prefetch->compute_seconds;
+      pf["depth"] = prefetch->depth ? Json(std::uint64_t{*prefetch->depth}) : Json();
+      pf["stall_seconds"] = prefetch->stall_seconds;
+      head["prefetch"] = pf;
+    }
     if (wear || smart || !wear_note.empty()) {
       Json w;
       if (wear) {
@@ -364,18 +577,11 @@ int plan_main(const std::vector<std::string>& tokens) {
     return 0;
   }
 
-  char count[32];
-  if (in.params >= 1e9) {
-    std::snprintf(count, sizeof count, "%.4gB", in.params / 1e9);
-  } else if (in.params >= 1e6) {
-    std::snprintf(count, sizeof count, "%.4gM", in.params / 1e6);
-  } else {
-    std::snprintf(count, sizeof count, "%.4g", in.params);
-  }
+  const std::string count = param_count_text(in.params);
   std::printf(
       "zinf plan: %s parameters, %u GPUs (TP %u x PP %u x DP %u), %u GPUs per node, "
       "%u node%s; bytes per parameter P,G,O = %g,%g,%g\n",
-      count, in.gpus, in.tp, in.pp, plan.dp, plan.gpus_per_node, plan.nodes,
+      count.c_str(), in.gpus, in.tp, in.pp, plan.dp, plan.gpus_per_node, plan.nodes,
       plan.nodes == 1 ? "" : "s", in.bytes.params, in.bytes.grads, in.bytes.optimizer);
   if (in.activations) {
     const auto& s = *in.activations;
@@ -391,11 +597,17 @@ int plan_main(const std::vector<std::string>& tokens) {
     std::printf(
         "drives (from %s): read %.2f GB/s, write %.2f GB/s, optimizer read+write mix "
         "%.2f GB/s per node\n",
-        tune.c_str(), in.drive->read_gbps, in.drive->write_gbps, in.drive->mixed_gbps);
+        tune.empty() ? "--nvme-gbps" : tune.c_str(), in.drive->read_gbps, in.drive->write_gbps,
+        in.drive->mixed_gbps);
     if (in.drive->sustained_write_gbps > 0) {
       std::printf("  sustained writes: %.2f GB/s (the I/O time is at least the writes at it)\n",
                   in.drive->sustained_write_gbps);
     }
+  }
+  if (in.h2d_gbps > 0) {
+    std::printf("PCIe: %.2f GB/s host->device, %.2f GB/s device->host per GPU%s\n", in.h2d_gbps,
+                in.d2h_gbps > 0 ? in.d2h_gbps : in.h2d_gbps,
+                h2d_simulated ? " (from the host simulation's copy path, not a PCIe link)" : "");
   }
   if (wide) {
     print_wide_table(plan, in);
@@ -411,7 +623,26 @@ int plan_main(const std::vector<std::string>& tokens) {
                 setup_name(r.setup).c_str(), g(r.gpu_total), g(*in.gpu_mem), g(r.host_per_node),
                 g(r.nvme_per_node));
     if (r.io_seconds) std::printf(", NVMe I/O %.2f s/step", *r.io_seconds);
+    if (r.pcie_seconds) std::printf(", PCIe %.2f s/step", *r.pcie_seconds);
     std::printf(")\n");
+    if (prefetch) {
+      const PrefetchAdvice& a = *prefetch;
+      std::printf("prefetch: a layer of %.2f GB takes %.3f s from NVMe + %.3f s over PCIe",
+                  g(a.layer_bytes), a.nvme_seconds, a.h2d_seconds);
+      if (a.compute_seconds <= 0) {
+        std::printf("; give --compute-time for the depth that hides it\n");
+      } else if (a.depth) {
+        std::printf(
+            "; behind %.3f s of forward compute per layer, prefetch_depth %u hides it "
+            "(zinf's default: 2)\n",
+            a.compute_seconds, *a.depth);
+      } else {
+        std::printf(
+            "; longer than the %.3f s of forward compute per layer: no prefetch_depth "
+            "hides it, each layer waits %.3f s\n",
+            a.compute_seconds, a.stall_seconds);
+      }
+    }
     std::printf("as a DeepSpeed config (set nvme_path to a directory on the drive):\n%s\n",
                 zero_optimization_json(r.setup, in.sub_group_size).c_str());
     if (smart) {
@@ -428,7 +659,9 @@ int plan_main(const std::vector<std::string>& tokens) {
           wear->days_to_rated, wear->days_per_percent * 24);
     }
     if (!wear_note.empty()) std::printf("drive wear: %s\n", wear_note.c_str());
-  } else {
+  }
+  if (largest) print_largest(biggest, in);
+  if (in.gpu_mem && !plan.recommended) {
     // The setup that needs least of the GPU is the last candidate: its reason is the limit that
     // no setup gets past.
     const PlanRow& last = plan.rows.back();

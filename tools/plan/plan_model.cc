@@ -175,10 +175,30 @@ PlanRow evaluate_setup(const PlanInput& in, const PlanSetup& setup, std::uint32_
     }
   }
 
+  // PCIe, per GPU (each GPU has its own link). Offloaded parameters cross to the GPU in the
+  // forward and again in the backward pass; a host-side optimizer step takes the gradient
+  // partition out and, while the parameters live on the GPU, sends the updated ones back.
+  double h2d = 0, d2h = 0;
+  if (setup.params != Tier::kGpu) h2d += 2 * B.params * part;
+  if (setup.optimizer != Tier::kGpu) {
+    d2h += B.grads * part;
+    if (setup.params == Tier::kGpu) h2d += B.params * part;
+  }
+  r.h2d_per_step = h2d;
+  r.d2h_per_step = d2h;
+  if (in.h2d_gbps > 0) {
+    const double d2h_gbps = in.d2h_gbps > 0 ? in.d2h_gbps : in.h2d_gbps;
+    r.pcie_seconds = std::max(h2d / (in.h2d_gbps * 1e9), d2h / (d2h_gbps * 1e9));
+  }
+
   if (in.gpu_mem && r.gpu_total > *in.gpu_mem) {
     r.why_not = "GPU needs " + gb(r.gpu_total) + " > --gpu-mem " + gb(*in.gpu_mem);
-  } else if (in.cpu_mem && r.host_per_node > *in.cpu_mem) {
-    r.why_not = "host needs " + gb(r.host_per_node) + " per node > --cpu-mem " + gb(*in.cpu_mem);
+  } else if (in.cpu_mem && r.host_per_node + in.host_reserve > *in.cpu_mem) {
+    // Pinned pages stay put: the reserve for the OS, its page cache and the process must fit
+    // beside them.
+    r.why_not = "host needs " + gb(r.host_per_node) + " per node" +
+                (in.host_reserve > 0 ? " pinned + " + gb(in.host_reserve) + " reserve" : "") +
+                " > --cpu-mem " + gb(*in.cpu_mem);
   } else if (in.nvme_free && r.nvme_per_node > *in.nvme_free) {
     r.why_not =
         "NVMe needs " + gb(r.nvme_per_node) + " per node > --nvme-free " + gb(*in.nvme_free);
@@ -187,8 +207,10 @@ PlanRow evaluate_setup(const PlanInput& in, const PlanSetup& setup, std::uint32_
   return r;
 }
 
-Plan make_plan(const PlanInput& in, std::optional<Tier> optimizer, std::optional<Tier> params) {
-  if (in.params <= 0) throw UsageError("--params is required (e.g. --params 13B)");
+namespace {
+
+// The checks make_plan and largest_models share; returns DP.
+std::uint32_t check_parallelism(const PlanInput& in) {
   if (in.gpus == 0 || in.tp == 0 || in.pp == 0 || in.gpus_per_node == 0) {
     throw UsageError("--gpus, --tp, --pp and --gpus-per-node must be at least 1");
   }
@@ -207,8 +229,17 @@ Plan make_plan(const PlanInput& in, std::optional<Tier> optimizer, std::optional
           "--micro-batch and --heads (each at least 1)");
     }
   }
+  return static_cast<std::uint32_t>(in.gpus / mp);
+}
+
+}  // namespace
+
+Plan make_plan(const PlanInput& in, std::optional<Tier> optimizer, std::optional<Tier> params) {
+  if (in.params <= 0) throw UsageError("--params is required (e.g. --params 13B)");
+  const std::uint32_t dp = check_parallelism(in);
+  const std::uint64_t mp = std::uint64_t{in.tp} * in.pp;
   Plan plan;
-  plan.dp = static_cast<std::uint32_t>(in.gpus / mp);
+  plan.dp = dp;
   plan.gpus_per_node = std::min(in.gpus_per_node, in.gpus);
   plan.nodes = (in.gpus + plan.gpus_per_node - 1) / plan.gpus_per_node;
   plan.params_per_model_slice = in.params / static_cast<double>(mp);
@@ -230,6 +261,89 @@ Plan make_plan(const PlanInput& in, std::optional<Tier> optimizer, std::optional
     }
   }
   return plan;
+}
+
+std::vector<LargestModel> largest_models(const PlanInput& input) {
+  if (!input.gpu_mem)
+    throw UsageError("the largest model needs --gpu-mem (and --cpu-mem, --nvme-free)");
+  const std::uint32_t dp = check_parallelism(input);
+  // The best stage of a placement at a size: the first valid stage that fits, else the last
+  // (the one that needs least of the GPU), whose reason is reported.
+  auto best = [&](double params, Tier opt, Tier par) {
+    PlanInput in = input;
+    in.params = params;
+    PlanRow last;
+    for (int stage : valid_stages(opt, par)) {
+      last = evaluate_setup(in, {stage, opt, par}, dp);
+      if (last.fits) return last;
+    }
+    return last;
+  };
+  std::vector<LargestModel> out;
+  const std::pair<Tier, Tier> placements[] = {
+      {Tier::kGpu, Tier::kGpu}, {Tier::kCpu, Tier::kGpu},  {Tier::kNvme, Tier::kGpu},
+      {Tier::kCpu, Tier::kCpu}, {Tier::kNvme, Tier::kCpu}, {Tier::kNvme, Tier::kNvme},
+  };
+  for (const auto& [opt, par] : placements) {
+    LargestModel m;
+    m.optimizer = opt;
+    m.params = par;
+    // Bisection on a log scale between 10^6 and 10^16 parameters (beyond any node), to 1 part
+    // in 10^6: about 45 rounds. It relies on every need being non-decreasing in the count.
+    double lo = 1e6, hi = 1e16;
+    PlanRow at_lo = best(lo, opt, par);
+    if (!at_lo.fits) {
+      m.limit = at_lo.why_not;
+      m.row = at_lo;
+      out.push_back(m);
+      continue;
+    }
+    PlanRow at_hi = best(hi, opt, par);
+    if (at_hi.fits) {
+      lo = hi;  // nothing given limits it
+      at_lo = at_hi;
+    } else {
+      while (hi / lo > 1 + 1e-6) {
+        const double mid = std::sqrt(lo * hi);
+        PlanRow r = best(mid, opt, par);
+        if (r.fits) {
+          lo = mid;
+          at_lo = r;
+        } else {
+          hi = mid;
+          at_hi = r;
+        }
+      }
+      m.limit = at_hi.why_not;
+    }
+    m.max_params = lo;
+    m.row = at_lo;
+    out.push_back(m);
+  }
+  return out;
+}
+
+PrefetchAdvice prefetch_advice(double layer_bytes, double nvme_read_gbps, double h2d_gbps,
+                               double compute_seconds) {
+  PrefetchAdvice a;
+  a.layer_bytes = layer_bytes;
+  a.nvme_seconds = nvme_read_gbps > 0 ? layer_bytes / (nvme_read_gbps * 1e9) : 0;
+  a.h2d_seconds = h2d_gbps > 0 ? layer_bytes / (h2d_gbps * 1e9) : 0;
+  // A layer is read into pinned memory, then copied to the GPU: one after the other for one
+  // layer, but the drive reads the next layer while the link copies this one.
+  a.latency_seconds = a.nvme_seconds + a.h2d_seconds;
+  a.throughput_seconds = std::max(a.nvme_seconds, a.h2d_seconds);
+  a.compute_seconds = compute_seconds;
+  if (compute_seconds <= 0) return a;
+  if (a.throughput_seconds > compute_seconds) {
+    a.stall_seconds = a.throughput_seconds - compute_seconds;
+    return a;
+  }
+  // With d layers in flight the fetch of a layer starts d layers of compute before it is
+  // needed, so it hides when latency <= d x compute.
+  a.depth = static_cast<std::uint32_t>(
+      std::max(1.0, std::ceil(a.latency_seconds / compute_seconds - 1e-9)));
+  return a;
 }
 
 }  // namespace zinf::tools

@@ -87,6 +87,14 @@ struct PlanInput {
   std::optional<double> cpu_mem;    ///< per node
   std::optional<double> nvme_free;  ///< per node
   std::optional<DriveBandwidth> drive;
+  /// Host memory per node the pinned buffers must leave to everything else: the OS and its
+  /// page cache, the training process, its data loader. Pinned pages cannot be reclaimed, so
+  /// a setup fits only when pinned + this is within cpu_mem. Bytes; 0: not counted.
+  double host_reserve = 0;
+  /// Pinned host <-> device copy rates of one GPU's link (`zinf bench h2d`), GB/s; 0: unknown.
+  /// d2h 0 with h2d known: the link is taken as symmetric.
+  double h2d_gbps = 0;
+  double d2h_gbps = 0;
 };
 
 /// One way to run: ZeRO stage and where the optimizer state and parameters live.
@@ -114,6 +122,13 @@ struct PlanRow {
   double nvme_read_per_step = 0;     ///< per node
   double nvme_write_per_step = 0;    ///< per node
   std::optional<double> io_seconds;  ///< per step, if the drive bandwidth is known
+  /// PCIe traffic per GPU per step: parameters fetched to the GPU (forward and backward) or
+  /// updated parameters copied back after a host-side step (h2d); gradients out (d2h).
+  double h2d_per_step = 0;
+  double d2h_per_step = 0;
+  /// Seconds per step the link needs for that traffic, if its rate is known: the larger of
+  /// the two directions (a PCIe link carries both at once).
+  std::optional<double> pcie_seconds;
   bool fits = true;
   std::string why_not;  ///< "" if it fits; else the first limit it breaks
 };
@@ -147,5 +162,49 @@ std::vector<int> valid_stages(Tier optimizer, Tier params);
 /// divisible by --tp 8 x --pp 1 = 8: ...") or an input is zero.
 Plan make_plan(const PlanInput& input, std::optional<Tier> optimizer = {},
                std::optional<Tier> params = {});
+
+/// The largest model one placement of the optimizer state and parameters runs, on the
+/// hardware of `input` (its `params` is ignored).
+struct LargestModel {
+  Tier optimizer = Tier::kGpu;
+  Tier params = Tier::kGpu;
+  /// Parameters of the largest model that fits (within 1 part in 10^6), 0 when not even 10^6
+  /// do; `row` is its best stage's needs at that size.
+  double max_params = 0;
+  PlanRow row;
+  /// The limit one size larger breaks (the best stage's why_not), e.g. "host needs ...".
+  std::string limit;
+};
+
+/// For each placement of candidate_setups() order (none/none, cpu/none, nvme/none, cpu/cpu,
+/// nvme/cpu, nvme/nvme), the largest model that fits gpu_mem, cpu_mem (with host_reserve) and
+/// nvme_free at any of its valid stages. Every need grows with the parameter count, so a
+/// bisection on it finds the edge. Throws UsageError as make_plan does, and when gpu_mem is
+/// not given (no limit: nothing to find).
+std::vector<LargestModel> largest_models(const PlanInput& input);
+
+/// How deep the parameter prefetcher must read ahead so that fetching a layer hides behind the
+/// compute of the layers before it.
+struct PrefetchAdvice {
+  double layer_bytes = 0;
+  double nvme_seconds = 0;  ///< one layer from the drive (0: parameters on the host)
+  double h2d_seconds = 0;   ///< one layer over the link
+  /// The time from asking for a layer to having it on the GPU (drive, then link), and the time
+  /// per layer of the slowest of the two when they pipeline.
+  double latency_seconds = 0;
+  double throughput_seconds = 0;
+  double compute_seconds = 0;  ///< per layer; 0: not given
+  /// Layers of read-ahead: ceil(latency / compute), at least 1; unset when no depth hides the
+  /// fetches (the slowest stage takes longer than a layer's compute) or compute is unknown.
+  std::optional<std::uint32_t> depth;
+  /// With no depth enough: how long each layer waits, throughput - compute.
+  double stall_seconds = 0;
+};
+
+/// Advice for layers of `layer_bytes` fetched from NVMe at `nvme_read_gbps` (0: from pinned
+/// host memory) and copied to the GPU at `h2d_gbps` (> 0), each hidden behind
+/// `compute_seconds` of compute (0: unknown).
+PrefetchAdvice prefetch_advice(double layer_bytes, double nvme_read_gbps, double h2d_gbps,
+                               double compute_seconds);
 
 }  // namespace zinf::tools

@@ -120,6 +120,21 @@ struct ZinfSection {
   /// kOnArrival with gradient_clipping or loss scaling is refused (check_config), never a
   /// silent no-op.
   StepMode step_mode = StepMode::kAuto;
+  /// The drive-slowdown notice (a consumer SSD's write cache filling up, or thermal
+  /// throttling): when a step's optimizer NVMe write (or read) rate is below this share of the
+  /// reference rate for rate_notice_steps steps in a row, the engine logs one notice naming
+  /// the directory and both rates, and one more if the rate comes back. In [0, 1); 0: off.
+  double rate_notice_share = 0.5;
+  std::uint32_t rate_notice_steps = 3;  ///< consecutive slow steps before the notice (>= 1)
+  /// Reference rates in GB/s (10^9 B/s), e.g. `zinf tune`'s figures for the drive; 0: the
+  /// median of the first rate_notice_steps steps' own rates.
+  double tuned_write_gbps = 0;
+  double tuned_read_gbps = 0;
+  /// The NVMe drives' rated endurance in TB written (10^12 bytes, as datasheets rate it); with
+  /// an nvme tier the engine logs at start-up what a step writes and how many steps the
+  /// endurance lasts, and after its first steps how many days at the measured step rate.
+  /// 0: no wear notices.
+  double tbw_tb = 0;
 };
 
 /// The optimizer: DeepSpeed's "optimizer" block ({"type": "Adam"|"AdamW", "params": {...}}).
