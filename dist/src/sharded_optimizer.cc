@@ -2,6 +2,8 @@
 #include "zinf/dist/sharded_optimizer.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <exception>
 #include <filesystem>
 #include <string>
@@ -137,7 +139,8 @@ void ShardedOptimizer::set_params(std::size_t group, std::span<const float> full
 }
 
 offload::StepStats ShardedOptimizer::step(std::span<const std::span<const float>> grads,
-                                          std::span<const std::span<float>> params) {
+                                          std::span<const std::span<float>> params,
+                                          const ShardedStepOptions& options) {
   Impl& s = *impl_;
   if (grads.size() != s.groups.size() || params.size() != s.groups.size()) {
     throw UsageError("ShardedOptimizer::step: " + std::to_string(grads.size()) +
@@ -152,19 +155,50 @@ offload::StepStats ShardedOptimizer::step(std::span<const std::span<const float>
                        std::to_string(params[g].size()) + " parameters");
     }
   }
-  // Average the gradients, one group at a time, and queue each slice's update as soon as its
-  // gradients are in (the update runs on the optimizer's pipeline meanwhile).
-  s.local->begin_step();
+  if (!(options.loss_scale > 0) || !std::isfinite(options.loss_scale) || !(options.clip >= 0)) {
+    throw UsageError("ShardedOptimizer::step: loss_scale must be finite and > 0 and clip >= 0, "
+                     "got " + std::to_string(options.loss_scale) + " and " +
+                     std::to_string(options.clip));
+  }
+  // Average every group's gradients first: the norm and the overflow verdict need them all.
+  // [0]: this rank's sum of squares (double: exact for the values training sees far longer
+  // than fp32 would be), [1]: values that are not finite.
+  double totals[2] = {0, 0};
   for (std::size_t g = 0; g < s.groups.size(); ++g) {
     const std::uint64_t n = s.groups[g].numel;
     const std::span<float> full(s.padded.data(), s.padded_numel(g));
     std::copy(grads[g].begin(), grads[g].end(), full.begin());
     std::fill(full.begin() + static_cast<std::ptrdiff_t>(n), full.end(), 0.0f);
     reduce_scatter<float>(s.comm, full, s.shard_grads[g], ReduceOp::kAvg);
+    for (const float v : s.shard_grads[g]) {
+      if (!std::isfinite(v)) {
+        totals[1] += 1;
+      } else {
+        totals[0] += static_cast<double>(v) * static_cast<double>(v);
+      }
+    }
+  }
+  all_reduce<double>(s.comm, std::span<double>(totals, 2), ReduceOp::kSum);
+  offload::StepStats stats;
+  stats.loss_scale = options.loss_scale;
+  if (totals[1] > 0) {
+    // Every rank saw the same count: all skip together, and the state stays as it was.
+    stats.skipped = true;
+    stats.global_grad_norm = std::numeric_limits<double>::infinity();
+    stats.grad_scale_applied = 0;
+    return stats;
+  }
+  const double norm = std::sqrt(totals[0]) / options.loss_scale;
+  const double scale = offload::clip_coefficient(options.clip, norm) / options.loss_scale;
+  s.local->begin_step(scale);
+  for (std::size_t g = 0; g < s.groups.size(); ++g) {
     s.local->step_group(g, adam::GradView::f32(s.shard_grads[g]),
                         adam::CopyOut::f32(std::span<float>(s.shard_out[g])));
   }
-  const offload::StepStats stats = s.local->end_step();
+  stats = s.local->end_step();
+  stats.global_grad_norm = norm;
+  stats.grad_scale_applied = scale;
+  stats.loss_scale = options.loss_scale;
   // Rebuild the full parameters from every rank's updated slice.
   for (std::size_t g = 0; g < s.groups.size(); ++g) {
     const std::span<float> full(s.padded.data(), s.padded_numel(g));

@@ -42,9 +42,6 @@ constexpr std::uint64_t kMaxLayerTableBytes = std::uint64_t{64} << 20;
 // The dynamic loss scale's state, next to the layer table (a few lines).
 constexpr const char* kLossScaleName = "zinf-engine-loss-scale";
 constexpr std::uint64_t kMaxLossScaleBytes = 4096;
-// PyTorch's clip_grad_norm_ and DeepSpeed divide the clip by norm + 1e-6, so that a zero norm
-// gives a finite coefficient; the same here, so a trainer moving over sees the same factor.
-constexpr double kClipEpsilon = 1e-6;
 
 std::string in_quotes(const std::string& s) { return "'" + s + "'"; }
 
@@ -471,7 +468,7 @@ std::optional<StepStats> OffloadEngine::Impl::open_staged_step() {
   f.global_grad_norm = std::sqrt(sum_sq) / f.loss_scale;
   double coefficient = 1;
   if (config.gradient_clipping > 0) {
-    coefficient = std::min(1.0, config.gradient_clipping / (f.global_grad_norm + kClipEpsilon));
+    coefficient = clip_coefficient(config.gradient_clipping, f.global_grad_norm);
   }
   f.grad_scale_applied = coefficient / f.loss_scale;
   // A norm so large that a layer's grad_scale times the factor is no longer a normal fp32

@@ -200,6 +200,11 @@ std::uint64_t optimizer_pinned_bytes_needed(const OptimizerOptions& options,
   return plan_pinned(options, sub, max_record, state, count, max_numel, alignment).need;
 }
 
+double clip_coefficient(double clip, double norm) noexcept {
+  constexpr double kClipEpsilon = 1e-6;
+  return clip > 0 ? std::min(1.0, clip / (norm + kClipEpsilon)) : 1.0;
+}
+
 StateTier parse_state_tier(std::string_view text, std::string_view what) {
   if (text == "cpu") return StateTier::kCpu;
   if (text == "nvme") return StateTier::kNvme;

@@ -5,7 +5,10 @@
 // tiers; each rank's swap files sit in its own rank<R> folder; misuse is refused.
 #include "zinf/dist/sharded_optimizer.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <limits>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -80,6 +83,118 @@ TEST(ShardedOptimizer, ACheckpointReloadsOnTheSameWorldSizeAndIsRefusedOnAnother
     }
   });
   EXPECT_EQ(refused.load(), 2);
+}
+
+// One optimizer over the whole groups fed the base gradients of `grad_steps` (one update each),
+// each update clipped to `clip` (0: not) with the global norm computed in double; the full
+// parameters after each update.
+std::vector<std::vector<std::vector<float>>> clipped_reference(
+    const std::vector<std::uint64_t>& grad_steps, double clip) {
+  const auto gs = test::groups();
+  offload::OffloadedOptimizer opt(test::options_for(StateTier::kCpu, ""), gs);
+  for (std::size_t g = 0; g < gs.size(); ++g) {
+    opt.set_params(g, zinf::test::initial_params(g, gs[g].numel));
+  }
+  std::vector<std::vector<std::vector<float>>> out;
+  for (const std::uint64_t t : grad_steps) {
+    std::vector<std::vector<float>> grads(gs.size());
+    double sum_sq = 0;
+    for (std::size_t g = 0; g < gs.size(); ++g) {
+      for (std::size_t i = 0; i < gs[g].numel; ++i) {
+        grads[g].push_back(test::base_grad(g, i, t));
+        sum_sq += static_cast<double>(grads[g].back()) * grads[g].back();
+      }
+    }
+    opt.begin_step(offload::clip_coefficient(clip, std::sqrt(sum_sq)));
+    for (std::size_t g = 0; g < gs.size(); ++g) opt.step_group(g, adam::GradView::f32(grads[g]));
+    (void)opt.end_step();
+    std::vector<std::vector<float>> params(gs.size());
+    for (std::size_t g = 0; g < gs.size(); ++g) {
+      params[g].resize(gs[g].numel);
+      std::vector<float> m(gs[g].numel), v(gs[g].numel);
+      opt.read_state(g, params[g], m, v);
+    }
+    out.push_back(std::move(params));
+  }
+  return out;
+}
+
+// Rank r's gradients of step t, times `scale`, and spans over them and over `params`.
+struct RankStep {
+  std::vector<std::vector<float>> grads, params;
+  std::vector<std::span<const float>> gv;
+  std::vector<std::span<float>> pv;
+  RankStep(int rank, int size, std::uint64_t t, float scale) {
+    const auto gs = test::groups();
+    grads.resize(gs.size());
+    params.resize(gs.size());
+    for (std::size_t g = 0; g < gs.size(); ++g) {
+      for (std::size_t i = 0; i < gs[g].numel; ++i) {
+        grads[g].push_back(test::rank_grad(test::base_grad(g, i, t), rank, size) * scale);
+      }
+      params[g].assign(gs[g].numel, -1.0f);
+      gv.emplace_back(grads[g]);
+      pv.emplace_back(params[g]);
+    }
+  }
+};
+
+// Three ranks, loss scale 4 and clipping to 1 (the norm here is well above 1, so the
+// coefficient is well below 1): every rank sees the global norm of the averaged, unscaled gradients, and the
+// parameters are bitwise one optimizer's clipped run (the norm is exact in double for these
+// dyadic gradients, whatever the order of the partial sums).
+TEST(ShardedOptimizer, ClippingAndLossScaleUseTheGlobalNormOnEveryRank) {
+  const auto want = clipped_reference({1, 2, 3}, 1.0);
+  test::ThreadGroup group(3);
+  group.run(false, [&](Collectives& c) {
+    ShardedOptimizer opt(test::options_for(StateTier::kCpu, ""), test::groups(), c);
+    const auto gs = test::groups();
+    for (std::size_t g = 0; g < gs.size(); ++g) {
+      opt.set_params(g, zinf::test::initial_params(g, gs[g].numel));
+    }
+    for (std::uint64_t t = 1; t <= 3; ++t) {
+      RankStep step(c.rank(), c.size(), t, 4.0f);
+      const offload::StepStats st = opt.step(step.gv, step.pv, {.clip = 1.0, .loss_scale = 4.0});
+      EXPECT_FALSE(st.skipped);
+      EXPECT_GT(st.global_grad_norm, 1.0);
+      EXPECT_EQ(st.grad_scale_applied, offload::clip_coefficient(1.0, st.global_grad_norm) / 4);
+      for (std::size_t g = 0; g < gs.size(); ++g) {
+        EXPECT_EQ(step.params[g], want[t - 1][g]) << "rank " << c.rank() << " step " << t;
+      }
+    }
+  });
+}
+
+// An inf in one rank's gradients skips the step on every rank (parameters untouched, state
+// unchanged); the next step is the one optimizer's second update, bitwise.
+TEST(ShardedOptimizer, AnOverflowOnOneRankSkipsTheStepOnEveryRank) {
+  const auto want = clipped_reference({1, 3}, 0);
+  test::ThreadGroup group(3);
+  std::atomic<int> skipped{0};
+  group.run(false, [&](Collectives& c) {
+    ShardedOptimizer opt(test::options_for(StateTier::kCpu, ""), test::groups(), c);
+    const auto gs = test::groups();
+    for (std::size_t g = 0; g < gs.size(); ++g) {
+      opt.set_params(g, zinf::test::initial_params(g, gs[g].numel));
+    }
+    for (std::uint64_t t = 1; t <= 3; ++t) {
+      RankStep step(c.rank(), c.size(), t, 1.0f);
+      if (t == 2 && c.rank() == 1) step.grads[1][3] = std::numeric_limits<float>::infinity();
+      const offload::StepStats st = opt.step(step.gv, step.pv);
+      if (t == 2) {
+        EXPECT_TRUE(st.skipped) << "rank " << c.rank();
+        if (st.skipped) ++skipped;
+        for (const auto& p : step.params) {
+          EXPECT_TRUE(std::all_of(p.begin(), p.end(), [](float x) { return x == -1.0f; }));
+        }
+        continue;
+      }
+      for (std::size_t g = 0; g < gs.size(); ++g) {
+        EXPECT_EQ(step.params[g], want[t == 1 ? 0 : 1][g]) << "rank " << c.rank() << " step " << t;
+      }
+    }
+  });
+  EXPECT_EQ(skipped.load(), 3);
 }
 
 TEST(ShardedOptimizer, MisuseIsUsageError) {

@@ -15,6 +15,16 @@
 
 namespace zinf::dist {
 
+/// What one ShardedOptimizer::step applies besides the update.
+struct ShardedStepOptions {
+  /// Clip the global L2 norm of the averaged, unscaled gradients (all groups, all ranks) to
+  /// this, PyTorch's and DeepSpeed's way (offload::clip_coefficient); 0 = no clipping.
+  double clip = 0;
+  /// The gradients carry this factor (fp16 training's loss scale, > 0); the update divides it
+  /// out and the norm is reported without it.
+  double loss_scale = 1;
+};
+
 /// Adam over `groups` partitioned across the ranks of `comm` (ZeRO stage 1-2's way).
 ///
 /// Layout. Group g (numel n) is padded with zeros to a multiple of size() elements; rank r owns
@@ -52,11 +62,17 @@ class ShardedOptimizer {
   /// rank keeps its slice. UsageError for a size other than the group's numel.
   void set_params(std::size_t group, std::span<const float> full);
   /// Collective. One step over every group: `grads[g]` is this rank's fp32 gradient of group g
-  /// (full size); the ranks' gradients are averaged (reduce-scatter), this rank's slice is
-  /// updated, and `params[g]` (full size) receives the updated parameters of every rank
-  /// (all-gather). Returns this rank's optimizer statistics.
+  /// (full size); the ranks' gradients are averaged (reduce-scatter), the squared norm of each
+  /// rank's slices and a count of values that are not finite are all-reduced, so every rank
+  /// sees the same global norm and the same verdict: if any averaged gradient is inf or NaN,
+  /// every rank skips the step (nothing updated, `params` untouched, StepStats::skipped);
+  /// else this rank's slice is updated with grad_scale clip_coefficient(clip, norm) /
+  /// loss_scale and `params[g]` (full size) receives the updated parameters of every rank
+  /// (all-gather). Returns this rank's optimizer statistics, with global_grad_norm,
+  /// grad_scale_applied and loss_scale filled in.
   offload::StepStats step(std::span<const std::span<const float>> grads,
-                          std::span<const std::span<float>> params);
+                          std::span<const std::span<float>> params,
+                          const ShardedStepOptions& options = {});
 
   /// Collective. Saves every rank's slices: rank R's optimizer checkpoint in `dir`/rank<R>
   /// (OffloadedOptimizer::save: versions, CRC32C, atomic switch), and in that folder a manifest

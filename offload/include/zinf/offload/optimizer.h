@@ -170,6 +170,12 @@ struct GroupGrads {
   adam::CopyOut out = {};  ///< group numel elements, or none
 };
 
+/// The gradient-clipping coefficient PyTorch's clip_grad_norm_ and DeepSpeed apply: min(1,
+/// clip / (norm + 1e-6)) for clip > 0, 1 otherwise. The 1e-6 keeps a zero norm finite; one
+/// function so that the engine and the sharded optimizer give a trainer moving over the same
+/// factor.
+double clip_coefficient(double clip, double norm) noexcept;
+
 /// The optimizer state of several parameter groups in a tier, with a pipelined step.
 ///
 /// Layout. Each group is cut into sub-groups of `sub_group_elements`; each sub-group is one
