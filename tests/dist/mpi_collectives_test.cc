@@ -12,14 +12,13 @@
 #include <gtest/gtest.h>
 
 #include "collectives_checks.h"
+#include "mpi_test_main.h"
 #include "zinf/common/error.h"
 #include "zinf/dist/mpi_collectives.h"
 
 namespace zinf::dist {
 namespace {
 
-// The one adapter of this process, made in main() after MPI_Init.
-Collectives* g_collectives = nullptr;
 
 int world_size() {
   int size = 0;
@@ -34,30 +33,30 @@ int world_rank() {
 }
 
 TEST(MpiCollectives, RankAndSizeAreTheCommunicators) {
-  ASSERT_NE(g_collectives, nullptr);
-  EXPECT_EQ(g_collectives->name(), "mpi");
-  EXPECT_EQ(g_collectives->memory(), MemoryKind::kHost);
-  EXPECT_EQ(g_collectives->size(), world_size());
-  EXPECT_EQ(g_collectives->rank(), world_rank());
-  EXPECT_GE(g_collectives->size(), 2) << "run under mpirun -np 2 or more";
+  ASSERT_NE(test::mpi_collectives(), nullptr);
+  EXPECT_EQ(test::mpi_collectives()->name(), "mpi");
+  EXPECT_EQ(test::mpi_collectives()->memory(), MemoryKind::kHost);
+  EXPECT_EQ(test::mpi_collectives()->size(), world_size());
+  EXPECT_EQ(test::mpi_collectives()->rank(), world_rank());
+  EXPECT_GE(test::mpi_collectives()->size(), 2) << "run under mpirun -np 2 or more";
 }
 
 TEST(MpiCollectives, AllGatherIsExactForOddSizesAndInPlace) {
-  test::check_all_gather(*g_collectives);
+  test::check_all_gather(*test::mpi_collectives());
 }
 TEST(MpiCollectives, ReduceScatterSumsAndAveragesExactly) {
-  test::check_reduce_scatter(*g_collectives);
+  test::check_reduce_scatter(*test::mpi_collectives());
 }
 TEST(MpiCollectives, AllReduceSumMaxMinAndAverageAreExact) {
-  test::check_all_reduce(*g_collectives);
+  test::check_all_reduce(*test::mpi_collectives());
 }
-TEST(MpiCollectives, BroadcastFromEveryRoot) { test::check_broadcast(*g_collectives); }
+TEST(MpiCollectives, BroadcastFromEveryRoot) { test::check_broadcast(*test::mpi_collectives()); }
 TEST(MpiCollectives, MisuseIsRefusedLocallyAndLeavesItUsable) {
-  test::check_misuse(*g_collectives);
+  test::check_misuse(*test::mpi_collectives());
 }
 
 TEST(MpiCollectives, BarriersInARow) {
-  for (int i = 0; i < 50; ++i) g_collectives->barrier();
+  for (int i = 0; i < 50; ++i) test::mpi_collectives()->barrier();
 }
 
 TEST(MpiCollectives, ASecondAdapterOnAGivenCommunicatorIsIndependent) {
@@ -70,7 +69,7 @@ TEST(MpiCollectives, ASecondAdapterOnAGivenCommunicatorIsIndependent) {
   all_reduce<std::int64_t>(*second, v, ReduceOp::kSum);
   const std::int64_t n = second->size();
   EXPECT_EQ(v[0], n * (n + 1) / 2);
-  g_collectives->barrier();
+  test::mpi_collectives()->barrier();
 }
 
 TEST(MpiCollectives, RefusesANonPositiveTimeout) {
@@ -83,20 +82,5 @@ TEST(MpiCollectives, RefusesANonPositiveTimeout) {
 }  // namespace zinf::dist
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
-  ::testing::InitGoogleTest(&argc, argv);
-  int rc = 1;
-  {
-    zinf::dist::MpiCollectivesOptions options;
-    // A rank whose test failed early must not hang the others for the default ten minutes.
-    options.timeout = std::chrono::seconds(30);
-    std::unique_ptr<zinf::dist::Collectives> collectives =
-        zinf::dist::make_mpi_collectives(options);
-    zinf::dist::g_collectives = collectives.get();
-    rc = RUN_ALL_TESTS();
-    zinf::dist::g_collectives = nullptr;
-  }
-  MPI_Finalize();
-  return rc;
+  return zinf::dist::test::mpi_test_main(argc, argv, std::chrono::seconds(30));
 }

@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "mpi_test_main.h"
 #include "sharded_checks.h"
 #include "support/test_dir.h"
 #include "zinf/dist/mpi_collectives.h"
@@ -16,14 +17,13 @@
 namespace zinf::dist {
 namespace {
 
-Collectives* g_collectives = nullptr;
 
 TEST(MpiShardedOptimizer, EveryRanksParametersAreBitwiseTheOneOptimizersRun) {
   const auto want = test::reference();
   for (auto tier : {offload::StateTier::kCpu, offload::StateTier::kNvme}) {
     SCOPED_TRACE(std::string(offload::state_tier_name(tier)));
     zinf::test::TestDir dir;
-    test::check_sharded_parity(*g_collectives, tier, dir.subdir("nvme"), want);
+    test::check_sharded_parity(*test::mpi_collectives(), tier, dir.subdir("nvme"), want);
   }
 }
 
@@ -31,20 +31,5 @@ TEST(MpiShardedOptimizer, EveryRanksParametersAreBitwiseTheOneOptimizersRun) {
 }  // namespace zinf::dist
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
-  ::testing::InitGoogleTest(&argc, argv);
-  int rc = 1;
-  {
-    zinf::dist::MpiCollectivesOptions options;
-    // A rank whose test failed early must not hang the others for the default ten minutes.
-    options.timeout = std::chrono::seconds(60);
-    std::unique_ptr<zinf::dist::Collectives> collectives =
-        zinf::dist::make_mpi_collectives(options);
-    zinf::dist::g_collectives = collectives.get();
-    rc = RUN_ALL_TESTS();
-    zinf::dist::g_collectives = nullptr;
-  }
-  MPI_Finalize();
-  return rc;
+  return zinf::dist::test::mpi_test_main(argc, argv, std::chrono::seconds(60));
 }

@@ -76,6 +76,17 @@ ActivationStoreOptions options_for(ActivationTier tier) {
   return o;
 }
 
+// A plan that fails the first `op` piece at file offsets [begin, end) with EIO.
+std::shared_ptr<swap::FaultPlan> eio_plan(swap::IoOp op, std::uint64_t begin, std::uint64_t end) {
+  swap::FaultRule r;
+  r.kind = swap::FaultKind::kError;
+  r.op = op;
+  r.offset_begin = begin;
+  r.offset_end = end;
+  r.err = EIO;
+  return std::make_shared<swap::FaultPlan>(std::vector<swap::FaultRule>{r});
+}
+
 class ActivationStoreTiers : public ::testing::TestWithParam<ActivationTier> {};
 
 // Forward saves tensors of odd sizes and overwrites each source right after wait_saved (as a
@@ -189,13 +200,7 @@ TEST(ActivationStore, AFailedWriteBackSurfacesAtThatTensorsLoad) {
   ActivationStoreOptions o = options_for(ActivationTier::kNvme);
   o.pinned_budget_bytes = 2 * kMiB;  // everything must leave staging
   o.prefetch_depth = 0;
-  swap::FaultRule r;
-  r.kind = swap::FaultKind::kError;
-  r.op = swap::IoOp::kWrite;
-  r.offset_begin = 2 * kMiB;
-  r.offset_end = 3 * kMiB;
-  r.err = EIO;
-  o.io.faults = std::make_shared<swap::FaultPlan>(std::vector<swap::FaultRule>{r});
+  o.io.faults = eio_plan(swap::IoOp::kWrite, 2 * kMiB, 3 * kMiB);
   Rig rig(o, dir);
   std::vector<ActivationStore::Handle> handles;
   for (std::uint32_t i = 0; i < 4; ++i) {
@@ -237,13 +242,7 @@ TEST(ActivationStore, AFailedReadSurfacesAtThatTensorsLoad) {
   ActivationStoreOptions o = options_for(ActivationTier::kNvme);
   o.pinned_budget_bytes = 2 * kMiB;
   o.prefetch_depth = 0;
-  swap::FaultRule r;
-  r.kind = swap::FaultKind::kError;
-  r.op = swap::IoOp::kRead;
-  r.offset_begin = 1 * kMiB;
-  r.offset_end = 2 * kMiB;
-  r.err = EIO;
-  o.io.faults = std::make_shared<swap::FaultPlan>(std::vector<swap::FaultRule>{r});
+  o.io.faults = eio_plan(swap::IoOp::kRead, 1 * kMiB, 2 * kMiB);
   Rig rig(o, dir);
   std::vector<ActivationStore::Handle> handles;
   for (std::uint32_t i = 0; i < 4; ++i) {
