@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <limits>
 #include <filesystem>
@@ -83,6 +84,31 @@ TEST(ShardedOptimizer, ACheckpointReloadsOnTheSameWorldSizeAndIsRefusedOnAnother
     }
   });
   EXPECT_EQ(refused.load(), 2);
+
+  // A rank folder whose manifest names another rank: that rank refuses it, and the other two
+  // throw too (the failure is all-reduced), saying how many ranks failed, so none goes on alone.
+  std::filesystem::copy_file(ckpt + "/rank1/zinf-sharded", ckpt + "/rank2/zinf-sharded",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::atomic<int> thrown{0};
+  three.run(false, [&](Collectives& c) {
+    ShardedOptimizer opt(test::options_for(StateTier::kCpu, ""), test::groups(), c);
+    try {
+      opt.load(ckpt);
+      ADD_FAILURE() << "rank " << c.rank() << " loaded past a bad rank folder";
+    } catch (const UsageError& e) {
+      ++thrown;
+      EXPECT_EQ(c.rank(), 2);
+      EXPECT_EQ(std::string(e.what()),
+                "ShardedOptimizer::load: " + ckpt + "/rank2/zinf-sharded does not describe "
+                "this rank and these groups (world size, rank, group names and sizes)");
+    } catch (const IoError& e) {
+      ++thrown;
+      EXPECT_NE(c.rank(), 2);
+      EXPECT_EQ(std::string(e.what()), "ShardedOptimizer::load failed: 1 of 3 ranks failed; this "
+                                       "rank (" + std::to_string(c.rank()) + ") did not");
+    }
+  });
+  EXPECT_EQ(thrown.load(), 3);
 }
 
 // One optimizer over the whole groups fed the base gradients of `grad_steps` (one update each),
@@ -200,12 +226,23 @@ TEST(ShardedOptimizer, AnOverflowOnOneRankSkipsTheStepOnEveryRank) {
 TEST(ShardedOptimizer, MisuseIsUsageError) {
   auto local = make_local_collectives();
   ShardedOptimizer opt(test::options_for(StateTier::kCpu, ""), test::groups(), *local);
-  EXPECT_THROW(opt.set_params(0, std::vector<float>(5)), UsageError);
-  EXPECT_THROW((void)opt.shard_numel(3), UsageError);
+  auto expect_usage = [](auto&& f, const std::string& text) {
+    try {
+      f();
+      ADD_FAILURE() << "no throw; expected: " << text;
+    } catch (const UsageError& e) {
+      EXPECT_EQ(std::string(e.what()), text);
+    }
+  };
+  expect_usage([&] { opt.set_params(0, std::vector<float>(5)); },
+               "ShardedOptimizer::set_params: group 'a' has 1001 elements, got 5");
+  expect_usage([&] { (void)opt.shard_numel(3); },
+               "ShardedOptimizer::shard_numel: group 3 out of range (3 groups)");
   std::vector<float> g(1001), p(1001);
   std::vector<std::span<const float>> one{g};
   std::vector<std::span<float>> one_p{p};
-  EXPECT_THROW((void)opt.step(one, one_p), UsageError);  // 1 span for 3 groups
+  expect_usage([&] { (void)opt.step(one, one_p); },
+               "ShardedOptimizer::step: 1 gradient and 1 parameter spans for 3 groups");
 }
 
 // A link planted where a rank's folder goes is refused, never followed.
@@ -215,8 +252,14 @@ TEST(ShardedOptimizer, ALinkAtTheRankFolderIsRefused) {
   const std::string elsewhere = dir.subdir("elsewhere");
   std::filesystem::create_directory_symlink(elsewhere, swap_dir + "/rank0");
   auto local = make_local_collectives();
-  EXPECT_THROW(ShardedOptimizer(test::options_for(StateTier::kNvme, swap_dir), test::groups(), *local),
-               IoError);
+  try {
+    ShardedOptimizer opt(test::options_for(StateTier::kNvme, swap_dir), test::groups(), *local);
+    ADD_FAILURE() << "a link at the rank folder was followed";
+  } catch (const IoError& e) {
+    // O_NOFOLLOW with O_DIRECTORY: Linux answers ENOTDIR for a link (ELOOP elsewhere).
+    EXPECT_TRUE(e.sys_errno() == ENOTDIR || e.sys_errno() == ELOOP) << e.what();
+    EXPECT_NE(std::string(e.what()).find(swap_dir + "/rank0"), std::string::npos) << e.what();
+  }
   EXPECT_TRUE(std::filesystem::is_empty(elsewhere));
 }
 
