@@ -12,6 +12,7 @@
 
 #include "device_test_util.h"
 #include "support/pattern.h"
+#include "support/self_exec.h"
 #include "zinf/common/error.h"
 #include "zinf/cuda/device.h"
 
@@ -185,7 +186,7 @@ TEST(HostDevice, FailedStreamSkipsLaterCopies) {
 TEST(HostDeviceDeathTest, OwnerOutlivingItsDeviceAborts) {
   // A buffer or stream that outlives its Device would free into a dead object: that is a bug,
   // caught by ZINF_CHECK in every build type.
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  zinf::test::prefer_threadsafe_death_tests();
   EXPECT_DEATH(
       {
         auto device = host_device();

@@ -269,7 +269,30 @@ std::size_t resident_pages(std::span<std::byte> arena) {
   return n;
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14, as in buffer_pool.cc
+#endif
+
+// Why madvise(MADV_POPULATE_WRITE) cannot be checked here, or "": qemu-user (where the aarch64
+// build's tests run) answers every madvise with success and does nothing, so a populated range
+// stays unfaulted although the call "worked". A kernel without the advice says EINVAL, which
+// BufferPool handles by touching each page, and which the test below then checks.
+std::string populate_is_ignored() {
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const std::size_t bytes = 16 * page;
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return std::string("mmap: ") + std::strerror(errno);
+  std::string why;
+  if (::madvise(p, bytes, MADV_POPULATE_WRITE) == 0 &&
+      resident_pages({static_cast<std::byte*>(p), bytes}) == 0) {
+    why = "madvise(MADV_POPULATE_WRITE) succeeded but faulted in no page (qemu-user ignores madvise)";
+  }
+  ::munmap(p, bytes);
+  return why;
+}
+
 TEST(BufferPool, PrefaultedArenaIsResidentAndUsable) {
+  if (const std::string why = populate_is_ignored(); !why.empty()) GTEST_SKIP() << why;
   constexpr std::size_t kBytes = 8 << 20;
   BufferPoolOptions o = options(kBytes, 4096, /*huge=*/true);
   o.prefault = false;
