@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // CpuAdam: argument checks, the per-call constants (beta powers in double), the
-// run-time choice of kernel (cpuid once at load, overridable by option or ZINF_CPU_ADAM_ISA),
+// run-time choice of kernel (cpuid or the auxiliary vector once at load, overridable by option or ZINF_CPU_ADAM_ISA),
 // and the hand-off of fixed chunks to the pool.
 #include "zinf/adam/cpu_adam.h"
 
@@ -23,6 +23,10 @@
 #if ZINF_CPU_ADAM_X86
 #include <cpuid.h>
 #endif
+#if ZINF_CPU_ADAM_NEON
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
 
 namespace zinf::adam {
 namespace {
@@ -32,17 +36,25 @@ using detail::ElemType;
 using detail::KernelArgs;
 using detail::KernelFn;
 
-constexpr Isa kAllIsas[] = {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2, Isa::kScalar};
+// Fastest first. Each architecture has its own paths, so the order between x86's and Arm's
+// never matters: one build supports only one family.
+constexpr Isa kAllIsas[] = {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2, Isa::kNeon, Isa::kScalar};
 
-// What this CPU and OS support, read once with cpuid. An instruction set counts only if the
-// OS also saves its registers on a context switch (XCR0 via xgetbv): ymm state for AVX2,
+// What this CPU and OS support, read once. x86: cpuid, and an instruction set counts only if
+// the OS also saves its registers on a context switch (XCR0 via xgetbv): ymm state for AVX2,
 // opmask and zmm state for AVX-512. Plain cpuid rather than __builtin_cpu_supports, whose
-// feature names differ between GCC and Clang (Clang 14 has no "f16c").
+// feature names differ between GCC and Clang (Clang 14 has no "f16c"). AArch64: the kernel's
+// HWCAP_ASIMD bit; Advanced SIMD is part of the AArch64 Linux ABI, so this holds on every
+// real host, but the path is still reported by the same table the x86 paths use.
 struct CpuFeatures {
   bool avx2 = false;
   bool avx512 = false;
   bool avx512bf16 = false;
+  bool neon = false;
   CpuFeatures() {
+#if ZINF_CPU_ADAM_NEON
+    neon = (getauxval(AT_HWCAP) & HWCAP_ASIMD) != 0;
+#endif
 #if ZINF_CPU_ADAM_X86
     unsigned a = 0, b = 0, c = 0, d = 0;
     if (__get_cpuid_max(0, nullptr) < 7) return;
@@ -73,9 +85,9 @@ struct CpuFeatures {
     apply_disable_list(std::getenv("ZINF_CPU_ADAM_DISABLE"));
   }
 
-  // ZINF_CPU_ADAM_DISABLE=avx512,avx512bf16 hides paths from a CPU that has them: for
-  // machines where AVX-512 lowers the clock more than it gains, and so that the refusal of an
-  // unsupported path can be tested on a CPU that supports every path. Read once, at load.
+  // ZINF_CPU_ADAM_DISABLE=avx512,avx512bf16 (or neon) hides paths from a CPU that has them:
+  // for machines where AVX-512 lowers the clock more than it gains, and so that the refusal of
+  // an unsupported path can be tested on a CPU that supports every path. Read once, at load.
   void apply_disable_list(const char* list) {
     if (list == nullptr) return;
     std::string_view rest(list);
@@ -88,10 +100,12 @@ struct CpuFeatures {
         avx512 = avx512bf16 = false;
       } else if (name == "avx512bf16") {
         avx512bf16 = false;
+      } else if (name == "neon") {
+        neon = false;
       } else if (!name.empty()) {
         zinf::log(LogLevel::kWarning, "ZINF_CPU_ADAM_DISABLE: ignoring unknown path '" +
                                           std::string(name) +
-                                          "' (expected avx2, avx512, avx512bf16)");
+                                          "' (expected avx2, avx512, avx512bf16, neon)");
       }
     }
   }
@@ -115,6 +129,11 @@ KernelFn kernel_for(Isa isa) {
     case Isa::kAvx512Bf16:
     case Isa::kAvx512:
     case Isa::kAvx2: break;
+#endif
+#if ZINF_CPU_ADAM_NEON
+    case Isa::kNeon: return detail::adam_kernel_neon;
+#else
+    case Isa::kNeon: break;
 #endif
     case Isa::kScalar: return detail::adam_kernel_scalar;
   }
@@ -288,6 +307,7 @@ std::string_view isa_name(Isa isa) noexcept {
     case Isa::kAvx2: return "avx2";
     case Isa::kAvx512: return "avx512";
     case Isa::kAvx512Bf16: return "avx512bf16";
+    case Isa::kNeon: return "neon";
   }
   return "?";
 }
@@ -298,7 +318,7 @@ std::optional<Isa> parse_isa(std::string_view text, std::string_view what) {
     if (text == isa_name(isa)) return isa;
   }
   throw UsageError("invalid " + std::string(what) + " '" + std::string(text) +
-                   "': expected auto, avx512bf16, avx512, avx2 or scalar");
+                   "': expected auto, avx512bf16, avx512, avx2, neon or scalar");
 }
 
 bool isa_supported(Isa isa) noexcept {
@@ -308,6 +328,7 @@ bool isa_supported(Isa isa) noexcept {
     case Isa::kAvx2: return kernel_for(isa) != nullptr && f.avx2;
     case Isa::kAvx512: return kernel_for(isa) != nullptr && f.avx512;
     case Isa::kAvx512Bf16: return kernel_for(isa) != nullptr && f.avx512bf16;
+    case Isa::kNeon: return kernel_for(isa) != nullptr && f.neon;
   }
   return false;
 }

@@ -92,5 +92,8 @@ void adam_kernel_avx2(const KernelArgs& args, std::size_t begin, std::size_t end
 void adam_kernel_avx512(const KernelArgs& args, std::size_t begin, std::size_t end);
 void adam_kernel_avx512bf16(const KernelArgs& args, std::size_t begin, std::size_t end);
 #endif
+#if ZINF_CPU_ADAM_NEON
+void adam_kernel_neon(const KernelArgs& args, std::size_t begin, std::size_t end);
+#endif
 
 }  // namespace zinf::adam::detail

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/self_exec.h"
 #include "zinf/adam/reference_kernels.h"
 #include "zinf/common/error.h"
 
@@ -194,7 +195,8 @@ RefResult reference(const AdamParams& hp, double p, double g, double m, double v
   return {p1, m1, v1, kRel * (std::fabs(p) + u_mag), kRel * m_mag, kRel * v_mag};
 }
 
-constexpr Isa kAllIsas[] = {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2, Isa::kScalar};
+constexpr Isa kAllIsas[] = {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2, Isa::kNeon,
+                            Isa::kScalar};
 
 std::string isa_param_name(const testing::TestParamInfo<Isa>& info) {
   return std::string(isa_name(info.param));
@@ -754,8 +756,8 @@ TEST(CpuAdam, IsaChosenByOptionThenEnvironmentThenCpuid) {
       FAIL();
     } catch (const UsageError& e) {
       EXPECT_STREQ(e.what(),
-                   "invalid ZINF_CPU_ADAM_ISA 'avx3': expected auto, avx512bf16, avx512, avx2 or "
-                   "scalar");
+                   "invalid ZINF_CPU_ADAM_ISA 'avx3': expected auto, avx512bf16, avx512, avx2, "
+                   "neon or scalar");
     }
   }
   EXPECT_EQ(supported_isas().back(), Isa::kScalar);
@@ -765,6 +767,9 @@ TEST(CpuAdam, IsaChosenByOptionThenEnvironmentThenCpuid) {
 TEST(CpuAdam, UnsupportedIsaIsAnError) {
   // The paths are read at load, so the refusal runs in a fresh process whose environment hides
   // AVX-512 (ZINF_CPU_ADAM_DISABLE): it works on a CPU that has every path, as here.
+  if (const std::string& why = test::self_exec_unavailable_reason(); !why.empty()) {
+    GTEST_SKIP() << "needs a fresh process, which reads the environment at load: " << why;
+  }
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   ScopedEnv env("ZINF_CPU_ADAM_DISABLE", "avx512");
   EXPECT_EXIT(
@@ -785,10 +790,36 @@ TEST(CpuAdam, UnsupportedIsaIsAnError) {
       ::testing::ExitedWithCode(0), "");
 }
 
+// The Arm counterpart: ZINF_CPU_ADAM_DISABLE=neon hides the NEON path, and naming it is then an
+// error. The variable is read at load, so ctest runs this test in a process started with it set
+// (CpuAdam.DisabledNeonIsAnError.Environment, tests/adam/CMakeLists.txt) rather than as a death
+// test: a death test's fresh process needs an exec, which qemu-user cannot do for an aarch64
+// executable, and qemu-user is where the aarch64 build's tests run.
+TEST(CpuAdam, DisabledNeonIsAnError) {
+  const char* hidden = std::getenv("ZINF_CPU_ADAM_DISABLE");
+  if (hidden == nullptr || std::string(hidden) != "neon") {
+    GTEST_SKIP() << "runs as CpuAdam.DisabledNeonIsAnError.Environment, started with "
+                    "ZINF_CPU_ADAM_DISABLE=neon";
+  }
+  EXPECT_FALSE(isa_supported(Isa::kNeon));
+  EXPECT_NE(best_isa(), Isa::kNeon);
+  for (Isa isa : supported_isas()) EXPECT_NE(isa, Isa::kNeon);
+  try {
+    CpuAdam adam({.threads = 1, .isa = Isa::kNeon});
+    FAIL() << "neon was hidden but a CpuAdam was built on it";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "cpu adam: isa 'neon' requested by option is not supported on this machine"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(CpuAdam, NamesAndParsing) {
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
+  for (Isa isa : kAllIsas) {
     EXPECT_EQ(parse_isa(isa_name(isa), "--isa"), isa);
   }
+  EXPECT_EQ(isa_name(Isa::kNeon), "neon");
   EXPECT_EQ(parse_isa("auto", "--isa"), std::nullopt);
   EXPECT_THROW(parse_isa("AVX2", "--isa"), UsageError);
   EXPECT_EQ(dtype_name(DType::kBF16), "bf16");
