@@ -11,7 +11,9 @@ set(ZINF_CMAKE_INSTALL_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/zinf)
 install(TARGETS zinf_shared EXPORT zinfTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(TARGETS zinf RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+if(TARGET zinf)
+  install(TARGETS zinf RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+endif()
 
 # Public headers of every layer, the generated zinf/config.h and the C API. Raw CUDA handles
 # live only in zinf/cuda/cuda_interop.h (docs/style.md section 1), installed only with CUDA.

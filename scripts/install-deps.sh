@@ -7,9 +7,19 @@ set -euo pipefail
 # tests use: python3-dev, pybind11-dev, python3-torch, python3-pytest. The collectives layer's
 # MPI adapter builds against Open MPI's C bindings and its tests run under mpirun:
 # libopenmpi-dev, openmpi-bin.
+# Usage: scripts/install-deps.sh [--aarch64]
+#   --aarch64  also what scripts/test-aarch64.sh needs: Debian's aarch64 cross compiler, qemu-user
+#              to run its tests, and GoogleTest's sources (built for the target; the host's
+#              libgtest-dev is x86-64 only).
 packages=(build-essential cmake ninja-build pkg-config liburing-dev libboost-dev
           libgtest-dev libbenchmark-dev nlohmann-json3-dev nettle-dev libcli11-dev fio python3
           python3-dev pybind11-dev python3-torch python3-pytest libopenmpi-dev openmpi-bin)
+aarch64_packages=(g++-aarch64-linux-gnu qemu-user googletest)
+case "${1:-}" in
+  "") ;;
+  --aarch64) packages+=("${aarch64_packages[@]}") ;;
+  *) echo "install-deps: unknown argument '$1' (usage: install-deps.sh [--aarch64])" >&2; exit 2 ;;
+esac
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
