@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // CRC32C: the portable slicing-by-8 tables, the lane-join table of the hardware path, and the
-// run-time choice between them (cpuid through __builtin_cpu_supports, checked once).
+// run-time choice between them (cpuid through __builtin_cpu_supports on x86, the auxiliary
+// vector's HWCAP on aarch64, checked once).
 // Hand-written because no packaged library does it here: Google's crc32c is not in Debian 12,
 // and zlib's crc32 is the other polynomial.
 #include "zinf/swap/crc32c.h"
@@ -10,6 +11,11 @@
 
 #include "crc32c_internal.h"
 #include "zinf/common/error.h"
+
+#if defined(__aarch64__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
 
 namespace zinf::swap {
 namespace detail {
@@ -96,12 +102,26 @@ std::uint32_t crc32c_shift_lane(std::uint32_t state) noexcept {
 
 namespace {
 
+// The CPU's own crc32c instruction: SSE4.2 on x86, the ARMv8 CRC32 extension (optional before
+// ARMv8.1, so asked of the kernel) on aarch64.
 bool hardware_available() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
   static const bool available = detail::crc32c_sse42_compiled() && __builtin_cpu_supports("sse4.2");
   return available;
+#elif defined(__aarch64__)
+  static const bool available =
+      detail::crc32c_arm_compiled() && (getauxval(AT_HWCAP) & HWCAP_CRC32) != 0;
+  return available;
 #else
   return false;
+#endif
+}
+
+std::uint32_t hardware_update(std::uint32_t state, const std::byte* data, std::size_t n) noexcept {
+#if defined(__aarch64__)
+  return detail::crc32c_arm_update(state, data, n);
+#else
+  return detail::crc32c_sse42_update(state, data, n);
 #endif
 }
 
@@ -123,7 +143,7 @@ std::uint32_t run(Crc32cImpl impl, std::span<const std::byte> data, std::uint32_
   if (impl == Crc32cImpl::kAvx512) {
     state = detail::crc32c_avx512_update(state, data.data(), data.size());
   } else if (impl == Crc32cImpl::kHardware) {
-    state = detail::crc32c_sse42_update(state, data.data(), data.size());
+    state = hardware_update(state, data.data(), data.size());
   } else {
     state = detail::crc32c_table_update(state, data.data(), data.size());
   }
@@ -189,7 +209,11 @@ Crc32cImpl crc32c_active_impl() noexcept {
 
 std::string_view crc32c_impl_name(Crc32cImpl impl) noexcept {
   switch (impl) {
+#if defined(__aarch64__)
+    case Crc32cImpl::kHardware: return "armv8-crc32";
+#else
     case Crc32cImpl::kHardware: return "sse4.2";
+#endif
     case Crc32cImpl::kAvx512: return "avx512-vpclmul";
     case Crc32cImpl::kTable: break;
   }

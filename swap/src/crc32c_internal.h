@@ -29,6 +29,12 @@ bool crc32c_sse42_compiled() noexcept;
 std::uint32_t crc32c_sse42_update(std::uint32_t state, const std::byte* data,
                                   std::size_t n) noexcept;
 
+/// True if the ARMv8 CRC32 code was compiled in (aarch64 builds).
+bool crc32c_arm_compiled() noexcept;
+/// Feeds `n` bytes into the raw register with the ARMv8 CRC32 instructions; call only where
+/// the CPU has them (HWCAP_CRC32).
+std::uint32_t crc32c_arm_update(std::uint32_t state, const std::byte* data, std::size_t n) noexcept;
+
 /// Shorter inputs go to the SSE4.2 path: the folding's setup and reduction are not worth it.
 inline constexpr std::size_t kCrc32cAvx512MinBytes = 256;
 /// True if the AVX-512 VPCLMULQDQ code was compiled in (x86-64 builds).

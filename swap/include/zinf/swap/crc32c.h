@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // CRC32C (Castagnoli): the checksum of swap-store stripe units and offload checkpoints. Uses
-// AVX-512 VPCLMULQDQ folding where the CPU has it, else the SSE4.2 crc32 instruction, else a
-// table (chosen at run time). Part of zinf::swap.
+// AVX-512 VPCLMULQDQ folding where the CPU has it, else the CPU's crc32c instruction (SSE4.2 on
+// x86-64, the ARMv8 CRC32 extension on aarch64), else a table (chosen at run time). Part of
+// zinf::swap.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +26,9 @@ std::uint32_t crc32c_combine(std::uint32_t crc_a, std::uint32_t crc_b,
 
 /// The implementations of crc32c().
 enum class Crc32cImpl : std::uint8_t {
-  kHardware,  ///< SSE4.2 crc32, three interleaved streams (x86-64 with SSE4.2 only)
+  /// The CPU's crc32c instruction, three interleaved streams: SSE4.2 crc32 (x86-64 with
+  /// SSE4.2) or ARMv8 CRC32CX (aarch64 with HWCAP_CRC32).
+  kHardware,
   kTable,     ///< portable slicing-by-8 tables
   /// Carry-less multiplication folding, 256 bytes per step (x86-64 with AVX-512F, VPCLMULQDQ
   /// and SSE4.2, and an OS that saves AVX-512 state); inputs under 256 bytes go to kHardware.
@@ -36,7 +39,7 @@ enum class Crc32cImpl : std::uint8_t {
 
 /// Returns the implementation crc32c() uses on this CPU.
 Crc32cImpl crc32c_active_impl() noexcept;
-/// Returns "sse4.2", "table" or "avx512-vpclmul".
+/// Returns "sse4.2" (aarch64 builds: "armv8-crc32"), "table" or "avx512-vpclmul".
 std::string_view crc32c_impl_name(Crc32cImpl impl) noexcept;
 /// Returns true if `impl` can run on this CPU and build.
 bool crc32c_impl_available(Crc32cImpl impl) noexcept;
