@@ -18,6 +18,7 @@
 #include "io_bench.h"
 #include "format.h"
 #include "json_out.h"
+#include "over_time.h"
 #include "throughput.h"
 #include "zinf/common/error.h"
 #include "zinf/cuda/device.h"
@@ -263,55 +264,6 @@ std::string op_label(const OpSummary& s, bool precondition) {
   return s.op == "write" && precondition ? "write (overwrite)" : s.op;
 }
 
-// The time-based lines under the table: the sparkline, the steady state and the cliff.
-void print_over_time(const OpSummary& s, const std::string& label) {
-  if (s.samples.empty()) return;
-  std::vector<double> rates;
-  for (const auto& t : s.samples) rates.push_back(t.gbps());
-  const double top = *std::max_element(rates.begin(), rates.end());
-  std::printf("%s over time (%zu samples of 1 s, scale 0 to %.2f GB/s): %s\n", label.c_str(),
-              rates.size(), top, sparkline(rates).c_str());
-  const ThroughputProfile& p = s.profile;
-  std::printf("  steady state %.2f GB/s (median of the last third), noise %.2f GB/s; ",
-              p.steady_gbps, p.noise_gbps);
-  if (p.cliff) {
-    std::printf("fell from %.2f to %.2f GB/s after %s (%.0f s in)\n", p.cliff->before_gbps,
-                p.cliff->after_gbps,
-                decimal_bytes(static_cast<double>(p.cliff->bytes_before)).c_str(), p.cliff->at_s);
-  } else if (!p.note.empty()) {
-    std::printf("%s\n", p.note.c_str());
-  } else {
-    std::printf("no fall beyond the noise\n");
-  }
-}
-
-// A time-based job's samples, steady state and cliff, into its JSON object.
-void add_over_time(Json& j, const OpSummary& s) {
-  Json& samples = j["samples"] = Json::array();
-  for (const auto& t : s.samples) {
-    Json x;
-    x["t_s"] = t.end_s;
-    x["seconds"] = t.seconds;
-    x["bytes"] = t.bytes;
-    x["gbps"] = t.gbps();
-    samples.push_back(std::move(x));
-  }
-  j["steady_gbps"] = s.profile.steady_gbps;
-  j["noise_gbps"] = s.profile.noise_gbps;
-  if (s.profile.cliff) {
-    const Cliff& c = *s.profile.cliff;
-    Json x;
-    x["at_s"] = c.at_s;
-    x["bytes_before"] = c.bytes_before;
-    x["before_gbps"] = c.before_gbps;
-    x["after_gbps"] = c.after_gbps;
-    j["cliff"] = std::move(x);
-  } else {
-    j["cliff"] = nullptr;
-  }
-  if (!s.profile.note.empty()) j["cliff_note"] = s.profile.note;
-}
-
 // One bench from its construction to its results: a fresh engine, buffer pool and files.
 struct RunOutcome {
   std::vector<OpSummary> summaries;
@@ -492,7 +444,7 @@ int bench_io_main(const std::vector<std::string>& tokens) {
       }
       if (cfg.duration.count() > 0) {
         j["duration_s"] = std::chrono::duration<double>(cfg.duration).count();
-        add_over_time(j, s);
+        add_over_time(j, s.samples, s.profile);
       }
       if (cfg.json_lines) {
         for (const auto& [k, v] : host.items()) j[k] = v;
@@ -547,7 +499,10 @@ int bench_io_main(const std::vector<std::string>& tokens) {
                     figures_text(spreads[i].gbps_runs).c_str());
       }
     }
-    for (const OpSummary* s : summaries) print_over_time(*s, op_label(*s, cfg.precondition));
+    for (const OpSummary* s : summaries) {
+      std::printf("%s", over_time_text(op_label(*s, cfg.precondition), s->samples, s->profile, "1 s")
+                            .c_str());
+    }
   }
   return 0;
 }
