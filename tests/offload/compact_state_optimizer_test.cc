@@ -190,11 +190,15 @@ std::string latest(const std::string& ckpt) {
 // bitwise as the saving run does; its manifest names the precision (format 3).
 TEST_P(CompactOptimizer, CheckpointRoundTripsAndNamesItsPrecision) {
   const std::string ckpt = dir_.file("ckpt");
-  OffloadedOptimizer a(options("nvme-a"), test::odd_groups());
-  test::init_all(a);
-  test::run_steps(a, 1, 2);
-  a.save(ckpt);
-  test::run_steps(a, 3, 4);
+  test::State saver;
+  {
+    OffloadedOptimizer a(options("nvme-a"), test::odd_groups());
+    test::init_all(a);
+    test::run_steps(a, 1, 2);
+    a.save(ckpt);
+    test::run_steps(a, 3, 4);
+    saver = test::read_all(a);
+  }  // releases the checkpoint directory's lock
 
   OptimizerOptions ob = options("nvme-b");
   ob.tier = GetParam().tier == StateTier::kCpu ? StateTier::kNvme : StateTier::kCpu;
@@ -203,7 +207,7 @@ TEST_P(CompactOptimizer, CheckpointRoundTripsAndNamesItsPrecision) {
   b.load(ckpt);
   EXPECT_EQ(b.step_count(), 2u);
   test::run_steps(b, 3, 4);
-  EXPECT_EQ(test::diff(test::read_all(a), test::read_all(b)), "");
+  EXPECT_EQ(test::diff(saver, test::read_all(b)), "");
 
   std::ifstream in(ckpt + "/" + latest(ckpt) + "/manifest");
   std::stringstream text;
@@ -221,10 +225,12 @@ TEST_P(CompactOptimizer, CheckpointRoundTripsAndNamesItsPrecision) {
 TEST_P(CompactOptimizer, CheckpointOfAnotherPrecisionIsRefusedNamingBoth) {
   const std::string name(adam::state_precision_name(GetParam().precision));
   const std::string ckpt = dir_.file("ckpt-compact");
-  OffloadedOptimizer a(options("nvme-a"), test::odd_groups());
-  test::init_all(a);
-  test::run_steps(a, 1, 1);
-  a.save(ckpt);
+  {
+    OffloadedOptimizer a(options("nvme-a"), test::odd_groups());
+    test::init_all(a);
+    test::run_steps(a, 1, 1);
+    a.save(ckpt);
+  }  // releases the checkpoint directory's lock
 
   OptimizerOptions of = options("nvme-f");
   of.state_precision = StatePrecision::kF32;
@@ -245,6 +251,7 @@ TEST_P(CompactOptimizer, CheckpointOfAnotherPrecisionIsRefusedNamingBoth) {
 
   const std::string ckpt32 = dir_.file("ckpt-fp32");
   f.save(ckpt32);
+  f.checkpoint_directory(dir_.subdir("elsewhere"), false);  // releases ckpt32's lock
   std::ifstream in(ckpt32 + "/" + latest(ckpt32) + "/manifest");
   std::string first;
   std::getline(in, first);
