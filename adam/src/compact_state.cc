@@ -39,6 +39,23 @@ std::uint64_t moment_bytes(StatePrecision p, std::uint64_t n) noexcept {
   return 0;
 }
 
+CompactMoments compact_moments_at(StatePrecision p, std::size_t n, std::byte* base) noexcept {
+  CompactMoments c{p, n, base, nullptr, nullptr, nullptr};
+  switch (p) {
+    case StatePrecision::kF32: c.v = base + 4 * n; break;
+    case StatePrecision::kBF16: c.v = base + 2 * n; break;
+    case StatePrecision::kInt8: {
+      const std::size_t blocks = (n + kInt8Block - 1) / kInt8Block;
+      c.m_scale = reinterpret_cast<float*>(base);
+      c.v_scale = c.m_scale + blocks;
+      c.m = base + 8 * blocks;
+      c.v = base + 8 * blocks + n;
+      break;
+    }
+  }
+  return c;
+}
+
 namespace {
 
 void check_moments(const char* function, const CompactMoments& c, std::size_t m_size,

@@ -38,9 +38,9 @@ inline std::uint64_t record_state_bytes(adam::StatePrecision precision, std::uin
   return 4 * n + adam::moment_bytes(precision, n);
 }
 
-/// Where a record's arrays lie in its buffer. fp32 and bf16: [params | m | v]; int8:
-/// [params | m scales | v scales | m codes | v codes], the fp32 scales first so that they are
-/// 4-byte aligned whatever n is.
+/// Where a record's arrays lie in its buffer: the fp32 parameters, then the moments as
+/// adam::compact_moments_at lays them out. fp32 and bf16: [params | m | v]; int8:
+/// [params | m scales | v scales | m codes | v codes].
 struct RecordLayout {
   adam::StatePrecision precision;
   std::uint64_t numel;
@@ -48,22 +48,7 @@ struct RecordLayout {
     return {reinterpret_cast<float*>(base), static_cast<std::size_t>(numel)};
   }
   adam::CompactMoments moments(std::byte* base) const {
-    const std::uint64_t n = numel;
-    std::byte* after = base + 4 * n;
-    adam::CompactMoments c{precision, static_cast<std::size_t>(n), nullptr, nullptr, nullptr,
-                           nullptr};
-    if (precision == adam::StatePrecision::kInt8) {
-      const std::uint64_t blocks = (n + adam::kInt8Block - 1) / adam::kInt8Block;
-      c.m_scale = reinterpret_cast<float*>(after);
-      c.v_scale = c.m_scale + blocks;
-      c.m = after + 8 * blocks;
-      c.v = after + 8 * blocks + n;
-    } else {
-      const std::uint64_t elem = precision == adam::StatePrecision::kF32 ? 4 : 2;
-      c.m = after;
-      c.v = after + elem * n;
-    }
-    return c;
+    return adam::compact_moments_at(precision, static_cast<std::size_t>(numel), base + 4 * numel);
   }
 };
 

@@ -69,32 +69,23 @@ RefBlock ref_int8(const float* m, const float* v, std::size_t n) {
   return r;
 }
 
-// Compact storage for n elements, with views.
+// Compact storage for n elements in compact_moments_at's layout, with typed views.
 struct Store {
   StatePrecision p;
   std::size_t n;
-  std::vector<std::byte> m, v;
-  std::vector<float> ms, vs;
-  Store(StatePrecision prec, std::size_t size) : p(prec), n(size) {
-    const std::size_t elem = p == StatePrecision::kF32 ? 4 : p == StatePrecision::kBF16 ? 2 : 1;
-    m.resize(n * elem);
-    v.resize(n * elem);
-    const std::size_t blocks = p == StatePrecision::kInt8 ? (n + kInt8Block - 1) / kInt8Block : 0;
-    ms.resize(blocks);
-    vs.resize(blocks);
-  }
-  CompactMoments view() {
-    return {p, n, m.data(), v.data(), p == StatePrecision::kInt8 ? ms.data() : nullptr,
-            p == StatePrecision::kInt8 ? vs.data() : nullptr};
-  }
-  bool operator==(const Store& o) const {
-    auto bits = [](const std::vector<float>& x) {
-      std::vector<std::uint32_t> b;
-      for (float y : x) b.push_back(std::bit_cast<std::uint32_t>(y));
-      return b;
-    };
-    return m == o.m && v == o.v && bits(ms) == bits(o.ms) && bits(vs) == bits(o.vs);
-  }
+  std::vector<std::byte> bytes;
+  CompactMoments c;
+  Store(StatePrecision prec, std::size_t size)
+      : p(prec), n(size), bytes(moment_bytes(prec, size)), c(view()) {}
+  Store(const Store&) = delete;
+  CompactMoments view() { return compact_moments_at(p, n, bytes.data()); }
+  std::int8_t qm(std::size_t i) const { return static_cast<const std::int8_t*>(c.m)[i]; }
+  std::uint8_t qv(std::size_t i) const { return static_cast<const std::uint8_t*>(c.v)[i]; }
+  const std::uint16_t* hm() const { return static_cast<const std::uint16_t*>(c.m); }
+  const std::uint16_t* hv() const { return static_cast<const std::uint16_t*>(c.v); }
+  float ms(std::size_t b) const { return c.m_scale[b]; }
+  float vs(std::size_t b) const { return c.v_scale[b]; }
+  bool operator==(const Store& o) const { return bytes == o.bytes; }
 };
 
 // Moments as training makes them: m of both signs, v >= 0, each over several decades, with
@@ -143,8 +134,8 @@ TEST(CompactState, Bf16EncodingRoundsToNearestEvenAndWidensExactly) {
   m[1] = std::bit_cast<float>(0x3f818000u);  // a tie: rounds to even (0x3f82)
   Store s(StatePrecision::kBF16, n);
   encode_moments(m, v, s.view());
-  const auto* hm = reinterpret_cast<const std::uint16_t*>(s.m.data());
-  const auto* hv = reinterpret_cast<const std::uint16_t*>(s.v.data());
+  const std::uint16_t* hm = s.hm();
+  const std::uint16_t* hv = s.hv();
   EXPECT_EQ(hm[0], 0x3f80);
   EXPECT_EQ(hm[1], 0x3f82);
   for (std::size_t i = 0; i < n; ++i) {
@@ -169,22 +160,22 @@ TEST(CompactState, Int8EncodingMatchesItsDefinition) {
   for (std::size_t b = 0; b * kInt8Block < n; ++b) {
     const std::size_t lo = b * kInt8Block, len = std::min(kInt8Block, n - lo);
     const RefBlock r = ref_int8(m.data() + lo, v.data() + lo, len);
-    ASSERT_EQ(std::bit_cast<std::uint32_t>(s.ms[b]), std::bit_cast<std::uint32_t>(r.m_scale));
-    ASSERT_EQ(std::bit_cast<std::uint32_t>(s.vs[b]), std::bit_cast<std::uint32_t>(r.v_scale));
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(s.ms(b)), std::bit_cast<std::uint32_t>(r.m_scale));
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(s.vs(b)), std::bit_cast<std::uint32_t>(r.v_scale));
     for (std::size_t i = 0; i < len; ++i) {
-      const auto qm = static_cast<std::int8_t>(s.m[lo + i]);
-      const auto qv = static_cast<std::uint8_t>(s.v[lo + i]);
+      const std::int8_t qm = s.qm(lo + i);
+      const std::uint8_t qv = s.qv(lo + i);
       ASSERT_EQ(qm, r.qm[i]) << "m[" << lo + i << "]=" << m[lo + i];
       ASSERT_EQ(qv, r.qv[i]) << "v[" << lo + i << "]=" << v[lo + i];
       // Decoding: m = float(q|q|) x scale, v = (float(q^2) x float(q^2)) x scale.
-      ASSERT_EQ(m2[lo + i], f(f(static_cast<double>(qm) * std::abs(qm)) * s.ms[b]));
+      ASSERT_EQ(m2[lo + i], f(f(static_cast<double>(qm) * std::abs(qm)) * s.ms(b)));
       const float w = f(static_cast<double>(qv) * qv);
-      ASSERT_EQ(v2[lo + i], f(static_cast<double>(f(static_cast<double>(w) * w)) * s.vs[b]));
+      ASSERT_EQ(v2[lo + i], f(static_cast<double>(f(static_cast<double>(w) * w)) * s.vs(b)));
     }
   }
-  EXPECT_EQ(s.ms[1], 0.0f) << "a block below 2^-96 is stored as zeros";
-  EXPECT_EQ(s.ms[2], 0.0f);
-  EXPECT_EQ(s.vs[2], 0.0f);
+  EXPECT_EQ(s.ms(1), 0.0f) << "a block below 2^-96 is stored as zeros";
+  EXPECT_EQ(s.ms(2), 0.0f);
+  EXPECT_EQ(s.vs(2), 0.0f);
 }
 
 TEST(CompactState, Int8KeepsSmallSecondMomentsAwayFromZero) {

@@ -36,24 +36,14 @@ std::string mode_name(const testing::TestParamInfo<Mode>& info) {
          std::string(adam::state_precision_name(info.param.precision));
 }
 
-// Compact moments of one sub-group, as a record keeps them.
+// Compact moments of one sub-group, as a record keeps them (zero: all-zero bytes).
 struct Moments {
   StatePrecision p;
   std::size_t n;
-  std::vector<std::byte> m, v;
-  std::vector<float> ms, vs;
-  Moments(StatePrecision prec, std::size_t size) : p(prec), n(size) {
-    const std::size_t elem = p == StatePrecision::kBF16 ? 2 : 1;
-    m.assign(n * elem, std::byte{0});
-    v.assign(n * elem, std::byte{0});
-    const std::size_t blocks = (n + adam::kInt8Block - 1) / adam::kInt8Block;
-    ms.assign(p == StatePrecision::kInt8 ? blocks : 0, 0.0f);
-    vs.assign(p == StatePrecision::kInt8 ? blocks : 0, 0.0f);
-  }
-  adam::CompactMoments view() {
-    return {p, n, m.data(), v.data(), ms.empty() ? nullptr : ms.data(),
-            vs.empty() ? nullptr : vs.data()};
-  }
+  std::vector<std::byte> bytes;
+  Moments(StatePrecision prec, std::size_t size)
+      : p(prec), n(size), bytes(adam::moment_bytes(prec, size)) {}
+  adam::CompactMoments view() { return adam::compact_moments_at(p, n, bytes.data()); }
 };
 
 // The reference: CpuAdam's compact step on every sub-group's own moments (an int8 block never

@@ -114,7 +114,9 @@ class StepReference {
     }
     ++step_;
     hp.step = step_;
-    const adam::CompactMoments moments = moments_view();
+    const adam::CompactMoments moments = adam::compact_moments_at(
+        precision_, n_,
+        mem_.as<std::byte>(n_ * 4 + adam::moment_bytes(precision_, n_)).data() + n_ * 4);
     const auto t0 = std::chrono::steady_clock::now();
     adam_.step(hp, mem_.as<float>(n_), moments, grads_, out_);
     f.adam_seconds = seconds_since(t0);
@@ -122,23 +124,6 @@ class StepReference {
   }
 
  private:
-  // The moments after the parameters: m then v (int8: the two scale arrays first).
-  adam::CompactMoments moments_view() {
-    std::byte* after = mem_.as<std::byte>(n_ * 4 + adam::moment_bytes(precision_, n_)).data() +
-                       n_ * 4;
-    adam::CompactMoments c{precision_, n_, after, nullptr, nullptr, nullptr};
-    if (precision_ == adam::StatePrecision::kInt8) {
-      const std::size_t blocks = (n_ + adam::kInt8Block - 1) / adam::kInt8Block;
-      c.m_scale = reinterpret_cast<float*>(after);
-      c.v_scale = c.m_scale + blocks;
-      c.m = after + 8 * blocks;
-      c.v = after + 8 * blocks + n_;
-    } else {
-      c.v = after + n_ * (precision_ == adam::StatePrecision::kF32 ? 4 : 2);
-    }
-    return c;
-  }
-
   std::size_t n_;
   GradView grads_;
   adam::CopyOut out_;

@@ -56,6 +56,12 @@ struct CompactMoments {
   float* v_scale = nullptr;  ///< kInt8 only
 };
 
+/// Lays out the moments of `n` elements in precision `p` in one buffer of moment_bytes(p, n)
+/// bytes at `base`: [m | v], or for kInt8 [m scales | v scales | m codes | v codes] (the fp32
+/// scales first, so that they are 4-byte aligned if `base` is). The one layout the offloaded
+/// optimizer's records and the benchmarks use.
+CompactMoments compact_moments_at(StatePrecision p, std::size_t n, std::byte* base) noexcept;
+
 /// Encodes fp32 moments (each `out.size` elements) into `out` exactly as CpuAdam::step
 /// stores them after an update. Any precision; kF32 copies. UsageError for a size mismatch
 /// or a null pointer with a non-zero size. Runs on the calling thread.
