@@ -257,6 +257,48 @@ TEST_P(CompactOptimizer, CheckpointOfAnotherPrecisionIsRefusedNamingBoth) {
   }
 }
 
+// The checkpoint's CRC covers a compact record's bytes: a byte flipped in the moments of the
+// second record (embed#1) fails the load with kCorrupt naming state.bin, the record's offset
+// and its state bytes (8 or 6.125 per element, not fp32's 12).
+TEST_P(CompactOptimizer, CorruptCompactCheckpointIsDetectedNamingFileAndOffset) {
+  const std::string ckpt = dir_.file("ckpt");
+  {
+    OffloadedOptimizer a(options("nvme-a"), test::odd_groups());
+    test::init_all(a);
+    test::run_steps(a, 1, 1);
+    a.save(ckpt);
+  }
+  const std::uint64_t n = test::kOddSubGroup;
+  const std::uint64_t state_bytes = 4 * n + adam::moment_bytes(GetParam().precision, n);
+  const std::uint64_t second = record_bytes(n, 4096);  // embed#1 follows embed#0
+  const std::string state = ckpt + "/" + latest(ckpt) + "/state.bin";
+  {
+    std::fstream f(state, std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = static_cast<std::streamoff>(second + 4 * n + 10);  // past its params
+    f.seekg(at);
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x10);
+    f.seekp(at);
+    f.write(&c, 1);
+  }
+  OffloadedOptimizer b(options("nvme-b"), test::odd_groups());
+  try {
+    b.load(ckpt);
+    FAIL() << "a corrupt checkpoint loaded";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCorrupt);
+    EXPECT_EQ(std::string(e.what()).rfind("checkpoint load failed: " + state + " offset=" +
+                                              std::to_string(second) + " length=" +
+                                              std::to_string(state_bytes) +
+                                              ": CRC32C mismatch in group 'embed' sub-group 1",
+                                          0),
+              0u)
+        << e.what();
+  }
+  EXPECT_TRUE(b.failed());
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, CompactOptimizer,
                          testing::Values(Mode{StateTier::kCpu, StatePrecision::kBF16},
                                          Mode{StateTier::kCpu, StatePrecision::kInt8},
