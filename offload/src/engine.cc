@@ -228,6 +228,7 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
   oo.pipeline_depth = config.offload_optimizer.buffer_count;
   oo.hyper = config.optimizer.hyper;
   oo.adam.threads = config.zinf.adam_threads;
+  oo.state_precision = config.zinf.state_precision;
   if (otier == OffloadDevice::kNvme) {
     oo.directories = config.nvme_directories(config.offload_optimizer.nvme_path);
     if (config.zinf.rate_notice_share > 0) {
@@ -324,7 +325,7 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
   for (const auto& notice : config.notices) log(LogLevel::kNotice, "config: " + notice);
 
   // Drive wear, before the first step: every step rewrites the optimizer's whole state (12
-  // bytes per element) and, with nvme parameters, the updated parameters. Padding to the I/O
+  // bytes per element with fp32 moments, fewer with zinf.state_precision) and, with nvme parameters, the updated parameters. Padding to the I/O
   // alignment adds a little; the measured figure follows after the first steps.
   if (config.zinf.tbw_tb > 0) {
     std::uint64_t numel = 0, param_bytes = 0;
@@ -335,7 +336,7 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
     double per_step = 0;
     std::vector<std::string> dirs;
     if (otier == OffloadDevice::kNvme) {
-      per_step += 12.0 * static_cast<double>(numel);
+      per_step += static_cast<double>(4 * numel + adam::moment_bytes(config.zinf.state_precision, numel));
       dirs = config.nvme_directories(config.offload_optimizer.nvme_path);
     }
     if (config.offload_param.device == OffloadDevice::kNvme) {

@@ -45,8 +45,12 @@ namespace fs = std::filesystem;
 
 constexpr const char* kMagic = "zinf-optimizer-checkpoint";
 // 2 adds a "hyper" line per group after the group lines; 1 (one set for every group, the
-// header's) still loads.
+// header's) still loads. 3 adds a "state_precision" line after sub_group_elements; it is
+// written only for compact moments (bf16, int8), so an fp32 checkpoint stays format 2, byte
+// for byte what earlier versions wrote and read, and an earlier reader refuses a compact one
+// by its version instead of misreading its records.
 constexpr int kFormatVersion = 2;
+constexpr int kCompactFormatVersion = 3;
 constexpr const char* kLatest = "LATEST";
 constexpr const char* kStateFile = "state.bin";
 constexpr const char* kManifestFile = "manifest";
@@ -106,6 +110,7 @@ struct Manifest {
   std::uint64_t step = 0;
   adam::AdamParams hp;  // the set for all groups (OffloadedOptimizer::hyper())
   std::uint64_t sub_group_elements = 0;
+  adam::StatePrecision precision = adam::StatePrecision::kF32;
   std::vector<ParamGroupSpec> groups;  // with each group's set in ParamGroupSpec::hyper
   std::vector<ManifestRecord> records;
 };
@@ -116,7 +121,8 @@ std::string mode_name(adam::AdamMode mode) {
 
 std::string render(const Manifest& m, const std::string& tier) {
   std::ostringstream o;
-  o << kMagic << ' ' << kFormatVersion << '\n';
+  const bool compact = m.precision != adam::StatePrecision::kF32;
+  o << kMagic << ' ' << (compact ? kCompactFormatVersion : kFormatVersion) << '\n';
   o << "tier " << tier << '\n';
   o << "step " << m.step << '\n';
   o << "lr " << hexfloat(m.hp.lr) << '\n';
@@ -128,6 +134,7 @@ std::string render(const Manifest& m, const std::string& tier) {
   o << "bias_correction " << (m.hp.bias_correction ? 1 : 0) << '\n';
   o << "mode " << mode_name(m.hp.mode) << '\n';
   o << "sub_group_elements " << m.sub_group_elements << '\n';
+  if (compact) o << "state_precision " << adam::state_precision_name(m.precision) << '\n';
   o << "groups " << m.groups.size() << '\n';
   for (std::size_t i = 0; i < m.groups.size(); ++i) {
     o << "group " << i << ' ' << m.groups[i].numel << ' ' << m.groups[i].name << '\n';
@@ -166,7 +173,7 @@ Manifest parse(const std::string& text, const std::string& path) {
   std::string word;
   int version = 0;
   if (!(in >> word >> version) || word != kMagic) throw bad("not a zinf optimizer checkpoint");
-  if (version != 1 && version != kFormatVersion) {
+  if (version != 1 && version != kFormatVersion && version != kCompactFormatVersion) {
     throw bad("unsupported format version " + std::to_string(version));
   }
   auto expect = [&](const char* key) {
@@ -208,6 +215,12 @@ Manifest parse(const std::string& text, const std::string& path) {
   expect("mode");
   m.hp.mode = mode("mode");
   m.sub_group_elements = uint("sub_group_elements");
+  if (version >= kCompactFormatVersion) {
+    expect("state_precision");
+    in >> word;
+    if (word != "bf16" && word != "int8") throw bad("bad state_precision '" + word + "'");
+    m.precision = adam::parse_state_precision(word, "state_precision");
+  }
   const std::uint64_t ng = uint("groups");
   for (std::uint64_t i = 0; i < ng; ++i) {
     expect("group");
@@ -321,6 +334,7 @@ void OffloadedOptimizer::Impl::save(const std::string& dir) {
   m.step = steps_done;
   m.hp = hyper;
   m.sub_group_elements = options.sub_group_elements;
+  m.precision = options.state_precision;
   m.groups = groups;
   for (std::size_t g = 0; g < groups.size(); ++g) m.groups[g].hyper = group_hyper[g];
   std::uint64_t offset = 0;
@@ -346,7 +360,7 @@ void OffloadedOptimizer::Impl::save(const std::string& dir) {
           Record& rec = records[i];
           std::byte* base = nvme() ? buf.data() : rec.state.data();
           m.records[i].crc =
-              swap::crc32c(std::span<const std::byte>(base, rec.numel * kStateBytesPerElement));
+              swap::crc32c(std::span<const std::byte>(base, rec.bytes));
           swap::IoRequest req{swap::IoOp::kWrite, att.id(), m.records[i].offset,
                               std::span<std::byte>(base, rec.padded)};
           swap::IoTicket t = engine->submit(std::span<const swap::IoRequest>(&req, 1));
@@ -452,6 +466,14 @@ void OffloadedOptimizer::Impl::load(const std::string& dir) {
                std::to_string(groups[i].numel));
     }
   }
+  // Refused rather than converted: a conversion would change the moments the run continues
+  // with (int8 to fp32 cannot restore what the codes dropped), which a resume must not do
+  // silently; a user who wants it loads into an optimizer of the checkpoint's precision and
+  // moves the state with read_state/set_state.
+  if (m.precision != options.state_precision) {
+    mismatch("state_precision " + std::string(adam::state_precision_name(m.precision)) +
+             ", here " + std::string(adam::state_precision_name(options.state_precision)));
+  }
   if (m.sub_group_elements != options.sub_group_elements) {
     mismatch("sub_group_elements " + std::to_string(m.sub_group_elements) + ", here " +
              std::to_string(options.sub_group_elements));
@@ -494,7 +516,7 @@ void OffloadedOptimizer::Impl::load(const std::string& dir) {
         [&](std::size_t i, swap::BufferLease& buf) -> swap::IoTicket {
           Record& rec = records[i];
           std::byte* base = nvme() ? buf.data() : rec.state.data();
-          const std::uint64_t bytes = rec.numel * kStateBytesPerElement;
+          const std::uint64_t bytes = rec.bytes;
           const std::uint32_t got = swap::crc32c(std::span<const std::byte>(base, bytes));
           if (got != m.records[i].crc) {
             throw corrupt(state_path,

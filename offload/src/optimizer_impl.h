@@ -10,12 +10,14 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "zinf/adam/compact_state.h"
 #include "zinf/adam/cpu_adam.h"
 #include "zinf/common/status.h"
 #include "zinf/offload/optimizer.h"
@@ -29,18 +31,35 @@ namespace zinf::offload {
 
 using OptClock = std::chrono::steady_clock;
 
-/// Bytes of optimizer state per element: the fp32 master parameter, Adam's m and its v. Sizes
-/// every record, its I/O and its checkpoint CRC, so the step and the checkpoint agree by
-/// construction.
-inline constexpr std::uint64_t kStateBytesPerElement = 3 * sizeof(float);
+/// Bytes of a record's state for `n` elements: the fp32 master parameters and Adam's m and v in
+/// `precision` (12n for fp32). Sizes every record, its I/O and its checkpoint CRC, so the step
+/// and the checkpoint agree by construction.
+inline std::uint64_t record_state_bytes(adam::StatePrecision precision, std::uint64_t n) {
+  return 4 * n + adam::moment_bytes(precision, n);
+}
+
+/// Where a record's arrays lie in its buffer: the fp32 parameters, then the moments as
+/// adam::compact_moments_at lays them out. fp32 and bf16: [params | m | v]; int8:
+/// [params | m scales | v scales | m codes | v codes].
+struct RecordLayout {
+  adam::StatePrecision precision;
+  std::uint64_t numel;
+  std::span<float> params(std::byte* base) const {
+    return {reinterpret_cast<float*>(base), static_cast<std::size_t>(numel)};
+  }
+  adam::CompactMoments moments(std::byte* base) const {
+    return adam::compact_moments_at(precision, static_cast<std::size_t>(numel), base + 4 * numel);
+  }
+};
 
 /// One sub-group: elements [offset, offset + numel) of a group, stored as one record
-/// [params | m | v] of kStateBytesPerElement x numel bytes padded to `padded` bytes.
+/// (RecordLayout) of `bytes` = record_state_bytes() bytes padded to `padded` bytes.
 struct Record {
   std::size_t group = 0;
   std::uint64_t sub = 0;
   std::uint64_t offset = 0;
   std::uint64_t numel = 0;
+  std::uint64_t bytes = 0;
   std::uint64_t padded = 0;
   std::string key;          // kNvme: the SwapStore key
   swap::BufferLease state;  // kCpu: the record itself
@@ -148,10 +167,9 @@ struct OffloadedOptimizer::Impl {
   void check_idle(const char* what) const;  // UsageError inside a step
   void fail(const Status& cause);
 
-  // Three views of a record laid out in `base` (params, m, v).
-  static std::span<float> params_of(std::byte* base, std::uint64_t n);
-  static std::span<float> m_of(std::byte* base, std::uint64_t n);
-  static std::span<float> v_of(std::byte* base, std::uint64_t n);
+  RecordLayout layout(const Record& r) const noexcept {
+    return {options.state_precision, r.numel};
+  }
 
   // Runs `count` items through the ring on the calling thread (no step open): start(i, buf)
   // submits item i's first I/O into ring buffer `buf` and returns its ticket; once that has

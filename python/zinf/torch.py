@@ -86,6 +86,13 @@ class _CpuAdamBase(torch.optim.Optimizer):
     format), or ``state_dict()`` / ``load_state_dict()`` (torch's, read from and written to
     the swap files).
 
+    ``state_precision`` (state="nvme"): how the moments are stored, ``"fp32"`` (12 bytes per
+    parameter with the master), ``"bf16"`` (8) or ``"int8"`` (6.125: 8-bit codes with a scale
+    per 64 elements); the master weights stay fp32 and each step moves that many bytes
+    (zinf.state_precision in docs/config.md). ``state_dict()`` gives the moments decoded to
+    float32; ``load_state_dict()`` encodes them. A zinf checkpoint (``save``) records its
+    precision, and ``load`` refuses one of another precision.
+
     ``overlap=True`` (state="nvme"): each parameter's update is queued as soon as backward has
     produced its gradient (a gradient hook), so the state's NVMe reads, the updates and the
     write-backs run during backward; ``step()`` waits for the rest. It needs one backward per
@@ -95,7 +102,7 @@ class _CpuAdamBase(torch.optim.Optimizer):
 
     def __init__(self, params, lr, betas, eps, weight_decay, amsgrad, adamw, threads,
                  state="cpu", nvme_path=None, sub_group_size=1 << 20, pipeline_depth=4,
-                 pinned_budget=None, checksums=True, overlap=False):
+                 pinned_budget=None, checksums=True, overlap=False, state_precision="fp32"):
         if amsgrad:
             raise ValueError("zinf: amsgrad is not supported (zinf's kernel is Adam/AdamW)")
         if not 0.0 <= lr:
@@ -109,6 +116,12 @@ class _CpuAdamBase(torch.optim.Optimizer):
             raise ValueError(f"zinf: invalid weight_decay {weight_decay}")
         if state not in ("cpu", "nvme"):
             raise ValueError(f"zinf: state must be 'cpu' or 'nvme', got {state!r}")
+        if state_precision not in ("fp32", "bf16", "int8"):
+            raise ValueError("zinf: state_precision must be 'fp32', 'bf16' or 'int8', got "
+                             f"{state_precision!r}")
+        if state_precision != "fp32" and state != "nvme":
+            raise ValueError(f"zinf: state_precision={state_precision!r} is for state='nvme' "
+                             "(state='cpu' keeps torch's float32 exp_avg / exp_avg_sq tensors)")
         if overlap and state != "nvme":
             raise ValueError("zinf: overlap=True is for state='nvme' (the cpu tier updates on the "
                              "calling thread, so there is nothing to overlap)")
@@ -134,11 +147,14 @@ class _CpuAdamBase(torch.optim.Optimizer):
                 raise ValueError("zinf: state='nvme' got a parameter with no elements (released "
                                  "by offload_parameters? build the optimizer inside `with "
                                  "offload.materialized():`)")
-        record = 12 * sub_group_size + 4096
+        # Bytes per element of a record: the fp32 master and the moments (docs/engine.md).
+        per_element = {"fp32": 12, "bf16": 8, "int8": 6}[state_precision]
+        record = per_element * sub_group_size + 8 * (sub_group_size // 64 + 1) + 4096
         budget = pinned_budget if pinned_budget is not None else pipeline_depth * record
         self._offloaded = _native.OffloadedOptimizer(
             [p.numel() for p in self._flat], "nvme", dirs, int(sub_group_size),
-            int(pipeline_depth), int(budget), int(threads), bool(checksums))
+            int(pipeline_depth), int(budget), int(threads), bool(checksums),
+            str(state_precision))
         self._index = {id(p): i for i, p in enumerate(self._flat)}
         self._hyper_given = [None] * len(self._flat)
         self.reload_parameters()

@@ -441,14 +441,14 @@ TEST_P(Checkpoint, ABadGroupSetOrAnUnknownFormatIsRefusedBeforeTheStateIsTouched
   }
 
   std::string future = body;
-  future.replace(0, future.find('\n'), "zinf-optimizer-checkpoint 3");
+  future.replace(0, future.find('\n'), "zinf-optimizer-checkpoint 4");
   write_manifest(future);
   try {
     a.load(ckpt);
-    ADD_FAILURE() << "loaded format 3";
+    ADD_FAILURE() << "loaded format 4";
   } catch (const IoError& e) {
     EXPECT_EQ(e.code(), ErrorCode::kCorrupt);
-    EXPECT_NE(std::string(e.what()).find("bad manifest: unsupported format version 3"),
+    EXPECT_NE(std::string(e.what()).find("bad manifest: unsupported format version 4"),
               std::string::npos)
         << e.what();
   }

@@ -38,7 +38,7 @@ using offload::StateTier;
 
 constexpr const char* kAbout = R"(
 Times steps of zinf's offloaded optimizer: the fp32 parameters and Adam moments (12 bytes per
-element) live on NVMe (--tier nvme, one swap file per --dir) or in pinned host memory (--tier
+element; 8 with --state-precision bf16, 6.125 with int8) live on NVMe (--tier nvme, one swap file per --dir) or in pinned host memory (--tier
 cpu), and each step streams them through the CPU Adam kernel with fp32 gradients held in memory.
 Reports the median step and, for that step count, the median busy time of each stage.)";
 
@@ -49,7 +49,9 @@ queue depth and 1 MiB requests over fio's footprint of queue depth x 1 MiB, on a
 name in each --dir) and one Adam step over the same elements in plain memory; each step is
 reported against the mean of the two references around its block of N steps:
   ideal = max(bytes read / read rate + bytes written / write rate, Adam)
-N > 1 keeps steps back to back, as a trainer's are. Needs 12 bytes per element more memory and
+where the bytes are the step's own (the mode's records) and Adam is the kernel of the same
+--state-precision. N > 1 keeps steps back to back, as a trainer's are. Needs the state's bytes
+per element more memory and
 the state's size again on the drive.
 
 Stage times: read/write = time with at least one state read/write-back in flight; compute =
@@ -67,12 +69,13 @@ class StepReference {
  public:
   StepReference(const std::vector<std::string>& dirs, std::uint64_t state_bytes,
                 const swap::IoOptions& io, std::size_t numel, const adam::CpuAdamOptions& adam,
-                const GradView& grads, const adam::CopyOut& out)
+                const GradView& grads, const adam::CopyOut& out, adam::StatePrecision precision)
       : n_(numel),
         grads_(grads),
         out_(out),
         adam_(adam),
-        mem_(numel * 12, "bench step --reference") {
+        precision_(precision),
+        mem_(numel * 4 + adam::moment_bytes(precision, numel), "bench step --reference") {
     if (!dirs.empty()) {
       IoBenchOptions bo;
       bo.dirs = dirs;
@@ -85,12 +88,10 @@ class StepReference {
       io_.emplace(bo);
       io_->write();  // lays the files out: the timed writes are overwrites, as the step's are
     }
-    auto p = mem_.as<float>(3 * n_);
-    for (std::size_t i = 0; i < n_; ++i) {
-      p[i] = bench_param(i);
-      p[n_ + i] = 0.0f;
-      p[2 * n_ + i] = 0.0f;
-    }
+    auto p = mem_.as<float>(n_);
+    for (std::size_t i = 0; i < n_; ++i) p[i] = bench_param(i);
+    auto moments = mem_.as<std::byte>(n_ * 4 + adam::moment_bytes(precision_, n_)).subspan(n_ * 4);
+    std::fill(moments.begin(), moments.end(), std::byte{0});  // zero moments in every precision
   }
 
   struct Figures {
@@ -111,11 +112,13 @@ class StepReference {
       f.write_gbps = io_->write().gbps();
       f.read_gbps = io_->read().gbps();
     }
-    auto all = mem_.as<float>(3 * n_);
     ++step_;
     hp.step = step_;
+    const adam::CompactMoments moments = adam::compact_moments_at(
+        precision_, n_,
+        mem_.as<std::byte>(n_ * 4 + adam::moment_bytes(precision_, n_)).data() + n_ * 4);
     const auto t0 = std::chrono::steady_clock::now();
-    adam_.step(hp, all.first(n_), all.subspan(n_, n_), all.subspan(2 * n_, n_), grads_, out_);
+    adam_.step(hp, mem_.as<float>(n_), moments, grads_, out_);
     f.adam_seconds = seconds_since(t0);
     return f;
   }
@@ -125,6 +128,7 @@ class StepReference {
   GradView grads_;
   adam::CopyOut out_;
   adam::CpuAdam adam_;
+  adam::StatePrecision precision_;
   HostArray mem_;
   std::optional<IoBench> io_;
   std::uint64_t step_ = 0;
@@ -138,6 +142,7 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   std::uint64_t threads = 0, steps = 5, queue_depth = 16, budget = 0, reference_every = 0;
   std::string tier_text = "nvme", engine_text = "auto", grad_text = "fp32", copy_text = "none";
   std::string checksums_text = "on";
+  std::string precision_text = "fp32";
   bool json = false;
   Cli cli("bench step", kAbout, kFooter);
   cli.texts("--dir", dirs, "DIR", "directory for the state (repeatable: striped over the files)",
@@ -158,6 +163,8 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   cli.text("--copy-out", copy_text, "T",
            "none | bf16 | fp16: also write the low-precision "
            "parameters");
+  cli.text("--state-precision", precision_text, "P",
+           "fp32 | bf16 | int8: how the moments are stored (zinf.state_precision)");
   cli.text("--checksums", checksums_text, "on|off",
            "CRC32C per stripe of the swap files, computed on every write-back and verified "
            "on every read, as the library does by default; off measures the cost of that");
@@ -174,6 +181,8 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   const auto engine_kind = swap::parse_io_engine_kind(engine_text);
   const DType grad_dtype = parse_dtype(grad_text, "--grad-dtype");
   const bool checksums = parse_on_off(checksums_text, "--checksums");
+  const adam::StatePrecision precision =
+      adam::parse_state_precision(precision_text, "--state-precision");
 
   check_numel(numel);
   if (sub_group == 0) throw UsageError("--sub-group must be at least 1");
@@ -204,8 +213,11 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   o.io.kind = engine_kind;
   o.io.queue_depth = static_cast<std::uint32_t>(queue_depth);
   o.swap_checksums = checksums;
+  o.state_precision = precision;
   // Unless told, the budget is exactly what the tier needs (the optimizer checks it).
-  const std::uint64_t record = (std::min(sub_group, numel) * 12 + 4095) / 4096 * 4096;
+  const std::uint64_t record_elems = std::min(sub_group, numel);
+  const std::uint64_t record =
+      (record_elems * 4 + adam::moment_bytes(precision, record_elems) + 4095) / 4096 * 4096;
   o.pinned_budget_bytes =
       budget != 0 ? budget
                   : (tier == StateTier::kNvme ? depth * record
@@ -244,7 +256,7 @@ int bench_step_main(const std::vector<std::string>& tokens) {
       // After the warm-up, which says how many bytes a step moves.
       ref = std::make_unique<StepReference>(
           tier == StateTier::kNvme ? dirs : std::vector<std::string>{}, all.front().bytes_read,
-          o.io, n, o.adam, grads, out);
+          o.io, n, o.adam, grads, out, precision);
     }
     if (ref && (s - 1) % reference_every == 0) refs.push_back(ref->measure(o.hyper));
     all.push_back(opt.step(std::span<const offload::GroupGrads>(&gg, 1)));
@@ -294,6 +306,7 @@ int bench_step_main(const std::vector<std::string>& tokens) {
     j["grad_dtype"] = std::string(dtype_name(grad_dtype));
     j["copy_out"] = copy_text;
     j["checksums"] = checksums;
+    j["state_precision"] = std::string(adam::state_precision_name(precision));
     j["steps"] = steps;
     j["step_seconds"] = step_med;
     j["step_seconds_min"] = *std::min_element(step_s.begin(), step_s.end());
@@ -323,12 +336,13 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   } else {
     std::printf(
         "zinf bench step: tier=%s engine=%.*s numel=%llu sub-group=%llu (%llu) depth=%llu "
-        "grad=%s copy-out=%s checksums=%s steps=%llu (median)\n",
+        "grad=%s copy-out=%s checksums=%s state=%s steps=%llu (median)\n",
         std::string(offload::state_tier_name(tier)).c_str(),
         static_cast<int>(opt.engine_name().size()), opt.engine_name().data(),
         static_cast<unsigned long long>(numel), static_cast<unsigned long long>(sub_group),
         static_cast<unsigned long long>(sub_groups), static_cast<unsigned long long>(depth),
         std::string(dtype_name(grad_dtype)).c_str(), copy_text.c_str(), checksums ? "on" : "off",
+        std::string(adam::state_precision_name(precision)).c_str(),
         static_cast<unsigned long long>(steps));
     std::printf("  %-22s %10.3f s   (%.3f G elements/s)\n", "step", step_med,
                 static_cast<double>(numel) / step_med / 1e9);

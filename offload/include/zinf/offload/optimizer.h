@@ -89,6 +89,13 @@ struct OptimizerOptions {
   /// kNvme: write every block of the swap files once at construction, so that write-backs
   /// overwrite blocks rather than fill unwritten extents (faster on most drives).
   bool precondition = false;
+  /// How Adam's moments are stored (zinf.state_precision): kF32 (12 bytes per element with
+  /// the fp32 master parameter), kBF16 (8) or kInt8 (6 + 8/64: codes with an fp32 scale per
+  /// 64 elements), see zinf/adam/compact_state.h. The master parameters stay fp32 in every
+  /// mode; read_state and set_state convert the moments from and to fp32 (read_state gives
+  /// what the next step will use). A checkpoint records its precision, and load() refuses one
+  /// of another precision (UsageError naming both).
+  adam::StatePrecision state_precision = adam::StatePrecision::kF32;
   /// Reserve the pinned staging that step_group(..., StoreCopyOut) writes through:
   /// max(pipeline_depth, 2) buffers of 2 x sub_group_elements bytes (padded to the
   /// alignment), counted in pinned_budget_bytes. Without it a StoreCopyOut is a UsageError.
@@ -179,7 +186,8 @@ double clip_coefficient(double clip, double norm) noexcept;
 /// The optimizer state of several parameter groups in a tier, with a pipelined step.
 ///
 /// Layout. Each group is cut into sub-groups of `sub_group_elements`; each sub-group is one
-/// record [params | m | v] of 12 x n bytes, padded to the store's alignment: one SwapStore key
+/// record [params | m | v] of 12 x n bytes (fp32 state; fewer with a compact
+/// state_precision), padded to the store's alignment: one SwapStore key
 /// (kNvme, one read and one write per step) or one BufferPool lease (kCpu).
 ///
 /// Stepping. step() updates every group once. For overlap with backward, begin_step() opens a
@@ -224,6 +232,8 @@ class OffloadedOptimizer {
   std::size_t group_count() const noexcept;
   const ParamGroupSpec& group(std::size_t index) const;
   StateTier tier() const noexcept;
+  /// How the moments are stored (OptimizerOptions::state_precision).
+  adam::StatePrecision state_precision() const noexcept;
   /// Steps completed so far (the next step is step_count() + 1).
   std::uint64_t step_count() const noexcept;
   /// The hyper-parameters last set for all groups: options.hyper, then set_hyper(hyper)'s, or
@@ -332,7 +342,7 @@ class OffloadedOptimizer {
   /// Pinned bytes the optimizer holds (ring or state) and the most ever held.
   std::uint64_t pinned_bytes() const noexcept;
   std::uint64_t pinned_bytes_peak() const noexcept;
-  /// Bytes of one sub-group buffer (12 x sub_group_elements, padded).
+  /// Bytes of one sub-group buffer (12 x sub_group_elements with fp32 state, padded).
   std::uint64_t record_bytes() const noexcept;
   /// The I/O engine's name ("uring", "threads", ...).
   std::string_view engine_name() const noexcept;
