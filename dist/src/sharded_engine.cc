@@ -76,6 +76,7 @@ struct ShardedEngine::Impl {
   std::vector<float> padded;  // one full padded layer of fp32 at a time
   std::vector<std::byte> host_slice;
   std::vector<FetchSlot> slots;
+  std::vector<bool> fetched_alone;  // one rank: layers fetched straight from the engine
   // Set by the staged step's reducer once this rank has entered the step's all-reduce.
   bool reduced_this_step = false;
 
@@ -139,6 +140,7 @@ ShardedEngine::ShardedEngine(offload::EngineConfig config, std::vector<offload::
   s.staged = s.local->step_mode() == offload::StepMode::kStaged;
   s.shard_grads.resize(s.staged ? 1 : s.layers.size());
   s.has_grads.assign(s.layers.size(), false);
+  s.fetched_alone.assign(s.layers.size(), false);
   s.padded.resize(largest);
   if (comm.size() > 1 && s.staged) {
     offload::set_sum_of_squares_reducer(*s.local, [&s](double local_sum) {
@@ -196,11 +198,17 @@ void ShardedEngine::read_master_weights(std::size_t layer, std::span<float> out)
 cuda::DeviceSpan ShardedEngine::fetch(std::size_t layer) {
   Impl& s = *impl_;
   const offload::LayerSpec& spec = s.at(layer, "fetch");
-  for (const FetchSlot& slot : s.slots) {
-    if (slot.layer == layer) {
-      throw UsageError("ShardedEngine::fetch: layer '" + spec.name +
-                       "' is already fetched (release it first)");
-    }
+  bool fetched = s.fetched_alone[layer];
+  for (const FetchSlot& slot : s.slots) fetched = fetched || slot.layer == layer;
+  if (fetched) {
+    throw UsageError("ShardedEngine::fetch: layer '" + spec.name +
+                     "' is already fetched (release it first)");
+  }
+  if (s.comm.size() == 1) {
+    // One rank: the engine's own fetch, with no host round trip (the same bytes).
+    const cuda::DeviceSpan own = s.local->fetch(layer);
+    s.fetched_alone[layer] = true;
+    return own;
   }
   const std::size_t elem = dtype_size(spec.param_dtype);
   const std::size_t slice_bytes = s.shard[layer] * elem;
@@ -208,7 +216,7 @@ cuda::DeviceSpan ShardedEngine::fetch(std::size_t layer) {
   // This rank's slice reaches the host after the compute stream's earlier work (the
   // collectives read host memory); a failed read is this rank's, told to every rank.
   s.host_slice.resize(slice_bytes);
-  bool fetched = false;
+  fetched = false;
   try {
     detail::on_every_rank(s.comm, "ShardedEngine::fetch", [&] {
       const cuda::DeviceSpan own = s.local->fetch(layer);
@@ -240,6 +248,11 @@ cuda::DeviceSpan ShardedEngine::fetch(std::size_t layer) {
 void ShardedEngine::release(std::size_t layer) {
   Impl& s = *impl_;
   s.at(layer, "release");
+  if (s.fetched_alone[layer]) {
+    s.fetched_alone[layer] = false;
+    s.local->release(layer);
+    return;
+  }
   for (FetchSlot& f : s.slots) {
     if (f.layer == layer) {
       f.layer.reset();

@@ -56,6 +56,8 @@ class ShardedEngineAccess;  // zinf/dist/testing.h: a rank's engine with fault p
 /// (a dead peer: the MPI adapter's timeout) throws CollectiveError naming the operation and this
 /// rank; the group is then unusable and the job must end.
 ///
+/// One rank: fetch and release are the engine's own (no host round trip).
+///
 /// Device memory. The collectives work on host memory (MPI, callbacks, local; UsageError at
 /// construction for a device-memory backend such as NCCL, not built here): fetch copies this
 /// rank's slice to the host after the compute stream's earlier work (the host waits for it),
