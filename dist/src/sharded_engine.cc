@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "zinf/common/error.h"
+#include "zinf/common/log.h"
 #include "zinf/dist/testing.h"
 #include "zinf/offload/engine_seams.h"
 #include "zinf/offload/testing.h"
@@ -81,6 +82,16 @@ struct ShardedEngine::Impl {
   bool reduced_this_step = false;
 
   Impl(Collectives& c, cuda::Device& d, cuda::StreamRef s) : comm(c), device(d), compute(s) {}
+  // The compute stream may still be copying a fetched layer out of a slot's host buffer (or
+  // reading its device buffer): they are freed only once it is done.
+  ~Impl() {
+    if (slots.empty()) return;
+    try {
+      device.synchronize(compute);
+    } catch (const std::exception& e) {
+      log(LogLevel::kDebug, std::string("ShardedEngine: closing: ") + e.what());
+    }
+  }
 
   std::uint64_t padded_numel(std::size_t l) const {
     return shard[l] * static_cast<std::uint64_t>(comm.size());
