@@ -54,19 +54,6 @@ std::uint64_t shard_numel(std::uint64_t numel, int world) noexcept {
   return (numel + w - 1) / w;
 }
 
-std::string rank_directory(const std::string& dir, int rank) {
-  const std::string name = "rank" + std::to_string(rank);
-  const swap::Dir parent = swap::Dir::open(dir);
-  bool exists = false;
-  for (const std::string& entry : parent.list()) exists = exists || entry == name;
-  if (exists) {
-    (void)parent.open_child(name);  // IoError for a link or a non-directory at that name
-  } else {
-    (void)parent.create_child(name);
-  }
-  return parent.path_of(name);
-}
-
 void copy_slice(std::span<const float> full, int rank, std::span<float> shard) {
   const std::uint64_t begin = shard.size() * static_cast<std::uint64_t>(rank);
   const std::uint64_t end = std::min<std::uint64_t>(full.size(), begin + shard.size());
@@ -164,3 +151,24 @@ void load_sharded(Collectives& comm, std::string_view who, const std::string& di
 }
 
 }  // namespace zinf::dist::detail
+
+namespace zinf::dist {
+
+std::string rank_directory(const std::string& dir, int rank) {
+  const std::string name = "rank" + std::to_string(rank);
+  const swap::Dir parent = swap::Dir::open(dir);
+  bool exists = false;
+  for (const std::string& entry : parent.list()) exists = exists || entry == name;
+  if (exists) {
+    (void)parent.open_child(name);  // IoError for a link or a non-directory at that name
+  } else {
+    try {
+      (void)parent.create_child(name);
+    } catch (const IoError&) {
+      (void)parent.open_child(name);  // another rank created it first
+    }
+  }
+  return parent.path_of(name);
+}
+
+}  // namespace zinf::dist

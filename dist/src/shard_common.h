@@ -15,15 +15,12 @@
 #include <vector>
 
 #include "zinf/dist/collectives.h"
+#include "zinf/dist/rank_directory.h"
 
 namespace zinf::dist::detail {
 
 /// Elements per rank of an `numel`-element tensor padded with zeros to a multiple of `world`.
 std::uint64_t shard_numel(std::uint64_t numel, int world) noexcept;
-
-/// `dir`/rank<R>, DeepSpeed's layout: created (0700) if missing, never followed if it is a
-/// link (IoError), returned as a path.
-std::string rank_directory(const std::string& dir, int rank);
 
 /// Rank `rank`'s slice of `full`, padded with zeros past its end (`shard` elements).
 void copy_slice(std::span<const float> full, int rank, std::span<float> shard);

@@ -139,7 +139,7 @@ ShardedEngine::ShardedEngine(offload::EngineConfig config, std::vector<offload::
   }
   // This rank's files in rank<R> under every NVMe directory the config names.
   auto into_rank = [&](std::string& dir) {
-    if (!dir.empty()) dir = detail::rank_directory(dir, comm.rank());
+    if (!dir.empty()) dir = rank_directory(dir, comm.rank());
   };
   into_rank(config.offload_param.nvme_path);
   into_rank(config.offload_optimizer.nvme_path);

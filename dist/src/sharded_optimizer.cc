@@ -51,7 +51,7 @@ ShardedOptimizer::ShardedOptimizer(offload::OptimizerOptions options,
     mine.push_back(std::move(spec));
   }
   if (options.tier == offload::StateTier::kNvme) {
-    for (auto& d : options.directories) d = detail::rank_directory(d, comm.rank());
+    for (auto& d : options.directories) d = rank_directory(d, comm.rank());
   }
   s.local = std::make_unique<offload::OffloadedOptimizer>(std::move(options), std::move(mine));
   s.shard_grads.resize(s.groups.size());

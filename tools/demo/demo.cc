@@ -211,7 +211,7 @@ int demo_main(const std::vector<std::string>& tokens) {
   // Data-parallel: the global batch is split across the ranks, each keeping 1/N of every
   // layer (ShardedEngine); one rank is the plain engine. A collective waits at most this long
   // for the other ranks (a step of the largest demo is far shorter).
-  Job job(dist_mode, std::chrono::seconds(120));
+  DistJob job(dist_mode, std::chrono::seconds(120));
   return job.run("demo", [&] {
   const int ranks = job.size();
   if (shape.batch % static_cast<std::size_t>(ranks) != 0) {

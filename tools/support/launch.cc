@@ -26,7 +26,7 @@ int launcher_world_size() {
   return 0;
 }
 
-Job::Job(DistMode mode, std::chrono::milliseconds timeout) {
+DistJob::DistJob(DistMode mode, std::chrono::milliseconds timeout) {
   if (mode == DistMode::kAuto) mode = launcher_world_size() > 1 ? DistMode::kMpi : DistMode::kNone;
   if (mode == DistMode::kNone) {
     comm_ = dist::make_local_collectives();
@@ -54,14 +54,14 @@ Job::Job(DistMode mode, std::chrono::milliseconds timeout) {
 #endif
 }
 
-Job::~Job() {
+DistJob::~DistJob() {
   comm_.reset();
 #if ZINF_TOOLS_HAVE_MPI
   if (mpi_) MPI_Finalize();
 #endif
 }
 
-void Job::abort_job(int code) {
+void DistJob::abort_job(int code) {
 #if ZINF_TOOLS_HAVE_MPI
   if (mpi_) MPI_Abort(MPI_COMM_WORLD, code);
 #endif

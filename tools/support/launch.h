@@ -29,12 +29,12 @@ int launcher_world_size();
 /// collective; UsageError in a build without MPI (saying so, and naming the launcher's
 /// variable when one is set). The destructor ends MPI (MPI_Finalize) after the adapter.
 /// One per process, on the main thread.
-class Job {
+class DistJob {
  public:
-  Job(DistMode mode, std::chrono::milliseconds timeout);
-  ~Job();
-  Job(const Job&) = delete;
-  Job& operator=(const Job&) = delete;
+  DistJob(DistMode mode, std::chrono::milliseconds timeout);
+  ~DistJob();
+  DistJob(const DistJob&) = delete;
+  DistJob& operator=(const DistJob&) = delete;
 
   dist::Collectives& comm() noexcept { return *comm_; }
   int rank() const noexcept { return comm_->rank(); }
