@@ -11,26 +11,27 @@
 #include <nlohmann/json.hpp>
 
 #include "support/test_dir.h"
+#include "np_main.h"
 #include "support/tool_run.h"
 
 namespace {
 
-int g_np = 2;
 
 TEST(BenchIoMpi, EveryRankTestsItsOwnFolderAndRankZeroReportsTheAggregate) {
+  const int np = zinf::test::mpi_np();
   zinf::test::TestDir dir;
   const zinf::test::ToolRun run = zinf::test::run_shell(
-      std::string(ZINF_MPI_ENV) + " " + ZINF_MPIRUN_COMMAND + " -np " + std::to_string(g_np) +
+      std::string(ZINF_MPI_ENV) + " " + ZINF_MPIRUN_COMMAND + " -np " + std::to_string(np) +
           " " + ZINF_TOOL_PATH + " bench io --dir " + dir.path() +
           " --size 8M --block-size 1M --loops 1 --json",
       false);
   ASSERT_EQ(run.status, 0) << run.out;
   const auto doc = nlohmann::json::parse(run.out);  // one document: only rank 0 prints
-  EXPECT_EQ(doc["ranks"], g_np);
+  EXPECT_EQ(doc["ranks"], np);
   ASSERT_EQ(doc["jobs"].size(), 2u) << run.out;
   for (const auto& job : doc["jobs"]) {
     SCOPED_TRACE(job.dump());
-    ASSERT_EQ(job["per_rank_gbps"].size(), static_cast<std::size_t>(g_np));
+    ASSERT_EQ(job["per_rank_gbps"].size(), static_cast<std::size_t>(np));
     double sum = 0;
     for (const auto& r : job["per_rank_gbps"]) {
       EXPECT_GT(r.get<double>(), 0);
@@ -41,19 +42,13 @@ TEST(BenchIoMpi, EveryRankTestsItsOwnFolderAndRankZeroReportsTheAggregate) {
     // Every rank's bytes over the slowest rank's time: at most the sum of the rates.
     EXPECT_GT(aggregate, 0);
     EXPECT_LE(aggregate, sum * 1.0001);
-    EXPECT_DOUBLE_EQ(job["scaling_efficiency"].get<double>(), aggregate / (g_np * alone));
+    EXPECT_DOUBLE_EQ(job["scaling_efficiency"].get<double>(), aggregate / (np * alone));
   }
-  for (int r = 0; r < g_np; ++r) {
+  for (int r = 0; r < np; ++r) {
     EXPECT_TRUE(std::filesystem::is_directory(dir.path() + "/rank" + std::to_string(r))) << r;
   }
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::string(argv[i]) == "--np") g_np = std::atoi(argv[i + 1]);
-  }
-  return RUN_ALL_TESTS();
-}
+int main(int argc, char** argv) { return zinf::test::np_test_main(argc, argv); }

@@ -22,13 +22,13 @@
 #include <gtest/gtest.h>
 
 #include "support/test_dir.h"
+#include "np_main.h"
 #include "support/tool_run.h"
 
 namespace {
 
 constexpr double kWeightTolerance = 1e-5;
 constexpr double kLossTolerance = 1e-5;
-int g_np = 2;
 
 // Small: three 64-wide layers, a batch of 12 (a multiple of 2 and 3), ten steps, lr 1e-3.
 const std::string kModel =
@@ -50,20 +50,21 @@ double number(const std::string& json, const std::string& key) {
 }
 
 TEST(DemoMpi, DataParallelRanksEndWithTheOneRankWeights) {
+  const int np = zinf::test::mpi_np();
   zinf::test::TestDir dir;
   const std::string one = dir.subdir("one"), many = dir.subdir("many");
   const zinf::test::ToolRun alone = zinf::test::run_zinf(
       kModel + " --dir " + one + " --weights-out " + one + "/weights", false);
   ASSERT_EQ(alone.status, 0) << alone.out;
   const zinf::test::ToolRun job = zinf::test::run_shell(
-      std::string(ZINF_MPI_ENV) + " " + ZINF_MPIRUN_COMMAND + " -np " + std::to_string(g_np) +
+      std::string(ZINF_MPI_ENV) + " " + ZINF_MPIRUN_COMMAND + " -np " + std::to_string(np) +
           " " + ZINF_TOOL_PATH + " " + kModel + " --dir " + many + " --weights-out " + many +
           "/weights",
       false);
   ASSERT_EQ(job.status, 0) << job.out;
-  EXPECT_EQ(number(job.out, "ranks"), g_np) << job.out;
+  EXPECT_EQ(number(job.out, "ranks"), np) << job.out;
   EXPECT_EQ(number(alone.out, "ranks"), 1) << alone.out;
-  for (int r = 0; r < g_np; ++r) {
+  for (int r = 0; r < np; ++r) {
     EXPECT_TRUE(std::filesystem::is_directory(many + "/rank" + std::to_string(r))) << r;
   }
   const double loss_one = number(alone.out, "final_loss");
@@ -78,16 +79,10 @@ TEST(DemoMpi, DataParallelRanksEndWithTheOneRankWeights) {
   for (std::size_t i = 0; i < w1.size(); ++i) {
     worst = std::max(worst, std::abs(static_cast<double>(w1[i]) - wn[i]));
   }
-  std::printf("largest weight difference over %d ranks: %g\n", g_np, worst);
+  std::printf("largest weight difference over %d ranks: %g\n", np, worst);
   EXPECT_LE(worst, kWeightTolerance);
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::string(argv[i]) == "--np") g_np = std::atoi(argv[i + 1]);
-  }
-  return RUN_ALL_TESTS();
-}
+int main(int argc, char** argv) { return zinf::test::np_test_main(argc, argv); }
