@@ -180,6 +180,17 @@ void BM_NativeAdamLoopVectorized(benchmark::State& state) {
   run_native_loop(state, zinf::bench::native_adam_loop_vectorized);
 }
 
+// The simple form (load once, compute, store once; one division), for this CPU: the 1-thread
+// target of the vector paths.
+void BM_SimpleAdamLoopNative(benchmark::State& state) {
+  run_native_loop(state, zinf::bench::simple_adam_loop_native);
+}
+
+// The same source for the baseline ISA (SSE2, no FMA on x86-64): the scalar path's target.
+void BM_SimpleAdamLoopBaseline(benchmark::State& state) {
+  run_native_loop(state, zinf::bench::simple_adam_loop_baseline);
+}
+
 constexpr std::int64_t kNone = -1;
 constexpr auto kF32 = static_cast<std::int64_t>(DType::kF32);
 constexpr auto kBF16 = static_cast<std::int64_t>(DType::kBF16);
@@ -215,6 +226,16 @@ BENCHMARK(BM_NativeAdamLoop)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_NativeAdamLoopVectorized)
+    ->ArgNames({"numel"})
+    ->Arg(kLarge)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_SimpleAdamLoopNative)
+    ->ArgNames({"numel"})
+    ->Arg(kLarge)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_SimpleAdamLoopBaseline)
     ->ArgNames({"numel"})
     ->Arg(kLarge)
     ->UseRealTime()

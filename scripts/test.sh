@@ -2,7 +2,8 @@
 # Sets up and runs zinf's test suite: installs the Debian packages, then runs the CMake
 # workflows: `ci` (release build, public-header check, every label), `ci-asan` (address +
 # undefined sanitizers) and `ci-tsan` (thread sanitizer), the sanitizer ones on the unit,
-# contract and fault labels. GPU tests skip with a reason where no GPU is visible. The release
+# contract and fault labels (without the Python module and MPI, whose labels run in the release
+# workflow only). GPU tests skip with a reason where no GPU is visible. The release
 # workflow's every label includes `mpi` (the collectives under mpirun; docs/distributed.md).
 # Usage: scripts/test.sh [--quick]   (--quick: the release workflow only)
 set -euo pipefail

@@ -402,7 +402,7 @@ void CpuAdam::copy_out(std::span<const float> params, CopyOut out) {
   check_array("copy-out", out.data, out.size, n);
   // The kernel itself, with an update that leaves every parameter exactly as it is, so that
   // the conversion is the very code (and ISA) of step()'s copy-out: zero gradients and moments
-  // give m / denom = 0 with denom = eps = 1, and p = fma(-0.0f, 0, p) is p bit for bit
+  // give m / denom = 0 with denom = eps = 1, and p + (-0.0f * 0) is p bit for bit
   // (-0 + p keeps the sign of a zero p). Chunks through small scratch arrays on this thread.
   constexpr std::size_t kChunk = 16384;
   const std::size_t c = std::min(n, kChunk);

@@ -80,12 +80,12 @@ inline void update(const Consts& c, const Lanes& l) {
   __m256 p = _mm256_loadu_ps(l.p);
   __m256 m = _mm256_loadu_ps(l.m);
   __m256 v = _mm256_loadu_ps(l.v);
-  if constexpr (D == DecayKind::kL2) g = _mm256_fmadd_ps(c.weight_decay, p, g);
+  if constexpr (D == DecayKind::kL2) g = _mm256_add_ps(g, _mm256_mul_ps(c.weight_decay, p));
   if constexpr (D == DecayKind::kDecoupled) p = _mm256_mul_ps(p, c.decay_factor);
-  m = _mm256_fmadd_ps(c.beta1, m, _mm256_mul_ps(c.one_minus_beta1, g));
-  v = _mm256_fmadd_ps(c.beta2, v, _mm256_mul_ps(_mm256_mul_ps(c.one_minus_beta2, g), g));
-  const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(v), c.inv_sqrt_bc2, c.eps);
-  p = _mm256_fmadd_ps(c.neg_step_size, _mm256_div_ps(m, denom), p);
+  m = _mm256_add_ps(_mm256_mul_ps(c.beta1, m), _mm256_mul_ps(c.one_minus_beta1, g));
+  v = _mm256_add_ps(_mm256_mul_ps(c.beta2, v), _mm256_mul_ps(_mm256_mul_ps(c.one_minus_beta2, g), g));
+  const __m256 denom = _mm256_add_ps(_mm256_mul_ps(_mm256_sqrt_ps(v), c.inv_sqrt_bc2), c.eps);
+  p = _mm256_add_ps(p, _mm256_mul_ps(c.neg_step_size, _mm256_div_ps(m, denom)));
   _mm256_storeu_ps(l.p, p);
   _mm256_storeu_ps(l.m, m);
   _mm256_storeu_ps(l.v, v);

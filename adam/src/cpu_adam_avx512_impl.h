@@ -110,12 +110,12 @@ inline void update(const KernelArgs& a, const Consts& c, std::size_t i, __mmask1
   __m512 p = load_f32<kMasked>(a.params + i, k);
   __m512 m = load_f32<kMasked>(a.m + i, k);
   __m512 v = load_f32<kMasked>(a.v + i, k);
-  if constexpr (D == DecayKind::kL2) g = _mm512_fmadd_ps(c.weight_decay, p, g);
+  if constexpr (D == DecayKind::kL2) g = _mm512_add_ps(g, _mm512_mul_ps(c.weight_decay, p));
   if constexpr (D == DecayKind::kDecoupled) p = _mm512_mul_ps(p, c.decay_factor);
-  m = _mm512_fmadd_ps(c.beta1, m, _mm512_mul_ps(c.one_minus_beta1, g));
-  v = _mm512_fmadd_ps(c.beta2, v, _mm512_mul_ps(_mm512_mul_ps(c.one_minus_beta2, g), g));
-  const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(v), c.inv_sqrt_bc2, c.eps);
-  p = _mm512_fmadd_ps(c.neg_step_size, _mm512_div_ps(m, denom), p);
+  m = _mm512_add_ps(_mm512_mul_ps(c.beta1, m), _mm512_mul_ps(c.one_minus_beta1, g));
+  v = _mm512_add_ps(_mm512_mul_ps(c.beta2, v), _mm512_mul_ps(_mm512_mul_ps(c.one_minus_beta2, g), g));
+  const __m512 denom = _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(v), c.inv_sqrt_bc2), c.eps);
+  p = _mm512_add_ps(p, _mm512_mul_ps(c.neg_step_size, _mm512_div_ps(m, denom)));
   store_f32<kMasked>(a.params + i, p, k);
   store_f32<kMasked>(a.m + i, m, k);
   store_f32<kMasked>(a.v + i, v, k);

@@ -28,7 +28,7 @@ struct KernelArgs {
   ElemType out_type;  // kBF16 or kF16 when out != nullptr
   DecayKind decay_kind;
   float grad_scale;    // g = grad * grad_scale
-  float weight_decay;  // kL2: g = fma(weight_decay, p, g)
+  float weight_decay;  // kL2: g = g + weight_decay * p
   float decay_factor;  // kDecoupled: p = p * decay_factor, (1 - lr * wd)
   float beta1;
   float one_minus_beta1;
@@ -39,14 +39,19 @@ struct KernelArgs {
   float neg_step_size;  // -lr / (1 - beta1^t)
 };
 
-// Updates elements [begin, end). Every element gets exactly this sequence of fp32 operations
-// (fma where written), whatever its position, so the paths agree bitwise:
+// Updates elements [begin, end). Every element gets exactly this sequence of fp32 operations,
+// each rounded on its own (no fused multiply-add anywhere), whatever its position, so the paths
+// agree bitwise:
 //   g = grad * grad_scale
-//   kL2: g = fma(wd, p, g)         kDecoupled: p = p * decay_factor
-//   m = fma(beta1, m, one_minus_beta1 * g)
-//   v = fma(beta2, v, (one_minus_beta2 * g) * g)
-//   denom = fma(sqrt(v), inv_sqrt_bc2, eps)
-//   p = fma(neg_step_size, m / denom, p)
+//   kL2: g = g + wd * p            kDecoupled: p = p * decay_factor
+//   m = beta1 * m + one_minus_beta1 * g
+//   v = beta2 * v + (one_minus_beta2 * g) * g
+//   denom = sqrt(v) * inv_sqrt_bc2 + eps
+//   p = p + neg_step_size * (m / denom)
+// Unfused because a CPU without FMA (x86-64's baseline, where the portable path runs) has no
+// cheap exact fma: libm's costs a call per operation and made that path 10x slower than a
+// plain loop. Plain multiplies and adds are what every ISA does natively and the same on all;
+// the vector paths, bound by memory, lose nothing measurable to the extra instructions.
 using KernelFn = void (*)(const KernelArgs& args, std::size_t begin, std::size_t end);
 
 // Turns the run-time choices in `a` (decay kind, gradient type, copy-out) into a call of

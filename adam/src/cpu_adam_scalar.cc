@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // The portable CpuAdam kernel (any CPU, any architecture).
-// Built with the baseline flags only, and with -ffp-contract=off so that the compiler never
-// fuses a multiply and add that the vector paths keep separate: the arithmetic is exactly the
-// sequence in cpu_adam_kernel.h, so this path agrees bitwise with the SIMD ones.
+// Built with the baseline flags only, with -ffp-contract=off so that the compiler never fuses a
+// multiply and an add (the arithmetic is exactly the sequence in cpu_adam_kernel.h, so this path
+// agrees bitwise with the SIMD ones), and with -fno-math-errno so that it may vectorise the loop
+// for the baseline ISA (SSE2 on x86-64): sqrt and division stay correctly rounded there, so the
+// bits are the same, and sqrt of a negative or NaN v, where errno would matter, never happens
+// (v is a sum of non-negative terms; a NaN yields NaN either way).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -99,12 +102,12 @@ void ScalarKernel::run(const KernelArgs& a, std::size_t begin, std::size_t end) 
   for (std::size_t i = begin; i < end; ++i) {
     float p = a.params[i];
     float g = load_grad<G>(a.grads, i) * a.grad_scale;
-    if constexpr (D == DecayKind::kL2) g = std::fma(a.weight_decay, p, g);
+    if constexpr (D == DecayKind::kL2) g = g + a.weight_decay * p;
     if constexpr (D == DecayKind::kDecoupled) p = p * a.decay_factor;
-    const float m = std::fma(a.beta1, a.m[i], a.one_minus_beta1 * g);
-    const float v = std::fma(a.beta2, a.v[i], (a.one_minus_beta2 * g) * g);
-    const float denom = std::fma(std::sqrt(v), a.inv_sqrt_bc2, a.eps);
-    p = std::fma(a.neg_step_size, m / denom, p);
+    const float m = a.beta1 * a.m[i] + a.one_minus_beta1 * g;
+    const float v = a.beta2 * a.v[i] + (a.one_minus_beta2 * g) * g;
+    const float denom = std::sqrt(v) * a.inv_sqrt_bc2 + a.eps;
+    p = p + a.neg_step_size * (m / denom);
     a.params[i] = p;
     a.m[i] = m;
     a.v[i] = v;

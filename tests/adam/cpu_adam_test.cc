@@ -501,7 +501,7 @@ TEST_P(CpuAdamIsa, WidensEveryLowPrecisionGradientExactly) {
     Buffer<std::uint16_t> g(n, 2);
     for (std::size_t i = 0; i < n; ++i) {
       g[i] = static_cast<std::uint16_t>(i);
-      m[i] = -0.0f;  // fma(0, -0, g) is g for both signs of zero
+      m[i] = -0.0f;  // 0 * -0 + g is g for both signs of zero
     }
     CpuAdam adam({.threads = 2, .isa = GetParam()});
     AdamParams hp;

@@ -351,6 +351,39 @@ TEST(ZinfCli, BenchIoJsonIsOneDocumentAndJsonLinesStreams) {
       << r.out;
 }
 
+// --repeat runs fresh benches one after another and reports each run's rate and the spread:
+// the JSON job carries every run and its figures are the median run's; the table says so.
+TEST(ZinfCli, BenchIoRepeatReportsEveryRunAndTheSpread) {
+  zinf::test::TestDir dir;
+  const std::string base =
+      "bench io --dir " + dir.path() + " --size 2M --block-size 64K --loops 1 --op read --repeat 3";
+  ToolRun r = run_zinf(base + " --json", false);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json doc = nlohmann::json::parse(r.out);
+  ASSERT_EQ(doc["jobs"].size(), 1u) << r.out;
+  const nlohmann::json& job = doc["jobs"][0];
+  EXPECT_EQ(job["repeat"], 3) << r.out;
+  std::vector<double> runs = job["gbps_runs"].get<std::vector<double>>();
+  ASSERT_EQ(runs.size(), 3u) << r.out;
+  std::sort(runs.begin(), runs.end());
+  EXPECT_EQ(job["gbps_min"].get<double>(), runs[0]);
+  EXPECT_EQ(job["gbps"].get<double>(), runs[1]);
+  EXPECT_EQ(job["gbps_max"].get<double>(), runs[2]);
+  r = run_zinf(base);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find(" repeat=3\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("over 3 runs (fresh engine, buffers and files each; the rows above are "
+                       "the median run's):\n  read            min "),
+            std::string::npos)
+      << r.out;
+  r = run_zinf("bench io --dir " + dir.path() + " --repeat 0");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("zinf bench io: error: invalid --repeat '0': expected an integer in [1, "
+                       "1000]"),
+            std::string::npos)
+      << r.out;
+}
+
 // Integer options are range-checked against what they feed, never truncated: --threads
 // 4294967297 used to become 1 thread.
 TEST(ZinfCli, IntegerOptionsOutOfRangeExit2NamingTheRange) {

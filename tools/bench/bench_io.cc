@@ -70,6 +70,7 @@ struct Config {
   std::uint32_t threads = 0;
   swap::IoEngineKind engine = swap::IoEngineKind::kAuto;
   std::uint32_t loops = 3;
+  std::uint32_t repeat = 1;  // fresh benches (engine, buffers, files) run one after another
   bool verify = true;
   bool precondition = true;
   bool huge_pages = true;
@@ -151,6 +152,11 @@ Config parse(const std::vector<std::string>& tokens, bool* help) {
                "sample per second; instead of --loops",
                "none: --loops passes");
   cli.count("--loops", loops, "timed passes per op; the median is reported", 1, UINT32_MAX, "3");
+  std::uint64_t repeat = 1;
+  cli.count("--repeat", repeat,
+            "runs with a fresh engine, buffers and files each (precondition included), one after "
+            "another: each run's rate and the min, median and max over runs",
+            1, 1000);
   cli.flag("--no-verify", no_verify, "do not check the data (faster, not recommended)");
   cli.flag("--no-precondition", no_precondition,
            "time writes into fresh (fallocated) space instead of overwrites");
@@ -205,6 +211,7 @@ Config parse(const std::vector<std::string>& tokens, bool* help) {
         "give one of them");
   }
   c.loops = loops == 0 ? (c.duration.count() > 0 ? 1 : 3) : to_u32(loops, "--loops");
+  c.repeat = static_cast<std::uint32_t>(repeat);
   c.verify = !no_verify;
   c.precondition = !no_precondition;
   c.huge_pages = !no_huge_pages;
@@ -314,6 +321,91 @@ void add_over_time(Json& j, const OpSummary& s) {
   if (!s.profile.note.empty()) j["cliff_note"] = s.profile.note;
 }
 
+// One bench from its construction to its results: a fresh engine, buffer pool and files.
+struct RunOutcome {
+  std::vector<OpSummary> summaries;
+  std::string engine;
+  std::uint32_t threads = 0;
+  bool direct = false;
+  bool huge_pages = false;
+  bool registered = false;
+  std::size_t file_count = 0;
+  std::uint64_t file_size = 0;
+};
+
+// `run` counts from 1 of `runs` (--repeat), for the progress labels.
+RunOutcome run_once(const Config& cfg, const IoBenchOptions& bo, bool progress, std::uint32_t run,
+                    std::uint32_t runs) {
+  IoBench bench(bo);
+  const std::string of_runs =
+      runs > 1 ? " (run " + std::to_string(run) + "/" + std::to_string(runs) + ")" : "";
+  // Reads need data on disk, and steady-state writes need blocks written before (an optimizer
+  // overwrites its state every step): one untimed pass lays the files out.
+  const bool any_read =
+      std::any_of(cfg.jobs.begin(), cfg.jobs.end(), [](const Job& j) { return j.read_share > 0; });
+  if (any_read || cfg.precondition) {
+    bench.write(progress, ("zinf bench io precondition" + of_runs).c_str());
+  }
+  RunOutcome out;
+  // Each job's loops (or its one time-based run); the CPU time of them all per byte moved, as
+  // fio reports usr/sys (a mixed job's two directions share theirs).
+  for (const Job& job : cfg.jobs) {
+    IoRunSpec spec;
+    spec.read_share = job.read_share;
+    spec.random = job.random;
+    spec.seed = cfg.seed;
+    spec.duration = cfg.duration;
+    std::vector<IoPassResult> passes;
+    const auto [u0, s0] = cpu_seconds();
+    for (std::uint32_t l = 0; l < cfg.loops; ++l) {
+      std::string label = "zinf bench io " + job.rw;
+      if (cfg.loops > 1) label += " " + std::to_string(l + 1) + "/" + std::to_string(cfg.loops);
+      passes.push_back(bench.run(spec, progress, (label + of_runs).c_str()));
+    }
+    const auto [u1, s1] = cpu_seconds();
+    double moved = 0;
+    for (const auto& p : passes) moved += static_cast<double>(p.bytes);
+    for (const char* op : {"write", "read"}) {
+      const bool read = op[0] == 'r';
+      if (read ? job.read_share == 0 : job.read_share == 1) continue;
+      OpSummary s = summarize(op, job, passes, cfg.block_size);
+      s.usr_s_per_gb = moved > 0 ? (u1 - u0) / (moved / 1e9) : 0;
+      s.sys_s_per_gb = moved > 0 ? (s1 - s0) / (moved / 1e9) : 0;
+      out.summaries.push_back(std::move(s));
+    }
+  }
+  out.engine = std::string(bench.engine_name());
+  out.threads = bench.engine_threads();
+  out.direct = bench.direct();
+  out.huge_pages = bench.huge_pages();
+  out.registered = bench.registered_buffers();
+  out.file_count = bench.file_count();
+  out.file_size = bench.file_size();
+  if (cfg.keep) {
+    for (const auto& p : bench.keep_files())
+      std::fprintf(stderr, "zinf bench io: kept %s\n", p.c_str());
+  }
+  return out;
+}
+
+// One op over the --repeat runs: each run's rate (its median loop) and the run that stands for
+// them (the median one), whose latencies and CPU figures the report shows.
+struct Spread {
+  std::vector<double> gbps_runs;
+  std::size_t median_run = 0;
+  double min = 0;
+  double max = 0;
+};
+
+Spread spread_of(const std::vector<RunOutcome>& runs, std::size_t op_index) {
+  Spread s;
+  for (const auto& r : runs) s.gbps_runs.push_back(r.summaries[op_index].gbps);
+  s.median_run = median_index(s.gbps_runs);
+  s.min = *std::min_element(s.gbps_runs.begin(), s.gbps_runs.end());
+  s.max = *std::max_element(s.gbps_runs.begin(), s.gbps_runs.end());
+  return s;
+}
+
 // Under mpirun: every rank runs the passes on its own rank<R> folders. Each op is measured
 // twice: rank 0 alone (the others wait at a barrier), then every rank at once (each loop
 // starting from a barrier); a loop's aggregate is every rank's bytes over the slowest rank's
@@ -412,9 +504,9 @@ int bench_io_main(const std::vector<std::string>& tokens) {
   DistJob ranks(parse_dist_mode(cfg.dist), std::chrono::minutes(10));
   return ranks.run("bench io", [&] {
   if (ranks.size() > 1) {
-    if (cfg.duration.count() > 0 || cfg.keep || cfg.json_lines) {
+    if (cfg.duration.count() > 0 || cfg.keep || cfg.json_lines || cfg.repeat > 1) {
       throw UsageError("under mpirun bench io runs --loops passes with a table or --json; "
-                       "--duration, --keep and --json-lines are for one process");
+                       "--duration, --keep, --json-lines and --repeat are for one process");
     }
     for (auto& d : cfg.dirs) d = dist::rank_directory(d, ranks.rank());
   }
@@ -430,14 +522,12 @@ int bench_io_main(const std::vector<std::string>& tokens) {
   bo.huge_pages = cfg.huge_pages;
   bo.verify = cfg.verify;
   bo.keep = cfg.keep;
-  IoBench bench(bo);
   if (ranks.size() > 1) {
+    IoBench bench(bo);
     const bool progress = ranks.rank() == 0 && !cfg.json;
     bench.write(progress, "zinf bench io precondition");
     return run_distributed(cfg, bench, ranks.comm());
   }
-  const auto file_count = static_cast<std::uint64_t>(bench.file_count());
-  const std::uint64_t file_size = bench.file_size();
 
   for (const auto& d : cfg.dirs) {
     const std::string t = fs_type_name(d);
@@ -448,41 +538,17 @@ int bench_io_main(const std::vector<std::string>& tokens) {
                    d.c_str(), t.c_str());
     }
   }
-  // Reads need data on disk, and steady-state writes need blocks written before (an optimizer
-  // overwrites its state every step): one untimed pass lays the files out.
   const bool progress = !cfg.json && !cfg.json_lines;
-  const bool any_read =
-      std::any_of(cfg.jobs.begin(), cfg.jobs.end(), [](const Job& j) { return j.read_share > 0; });
-  if (any_read || cfg.precondition) bench.write(progress, "zinf bench io precondition");
-
-  std::vector<OpSummary> summaries;
-  // Each job's loops (or its one time-based run); the CPU time of them all per byte moved, as
-  // fio reports usr/sys (a mixed job's two directions share theirs).
-  for (const Job& job : cfg.jobs) {
-    IoRunSpec spec;
-    spec.read_share = job.read_share;
-    spec.random = job.random;
-    spec.seed = cfg.seed;
-    spec.duration = cfg.duration;
-    std::vector<IoPassResult> passes;
-    const auto [u0, s0] = cpu_seconds();
-    for (std::uint32_t l = 0; l < cfg.loops; ++l) {
-      std::string label = "zinf bench io " + job.rw;
-      if (cfg.loops > 1) label += " " + std::to_string(l + 1) + "/" + std::to_string(cfg.loops);
-      passes.push_back(bench.run(spec, progress, label.c_str()));
-    }
-    const auto [u1, s1] = cpu_seconds();
-    double moved = 0;
-    for (const auto& p : passes) moved += static_cast<double>(p.bytes);
-    for (const char* op : {"write", "read"}) {
-      const bool read = op[0] == 'r';
-      if (read ? job.read_share == 0 : job.read_share == 1) continue;
-      OpSummary s = summarize(op, job, passes, cfg.block_size);
-      s.usr_s_per_gb = moved > 0 ? (u1 - u0) / (moved / 1e9) : 0;
-      s.sys_s_per_gb = moved > 0 ? (s1 - s0) / (moved / 1e9) : 0;
-      summaries.push_back(std::move(s));
-    }
+  std::vector<RunOutcome> runs;
+  for (std::uint32_t r = 1; r <= cfg.repeat; ++r) runs.push_back(run_once(cfg, bo, progress, r, cfg.repeat));
+  // The ops are the same in every run; each op's figures come from its median run.
+  std::vector<Spread> spreads;
+  std::vector<const OpSummary*> summaries;
+  for (std::size_t i = 0; i < runs[0].summaries.size(); ++i) {
+    spreads.push_back(spread_of(runs, i));
+    summaries.push_back(&runs[spreads.back().median_run].summaries[i]);
   }
+  const RunOutcome& first = runs[0];
 
   const std::string fs = fs_type_name(cfg.dirs[0]);
   if (cfg.json || cfg.json_lines) {
@@ -492,14 +558,15 @@ int bench_io_main(const std::vector<std::string>& tokens) {
                                      ? std::to_string(gpu.device_count) + " CUDA device(s)"
                                      : "none (" + gpu.reason + ")";
     Json host;
-    host["files"] = file_count;
+    host["files"] = first.file_count;
     host["dirs"] = cfg.dirs;
     host["file_system"] = fs;
     host["kernel"] = kernel_release();
     host["cpu"] = cpu_model();
     host["gpu"] = gpu_text;
     Json jobs = Json::array();
-    for (const auto& s : summaries) {
+    for (std::size_t i = 0; i < summaries.size(); ++i) {
+      const OpSummary& s = *summaries[i];
       Json j;
       j["op"] = s.op;
       // A timed write overwrites the blocks the precondition pass wrote (as an optimizer's
@@ -510,7 +577,7 @@ int bench_io_main(const std::vector<std::string>& tokens) {
       const bool mixed = s.job->read_share > 0 && s.job->read_share < 1;
       if (mixed) j["rwmixread"] = cfg.rwmixread;
       if (mixed || s.job->random) j["seed"] = cfg.seed;
-      j["engine"] = std::string(bench.engine_name());
+      j["engine"] = first.engine;
       j["bytes"] = s.bytes;
       j["seconds"] = s.seconds;
       j["gbps"] = s.gbps;
@@ -522,14 +589,20 @@ int bench_io_main(const std::vector<std::string>& tokens) {
       j["block_size"] = std::uint64_t{cfg.block_size};
       j["queue_depth"] = std::uint64_t{cfg.queue_depth};
       j["buffer_bytes"] = cfg.buffer_bytes;
-      j["threads"] = std::uint64_t{bench.engine_threads()};
-      j["direct"] = bench.direct();
-      j["huge_pages"] = bench.huge_pages();
-      j["registered_buffers"] = bench.registered_buffers();
+      j["threads"] = std::uint64_t{first.threads};
+      j["direct"] = first.direct;
+      j["huge_pages"] = first.huge_pages;
+      j["registered_buffers"] = first.registered;
       j["verified"] = s.op == "read" ? cfg.verify : false;
       j["precondition"] = cfg.precondition;
       j["loops"] = std::uint64_t{cfg.loops};
       j["gbps_loops"] = s.gbps_per_loop;
+      if (cfg.repeat > 1) {
+        j["repeat"] = std::uint64_t{cfg.repeat};
+        j["gbps_runs"] = spreads[i].gbps_runs;
+        j["gbps_min"] = spreads[i].min;
+        j["gbps_max"] = spreads[i].max;
+      }
       if (cfg.duration.count() > 0) {
         j["duration_s"] = std::chrono::duration<double>(cfg.duration).count();
         add_over_time(j, s);
@@ -557,26 +630,37 @@ int bench_io_main(const std::vector<std::string>& tokens) {
           how += " rwmixread=" + std::to_string(cfg.rwmixread);
       }
     }
+    if (cfg.repeat > 1) how += " repeat=" + std::to_string(cfg.repeat);
     std::printf(
-        "zinf bench io: engine=%.*s files=%zu size=%.2f GiB block=%u KiB qd=%u direct=%s "
+        "zinf bench io: engine=%s files=%zu size=%.2f GiB block=%u KiB qd=%u direct=%s "
         "huge_pages=%s registered=%s fs=%s verify=%s%s\n",
-        static_cast<int>(bench.engine_name().size()), bench.engine_name().data(),
-        bench.file_count(), static_cast<double>(file_size * file_count) / (1u << 30),
-        cfg.block_size / 1024, cfg.queue_depth, bench.direct() ? "yes" : "no",
-        bench.huge_pages() ? "yes" : "no", bench.registered_buffers() ? "yes" : "no", fs.c_str(),
+        first.engine.c_str(), first.file_count,
+        static_cast<double>(first.file_size * first.file_count) / (1u << 30),
+        cfg.block_size / 1024, cfg.queue_depth, first.direct ? "yes" : "no",
+        first.huge_pages ? "yes" : "no", first.registered ? "yes" : "no", fs.c_str(),
         cfg.verify ? "every byte" : "off", how.c_str());
     std::printf("%-17s %14s %10s %10s %10s %9s %9s   %s\n", "op", "GB/s (1e9B/s)", "IOPS", "p50 us",
                 "p99 us", "usr s/GB", "sys s/GB", "GB/s per loop");
-    for (const auto& s : summaries) {
+    for (const OpSummary* s : summaries) {
       std::printf("%-17s %14.2f %10.0f %10.0f %10.0f %9.3f %9.3f   %s\n",
-                  op_label(s, cfg.precondition).c_str(), s.gbps, s.iops, s.lat_p50_us, s.lat_p99_us,
-                  s.usr_s_per_gb, s.sys_s_per_gb, figures_text(s.gbps_per_loop).c_str());
+                  op_label(*s, cfg.precondition).c_str(), s->gbps, s->iops, s->lat_p50_us,
+                  s->lat_p99_us, s->usr_s_per_gb, s->sys_s_per_gb,
+                  figures_text(s->gbps_per_loop).c_str());
     }
-    for (const auto& s : summaries) print_over_time(s, op_label(s, cfg.precondition));
-  }
-  if (cfg.keep) {
-    for (const auto& p : bench.keep_files())
-      std::fprintf(stderr, "zinf bench io: kept %s\n", p.c_str());
+    if (cfg.repeat > 1) {
+      // The spread over fresh engines: a process that lands in a slow mode shows up here,
+      // where a median alone would hide it.
+      std::printf("over %u runs (fresh engine, buffers and files each; the rows above are the "
+                  "median run's):\n",
+                  cfg.repeat);
+      for (std::size_t i = 0; i < summaries.size(); ++i) {
+        std::printf("  %-15s min %.2f  median %.2f  max %.2f GB/s   runs: %s\n",
+                    op_label(*summaries[i], cfg.precondition).c_str(), spreads[i].min,
+                    summaries[i]->gbps, spreads[i].max,
+                    figures_text(spreads[i].gbps_runs).c_str());
+      }
+    }
+    for (const OpSummary* s : summaries) print_over_time(*s, op_label(*s, cfg.precondition));
   }
   return 0;
   });
