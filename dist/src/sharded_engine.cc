@@ -137,9 +137,10 @@ ShardedEngine::ShardedEngine(offload::EngineConfig config, std::vector<offload::
     mine.push_back(std::move(spec));
     largest = std::max(largest, s.shard.back() * static_cast<std::uint64_t>(comm.size()));
   }
-  // This rank's files in rank<R> under every NVMe directory the config names.
+  // This rank's files in rank<R> under every NVMe directory the config names; one rank keeps
+  // the directories as they are, as the plain engine does.
   auto into_rank = [&](std::string& dir) {
-    if (!dir.empty()) dir = rank_directory(dir, comm.rank());
+    if (!dir.empty() && comm.size() > 1) dir = rank_directory(dir, comm.rank());
   };
   into_rank(config.offload_param.nvme_path);
   into_rank(config.offload_optimizer.nvme_path);

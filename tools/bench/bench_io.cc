@@ -502,7 +502,6 @@ int bench_io_main(const std::vector<std::string>& tokens) {
   Config cfg = parse(tokens, &help);
   if (help) return 0;
   DistJob ranks(parse_dist_mode(cfg.dist), std::chrono::minutes(10));
-  return ranks.run("bench io", [&] {
   if (ranks.size() > 1) {
     if (cfg.duration.count() > 0 || cfg.keep || cfg.json_lines || cfg.repeat > 1) {
       throw UsageError("under mpirun bench io runs --loops passes with a table or --json; "
@@ -663,7 +662,6 @@ int bench_io_main(const std::vector<std::string>& tokens) {
     for (const OpSummary* s : summaries) print_over_time(*s, op_label(*s, cfg.precondition));
   }
   return 0;
-  });
 }
 
 }  // namespace zinf::tools

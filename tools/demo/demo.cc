@@ -212,7 +212,6 @@ int demo_main(const std::vector<std::string>& tokens) {
   // layer (ShardedEngine); one rank is the plain engine. A collective waits at most this long
   // for the other ranks (a step of the largest demo is far shorter).
   DistJob job(dist_mode, std::chrono::seconds(120));
-  return job.run("demo", [&] {
   const int ranks = job.size();
   if (shape.batch % static_cast<std::size_t>(ranks) != 0) {
     throw UsageError("--batch " + std::to_string(shape.batch) + " does not split evenly over " +
@@ -406,7 +405,6 @@ int demo_main(const std::vector<std::string>& tokens) {
     std::printf("%s\n", json_text(j).c_str());
   }
   return 0;
-  });
 }
 
 }  // namespace zinf::tools

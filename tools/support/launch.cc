@@ -2,6 +2,7 @@
 #include "launch.h"
 
 #include <cstdlib>
+#include <exception>
 
 #if ZINF_TOOLS_HAVE_MPI
 #include <mpi.h>
@@ -57,15 +58,14 @@ DistJob::DistJob(DistMode mode, std::chrono::milliseconds timeout) {
 DistJob::~DistJob() {
   comm_.reset();
 #if ZINF_TOOLS_HAVE_MPI
-  if (mpi_) MPI_Finalize();
+  if (!mpi_) return;
+  if (std::uncaught_exceptions() > 0) {
+    // The command failed on this rank: main prints its error, then the job ends at exit.
+    std::atexit([] { MPI_Abort(MPI_COMM_WORLD, 1); });
+    return;
+  }
+  MPI_Finalize();
 #endif
-}
-
-void DistJob::abort_job(int code) {
-#if ZINF_TOOLS_HAVE_MPI
-  if (mpi_) MPI_Abort(MPI_COMM_WORLD, code);
-#endif
-  std::_Exit(code);
 }
 
 }  // namespace zinf::tools

@@ -6,8 +6,6 @@
 #pragma once
 
 #include <chrono>
-#include <cstdio>
-#include <exception>
 #include <memory>
 #include <string>
 
@@ -27,8 +25,10 @@ int launcher_world_size();
 /// One command's membership in a job. kAuto is kMpi when launcher_world_size() > 1, else kNone.
 /// kMpi: MPI_Init_thread (MPI_THREAD_SERIALIZED) and the MPI adapter with `timeout` per
 /// collective; UsageError in a build without MPI (saying so, and naming the launcher's
-/// variable when one is set). The destructor ends MPI (MPI_Finalize) after the adapter.
-/// One per process, on the main thread.
+/// variable when one is set). The destructor ends MPI (MPI_Finalize) after the adapter, unless
+/// an exception is leaving the command: then the process ends the whole job with MPI_Abort
+/// (exit status 1) once the command's error is printed (at exit), rather than leaving the other
+/// ranks in their next collective until the timeout. One per process, on the main thread.
 class DistJob {
  public:
   DistJob(DistMode mode, std::chrono::milliseconds timeout);
@@ -40,25 +40,7 @@ class DistJob {
   int rank() const noexcept { return comm_->rank(); }
   int size() const noexcept { return comm_->size(); }
 
-  /// Runs `body` and returns what it returns. With more than one rank an exception out of it
-  /// ends the whole job: its text goes to stderr as "zinf <command>: rank R of N: <what>" and
-  /// MPI_Abort ends every rank (exit status 1), rather than leaving the others in their next
-  /// collective until the timeout. With one rank the exception propagates as usual.
-  template <class Body>
-  int run(const char* command, Body&& body) {
-    try {
-      return body();
-    } catch (const std::exception& e) {
-      if (size() <= 1) throw;
-      std::fprintf(stderr, "zinf %s: rank %d of %d: %s\n", command, rank(), size(), e.what());
-      std::fflush(stderr);
-      abort_job(1);
-    }
-  }
-
  private:
-  [[noreturn]] void abort_job(int code);
-
   bool mpi_ = false;
   std::unique_ptr<dist::Collectives> comm_;
 };

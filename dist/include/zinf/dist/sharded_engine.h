@@ -36,11 +36,13 @@ class ShardedEngineAccess;  // zinf/dist/testing.h: a rank's engine with fault p
 /// engine prefetches), the optimizer tier its fp32 master slice and moments. Every NVMe
 /// directory of the config (offload_param.nvme_path, offload_optimizer.nvme_path,
 /// zinf.nvme_paths) gets a `rank<R>` subfolder for this rank's files (created if missing, never
-/// followed if it is a link), as DeepSpeed lays them out. The padding's master weights and
+/// followed if it is a link), as DeepSpeed lays them out; with one rank the directories are used
+/// as they are. The padding's master weights and
 /// gradients are 0 and stay 0 through every update. offload_param.buffer_size bounds the slice.
 ///
 /// One rank (size() 1) is an OffloadEngine over the whole layers, bitwise: the same updates,
-/// fetched parameters and checkpoints' contents (in `dir`/rank0, with the manifests).
+/// fetched parameters, swap directories and checkpoints' contents (in `dir`/rank0, with the
+/// manifests).
 ///
 /// Collective calls: every rank calls the members marked "Collective" in the same order with the
 /// same layers and sizes (Collectives' contract): fetch, set_master_weights,
