@@ -17,8 +17,8 @@ constexpr std::uint64_t kMaxManifestBytes = 1 << 20;
 
 // What a rank's folder says of the job that saved it: the format, world size, rank, entries.
 std::string rank_manifest(const ShardManifest& m, int world, int rank) {
-  std::string text = m.format + "\nworld_size " + std::to_string(world) + "\nrank " +
-                     std::to_string(rank) + "\n";
+  std::string text =
+      m.format + "\nworld_size " + std::to_string(world) + "\nrank " + std::to_string(rank) + "\n";
   for (const auto& [name, numel] : m.entries) {
     text += m.entry + " " + name + " " + std::to_string(numel) + "\n";
   }
@@ -102,8 +102,7 @@ void all_reduce_failures(Collectives& comm, std::string_view what, std::exceptio
     throw IoError(Status::error(ErrorCode::kIo,
                                 std::to_string(count) + " of " + std::to_string(comm.size()) +
                                     " ranks failed (rank" + (count > 1 ? "s " : " ") + ranks +
-                                    "); this rank (" + std::to_string(comm.rank()) +
-                                    ") did not")
+                                    "); this rank (" + std::to_string(comm.rank()) + ") did not")
                       .with_operation(std::string(what)));
   }
 }
@@ -111,6 +110,7 @@ void all_reduce_failures(Collectives& comm, std::string_view what, std::exceptio
 void save_sharded(Collectives& comm, std::string_view who, const std::string& dir,
                   const ShardManifest& manifest,
                   const std::function<void(const std::string& rank_dir)>& save_rank) {
+  if (dir.empty()) throw UsageError(std::string(who) + ": the checkpoint directory is empty");
   on_every_rank(comm, who, [&] {
     std::filesystem::create_directories(dir);
     const std::string mine = rank_directory(dir, comm.rank());
@@ -128,6 +128,7 @@ void save_sharded(Collectives& comm, std::string_view who, const std::string& di
 void load_sharded(Collectives& comm, std::string_view who, const std::string& dir,
                   const ShardManifest& manifest,
                   const std::function<void(const std::string& rank_dir)>& load_rank) {
+  if (dir.empty()) throw UsageError(std::string(who) + ": the checkpoint directory is empty");
   on_every_rank(comm, who, [&] {
     const std::string name = "rank" + std::to_string(comm.rank());
     const swap::Dir top = swap::Dir::open(dir);

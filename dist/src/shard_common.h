@@ -57,10 +57,19 @@ struct ShardManifest {
   std::vector<std::pair<std::string, std::uint64_t>> entries;
 };
 
+/// The manifest of `items` (ParamGroupSpec or LayerSpec: their name and numel).
+template <class Items>
+ShardManifest manifest_of(std::string format, std::string entry, const Items& items) {
+  ShardManifest m{std::move(format), std::move(entry), {}};
+  for (const auto& item : items) m.entries.emplace_back(item.name, item.numel);
+  return m;
+}
+
 /// Collective. Saves a sharded checkpoint in `dir` (created if missing): every rank runs
 /// save_rank(`dir`/rank<R>) and writes its rank manifest there, then rank 0 writes the global
 /// manifest `dir`/zinf-sharded naming the world size and every rank's folder. Every rank
-/// throws if any failed (`who` names the operation, "ShardedOptimizer::save").
+/// throws if any failed (`who` names the operation, "ShardedOptimizer::save"). UsageError
+/// "<who>: the checkpoint directory is empty" for an empty `dir`, before anything.
 void save_sharded(Collectives& comm, std::string_view who, const std::string& dir,
                   const ShardManifest& manifest,
                   const std::function<void(const std::string& rank_dir)>& save_rank);
@@ -68,7 +77,7 @@ void save_sharded(Collectives& comm, std::string_view who, const std::string& di
 /// Collective. Loads what save_sharded wrote: refuses a checkpoint of another world size
 /// (UsageError "<who>: <dir>/zinf-sharded was saved by M ranks; this job has N (loading into
 /// another world size is not supported)") or whose rank manifest differs, before load_rank
-/// (`dir`/rank<R>) runs. Every rank throws if any failed.
+/// (`dir`/rank<R>) runs. Every rank throws if any failed. An empty `dir` as save_sharded.
 void load_sharded(Collectives& comm, std::string_view who, const std::string& dir,
                   const ShardManifest& manifest,
                   const std::function<void(const std::string& rank_dir)>& load_rank);

@@ -39,9 +39,7 @@ struct FetchSlot {
 // widens exactly through the compiler's _Float16.
 void widen(adam::GradView grads, std::span<float> out) {
   switch (grads.dtype) {
-    case DType::kF32:
-      std::memcpy(out.data(), grads.data, grads.size * sizeof(float));
-      return;
+    case DType::kF32: std::memcpy(out.data(), grads.data, grads.size * sizeof(float)); return;
     case DType::kBF16: {
       const auto* in = static_cast<const std::uint16_t*>(grads.data);
       for (std::size_t i = 0; i < grads.size; ++i) {
@@ -74,7 +72,7 @@ struct ShardedEngine::Impl {
   // slice at a time (the engine copies it into its staging at once).
   std::vector<std::vector<float>> shard_grads;
   std::vector<bool> has_grads;  // this step's set_gradients so far, per layer
-  std::vector<float> padded;  // one full padded layer of fp32 at a time
+  std::vector<float> padded;    // one full padded layer of fp32 at a time
   std::vector<std::byte> host_slice;
   std::vector<FetchSlot> slots;
   std::vector<bool> fetched_alone;  // one rank: layers fetched straight from the engine
@@ -272,8 +270,7 @@ void ShardedEngine::release(std::size_t layer) {
       return;
     }
   }
-  throw UsageError("ShardedEngine::release: layer '" + s.layers[layer].name +
-                   "' is not fetched");
+  throw UsageError("ShardedEngine::release: layer '" + s.layers[layer].name + "' is not fetched");
 }
 
 void ShardedEngine::set_gradients(std::size_t layer, adam::GradView grads) {
@@ -334,28 +331,16 @@ void ShardedEngine::set_hyper(std::size_t layer, const adam::AdamParams& hyper) 
   impl_->local->set_hyper(layer, hyper);
 }
 
-namespace {
-
-detail::ShardManifest manifest_of(const std::vector<offload::LayerSpec>& layers) {
-  detail::ShardManifest m{"zinf-sharded-engine 1", "layer", {}};
-  for (const auto& l : layers) m.entries.emplace_back(l.name, l.numel);
-  return m;
-}
-
-}  // namespace
-
 void ShardedEngine::save(const std::string& dir) {
-  Impl& s = *impl_;
-  if (dir.empty()) throw UsageError("ShardedEngine::save: the checkpoint directory is empty");
-  detail::save_sharded(s.comm, "ShardedEngine::save", dir, manifest_of(s.layers),
-                       [&](const std::string& mine) { s.local->save(mine); });
+  detail::save_sharded(impl_->comm, "ShardedEngine::save", dir,
+                       detail::manifest_of("zinf-sharded-engine 1", "layer", impl_->layers),
+                       [this](const std::string& mine) { impl_->local->save(mine); });
 }
 
 void ShardedEngine::load(const std::string& dir) {
-  Impl& s = *impl_;
-  if (dir.empty()) throw UsageError("ShardedEngine::load: the checkpoint directory is empty");
-  detail::load_sharded(s.comm, "ShardedEngine::load", dir, manifest_of(s.layers),
-                       [&](const std::string& mine) { s.local->load(mine); });
+  detail::load_sharded(impl_->comm, "ShardedEngine::load", dir,
+                       detail::manifest_of("zinf-sharded-engine 1", "layer", impl_->layers),
+                       [this](const std::string& mine) { impl_->local->load(mine); });
 }
 
 offload::OffloadEngine& ShardedEngine::local() noexcept { return *impl_->local; }
@@ -372,8 +357,8 @@ class ShardedEngineAccess {
                                              cuda::Device& device, cuda::StreamRef compute,
                                              Collectives& comm,
                                              const offload::test_hooks::EngineFaults& faults) {
-    return std::unique_ptr<ShardedEngine>(new ShardedEngine(
-        std::move(config), std::move(layers), device, compute, comm, &faults));
+    return std::unique_ptr<ShardedEngine>(
+        new ShardedEngine(std::move(config), std::move(layers), device, compute, comm, &faults));
   }
 };
 

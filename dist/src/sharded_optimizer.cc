@@ -156,28 +156,16 @@ offload::StepStats ShardedOptimizer::step(std::span<const std::span<const float>
   return stats;
 }
 
-namespace {
-
-detail::ShardManifest manifest_of(const std::vector<offload::ParamGroupSpec>& groups) {
-  detail::ShardManifest m{"zinf-sharded-optimizer 1", "group", {}};
-  for (const auto& g : groups) m.entries.emplace_back(g.name, g.numel);
-  return m;
-}
-
-}  // namespace
-
 void ShardedOptimizer::save(const std::string& dir) {
-  Impl& s = *impl_;
-  if (dir.empty()) throw UsageError("ShardedOptimizer::save: the checkpoint directory is empty");
-  detail::save_sharded(s.comm, "ShardedOptimizer::save", dir, manifest_of(s.groups),
-                       [&](const std::string& mine) { s.local->save(mine); });
+  detail::save_sharded(impl_->comm, "ShardedOptimizer::save", dir,
+                       detail::manifest_of("zinf-sharded-optimizer 1", "group", impl_->groups),
+                       [this](const std::string& mine) { impl_->local->save(mine); });
 }
 
 void ShardedOptimizer::load(const std::string& dir) {
-  Impl& s = *impl_;
-  if (dir.empty()) throw UsageError("ShardedOptimizer::load: the checkpoint directory is empty");
-  detail::load_sharded(s.comm, "ShardedOptimizer::load", dir, manifest_of(s.groups),
-                       [&](const std::string& mine) { s.local->load(mine); });
+  detail::load_sharded(impl_->comm, "ShardedOptimizer::load", dir,
+                       detail::manifest_of("zinf-sharded-optimizer 1", "group", impl_->groups),
+                       [this](const std::string& mine) { impl_->local->load(mine); });
 }
 
 offload::OffloadedOptimizer& ShardedOptimizer::local() noexcept { return *impl_->local; }

@@ -55,8 +55,8 @@ std::unique_ptr<zinf::dist::ShardedEngine> make_engine(zinf::dist::Collectives& 
                                                        zinf::dist::test::RankDevice& d) {
   const zinf::dist::test::ShardedCase cpu{};
   return std::make_unique<zinf::dist::ShardedEngine>(zinf::dist::test::sharded_config(cpu, ""),
-                                                     zinf::dist::test::sharded_layers(),
-                                                     *d.device, d.compute.ref(), c);
+                                                     zinf::dist::test::sharded_layers(), *d.device,
+                                                     d.compute.ref(), c);
 }
 
 // Rank mode: one process of the job. Reports go to <dir>/rank<R>. Scenario "collectives": the
@@ -104,8 +104,8 @@ int rank_main(const std::string& dir, const std::string& scenario) {
       engine = make_engine(*switching, device);
       zinf::dist::test::init_masters(*engine);
       zinf::dist::test::Trace trace;
-      zinf::dist::test::run_steps(*engine, device, zinf::dist::test::ShardedCase{}, rank,
-                                  c->size(), 1, 1, trace);
+      zinf::dist::test::run_steps(*engine, device, zinf::dist::test::ShardedCase{}, rank, c->size(),
+                                  1, 1, trace);
       (void)zinf::dist::test::fetch_bytes(*engine, device, 0, engine->layer(0));
       grads.assign(engine->layer(0).numel, 1.0f / 64);
       now = c.get();
@@ -236,9 +236,7 @@ TEST(MpiFault, ADeadPeerFailsTheOthersWithinTheTimeout) { run_job("collectives",
 // A rank that dies in the middle of a sharded engine's step (after its forward fetch): the
 // others' next collective, set_gradients' reduce-scatter, fails within the bound, and their
 // engine's step then refuses (the group is failed).
-TEST(MpiFault, ARankDyingMidStepFailsTheOtherRanksEngines) {
-  run_job("engine", "reduce_scatter");
-}
+TEST(MpiFault, ARankDyingMidStepFailsTheOtherRanksEngines) { run_job("engine", "reduce_scatter"); }
 
 }  // namespace
 

@@ -59,9 +59,9 @@ TEST(MpiShardedEngine, EveryRankFetchesAndEndsBitwiseAsOneEngine) {
     zinf::test::TestDir dir;  // this rank's own
     const test::Trace want = test::reference_trace(c, dir.subdir("reference"));
     test::check_sharded_engine(comm(), c, dir.subdir("nvme"), want);
-    EXPECT_EQ(std::filesystem::is_directory(dir.path() + "/nvme/rank" +
-                                            std::to_string(comm().rank())),
-              c.param == OffloadDevice::kNvme && comm().size() > 1);
+    EXPECT_EQ(
+        std::filesystem::is_directory(dir.path() + "/nvme/rank" + std::to_string(comm().rank())),
+        c.param == OffloadDevice::kNvme && comm().size() > 1);
   }
 }
 
@@ -72,13 +72,13 @@ TEST(MpiShardedEngine, ACheckpointReloadsAcrossRanksAndAnotherWorldSizeIsRefused
   SharedDir shared;
   const std::string ckpt = shared.path() + "/ckpt";
   test::check_sharded_engine(comm(), c, dir.subdir("nvme"), want, ckpt);
-  EXPECT_TRUE(std::filesystem::exists(ckpt + "/rank" + std::to_string(comm().rank()) +
-                                      "/zinf-sharded"));
+  EXPECT_TRUE(
+      std::filesystem::exists(ckpt + "/rank" + std::to_string(comm().rank()) + "/zinf-sharded"));
   // Each process alone (a world of 1) is another world size.
   auto alone = make_local_collectives();
   test::RankDevice d;
-  ShardedEngine e(test::sharded_config(c, dir.subdir("alone")), test::sharded_layers(),
-                  *d.device, d.compute.ref(), *alone);
+  ShardedEngine e(test::sharded_config(c, dir.subdir("alone")), test::sharded_layers(), *d.device,
+                  d.compute.ref(), *alone);
   try {
     e.load(ckpt);
     ADD_FAILURE() << "a world of 1 loaded a checkpoint of " << comm().size() << " ranks";
@@ -99,13 +99,12 @@ TEST(MpiShardedEngine, ARanksFailedParameterReadFailsEveryRankNamingIt) {
   rule.times = 1000;
   offload::test_hooks::EngineFaults faults{
       std::make_shared<swap::FaultPlan>(std::vector<swap::FaultRule>{rule}), nullptr};
-  auto e = comm().rank() == 1
-               ? test_hooks::make_sharded_engine_with_faults(test::sharded_config(c, dir.path()),
-                                                             test::sharded_layers(), *d.device,
-                                                             d.compute.ref(), comm(), faults)
-               : std::make_unique<ShardedEngine>(test::sharded_config(c, dir.path()),
-                                                 test::sharded_layers(), *d.device,
-                                                 d.compute.ref(), comm());
+  auto e = comm().rank() == 1 ? test_hooks::make_sharded_engine_with_faults(
+                                    test::sharded_config(c, dir.path()), test::sharded_layers(),
+                                    *d.device, d.compute.ref(), comm(), faults)
+                              : std::make_unique<ShardedEngine>(test::sharded_config(c, dir.path()),
+                                                                test::sharded_layers(), *d.device,
+                                                                d.compute.ref(), comm());
   test::init_masters(*e);
   try {
     (void)e->fetch(0);

@@ -43,9 +43,8 @@ TEST_P(ShardedEngineRanks, EveryRankFetchesAndEndsBitwiseAsOneEngine) {
   const test::Trace want = test::reference_trace(c, dir.subdir("reference"));
   const std::string swap_dir = dir.subdir("nvme");
   test::ThreadGroup group(size);
-  group.run(/*native_reduce_scatter=*/false, [&](Collectives& comm) {
-    test::check_sharded_engine(comm, c, swap_dir, want);
-  });
+  group.run(/*native_reduce_scatter=*/false,
+            [&](Collectives& comm) { test::check_sharded_engine(comm, c, swap_dir, want); });
   if (c.staged) {
     EXPECT_EQ(want.skipped, (std::vector<bool>{false, true, false}));
     EXPECT_LT(want.grad_scale[0], 1.0);  // clipped
@@ -63,10 +62,11 @@ TEST_P(ShardedEngineRanks, EveryRankFetchesAndEndsBitwiseAsOneEngine) {
 
 INSTANTIATE_TEST_SUITE_P(
     WorldSizes, ShardedEngineRanks,
-    ::testing::Combine(::testing::Values(1, 2, 3),
-                       ::testing::Values(ShardedCase{OffloadDevice::kCpu, OffloadDevice::kCpu, false},
-                                         ShardedCase{OffloadDevice::kNvme, OffloadDevice::kNvme, true},
-                                         ShardedCase{OffloadDevice::kNone, OffloadDevice::kCpu, true})),
+    ::testing::Combine(
+        ::testing::Values(1, 2, 3),
+        ::testing::Values(ShardedCase{OffloadDevice::kCpu, OffloadDevice::kCpu, false},
+                          ShardedCase{OffloadDevice::kNvme, OffloadDevice::kNvme, true},
+                          ShardedCase{OffloadDevice::kNone, OffloadDevice::kCpu, true})),
     [](const auto& p) {
       return std::to_string(std::get<0>(p.param)) + "ranks_" + case_name(std::get<1>(p.param));
     });
@@ -81,14 +81,13 @@ TEST(ShardedEngine, ACheckpointReloadsOnTheSameWorldSizeAndIsRefusedOnAnother) {
   const std::string swap_dir = dir.subdir("nvme");
   const std::string ckpt = dir.file("ckpt");
   test::ThreadGroup three(3);
-  three.run(false, [&](Collectives& comm) {
-    test::check_sharded_engine(comm, c, swap_dir, want, ckpt);
-  });
+  three.run(false,
+            [&](Collectives& comm) { test::check_sharded_engine(comm, c, swap_dir, want, ckpt); });
   EXPECT_TRUE(std::filesystem::exists(ckpt + "/zinf-sharded"));
   for (int r = 0; r < 3; ++r) {
     EXPECT_TRUE(std::filesystem::exists(ckpt + "/rank" + std::to_string(r) + "/zinf-sharded"));
-    EXPECT_TRUE(std::filesystem::exists(ckpt + "/rank" + std::to_string(r) +
-                                        "/zinf-engine-layers"));
+    EXPECT_TRUE(
+        std::filesystem::exists(ckpt + "/rank" + std::to_string(r) + "/zinf-engine-layers"));
   }
   test::ThreadGroup two(2);
   std::atomic<int> refused{0};
@@ -102,8 +101,9 @@ TEST(ShardedEngine, ACheckpointReloadsOnTheSameWorldSizeAndIsRefusedOnAnother) {
     } catch (const UsageError& ex) {
       ++refused;
       EXPECT_EQ(std::string(ex.what()),
-                "ShardedEngine::load: " + ckpt + "/zinf-sharded was saved by 3 ranks; this job "
-                "has 2 (loading into another world size is not supported)");
+                "ShardedEngine::load: " + ckpt +
+                    "/zinf-sharded was saved by 3 ranks; this job "
+                    "has 2 (loading into another world size is not supported)");
     }
   });
   EXPECT_EQ(refused.load(), 2);
@@ -130,15 +130,15 @@ TEST(ShardedEngine, ARanksFailedIoFailsEveryRankNamingIt) {
   three.run(false, [&](Collectives& comm) {
     test::RankDevice d;
     auto e = comm.rank() == kFailing
-                 ? test_hooks::make_sharded_engine_with_faults(
-                       test::sharded_config(c, swap_dir), test::sharded_layers(), *d.device,
-                       d.compute.ref(), comm, faults)
+                 ? test_hooks::make_sharded_engine_with_faults(test::sharded_config(c, swap_dir),
+                                                               test::sharded_layers(), *d.device,
+                                                               d.compute.ref(), comm, faults)
                  : std::make_unique<ShardedEngine>(test::sharded_config(c, swap_dir),
                                                    test::sharded_layers(), *d.device,
                                                    d.compute.ref(), comm);
     test::init_masters(*e);  // writes only: the plans fire at the first read
-    const std::string others = "1 of 3 ranks failed (rank 1); this rank (" +
-                               std::to_string(comm.rank()) + ") did not";
+    const std::string others =
+        "1 of 3 ranks failed (rank 1); this rank (" + std::to_string(comm.rank()) + ") did not";
     try {
       (void)e->fetch(0);
       ADD_FAILURE() << "rank " << comm.rank() << ": fetch returned";
@@ -180,8 +180,8 @@ TEST(ShardedEngine, ARankFailingBeforeTheNormsAllReduceDoesNotHangTheOthers) {
   test::ThreadGroup three(3);
   three.run(false, [&](Collectives& comm) {
     test::RankDevice d;
-    ShardedEngine e(test::sharded_config(c, dir.subdir("nvme")), test::sharded_layers(),
-                    *d.device, d.compute.ref(), comm);
+    ShardedEngine e(test::sharded_config(c, dir.subdir("nvme")), test::sharded_layers(), *d.device,
+                    d.compute.ref(), comm);
     test::init_masters(e);
     const auto before = test::read_masters(e);
     (void)e.fetch(0);
@@ -194,9 +194,10 @@ TEST(ShardedEngine, ARankFailingBeforeTheNormsAllReduceDoesNotHangTheOthers) {
       EXPECT_EQ(comm.rank(), 1) << ex.what();
     } catch (const IoError& ex) {
       ++failed;
-      EXPECT_EQ(std::string(ex.what()), "ShardedEngine::step failed: 1 of 3 ranks failed "
-                                        "(rank 1); this rank (" + std::to_string(comm.rank()) +
-                                        ") did not");
+      EXPECT_EQ(std::string(ex.what()),
+                "ShardedEngine::step failed: 1 of 3 ranks failed "
+                "(rank 1); this rank (" +
+                    std::to_string(comm.rank()) + ") did not");
     }
     if (comm.rank() == 1) e.release(0);
     for (std::size_t l = 0; l < before.size(); ++l) {

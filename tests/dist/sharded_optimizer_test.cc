@@ -104,9 +104,10 @@ TEST(ShardedOptimizer, ACheckpointReloadsOnTheSameWorldSizeAndIsRefusedOnAnother
     } catch (const IoError& e) {
       ++thrown;
       EXPECT_NE(c.rank(), 2);
-      EXPECT_EQ(std::string(e.what()), "ShardedOptimizer::load failed: 1 of 3 ranks failed "
-                                       "(rank 2); this rank (" + std::to_string(c.rank()) +
-                                       ") did not");
+      EXPECT_EQ(std::string(e.what()),
+                "ShardedOptimizer::load failed: 1 of 3 ranks failed "
+                "(rank 2); this rank (" +
+                    std::to_string(c.rank()) + ") did not");
     }
   });
   EXPECT_EQ(thrown.load(), 3);

@@ -16,15 +16,14 @@
 
 namespace {
 
-
 TEST(BenchIoMpi, EveryRankTestsItsOwnFolderAndRankZeroReportsTheAggregate) {
   const int np = zinf::test::mpi_np();
   zinf::test::TestDir dir;
-  const zinf::test::ToolRun run = zinf::test::run_shell(
-      std::string(ZINF_MPI_ENV) + " " + ZINF_MPIRUN_COMMAND + " -np " + std::to_string(np) +
-          " " + ZINF_TOOL_PATH + " bench io --dir " + dir.path() +
-          " --size 8M --block-size 1M --loops 1 --json",
-      false);
+  const zinf::test::ToolRun run =
+      zinf::test::run_shell(std::string(ZINF_MPI_ENV) + " " + ZINF_MPIRUN_COMMAND + " -np " +
+                                std::to_string(np) + " " + ZINF_TOOL_PATH + " bench io --dir " +
+                                dir.path() + " --size 8M --block-size 1M --loops 1 --json",
+                            false);
   ASSERT_EQ(run.status, 0) << run.out;
   const auto doc = nlohmann::json::parse(run.out);  // one document: only rank 0 prints
   EXPECT_EQ(doc["ranks"], np);

@@ -53,13 +53,12 @@ TEST(DemoMpi, DataParallelRanksEndWithTheOneRankWeights) {
   const int np = zinf::test::mpi_np();
   zinf::test::TestDir dir;
   const std::string one = dir.subdir("one"), many = dir.subdir("many");
-  const zinf::test::ToolRun alone = zinf::test::run_zinf(
-      kModel + " --dir " + one + " --weights-out " + one + "/weights", false);
+  const zinf::test::ToolRun alone =
+      zinf::test::run_zinf(kModel + " --dir " + one + " --weights-out " + one + "/weights", false);
   ASSERT_EQ(alone.status, 0) << alone.out;
   const zinf::test::ToolRun job = zinf::test::run_shell(
-      std::string(ZINF_MPI_ENV) + " " + ZINF_MPIRUN_COMMAND + " -np " + std::to_string(np) +
-          " " + ZINF_TOOL_PATH + " " + kModel + " --dir " + many + " --weights-out " + many +
-          "/weights",
+      std::string(ZINF_MPI_ENV) + " " + ZINF_MPIRUN_COMMAND + " -np " + std::to_string(np) + " " +
+          ZINF_TOOL_PATH + " " + kModel + " --dir " + many + " --weights-out " + many + "/weights",
       false);
   ASSERT_EQ(job.status, 0) << job.out;
   EXPECT_EQ(number(job.out, "ranks"), np) << job.out;

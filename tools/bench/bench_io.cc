@@ -415,12 +415,13 @@ int run_distributed(const Config& cfg, IoBench& bench, dist::Collectives& comm) 
   const bool leader = comm.rank() == 0;
   Json ops = Json::array();
   if (leader && !cfg.json) {
-    std::printf("zinf bench io: %d ranks (%s), engine=%.*s, %.2f GiB per rank in rank<R> folders, "
-                "block=%u KiB qd=%u, %u loops (median)\n",
-                n, std::string(comm.name()).c_str(), static_cast<int>(bench.engine_name().size()),
-                bench.engine_name().data(),
-                static_cast<double>(bench.file_size() * bench.file_count()) / (1u << 30),
-                cfg.block_size / 1024, cfg.queue_depth, cfg.loops);
+    std::printf(
+        "zinf bench io: %d ranks (%s), engine=%.*s, %.2f GiB per rank in rank<R> folders, "
+        "block=%u KiB qd=%u, %u loops (median)\n",
+        n, std::string(comm.name()).c_str(), static_cast<int>(bench.engine_name().size()),
+        bench.engine_name().data(),
+        static_cast<double>(bench.file_size() * bench.file_count()) / (1u << 30),
+        cfg.block_size / 1024, cfg.queue_depth, cfg.loops);
   }
   for (const Job& job : cfg.jobs) {
     IoRunSpec spec;
@@ -434,7 +435,8 @@ int run_distributed(const Config& cfg, IoBench& bench, dist::Collectives& comm) 
       std::vector<double> alone, mine, aggregate;
       comm.barrier();
       if (leader) {
-        for (std::uint32_t l = 0; l < cfg.loops; ++l) alone.push_back(rate(bench.run(spec, false, "")));
+        for (std::uint32_t l = 0; l < cfg.loops; ++l)
+          alone.push_back(rate(bench.run(spec, false, "")));
       }
       comm.barrier();
       for (std::uint32_t l = 0; l < cfg.loops; ++l) {
@@ -479,9 +481,10 @@ int run_distributed(const Config& cfg, IoBench& bench, dist::Collectives& comm) 
           std::snprintf(cell, sizeof cell, "%s%.2f", r == 0 ? "" : " ", per_rank[r]);
           ranks += cell;
         }
-        std::printf("%-10s rank 0 alone %6.2f GB/s | together: per rank %s GB/s, aggregate %.2f "
-                    "GB/s, efficiency %.0f%% (aggregate / %d x alone)\n",
-                    label.c_str(), alone_gbps, ranks.c_str(), agg, 100 * efficiency, n);
+        std::printf(
+            "%-10s rank 0 alone %6.2f GB/s | together: per rank %s GB/s, aggregate %.2f "
+            "GB/s, efficiency %.0f%% (aggregate / %d x alone)\n",
+            label.c_str(), alone_gbps, ranks.c_str(), agg, 100 * efficiency, n);
       }
     }
   }
@@ -504,8 +507,9 @@ int bench_io_main(const std::vector<std::string>& tokens) {
   DistJob ranks(parse_dist_mode(cfg.dist), std::chrono::minutes(10));
   if (ranks.size() > 1) {
     if (cfg.duration.count() > 0 || cfg.keep || cfg.json_lines || cfg.repeat > 1) {
-      throw UsageError("under mpirun bench io runs --loops passes with a table or --json; "
-                       "--duration, --keep, --json-lines and --repeat are for one process");
+      throw UsageError(
+          "under mpirun bench io runs --loops passes with a table or --json; "
+          "--duration, --keep, --json-lines and --repeat are for one process");
     }
     for (auto& d : cfg.dirs) d = dist::rank_directory(d, ranks.rank());
   }

@@ -173,7 +173,8 @@ int demo_main(const std::vector<std::string>& tokens) {
   cli.flag("--json", json, "print a JSON summary on stdout (progress goes to stderr)");
   cli.text("--dist", dist_text, "M",
            "auto | none | mpi: data-parallel over the ranks of mpirun (auto: when a launcher "
-           "set OMPI_COMM_WORLD_SIZE or PMI_SIZE > 1)", "auto");
+           "set OMPI_COMM_WORLD_SIZE or PMI_SIZE > 1)",
+           "auto");
   cli.text("--weights-out", weights_out, "FILE",
            "write the final fp32 master weights (the bytes weights_sha256 hashes) to FILE");
   if (!cli.parse(tokens)) return 0;
@@ -215,8 +216,7 @@ int demo_main(const std::vector<std::string>& tokens) {
   const int ranks = job.size();
   if (shape.batch % static_cast<std::size_t>(ranks) != 0) {
     throw UsageError("--batch " + std::to_string(shape.batch) + " does not split evenly over " +
-                     std::to_string(ranks) + " ranks: give a multiple of " +
-                     std::to_string(ranks));
+                     std::to_string(ranks) + " ranks: give a multiple of " + std::to_string(ranks));
   }
   demo::MlpShape local_shape = shape;
   local_shape.batch = shape.batch / static_cast<std::size_t>(ranks);
@@ -255,19 +255,20 @@ int demo_main(const std::vector<std::string>& tokens) {
       every_option != 0 ? every_option : std::max<std::uint64_t>(1, steps / 10);
   const double param_bytes = static_cast<double>(shape.layers * numel * 2);
   if (leader) {
-  std::fprintf(out,
-               "zinf demo: %zu layers x %zu (%zu parameters, %s bf16, %s fp32 master + Adam), "
-               "batch %zu, offload %s%s%s, lr %g\n",
-               shape.layers, shape.hidden, shape.layers * numel, decimal_bytes(param_bytes).c_str(),
-               decimal_bytes(param_bytes * 6).c_str(), shape.batch, offload_name.c_str(),
-               dir_used.empty() ? "" : " in ", dir_used.c_str(), config.optimizer.hyper.lr);
-  if (ranks > 1) {
     std::fprintf(out,
-                 "zinf demo: data-parallel over %d ranks (%s): %zu samples and 1/%d of every "
-                 "layer each%s; figures below are rank 0's\n",
-                 ranks, std::string(job.comm().name()).c_str(), local_shape.batch, ranks,
-                 dir_used.empty() ? "" : ", swap files in rank<R> folders");
-  }
+                 "zinf demo: %zu layers x %zu (%zu parameters, %s bf16, %s fp32 master + Adam), "
+                 "batch %zu, offload %s%s%s, lr %g\n",
+                 shape.layers, shape.hidden, shape.layers * numel,
+                 decimal_bytes(param_bytes).c_str(), decimal_bytes(param_bytes * 6).c_str(),
+                 shape.batch, offload_name.c_str(), dir_used.empty() ? "" : " in ",
+                 dir_used.c_str(), config.optimizer.hyper.lr);
+    if (ranks > 1) {
+      std::fprintf(out,
+                   "zinf demo: data-parallel over %d ranks (%s): %zu samples and 1/%d of every "
+                   "layer each%s; figures below are rank 0's\n",
+                   ranks, std::string(job.comm().name()).c_str(), local_shape.batch, ranks,
+                   dir_used.empty() ? "" : ", swap files in rank<R> folders");
+    }
   }
   if (leader && !dir_used.empty()) {
     // Which I/O settings are in use, so that a tuned config can be seen to take effect.
@@ -302,7 +303,8 @@ int demo_main(const std::vector<std::string>& tokens) {
     device->synchronize(compute);
     double loss = net.loss(targets);
     // The global batch's loss: the mean of the ranks' means (equal shares).
-    if (ranks > 1) dist::all_reduce<double>(job.comm(), std::span<double>(&loss, 1), dist::ReduceOp::kAvg);
+    if (ranks > 1)
+      dist::all_reduce<double>(job.comm(), std::span<double>(&loss, 1), dist::ReduceOp::kAvg);
     if (!std::isfinite(loss)) {
       throw Error("training diverged: the loss is " + std::to_string(loss) + " at step " +
                   std::to_string(s + 1) + "; try a smaller --lr");

@@ -47,8 +47,8 @@ DistJob::DistJob(DistMode mode, std::chrono::milliseconds timeout) {
 #else
   (void)timeout;
   const int announced = launcher_world_size();
-  throw UsageError("--dist mpi: this build of zinf has no MPI (" +
-                   dist::mpi_unavailable_reason() + ")" +
+  throw UsageError("--dist mpi: this build of zinf has no MPI (" + dist::mpi_unavailable_reason() +
+                   ")" +
                    (announced > 0 ? "; the launcher started " + std::to_string(announced) +
                                         " processes, each would train alone"
                                   : std::string()));
