@@ -12,6 +12,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <optional>
@@ -26,6 +27,7 @@
 #include "zinf/common/align.h"
 #include "zinf/common/error.h"
 #include "zinf/common/log.h"
+#include "zinf/offload/engine_seams.h"
 #include "zinf/offload/testing.h"
 #include "zinf/swap/buffer_pool.h"
 #include "zinf/swap/dir.h"
@@ -134,6 +136,9 @@ struct OffloadEngine::Impl {
   std::unique_ptr<detail::GradientStage> stage;
   detail::LossScaler scaler{LossScaleConfig{}};
   StepStats staged_figures;  // the open staged step's norm, factor and loss scale
+  // Staged mode: turns this engine's sum of squares into the one the verdict uses (the sum
+  // over every rank of a sharded engine; engine_seams.h). Empty: the local sum.
+  std::function<double(double)> reduce_sum_of_squares;
 
   bool step_open = false;
   std::optional<Status> failure;
@@ -465,7 +470,8 @@ std::optional<StepStats> OffloadEngine::Impl::open_staged_step() {
   StepStats& f = staged_figures;
   f = StepStats{};
   f.loss_scale = scaler.scale();
-  const double sum_sq = stage->sum_of_squares();
+  const double local_sum_sq = stage->sum_of_squares();
+  const double sum_sq = reduce_sum_of_squares ? reduce_sum_of_squares(local_sum_sq) : local_sum_sq;
   f.global_grad_norm = std::sqrt(sum_sq) / f.loss_scale;
   double coefficient = 1;
   if (config.gradient_clipping > 0) {
@@ -979,6 +985,24 @@ EngineStats OffloadEngine::stats() const {
   s.grad_staging_wait_seconds = m.grad_wait_seconds;
   s.last_step = m.last_step;
   return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Seams (engine_seams.h)
+
+class EngineSeamsAccess {
+ public:
+  static void set(OffloadEngine& engine, std::function<double(double)> reduce) {
+    OffloadEngine::Impl& m = *engine.impl_;
+    if (m.step_open) {
+      throw UsageError("OffloadEngine: the sum-of-squares reducer cannot change inside a step");
+    }
+    m.reduce_sum_of_squares = std::move(reduce);
+  }
+};
+
+void set_sum_of_squares_reducer(OffloadEngine& engine, std::function<double(double)> reduce) {
+  EngineSeamsAccess::set(engine, std::move(reduce));
 }
 
 }  // namespace zinf::offload

@@ -23,6 +23,7 @@ namespace test_hooks {
 struct EngineFaults;
 class EngineAccess;  // zinf/offload/testing.h: an engine with fault plans installed
 }  // namespace test_hooks
+class EngineSeamsAccess;  // zinf/offload/engine_seams.h: what a layer above plugs in
 
 /// One layer (or parameter shard) the engine manages: its element count and the dtype of its
 /// parameters on the device, optionally hyper-parameters of its own. The fp32 master copy and
@@ -242,6 +243,7 @@ class OffloadEngine {
 
  private:
   friend class test_hooks::EngineAccess;
+  friend class EngineSeamsAccess;
   OffloadEngine(EngineConfig config, std::vector<LayerSpec> layers, cuda::Device& device,
                 cuda::StreamRef compute_stream, const test_hooks::EngineFaults& faults);
 
