@@ -412,6 +412,26 @@ class _CpuAdamBase(torch.optim.Optimizer):
             raise ValueError("zinf: save(dir) is for state='nvme'; use state_dict() for 'cpu'")
         self._offloaded.save(str(directory))
 
+    def save_async(self, directory):
+        """state='nvme': starts the checkpoint save() writes and returns while a thread
+        writes it; steps may run meanwhile, and the checkpoint holds the state at this call,
+        bitwise (a step copies a record the save still needs before updating it). A save
+        still in flight is waited for first, and its error raised here. Errors of this save
+        are raised by wait_save() (OSError naming file, offset and length)."""
+        if self._offloaded is None:
+            raise ValueError("zinf: save_async(dir) is for state='nvme'; use state_dict() "
+                             "for 'cpu'")
+        self._offloaded.save_async(str(directory))
+
+    def wait_save(self):
+        """Waits for the save_async() in flight, if any, and raises its error once."""
+        if self._offloaded is not None:
+            self._offloaded.wait_save()
+
+    def save_in_flight(self):
+        """True while a save_async() is still writing or committing."""
+        return self._offloaded is not None and self._offloaded.save_in_flight()
+
     def load(self, directory):
         """state='nvme': restores what save() wrote and copies the masters into the
         parameters."""
