@@ -352,6 +352,7 @@ OffloadedOptimizer::Impl::~Impl() {
   }
   cv.notify_all();
   if (pipeline.joinable()) pipeline.join();
+  if (step_snapshot) Impl::snapshot_step(*step_snapshot, false);  // a step that never ended
   // A save in flight is finished, not cancelled: its snapshot is complete in memory and on the
   // drive, and the caller asked for it. A failure is logged (nobody is left to throw to).
   try {
@@ -944,6 +945,7 @@ void OffloadedOptimizer::begin_step(double grad_scale) {
   im.run.hp = std::move(hp);
   im.run.began = OptClock::now();
   im.step_snapshot = im.async_save;
+  if (im.step_snapshot) Impl::snapshot_step(*im.step_snapshot, true);
   ++im.steps_done;
 }
 
@@ -1072,6 +1074,7 @@ StepStats OffloadedOptimizer::end_step() {
   im.cv.notify_all();
   im.cv.wait(lk, [&] { return im.run.finished; });
   im.run.active = false;
+  if (im.step_snapshot) Impl::snapshot_step(*im.step_snapshot, false);
   im.step_snapshot.reset();
   StepStats stats = im.run.stats;
   const Status err = im.run.error;

@@ -146,6 +146,9 @@ struct OffloadedOptimizer::Impl {
   // zinf/offload/testing.h's set_checkpoint_hook; empty outside tests.
   std::function<void(std::string_view phase, std::uint64_t bytes)> checkpoint_hook;
 
+  // The buffers of asynchronous saves, made at the first save_async and kept (host memory,
+  // not pinned); declared before every holder of an AsyncSave, so that it outlives them.
+  std::unique_ptr<swap::BufferPool> save_pool;
   // The asynchronous save in flight or finished but not yet waited for (save_async). Set and
   // reset by the controlling thread outside a step; each step takes its own reference at
   // begin_step (StepRun::snapshot), so the pipeline never reads this member.
@@ -229,6 +232,8 @@ struct OffloadedOptimizer::Impl {
   // The step pipeline, right before record `record`'s update (bytes at `base`, read into ring
   // slot `slot` on kNvme): returns once the snapshot no longer needs the bytes in place.
   // Returns the seconds it waited and the bytes it copied.
+  // A step opened (begin_step) or closed (end_step) while `save` is in flight.
+  static void snapshot_step(AsyncSave& save, bool open);
   static void protect_snapshot(AsyncSave& save, std::size_t record, const std::byte* base,
                                const std::vector<std::uint32_t>* expected, double& waited,
                                std::uint64_t& copied);

@@ -35,35 +35,16 @@ namespace fs = std::filesystem;
 
 OptimizerOptions options_for(StateTier tier, const test::TestDir& dir,
                              const std::string& nvme = "nvme") {
-  OptimizerOptions o;
-  o.tier = tier;
-  o.sub_group_elements = test::kOddSubGroup;
-  o.hyper = test::test_hyper();
-  o.io.kind = swap::IoEngineKind::kThreads;
-  o.io.queue_depth = 8;
-  if (tier == StateTier::kNvme) o.directories = {dir.subdir(nvme)};
-  return o;
+  return test::checkpoint_options(tier, dir, nvme);
 }
+using test::entries;
+using test::latest_version;
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream s;
   s << in.rdbuf();
   return s.str();
-}
-
-std::string latest_version(const std::string& ckpt) {
-  std::ifstream in(ckpt + "/LATEST");
-  std::string name;
-  std::getline(in, name);
-  return name;
-}
-
-std::vector<std::string> entries(const std::string& dir) {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
-  std::sort(out.begin(), out.end());
-  return out;
 }
 
 // The current version's files must be byte for byte those of `want`'s.
@@ -77,8 +58,8 @@ void expect_same_checkpoint(const std::string& got, const std::string& want) {
   }
 }
 
-// Holds the save's thread inside its first "data" phase (record 0 written, not yet marked
-// done) until release(): the steps the test runs meanwhile meet a save that has written
+// Holds the save's thread inside its first "data" phase (its first record, the last one,
+// written and not yet marked done) until release(): the steps the test runs meanwhile meet a save that has written
 // nothing else, so which records they must copy is known.
 struct SaverGate {
   std::promise<void> go;
@@ -119,12 +100,13 @@ TEST_P(AsyncCheckpoint, WritesTheStateAtTheCallWhileStepsGoOnBytewiseAsSave) {
   gate.install(a);
   a.save_async(async_dir);
   EXPECT_TRUE(a.save_in_flight());
-  // Step 3 over the last group only ("bias", one record the save has not written): the step
-  // copies it, as it is, before updating it; step 4 finds it copied already.
-  const StepStats s3 = a.step(std::span(&sg3.views[2], 1));
+  // Step 3 over the first group only ("embed", three records the save, which goes from the
+  // last record down, has not reached): the step copies them, as they are, before updating
+  // them; step 4 finds them copied already.
+  const StepStats s3 = a.step(std::span(&sg3.views[0], 1));
   EXPECT_GT(s3.snapshot_copy_bytes, 0u);
   EXPECT_EQ(s3.snapshot_copy_bytes % 4096, 0u);
-  EXPECT_EQ(a.step(std::span(&sg4.views[2], 1)).snapshot_copy_bytes, 0u);
+  EXPECT_EQ(a.step(std::span(&sg4.views[0], 1)).snapshot_copy_bytes, 0u);
   gate.release();
   // Every group from here on, while the save may still be writing: each record is either
   // written already, being written (waited for) or copied first.
@@ -140,11 +122,11 @@ TEST_P(AsyncCheckpoint, WritesTheStateAtTheCallWhileStepsGoOnBytewiseAsSave) {
   EXPECT_EQ(b.step_count(), 2u);
   EXPECT_EQ(test::diff(test::read_all(b), at_save), "");
   // The steps after the save were not disturbed by it: 7 steps of which 3 and 4 gave only
-  // "bias" match the same run without a save.
+  // "embed" match the same run without a save.
   OffloadedOptimizer c(options_for(GetParam(), dir_, "nvme-c"), groups);
   c.load(sync_dir);
-  (void)c.step(std::span(&sg3.views[2], 1));
-  (void)c.step(std::span(&sg4.views[2], 1));
+  (void)c.step(std::span(&sg3.views[0], 1));
+  (void)c.step(std::span(&sg4.views[0], 1));
   test::run_steps(c, 5, 7);
   EXPECT_EQ(test::diff(after, test::read_all(c)), "");
 }

@@ -43,29 +43,10 @@ namespace {
 namespace fs = std::filesystem;
 
 OptimizerOptions options_for(StateTier tier, const test::TestDir& dir) {
-  OptimizerOptions o;
-  o.tier = tier;
-  o.sub_group_elements = test::kOddSubGroup;
-  o.hyper = test::test_hyper();
-  o.io.kind = swap::IoEngineKind::kThreads;
-  o.io.queue_depth = 8;
-  if (tier == StateTier::kNvme) o.directories = {dir.subdir("nvme")};
-  return o;
+  return test::checkpoint_options(tier, dir);
 }
-
-std::vector<std::string> entries(const std::string& dir) {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-std::string latest_version(const std::string& ckpt) {
-  std::ifstream in(ckpt + "/LATEST");
-  std::string name;
-  std::getline(in, name);
-  return name;
-}
+using test::entries;
+using test::latest_version;
 
 class Checkpoint : public ::testing::TestWithParam<StateTier> {
  protected:

@@ -4,8 +4,11 @@
 // kernel on plain in-memory arrays, and bitwise comparison of states.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <cstring>
 #include <functional>
 #include <ostream>
@@ -14,6 +17,7 @@
 
 #include <gtest/gtest.h>
 
+#include "support/test_dir.h"
 #include "zinf/adam/cpu_adam.h"
 #include "zinf/offload/optimizer.h"
 #include "zinf/swap/io_engine.h"
@@ -194,6 +198,38 @@ inline void init_all(offload::OffloadedOptimizer& opt) {
   for (std::size_t g = 0; g < opt.group_count(); ++g) {
     opt.set_params(g, initial_params(g, opt.group(g).numel));
   }
+}
+
+/// The checkpoint tests' optimizer: odd_groups()' sub-group size, the threads engine, and on
+/// the nvme tier one directory `nvme` under `dir`.
+inline offload::OptimizerOptions checkpoint_options(offload::StateTier tier, const TestDir& dir,
+                                                    const std::string& nvme = "nvme") {
+  offload::OptimizerOptions o;
+  o.tier = tier;
+  o.sub_group_elements = kOddSubGroup;
+  o.hyper = test_hyper();
+  o.io.kind = swap::IoEngineKind::kThreads;
+  o.io.queue_depth = 8;
+  if (tier == offload::StateTier::kNvme) o.directories = {dir.subdir(nvme)};
+  return o;
+}
+
+/// The names in directory `dir`, sorted.
+inline std::vector<std::string> entries(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    out.push_back(e.path().filename().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+/// The version a checkpoint directory's LATEST names.
+inline std::string latest_version(const std::string& ckpt) {
+  std::ifstream in(ckpt + "/LATEST");
+  std::string name;
+  std::getline(in, name);
+  return name;
 }
 
 /// Runs steps [from, to] with the deterministic gradients.

@@ -233,7 +233,7 @@ class OffloadEngine {
   /// then commits the version exactly as save() does. The checkpoint is the state at this
   /// call, bitwise (the same files save() writes here would hold). Steps may run meanwhile:
   /// before a step's update overwrites a record the save has not written yet, the step copies
-  /// that record (one sub-group, at most 2 buffers in flight) for the save; StepStats'
+  /// that record (one sub-group; at most 8 copies not yet written) for the save; StepStats'
   /// snapshot_copy_bytes and snapshot_wait_seconds report the cost. A kill -9 at any point
   /// leaves the previous checkpoint loadable.
   /// Contract: outside a step (UsageError, as save()). A save in flight is waited for first

@@ -318,10 +318,11 @@ class OffloadedOptimizer {
   /// then writes the records and commits the version exactly as save() does (manifest, fsync,
   /// rename, LATEST), while steps go on. The checkpoint holds the state at this call, bitwise:
   /// before a step updates a record the save has not written yet, the step copies the
-  /// record's bytes into one of the save's two buffers (a bounded copy: one record,
-  /// record_bytes()) and the save writes that copy; a record being written at that moment is
+  /// record's bytes into one of the save's eight buffers (a bounded copy: one record,
+  /// record_bytes(); the step waits only while all eight hold copies not yet written) and the
+  /// save writes that copy; a record being written at that moment is
   /// waited for. StepStats::snapshot_copy_bytes and snapshot_wait_seconds say what that cost.
-  /// The save holds 3 x record_bytes() of host memory (not pinned, outside
+  /// The save holds 9 x record_bytes() of host memory (not pinned, outside
   /// pinned_budget_bytes) and, kNvme, reads the records not yet updated from the swap store
   /// (checked against its checksums). A kill at any point leaves the previous checkpoint
   /// loadable (the version is renamed into place only when complete and synced).
