@@ -298,41 +298,23 @@ TEST_P(AsyncCheckpointKill, LeavesALoadableCheckpoint) {
   test::TestDir dir;
   const auto groups = test::odd_groups();
   const std::string ckpt = dir.file("ckpt");
-  test::State old_state, new_state;
-  {
-    OffloadedOptimizer a(options_for(StateTier::kNvme, dir), groups);
-    test::init_all(a);
-    test::run_steps(a, 1, 2);
-    a.save(ckpt);
-    old_state = test::read_all(a);
-    test::run_steps(a, 3, 3);
-    new_state = test::read_all(a);
-  }
-  std::fflush(nullptr);
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    try {
-      OffloadedOptimizer b(options_for(StateTier::kNvme, dir), groups);
-      test_hooks::set_checkpoint_hook(b, [kp](std::string_view phase, std::uint64_t) {
-        if (phase == kp.phase) ::raise(SIGKILL);
-      });
-      b.load(ckpt);
-      test::StepGrads sg(groups, 3, DType::kF32);
-      (void)b.step(sg.views);
-      b.save_async(ckpt);
-      for (std::uint64_t t = 4; t < 8; ++t) {
-        test::StepGrads more(groups, t, DType::kF32);
-        (void)b.step(more.views);
-      }
-      b.wait_save();
-    } catch (...) {
-      ::_exit(3);
+  const auto [old_state, new_state] =
+      test::checkpoint_then_step(options_for(StateTier::kNvme, dir), groups, ckpt);
+  const int status = test::wait_status_of_child([&] {
+    OffloadedOptimizer b(options_for(StateTier::kNvme, dir), groups);
+    test_hooks::set_checkpoint_hook(b, [kp](std::string_view phase, std::uint64_t) {
+      if (phase == kp.phase) ::raise(SIGKILL);
+    });
+    b.load(ckpt);
+    test::StepGrads sg(groups, 3, DType::kF32);
+    (void)b.step(sg.views);
+    b.save_async(ckpt);
+    for (std::uint64_t t = 4; t < 8; ++t) {
+      test::StepGrads more(groups, t, DType::kF32);
+      (void)b.step(more.views);
     }
-    ::_exit(0);  // the hook never fired
-  }
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    b.wait_save();
+  });
   ASSERT_TRUE(WIFSIGNALED(status)) << "child exited with status " << WEXITSTATUS(status);
   EXPECT_EQ(WTERMSIG(status), SIGKILL);
 

@@ -787,37 +787,19 @@ TEST_P(CheckpointKill, LeavesALoadableCheckpoint) {
   test::TestDir dir;
   const auto groups = test::odd_groups();
   const std::string ckpt = dir.file("ckpt");
-  test::State old_state, new_state;
-  {
-    OffloadedOptimizer a(options_for(StateTier::kNvme, dir), groups);
-    test::init_all(a);
-    test::run_steps(a, 1, 2);
-    a.save(ckpt);
-    old_state = test::read_all(a);
-    test::run_steps(a, 3, 3);
-    new_state = test::read_all(a);
-  }
-  std::fflush(nullptr);
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    // Child: the same run from the checkpoint, then a save that dies at the kill point.
-    try {
-      OffloadedOptimizer b(options_for(StateTier::kNvme, dir), groups);
-      test_hooks::set_checkpoint_hook(b, [kp](std::string_view phase, std::uint64_t bytes) {
-        if (phase == kp.phase && bytes >= kp.after_bytes) ::raise(SIGKILL);
-      });
-      b.load(ckpt);
-      test::StepGrads sg(groups, 3, DType::kF32);
-      (void)b.step(sg.views);
-      b.save(ckpt);
-    } catch (...) {
-      ::_exit(3);
-    }
-    ::_exit(0);  // the hook never fired
-  }
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  const auto [old_state, new_state] =
+      test::checkpoint_then_step(options_for(StateTier::kNvme, dir), groups, ckpt);
+  // Child: the same run from the checkpoint, then a save that dies at the kill point.
+  const int status = test::wait_status_of_child([&] {
+    OffloadedOptimizer b(options_for(StateTier::kNvme, dir), groups);
+    test_hooks::set_checkpoint_hook(b, [kp](std::string_view phase, std::uint64_t bytes) {
+      if (phase == kp.phase && bytes >= kp.after_bytes) ::raise(SIGKILL);
+    });
+    b.load(ckpt);
+    test::StepGrads sg(groups, 3, DType::kF32);
+    (void)b.step(sg.views);
+    b.save(ckpt);
+  });
   ASSERT_TRUE(WIFSIGNALED(status)) << "child exited with status " << WEXITSTATUS(status);
   EXPECT_EQ(WTERMSIG(status), SIGKILL);
 

@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include "support/pattern.h"
 #include "support/test_dir.h"
 #include "zinf/common/error.h"
 #include "zinf/swap/direct_file.h"
@@ -25,13 +26,10 @@ namespace {
 
 constexpr std::uint64_t kBuffer = 16384;  // small, so that tests cross buffers often
 
+// Bytes that differ at every offset (support/pattern.h), so a misplaced block shows.
 std::vector<std::byte> pattern(std::uint64_t n, std::uint32_t seed) {
   std::vector<std::byte> v(n);
-  std::uint32_t x = seed * 2654435761u + 1;
-  for (auto& b : v) {
-    x = x * 1103515245u + 12345u;
-    b = static_cast<std::byte>(x >> 24);
-  }
+  test::fill_pattern(v, seed, 0, 1);
   return v;
 }
 
