@@ -312,6 +312,20 @@ zinf_status zinf_engine_set_layer_hyper(zinf_engine* engine, size_t layer,
  *  another engine or process using it fails with ZINF_ERR_IO naming the directory and the
  *  holder's pid. */
 zinf_status zinf_engine_save(zinf_engine* engine, const char* dir);
+/** Starts the checkpoint zinf_engine_save writes and returns while a thread of the engine's
+ *  writes it; steps may run meanwhile, and the checkpoint holds the state at this call, bitwise
+ *  (OffloadEngine::save_async: before a step overwrites a record not yet written, it copies it
+ *  for the save). A save still in flight is waited for first, and its failure is returned here
+ *  (nothing new starts). ZINF_ERR_USAGE inside a step or for an empty `dir`. Until
+ *  zinf_engine_wait_save, the save's own failure is not reported; zinf_engine_save,
+ *  zinf_engine_load and zinf_engine_set_master_weights wait for it first and return it;
+ *  zinf_engine_destroy finishes it. A kill at any point leaves the previous checkpoint
+ *  loadable. */
+zinf_status zinf_engine_save_async(zinf_engine* engine, const char* dir);
+/** Waits for the zinf_engine_save_async in flight, if any, to be committed. ZINF_ERR_IO (the
+ *  message names the file, offset and length) if it failed: the half-written version is
+ *  removed and the previous checkpoint stays current. Reports a failure once. */
+zinf_status zinf_engine_wait_save(zinf_engine* engine);
 /** Restores what zinf_engine_save wrote (ZINF_ERR_USAGE if the layer table differs or `dir` is
  *  ""). Blocks. */
 zinf_status zinf_engine_load(zinf_engine* engine, const char* dir);

@@ -492,6 +492,20 @@ zinf_status zinf_engine_save(zinf_engine* engine, const char* dir) {
   });
 }
 
+zinf_status zinf_engine_save_async(zinf_engine* engine, const char* dir) {
+  return guarded(engine, [&] {
+    const char* fn = "zinf_engine_save_async";
+    off::OffloadEngine& e = engine_of(engine, fn);
+    require(dir != nullptr, fn, "dir is NULL");
+    require(dir[0] != '\0', fn, "dir is empty");
+    e.save_async(dir);
+  });
+}
+
+zinf_status zinf_engine_wait_save(zinf_engine* engine) {
+  return guarded(engine, [&] { engine_of(engine, "zinf_engine_wait_save").wait_save(); });
+}
+
 zinf_status zinf_engine_load(zinf_engine* engine, const char* dir) {
   return guarded(engine, [&] {
     const char* fn = "zinf_engine_load";

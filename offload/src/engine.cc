@@ -100,6 +100,9 @@ struct OffloadEngine::Impl {
   std::optional<StepStats> open_staged_step();
   // Staged mode: forgets the step's gradients and the layers' has_grads.
   void drop_staged();
+  // save() and save_async(): the layer table and loss scale now, then the optimizer's
+  // checkpoint, written before returning or by the optimizer's save thread.
+  void save(const std::string& dir, bool async);
 
   EngineConfig config;
   std::vector<LayerSpec> layers;
@@ -877,11 +880,23 @@ double OffloadEngine::loss_scale() const noexcept { return impl_->scaler.scale()
 
 StepMode OffloadEngine::step_mode() const noexcept { return impl_->mode; }
 
-void OffloadEngine::save(const std::string& dir) {
-  check_checkpoint_dir(dir, "OffloadEngine::save");
-  Impl& m = *impl_;
+void OffloadEngine::save(const std::string& dir) { impl_->save(dir, /*async=*/false); }
+
+void OffloadEngine::save_async(const std::string& dir) { impl_->save(dir, /*async=*/true); }
+
+void OffloadEngine::wait_save() { impl_->optimizer->wait_save(); }
+
+bool OffloadEngine::save_in_flight() const { return impl_->optimizer->save_in_flight(); }
+
+void OffloadEngine::Impl::save(const std::string& dir, bool async) {
+  const char* function = async ? "OffloadEngine::save_async" : "OffloadEngine::save";
+  check_checkpoint_dir(dir, function);
+  Impl& m = *this;
   m.check_usable();
-  m.check_outside_step("save");
+  m.check_outside_step(async ? "save_async" : "save");
+  // A save in flight first (its error, if any, is thrown here): the files below belong to the
+  // checkpoint it is about to commit.
+  m.optimizer->wait_save();
   // The optimizer's directory, created if missing and locked for it: the layer table is
   // written under the same lock, through the same descriptor.
   const swap::Dir& d = m.optimizer->checkpoint_directory(dir, /*create=*/true);
@@ -894,7 +909,11 @@ void OffloadEngine::save(const std::string& dir) {
   if (m.scaler.dynamic()) {
     swap::replace_file_durably(d, kLossScaleName, detail::LossScaler::to_text(m.scaler.state()));
   }
-  m.optimizer->save(dir);
+  if (async) {
+    m.optimizer->save_async(dir);
+  } else {
+    m.optimizer->save(dir);
+  }
 }
 
 void OffloadEngine::load(const std::string& dir) {
@@ -902,6 +921,7 @@ void OffloadEngine::load(const std::string& dir) {
   Impl& m = *impl_;
   m.check_usable();
   m.check_outside_step("load");
+  m.optimizer->wait_save();
   const swap::Dir& d = m.optimizer->checkpoint_directory(dir, /*create=*/false);
   const std::string path = d.path_of(kManifestName);
   const std::string want = manifest_text(m.layers);

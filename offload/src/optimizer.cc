@@ -367,6 +367,15 @@ OffloadedOptimizer::Impl::~Impl() {
   }
   cv.notify_all();
   if (pipeline.joinable()) pipeline.join();
+  if (step_snapshot) Impl::snapshot_step(*step_snapshot, false);  // a step that never ended
+  // A save in flight is finished, not cancelled: its snapshot is complete in memory and on the
+  // drive, and the caller asked for it. A failure is logged (nobody is left to throw to).
+  try {
+    wait_save();
+  } catch (const std::exception& e) {
+    log(LogLevel::kError,
+        std::string("OffloadedOptimizer destroyed with a failed asynchronous save: ") + e.what());
+  }
   if (store) {
     Status s = store->close();
     if (!s.ok())
@@ -683,11 +692,24 @@ void OffloadedOptimizer::Impl::pipeline_main() {
       run.modified = run.modified || !nvme();  // kCpu updates the state in place
       if (nvme()) slots[si].writing = true;    // reserved until the write-back completes
       std::byte* base = nvme() ? ring[si].data() : records[task.record].state.data();
+      const std::shared_ptr<AsyncSave> snapshot = step_snapshot;
       lk.unlock();
       std::optional<Status> err;
+      double snapshot_wait = 0;
+      std::uint64_t snapshot_copy = 0;
+      if (snapshot) {
+        // A save in flight may still need this record's bytes as they are: copied first.
+        try {
+          protect_snapshot(*snapshot, task.record, base,
+                           folded_sums() ? &slot_expected[si] : nullptr, snapshot_wait,
+                           snapshot_copy);
+        } catch (...) {
+          err = current_exception_status();
+        }
+      }
       const auto t0 = OptClock::now();
       try {
-        compute(hp, task, base, si);
+        if (!err) compute(hp, task, base, si);
       } catch (...) {
         err = current_exception_status();
       }
@@ -726,6 +748,8 @@ void OffloadedOptimizer::Impl::pipeline_main() {
       if (task.consumed) task.consumed();  // the kernel has read the gradients
       lk.lock();
       run.stats.compute_seconds += std::chrono::duration<double>(t1 - t0).count();
+      run.stats.snapshot_wait_seconds += snapshot_wait;
+      run.stats.snapshot_copy_bytes += snapshot_copy;
       if (task.store_out) {
         if (out_submitted) {
           run.modified = true;  // the parameter store's key changed
@@ -841,6 +865,7 @@ void OffloadedOptimizer::write_state(const char* what, std::size_t group_index,
                        std::to_string(s->size()));
     }
   }
+  im.wait_save();  // the snapshot may still need the records this overwrites
   const auto& recs = im.group_records[group_index];
   im.initialized[group_index] = false;
   im.ring_pipeline(
@@ -943,6 +968,8 @@ void OffloadedOptimizer::begin_step(double grad_scale) {
   im.run.step = im.steps_done + 1;
   im.run.hp = std::move(hp);
   im.run.began = OptClock::now();
+  im.step_snapshot = im.async_save;
+  if (im.step_snapshot) Impl::snapshot_step(*im.step_snapshot, true);
   ++im.steps_done;
 }
 
@@ -1071,6 +1098,8 @@ StepStats OffloadedOptimizer::end_step() {
   im.cv.notify_all();
   im.cv.wait(lk, [&] { return im.run.finished; });
   im.run.active = false;
+  if (im.step_snapshot) Impl::snapshot_step(*im.step_snapshot, false);
+  im.step_snapshot.reset();
   StepStats stats = im.run.stats;
   const Status err = im.run.error;
   const bool modified = im.run.modified;
@@ -1091,13 +1120,26 @@ void OffloadedOptimizer::save(const std::string& dir) {
   check_checkpoint_dir(dir, "OffloadedOptimizer::save");
   impl_->check_usable();
   impl_->check_idle("save");
+  impl_->wait_save();
   impl_->save(dir);
 }
+
+void OffloadedOptimizer::save_async(const std::string& dir) {
+  check_checkpoint_dir(dir, "OffloadedOptimizer::save_async");
+  impl_->check_usable();
+  impl_->check_idle("save_async");
+  impl_->save_async(dir);
+}
+
+void OffloadedOptimizer::wait_save() { impl_->wait_save(); }
+
+bool OffloadedOptimizer::save_in_flight() const { return impl_->save_running(); }
 
 void OffloadedOptimizer::load(const std::string& dir) {
   check_checkpoint_dir(dir, "OffloadedOptimizer::load");
   impl_->check_usable();
   impl_->check_idle("load");
+  impl_->wait_save();
   impl_->load(dir);
 }
 

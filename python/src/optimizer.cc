@@ -119,6 +119,17 @@ void bind_optimizer(py::module_& m) {
              py::gil_scoped_release nogil;
              o.save(dir);
            })
+      .def("save_async",
+           [](OffloadedOptimizer& o, const std::string& dir) {
+             py::gil_scoped_release nogil;
+             o.save_async(dir);
+           })
+      .def("wait_save",
+           [](OffloadedOptimizer& o) {
+             py::gil_scoped_release nogil;
+             o.wait_save();
+           })
+      .def("save_in_flight", &OffloadedOptimizer::save_in_flight)
       .def("load",
            [](OffloadedOptimizer& o, const std::string& dir) {
              py::gil_scoped_release nogil;

@@ -246,6 +246,8 @@ TEST(CApi, NullEngineIsUsageForEveryFunction) {
        "zinf_engine_set_gradients_device"},
       {zinf_engine_save(nullptr, "/tmp"), "zinf_engine_save"},
       {zinf_engine_load(nullptr, "/tmp"), "zinf_engine_load"},
+      {zinf_engine_save_async(nullptr, "/tmp"), "zinf_engine_save_async"},
+      {zinf_engine_wait_save(nullptr), "zinf_engine_wait_save"},
       {zinf_engine_stats(nullptr, &stats), "zinf_engine_stats"},
   };
   for (const Case& c : cases) {
@@ -536,6 +538,22 @@ TEST(CApi, SaveAndLoadRestoreTheWeights) {
   ASSERT_EQ(zinf_engine_load(h.e, ckpt.c_str()), ZINF_OK) << zinf_last_error();
   ASSERT_EQ(zinf_engine_get_hyper(h.e, &p), ZINF_OK);
   EXPECT_DOUBLE_EQ(p.lr, saved_lr);
+
+  // zinf_engine_save_async: the checkpoint holds the weights at the call although a step runs
+  // before zinf_engine_wait_save.
+  const std::string ckpt2 = dir.subdir("ckpt2");
+  ASSERT_EQ(zinf_engine_save_async(h.e, ckpt2.c_str()), ZINF_OK) << zinf_last_error();
+  ASSERT_EQ(zinf_engine_set_gradients(h.e, 0, g.data(), 1000, ZINF_DTYPE_F32), ZINF_OK);
+  ASSERT_EQ(zinf_engine_step(h.e, nullptr), ZINF_OK) << zinf_last_error();
+  ASSERT_EQ(zinf_engine_wait_save(h.e), ZINF_OK) << zinf_last_error();
+  ASSERT_EQ(zinf_engine_wait_save(h.e), ZINF_OK) << zinf_last_error();  // none in flight
+  ASSERT_EQ(zinf_engine_load(h.e, ckpt2.c_str()), ZINF_OK) << zinf_last_error();
+  ASSERT_EQ(zinf_engine_read_master_weights(h.e, 0, out.data(), 1000), ZINF_OK);
+  EXPECT_EQ(out, w);
+  EXPECT_EQ(zinf_engine_save_async(h.e, nullptr), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(), "zinf_engine_save_async: dir is NULL");
+  EXPECT_EQ(zinf_engine_save_async(h.e, ""), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(), "zinf_engine_save_async: dir is empty");
 
   const std::string missing = dir.file("nothing-here");
   EXPECT_NE(zinf_engine_load(h.e, missing.c_str()), ZINF_OK);

@@ -15,6 +15,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench_common.h"
@@ -143,6 +144,9 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   std::string tier_text = "nvme", engine_text = "auto", grad_text = "fp32", copy_text = "none";
   std::string checksums_text = "on";
   std::string precision_text = "fp32";
+  std::uint64_t checkpoint_every = 0;
+  std::string checkpoint_dir, checkpoint_mode = "async";
+  std::uint64_t idle_ms = 0;
   bool json = false;
   Cli cli("bench step", kAbout, kFooter);
   cli.texts("--dir", dirs, "DIR", "directory for the state (repeatable: striped over the files)",
@@ -174,6 +178,18 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   cli.count("--reference", reference_every,
             "every N timed steps, measure the references the "
             "steps are judged by (below); 0 = never");
+  cli.count("--checkpoint-every", checkpoint_every,
+            "checkpoint the optimizer after timed steps 1, 1+N, 1+2N, ... (0 = never); the "
+            "mean iteration (step + checkpoint call, and the last save's wait) is reported");
+  cli.text("--checkpoint-dir", checkpoint_dir, "DIR",
+           "where --checkpoint-every writes (its last checkpoint stays there)");
+  cli.text("--checkpoint-mode", checkpoint_mode, "M",
+           "async | sync: save_async (written while the next steps run) or save");
+  cli.count("--idle-ms", idle_ms,
+            "host time between steps, standing for a trainer's forward and backward (the "
+            "optimizer's drive is idle then; an asynchronous checkpoint can use it); counted "
+            "in the iteration, not in the step",
+            0, 3600000);
   cli.flag("--json", json, "one JSON object on stdout instead of the table");
   cli.refuse("--runtime", "--runtime: zinf bench step runs a number of steps; set --steps");
   if (!cli.parse(tokens)) return 0;
@@ -193,6 +209,13 @@ int bench_step_main(const std::vector<std::string>& tokens) {
                      std::to_string(steps) +
                      ": the references must bracket at least one block of steps");
   }
+  if (checkpoint_mode != "async" && checkpoint_mode != "sync") {
+    throw UsageError("--checkpoint-mode must be async or sync, got '" + checkpoint_mode + "'");
+  }
+  if (checkpoint_every > 0 && checkpoint_dir.empty()) {
+    throw UsageError("--checkpoint-every needs --checkpoint-dir");
+  }
+  const bool checkpoint_async = checkpoint_mode == "async";
   if (queue_depth == 0 || queue_depth > 4096)
     throw UsageError("--queue-depth must be in [1, 4096]");
   const std::optional<DType> copy_dtype = parse_copy_out(copy_text);
@@ -248,6 +271,9 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   std::unique_ptr<StepReference> ref;
   std::vector<StepReference::Figures> refs;
   std::vector<double> ideal_s, ratio;
+  std::vector<double> iteration_s;  // step() plus the checkpoint call, per timed step
+  std::uint64_t checkpoints = 0;
+  double final_wait_s = 0;
   Progress progress("zinf bench step", static_cast<double>(steps + 1), "steps", !json);
   for (std::uint64_t s = 0; s <= steps; ++s) {  // s == 0: untimed warm-up
     throw_if_interrupted();  // between steps: nothing in flight, the optimizer's files go with it
@@ -259,7 +285,26 @@ int bench_step_main(const std::vector<std::string>& tokens) {
           o.io, n, o.adam, grads, out, precision);
     }
     if (ref && (s - 1) % reference_every == 0) refs.push_back(ref->measure(o.hyper));
+    const auto it0 = std::chrono::steady_clock::now();
     all.push_back(opt.step(std::span<const offload::GroupGrads>(&gg, 1)));
+    // After timed steps 1, 1 + N, 1 + 2N, ...: each checkpoint has N - 1 steps of the run
+    // after it to overlap (and the final wait_save is counted below).
+    if (checkpoint_every > 0 && s > 0 && (s - 1) % checkpoint_every == 0) {
+      if (checkpoint_async) {
+        opt.save_async(checkpoint_dir);  // waits for the previous one first
+      } else {
+        opt.save(checkpoint_dir);
+      }
+      ++checkpoints;
+    }
+    if (idle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(idle_ms));
+    if (s > 0) iteration_s.push_back(seconds_since(it0));
+  }
+  {
+    // The last save is part of the run: the iterations' total includes waiting for it.
+    const auto w0 = std::chrono::steady_clock::now();
+    opt.wait_save();
+    final_wait_s = seconds_since(w0);
   }
   progress.finish();
   all.erase(all.begin());  // the warm-up
@@ -276,7 +321,14 @@ int bench_step_main(const std::vector<std::string>& tokens) {
     }
   }
   std::vector<double> step_s, read_s, write_s, compute_s, wait_s;
+  std::uint64_t snapshot_copy = 0;
+  double snapshot_wait = 0;
+  double iterations_total = final_wait_s;
+  for (double t : iteration_s) iterations_total += t;
+  const double iteration_mean = iterations_total / static_cast<double>(iteration_s.size());
   for (const auto& st : all) {
+    snapshot_copy += st.snapshot_copy_bytes;
+    snapshot_wait += st.snapshot_wait_seconds;
     step_s.push_back(st.seconds);
     read_s.push_back(st.read_seconds);
     write_s.push_back(st.write_seconds);
@@ -319,6 +371,19 @@ int bench_step_main(const std::vector<std::string>& tokens) {
     j["pinned_bytes_peak"] = opt.pinned_bytes_peak();
     j["elements_per_s"] = static_cast<double>(numel) / step_med;
     j["step_seconds_all"] = step_s;
+    // Wall time per timed step including the checkpoint calls and the final wait_save: what a
+    // trainer's loop sees (the mean, as one step in N carries the checkpoint).
+    j["iteration_seconds_mean"] = iteration_mean;
+    j["iteration_seconds_all"] = iteration_s;
+    j["checkpoint_every"] = checkpoint_every;
+    j["idle_ms"] = idle_ms;
+    if (checkpoint_every > 0) {
+      j["checkpoint_mode"] = checkpoint_mode;
+      j["checkpoints"] = checkpoints;
+      j["snapshot_copy_bytes"] = snapshot_copy;
+      j["snapshot_wait_seconds"] = snapshot_wait;
+      j["final_wait_seconds"] = final_wait_s;
+    }
     if (ref) {
       j["reference_every"] = reference_every;
       j["references"] = std::uint64_t{refs.size()};
@@ -354,6 +419,15 @@ int bench_step_main(const std::vector<std::string>& tokens) {
         median(write_s) > 0 ? static_cast<double>(bytes_written) / median(write_s) / 1e9 : 0.0,
         static_cast<double>(bytes_written) / 1e9);
     std::printf("  %-22s %10.3f s\n", "compute busy", median(compute_s));
+    if (checkpoint_every > 0) {
+      std::printf("  %-22s %10.3f s   (mean; %llu %s checkpoints, every %llu steps)\n",
+                  "iteration", iteration_mean, static_cast<unsigned long long>(checkpoints),
+                  checkpoint_mode.c_str(), static_cast<unsigned long long>(checkpoint_every));
+      std::printf("  %-22s %10.1f MiB copied, %.3f s waited\n", "snapshot (steps)",
+                  static_cast<double>(snapshot_copy) / (1 << 20), snapshot_wait);
+    } else {
+      std::printf("  %-22s %10.3f s   (mean)\n", "iteration", iteration_mean);
+    }
     std::printf("  %-22s %10.3f s\n", "pipeline waiting", median(wait_s));
     // %14s: the %10.1f column of the rows above, with " MiB" after it.
     std::printf("  %-22s %14s\n", "pinned peak", mib(opt.pinned_bytes_peak()).c_str());

@@ -116,6 +116,10 @@ struct StepStats {
   std::uint64_t bytes_read = 0;      ///< state bytes read (padded records)
   std::uint64_t bytes_written = 0;   ///< state bytes written back (padded records)
   std::uint64_t copy_out_bytes = 0;  ///< low-precision bytes written to a StoreCopyOut key
+  /// save_async(): record bytes this step copied for a save in flight before updating them,
+  /// and the time it waited for that save (a record being written, or a free copy buffer).
+  std::uint64_t snapshot_copy_bytes = 0;
+  double snapshot_wait_seconds = 0;
   // OffloadEngine's staged step mode (zinf.step_mode); the optimizer leaves these as they are.
   /// The step was skipped: a staged gradient was inf or NaN. Nothing was updated (step is 0).
   bool skipped = false;
@@ -319,6 +323,35 @@ class OffloadedOptimizer {
   /// other runs included (e.g. another optimizer's last checkpoint, even if LATEST now names
   /// ours); a failed removal is only logged.
   void save(const std::string& dir);
+  /// Starts a checkpoint of the state as it is now (the same files and format as save()) and
+  /// returns once the new version's directory and state file exist; a thread of the save's own
+  /// then writes the records and commits the version exactly as save() does (manifest, fsync,
+  /// rename, LATEST), while steps go on. The checkpoint holds the state at this call, bitwise:
+  /// before a step updates a record the save has not written yet, the step copies the
+  /// record's bytes into one of the save's eight buffers (a bounded copy: one record,
+  /// record_bytes(); the step waits only while all eight hold copies not yet written) and the
+  /// save writes that copy; a record being written at that moment is
+  /// waited for. StepStats::snapshot_copy_bytes and snapshot_wait_seconds say what that cost.
+  /// The save holds 9 x record_bytes() of host memory (not pinned, outside
+  /// pinned_budget_bytes) and, kNvme, reads the records not yet updated from the swap store
+  /// (checked against its checksums). A kill at any point leaves the previous checkpoint
+  /// loadable (the version is renamed into place only when complete and synced).
+  ///
+  /// Contract: UsageError inside a step or for an empty `dir` (nothing starts). A save still
+  /// in flight is waited for first, and if it failed its error is thrown here and no new save
+  /// starts. save(), load(), set_params() and set_state() also wait for a save in flight
+  /// first (and throw its error the same way). The save's failure (IoError naming the file,
+  /// offset and length; kCorrupt for a record whose swap checksum does not match) removes
+  /// the half-written version and is reported by wait_save() (or by the next call that waits,
+  /// as above); the destructor finishes a save in flight and logs its failure. One
+  /// controlling thread, as for every other call.
+  void save_async(const std::string& dir);
+  /// Waits until the save_async() in flight (if any) is complete and committed, and throws
+  /// its error once (IoError, the optimizer state untouched); returns at once if none.
+  /// Allowed inside a step and in the failed state.
+  void wait_save();
+  /// True while a save_async() is still writing or committing.
+  bool save_in_flight() const;
   /// Restores what save() wrote: the version `LATEST` names, hyper-parameters included (the
   /// checkpoint's replace this optimizer's, per-group sets from construction too). A
   /// checkpoint written before per-group hyper-parameters (manifest format 1) has one set,
