@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <string>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "chunk_pool.h"
+#include "compact_step.h"
 #include "cpu_adam_kernel.h"
 #include "zinf/common/error.h"
 #include "zinf/common/log.h"
@@ -180,8 +182,25 @@ ElemType elem_type(DType d) {
 
 struct Range {
   const char* name;
-  std::uintptr_t begin;
+  const void* data;
+  std::size_t bytes;  // 0: not in use
 };
+
+// UsageError naming the first two arrays that share a byte.
+void check_no_overlap(std::initializer_list<Range> list) {
+  const Range* ranges = list.begin();
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    for (std::size_t j = i + 1; j < list.size(); ++j) {
+      if (ranges[i].bytes == 0 || ranges[j].bytes == 0) continue;
+      const auto ai = reinterpret_cast<std::uintptr_t>(ranges[i].data);
+      const auto aj = reinterpret_cast<std::uintptr_t>(ranges[j].data);
+      if (ai < aj + ranges[j].bytes && aj < ai + ranges[i].bytes) {
+        throw UsageError(std::string("cpu adam: ") + ranges[i].name + " and " + ranges[j].name +
+                         " overlap");
+      }
+    }
+  }
+}
 
 void check_array(const char* name, const void* data, std::size_t size, std::size_t expected) {
   if (size != expected) {
@@ -379,26 +398,11 @@ void CpuAdam::step(const AdamParams& hp, std::span<float> params, std::span<floa
   check_hyper(hp);
   if (n == 0) return;
 
-  const Range ranges[] = {
-      {"params", reinterpret_cast<std::uintptr_t>(params.data())},
-      {"m", reinterpret_cast<std::uintptr_t>(m.data())},
-      {"v", reinterpret_cast<std::uintptr_t>(v.data())},
-      {"grads", reinterpret_cast<std::uintptr_t>(grads.data)},
-      {"copy-out", out.enabled ? reinterpret_cast<std::uintptr_t>(out.data) : 0},
-  };
-  const std::size_t bytes[] = {n * 4, n * 4, n * 4, n * dtype_size(grads.dtype),
-                               out.enabled ? n * dtype_size(out.dtype) : 0};
-  for (std::size_t i = 0; i < 5; ++i) {
-    for (std::size_t j = i + 1; j < 5; ++j) {
-      if (bytes[i] == 0 || bytes[j] == 0) continue;
-      const std::uintptr_t ai = ranges[i].begin;
-      const std::uintptr_t aj = ranges[j].begin;
-      if (ai < aj + bytes[j] && aj < ai + bytes[i]) {
-        throw UsageError(std::string("cpu adam: ") + ranges[i].name + " and " + ranges[j].name +
-                         " overlap");
-      }
-    }
-  }
+  check_no_overlap({{"params", params.data(), n * 4},
+                     {"m", m.data(), n * 4},
+                     {"v", v.data(), n * 4},
+                     {"grads", grads.data, n * dtype_size(grads.dtype)},
+                     {"copy-out", out.data, out.enabled ? n * dtype_size(out.dtype) : 0}});
 
   AdamJob job{impl_->kernel, make_args(hp)};
   job.args.params = params.data();
@@ -412,6 +416,54 @@ void CpuAdam::step(const AdamParams& hp, std::span<float> params, std::span<floa
   job.out_f32 = f32_out ? static_cast<float*>(out.data) : nullptr;
   job.hooks = hooks;
   impl_->pool.run(n, params.data(), sizeof(float), run_adam_chunk, &job);
+}
+
+void CpuAdam::step(const AdamParams& hp, std::span<float> params, const CompactMoments& moments,
+                   GradView grads, CopyOut out, const ChunkHooks* hooks) {
+  if (moments.precision == StatePrecision::kF32) {
+    step(hp, params, {static_cast<float*>(moments.m), moments.size},
+         {static_cast<float*>(moments.v), moments.size}, grads, out, hooks);
+    return;
+  }
+  const std::size_t n = params.size();
+  check_array("params", params.data(), n, n);
+  check_array("m", moments.m, moments.size, n);
+  check_array("v", moments.v, moments.size, n);
+  const bool int8 = moments.precision == StatePrecision::kInt8;
+  const std::size_t blocks = int8 ? (n + kInt8Block - 1) / kInt8Block : 0;
+  if (int8) {
+    check_array("m scales", moments.m_scale, blocks, blocks);
+    check_array("v scales", moments.v_scale, blocks, blocks);
+  }
+  check_array("grads", grads.data, grads.size, n);
+  if (out.enabled) check_array("copy-out", out.data, out.size, n);
+  check_hyper(hp);
+  if (n == 0) return;
+  const std::size_t moment = int8 ? 1 : 2;
+  check_no_overlap({{"params", params.data(), n * 4},
+                     {"m", moments.m, n * moment},
+                     {"v", moments.v, n * moment},
+                     {"m scales", moments.m_scale, blocks * 4},
+                     {"v scales", moments.v_scale, blocks * 4},
+                     {"grads", grads.data, n * dtype_size(grads.dtype)},
+                     {"copy-out", out.data, out.enabled ? n * dtype_size(out.dtype) : 0}});
+
+  detail::CompactJob job{impl_->kernel, make_args(hp)};
+  job.args.params = params.data();
+  job.args.grads = grads.data;
+  job.args.grad_type = elem_type(grads.dtype);
+  job.grad_bytes = dtype_size(grads.dtype);
+  const bool f32_out = out.enabled && out.dtype == DType::kF32;
+  job.args.out = out.enabled && !f32_out ? out.data : nullptr;
+  job.args.out_type = elem_type(out.dtype);
+  job.out_bytes = dtype_size(out.dtype);
+  job.out_f32 = f32_out ? static_cast<float*>(out.data) : nullptr;
+  job.moments = moments;
+  job.codec = detail::codec_for(impl_->isa);
+  job.hooks = hooks;
+  // Chunks anchored at element 0 rather than at the parameters' cache lines: every chunk must
+  // start on an int8 block (a record's arrays are page-aligned, so nothing is lost there).
+  impl_->pool.run(n, nullptr, sizeof(float), detail::run_compact_chunk, &job);
 }
 
 void CpuAdam::copy_out(std::span<const float> params, CopyOut out) {

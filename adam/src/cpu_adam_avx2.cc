@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "bf16_x86.h"
 #include "cpu_adam_kernel.h"
 #include "cpu_adam_x86_common.h"
 
@@ -59,21 +60,6 @@ inline __m256 load_grad(const void* g) {
   }
 }
 
-// fp32 -> bf16, round to nearest even; NaN made quiet keeping its top bits (as the scalar and
-// AVX-512 paths).
-inline __m128i to_bf16(__m256 x) {
-  const __m256i u = _mm256_castps_si256(x);
-  const __m256i hi = _mm256_srli_epi32(u, 16);
-  const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
-  const __m256i rounded =
-      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
-  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-  const __m256i quiet = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
-  const __m256i r = _mm256_blendv_epi8(rounded, quiet, nan);
-  // Every lane is <= 0xffff, so the unsigned-saturating pack is exact.
-  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-}
-
 template <DecayKind D, ElemType G, ElemType O, bool kOut>
 inline void update(const Consts& c, const Lanes& l) {
   __m256 g = _mm256_mul_ps(load_grad<G>(l.g), c.grad_scale);
@@ -92,7 +78,7 @@ inline void update(const Consts& c, const Lanes& l) {
   if constexpr (kOut) {
     __m128i h;
     if constexpr (O == ElemType::kBF16) {
-      h = to_bf16(p);
+      h = bf16_round_256(p);
     } else {
       h = _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     }

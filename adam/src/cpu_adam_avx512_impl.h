@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "bf16_x86.h"
 #include "cpu_adam_kernel.h"
 #include "cpu_adam_x86_common.h"
 
@@ -83,14 +84,7 @@ inline __m256i to_bf16(__m512 x) {
 #if ZINF_ADAM_USE_AVX512BF16
   return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
 #else
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i hi = _mm512_srli_epi32(u, 16);
-  const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-  const __m512i rounded =
-      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
-  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  const __m512i quiet = _mm512_or_si512(hi, _mm512_set1_epi32(0x40));
-  return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet));
+  return bf16_round_512(x);
 #endif
 }
 

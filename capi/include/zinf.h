@@ -78,6 +78,14 @@ typedef struct zinf_layer_spec {
   zinf_dtype param_dtype; /**< the device copy's type: ZINF_DTYPE_BF16 or ZINF_DTYPE_F16 */
 } zinf_layer_spec;
 
+/** How the optimizer stores Adam's moments (the config's "zinf": {"state_precision"}). */
+typedef enum zinf_state_precision {
+  ZINF_STATE_PRECISION_CONFIG = 0, /**< as the config says (default "fp32") */
+  ZINF_STATE_PRECISION_FP32 = 1,   /**< fp32 moments: 12 bytes per parameter with the master */
+  ZINF_STATE_PRECISION_BF16 = 2,   /**< bf16 moments: 8 bytes per parameter */
+  ZINF_STATE_PRECISION_INT8 = 3    /**< 8-bit codes, a scale per 64: 6.125 bytes per parameter */
+} zinf_state_precision;
+
 /** How to build an engine beyond its config. All-zero (or NULL) means the defaults: the same
  *  device as C++ picks (ZINF_DEVICE_AUTO), device 0, the engine's own stream. */
 typedef struct zinf_engine_options {
@@ -96,11 +104,19 @@ typedef struct zinf_engine_options {
    *  it must outlive the engine. zinf_engine_destroy waits for everything enqueued on it so
    *  far. With ZINF_DEVICE_AUTO, the handle must be of the kind the engine ends up on. */
   void* compute_stream;
+  /* Version 2 (ZINF_ENGINE_OPTIONS_SIZE_V2): */
+  /** Overrides the config's zinf.state_precision unless ZINF_STATE_PRECISION_CONFIG (the
+   *  default); another value is ZINF_ERR_USAGE. The fp32 master weights are kept in every
+   *  mode; an engine checkpoint of another precision is refused on load. */
+  zinf_state_precision state_precision;
   /* Later versions append fields here. */
 } zinf_engine_options;
 
-/** The first version of zinf_engine_options: every field above. */
+/** The first version of zinf_engine_options: struct_size .. compute_stream. */
 #define ZINF_ENGINE_OPTIONS_SIZE_V1 (offsetof(zinf_engine_options, compute_stream) + sizeof(void*))
+/** The second version: every field above. */
+#define ZINF_ENGINE_OPTIONS_SIZE_V2 \
+  (offsetof(zinf_engine_options, state_precision) + sizeof(zinf_state_precision))
 
 /** The optimizer's figures for one step (zinf::offload::StepStats). */
 typedef struct zinf_step_stats {
@@ -296,6 +312,20 @@ zinf_status zinf_engine_set_layer_hyper(zinf_engine* engine, size_t layer,
  *  another engine or process using it fails with ZINF_ERR_IO naming the directory and the
  *  holder's pid. */
 zinf_status zinf_engine_save(zinf_engine* engine, const char* dir);
+/** Starts the checkpoint zinf_engine_save writes and returns while a thread of the engine's
+ *  writes it; steps may run meanwhile, and the checkpoint holds the state at this call, bitwise
+ *  (OffloadEngine::save_async: before a step overwrites a record not yet written, it copies it
+ *  for the save). A save still in flight is waited for first, and its failure is returned here
+ *  (nothing new starts). ZINF_ERR_USAGE inside a step or for an empty `dir`. Until
+ *  zinf_engine_wait_save, the save's own failure is not reported; zinf_engine_save,
+ *  zinf_engine_load and zinf_engine_set_master_weights wait for it first and return it;
+ *  zinf_engine_destroy finishes it. A kill at any point leaves the previous checkpoint
+ *  loadable. */
+zinf_status zinf_engine_save_async(zinf_engine* engine, const char* dir);
+/** Waits for the zinf_engine_save_async in flight, if any, to be committed. ZINF_ERR_IO (the
+ *  message names the file, offset and length) if it failed: the half-written version is
+ *  removed and the previous checkpoint stays current. Reports a failure once. */
+zinf_status zinf_engine_wait_save(zinf_engine* engine);
 /** Restores what zinf_engine_save wrote (ZINF_ERR_USAGE if the layer table differs or `dir` is
  *  ""). Blocks. */
 zinf_status zinf_engine_load(zinf_engine* engine, const char* dir);

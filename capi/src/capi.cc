@@ -13,6 +13,7 @@
 #include <new>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -187,6 +188,26 @@ zinf_status create(off::EngineConfig (*read)(const char*), const char* config,
     require(layers != nullptr || layer_count == 0, function, "layers is NULL");
     const zinf_engine_options opts = read_options(options, function);
     off::EngineConfig parsed = read(config);
+    // Read as the integer a C caller stored: a value outside the enumerators may not be loaded
+    // as the C++ enum type (its range is only what its enumerators need).
+    std::underlying_type_t<zinf_state_precision> precision = 0;
+    std::memcpy(&precision, &opts.state_precision, sizeof precision);
+    switch (precision) {
+      case ZINF_STATE_PRECISION_CONFIG: break;
+      case ZINF_STATE_PRECISION_FP32:
+        parsed.zinf.state_precision = zinf::adam::StatePrecision::kF32;
+        break;
+      case ZINF_STATE_PRECISION_BF16:
+        parsed.zinf.state_precision = zinf::adam::StatePrecision::kBF16;
+        break;
+      case ZINF_STATE_PRECISION_INT8:
+        parsed.zinf.state_precision = zinf::adam::StatePrecision::kInt8;
+        break;
+      default:
+        throw zinf::UsageError(std::string(function) + ": unknown state_precision " +
+                               std::to_string(precision) +
+                               " (expected ZINF_STATE_PRECISION_CONFIG, _FP32, _BF16 or _INT8)");
+    }
     std::vector<off::LayerSpec> specs;
     specs.reserve(layer_count);
     for (std::size_t i = 0; i < layer_count; ++i) {
@@ -469,6 +490,20 @@ zinf_status zinf_engine_save(zinf_engine* engine, const char* dir) {
     require(dir[0] != '\0', fn, "dir is empty");
     e.save(dir);
   });
+}
+
+zinf_status zinf_engine_save_async(zinf_engine* engine, const char* dir) {
+  return guarded(engine, [&] {
+    const char* fn = "zinf_engine_save_async";
+    off::OffloadEngine& e = engine_of(engine, fn);
+    require(dir != nullptr, fn, "dir is NULL");
+    require(dir[0] != '\0', fn, "dir is empty");
+    e.save_async(dir);
+  });
+}
+
+zinf_status zinf_engine_wait_save(zinf_engine* engine) {
+  return guarded(engine, [&] { engine_of(engine, "zinf_engine_wait_save").wait_save(); });
 }
 
 zinf_status zinf_engine_load(zinf_engine* engine, const char* dir) {

@@ -35,7 +35,8 @@ int main(void) {
   zinf_layer_spec layer = {"only", N, ZINF_DTYPE_BF16};
   /* The host simulation, so the fetched bytes can be read here; the default (zeroed or NULL
    * options) is ZINF_DEVICE_AUTO, a GPU where there is one. */
-  zinf_engine_options options = {sizeof(zinf_engine_options), ZINF_DEVICE_HOST, 0, NULL};
+  zinf_engine_options options = {sizeof(zinf_engine_options), ZINF_DEVICE_HOST, 0, NULL,
+                                 ZINF_STATE_PRECISION_CONFIG};
   zinf_engine* engine = NULL;
   zinf_status s;
   void* data = NULL;

@@ -182,7 +182,8 @@ constexpr std::string_view kZinfKeys[] = {
     "backend",          "direct_io",           "precondition",
     "prefetch_depth",   "adam_threads",        "grad_staging_buffers",
     "step_mode",        "rate_notice_share",   "rate_notice_steps",
-    "tuned_write_gbps", "tuned_read_gbps",     "tbw_tb"};
+    "tuned_write_gbps", "tuned_read_gbps",     "tbw_tb",
+    "state_precision"};
 
 bool contains(std::span<const std::string_view> keys, std::string_view key) {
   return std::find(keys.begin(), keys.end(), key) != keys.end();
@@ -802,6 +803,15 @@ void parse_zinf(const Block& block, ZinfSection& out) {
     block.fail("tbw_tb", "expected the rated endurance in TB >= 0 (0: no wear notice), got " +
                              shown(*block.find("tbw_tb")));
   }
+  if (const Json* prec = block.find("state_precision")) {
+    const std::string text = prec->is_string() ? prec->get<std::string>() : std::string();
+    if (text == "fp32" || text == "bf16" || text == "int8") {
+      out.state_precision = adam::parse_state_precision(text, "zinf.state_precision");
+    } else {
+      block.fail("state_precision",
+                 "expected \"fp32\", \"bf16\" or \"int8\", got " + shown(*prec));
+    }
+  }
   if (const Json* mode = block.find("step_mode")) {
     const std::string text = mode->is_string() ? mode->get<std::string>() : std::string();
     if (text == "auto") {
@@ -1114,6 +1124,7 @@ std::string config_to_json(const EngineConfig& c) {
   z["tuned_write_gbps"] = c.zinf.tuned_write_gbps;
   z["tuned_read_gbps"] = c.zinf.tuned_read_gbps;
   z["tbw_tb"] = c.zinf.tbw_tb;
+  z["state_precision"] = std::string(adam::state_precision_name(c.zinf.state_precision));
   return root.dump(2) + "\n";
 }
 

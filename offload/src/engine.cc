@@ -12,6 +12,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <optional>
@@ -26,6 +27,7 @@
 #include "zinf/common/align.h"
 #include "zinf/common/error.h"
 #include "zinf/common/log.h"
+#include "zinf/offload/engine_seams.h"
 #include "zinf/offload/testing.h"
 #include "zinf/swap/buffer_pool.h"
 #include "zinf/swap/dir.h"
@@ -98,6 +100,9 @@ struct OffloadEngine::Impl {
   std::optional<StepStats> open_staged_step();
   // Staged mode: forgets the step's gradients and the layers' has_grads.
   void drop_staged();
+  // save() and save_async(): the layer table and loss scale now, then the optimizer's
+  // checkpoint, written before returning or by the optimizer's save thread.
+  void save(const std::string& dir, bool async);
 
   EngineConfig config;
   std::vector<LayerSpec> layers;
@@ -134,6 +139,9 @@ struct OffloadEngine::Impl {
   std::unique_ptr<detail::GradientStage> stage;
   detail::LossScaler scaler{LossScaleConfig{}};
   StepStats staged_figures;  // the open staged step's norm, factor and loss scale
+  // Staged mode: turns this engine's sum of squares into the one the verdict uses (the sum
+  // over every rank of a sharded engine; engine_seams.h). Empty: the local sum.
+  std::function<double(double)> reduce_sum_of_squares;
 
   bool step_open = false;
   std::optional<Status> failure;
@@ -228,6 +236,7 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
   oo.pipeline_depth = config.offload_optimizer.buffer_count;
   oo.hyper = config.optimizer.hyper;
   oo.adam.threads = config.zinf.adam_threads;
+  oo.state_precision = config.zinf.state_precision;
   if (otier == OffloadDevice::kNvme) {
     oo.directories = config.nvme_directories(config.offload_optimizer.nvme_path);
     if (config.zinf.rate_notice_share > 0) {
@@ -324,7 +333,7 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
   for (const auto& notice : config.notices) log(LogLevel::kNotice, "config: " + notice);
 
   // Drive wear, before the first step: every step rewrites the optimizer's whole state (12
-  // bytes per element) and, with nvme parameters, the updated parameters. Padding to the I/O
+  // bytes per element with fp32 moments, fewer with zinf.state_precision) and, with nvme parameters, the updated parameters. Padding to the I/O
   // alignment adds a little; the measured figure follows after the first steps.
   if (config.zinf.tbw_tb > 0) {
     std::uint64_t numel = 0, param_bytes = 0;
@@ -335,7 +344,7 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
     double per_step = 0;
     std::vector<std::string> dirs;
     if (otier == OffloadDevice::kNvme) {
-      per_step += 12.0 * static_cast<double>(numel);
+      per_step += static_cast<double>(4 * numel + adam::moment_bytes(config.zinf.state_precision, numel));
       dirs = config.nvme_directories(config.offload_optimizer.nvme_path);
     }
     if (config.offload_param.device == OffloadDevice::kNvme) {
@@ -464,7 +473,8 @@ std::optional<StepStats> OffloadEngine::Impl::open_staged_step() {
   StepStats& f = staged_figures;
   f = StepStats{};
   f.loss_scale = scaler.scale();
-  const double sum_sq = stage->sum_of_squares();
+  const double local_sum_sq = stage->sum_of_squares();
+  const double sum_sq = reduce_sum_of_squares ? reduce_sum_of_squares(local_sum_sq) : local_sum_sq;
   f.global_grad_norm = std::sqrt(sum_sq) / f.loss_scale;
   double coefficient = 1;
   if (config.gradient_clipping > 0) {
@@ -870,11 +880,23 @@ double OffloadEngine::loss_scale() const noexcept { return impl_->scaler.scale()
 
 StepMode OffloadEngine::step_mode() const noexcept { return impl_->mode; }
 
-void OffloadEngine::save(const std::string& dir) {
-  check_checkpoint_dir(dir, "OffloadEngine::save");
-  Impl& m = *impl_;
+void OffloadEngine::save(const std::string& dir) { impl_->save(dir, /*async=*/false); }
+
+void OffloadEngine::save_async(const std::string& dir) { impl_->save(dir, /*async=*/true); }
+
+void OffloadEngine::wait_save() { impl_->optimizer->wait_save(); }
+
+bool OffloadEngine::save_in_flight() const { return impl_->optimizer->save_in_flight(); }
+
+void OffloadEngine::Impl::save(const std::string& dir, bool async) {
+  const char* function = async ? "OffloadEngine::save_async" : "OffloadEngine::save";
+  check_checkpoint_dir(dir, function);
+  Impl& m = *this;
   m.check_usable();
-  m.check_outside_step("save");
+  m.check_outside_step(async ? "save_async" : "save");
+  // A save in flight first (its error, if any, is thrown here): the files below belong to the
+  // checkpoint it is about to commit.
+  m.optimizer->wait_save();
   // The optimizer's directory, created if missing and locked for it: the layer table is
   // written under the same lock, through the same descriptor.
   const swap::Dir& d = m.optimizer->checkpoint_directory(dir, /*create=*/true);
@@ -887,7 +909,11 @@ void OffloadEngine::save(const std::string& dir) {
   if (m.scaler.dynamic()) {
     swap::replace_file_durably(d, kLossScaleName, detail::LossScaler::to_text(m.scaler.state()));
   }
-  m.optimizer->save(dir);
+  if (async) {
+    m.optimizer->save_async(dir);
+  } else {
+    m.optimizer->save(dir);
+  }
 }
 
 void OffloadEngine::load(const std::string& dir) {
@@ -895,6 +921,7 @@ void OffloadEngine::load(const std::string& dir) {
   Impl& m = *impl_;
   m.check_usable();
   m.check_outside_step("load");
+  m.optimizer->wait_save();
   const swap::Dir& d = m.optimizer->checkpoint_directory(dir, /*create=*/false);
   const std::string path = d.path_of(kManifestName);
   const std::string want = manifest_text(m.layers);
@@ -978,6 +1005,24 @@ EngineStats OffloadEngine::stats() const {
   s.grad_staging_wait_seconds = m.grad_wait_seconds;
   s.last_step = m.last_step;
   return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Seams (engine_seams.h)
+
+class EngineSeamsAccess {
+ public:
+  static void set(OffloadEngine& engine, std::function<double(double)> reduce) {
+    OffloadEngine::Impl& m = *engine.impl_;
+    if (m.step_open) {
+      throw UsageError("OffloadEngine: the sum-of-squares reducer cannot change inside a step");
+    }
+    m.reduce_sum_of_squares = std::move(reduce);
+  }
+};
+
+void set_sum_of_squares_reducer(OffloadEngine& engine, std::function<double(double)> reduce) {
+  EngineSeamsAccess::set(engine, std::move(reduce));
 }
 
 }  // namespace zinf::offload

@@ -74,6 +74,16 @@ std::uint64_t copy_out_staging_bytes(std::uint64_t sub, std::uint64_t max_group_
   return align_up(std::min(sub, max_group_numel) * 2, alignment);
 }
 
+// "12", "8" or "6.125": a record's bytes per element, for the budget's error message.
+std::string bytes_per_element_text(adam::StatePrecision p) {
+  switch (p) {
+    case adam::StatePrecision::kF32: return "12";
+    case adam::StatePrecision::kBF16: return "8";
+    case adam::StatePrecision::kInt8: break;
+  }
+  return "6.125";
+}
+
 PinnedPlan plan_pinned(const OptimizerOptions& o, std::uint64_t sub, std::uint64_t max_record_bytes,
                        std::uint64_t state_bytes, std::size_t record_count,
                        std::uint64_t max_group_numel, std::uint32_t alignment) {
@@ -82,13 +92,15 @@ PinnedPlan plan_pinned(const OptimizerOptions& o, std::uint64_t sub, std::uint64
     plan.need = std::uint64_t{o.pipeline_depth} * max_record_bytes;
     plan.what = "the pipeline: depth " + std::to_string(o.pipeline_depth) + " x " +
                 std::to_string(max_record_bytes) + "-byte sub-group buffers (" +
-                std::to_string(std::min(sub, max_record_bytes / kStateBytesPerElement)) +
-                " elements x 12 bytes, padded to " + std::to_string(alignment) +
+                std::to_string(std::min(sub, max_group_numel)) + " elements x " +
+                bytes_per_element_text(o.state_precision) + " bytes, padded to " +
+                std::to_string(alignment) +
                 ") = " + std::to_string(plan.need) + " bytes";
   } else {
     plan.need = state_bytes;
     plan.what = "the cpu-tier state: " + std::to_string(record_count) +
-                " sub-groups of 12 bytes per element, each padded to " + std::to_string(alignment) +
+                " sub-groups of " + bytes_per_element_text(o.state_precision) +
+                " bytes per element, each padded to " + std::to_string(alignment) +
                 ", = " + std::to_string(plan.need) + " bytes";
   }
   if (o.store_copy_out) {
@@ -190,8 +202,10 @@ std::uint64_t optimizer_pinned_bytes_needed(const OptimizerOptions& options,
     max_numel = std::max(max_numel, g.numel);
     const std::uint64_t full = g.numel / sub;
     const std::uint64_t rest = g.numel % sub;
-    const std::uint64_t full_bytes = align_up(sub * kStateBytesPerElement, alignment);
-    const std::uint64_t rest_bytes = align_up(rest * kStateBytesPerElement, alignment);
+    const std::uint64_t full_bytes =
+        align_up(record_state_bytes(options.state_precision, sub), alignment);
+    const std::uint64_t rest_bytes =
+        rest > 0 ? align_up(record_state_bytes(options.state_precision, rest), alignment) : 0;
     if (full > 0) max_record = std::max(max_record, full_bytes);
     if (rest > 0) max_record = std::max(max_record, rest_bytes);
     state += full * full_bytes + rest_bytes;
@@ -259,7 +273,8 @@ OffloadedOptimizer::Impl::Impl(OptimizerOptions o, std::vector<ParamGroupSpec> g
       r.sub = s;
       r.offset = off;
       r.numel = std::min(sub, groups[gi].numel - off);
-      r.padded = align_up(r.numel * kStateBytesPerElement, alignment);
+      r.bytes = record_state_bytes(options.state_precision, r.numel);
+      r.padded = align_up(r.bytes, alignment);
       r.key = groups[gi].name + "#" + std::to_string(s);
       max_record_bytes = std::max(max_record_bytes, r.padded);
       state_bytes += r.padded;
@@ -303,7 +318,7 @@ OffloadedOptimizer::Impl::Impl(OptimizerOptions o, std::vector<ParamGroupSpec> g
                   " exceeds the probed direct-I/O alignment " + std::to_string(alignment));
     }
     if (options.precondition) store->precondition();
-    for (const auto& r : records) store->allocate(r.key, r.numel * kStateBytesPerElement);
+    for (const auto& r : records) store->allocate(r.key, r.bytes);
   }
 
   swap::BufferPoolOptions po;
@@ -352,6 +367,15 @@ OffloadedOptimizer::Impl::~Impl() {
   }
   cv.notify_all();
   if (pipeline.joinable()) pipeline.join();
+  if (step_snapshot) Impl::snapshot_step(*step_snapshot, false);  // a step that never ended
+  // A save in flight is finished, not cancelled: its snapshot is complete in memory and on the
+  // drive, and the caller asked for it. A failure is logged (nobody is left to throw to).
+  try {
+    wait_save();
+  } catch (const std::exception& e) {
+    log(LogLevel::kError,
+        std::string("OffloadedOptimizer destroyed with a failed asynchronous save: ") + e.what());
+  }
   if (store) {
     Status s = store->close();
     if (!s.ok())
@@ -376,15 +400,6 @@ void OffloadedOptimizer::Impl::fail(const Status& cause) {
   }
 }
 
-std::span<float> OffloadedOptimizer::Impl::params_of(std::byte* base, std::uint64_t n) {
-  return {reinterpret_cast<float*>(base), n};
-}
-std::span<float> OffloadedOptimizer::Impl::m_of(std::byte* base, std::uint64_t n) {
-  return {reinterpret_cast<float*>(base) + n, n};
-}
-std::span<float> OffloadedOptimizer::Impl::v_of(std::byte* base, std::uint64_t n) {
-  return {reinterpret_cast<float*>(base) + 2 * n, n};
-}
 
 void OffloadedOptimizer::Impl::ring_pipeline(
     std::size_t count, const std::function<swap::IoTicket(std::size_t, swap::BufferLease&)>& start,
@@ -474,18 +489,32 @@ bool OffloadedOptimizer::Impl::io_idle() const {
 
 namespace {
 
-// The update's hooks for folded checksums: each piece of params, m and v is summed right
-// before the kernel reads it and right after it wrote it, while it is in the core's cache.
+// The update's hooks for folded checksums: each piece of params, m and v (and, int8, the
+// piece's scales) is summed right before the kernel reads it and right after it wrote it,
+// while it is in the core's cache. Pieces start on int8 blocks (CpuAdam's compact step), so
+// the scale ranges of different pieces never share a block.
 struct FoldedPass {
   swap::UnitSums* read;
   swap::UnitSums* written;
   std::byte* base;
   std::uint64_t numel;
+  adam::CompactMoments moments;  // pointers into base
 
+  std::uint64_t at(const void* p) const {
+    return static_cast<std::uint64_t>(static_cast<const std::byte*>(p) - base);
+  }
   void add(swap::UnitSums& sums, std::size_t begin, std::size_t end) const {
-    const std::uint64_t array_bytes = numel * sizeof(float);
-    for (std::uint64_t a = 0; a < 3; ++a) {  // params, m, v
-      sums.add(base, a * array_bytes + begin * sizeof(float), (end - begin) * sizeof(float));
+    sums.add(base, begin * sizeof(float), (end - begin) * sizeof(float));  // params
+    const std::uint64_t elem = moments.precision == adam::StatePrecision::kF32    ? 4
+                               : moments.precision == adam::StatePrecision::kBF16 ? 2
+                                                                                  : 1;
+    sums.add(base, at(moments.m) + begin * elem, (end - begin) * elem);
+    sums.add(base, at(moments.v) + begin * elem, (end - begin) * elem);
+    if (moments.precision == adam::StatePrecision::kInt8) {
+      const std::uint64_t b0 = begin / adam::kInt8Block;
+      const std::uint64_t b1 = (end + adam::kInt8Block - 1) / adam::kInt8Block;
+      sums.add(base, at(moments.m_scale) + b0 * 4, (b1 - b0) * 4);
+      sums.add(base, at(moments.v_scale) + b0 * 4, (b1 - b0) * 4);
     }
   }
   static void before(void* ctx, std::size_t begin, std::size_t end) {
@@ -503,27 +532,27 @@ struct FoldedPass {
 void OffloadedOptimizer::Impl::compute(const adam::AdamParams& hp, const Task& t, std::byte* base,
                                        std::size_t slot) {
   const Record& rec = records[t.record];
-  const auto p = params_of(base, rec.numel);
-  const auto m = m_of(base, rec.numel);
-  const auto v = v_of(base, rec.numel);
+  const RecordLayout lay = layout(rec);
+  const auto p = lay.params(base);
+  const adam::CompactMoments moments = lay.moments(base);
   if (!folded_sums()) {
-    adam.step(hp, p, m, v, t.grads, t.out);
+    adam.step(hp, p, moments, t.grads, t.out);
     return;
   }
   // The record's bytes as the store keeps them: the three arrays, then padding to the
   // store's alignment, which the update does not touch (summed once, for both sides).
-  const std::uint64_t state = rec.numel * kStateBytesPerElement;
+  const std::uint64_t state = rec.bytes;
   const std::uint64_t stored = store->padded_size(state);
-  const std::size_t pieces = 3 * (rec.numel / adam::kHookPieceElements + 2);
+  const std::size_t pieces = 5 * (rec.numel / adam::kHookPieceElements + 2);
   sums_read.reset(stored, store->stripe_bytes(), pieces);
   sums_written.reset(stored, store->stripe_bytes(), pieces);
   if (stored > state) {
     sums_read.add(base, state, stored - state);
     sums_written.add(base, state, stored - state);
   }
-  FoldedPass pass{&sums_read, &sums_written, base, rec.numel};
+  FoldedPass pass{&sums_read, &sums_written, base, rec.numel, moments};
   const adam::ChunkHooks hooks{FoldedPass::before, FoldedPass::after, &pass};
-  adam.step(hp, p, m, v, t.grads, t.out, &hooks);
+  adam.step(hp, p, moments, t.grads, t.out, &hooks);
   // Checked before the caller writes the record back or copies the parameters out: bytes that
   // differ from what was written are never handed on (the update made from them stays in the
   // ring buffer, which the failed step drops).
@@ -663,11 +692,24 @@ void OffloadedOptimizer::Impl::pipeline_main() {
       run.modified = run.modified || !nvme();  // kCpu updates the state in place
       if (nvme()) slots[si].writing = true;    // reserved until the write-back completes
       std::byte* base = nvme() ? ring[si].data() : records[task.record].state.data();
+      const std::shared_ptr<AsyncSave> snapshot = step_snapshot;
       lk.unlock();
       std::optional<Status> err;
+      double snapshot_wait = 0;
+      std::uint64_t snapshot_copy = 0;
+      if (snapshot) {
+        // A save in flight may still need this record's bytes as they are: copied first.
+        try {
+          protect_snapshot(*snapshot, task.record, base,
+                           folded_sums() ? &slot_expected[si] : nullptr, snapshot_wait,
+                           snapshot_copy);
+        } catch (...) {
+          err = current_exception_status();
+        }
+      }
       const auto t0 = OptClock::now();
       try {
-        compute(hp, task, base, si);
+        if (!err) compute(hp, task, base, si);
       } catch (...) {
         err = current_exception_status();
       }
@@ -706,6 +748,8 @@ void OffloadedOptimizer::Impl::pipeline_main() {
       if (task.consumed) task.consumed();  // the kernel has read the gradients
       lk.lock();
       run.stats.compute_seconds += std::chrono::duration<double>(t1 - t0).count();
+      run.stats.snapshot_wait_seconds += snapshot_wait;
+      run.stats.snapshot_copy_bytes += snapshot_copy;
       if (task.store_out) {
         if (out_submitted) {
           run.modified = true;  // the parameter store's key changed
@@ -765,6 +809,9 @@ const ParamGroupSpec& OffloadedOptimizer::group(std::size_t index) const {
 }
 
 StateTier OffloadedOptimizer::tier() const noexcept { return impl_->options.tier; }
+adam::StatePrecision OffloadedOptimizer::state_precision() const noexcept {
+  return impl_->options.state_precision;
+}
 std::uint64_t OffloadedOptimizer::step_count() const noexcept { return impl_->steps_done; }
 const adam::AdamParams& OffloadedOptimizer::hyper() const noexcept { return impl_->hyper; }
 
@@ -818,6 +865,7 @@ void OffloadedOptimizer::write_state(const char* what, std::size_t group_index,
                        std::to_string(s->size()));
     }
   }
+  im.wait_save();  // the snapshot may still need the records this overwrites
   const auto& recs = im.group_records[group_index];
   im.initialized[group_index] = false;
   im.ring_pipeline(
@@ -825,17 +873,17 @@ void OffloadedOptimizer::write_state(const char* what, std::size_t group_index,
       [&](std::size_t i, swap::BufferLease& buf) -> swap::IoTicket {
         Record& rec = im.records[recs[i]];
         std::byte* base = im.nvme() ? buf.data() : rec.state.data();
-        auto p = Impl::params_of(base, rec.numel);
-        std::copy_n(params.data() + rec.offset, rec.numel, p.data());
+        const RecordLayout lay = im.layout(rec);
+        std::copy_n(params.data() + rec.offset, rec.numel, lay.params(base).data());
         if (moments) {
-          std::copy_n(m.data() + rec.offset, rec.numel, Impl::m_of(base, rec.numel).data());
-          std::copy_n(v.data() + rec.offset, rec.numel, Impl::v_of(base, rec.numel).data());
+          adam::encode_moments(m.subspan(rec.offset, rec.numel), v.subspan(rec.offset, rec.numel),
+                               lay.moments(base));
         } else {
-          std::fill_n(p.data() + rec.numel, 2 * rec.numel, 0.0f);
+          // Zero moments: all-zero bytes in every precision (int8: codes 0 with scale 0).
+          std::memset(base + 4 * rec.numel, 0, rec.bytes - 4 * rec.numel);
         }
         // Zero the padding too, so that stored records (and checkpoints) are deterministic.
-        std::memset(base + rec.numel * kStateBytesPerElement, 0,
-                    rec.padded - rec.numel * kStateBytesPerElement);
+        std::memset(base + rec.bytes, 0, rec.padded - rec.bytes);
         if (!im.nvme()) return {};
         return im.store->swap_out(rec.key, buf.span());
       },
@@ -870,10 +918,11 @@ void OffloadedOptimizer::read_state(std::size_t group_index, std::span<float> pa
       [&](std::size_t i, swap::BufferLease& buf) -> swap::IoTicket {
         Record& rec = im.records[recs[i]];
         std::byte* base = im.nvme() ? buf.data() : rec.state.data();
-        if (!params.empty())
-          std::ranges::copy(Impl::params_of(base, rec.numel), params.data() + rec.offset);
-        if (!m.empty()) std::ranges::copy(Impl::m_of(base, rec.numel), m.data() + rec.offset);
-        if (!v.empty()) std::ranges::copy(Impl::v_of(base, rec.numel), v.data() + rec.offset);
+        const RecordLayout lay = im.layout(rec);
+        if (!params.empty()) std::ranges::copy(lay.params(base), params.data() + rec.offset);
+        adam::decode_moments(lay.moments(base),
+                             m.empty() ? m : m.subspan(rec.offset, rec.numel),
+                             v.empty() ? v : v.subspan(rec.offset, rec.numel));
         return {};
       });
 }
@@ -919,6 +968,8 @@ void OffloadedOptimizer::begin_step(double grad_scale) {
   im.run.step = im.steps_done + 1;
   im.run.hp = std::move(hp);
   im.run.began = OptClock::now();
+  im.step_snapshot = im.async_save;
+  if (im.step_snapshot) Impl::snapshot_step(*im.step_snapshot, true);
   ++im.steps_done;
 }
 
@@ -1047,6 +1098,8 @@ StepStats OffloadedOptimizer::end_step() {
   im.cv.notify_all();
   im.cv.wait(lk, [&] { return im.run.finished; });
   im.run.active = false;
+  if (im.step_snapshot) Impl::snapshot_step(*im.step_snapshot, false);
+  im.step_snapshot.reset();
   StepStats stats = im.run.stats;
   const Status err = im.run.error;
   const bool modified = im.run.modified;
@@ -1067,13 +1120,26 @@ void OffloadedOptimizer::save(const std::string& dir) {
   check_checkpoint_dir(dir, "OffloadedOptimizer::save");
   impl_->check_usable();
   impl_->check_idle("save");
+  impl_->wait_save();
   impl_->save(dir);
 }
+
+void OffloadedOptimizer::save_async(const std::string& dir) {
+  check_checkpoint_dir(dir, "OffloadedOptimizer::save_async");
+  impl_->check_usable();
+  impl_->check_idle("save_async");
+  impl_->save_async(dir);
+}
+
+void OffloadedOptimizer::wait_save() { impl_->wait_save(); }
+
+bool OffloadedOptimizer::save_in_flight() const { return impl_->save_running(); }
 
 void OffloadedOptimizer::load(const std::string& dir) {
   check_checkpoint_dir(dir, "OffloadedOptimizer::load");
   impl_->check_usable();
   impl_->check_idle("load");
+  impl_->wait_save();
   impl_->load(dir);
 }
 

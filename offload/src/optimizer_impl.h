@@ -10,17 +10,20 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "zinf/adam/compact_state.h"
 #include "zinf/adam/cpu_adam.h"
 #include "zinf/common/status.h"
 #include "zinf/offload/optimizer.h"
 #include "zinf/swap/buffer_pool.h"
 #include "zinf/swap/dir.h"
+#include "zinf/swap/file.h"
 #include "zinf/swap/io_engine.h"
 #include "zinf/swap/swap_store.h"
 #include "zinf/swap/unit_sums.h"
@@ -29,18 +32,35 @@ namespace zinf::offload {
 
 using OptClock = std::chrono::steady_clock;
 
-/// Bytes of optimizer state per element: the fp32 master parameter, Adam's m and its v. Sizes
-/// every record, its I/O and its checkpoint CRC, so the step and the checkpoint agree by
-/// construction.
-inline constexpr std::uint64_t kStateBytesPerElement = 3 * sizeof(float);
+/// Bytes of a record's state for `n` elements: the fp32 master parameters and Adam's m and v in
+/// `precision` (12n for fp32). Sizes every record, its I/O and its checkpoint CRC, so the step
+/// and the checkpoint agree by construction.
+inline std::uint64_t record_state_bytes(adam::StatePrecision precision, std::uint64_t n) {
+  return 4 * n + adam::moment_bytes(precision, n);
+}
+
+/// Where a record's arrays lie in its buffer: the fp32 parameters, then the moments as
+/// adam::compact_moments_at lays them out. fp32 and bf16: [params | m | v]; int8:
+/// [params | m scales | v scales | m codes | v codes].
+struct RecordLayout {
+  adam::StatePrecision precision;
+  std::uint64_t numel;
+  std::span<float> params(std::byte* base) const {
+    return {reinterpret_cast<float*>(base), static_cast<std::size_t>(numel)};
+  }
+  adam::CompactMoments moments(std::byte* base) const {
+    return adam::compact_moments_at(precision, static_cast<std::size_t>(numel), base + 4 * numel);
+  }
+};
 
 /// One sub-group: elements [offset, offset + numel) of a group, stored as one record
-/// [params | m | v] of kStateBytesPerElement x numel bytes padded to `padded` bytes.
+/// (RecordLayout) of `bytes` = record_state_bytes() bytes padded to `padded` bytes.
 struct Record {
   std::size_t group = 0;
   std::uint64_t sub = 0;
   std::uint64_t offset = 0;
   std::uint64_t numel = 0;
+  std::uint64_t bytes = 0;
   std::uint64_t padded = 0;
   std::string key;          // kNvme: the SwapStore key
   swap::BufferLease state;  // kCpu: the record itself
@@ -92,7 +112,25 @@ struct StepRun {
   std::vector<std::pair<OptClock::time_point, OptClock::time_point>> writes;
 };
 
+/// A checkpoint version being written (optimizer_checkpoint.cc): what save() and save_async()
+/// capture at the start, so that both write one format through the same code. The state file's
+/// records follow `records` in order, at `offsets`.
+struct VersionWrite {
+  std::string name;  // the version directory's final name
+  std::string tmp;   // name + ".tmp": where it is written until complete
+  swap::Dir vdir;    // <dir>/<tmp>
+  swap::File file;   // <tmp>/state.bin, created exclusively and preallocated
+  std::uint64_t step = 0;
+  adam::AdamParams hp;
+  std::vector<ParamGroupSpec> groups;  // each with its own set in ParamGroupSpec::hyper
+  std::vector<std::uint64_t> offsets;  // per record
+  std::vector<std::uint32_t> crcs;     // per record, set as each is written
+  std::uint64_t total = 0;             // bytes of state.bin
+};
+
 struct OffloadedOptimizer::Impl {
+  class AsyncSave;  // optimizer_checkpoint.cc: a save_async() in flight
+
   Impl(OptimizerOptions o, std::vector<ParamGroupSpec> g);
   ~Impl();
 
@@ -127,9 +165,20 @@ struct OffloadedOptimizer::Impl {
   // zinf/offload/testing.h's set_checkpoint_hook; empty outside tests.
   std::function<void(std::string_view phase, std::uint64_t bytes)> checkpoint_hook;
 
+  // The buffers of asynchronous saves, made at the first save_async and kept (host memory,
+  // not pinned); declared before every holder of an AsyncSave, so that it outlives them.
+  std::unique_ptr<swap::BufferPool> save_pool;
+  // The asynchronous save in flight or finished but not yet waited for (save_async). Set and
+  // reset by the controlling thread outside a step; each step takes its own reference at
+  // begin_step (StepRun::snapshot), so the pipeline never reads this member.
+  std::shared_ptr<AsyncSave> async_save;
+
   std::mutex mu;
   std::condition_variable cv;
   StepRun run;                     // guarded by mu
+  // The save whose snapshot the open step must not overwrite: async_save at begin_step, null
+  // after end_step (guarded by mu).
+  std::shared_ptr<AsyncSave> step_snapshot;
   std::vector<Slot> slots;         // guarded by mu
   std::vector<OutSlot> out_slots;  // guarded by mu; one per out_staging buffer
   // Checksums folded into the update (kNvme with swap checksums): per ring slot, the unit
@@ -148,10 +197,9 @@ struct OffloadedOptimizer::Impl {
   void check_idle(const char* what) const;  // UsageError inside a step
   void fail(const Status& cause);
 
-  // Three views of a record laid out in `base` (params, m, v).
-  static std::span<float> params_of(std::byte* base, std::uint64_t n);
-  static std::span<float> m_of(std::byte* base, std::uint64_t n);
-  static std::span<float> v_of(std::byte* base, std::uint64_t n);
+  RecordLayout layout(const Record& r) const noexcept {
+    return {options.state_precision, r.numel};
+  }
 
   // Runs `count` items through the ring on the calling thread (no step open): start(i, buf)
   // submits item i's first I/O into ring buffer `buf` and returns its ticket; once that has
@@ -184,6 +232,29 @@ struct OffloadedOptimizer::Impl {
   const swap::Dir& open_checkpoint_dir(const std::string& dir, bool create);
   void save(const std::string& dir);
   void load(const std::string& dir);
+  // The pieces of a save, shared by save() and save_async(). begin_version() opens (and
+  // locks) `dir`, captures the step, hyper-parameters and layout, and creates the temporary
+  // version with its state file. commit_version() syncs and closes the file, writes the
+  // manifest, renames the version into place, switches LATEST and removes what the new version
+  // supersedes. abandon_version() removes a temporary version after a failure (never throws).
+  VersionWrite begin_version(const std::string& dir);
+  void commit_version(VersionWrite& v);
+  void abandon_version(VersionWrite& v) noexcept;
+  void checkpoint_phase(std::string_view phase, std::uint64_t bytes) const {
+    if (checkpoint_hook) checkpoint_hook(phase, bytes);
+  }
+  void save_async(const std::string& dir);
+  // Waits for the asynchronous save (if any) and forgets it; throws its error.
+  void wait_save();
+  bool save_running() const;
+  // The step pipeline, right before record `record`'s update (bytes at `base`, read into ring
+  // slot `slot` on kNvme): returns once the snapshot no longer needs the bytes in place.
+  // Returns the seconds it waited and the bytes it copied.
+  // A step opened (begin_step) or closed (end_step) while `save` is in flight.
+  static void snapshot_step(AsyncSave& save, bool open);
+  static void protect_snapshot(AsyncSave& save, std::size_t record, const std::byte* base,
+                               const std::vector<std::uint32_t>* expected, double& waited,
+                               std::uint64_t& copied);
 };
 
 /// The copy-out staging buffers options.store_copy_out reserves.

@@ -10,4 +10,5 @@ PYBIND11_MODULE(_native, m) {
   zinf::python::bind_optimizer(m);
   zinf::python::bind_param_store(m);
   zinf::python::bind_activations(m);
+  zinf::python::bind_direct_file(m);
 }

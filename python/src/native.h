@@ -37,5 +37,7 @@ void bind_optimizer(py::module_& m);
 void bind_param_store(py::module_& m);
 /// ActivationStore over CPU tensors (zinf.torch.offload_activations).
 void bind_activations(py::module_& m);
+/// DirectFileWriter/Reader (zinf.torch.FastFileWriter, FastFileReader).
+void bind_direct_file(py::module_& m);
 
 }  // namespace zinf::python

@@ -44,7 +44,7 @@ void bind_optimizer(py::module_& m) {
       .def(py::init([](const std::vector<std::uint64_t>& numels, const std::string& tier,
                        const std::vector<std::string>& directories, std::uint64_t sub_group,
                        std::uint32_t depth, std::uint64_t pinned_budget, std::size_t threads,
-                       bool checksums) {
+                       bool checksums, const std::string& state_precision) {
              offload::OptimizerOptions o;
              o.tier = offload::parse_state_tier(tier, "state");
              o.directories = directories;
@@ -53,6 +53,7 @@ void bind_optimizer(py::module_& m) {
              o.pinned_budget_bytes = pinned_budget;
              o.adam.threads = threads;
              o.swap_checksums = checksums;
+             o.state_precision = adam::parse_state_precision(state_precision, "state_precision");
              std::vector<offload::ParamGroupSpec> groups;
              for (std::size_t i = 0; i < numels.size(); ++i) {
                groups.push_back({"p" + std::to_string(i), numels[i]});
@@ -61,7 +62,7 @@ void bind_optimizer(py::module_& m) {
              return std::make_unique<OffloadedOptimizer>(std::move(o), std::move(groups));
            }),
            "numels"_a, "tier"_a, "directories"_a, "sub_group_elements"_a, "pipeline_depth"_a,
-           "pinned_budget_bytes"_a, "threads"_a, "checksums"_a)
+           "pinned_budget_bytes"_a, "threads"_a, "checksums"_a, "state_precision"_a = "fp32")
       .def("set_params",
            [](OffloadedOptimizer& o, std::size_t group, std::uintptr_t params, std::size_t n) {
              py::gil_scoped_release nogil;
@@ -118,6 +119,17 @@ void bind_optimizer(py::module_& m) {
              py::gil_scoped_release nogil;
              o.save(dir);
            })
+      .def("save_async",
+           [](OffloadedOptimizer& o, const std::string& dir) {
+             py::gil_scoped_release nogil;
+             o.save_async(dir);
+           })
+      .def("wait_save",
+           [](OffloadedOptimizer& o) {
+             py::gil_scoped_release nogil;
+             o.wait_save();
+           })
+      .def("save_in_flight", &OffloadedOptimizer::save_in_flight)
       .def("load",
            [](OffloadedOptimizer& o, const std::string& dir) {
              py::gil_scoped_release nogil;

@@ -7,6 +7,12 @@
   python3 -m zinf.bench step --dir D [--numel 256M] [--rounds 3] [--zinf PATH]
       zinf.torch.AdamW(state="nvme") against `zinf bench step` (the C++ pipeline) at the same
       size on the same directory, alternated: the binding's cost as the ratio of step times.
+  python3 -m zinf.bench save --dir D [--size 1Gi] [--tensors 64] [--rounds 3]
+      torch.save through zinf.torch.FastFileWriter against torch.save to a plain file on the
+      same directory, alternated. Both are made durable and timed to the end of it: the plain
+      save is followed by an fsync of its file (without it the page cache makes it look fast
+      and nothing is on the drive yet), the FastFileWriter's close() fsyncs. Reports each
+      side's seconds and GB/s and the median ratio plain / fast.
 
 Output: one JSON document on stdout.
 """
@@ -102,6 +108,49 @@ def bench_step(a):
             "median_ratio": statistics.median(r["ratio"] for r in rows)}
 
 
+def size_bytes(text):
+    """'1Gi', '512Mi' -> binary multiples; anything else as count() reads it."""
+    t = str(text).strip()
+    for suffix, mult in (("Ki", 1 << 10), ("Mi", 1 << 20), ("Gi", 1 << 30)):
+        if t.endswith(suffix):
+            return int(float(t[:-2]) * mult)
+    return count(t)
+
+
+def bench_save(a):
+    size = size_bytes(a.size)
+    each = max(size // a.tensors // 4, 1)
+    torch.manual_seed(0)
+    state = {"t%d" % i: torch.randn(each) for i in range(a.tensors)}
+    nbytes = each * 4 * a.tensors
+    rows = []
+    with tempfile.TemporaryDirectory(dir=a.dir) as d:
+        plain_path = os.path.join(d, "plain.pt")
+        fast_path = os.path.join(d, "fast.pt")
+        for r in range(a.rounds):
+            for p in (plain_path, fast_path):
+                if os.path.exists(p):
+                    os.unlink(p)
+            t0 = time.perf_counter()
+            with open(plain_path, "wb") as f:
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+            plain = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            with ztorch.FastFileWriter(fast_path) as f:
+                torch.save(state, f)
+                direct = f.is_direct
+            fast = time.perf_counter() - t0
+            rows.append({"round": r + 1, "plain_fsync_s": plain, "fast_s": fast,
+                         "plain_gbps": nbytes / plain / 1e9, "fast_gbps": nbytes / fast / 1e9,
+                         "speedup": plain / fast, "direct": direct})
+    return {"bench": "python-save", "bytes": nbytes, "tensors": a.tensors, "rounds": rows,
+            "median_plain_s": statistics.median(r["plain_fsync_s"] for r in rows),
+            "median_fast_s": statistics.median(r["fast_s"] for r in rows),
+            "median_speedup": statistics.median(r["speedup"] for r in rows)}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python3 -m zinf.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -117,8 +166,13 @@ def main(argv=None):
     st.add_argument("--rounds", type=int, default=3)
     st.add_argument("--steps", type=int, default=5)
     st.add_argument("--zinf", help="the zinf binary (default: $ZINF_BIN, else zinf on PATH)")
+    sv = sub.add_parser("save", help="torch.save through FastFileWriter against plain+fsync")
+    sv.add_argument("--dir", required=True, help="a directory on the drive to measure")
+    sv.add_argument("--size", default="1Gi", help="bytes of tensors (Gi/Mi/Ki binary, G/M/K decimal)")
+    sv.add_argument("--tensors", type=int, default=64)
+    sv.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args(argv)
-    doc = bench_adam(a) if a.what == "adam" else bench_step(a)
+    doc = {"adam": bench_adam, "step": bench_step, "save": bench_save}[a.what](a)
     json.dump(doc, sys.stdout, indent=1)
     print()
 

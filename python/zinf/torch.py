@@ -1,11 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""zinf for PyTorch: pinned tensors from zinf's budgeted pool, CPU Adam/AdamW optimizers and
-layer-wise parameter offload (offload_parameters).
+"""zinf for PyTorch: pinned tensors from zinf's budgeted pool, CPU Adam/AdamW optimizers,
+layer-wise parameter offload (offload_parameters), and O_DIRECT file objects for torch.save and
+torch.load (FastFileWriter, FastFileReader).
 
 Everything here works on CPU tensors with torch 1.13 and later; zinf's native module never
 links libtorch, tensors are handed over as (address, bytes, dtype).
 """
 
+import io
 import math
 
 import torch
@@ -86,6 +88,13 @@ class _CpuAdamBase(torch.optim.Optimizer):
     format), or ``state_dict()`` / ``load_state_dict()`` (torch's, read from and written to
     the swap files).
 
+    ``state_precision`` (state="nvme"): how the moments are stored, ``"fp32"`` (12 bytes per
+    parameter with the master), ``"bf16"`` (8) or ``"int8"`` (6.125: 8-bit codes with a scale
+    per 64 elements); the master weights stay fp32 and each step moves that many bytes
+    (zinf.state_precision in docs/config.md). ``state_dict()`` gives the moments decoded to
+    float32; ``load_state_dict()`` encodes them. A zinf checkpoint (``save``) records its
+    precision, and ``load`` refuses one of another precision.
+
     ``overlap=True`` (state="nvme"): each parameter's update is queued as soon as backward has
     produced its gradient (a gradient hook), so the state's NVMe reads, the updates and the
     write-backs run during backward; ``step()`` waits for the rest. It needs one backward per
@@ -95,7 +104,7 @@ class _CpuAdamBase(torch.optim.Optimizer):
 
     def __init__(self, params, lr, betas, eps, weight_decay, amsgrad, adamw, threads,
                  state="cpu", nvme_path=None, sub_group_size=1 << 20, pipeline_depth=4,
-                 pinned_budget=None, checksums=True, overlap=False):
+                 pinned_budget=None, checksums=True, overlap=False, state_precision="fp32"):
         if amsgrad:
             raise ValueError("zinf: amsgrad is not supported (zinf's kernel is Adam/AdamW)")
         if not 0.0 <= lr:
@@ -109,6 +118,12 @@ class _CpuAdamBase(torch.optim.Optimizer):
             raise ValueError(f"zinf: invalid weight_decay {weight_decay}")
         if state not in ("cpu", "nvme"):
             raise ValueError(f"zinf: state must be 'cpu' or 'nvme', got {state!r}")
+        if state_precision not in ("fp32", "bf16", "int8"):
+            raise ValueError("zinf: state_precision must be 'fp32', 'bf16' or 'int8', got "
+                             f"{state_precision!r}")
+        if state_precision != "fp32" and state != "nvme":
+            raise ValueError(f"zinf: state_precision={state_precision!r} is for state='nvme' "
+                             "(state='cpu' keeps torch's float32 exp_avg / exp_avg_sq tensors)")
         if overlap and state != "nvme":
             raise ValueError("zinf: overlap=True is for state='nvme' (the cpu tier updates on the "
                              "calling thread, so there is nothing to overlap)")
@@ -134,11 +149,14 @@ class _CpuAdamBase(torch.optim.Optimizer):
                 raise ValueError("zinf: state='nvme' got a parameter with no elements (released "
                                  "by offload_parameters? build the optimizer inside `with "
                                  "offload.materialized():`)")
-        record = 12 * sub_group_size + 4096
+        # Bytes per element of a record: the fp32 master and the moments (docs/engine.md).
+        per_element = {"fp32": 12, "bf16": 8, "int8": 6}[state_precision]
+        record = per_element * sub_group_size + 8 * (sub_group_size // 64 + 1) + 4096
         budget = pinned_budget if pinned_budget is not None else pipeline_depth * record
         self._offloaded = _native.OffloadedOptimizer(
             [p.numel() for p in self._flat], "nvme", dirs, int(sub_group_size),
-            int(pipeline_depth), int(budget), int(threads), bool(checksums))
+            int(pipeline_depth), int(budget), int(threads), bool(checksums),
+            str(state_precision))
         self._index = {id(p): i for i, p in enumerate(self._flat)}
         self._hyper_given = [None] * len(self._flat)
         self.reload_parameters()
@@ -412,6 +430,26 @@ class _CpuAdamBase(torch.optim.Optimizer):
             raise ValueError("zinf: save(dir) is for state='nvme'; use state_dict() for 'cpu'")
         self._offloaded.save(str(directory))
 
+    def save_async(self, directory):
+        """state='nvme': starts the checkpoint save() writes and returns while a thread
+        writes it; steps may run meanwhile, and the checkpoint holds the state at this call,
+        bitwise (a step copies a record the save still needs before updating it). A save
+        still in flight is waited for first, and its error raised here. Errors of this save
+        are raised by wait_save() (OSError naming file, offset and length)."""
+        if self._offloaded is None:
+            raise ValueError("zinf: save_async(dir) is for state='nvme'; use state_dict() "
+                             "for 'cpu'")
+        self._offloaded.save_async(str(directory))
+
+    def wait_save(self):
+        """Waits for the save_async() in flight, if any, and raises its error once."""
+        if self._offloaded is not None:
+            self._offloaded.wait_save()
+
+    def save_in_flight(self):
+        """True while a save_async() is still writing or committing."""
+        return self._offloaded is not None and self._offloaded.save_in_flight()
+
     def load(self, directory):
         """state='nvme': restores what save() wrote and copies the masters into the
         parameters."""
@@ -443,3 +481,122 @@ class AdamW(_CpuAdamBase):
 # After the optimizers: param_offload imports pinned_empty from this module when it runs.
 from zinf.param_offload import ParameterOffload, offload_parameters  # noqa: E402,F401
 from zinf.activations import ActivationStore, offload_activations  # noqa: E402,F401
+
+
+# 8 MiB: each buffer is one submission, which the I/O engine cuts into 1 MiB pieces kept in
+# flight together; two of them are what a writer holds.
+_FAST_FILE_BUFFER = 8 << 20
+
+
+class FastFileWriter(io.RawIOBase):
+    """A file object for torch.save that writes `path` through O_DIRECT: write() copies into
+    one of two aligned staging buffers while the other is being written by zinf's I/O engine,
+    and close() writes the last partial block padded to the alignment, truncates the file to
+    the bytes written and fsyncs it (sync=True), so the file is durable once close() returns.
+
+        with zinf.torch.FastFileWriter(path) as f:
+            torch.save(model.state_dict(), f)
+
+    torch.save (1.13 and later) only calls write() and flush() on a file object; this writer
+    writes front to back: tell() works, and seek() to anywhere but the current position raises
+    io.UnsupportedOperation. flush() waits for the full buffers written so far; the tail is
+    written by close() (also at garbage collection, where an error can only be printed: close
+    it, or use `with`). Where the file system refuses O_DIRECT the file is written buffered
+    (the same bytes; is_direct says which). Errors are zinf.IoError, an OSError with errno and
+    filename (and offset, length): a path that cannot be created at construction, ENOSPC or
+    any failed write at the write(), flush() or close() that waits for it.
+    """
+
+    def __init__(self, path, buffer_bytes=_FAST_FILE_BUFFER, sync=True):
+        super().__init__()
+        self.name = str(path)
+        self._native = _native.DirectFileWriter(self.name, int(buffer_bytes), bool(sync))
+
+    def writable(self):
+        return True
+
+    def seekable(self):
+        return False
+
+    @property
+    def is_direct(self):
+        """True if the file is open with O_DIRECT."""
+        return self._native.is_direct()
+
+    def write(self, b):
+        if self.closed:
+            raise ValueError("zinf: FastFileWriter.write on a closed file " + self.name)
+        # As bytes, one contiguous run (cast refuses a strided view with TypeError).
+        return self._native.write(memoryview(b).cast("B"))
+
+    def tell(self):
+        return self._native.size()
+
+    def seek(self, offset, whence=io.SEEK_SET):
+        here = self._native.size()
+        target = {io.SEEK_SET: offset, io.SEEK_CUR: here + offset, io.SEEK_END: here + offset}
+        if target.get(whence) == here:
+            return here
+        raise io.UnsupportedOperation(
+            "zinf: FastFileWriter writes %s front to back; seek(%d, %d) from %d refused"
+            % (self.name, offset, whence, here))
+
+    def flush(self):
+        if not self.closed:
+            self._native.flush()
+
+    def close(self):
+        if self.closed:
+            return
+        try:
+            self._native.close()
+        finally:
+            super().close()
+
+
+class FastFileReader(io.RawIOBase):
+    """A file object for torch.load that reads `path` through O_DIRECT into an aligned window
+    of buffer_bytes (small reads are served from the window; a large one goes window by
+    window). Seekable, as torch.load's zip reader needs. Errors: zinf.IoError (OSError with
+    errno, filename, offset, length).
+
+        with zinf.torch.FastFileReader(path) as f:
+            state = torch.load(f)
+    """
+
+    def __init__(self, path, buffer_bytes=_FAST_FILE_BUFFER):
+        super().__init__()
+        self.name = str(path)
+        self._native = _native.DirectFileReader(self.name, int(buffer_bytes))
+        self._pos = 0
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    @property
+    def is_direct(self):
+        """True if the file is open with O_DIRECT."""
+        return self._native.is_direct()
+
+    def readinto(self, b):
+        if self.closed:
+            raise ValueError("zinf: FastFileReader.readinto on a closed file " + self.name)
+        n = self._native.read_into(self._pos, b)
+        self._pos += n
+        return n
+
+    def tell(self):
+        return self._pos
+
+    def seek(self, offset, whence=io.SEEK_SET):
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._native.size()}
+        if whence not in base:
+            raise ValueError("zinf: FastFileReader.seek: bad whence %r" % (whence,))
+        pos = base[whence] + offset
+        if pos < 0:
+            raise OSError(22, "zinf: FastFileReader.seek to a negative position", self.name)
+        self._pos = pos
+        return pos

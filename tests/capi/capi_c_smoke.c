@@ -11,10 +11,13 @@ int zinf_capi_c_smoke(char* message, size_t capacity);
 int zinf_capi_c_smoke(char* message, size_t capacity) {
   zinf_engine* engine = NULL;
   zinf_layer_spec layer = {"x", 16, ZINF_DTYPE_BF16};
-  zinf_engine_options options = {sizeof(zinf_engine_options), ZINF_DEVICE_HOST, 0, NULL};
+  zinf_engine_options options = {sizeof(zinf_engine_options), ZINF_DEVICE_HOST, 0, NULL,
+                                 ZINF_STATE_PRECISION_CONFIG};
   zinf_status status;
   /* The versions' sizes are constant expressions a C99 caller can use. */
-  if (ZINF_ENGINE_OPTIONS_SIZE_V1 != sizeof(zinf_engine_options) ||
+  /* (The options' last field is an int-sized enum: the struct may end in padding.) */
+  if (ZINF_ENGINE_OPTIONS_SIZE_V2 > sizeof(zinf_engine_options) ||
+      ZINF_ENGINE_OPTIONS_SIZE_V1 >= ZINF_ENGINE_OPTIONS_SIZE_V2 ||
       ZINF_STATS_SIZE_V2 != sizeof(zinf_stats) || ZINF_STATS_SIZE_V1 >= ZINF_STATS_SIZE_V2) {
     snprintf(message, capacity, "the versioned sizes are not today's struct sizes");
     return 1;

@@ -49,7 +49,8 @@ const char* kConfig = R"({
 const zinf_layer_spec kLayers[] = {{"a", 1000, ZINF_DTYPE_BF16}, {"b", 257, ZINF_DTYPE_F16}};
 // The host simulation, so the tests may read fetched parameters on the host on any machine
 // (the default, ZINF_DEVICE_AUTO, is a GPU where there is one).
-const zinf_engine_options kHost{sizeof(zinf_engine_options), ZINF_DEVICE_HOST, 0, nullptr};
+const zinf_engine_options kHost{sizeof(zinf_engine_options), ZINF_DEVICE_HOST, 0, nullptr,
+                                ZINF_STATE_PRECISION_CONFIG};
 
 // The text the C++ API throws for `body`, or "" if it does not throw.
 template <typename Body>
@@ -199,7 +200,8 @@ TEST(CApi, CreateArgumentErrors) {
   const zinf_layer_spec bad_dtype[] = {{"a", 10, static_cast<zinf_dtype>(3)}};
   EXPECT_EQ(zinf_engine_create(kConfig, bad_dtype, 1, nullptr, &out), ZINF_ERR_USAGE);
   EXPECT_STREQ(zinf_last_error(), "zinf_engine_create: unknown dtype 3");
-  const zinf_engine_options bad_device{0, static_cast<zinf_device_kind>(3), 0, nullptr};
+  const zinf_engine_options bad_device{0, static_cast<zinf_device_kind>(3), 0, nullptr,
+                                      ZINF_STATE_PRECISION_CONFIG};
   EXPECT_EQ(zinf_engine_create(kConfig, kLayers, 2, &bad_device, &out), ZINF_ERR_USAGE);
   EXPECT_STREQ(zinf_last_error(), "zinf_engine_create: unknown device kind 3");
   EXPECT_EQ(out, nullptr);
@@ -209,7 +211,7 @@ TEST(CApi, CudaWithoutAGpuIsADeviceErrorWithTheReason) {
   if (zinf::cuda::probe_cuda().available()) GTEST_SKIP() << "a CUDA device is visible";
   const std::string want =
       what_of([] { zinf::cuda::make_device({.kind = zinf::cuda::DeviceKind::kCuda}); });
-  const zinf_engine_options cuda{0, ZINF_DEVICE_CUDA, 0, nullptr};
+  const zinf_engine_options cuda{0, ZINF_DEVICE_CUDA, 0, nullptr, ZINF_STATE_PRECISION_CONFIG};
   zinf_engine* out = nullptr;
   EXPECT_EQ(zinf_engine_create(kConfig, kLayers, 2, &cuda, &out), ZINF_ERR_DEVICE);
   EXPECT_EQ(zinf_last_error(), want);
@@ -244,6 +246,8 @@ TEST(CApi, NullEngineIsUsageForEveryFunction) {
        "zinf_engine_set_gradients_device"},
       {zinf_engine_save(nullptr, "/tmp"), "zinf_engine_save"},
       {zinf_engine_load(nullptr, "/tmp"), "zinf_engine_load"},
+      {zinf_engine_save_async(nullptr, "/tmp"), "zinf_engine_save_async"},
+      {zinf_engine_wait_save(nullptr), "zinf_engine_wait_save"},
       {zinf_engine_stats(nullptr, &stats), "zinf_engine_stats"},
   };
   for (const Case& c : cases) {
@@ -456,6 +460,56 @@ TEST(CApi, StatsCarryTheParameterReadRate) {
   EXPECT_EQ(host.param_read_gbps, 0.0);
 }
 
+// The state_precision option overrides the config's zinf.state_precision: with bf16 or int8
+// moments an nvme step reads and writes smaller records than fp32's (the config's, here),
+// and a value outside the enum is refused naming it.
+TEST(CApi, StatePrecisionOptionShrinksTheOptimizersRecords) {
+  zinf::test::TestDir dir;
+  std::uint64_t bytes[4] = {};
+  for (int p = 0; p < 4; ++p) {
+    const std::string config = R"({"zero_optimization": {"stage": 3, "sub_group_size": 32768,
+        "offload_param": {"device": "cpu"},
+        "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                               dir.subdir("opt" + std::to_string(p)) + R"("}},
+        "zinf": {"backend": "threads"}})";
+    zinf_engine_options o = kHost;
+    o.state_precision = static_cast<zinf_state_precision>(p);
+    zinf_engine* e = nullptr;
+    ASSERT_EQ(zinf_engine_create(config.c_str(), kLayers, 2, &o, &e), ZINF_OK)
+        << zinf_last_error();
+    EngineOwner owner(e, zinf_engine_destroy);
+    for (std::size_t l = 0; l < 2; ++l) {
+      const std::vector<float> w = weights_of(kLayers[l].numel, 0.01f);
+      ASSERT_EQ(zinf_engine_set_master_weights(e, l, w.data(), w.size()), ZINF_OK)
+          << zinf_last_error();
+    }
+    // Alive until the step: the update may read them after set_gradients returns.
+    const std::vector<float> g[2] = {grads_of(kLayers[0].numel), grads_of(kLayers[1].numel)};
+    for (std::size_t l = 0; l < 2; ++l) {
+      ASSERT_EQ(zinf_engine_set_gradients(e, l, g[l].data(), g[l].size(), ZINF_DTYPE_F32),
+                ZINF_OK)
+          << zinf_last_error();
+    }
+    zinf_step_stats st{};
+    ASSERT_EQ(zinf_engine_step(e, &st), ZINF_OK) << zinf_last_error();
+    bytes[p] = st.bytes_read;
+    EXPECT_EQ(st.bytes_written, st.bytes_read);
+  }
+  EXPECT_EQ(bytes[ZINF_STATE_PRECISION_CONFIG], bytes[ZINF_STATE_PRECISION_FP32]);
+  EXPECT_LT(bytes[ZINF_STATE_PRECISION_BF16], bytes[ZINF_STATE_PRECISION_FP32]);
+  EXPECT_LE(bytes[ZINF_STATE_PRECISION_INT8], bytes[ZINF_STATE_PRECISION_BF16]);
+
+  zinf_engine_options bad = kHost;
+  const int seven = 7;  // what a C caller can store in the enum; C++ may not cast it
+  std::memcpy(&bad.state_precision, &seven, sizeof seven);
+  zinf_engine* out = nullptr;
+  EXPECT_EQ(zinf_engine_create(kConfig, kLayers, 2, &bad, &out), ZINF_ERR_USAGE);
+  EXPECT_EQ(std::string(zinf_last_error()),
+            "zinf_engine_create: unknown state_precision 7 (expected "
+            "ZINF_STATE_PRECISION_CONFIG, _FP32, _BF16 or _INT8)");
+  EXPECT_EQ(out, nullptr);
+}
+
 TEST(CApi, SaveAndLoadRestoreTheWeights) {
   zinf::test::TestDir dir;
   Engine h;
@@ -484,6 +538,22 @@ TEST(CApi, SaveAndLoadRestoreTheWeights) {
   ASSERT_EQ(zinf_engine_load(h.e, ckpt.c_str()), ZINF_OK) << zinf_last_error();
   ASSERT_EQ(zinf_engine_get_hyper(h.e, &p), ZINF_OK);
   EXPECT_DOUBLE_EQ(p.lr, saved_lr);
+
+  // zinf_engine_save_async: the checkpoint holds the weights at the call although a step runs
+  // before zinf_engine_wait_save.
+  const std::string ckpt2 = dir.subdir("ckpt2");
+  ASSERT_EQ(zinf_engine_save_async(h.e, ckpt2.c_str()), ZINF_OK) << zinf_last_error();
+  ASSERT_EQ(zinf_engine_set_gradients(h.e, 0, g.data(), 1000, ZINF_DTYPE_F32), ZINF_OK);
+  ASSERT_EQ(zinf_engine_step(h.e, nullptr), ZINF_OK) << zinf_last_error();
+  ASSERT_EQ(zinf_engine_wait_save(h.e), ZINF_OK) << zinf_last_error();
+  ASSERT_EQ(zinf_engine_wait_save(h.e), ZINF_OK) << zinf_last_error();  // none in flight
+  ASSERT_EQ(zinf_engine_load(h.e, ckpt2.c_str()), ZINF_OK) << zinf_last_error();
+  ASSERT_EQ(zinf_engine_read_master_weights(h.e, 0, out.data(), 1000), ZINF_OK);
+  EXPECT_EQ(out, w);
+  EXPECT_EQ(zinf_engine_save_async(h.e, nullptr), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(), "zinf_engine_save_async: dir is NULL");
+  EXPECT_EQ(zinf_engine_save_async(h.e, ""), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(), "zinf_engine_save_async: dir is empty");
 
   const std::string missing = dir.file("nothing-here");
   EXPECT_NE(zinf_engine_load(h.e, missing.c_str()), ZINF_OK);

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// A dead peer fails the MPI adapter's survivors within the timeout, never hangs them. The test
+// A dead peer fails the MPI adapter's survivors within the timeout, never hangs them, both on
+// the adapter alone and inside a ShardedEngine's step. The test
 // (a plain GoogleTest run by ctest, label mpi) launches this same binary under mpirun in "rank"
 // mode: after a first collective, rank 1 ends abruptly (_exit, no MPI_Finalize), and every other
 // rank writes what its next collective did to a report file. The test then reads the reports:
@@ -26,8 +27,11 @@
 
 #include <gtest/gtest.h>
 
+#include "sharded_engine_checks.h"
 #include "zinf/common/error.h"
+#include "zinf/dist/callback_collectives.h"
 #include "zinf/dist/mpi_collectives.h"
+#include "zinf/dist/sharded_engine.h"
 
 extern char** environ;
 
@@ -46,8 +50,19 @@ constexpr int kDyingRank = 1;
 int g_np = 0;
 std::vector<std::string> g_launcher;
 
-// Rank mode: one process of the job. Reports go to <dir>/rank<R>.
-int rank_main(const std::string& dir) {
+// The engine scenario's layers and config: cpu tiers, one small layer per dtype.
+std::unique_ptr<zinf::dist::ShardedEngine> make_engine(zinf::dist::Collectives& c,
+                                                       zinf::dist::test::RankDevice& d) {
+  const zinf::dist::test::ShardedCase cpu{};
+  return std::make_unique<zinf::dist::ShardedEngine>(zinf::dist::test::sharded_config(cpu, ""),
+                                                     zinf::dist::test::sharded_layers(), *d.device,
+                                                     d.compute.ref(), c);
+}
+
+// Rank mode: one process of the job. Reports go to <dir>/rank<R>. Scenario "collectives": the
+// next all_reduce after the death; "engine": a ShardedEngine whose step the rank leaves after
+// its forward fetch, the survivors' next call being set_gradients (its reduce-scatter).
+int rank_main(const std::string& dir, const std::string& scenario) {
   int provided = 0;
   MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
   int rank = 0;
@@ -60,11 +75,50 @@ int rank_main(const std::string& dir) {
     // Everyone is up and the communicator works before anyone dies.
     std::vector<double> x{1.0};
     zinf::dist::all_reduce<double>(*c, x, zinf::dist::ReduceOp::kSum);
+    zinf::dist::test::RankDevice device;
+    std::unique_ptr<zinf::dist::ShardedEngine> engine;
+    std::vector<float> grads;
+    // The engine's collectives: a patient MPI adapter for its set-up and first step (a rank
+    // that a loaded machine slows down must not trip the short timeout there), switched to the
+    // 2 s one, on every rank at the same point, before the death.
+    std::unique_ptr<zinf::dist::Collectives> patient, switching;
+    zinf::dist::Collectives* now = nullptr;
+    if (scenario == "engine") {
+      zinf::dist::MpiCollectivesOptions slow;
+      slow.timeout = std::chrono::seconds(60);
+      patient = zinf::dist::make_mpi_collectives(slow);
+      now = patient.get();
+      zinf::dist::CollectiveCallbacks cb;
+      cb.rank = rank;
+      cb.size = c->size();
+      cb.name = "switch";
+      cb.all_gather = [&now](auto send, auto recv) { now->all_gather(send, recv); };
+      cb.all_reduce = [&now](auto data, auto type, auto op) { now->all_reduce(data, type, op); };
+      cb.broadcast = [&now](auto data, int root) { now->broadcast(data, root); };
+      cb.barrier = [&now] { now->barrier(); };
+      cb.reduce_scatter = [&now](auto send, auto recv, auto type, auto op) {
+        now->reduce_scatter(send, recv, type, op);
+      };
+      switching = zinf::dist::make_callback_collectives(std::move(cb));
+      // One whole step first, then the forward fetch of the next.
+      engine = make_engine(*switching, device);
+      zinf::dist::test::init_masters(*engine);
+      zinf::dist::test::Trace trace;
+      zinf::dist::test::run_steps(*engine, device, zinf::dist::test::ShardedCase{}, rank, c->size(),
+                                  1, 1, trace);
+      (void)zinf::dist::test::fetch_bytes(*engine, device, 0, engine->layer(0));
+      grads.assign(engine->layer(0).numel, 1.0f / 64);
+      now = c.get();
+    }
     if (rank == kDyingRank) _exit(1);  // abruptly: no finalize, no goodbye to the peers
     const auto start = Clock::now();
     std::string outcome = "completed";
     try {
-      zinf::dist::all_reduce<double>(*c, x, zinf::dist::ReduceOp::kSum);
+      if (engine) {
+        engine->set_gradients(0, zinf::adam::GradView::f32(grads));
+      } else {
+        zinf::dist::all_reduce<double>(*c, x, zinf::dist::ReduceOp::kSum);
+      }
     } catch (const zinf::dist::CollectiveError& e) {
       outcome = std::string("CollectiveError code=") +
                 std::string(zinf::error_code_name(e.code())) + " what=" + e.what();
@@ -73,7 +127,11 @@ int rank_main(const std::string& dir) {
         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
     std::string after = "usable";
     try {
-      c->barrier();
+      if (engine) {
+        (void)engine->step();
+      } else {
+        c->barrier();
+      }
     } catch (const zinf::EngineFailed&) {
       after = "EngineFailed";
     }
@@ -94,7 +152,9 @@ std::string read_file(const std::filesystem::path& path) {
   return s.str();
 }
 
-TEST(MpiFault, ADeadPeerFailsTheOthersWithinTheTimeout) {
+// Runs the job of `scenario` and checks every survivor's report: a CollectiveError of `op`
+// naming its rank, within the bound, and its object failed afterwards.
+void run_job(const std::string& scenario, const std::string& op) {
   ASSERT_GE(g_np, 2) << "usage: mpi_fault_test --np N -- <mpirun> <options...>";
   ASSERT_FALSE(g_launcher.empty());
   char dir_template[] = "/tmp/zinf-mpi-fault-XXXXXX";
@@ -105,6 +165,7 @@ TEST(MpiFault, ADeadPeerFailsTheOthersWithinTheTimeout) {
   args.insert(args.end(), {"-np", std::to_string(g_np),
                            std::filesystem::read_symlink("/proc/self/exe").string()});
   args.push_back("--fault-rank-dir=" + dir);
+  args.push_back("--scenario=" + scenario);
   std::vector<char*> argv;
   std::string command;
   for (auto& a : args) {
@@ -155,7 +216,7 @@ TEST(MpiFault, ADeadPeerFailsTheOthersWithinTheTimeout) {
     ASSERT_EQ(std::sscanf(report.c_str(), "elapsed_ms=%lld", &ms), 1);
     EXPECT_LE(ms, (kTimeout + kSlack).count()) << "the survivor took too long to fail";
     EXPECT_NE(report.find("outcome=CollectiveError"), std::string::npos);
-    EXPECT_NE(report.find("all_reduce failed"), std::string::npos);
+    EXPECT_NE(report.find(op + " failed"), std::string::npos);
     EXPECT_NE(report.find("rank " + std::to_string(r) + " of " + std::to_string(g_np)),
               std::string::npos);
     EXPECT_NE(report.find("engine=mpi"), std::string::npos);
@@ -170,13 +231,23 @@ TEST(MpiFault, ADeadPeerFailsTheOthersWithinTheTimeout) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(MpiFault, ADeadPeerFailsTheOthersWithinTheTimeout) { run_job("collectives", "all_reduce"); }
+
+// A rank that dies in the middle of a sharded engine's step (after its forward fetch): the
+// others' next collective, set_gradients' reduce-scatter, fails within the bound, and their
+// engine's step then refuses (the group is failed).
+TEST(MpiFault, ARankDyingMidStepFailsTheOtherRanksEngines) { run_job("engine", "reduce_scatter"); }
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::string rank_dir, scenario = "collectives";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a.rfind("--fault-rank-dir=", 0) == 0) return rank_main(a.substr(17));
+    if (a.rfind("--fault-rank-dir=", 0) == 0) rank_dir = a.substr(17);
+    if (a.rfind("--scenario=", 0) == 0) scenario = a.substr(11);
   }
+  if (!rank_dir.empty()) return rank_main(rank_dir, scenario);
   ::testing::InitGoogleTest(&argc, argv);
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];

@@ -43,29 +43,10 @@ namespace {
 namespace fs = std::filesystem;
 
 OptimizerOptions options_for(StateTier tier, const test::TestDir& dir) {
-  OptimizerOptions o;
-  o.tier = tier;
-  o.sub_group_elements = test::kOddSubGroup;
-  o.hyper = test::test_hyper();
-  o.io.kind = swap::IoEngineKind::kThreads;
-  o.io.queue_depth = 8;
-  if (tier == StateTier::kNvme) o.directories = {dir.subdir("nvme")};
-  return o;
+  return test::checkpoint_options(tier, dir);
 }
-
-std::vector<std::string> entries(const std::string& dir) {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-std::string latest_version(const std::string& ckpt) {
-  std::ifstream in(ckpt + "/LATEST");
-  std::string name;
-  std::getline(in, name);
-  return name;
-}
+using test::entries;
+using test::latest_version;
 
 class Checkpoint : public ::testing::TestWithParam<StateTier> {
  protected:
@@ -441,14 +422,14 @@ TEST_P(Checkpoint, ABadGroupSetOrAnUnknownFormatIsRefusedBeforeTheStateIsTouched
   }
 
   std::string future = body;
-  future.replace(0, future.find('\n'), "zinf-optimizer-checkpoint 3");
+  future.replace(0, future.find('\n'), "zinf-optimizer-checkpoint 4");
   write_manifest(future);
   try {
     a.load(ckpt);
-    ADD_FAILURE() << "loaded format 3";
+    ADD_FAILURE() << "loaded format 4";
   } catch (const IoError& e) {
     EXPECT_EQ(e.code(), ErrorCode::kCorrupt);
-    EXPECT_NE(std::string(e.what()).find("bad manifest: unsupported format version 3"),
+    EXPECT_NE(std::string(e.what()).find("bad manifest: unsupported format version 4"),
               std::string::npos)
         << e.what();
   }
@@ -806,37 +787,19 @@ TEST_P(CheckpointKill, LeavesALoadableCheckpoint) {
   test::TestDir dir;
   const auto groups = test::odd_groups();
   const std::string ckpt = dir.file("ckpt");
-  test::State old_state, new_state;
-  {
-    OffloadedOptimizer a(options_for(StateTier::kNvme, dir), groups);
-    test::init_all(a);
-    test::run_steps(a, 1, 2);
-    a.save(ckpt);
-    old_state = test::read_all(a);
-    test::run_steps(a, 3, 3);
-    new_state = test::read_all(a);
-  }
-  std::fflush(nullptr);
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    // Child: the same run from the checkpoint, then a save that dies at the kill point.
-    try {
-      OffloadedOptimizer b(options_for(StateTier::kNvme, dir), groups);
-      test_hooks::set_checkpoint_hook(b, [kp](std::string_view phase, std::uint64_t bytes) {
-        if (phase == kp.phase && bytes >= kp.after_bytes) ::raise(SIGKILL);
-      });
-      b.load(ckpt);
-      test::StepGrads sg(groups, 3, DType::kF32);
-      (void)b.step(sg.views);
-      b.save(ckpt);
-    } catch (...) {
-      ::_exit(3);
-    }
-    ::_exit(0);  // the hook never fired
-  }
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  const auto [old_state, new_state] =
+      test::checkpoint_then_step(options_for(StateTier::kNvme, dir), groups, ckpt);
+  // Child: the same run from the checkpoint, then a save that dies at the kill point.
+  const int status = test::wait_status_of_child([&] {
+    OffloadedOptimizer b(options_for(StateTier::kNvme, dir), groups);
+    test_hooks::set_checkpoint_hook(b, [kp](std::string_view phase, std::uint64_t bytes) {
+      if (phase == kp.phase && bytes >= kp.after_bytes) ::raise(SIGKILL);
+    });
+    b.load(ckpt);
+    test::StepGrads sg(groups, 3, DType::kF32);
+    (void)b.step(sg.views);
+    b.save(ckpt);
+  });
   ASSERT_TRUE(WIFSIGNALED(status)) << "child exited with status " << WEXITSTATUS(status);
   EXPECT_EQ(WTERMSIG(status), SIGKILL);
 

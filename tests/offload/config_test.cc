@@ -87,6 +87,7 @@ void expect_same(const EngineConfig& a, const EngineConfig& b) {
   EXPECT_EQ(a.loss_scaling.consecutive_hysteresis, b.loss_scaling.consecutive_hysteresis);
   EXPECT_EQ(a.loss_scaling.min_loss_scale, b.loss_scaling.min_loss_scale);
   EXPECT_EQ(a.zinf.step_mode, b.zinf.step_mode);
+  EXPECT_EQ(a.zinf.state_precision, b.zinf.state_precision);
   EXPECT_EQ(a.zinf.nvme_paths, b.zinf.nvme_paths);
   EXPECT_EQ(a.zinf.pinned_budget_bytes, b.zinf.pinned_budget_bytes);
   EXPECT_EQ(a.zinf.checksums, b.zinf.checksums);
@@ -293,6 +294,21 @@ TEST(Config, ReadsTheRateNoticeKeys) {
             "got -600");
   EXPECT_EQ(error_of(R"({"zinf": {"tuned_read_gbps": "fast"}})"),
             "cfg.json: zinf.tuned_read_gbps: expected a number, got \"fast\"");
+}
+
+TEST(Config, StatePrecisionIsFp32Bf16OrInt8) {
+  EXPECT_EQ(parse_config("{}").zinf.state_precision, adam::StatePrecision::kF32);
+  EXPECT_EQ(parse_config(R"({"zinf": {"state_precision": "bf16"}})").zinf.state_precision,
+            adam::StatePrecision::kBF16);
+  EXPECT_EQ(parse_config(R"({"zinf": {"state_precision": "int8"}})").zinf.state_precision,
+            adam::StatePrecision::kInt8);
+  EXPECT_EQ(parse_config(R"({"zinf": {"state_precision": "fp32"}})").zinf.state_precision,
+            adam::StatePrecision::kF32);
+  EXPECT_EQ(error_of(R"({"zinf": {"state_precision": "fp16"}})"),
+            "cfg.json: zinf.state_precision: expected \"fp32\", \"bf16\" or \"int8\", got "
+            "\"fp16\"");
+  EXPECT_EQ(error_of(R"({"zinf": {"state_precision": 8}})"),
+            "cfg.json: zinf.state_precision: expected \"fp32\", \"bf16\" or \"int8\", got 8");
 }
 
 TEST(Config, NvmeDirectoriesArePathThenZinfPathsWithRepeatsKept) {
@@ -816,6 +832,7 @@ TEST(Config, RoundTripsAConfigWithEveryFieldChanged) {
   c.gradient_clipping = 0.1 / 3;
   c.loss_scaling = {true, 0, 20, 7, 3, true, 0.25};
   c.zinf.step_mode = StepMode::kStaged;
+  c.zinf.state_precision = adam::StatePrecision::kInt8;
   const std::string json = config_to_json(c);
   expect_same(parse_config(json), c);
 
@@ -824,6 +841,7 @@ TEST(Config, RoundTripsAConfigWithEveryFieldChanged) {
   c.param_dtype = DType::kBF16;
   c.loss_scaling = {};
   c.zinf.step_mode = StepMode::kOnArrival;
+  c.zinf.state_precision = adam::StatePrecision::kBF16;
   c.gradient_clipping = 0;
   c.zinf.backend = swap::IoEngineKind::kUring;
   c.offload_param.device = OffloadDevice::kCpu;

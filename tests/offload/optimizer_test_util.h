@@ -4,8 +4,15 @@
 // kernel on plain in-memory arrays, and bitwise comparison of states.
 #pragma once
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <bit>
+#include <cstdio>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <cstring>
 #include <functional>
 #include <ostream>
@@ -14,6 +21,7 @@
 
 #include <gtest/gtest.h>
 
+#include "support/test_dir.h"
 #include "zinf/adam/cpu_adam.h"
 #include "zinf/offload/optimizer.h"
 #include "zinf/swap/io_engine.h"
@@ -196,6 +204,67 @@ inline void init_all(offload::OffloadedOptimizer& opt) {
   }
 }
 
+/// The checkpoint tests' optimizer: odd_groups()' sub-group size, the threads engine, and on
+/// the nvme tier one directory `nvme` under `dir`.
+inline offload::OptimizerOptions checkpoint_options(offload::StateTier tier, const TestDir& dir,
+                                                    const std::string& nvme = "nvme") {
+  offload::OptimizerOptions o;
+  o.tier = tier;
+  o.sub_group_elements = kOddSubGroup;
+  o.hyper = test_hyper();
+  o.io.kind = swap::IoEngineKind::kThreads;
+  o.io.queue_depth = 8;
+  if (tier == offload::StateTier::kNvme) o.directories = {dir.subdir(nvme)};
+  return o;
+}
+
+/// The names in directory `dir`, sorted.
+inline std::vector<std::string> entries(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    out.push_back(e.path().filename().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+/// The version a checkpoint directory's LATEST names.
+inline std::string latest_version(const std::string& ckpt) {
+  std::ifstream in(ckpt + "/LATEST");
+  std::string name;
+  std::getline(in, name);
+  return name;
+}
+
+/// The kill tests' start: steps 1-2 checkpointed in `ckpt`, then step 3. Returns the state of
+/// step 2 (saved) and of step 3 (next); the optimizer is gone when this returns, and its lock
+/// on `ckpt` with it.
+struct SavedAndNext {
+  State saved, next;
+};
+SavedAndNext checkpoint_then_step(const offload::OptimizerOptions& o,
+                                  const std::vector<offload::ParamGroupSpec>& groups,
+                                  const std::string& ckpt);
+
+/// Forks; the child runs `body` and exits 0 (3 if it throws), unless `body` kills it first.
+/// Returns the child's wait status. Fork only where this process runs no optimizer (no
+/// threads of zinf's): the child builds its own.
+inline int wait_status_of_child(const std::function<void()>& body) {
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    try {
+      body();
+    } catch (...) {
+      ::_exit(3);
+    }
+    ::_exit(0);
+  }
+  int status = 0;
+  if (pid < 0 || ::waitpid(pid, &status, 0) != pid) ADD_FAILURE() << "fork or waitpid failed";
+  return status;
+}
+
 /// Runs steps [from, to] with the deterministic gradients.
 inline void run_steps(offload::OffloadedOptimizer& opt, std::uint64_t from, std::uint64_t to,
                       DType dtype = DType::kF32) {
@@ -206,6 +275,20 @@ inline void run_steps(offload::OffloadedOptimizer& opt, std::uint64_t from, std:
     const auto stats = opt.step(sg.views);
     ASSERT_EQ(stats.step, t);
   }
+}
+
+inline SavedAndNext checkpoint_then_step(const offload::OptimizerOptions& o,
+                                         const std::vector<offload::ParamGroupSpec>& groups,
+                                         const std::string& ckpt) {
+  SavedAndNext out;
+  offload::OffloadedOptimizer a(o, groups);
+  init_all(a);
+  run_steps(a, 1, 2);
+  a.save(ckpt);
+  out.saved = read_all(a);
+  run_steps(a, 3, 3);
+  out.next = read_all(a);
+  return out;
 }
 
 }  // namespace zinf::test

@@ -29,3 +29,12 @@ def test_step_compares_with_the_cli_in_the_same_run(tmp_path):
     doc = run("step", "--dir", str(tmp_path), "--numel", "4M", "--rounds", "1", "--steps", "2")
     assert doc["bench"] == "python-step"
     assert doc["rounds"][0]["cli_s"] > 0 and doc["rounds"][0]["python_s"] > 0
+
+
+def test_save_compares_fast_file_writer_with_a_durable_plain_save(tmp_path):
+    doc = run("save", "--dir", str(tmp_path), "--size", "8M", "--tensors", "4", "--rounds", "1")
+    assert doc["bench"] == "python-save"
+    assert doc["bytes"] == 8_000_000
+    row = doc["rounds"][0]
+    assert row["plain_fsync_s"] > 0 and row["fast_s"] > 0
+    assert doc["median_speedup"] == row["speedup"]

@@ -153,6 +153,31 @@ TEST(PlanModel, PlacesOffloadedStateOnHostAndNvme) {
   EXPECT_DOUBLE_EQ(pc.host_per_node, 8 * (14 + 2) * part);
 }
 
+// The data-parallel collectives each GPU receives per step (a ring: (DP - 1) / DP of the
+// buffer): the gradients' all-reduce up to stage 1, their reduce-scatter from stage 2, and at
+// stage 3 the parameters' all-gathers in forward and backward; a node's GPUs receive them all.
+TEST(PlanModel, CollectivesPerStepByStage) {
+  PlanInput in;
+  in.params = 13e9;
+  in.gpus = 16;
+  in.gpus_per_node = 8;
+  const double ring = 15.0 / 16;
+  const PlanRow s0 = evaluate_setup(in, {0, Tier::kGpu, Tier::kGpu}, 16);
+  EXPECT_DOUBLE_EQ(s0.grad_reduce_per_step, 2 * 2 * 13e9 * ring);
+  EXPECT_DOUBLE_EQ(s0.allgather_per_step, 0);
+  const PlanRow s2 = evaluate_setup(in, {2, Tier::kCpu, Tier::kGpu}, 16);
+  EXPECT_DOUBLE_EQ(s2.grad_reduce_per_step, 2 * 13e9 * ring);
+  EXPECT_DOUBLE_EQ(s2.allgather_per_step, 0);
+  const PlanRow s3 = evaluate_setup(in, {3, Tier::kNvme, Tier::kNvme}, 16);
+  EXPECT_DOUBLE_EQ(s3.grad_reduce_per_step, 2 * 13e9 * ring);
+  EXPECT_DOUBLE_EQ(s3.allgather_per_step, 2 * 2 * 13e9 * ring);
+  EXPECT_DOUBLE_EQ(s3.collectives_per_node, 8 * 6 * 13e9 * ring);
+  // One rank moves nothing.
+  in.gpus = 1;
+  const PlanRow alone = evaluate_setup(in, {3, Tier::kNvme, Tier::kNvme}, 1);
+  EXPECT_DOUBLE_EQ(alone.grad_reduce_per_step + alone.allgather_per_step, 0);
+}
+
 // zinf tune --sustained's steady write rate bounds the I/O time from below: the step's writes
 // at that rate, when the short passes promised more.
 TEST(PlanModel, SustainedWriteRateBoundsTheIoTime) {

@@ -132,6 +132,19 @@ TEST(StressJudge, ABudgetOverrunFailsWithItsProblemLine) {
   }
 }
 
+// Device memory is judged against --gpu-mem by the device's own peak: at it passes, one byte
+// over fails with a line naming the device and both figures.
+TEST(StressJudge, DeviceMemoryOverGpuMemFailsWithItsProblemLine) {
+  StressTotals t = clean_run();
+  t.device = {"cuda:0", 8ull << 20, 8ull << 20};
+  EXPECT_TRUE(judge(t, options()).pass());
+  t.device.peak += 1;
+  const StressVerdict v = judge(t, options());
+  EXPECT_EQ(v.broken, std::vector<StressRule>{StressRule::kDeviceOverrun});
+  EXPECT_EQ(v.problems, std::vector<std::string>{"device memory over --gpu-mem: peak 8388609 "
+                                                 "bytes on cuda:0, budget 8388608"});
+}
+
 TEST(StressJudge, PlantCorruptionThatPlantedNothingFails) {
   StressOptions o = options();
   o.plant = true;
@@ -159,15 +172,18 @@ TEST(StressJudge, EveryBrokenRuleIsListedInOrder) {
   t.tally.mismatches = t.tally.hard_unsurfaced = t.tally.unexpected_errors = 1;
   t.tally.corruption_errors = t.tally.errors_without_context = 1;
   t.pinned.peak = (64ull << 20) + 1;
+  t.device = {"host", 2, 1};
   const StressVerdict v = judge(t, o);
   EXPECT_EQ(v.broken,
             (std::vector<StressRule>{StressRule::kMismatch, StressRule::kHardFaultUnsurfaced,
                                      StressRule::kUnexpectedError, StressRule::kCorruption,
                                      StressRule::kErrorWithoutContext, StressRule::kBudgetOverrun,
-                                     StressRule::kNothingPlanted}));
+                                     StressRule::kDeviceOverrun, StressRule::kNothingPlanted}));
   for (StressRule r : v.broken) EXPECT_TRUE(v.broke(r));
-  EXPECT_EQ(v.problems, (std::vector<std::string>{"pinned memory over budget",
-                                                  "plant-corruption: nothing was planted"}));
+  EXPECT_EQ(v.problems,
+            (std::vector<std::string>{"pinned memory over budget",
+                                      "device memory over --gpu-mem: peak 2 bytes on host, budget 1",
+                                      "plant-corruption: nothing was planted"}));
 }
 
 // The report shows the first kMaxProblems lines: the workers' first, the verdict's after them

@@ -89,6 +89,49 @@ TEST(StressCli, FaultsAreInjectedAndEveryHardOneSurfaces) {
   EXPECT_GT(json_uint(r.out, "bytes_verified"), 0) << r.out;
 }
 
+// Under a small simulated GPU (--gpu-mem: the host device is made that size, so going over it
+// fails as a full GPU would) the run passes, its device peak within the budget, with the
+// verified rate sampled per --interval and judged for a fall.
+TEST(StressCli, SmallGpuMemoryBudgetHoldsAndTheRateIsSampledPerInterval) {
+  zinf::test::TestDir dir;
+  ToolRun r = run_zinf("stress --dir " + dir.path() +
+                           " --duration 2s --interval 250ms --gpu-mem 4M --seed 7 --json",
+                       /*merge_stderr=*/false);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["device"], "host");
+  EXPECT_EQ(j["device_memory_budget_bytes"], 4u << 20);
+  EXPECT_GT(json_uint(r.out, "device_memory_peak_bytes"), 0) << r.out;
+  EXPECT_LE(json_uint(r.out, "device_memory_peak_bytes"), 4 << 20) << r.out;
+  EXPECT_EQ(j["device_overrun"], false);
+  EXPECT_EQ(j["interval_s"], 0.25);
+  // 8 intervals of 250 ms; the last may be dropped when the deadline cut it under half.
+  ASSERT_GE(j["samples"].size(), 7u) << r.out;
+  EXPECT_LE(j["samples"].size(), 8u) << r.out;
+  // The samples end with the last interval at least half long: their bytes are at most the total.
+  std::uint64_t sum = 0;
+  for (const auto& s : j["samples"]) sum += s["bytes"].get<std::uint64_t>();
+  EXPECT_GT(sum, 0u) << r.out;
+  EXPECT_LE(sum, j["bytes_verified"].get<std::uint64_t>()) << r.out;
+  EXPECT_TRUE(j.contains("steady_gbps")) << r.out;
+  EXPECT_TRUE(j.contains("cliff")) << r.out;
+  r = run_zinf("stress --dir " + dir.path() + " --duration 1s --gpu-mem 4M");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("  device memory     host: peak "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(", budget 4.0 MiB\n  verified over time ("), std::string::npos) << r.out;
+}
+
+// --device cuda on a machine without a GPU says why, in one line, before doing anything.
+TEST(StressCli, CudaDeviceWithoutAGpuIsRefusedWithTheRuntimesReason) {
+  zinf::test::TestDir dir;
+  ToolRun r = run_zinf("stress --dir " + dir.path() + " --duration 1s --device cuda");
+  if (r.status == 0) GTEST_SKIP() << "a CUDA device is visible: the run went ahead and passed";
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(r.out.rfind("zinf stress: error: --device cuda: no CUDA device (", 0), 0u) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  EXPECT_TRUE(dir_entries(dir.path()).empty());
+}
+
 TEST(StressCli, PlantedCorruptionIsReportedAsAMismatch) {
   zinf::test::TestDir dir;
   ToolRun r =
@@ -129,6 +172,22 @@ TEST(StressCli, BadOptionsAreOneLineErrors) {
   r = run_zinf("stress --budget 1M");
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(r.out, "zinf stress: error: invalid --budget: at least 4M\n");
+  r = run_zinf("stress --duration 2s --interval 3s");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out,
+            "zinf stress: error: invalid --interval 3s: must be at least 100ms and at most "
+            "--duration (2s)\n");
+  r = run_zinf("stress --device gpu");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out.rfind("zinf stress: error: invalid --device 'gpu': expected host or cuda", 0),
+            0u)
+      << r.out;
+  zinf::test::TestDir dir;
+  r = run_zinf("stress --dir " + dir.path() + " --gpu-mem 1M");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out,
+            "zinf stress: error: invalid --gpu-mem 1M: at least 1449088 (the optimizer worker's "
+            "gradients, 400512, and 1 MiB for the prefetch window)\n");
 }
 
 TEST(StressCli, FollowsNoLinkPlantedAtTheNamesItUsedToUse) {

@@ -113,6 +113,26 @@ TEST(ZinfCli, PlanMemoryWithoutAUnitSuggestsGigabytes) {
   EXPECT_NE(ok.out.find("recommended:"), std::string::npos) << ok.out;
 }
 
+// --nodes N is N x --gpus-per-node GPUs; a --gpus that says otherwise is refused, naming both.
+// With more than one rank the collectives per step are printed below the table.
+TEST(ZinfCli, PlanNodesCountGpusAndShowTheCollectives) {
+  ToolRun r = run_zinf("plan --params 13B --nodes 2 --gpus-per-node 8");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("16 GPUs (TP 1 x PP 1 x DP 16), 8 GPUs per node, 2 nodes"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("collectives per step, received per GPU (x8 per node): stage 0 48.75 GB; "
+                       "stage 1 48.75 GB; stage 2 24.38 GB; stage 3 73.12 GB (48.75 GB of it "
+                       "parameter all-gathers)"),
+            std::string::npos)
+      << r.out;
+  r = run_zinf("plan --params 13B --nodes 2 --gpus 8");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.out.find("--gpus 8 is not --nodes 2 x --gpus-per-node 8 = 16: give one of them"),
+            std::string::npos)
+      << r.out;
+}
+
 // The recommendation comes as the zero_optimization block a DeepSpeed user pastes; when nothing
 // fits, the message names the limit that even the most offloaded setup exceeds.
 TEST(ZinfCli, PlanPrintsTheConfigBlockAndNamesTheLimitWhenNothingFits) {

@@ -18,8 +18,12 @@
 #include "io_bench.h"
 #include "format.h"
 #include "json_out.h"
+#include "launch.h"
+#include "over_time.h"
 #include "throughput.h"
 #include "zinf/common/error.h"
+#include "zinf/dist/collectives.h"
+#include "zinf/dist/rank_directory.h"
 #include "zinf/cuda/device.h"
 #include "zinf/swap/io_engine.h"
 
@@ -74,6 +78,7 @@ struct Config {
   bool keep = false;
   bool json = false;
   bool json_lines = false;
+  std::string dist = "auto";  // --dist: one directory per rank under mpirun
 };
 
 struct OpSummary {
@@ -169,6 +174,11 @@ Config parse(const std::vector<std::string>& tokens, bool* help) {
            "\"host\": {...}}, as fio's --output-format=json");
   cli.flag("--json-lines", c.json_lines,
            "one JSON object per op, one per line, each with the host fields (streaming)");
+  cli.text("--dist", c.dist, "M",
+           "auto | none | mpi: under mpirun each rank tests its own <dir>/rank<R> (auto: when "
+           "a launcher set OMPI_COMM_WORLD_SIZE or PMI_SIZE > 1) and rank 0 reports per-rank "
+           "and aggregate GB/s and the scaling efficiency",
+           "auto");
   cli.alias_switch("--read", {"--op=read"});  // ds_io's read switch
   cli.refuse("--numjobs",
              "--numjobs: zinf bench io runs one job; set --queue-depth (requests in flight) and, "
@@ -263,55 +273,6 @@ std::string op_label(const OpSummary& s, bool precondition) {
   return s.op == "write" && precondition ? "write (overwrite)" : s.op;
 }
 
-// The time-based lines under the table: the sparkline, the steady state and the cliff.
-void print_over_time(const OpSummary& s, const std::string& label) {
-  if (s.samples.empty()) return;
-  std::vector<double> rates;
-  for (const auto& t : s.samples) rates.push_back(t.gbps());
-  const double top = *std::max_element(rates.begin(), rates.end());
-  std::printf("%s over time (%zu samples of 1 s, scale 0 to %.2f GB/s): %s\n", label.c_str(),
-              rates.size(), top, sparkline(rates).c_str());
-  const ThroughputProfile& p = s.profile;
-  std::printf("  steady state %.2f GB/s (median of the last third), noise %.2f GB/s; ",
-              p.steady_gbps, p.noise_gbps);
-  if (p.cliff) {
-    std::printf("fell from %.2f to %.2f GB/s after %s (%.0f s in)\n", p.cliff->before_gbps,
-                p.cliff->after_gbps,
-                decimal_bytes(static_cast<double>(p.cliff->bytes_before)).c_str(), p.cliff->at_s);
-  } else if (!p.note.empty()) {
-    std::printf("%s\n", p.note.c_str());
-  } else {
-    std::printf("no fall beyond the noise\n");
-  }
-}
-
-// A time-based job's samples, steady state and cliff, into its JSON object.
-void add_over_time(Json& j, const OpSummary& s) {
-  Json& samples = j["samples"] = Json::array();
-  for (const auto& t : s.samples) {
-    Json x;
-    x["t_s"] = t.end_s;
-    x["seconds"] = t.seconds;
-    x["bytes"] = t.bytes;
-    x["gbps"] = t.gbps();
-    samples.push_back(std::move(x));
-  }
-  j["steady_gbps"] = s.profile.steady_gbps;
-  j["noise_gbps"] = s.profile.noise_gbps;
-  if (s.profile.cliff) {
-    const Cliff& c = *s.profile.cliff;
-    Json x;
-    x["at_s"] = c.at_s;
-    x["bytes_before"] = c.bytes_before;
-    x["before_gbps"] = c.before_gbps;
-    x["after_gbps"] = c.after_gbps;
-    j["cliff"] = std::move(x);
-  } else {
-    j["cliff"] = nullptr;
-  }
-  if (!s.profile.note.empty()) j["cliff_note"] = s.profile.note;
-}
-
 // One bench from its construction to its results: a fresh engine, buffer pool and files.
 struct RunOutcome {
   std::vector<OpSummary> summaries;
@@ -397,12 +358,113 @@ Spread spread_of(const std::vector<RunOutcome>& runs, std::size_t op_index) {
   return s;
 }
 
+// Under mpirun: every rank runs the passes on its own rank<R> folders. Each op is measured
+// twice: rank 0 alone (the others wait at a barrier), then every rank at once (each loop
+// starting from a barrier); a loop's aggregate is every rank's bytes over the slowest rank's
+// time, and the scaling efficiency the aggregate over N times rank 0's rate alone.
+int run_distributed(const Config& cfg, IoBench& bench, dist::Collectives& comm) {
+  const int n = comm.size();
+  const bool leader = comm.rank() == 0;
+  Json ops = Json::array();
+  if (leader && !cfg.json) {
+    std::printf(
+        "zinf bench io: %d ranks (%s), engine=%.*s, %.2f GiB per rank in rank<R> folders, "
+        "block=%u KiB qd=%u, %u loops (median)\n",
+        n, std::string(comm.name()).c_str(), static_cast<int>(bench.engine_name().size()),
+        bench.engine_name().data(),
+        static_cast<double>(bench.file_size() * bench.file_count()) / (1u << 30),
+        cfg.block_size / 1024, cfg.queue_depth, cfg.loops);
+  }
+  for (const Job& job : cfg.jobs) {
+    IoRunSpec spec;
+    spec.read_share = job.read_share;
+    spec.random = job.random;
+    spec.seed = cfg.seed;
+    for (const char* op : {"write", "read"}) {
+      const bool read = op[0] == 'r';
+      if (read ? job.read_share == 0 : job.read_share == 1) continue;
+      auto rate = [read](const IoPassResult& p) { return read ? p.read_gbps() : p.write_gbps(); };
+      std::vector<double> alone, mine, aggregate;
+      comm.barrier();
+      if (leader) {
+        for (std::uint32_t l = 0; l < cfg.loops; ++l)
+          alone.push_back(rate(bench.run(spec, false, "")));
+      }
+      comm.barrier();
+      for (std::uint32_t l = 0; l < cfg.loops; ++l) {
+        comm.barrier();
+        const IoPassResult p = bench.run(spec, false, "");
+        // [bytes of this direction, seconds]: every rank's, in rank order.
+        const double moved = rate(p) * p.seconds * 1e9;
+        std::vector<double> all(2 * static_cast<std::size_t>(n));
+        const double pair[2] = {moved, p.seconds};
+        dist::all_gather<double>(comm, std::span<const double>(pair, 2), all);
+        double bytes = 0, slowest = 0;
+        for (int r = 0; r < n; ++r) {
+          bytes += all[2 * r];
+          slowest = std::max(slowest, all[2 * r + 1]);
+        }
+        mine.push_back(rate(p));
+        aggregate.push_back(slowest > 0 ? bytes / slowest / 1e9 : 0);
+      }
+      // Every rank's median rate, gathered for the report.
+      const double my_median = median(mine);
+      std::vector<double> per_rank(static_cast<std::size_t>(n));
+      dist::all_gather<double>(comm, std::span<const double>(&my_median, 1), per_rank);
+      if (!leader) continue;
+      const double alone_gbps = median(alone);
+      const double agg = median(aggregate);
+      const double efficiency = alone_gbps > 0 ? agg / (n * alone_gbps) : 0;
+      const std::string label = job.rw == op ? job.rw : job.rw + " " + op;
+      if (cfg.json) {
+        Json j;
+        j["op"] = op;
+        j["rw"] = job.rw;
+        j["ranks"] = n;
+        j["alone_gbps"] = alone_gbps;
+        j["per_rank_gbps"] = per_rank;
+        j["aggregate_gbps"] = agg;
+        j["scaling_efficiency"] = efficiency;
+        ops.push_back(std::move(j));
+      } else {
+        std::string ranks;
+        for (int r = 0; r < n; ++r) {
+          char cell[32];
+          std::snprintf(cell, sizeof cell, "%s%.2f", r == 0 ? "" : " ", per_rank[r]);
+          ranks += cell;
+        }
+        std::printf(
+            "%-10s rank 0 alone %6.2f GB/s | together: per rank %s GB/s, aggregate %.2f "
+            "GB/s, efficiency %.0f%% (aggregate / %d x alone)\n",
+            label.c_str(), alone_gbps, ranks.c_str(), agg, 100 * efficiency, n);
+      }
+    }
+  }
+  if (leader && cfg.json) {
+    Json doc;
+    doc["ranks"] = n;
+    doc["dirs"] = cfg.dirs;
+    doc["jobs"] = std::move(ops);
+    std::printf("%s\n", json_text(doc).c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int bench_io_main(const std::vector<std::string>& tokens) {
   bool help = false;
   Config cfg = parse(tokens, &help);
   if (help) return 0;
+  DistJob ranks(parse_dist_mode(cfg.dist), std::chrono::minutes(10));
+  if (ranks.size() > 1) {
+    if (cfg.duration.count() > 0 || cfg.keep || cfg.json_lines || cfg.repeat > 1) {
+      throw UsageError(
+          "under mpirun bench io runs --loops passes with a table or --json; "
+          "--duration, --keep, --json-lines and --repeat are for one process");
+    }
+    for (auto& d : cfg.dirs) d = dist::rank_directory(d, ranks.rank());
+  }
 
   IoBenchOptions bo;
   bo.dirs = cfg.dirs;
@@ -415,6 +477,12 @@ int bench_io_main(const std::vector<std::string>& tokens) {
   bo.huge_pages = cfg.huge_pages;
   bo.verify = cfg.verify;
   bo.keep = cfg.keep;
+  if (ranks.size() > 1) {
+    IoBench bench(bo);
+    const bool progress = ranks.rank() == 0 && !cfg.json;
+    bench.write(progress, "zinf bench io precondition");
+    return run_distributed(cfg, bench, ranks.comm());
+  }
 
   for (const auto& d : cfg.dirs) {
     const std::string t = fs_type_name(d);
@@ -492,7 +560,7 @@ int bench_io_main(const std::vector<std::string>& tokens) {
       }
       if (cfg.duration.count() > 0) {
         j["duration_s"] = std::chrono::duration<double>(cfg.duration).count();
-        add_over_time(j, s);
+        add_over_time(j, s.samples, s.profile);
       }
       if (cfg.json_lines) {
         for (const auto& [k, v] : host.items()) j[k] = v;
@@ -547,7 +615,10 @@ int bench_io_main(const std::vector<std::string>& tokens) {
                     figures_text(spreads[i].gbps_runs).c_str());
       }
     }
-    for (const OpSummary* s : summaries) print_over_time(*s, op_label(*s, cfg.precondition));
+    for (const OpSummary* s : summaries) {
+      std::printf("%s", over_time_text(op_label(*s, cfg.precondition), s->samples, s->profile, "1 s")
+                            .c_str());
+    }
   }
   return 0;
 }

@@ -15,6 +15,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench_common.h"
@@ -38,7 +39,7 @@ using offload::StateTier;
 
 constexpr const char* kAbout = R"(
 Times steps of zinf's offloaded optimizer: the fp32 parameters and Adam moments (12 bytes per
-element) live on NVMe (--tier nvme, one swap file per --dir) or in pinned host memory (--tier
+element; 8 with --state-precision bf16, 6.125 with int8) live on NVMe (--tier nvme, one swap file per --dir) or in pinned host memory (--tier
 cpu), and each step streams them through the CPU Adam kernel with fp32 gradients held in memory.
 Reports the median step and, for that step count, the median busy time of each stage.)";
 
@@ -49,7 +50,9 @@ queue depth and 1 MiB requests over fio's footprint of queue depth x 1 MiB, on a
 name in each --dir) and one Adam step over the same elements in plain memory; each step is
 reported against the mean of the two references around its block of N steps:
   ideal = max(bytes read / read rate + bytes written / write rate, Adam)
-N > 1 keeps steps back to back, as a trainer's are. Needs 12 bytes per element more memory and
+where the bytes are the step's own (the mode's records) and Adam is the kernel of the same
+--state-precision. N > 1 keeps steps back to back, as a trainer's are. Needs the state's bytes
+per element more memory and
 the state's size again on the drive.
 
 Stage times: read/write = time with at least one state read/write-back in flight; compute =
@@ -67,12 +70,13 @@ class StepReference {
  public:
   StepReference(const std::vector<std::string>& dirs, std::uint64_t state_bytes,
                 const swap::IoOptions& io, std::size_t numel, const adam::CpuAdamOptions& adam,
-                const GradView& grads, const adam::CopyOut& out)
+                const GradView& grads, const adam::CopyOut& out, adam::StatePrecision precision)
       : n_(numel),
         grads_(grads),
         out_(out),
         adam_(adam),
-        mem_(numel * 12, "bench step --reference") {
+        precision_(precision),
+        mem_(numel * 4 + adam::moment_bytes(precision, numel), "bench step --reference") {
     if (!dirs.empty()) {
       IoBenchOptions bo;
       bo.dirs = dirs;
@@ -85,12 +89,10 @@ class StepReference {
       io_.emplace(bo);
       io_->write();  // lays the files out: the timed writes are overwrites, as the step's are
     }
-    auto p = mem_.as<float>(3 * n_);
-    for (std::size_t i = 0; i < n_; ++i) {
-      p[i] = bench_param(i);
-      p[n_ + i] = 0.0f;
-      p[2 * n_ + i] = 0.0f;
-    }
+    auto p = mem_.as<float>(n_);
+    for (std::size_t i = 0; i < n_; ++i) p[i] = bench_param(i);
+    auto moments = mem_.as<std::byte>(n_ * 4 + adam::moment_bytes(precision_, n_)).subspan(n_ * 4);
+    std::fill(moments.begin(), moments.end(), std::byte{0});  // zero moments in every precision
   }
 
   struct Figures {
@@ -111,11 +113,13 @@ class StepReference {
       f.write_gbps = io_->write().gbps();
       f.read_gbps = io_->read().gbps();
     }
-    auto all = mem_.as<float>(3 * n_);
     ++step_;
     hp.step = step_;
+    const adam::CompactMoments moments = adam::compact_moments_at(
+        precision_, n_,
+        mem_.as<std::byte>(n_ * 4 + adam::moment_bytes(precision_, n_)).data() + n_ * 4);
     const auto t0 = std::chrono::steady_clock::now();
-    adam_.step(hp, all.first(n_), all.subspan(n_, n_), all.subspan(2 * n_, n_), grads_, out_);
+    adam_.step(hp, mem_.as<float>(n_), moments, grads_, out_);
     f.adam_seconds = seconds_since(t0);
     return f;
   }
@@ -125,6 +129,7 @@ class StepReference {
   GradView grads_;
   adam::CopyOut out_;
   adam::CpuAdam adam_;
+  adam::StatePrecision precision_;
   HostArray mem_;
   std::optional<IoBench> io_;
   std::uint64_t step_ = 0;
@@ -138,6 +143,10 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   std::uint64_t threads = 0, steps = 5, queue_depth = 16, budget = 0, reference_every = 0;
   std::string tier_text = "nvme", engine_text = "auto", grad_text = "fp32", copy_text = "none";
   std::string checksums_text = "on";
+  std::string precision_text = "fp32";
+  std::uint64_t checkpoint_every = 0;
+  std::string checkpoint_dir, checkpoint_mode = "async";
+  std::uint64_t idle_ms = 0;
   bool json = false;
   Cli cli("bench step", kAbout, kFooter);
   cli.texts("--dir", dirs, "DIR", "directory for the state (repeatable: striped over the files)",
@@ -158,6 +167,8 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   cli.text("--copy-out", copy_text, "T",
            "none | bf16 | fp16: also write the low-precision "
            "parameters");
+  cli.text("--state-precision", precision_text, "P",
+           "fp32 | bf16 | int8: how the moments are stored (zinf.state_precision)");
   cli.text("--checksums", checksums_text, "on|off",
            "CRC32C per stripe of the swap files, computed on every write-back and verified "
            "on every read, as the library does by default; off measures the cost of that");
@@ -167,6 +178,18 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   cli.count("--reference", reference_every,
             "every N timed steps, measure the references the "
             "steps are judged by (below); 0 = never");
+  cli.count("--checkpoint-every", checkpoint_every,
+            "checkpoint the optimizer after timed steps 1, 1+N, 1+2N, ... (0 = never); the "
+            "mean iteration (step + checkpoint call, and the last save's wait) is reported");
+  cli.text("--checkpoint-dir", checkpoint_dir, "DIR",
+           "where --checkpoint-every writes (its last checkpoint stays there)");
+  cli.text("--checkpoint-mode", checkpoint_mode, "M",
+           "async | sync: save_async (written while the next steps run) or save");
+  cli.count("--idle-ms", idle_ms,
+            "host time between steps, standing for a trainer's forward and backward (the "
+            "optimizer's drive is idle then; an asynchronous checkpoint can use it); counted "
+            "in the iteration, not in the step",
+            0, 3600000);
   cli.flag("--json", json, "one JSON object on stdout instead of the table");
   cli.refuse("--runtime", "--runtime: zinf bench step runs a number of steps; set --steps");
   if (!cli.parse(tokens)) return 0;
@@ -174,6 +197,8 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   const auto engine_kind = swap::parse_io_engine_kind(engine_text);
   const DType grad_dtype = parse_dtype(grad_text, "--grad-dtype");
   const bool checksums = parse_on_off(checksums_text, "--checksums");
+  const adam::StatePrecision precision =
+      adam::parse_state_precision(precision_text, "--state-precision");
 
   check_numel(numel);
   if (sub_group == 0) throw UsageError("--sub-group must be at least 1");
@@ -184,6 +209,13 @@ int bench_step_main(const std::vector<std::string>& tokens) {
                      std::to_string(steps) +
                      ": the references must bracket at least one block of steps");
   }
+  if (checkpoint_mode != "async" && checkpoint_mode != "sync") {
+    throw UsageError("--checkpoint-mode must be async or sync, got '" + checkpoint_mode + "'");
+  }
+  if (checkpoint_every > 0 && checkpoint_dir.empty()) {
+    throw UsageError("--checkpoint-every needs --checkpoint-dir");
+  }
+  const bool checkpoint_async = checkpoint_mode == "async";
   if (queue_depth == 0 || queue_depth > 4096)
     throw UsageError("--queue-depth must be in [1, 4096]");
   const std::optional<DType> copy_dtype = parse_copy_out(copy_text);
@@ -204,8 +236,11 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   o.io.kind = engine_kind;
   o.io.queue_depth = static_cast<std::uint32_t>(queue_depth);
   o.swap_checksums = checksums;
+  o.state_precision = precision;
   // Unless told, the budget is exactly what the tier needs (the optimizer checks it).
-  const std::uint64_t record = (std::min(sub_group, numel) * 12 + 4095) / 4096 * 4096;
+  const std::uint64_t record_elems = std::min(sub_group, numel);
+  const std::uint64_t record =
+      (record_elems * 4 + adam::moment_bytes(precision, record_elems) + 4095) / 4096 * 4096;
   o.pinned_budget_bytes =
       budget != 0 ? budget
                   : (tier == StateTier::kNvme ? depth * record
@@ -236,6 +271,9 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   std::unique_ptr<StepReference> ref;
   std::vector<StepReference::Figures> refs;
   std::vector<double> ideal_s, ratio;
+  std::vector<double> iteration_s;  // step() plus the checkpoint call, per timed step
+  std::uint64_t checkpoints = 0;
+  double final_wait_s = 0;
   Progress progress("zinf bench step", static_cast<double>(steps + 1), "steps", !json);
   for (std::uint64_t s = 0; s <= steps; ++s) {  // s == 0: untimed warm-up
     throw_if_interrupted();  // between steps: nothing in flight, the optimizer's files go with it
@@ -244,10 +282,29 @@ int bench_step_main(const std::vector<std::string>& tokens) {
       // After the warm-up, which says how many bytes a step moves.
       ref = std::make_unique<StepReference>(
           tier == StateTier::kNvme ? dirs : std::vector<std::string>{}, all.front().bytes_read,
-          o.io, n, o.adam, grads, out);
+          o.io, n, o.adam, grads, out, precision);
     }
     if (ref && (s - 1) % reference_every == 0) refs.push_back(ref->measure(o.hyper));
+    const auto it0 = std::chrono::steady_clock::now();
     all.push_back(opt.step(std::span<const offload::GroupGrads>(&gg, 1)));
+    // After timed steps 1, 1 + N, 1 + 2N, ...: each checkpoint has N - 1 steps of the run
+    // after it to overlap (and the final wait_save is counted below).
+    if (checkpoint_every > 0 && s > 0 && (s - 1) % checkpoint_every == 0) {
+      if (checkpoint_async) {
+        opt.save_async(checkpoint_dir);  // waits for the previous one first
+      } else {
+        opt.save(checkpoint_dir);
+      }
+      ++checkpoints;
+    }
+    if (idle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(idle_ms));
+    if (s > 0) iteration_s.push_back(seconds_since(it0));
+  }
+  {
+    // The last save is part of the run: the iterations' total includes waiting for it.
+    const auto w0 = std::chrono::steady_clock::now();
+    opt.wait_save();
+    final_wait_s = seconds_since(w0);
   }
   progress.finish();
   all.erase(all.begin());  // the warm-up
@@ -264,7 +321,14 @@ int bench_step_main(const std::vector<std::string>& tokens) {
     }
   }
   std::vector<double> step_s, read_s, write_s, compute_s, wait_s;
+  std::uint64_t snapshot_copy = 0;
+  double snapshot_wait = 0;
+  double iterations_total = final_wait_s;
+  for (double t : iteration_s) iterations_total += t;
+  const double iteration_mean = iterations_total / static_cast<double>(iteration_s.size());
   for (const auto& st : all) {
+    snapshot_copy += st.snapshot_copy_bytes;
+    snapshot_wait += st.snapshot_wait_seconds;
     step_s.push_back(st.seconds);
     read_s.push_back(st.read_seconds);
     write_s.push_back(st.write_seconds);
@@ -294,6 +358,7 @@ int bench_step_main(const std::vector<std::string>& tokens) {
     j["grad_dtype"] = std::string(dtype_name(grad_dtype));
     j["copy_out"] = copy_text;
     j["checksums"] = checksums;
+    j["state_precision"] = std::string(adam::state_precision_name(precision));
     j["steps"] = steps;
     j["step_seconds"] = step_med;
     j["step_seconds_min"] = *std::min_element(step_s.begin(), step_s.end());
@@ -306,6 +371,19 @@ int bench_step_main(const std::vector<std::string>& tokens) {
     j["pinned_bytes_peak"] = opt.pinned_bytes_peak();
     j["elements_per_s"] = static_cast<double>(numel) / step_med;
     j["step_seconds_all"] = step_s;
+    // Wall time per timed step including the checkpoint calls and the final wait_save: what a
+    // trainer's loop sees (the mean, as one step in N carries the checkpoint).
+    j["iteration_seconds_mean"] = iteration_mean;
+    j["iteration_seconds_all"] = iteration_s;
+    j["checkpoint_every"] = checkpoint_every;
+    j["idle_ms"] = idle_ms;
+    if (checkpoint_every > 0) {
+      j["checkpoint_mode"] = checkpoint_mode;
+      j["checkpoints"] = checkpoints;
+      j["snapshot_copy_bytes"] = snapshot_copy;
+      j["snapshot_wait_seconds"] = snapshot_wait;
+      j["final_wait_seconds"] = final_wait_s;
+    }
     if (ref) {
       j["reference_every"] = reference_every;
       j["references"] = std::uint64_t{refs.size()};
@@ -323,12 +401,13 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   } else {
     std::printf(
         "zinf bench step: tier=%s engine=%.*s numel=%llu sub-group=%llu (%llu) depth=%llu "
-        "grad=%s copy-out=%s checksums=%s steps=%llu (median)\n",
+        "grad=%s copy-out=%s checksums=%s state=%s steps=%llu (median)\n",
         std::string(offload::state_tier_name(tier)).c_str(),
         static_cast<int>(opt.engine_name().size()), opt.engine_name().data(),
         static_cast<unsigned long long>(numel), static_cast<unsigned long long>(sub_group),
         static_cast<unsigned long long>(sub_groups), static_cast<unsigned long long>(depth),
         std::string(dtype_name(grad_dtype)).c_str(), copy_text.c_str(), checksums ? "on" : "off",
+        std::string(adam::state_precision_name(precision)).c_str(),
         static_cast<unsigned long long>(steps));
     std::printf("  %-22s %10.3f s   (%.3f G elements/s)\n", "step", step_med,
                 static_cast<double>(numel) / step_med / 1e9);
@@ -340,6 +419,15 @@ int bench_step_main(const std::vector<std::string>& tokens) {
         median(write_s) > 0 ? static_cast<double>(bytes_written) / median(write_s) / 1e9 : 0.0,
         static_cast<double>(bytes_written) / 1e9);
     std::printf("  %-22s %10.3f s\n", "compute busy", median(compute_s));
+    if (checkpoint_every > 0) {
+      std::printf("  %-22s %10.3f s   (mean; %llu %s checkpoints, every %llu steps)\n",
+                  "iteration", iteration_mean, static_cast<unsigned long long>(checkpoints),
+                  checkpoint_mode.c_str(), static_cast<unsigned long long>(checkpoint_every));
+      std::printf("  %-22s %10.1f MiB copied, %.3f s waited\n", "snapshot (steps)",
+                  static_cast<double>(snapshot_copy) / (1 << 20), snapshot_wait);
+    } else {
+      std::printf("  %-22s %10.3f s   (mean)\n", "iteration", iteration_mean);
+    }
     std::printf("  %-22s %10.3f s\n", "pipeline waiting", median(wait_s));
     // %14s: the %10.1f column of the rows above, with " MiB" after it.
     std::printf("  %-22s %14s\n", "pinned peak", mib(opt.pinned_bytes_peak()).c_str());

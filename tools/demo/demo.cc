@@ -25,10 +25,12 @@
 #include "demo_model.h"
 #include "format.h"
 #include "json_out.h"
+#include "launch.h"
 #include "scratch.h"
 #include "sha256.h"
 #include "zinf/common/error.h"
 #include "zinf/cuda/device.h"
+#include "zinf/dist/sharded_engine.h"
 #include "zinf/offload/config.h"
 #include "zinf/offload/engine.h"
 
@@ -114,28 +116,31 @@ EngineConfig make_config(const std::string& config_path, const std::string& offl
   return config;
 }
 
-// The hash of every layer's fp32 master weights in layer order, as little-endian bytes.
-std::string weights_sha256(offload::OffloadEngine& engine) {
-  Sha256 hash;
+// Every layer's fp32 master weights in layer order, as little-endian bytes (collective: every
+// rank's slices are all-gathered).
+std::vector<std::byte> weights_bytes(dist::ShardedEngine& engine) {
   std::vector<float> master;
   std::vector<std::byte> bytes;
   for (std::size_t l = 0; l < engine.layer_count(); ++l) {
     master.resize(engine.layer(l).numel);
     engine.read_master_weights(l, master);
-    bytes.resize(master.size() * 4);
+    const std::size_t at = bytes.size();
+    bytes.resize(at + master.size() * 4);
     for (std::size_t k = 0; k < master.size(); ++k) {
       const auto u = std::bit_cast<std::uint32_t>(master[k]);
-      for (std::size_t b = 0; b < 4; ++b) bytes[4 * k + b] = static_cast<std::byte>(u >> (8 * b));
+      for (std::size_t b = 0; b < 4; ++b) {
+        bytes[at + 4 * k + b] = static_cast<std::byte>(u >> (8 * b));
+      }
     }
-    hash.update(bytes);
   }
-  return to_hex(hash.finish());
+  return bytes;
 }
 
 }  // namespace
 
 int demo_main(const std::vector<std::string>& tokens) {
-  std::string offload_text, dir_option, config_path, device_text = "host";
+  std::string offload_text, dir_option, config_path, device_text = "host", dist_text = "auto";
+  std::string weights_out;
   std::uint64_t steps = 50, seed = 1, every_option = 0;
   demo::MlpShape shape;
   double lr = std::nan("");
@@ -166,7 +171,14 @@ int demo_main(const std::vector<std::string>& tokens) {
   cli.text("--device", device_text, "D",
            "host (the only one: the compute is plain C++ over host memory)");
   cli.flag("--json", json, "print a JSON summary on stdout (progress goes to stderr)");
+  cli.text("--dist", dist_text, "M",
+           "auto | none | mpi: data-parallel over the ranks of mpirun (auto: when a launcher "
+           "set OMPI_COMM_WORLD_SIZE or PMI_SIZE > 1)",
+           "auto");
+  cli.text("--weights-out", weights_out, "FILE",
+           "write the final fp32 master weights (the bytes weights_sha256 hashes) to FILE");
   if (!cli.parse(tokens)) return 0;
+  const DistMode dist_mode = parse_dist_mode(dist_text);
 
   if (steps == 0 || steps > 1'000'000) throw UsageError("--steps must be in [1, 1000000]");
   if (shape.layers == 0 || shape.layers > 4096) throw UsageError("--layers must be in [1, 4096]");
@@ -197,6 +209,18 @@ int demo_main(const std::vector<std::string>& tokens) {
           : std::string(offload::offload_device_name(config.offload_param.device)) + "/" +
                 std::string(offload::offload_device_name(config.offload_optimizer.device));
 
+  // Data-parallel: the global batch is split across the ranks, each keeping 1/N of every
+  // layer (ShardedEngine); one rank is the plain engine. A collective waits at most this long
+  // for the other ranks (a step of the largest demo is far shorter).
+  DistJob job(dist_mode, std::chrono::seconds(120));
+  const int ranks = job.size();
+  if (shape.batch % static_cast<std::size_t>(ranks) != 0) {
+    throw UsageError("--batch " + std::to_string(shape.batch) + " does not split evenly over " +
+                     std::to_string(ranks) + " ranks: give a multiple of " + std::to_string(ranks));
+  }
+  demo::MlpShape local_shape = shape;
+  local_shape.batch = shape.batch / static_cast<std::size_t>(ranks);
+  const bool leader = job.rank() == 0;
   const std::size_t numel = demo::layer_numel(shape.hidden);
   std::vector<offload::LayerSpec> specs;
   for (std::size_t l = 0; l < shape.layers; ++l) {
@@ -207,7 +231,7 @@ int demo_main(const std::vector<std::string>& tokens) {
   device_options.kind = cuda::DeviceKind::kHost;
   const auto device = cuda::make_device(device_options);
   cuda::Stream compute = device->create_stream();
-  offload::OffloadEngine engine(config, specs, *device, compute);
+  dist::ShardedEngine engine(config, specs, *device, compute, job.comm());
 
   {
     std::vector<float> init(numel);
@@ -217,8 +241,12 @@ int demo_main(const std::vector<std::string>& tokens) {
     }
   }
   const demo::TrainingSet data = demo::make_training_set(shape, seed);
-  demo::Mlp net(shape);
-  std::copy(data.inputs.begin(), data.inputs.end(), net.input().begin());
+  demo::Mlp net(local_shape);
+  // This rank's samples: rows [rank * local batch, (rank + 1) * local batch) of the set.
+  const std::size_t rows = local_shape.batch * shape.hidden;
+  const auto first_row = static_cast<std::ptrdiff_t>(rows * static_cast<std::size_t>(job.rank()));
+  std::copy_n(data.inputs.begin() + first_row, rows, net.input().begin());
+  const std::span<const float> targets(data.targets.data() + first_row, rows);
   std::vector<std::vector<float>> grads(shape.layers, std::vector<float>(numel));
 
   std::FILE* out = json ? stderr : stdout;
@@ -226,13 +254,23 @@ int demo_main(const std::vector<std::string>& tokens) {
   const std::uint64_t every =
       every_option != 0 ? every_option : std::max<std::uint64_t>(1, steps / 10);
   const double param_bytes = static_cast<double>(shape.layers * numel * 2);
-  std::fprintf(out,
-               "zinf demo: %zu layers x %zu (%zu parameters, %s bf16, %s fp32 master + Adam), "
-               "batch %zu, offload %s%s%s, lr %g\n",
-               shape.layers, shape.hidden, shape.layers * numel, decimal_bytes(param_bytes).c_str(),
-               decimal_bytes(param_bytes * 6).c_str(), shape.batch, offload_name.c_str(),
-               dir_used.empty() ? "" : " in ", dir_used.c_str(), config.optimizer.hyper.lr);
-  if (!dir_used.empty()) {
+  if (leader) {
+    std::fprintf(out,
+                 "zinf demo: %zu layers x %zu (%zu parameters, %s bf16, %s fp32 master + Adam), "
+                 "batch %zu, offload %s%s%s, lr %g\n",
+                 shape.layers, shape.hidden, shape.layers * numel,
+                 decimal_bytes(param_bytes).c_str(), decimal_bytes(param_bytes * 6).c_str(),
+                 shape.batch, offload_name.c_str(), dir_used.empty() ? "" : " in ",
+                 dir_used.c_str(), config.optimizer.hyper.lr);
+    if (ranks > 1) {
+      std::fprintf(out,
+                   "zinf demo: data-parallel over %d ranks (%s): %zu samples and 1/%d of every "
+                   "layer each%s; figures below are rank 0's\n",
+                   ranks, std::string(job.comm().name()).c_str(), local_shape.batch, ranks,
+                   dir_used.empty() ? "" : ", swap files in rank<R> folders");
+    }
+  }
+  if (leader && !dir_used.empty()) {
     // Which I/O settings are in use, so that a tuned config can be seen to take effect.
     std::fprintf(out,
                  "zinf demo: I/O backend %s, aio block_size %s, queue_depth %u, checksums %s, "
@@ -263,7 +301,10 @@ int demo_main(const std::vector<std::string>& tokens) {
       engine.release(l);
     }
     device->synchronize(compute);
-    const double loss = net.loss(data.targets);
+    double loss = net.loss(targets);
+    // The global batch's loss: the mean of the ranks' means (equal shares).
+    if (ranks > 1)
+      dist::all_reduce<double>(job.comm(), std::span<double>(&loss, 1), dist::ReduceOp::kAvg);
     if (!std::isfinite(loss)) {
       throw Error("training diverged: the loss is " + std::to_string(loss) + " at step " +
                   std::to_string(s + 1) + "; try a smaller --lr");
@@ -292,7 +333,9 @@ int demo_main(const std::vector<std::string>& tokens) {
                   "stall %4.1f%%",
                   static_cast<unsigned long long>(s + 1), static_cast<unsigned long long>(steps),
                   loss, step_s, st.nvme_read_gbps, st.nvme_write_gbps, 100.0 * stall_share);
-    if (tty) {
+    if (!leader) {
+      // Only rank 0 reports.
+    } else if (tty) {
       std::fprintf(out, "\r%s\x1b[K", line);  // clear what a longer line left
       if (s + 1 == steps) std::fputc('\n', out);
       std::fflush(out);
@@ -304,7 +347,15 @@ int demo_main(const std::vector<std::string>& tokens) {
   const double total_s = seconds_since(run_start);
 
   const offload::EngineStats st = engine.stats();
-  const std::string sha = weights_sha256(engine);
+  const std::vector<std::byte> weights = weights_bytes(engine);
+  Sha256 hash;
+  hash.update(weights);
+  const std::string sha = to_hex(hash.finish());
+  if (!leader) return 0;
+  if (!weights_out.empty()) {
+    write_output_file(weights_out, std::string_view(reinterpret_cast<const char*>(weights.data()),
+                                                    weights.size()));
+  }
   const double stall_share = total_s > 0 ? st.stall_seconds / total_s : 0;
   const double step_median = median(step_times);
   const std::uint64_t nvme_read = st.param_bytes_read + st.optimizer_bytes_read;
@@ -352,6 +403,7 @@ int demo_main(const std::vector<std::string>& tokens) {
     j["pinned_bytes_peak"] = st.pinned_bytes_peak;
     j["dir"] = dir_used;
     j["weights_sha256"] = sha;
+    j["ranks"] = ranks;
     std::printf("%s\n", json_text(j).c_str());
   }
   return 0;

@@ -140,6 +140,9 @@ Json row_json(const PlanRow& r) {
   j["h2d_bytes_per_step_per_gpu"] = r.h2d_per_step;
   j["d2h_bytes_per_step_per_gpu"] = r.d2h_per_step;
   j["pcie_seconds_per_step"] = r.pcie_seconds ? *r.pcie_seconds : std::nan("");
+  j["grad_reduce_bytes_per_step_per_gpu"] = r.grad_reduce_per_step;
+  j["allgather_bytes_per_step_per_gpu"] = r.allgather_per_step;
+  j["collective_bytes_per_step_per_node"] = r.collectives_per_node;
   j["fits"] = r.fits;
   j["why_not"] = r.why_not;
   return j;
@@ -312,7 +315,7 @@ int plan_main(const std::vector<std::string>& tokens) {
   std::string layer_params_text;
   double step_seconds = 0, nvme_gbps = 0;
   bool largest = false;
-  std::uint64_t gpus = 1, tp = 1, pp = 1, gpus_per_node = 8;
+  std::uint64_t gpus = 0, tp = 1, pp = 1, gpus_per_node = 8, nodes = 0;
   std::string gpu_mem_text, cpu_mem_text, nvme_free_text;
   bool json = false, wide = false;
   std::chrono::milliseconds compute{0};
@@ -327,10 +330,14 @@ int plan_main(const std::vector<std::string>& tokens) {
            "(fp16 mixed precision with Adam; plain fp32: 4,4,8)",
            "2,2,12");
   cli.group("parallelism");
-  cli.count("--gpus", gpus, "GPUs in the job");
+  cli.count("--gpus", gpus, "GPUs in the job", 0, UINT32_MAX, "1, or --nodes x --gpus-per-node");
   cli.count("--tp", tp, "tensor parallel degree; DP = GPUs / (TP x PP)");
   cli.count("--pp", pp, "pipeline parallel degree");
   cli.count("--gpus-per-node", gpus_per_node, "GPUs per node");
+  cli.count("--nodes", nodes,
+            "nodes in the job: --gpus is --nodes x --gpus-per-node (ranks per node) when not "
+            "given",
+            0, UINT32_MAX, "--gpus / --gpus-per-node");
   cli.group("offload (show only this placement; default: every candidate)");
   cli.text("--offload-optimizer", opt, "T", "none | cpu | nvme", "every candidate");
   cli.text("--offload-params", par, "T", "none | cpu | nvme (needs stage 3)", "every candidate");
@@ -394,6 +401,16 @@ int plan_main(const std::vector<std::string>& tokens) {
            "instead of the narrow one");
   cli.flag("--json", json, "one JSON object instead of the table");
   if (!cli.parse(tokens)) return 0;
+  if (nodes > 0) {
+    if (gpus != 0 && gpus != nodes * gpus_per_node) {
+      throw UsageError("--gpus " + std::to_string(gpus) + " is not --nodes " +
+                       std::to_string(nodes) + " x --gpus-per-node " +
+                       std::to_string(gpus_per_node) + " = " +
+                       std::to_string(nodes * gpus_per_node) + ": give one of them");
+    }
+    gpus = nodes * gpus_per_node;
+  }
+  if (gpus == 0) gpus = 1;
   in.gpus = to_u32(gpus, "--gpus");
   in.tp = to_u32(tp, "--tp");
   in.pp = to_u32(pp, "--pp");
@@ -613,6 +630,26 @@ int plan_main(const std::vector<std::string>& tokens) {
     print_wide_table(plan, in);
   } else {
     print_narrow_table(plan, in);
+  }
+  if (plan.dp > 1) {
+    // The collectives depend on the stage only: one line for the stages the table shows.
+    std::string line;
+    for (int st = 0; st <= 3; ++st) {
+      const auto it = std::find_if(plan.rows.begin(), plan.rows.end(),
+                                   [st](const PlanRow& r) { return r.setup.stage == st; });
+      if (it == plan.rows.end()) continue;
+      char cell[160];
+      std::snprintf(cell, sizeof cell, "%sstage %d %.2f GB", line.empty() ? "" : "; ", st,
+                    g(it->grad_reduce_per_step + it->allgather_per_step));
+      line += cell;
+      if (st == 3) {
+        std::snprintf(cell, sizeof cell, " (%.2f GB of it parameter all-gathers)",
+                      g(it->allgather_per_step));
+        line += cell;
+      }
+    }
+    std::printf("collectives per step, received per GPU (x%u per node): %s\n", plan.gpus_per_node,
+                line.c_str());
   }
   for (const auto& w : io_warnings) std::printf("warning: %s\n", w.c_str());
   if (!in.gpu_mem) {

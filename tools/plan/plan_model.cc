@@ -191,6 +191,15 @@ PlanRow evaluate_setup(const PlanInput& in, const PlanSetup& setup, std::uint32_
     r.pcie_seconds = std::max(h2d / (in.h2d_gbps * 1e9), d2h / (d2h_gbps * 1e9));
   }
 
+  // Collectives of data parallelism, per GPU: a ring moves (DP - 1) / DP of the buffer into
+  // each rank. Gradients: an all-reduce (twice that: reduce-scatter then all-gather) up to
+  // stage 1, a reduce-scatter from stage 2 on; stage 3 all-gathers each layer's parameters in
+  // forward and again in backward (the partitioned parameters never stay whole).
+  const double ring = static_cast<double>(dp - 1) / dp;
+  r.grad_reduce_per_step = (st >= 2 ? 1 : 2) * B.grads * slice * ring;
+  r.allgather_per_step = st == 3 ? 2 * B.params * slice * ring : 0;
+  r.collectives_per_node = (r.grad_reduce_per_step + r.allgather_per_step) * gpn;
+
   if (in.gpu_mem && r.gpu_total > *in.gpu_mem) {
     r.why_not = "GPU needs " + gb(r.gpu_total) + " > --gpu-mem " + gb(*in.gpu_mem);
   } else if (in.cpu_mem && r.host_per_node + in.host_reserve > *in.cpu_mem) {

@@ -129,6 +129,15 @@ struct PlanRow {
   /// Seconds per step the link needs for that traffic, if its rate is known: the larger of
   /// the two directions (a PCIe link carries both at once).
   std::optional<double> pcie_seconds;
+  /// Data-parallel collectives per GPU per step, bytes each GPU receives (a ring's, (DP - 1)
+  /// / DP of the buffer): the gradients' all-reduce (stages 0-1) or reduce-scatter (2-3), and
+  /// at stage 3 the parameter all-gathers that rebuild each layer for forward and backward
+  /// (zinf's ShardedEngine fetch). 0 with DP 1.
+  double grad_reduce_per_step = 0;
+  double allgather_per_step = 0;
+  /// What a node's GPUs receive together (gpus per node x the two above): the upper bound of
+  /// its network traffic, when no two ranks of a DP group share the node.
+  double collectives_per_node = 0;
   bool fits = true;
   std::string why_not;  ///< "" if it fits; else the first limit it breaks
 };

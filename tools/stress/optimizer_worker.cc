@@ -9,18 +9,21 @@
 
 #include "zinf/adam/cpu_adam.h"
 #include "zinf/common/error.h"
+#include "zinf/cuda/device.h"
 #include "zinf/offload/optimizer.h"
 
 namespace zinf::tools::stress {
 
 // Steps an OffloadedOptimizer (state on NVMe) and a plain in-memory CpuAdam side by side and
-// compares the whole state bitwise after every step. A step that fails under faults must have
+// compares the whole state bitwise after every step. The gradients make a round trip through
+// the run's device first (as a trainer's come off the GPU), checked byte for byte. A step that fails under faults must have
 // left the state unchanged (a read failed before any write-back) or failed the optimizer (then
 // it is rebuilt and the reference re-seeded).
 class OptimizerWorker::Impl {
  public:
   static constexpr std::uint64_t kSubGroup = 16384;  // 192 KiB records: several engine pieces
   static constexpr std::uint32_t kDepth = 3;
+  static constexpr std::uint64_t kMaxNumel[2] = {60000, 40000};  // the groups' sizes are below
 
   explicit Impl(const Shared& sh)
       : sh_(sh),
@@ -29,6 +32,7 @@ class OptimizerWorker::Impl {
     // Two groups of odd sizes: several sub-groups each, and a short last one.
     specs_.push_back({"g0", 40000 + 2 * (rng_() % 10000) + 1});
     specs_.push_back({"g1", 20000 + 2 * (rng_() % 10000) + 1});
+    static_assert(kMaxNumel[0] >= 40000 + 2 * 9999 + 1 && kMaxNumel[1] >= 20000 + 2 * 9999 + 1);
     opts_.tier = offload::StateTier::kNvme;
     opts_.sub_group_elements = kSubGroup;
     opts_.pipeline_depth = kDepth;
@@ -51,6 +55,13 @@ class OptimizerWorker::Impl {
     sp_.resize(most);
     sm_.resize(most);
     sv_.resize(most);
+    stream_ = sh.device->create_stream();
+    for (const auto& s : specs_) dev_grads_.push_back(sh.device->allocate(s.numel * sizeof(float)));
+  }
+
+  /// Device memory this worker holds: its gradients.
+  static std::uint64_t device_bytes_needed() {
+    return (kMaxNumel[0] + kMaxNumel[1]) * sizeof(float) + 2 * 256;  // 256: allocation alignment
   }
 
   void run() {
@@ -112,12 +123,38 @@ class OptimizerWorker::Impl {
     throw Error("optimizer worker: could not rebuild the optimizer in 1000 attempts");
   }
 
+  // The gradients to the device and back into g_, compared with what went: false (a problem
+  // recorded) if any byte came back different.
+  bool device_round_trip() {
+    std::vector<float>& back = sp_;  // scratch, refilled by check_state later
+    for (std::size_t g = 0; g < specs_.size(); ++g) {
+      const auto bytes = std::as_bytes(std::span<const float>(g_[g]));
+      const std::span<std::byte> out = std::as_writable_bytes(std::span(back).first(g_[g].size()));
+      sh_.device->copy_to_device(stream_.ref(), dev_grads_[g].span(0, bytes.size()), bytes);
+      sh_.device->copy_to_host(stream_.ref(), out, dev_grads_[g].span(0, bytes.size()));
+      sh_.device->synchronize(stream_.ref());
+      if (std::memcmp(out.data(), bytes.data(), bytes.size()) != 0) {
+        std::size_t i = 0;
+        while (std::memcmp(&back[i], &g_[g][i], sizeof(float)) == 0) ++i;
+        ++tally_.mismatches;
+        tally_.problem("optimizer: gradients of " + specs_[g].name + " came back from " +
+                       std::string(sh_.device->name()) + " different at element " +
+                       std::to_string(i));
+        return false;
+      }
+      tally_.bytes_verified += bytes.size();
+      sh_.verified(bytes.size());
+    }
+    return true;
+  }
+
   void step() {
     std::vector<offload::GroupGrads> grads;
     for (std::size_t g = 0; g < specs_.size(); ++g) {
       for (auto& x : g_[g]) x = random_float(-0.05f, 0.05f);
       grads.push_back({g, adam::GradView::f32(g_[g])});
     }
+    if (!device_round_trip()) return;
     const FaultCounts before = counts_of(plan_.get());
     OpError err;
     try {
@@ -191,6 +228,7 @@ class OptimizerWorker::Impl {
         return;
       }
       tally_.bytes_verified += 3 * n * sizeof(float);
+      sh_.verified(3 * n * sizeof(float));
     }
   }
 
@@ -204,6 +242,8 @@ class OptimizerWorker::Impl {
   std::vector<float> sp_, sm_, sv_;  // read-back scratch, the largest group's size
   std::uint64_t ref_steps_ = 0;
   std::unique_ptr<offload::OffloadedOptimizer> opt_;
+  cuda::Stream stream_;
+  std::vector<cuda::DeviceBuffer> dev_grads_;
   std::uint64_t pinned_peak_ = 0;
   Tally tally_;
 };
@@ -213,5 +253,6 @@ OptimizerWorker::~OptimizerWorker() = default;
 void OptimizerWorker::run() { return impl_->run(); }
 Tally& OptimizerWorker::tally() { return impl_->tally(); }
 std::uint64_t OptimizerWorker::pinned_peak() const { return impl_->pinned_peak(); }
+std::uint64_t OptimizerWorker::device_bytes() { return Impl::device_bytes_needed(); }
 
 }  // namespace zinf::tools::stress

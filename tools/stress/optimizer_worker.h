@@ -25,6 +25,8 @@ class OptimizerWorker {
   Tally& tally();
   /// The optimizer's pinned memory at its peak, over every optimizer built.
   std::uint64_t pinned_peak() const;
+  /// Device memory the worker holds for its gradients, whatever the seed.
+  static std::uint64_t device_bytes();
 
  private:
   class Impl;

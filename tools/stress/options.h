@@ -25,6 +25,15 @@ struct StressOptions {
   bool plant = false;
   swap::IoEngineKind engine = swap::IoEngineKind::kAuto;
   bool json = false;
+  /// "host" (the simulation) or "cuda" (the first GPU): where the prefetch worker's layers and
+  /// the optimizer worker's gradients go.
+  std::string device = "host";
+  /// Device memory for both (the prefetch window and the gradients); 0: the prefetch worker's
+  /// pinned share, as before --gpu-mem existed. On host it is also the simulated GPU's size.
+  std::uint64_t gpu_mem = 0;
+  /// Length of one sample of the verified rate over time; parse() turns "not given" (0) into
+  /// 1 s, or --duration where that is shorter.
+  std::chrono::milliseconds interval{0};
 };
 
 }  // namespace zinf::tools::stress

@@ -16,8 +16,9 @@
 
 namespace zinf::tools::stress {
 
-// Layers of odd sizes in a SwapStore, read through a LayerPrefetcher on the host-simulated
-// device; every acquired layer is copied back and checked. One segment is a prefetcher's life:
+// Layers of odd sizes in a SwapStore, read through a LayerPrefetcher onto the run's device (the
+// host simulation or a GPU), within its share of --gpu-mem; every acquired layer is copied
+// back from the device and checked. One segment is a prefetcher's life:
 // two iterations of forward then backward order. A read ahead is not tied to one acquire, so
 // faults are attributed per segment: hard faults injected in a segment must have surfaced as
 // at least one acquire error in it, and no error may surface without one.
@@ -31,9 +32,10 @@ class PrefetchWorker::Impl {
         rng_(sh.cfg->seed * 15485863 + 2),
         plan_(make_plan(sh.cfg->fault_rate, sh.cfg->seed * 15485863 + 2)) {
     engine_ = swap::make_io_engine(io_options(*sh.cfg, plan_));
-    // max_bytes = the budget share; staging half of it; the largest layer an eighth, so that
-    // the window holds depth + 2 layers in staging and device memory.
-    max_layer_ = std::max<std::uint64_t>(4096, sh.prefetch_budget / 8 / 4096 * 4096 - 4096);
+    // Staging is half the pinned share; the largest layer an eighth of the smaller of the
+    // pinned share and the device memory, so that the window holds depth + 2 layers in both.
+    const std::uint64_t share = std::min(sh.prefetch_budget, sh.prefetch_device_bytes);
+    max_layer_ = std::max<std::uint64_t>(4096, share / 8 / 4096 * 4096 - 4096);
     for (std::size_t l = 0; l < kLayers; ++l) {
       sizes_.push_back(std::uniform_int_distribution<std::uint64_t>(1, max_layer_)(rng_));
     }
@@ -42,8 +44,7 @@ class PrefetchWorker::Impl {
         make_store(sh, *engine_, kLayers * (max_layer_ + kStripe * (sh.store_dirs.size() + 1)));
     unit_ = store_->alignment();
     gens_.assign(kLayers, 0);
-    device_ = cuda::make_device(cuda::DeviceOptions{.kind = cuda::DeviceKind::kHost});
-    compute_ = device_->create_stream();
+    compute_ = sh.device->create_stream();
     host_.resize(max_layer_);
     for (std::size_t l = 0; l < kLayers; ++l) store_->allocate(key(l), sizes_[l]);
   }
@@ -97,7 +98,7 @@ class PrefetchWorker::Impl {
     for (std::size_t l = 0; l < kLayers; ++l) po.order.push_back(l);
     for (std::size_t l = kLayers; l-- > 0;) po.order.push_back(l);
     po.depth = kDepth;
-    po.max_bytes = sh_.prefetch_budget;
+    po.max_bytes = sh_.prefetch_device_bytes;
     po.staging_bytes = staging_bytes();
     const FaultCounts before = counts_of(plan_.get());
     std::uint64_t errors = 0;
@@ -105,7 +106,7 @@ class PrefetchWorker::Impl {
     OpError other;
     std::uint64_t dropped = 0;
     {
-      prefetch::LayerPrefetcher p(po, *store_, *device_, compute_.ref());
+      prefetch::LayerPrefetcher p(po, *store_, *sh_.device, compute_.ref());
       try {
         for (int iter = 0; iter < 2; ++iter) {
           for (std::size_t l : po.order) acquire_and_check(p, l, errors, first_error);
@@ -159,9 +160,9 @@ class PrefetchWorker::Impl {
     }
     ++tally_.prefetch_acquires;
     std::span<std::byte> out(host_.data(), sizes_[l]);
-    device_->copy_to_host(compute_.ref(), out, span);
+    sh_.device->copy_to_host(compute_.ref(), out, span);
     p.release(l);
-    device_->synchronize(compute_.ref());
+    sh_.device->synchronize(compute_.ref());
     const std::uint32_t gen = gens_[l];
     const std::string bad = check(out, uid(l), 0, unit_, [gen](std::uint64_t) { return gen; });
     if (!bad.empty()) {
@@ -170,6 +171,7 @@ class PrefetchWorker::Impl {
       return;
     }
     tally_.bytes_verified += sizes_[l];
+    sh_.verified(sizes_[l]);
   }
 
   const Shared& sh_;
@@ -182,7 +184,6 @@ class PrefetchWorker::Impl {
   std::uint64_t unit_ = 4096;
   std::vector<std::uint32_t> gens_;
   std::uint32_t next_gen_ = 0;
-  std::unique_ptr<cuda::Device> device_;
   cuda::Stream compute_;
   std::vector<std::byte> host_;
   std::uint64_t peak_held_ = 0;

@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "report.h"
 
+#include <chrono>
 #include <cstdio>
 
 #include "format.h"
 #include "json_out.h"
+#include "over_time.h"
+#include "args.h"
 
 namespace zinf::tools::stress {
 
@@ -54,6 +57,12 @@ void print_report(const StressOptions& cfg, const StressTotals& totals, const St
     j["pinned_reserved_bytes"] = totals.pinned.reserved;
     j["pinned_peak_bytes"] = totals.pinned.peak;
     j["budget_overrun"] = overrun;
+    j["device"] = totals.device.name;
+    j["device_memory_budget_bytes"] = totals.device.budget;
+    j["device_memory_peak_bytes"] = totals.device.peak;
+    j["device_overrun"] = v.broke(StressRule::kDeviceOverrun);
+    j["interval_s"] = std::chrono::duration<double>(cfg.interval).count();
+    add_over_time(j, totals.samples, totals.profile);
     j["library_errors_logged"] = log.errors;
     j["library_warnings_logged"] = log.warnings;
     j["planted"] = totals.planted;
@@ -61,9 +70,10 @@ void print_report(const StressOptions& cfg, const StressTotals& totals, const St
     std::printf("%s\n", json_text(j).c_str());
   } else {
     std::printf(
-        "zinf stress: %.1f s, %llu swap workers + optimizer + prefetch, engine=%s, "
+        "zinf stress: %.1f s, %llu swap workers + optimizer + prefetch, engine=%s, device=%s, "
         "faults=%g, seed=%llu, checksums=%s\n",
-        seconds, static_cast<unsigned long long>(cfg.workers), engine_name.c_str(), cfg.fault_rate,
+        seconds, static_cast<unsigned long long>(cfg.workers), engine_name.c_str(),
+        totals.device.name.c_str(), cfg.fault_rate,
         static_cast<unsigned long long>(cfg.seed), cfg.checksums ? "on" : "off");
     std::printf(
         "  operations        %llu (swap_out %llu, swap_in %llu, optimizer steps %llu, "
@@ -107,6 +117,14 @@ void print_report(const StressOptions& cfg, const StressTotals& totals, const St
     std::printf("  pinned memory     peak %s, reserved %s, budget %s%s\n",
                 mib(totals.pinned.peak).c_str(), mib(totals.pinned.reserved).c_str(),
                 mib(cfg.budget).c_str(), overrun ? " (OVERRUN)" : "");
+    std::printf("  device memory     %s: peak %s, budget %s%s\n", totals.device.name.c_str(),
+                mib(totals.device.peak).c_str(), mib(totals.device.budget).c_str(),
+                v.broke(StressRule::kDeviceOverrun) ? " (OVERRUN)" : "");
+    // The rate of verified bytes over time: a GPU or drive that throttles in a long soak shows
+    // here as a fall (the rule is throughput.h's).
+    std::printf("%s", over_time_text("  verified", totals.samples, totals.profile,
+                                     duration_text(cfg.interval))
+                          .c_str());
     if (log.errors > log.shown) {
       std::printf("  library log       %llu error lines (the first %llu shown on stderr)\n",
                   static_cast<unsigned long long>(log.errors),

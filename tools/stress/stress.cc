@@ -7,6 +7,8 @@
 // This file parses the options, runs the workers (swap_worker, optimizer_worker,
 // prefetch_worker) and hands their totals to judge() (verdict.h) and print_report (report.h).
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -33,6 +35,8 @@
 #include "zinf/common/log.h"
 #include "zinf/swap/buffer_pool.h"
 #include "zinf/swap/io_engine.h"
+#include "zinf/cuda/device.h"
+#include "throughput.h"
 
 namespace zinf::tools {
 namespace {
@@ -72,6 +76,17 @@ StressOptions parse(const std::vector<std::string>& tokens, bool* help) {
            "checksums its ranges need not be whole stripes (more layouts tested)");
   cli.hidden_flag("--plant-corruption", c.plant);  // stress's self-test (options.h)
   cli.text("--engine", engine, "KIND", "auto | uring | threads");
+  cli.choice("--device", c.device, {"host", "cuda"}, "KIND",
+             "where the prefetch worker's layers and the optimizer worker's gradients go: host "
+             "(the simulation) or cuda (the first GPU; every byte is read back from it)");
+  cli.size("--gpu-mem", c.gpu_mem,
+           "device memory for both (the prefetch window and the gradients); on host also the "
+           "simulated GPU's size, so that going over it fails as a full GPU would",
+           "the prefetcher's pinned share, a quarter of --budget");
+  cli.duration("--interval", c.interval,
+               "length of one sample of the verified rate over time (a drop in it, e.g. a "
+               "throttling drive or GPU, is reported)",
+               "1s, or --duration if shorter");
   cli.flag("--json", c.json, "one JSON object on stdout instead of the report");
   *help = !cli.parse(tokens);
   if (*help) return c;
@@ -81,6 +96,13 @@ StressOptions parse(const std::vector<std::string>& tokens, bool* help) {
   }
   if (c.budget < (4ull << 20)) throw UsageError("invalid --budget: at least 4M");
   if (c.workers == 0 || c.workers > 64) throw UsageError("invalid --workers: must be in [1, 64]");
+  if (c.interval.count() == 0) {
+    c.interval = std::min(c.duration, std::chrono::milliseconds(1000));
+  } else if (c.interval < std::chrono::milliseconds(100) || c.interval > c.duration) {
+    throw UsageError("invalid --interval " + duration_text(c.interval) +
+                     ": must be at least 100ms and at most --duration (" +
+                     duration_text(c.duration) + ")");
+  }
   check_scratch_dirs(c.dirs);
   return c;
 }
@@ -151,6 +173,31 @@ int stress_main(const std::vector<std::string>& tokens) {
   swap::BufferPool pool(bo);
   sh.swap_pool = &pool;
 
+  // The device (declared before the workers, whose streams and buffers must go first): the
+  // simulation sized to --gpu-mem, so that going over it fails as on a full GPU, or the first
+  // GPU, refused with the runtime's reason where there is none.
+  const std::uint64_t opt_device = OptimizerWorker::device_bytes();
+  const std::uint64_t gpu_mem = cfg.gpu_mem != 0 ? cfg.gpu_mem : sh.prefetch_budget + opt_device;
+  const std::uint64_t least = opt_device + (1ull << 20);
+  if (gpu_mem < least) {
+    throw UsageError("invalid --gpu-mem " + size_text(gpu_mem) + ": at least " + size_text(least) +
+                     " (the optimizer worker's gradients, " + size_text(opt_device) +
+                     ", and 1 MiB for the prefetch window)");
+  }
+  std::unique_ptr<cuda::Device> device;
+  if (cfg.device == "cuda") {
+    const cuda::CudaAvailability cuda = cuda::probe_cuda();
+    if (!cuda.available()) throw UsageError("--device cuda: no CUDA device (" + cuda.reason + ")");
+    device = cuda::make_device(cuda::DeviceOptions{.kind = cuda::DeviceKind::kCuda});
+  } else {
+    device = cuda::make_device(
+        cuda::DeviceOptions{.kind = cuda::DeviceKind::kHost, .host_memory_bytes = gpu_mem});
+  }
+  sh.device = device.get();
+  sh.prefetch_device_bytes = (gpu_mem - opt_device) / 4096 * 4096;
+  std::atomic<std::uint64_t> verified_live{0};
+  sh.verified_live = &verified_live;
+
   std::vector<std::unique_ptr<SwapWorker>> swappers;
   for (std::size_t i = 0; i < cfg.workers; ++i)
     swappers.push_back(std::make_unique<SwapWorker>(sh, i));
@@ -159,6 +206,7 @@ int stress_main(const std::vector<std::string>& tokens) {
 
   const auto start = Clock::now();
   sh.deadline = start + cfg.duration;
+  std::vector<ThroughputSample> totals_samples;
   {
     std::vector<std::jthread> threads;
     for (auto& w : swappers) {
@@ -168,20 +216,40 @@ int stress_main(const std::vector<std::string>& tokens) {
         [&] { guarded(optimizer.tally(), "optimizer worker", [&] { optimizer.run(); }); });
     threads.emplace_back(
         [&] { guarded(prefetcher.tally(), "prefetch worker", [&] { prefetcher.run(); }); });
-    // The workers run until the deadline: say how far along the soak is, on a terminal.
+    // The workers run until the deadline: say how far along the soak is, on a terminal, and
+    // sample the verified bytes once per --interval for the rate over time.
     Progress progress("zinf stress", std::chrono::duration<double>(cfg.duration).count(), "s",
                       !cfg.json);
-    if (progress.enabled()) {
-      while (Clock::now() < sh.deadline && !interrupted()) {
-        progress.update(seconds_since(start));
-        std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    auto sample_open = start;
+    std::uint64_t sampled = 0;
+    while (Clock::now() < sh.deadline && !interrupted()) {
+      const auto next = std::min(sample_open + cfg.interval, sh.deadline);
+      std::this_thread::sleep_until(std::min(next, Clock::now() + std::chrono::milliseconds(250)));
+      progress.update(seconds_since(start));
+      const auto now = Clock::now();
+      if (now < next) continue;
+      // A last partial interval shorter than half of one is too short to judge a rate by.
+      if (now - sample_open >= cfg.interval / 2) {
+        const std::uint64_t total = verified_live.load(std::memory_order_relaxed);
+        ThroughputSample t;
+        t.end_s = std::chrono::duration<double>(now - start).count();
+        t.seconds = std::chrono::duration<double>(now - sample_open).count();
+        t.bytes = total - sampled;
+        t.cumulative_bytes = total;
+        totals_samples.push_back(t);
+        sampled = total;
       }
+      sample_open = now;
     }
   }
   const double seconds = seconds_since(start);
   throw_if_interrupted();  // a cut-short soak proves nothing: no report, no verdict
 
   StressTotals totals;
+  totals.samples = std::move(totals_samples);
+  totals.profile = analyze_throughput(totals.samples);
+  const cuda::DeviceStats ds = device->stats();
+  totals.device = {std::string(device->name()), ds.peak_allocated_bytes, gpu_mem};
   for (auto& w : swappers) {
     totals.tally.add(w->tally());
     if (!w->planted().empty()) totals.planted = w->planted();

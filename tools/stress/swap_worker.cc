@@ -203,6 +203,7 @@ class SwapWorker::Impl {
       return;
     }
     tally_.bytes_verified += padded;
+    sh_.verified(padded);
   }
 
   // Flips the first 64 bytes of the store's first file, behind the store's back. The store

@@ -2,6 +2,7 @@
 #include "verdict.h"
 
 #include <algorithm>
+#include <string>
 
 namespace zinf::tools::stress {
 
@@ -28,6 +29,12 @@ StressVerdict judge(const StressTotals& totals, const StressOptions& options) {
   if (over_budget(totals.pinned, options.budget)) {
     v.broken.push_back(StressRule::kBudgetOverrun);
     lines.problem("pinned memory over budget");
+  }
+  if (totals.device.peak > totals.device.budget) {
+    v.broken.push_back(StressRule::kDeviceOverrun);
+    lines.problem("device memory over --gpu-mem: peak " + std::to_string(totals.device.peak) +
+                  " bytes on " + totals.device.name + ", budget " +
+                  std::to_string(totals.device.budget));
   }
   if (options.plant && totals.planted.empty()) {
     v.broken.push_back(StressRule::kNothingPlanted);

@@ -9,6 +9,7 @@
 
 #include "options.h"
 #include "tally.h"
+#include "throughput.h"
 
 namespace zinf::tools::stress {
 
@@ -26,12 +27,23 @@ struct PinnedMemory {
   std::uint64_t prefetch_budget = 0;
 };
 
-/// Everything a finished run is judged by: the workers' tallies summed, the pinned memory, and
-/// what --plant-corruption flipped ("" if nothing).
+/// Device memory at the end of a run: the device's own count of what it allocated at once at
+/// its peak, against --gpu-mem (or its default).
+struct DeviceMemory {
+  std::string name;  ///< "host" or "cuda:0"
+  std::uint64_t peak = 0;
+  std::uint64_t budget = 0;
+};
+
+/// Everything a finished run is judged by: the workers' tallies summed, the pinned and device
+/// memory, what --plant-corruption flipped ("" if nothing), and the verified rate over time.
 struct StressTotals {
   Tally tally;
   PinnedMemory pinned;
+  DeviceMemory device;
   std::string planted;
+  std::vector<ThroughputSample> samples;
+  ThroughputProfile profile;
 };
 
 /// The rules a run can break; any one fails it.
@@ -42,6 +54,7 @@ enum class StressRule {
   kCorruption,           ///< a checksum found corruption nobody planted
   kErrorWithoutContext,  ///< an error not naming offset and length
   kBudgetOverrun,        ///< pinned memory over --budget or over a part's share of it
+  kDeviceOverrun,        ///< device memory over --gpu-mem
   kNothingPlanted,       ///< --plant-corruption asked, but nothing was flipped
 };
 
@@ -57,7 +70,8 @@ struct StressVerdict {
 bool over_budget(const PinnedMemory& pinned, std::uint64_t budget);
 
 /// The verdict on a run. A mismatch, an unsurfaced hard fault, an unexpected error, a
-/// corruption found, an error without context, a budget overrun, and --plant-corruption that
+/// corruption found, an error without context, a budget overrun (pinned or device memory),
+/// and --plant-corruption that
 /// planted nothing each fail it; faults injected and surfaced as errors, recoverable faults
 /// absorbed, and operations failed by those faults do not.
 StressVerdict judge(const StressTotals& totals, const StressOptions& options);

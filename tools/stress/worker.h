@@ -3,6 +3,7 @@
 // and how an operation's outcome is judged against the faults injected into it.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <exception>
@@ -15,6 +16,7 @@
 #include "tally.h"
 #include "zinf/common/error.h"
 #include "zinf/common/status.h"
+#include "zinf/cuda/device.h"
 #include "zinf/swap/buffer_pool.h"
 #include "zinf/swap/fault_injection.h"
 #include "zinf/swap/io_engine.h"
@@ -36,6 +38,15 @@ struct Shared {
   std::uint64_t max_tensor = 0;
   std::uint64_t opt_budget = 0;
   std::uint64_t prefetch_budget = 0;
+  /// The device both device-side workers use (thread-safe; each makes its own streams), and
+  /// the device memory the prefetch window may hold (the optimizer's gradients take the rest).
+  cuda::Device* device = nullptr;
+  std::uint64_t prefetch_device_bytes = 0;
+  /// Bytes verified so far by every worker, read by the sampler of the rate over time.
+  std::atomic<std::uint64_t>* verified_live = nullptr;
+  void verified(std::uint64_t bytes) const {
+    if (verified_live != nullptr) verified_live->fetch_add(bytes, std::memory_order_relaxed);
+  }
 };
 
 /// The faults `plan` injected so far, by kind (none for a null plan).

@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "zinf/adam/compact_state.h"
 #include "zinf/common/dtype.h"
 
 namespace zinf::adam {
@@ -185,6 +186,15 @@ class CpuAdam {
   /// `hooks`, if given, run around each piece (see ChunkHooks); the update is bitwise the
   /// same with or without them.
   void step(const AdamParams& hp, std::span<float> params, std::span<float> m, std::span<float> v,
+            GradView grads, CopyOut out = {}, const ChunkHooks* hooks = nullptr);
+  /// As above with m and v in compact form (compact_state.h). In the same pass over memory,
+  /// each element's m and v are decoded to fp32, updated exactly as the fp32 step does, and
+  /// encoded back (int8: a block's scales from its updated values); the parameters and
+  /// copy-out are what the fp32 step gives from the decoded moments, bitwise the same on
+  /// every ISA and thread count. `hooks` pieces start on multiples of kInt8Block. kF32 is the
+  /// fp32 step. Same errors as above, with `moments` checked as m and v are (size, null
+  /// pointers, overlaps with every other array, scales included).
+  void step(const AdamParams& hp, std::span<float> params, const CompactMoments& moments,
             GradView grads, CopyOut out = {}, const ChunkHooks* hooks = nullptr);
 
   /// Writes `params` rounded to `out`'s type (bf16/fp16, round to nearest even) with exactly

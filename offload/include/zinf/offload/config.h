@@ -112,6 +112,11 @@ struct ZinfSection {
   bool precondition = false;         ///< write the swap files once at start (faster write-backs)
   std::uint32_t prefetch_depth = 2;  ///< layers read ahead of the one computing
   std::uint32_t adam_threads = 0;    ///< CpuAdam threads (0: one per hardware thread)
+  /// How the optimizer keeps Adam's moments: "fp32" (12 bytes per parameter with the fp32
+  /// master), "bf16" (8) or "int8" (6.125: codes with a scale per 64 elements); the master
+  /// parameters stay fp32. Fewer bytes per step on the nvme tier (OptimizerOptions::
+  /// state_precision, docs/config.md).
+  adam::StatePrecision state_precision = adam::StatePrecision::kF32;
   /// Pinned buffers for gradients handed in from device memory (OffloadEngine::set_gradients
   /// with a DeviceSpan), each the largest layer's fp32 gradients: one receives a layer's
   /// device-to-host copy while the optimizer updates from another. Counted in

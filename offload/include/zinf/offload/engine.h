@@ -23,6 +23,7 @@ namespace test_hooks {
 struct EngineFaults;
 class EngineAccess;  // zinf/offload/testing.h: an engine with fault plans installed
 }  // namespace test_hooks
+class EngineSeamsAccess;  // zinf/offload/engine_seams.h: what a layer above plugs in
 
 /// One layer (or parameter shard) the engine manages: its element count and the dtype of its
 /// parameters on the device, optionally hyper-parameters of its own. The fp32 master copy and
@@ -227,6 +228,26 @@ class OffloadEngine {
   /// holder's pid); the layer table `dir/zinf-engine-layers` is replaced atomically, never
   /// written through a link.
   void save(const std::string& dir);
+  /// save()'s checkpoint, written while training goes on (OffloadedOptimizer::save_async):
+  /// the layer table and loss scale are written before this returns, the optimizer's version
+  /// directory is created, and its records are written by a thread of the save's own, which
+  /// then commits the version exactly as save() does. The checkpoint is the state at this
+  /// call, bitwise (the same files save() writes here would hold). Steps may run meanwhile:
+  /// before a step's update overwrites a record the save has not written yet, the step copies
+  /// that record (one sub-group; at most 8 copies not yet written) for the save; StepStats'
+  /// snapshot_copy_bytes and snapshot_wait_seconds report the cost. A kill -9 at any point
+  /// leaves the previous checkpoint loadable.
+  /// Contract: outside a step (UsageError, as save()). A save in flight is waited for first
+  /// and its error thrown here (no new save starts). save(), load() and set_master_weights()
+  /// wait for a save in flight likewise. Failures (IoError naming file, offset, length) are
+  /// thrown by wait_save(); the half-written version is removed, the previous checkpoint
+  /// stays current. The destructor finishes a save in flight (a failure is logged).
+  void save_async(const std::string& dir);
+  /// Waits for the save_async() in flight, if any, to be committed; throws its failure once.
+  /// Also inside a step and on a failed engine (the save does not depend on later steps).
+  void wait_save();
+  /// True while a save_async() is still writing or committing.
+  bool save_in_flight() const;
   /// Restores what save() wrote and rewrites every layer's low-precision copy from the
   /// restored master weights. The checkpoint's hyper-parameters replace the engine's, per-layer
   /// sets given at construction included; a checkpoint written before per-layer sets existed
@@ -242,6 +263,7 @@ class OffloadEngine {
 
  private:
   friend class test_hooks::EngineAccess;
+  friend class EngineSeamsAccess;
   OffloadEngine(EngineConfig config, std::vector<LayerSpec> layers, cuda::Device& device,
                 cuda::StreamRef compute_stream, const test_hooks::EngineFaults& faults);
 

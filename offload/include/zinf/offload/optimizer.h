@@ -89,6 +89,13 @@ struct OptimizerOptions {
   /// kNvme: write every block of the swap files once at construction, so that write-backs
   /// overwrite blocks rather than fill unwritten extents (faster on most drives).
   bool precondition = false;
+  /// How Adam's moments are stored (zinf.state_precision): kF32 (12 bytes per element with
+  /// the fp32 master parameter), kBF16 (8) or kInt8 (6 + 8/64: codes with an fp32 scale per
+  /// 64 elements), see zinf/adam/compact_state.h. The master parameters stay fp32 in every
+  /// mode; read_state and set_state convert the moments from and to fp32 (read_state gives
+  /// what the next step will use). A checkpoint records its precision, and load() refuses one
+  /// of another precision (UsageError naming both).
+  adam::StatePrecision state_precision = adam::StatePrecision::kF32;
   /// Reserve the pinned staging that step_group(..., StoreCopyOut) writes through:
   /// max(pipeline_depth, 2) buffers of 2 x sub_group_elements bytes (padded to the
   /// alignment), counted in pinned_budget_bytes. Without it a StoreCopyOut is a UsageError.
@@ -109,6 +116,10 @@ struct StepStats {
   std::uint64_t bytes_read = 0;      ///< state bytes read (padded records)
   std::uint64_t bytes_written = 0;   ///< state bytes written back (padded records)
   std::uint64_t copy_out_bytes = 0;  ///< low-precision bytes written to a StoreCopyOut key
+  /// save_async(): record bytes this step copied for a save in flight before updating them,
+  /// and the time it waited for that save (a record being written, or a free copy buffer).
+  std::uint64_t snapshot_copy_bytes = 0;
+  double snapshot_wait_seconds = 0;
   // OffloadEngine's staged step mode (zinf.step_mode); the optimizer leaves these as they are.
   /// The step was skipped: a staged gradient was inf or NaN. Nothing was updated (step is 0).
   bool skipped = false;
@@ -179,7 +190,8 @@ double clip_coefficient(double clip, double norm) noexcept;
 /// The optimizer state of several parameter groups in a tier, with a pipelined step.
 ///
 /// Layout. Each group is cut into sub-groups of `sub_group_elements`; each sub-group is one
-/// record [params | m | v] of 12 x n bytes, padded to the store's alignment: one SwapStore key
+/// record [params | m | v] of 12 x n bytes (fp32 state; fewer with a compact
+/// state_precision), padded to the store's alignment: one SwapStore key
 /// (kNvme, one read and one write per step) or one BufferPool lease (kCpu).
 ///
 /// Stepping. step() updates every group once. For overlap with backward, begin_step() opens a
@@ -224,6 +236,8 @@ class OffloadedOptimizer {
   std::size_t group_count() const noexcept;
   const ParamGroupSpec& group(std::size_t index) const;
   StateTier tier() const noexcept;
+  /// How the moments are stored (OptimizerOptions::state_precision).
+  adam::StatePrecision state_precision() const noexcept;
   /// Steps completed so far (the next step is step_count() + 1).
   std::uint64_t step_count() const noexcept;
   /// The hyper-parameters last set for all groups: options.hyper, then set_hyper(hyper)'s, or
@@ -309,6 +323,35 @@ class OffloadedOptimizer {
   /// other runs included (e.g. another optimizer's last checkpoint, even if LATEST now names
   /// ours); a failed removal is only logged.
   void save(const std::string& dir);
+  /// Starts a checkpoint of the state as it is now (the same files and format as save()) and
+  /// returns once the new version's directory and state file exist; a thread of the save's own
+  /// then writes the records and commits the version exactly as save() does (manifest, fsync,
+  /// rename, LATEST), while steps go on. The checkpoint holds the state at this call, bitwise:
+  /// before a step updates a record the save has not written yet, the step copies the
+  /// record's bytes into one of the save's eight buffers (a bounded copy: one record,
+  /// record_bytes(); the step waits only while all eight hold copies not yet written) and the
+  /// save writes that copy; a record being written at that moment is
+  /// waited for. StepStats::snapshot_copy_bytes and snapshot_wait_seconds say what that cost.
+  /// The save holds 9 x record_bytes() of host memory (not pinned, outside
+  /// pinned_budget_bytes) and, kNvme, reads the records not yet updated from the swap store
+  /// (checked against its checksums). A kill at any point leaves the previous checkpoint
+  /// loadable (the version is renamed into place only when complete and synced).
+  ///
+  /// Contract: UsageError inside a step or for an empty `dir` (nothing starts). A save still
+  /// in flight is waited for first, and if it failed its error is thrown here and no new save
+  /// starts. save(), load(), set_params() and set_state() also wait for a save in flight
+  /// first (and throw its error the same way). The save's failure (IoError naming the file,
+  /// offset and length; kCorrupt for a record whose swap checksum does not match) removes
+  /// the half-written version and is reported by wait_save() (or by the next call that waits,
+  /// as above); the destructor finishes a save in flight and logs its failure. One
+  /// controlling thread, as for every other call.
+  void save_async(const std::string& dir);
+  /// Waits until the save_async() in flight (if any) is complete and committed, and throws
+  /// its error once (IoError, the optimizer state untouched); returns at once if none.
+  /// Allowed inside a step and in the failed state.
+  void wait_save();
+  /// True while a save_async() is still writing or committing.
+  bool save_in_flight() const;
   /// Restores what save() wrote: the version `LATEST` names, hyper-parameters included (the
   /// checkpoint's replace this optimizer's, per-group sets from construction too). A
   /// checkpoint written before per-group hyper-parameters (manifest format 1) has one set,
@@ -332,7 +375,7 @@ class OffloadedOptimizer {
   /// Pinned bytes the optimizer holds (ring or state) and the most ever held.
   std::uint64_t pinned_bytes() const noexcept;
   std::uint64_t pinned_bytes_peak() const noexcept;
-  /// Bytes of one sub-group buffer (12 x sub_group_elements, padded).
+  /// Bytes of one sub-group buffer (12 x sub_group_elements with fp32 state, padded).
   std::uint64_t record_bytes() const noexcept;
   /// The I/O engine's name ("uring", "threads", ...).
   std::string_view engine_name() const noexcept;

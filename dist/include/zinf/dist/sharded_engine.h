@@ -1,0 +1,146 @@
+// SPDX-License-Identifier: Apache-2.0
+// ShardedEngine: the OffloadEngine of one data-parallel rank in a group of N, ZeRO-3's way:
+// each rank keeps 1/N of every layer (its low-precision slice in the parameter tier, its fp32
+// master weights and Adam moments in the optimizer tier, on its own rank<R> paths), rebuilds a
+// layer with an all-gather at fetch, and averages gradients with a reduce-scatter. Part of
+// zinf::dist (docs/distributed.md; the layering is in docs/design.md).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "zinf/adam/cpu_adam.h"
+#include "zinf/cuda/device.h"
+#include "zinf/dist/collectives.h"
+#include "zinf/offload/config.h"
+#include "zinf/offload/engine.h"
+
+namespace zinf::offload::test_hooks {
+struct EngineFaults;
+}  // namespace zinf::offload::test_hooks
+
+namespace zinf::dist {
+namespace test_hooks {
+class ShardedEngineAccess;  // zinf/dist/testing.h: a rank's engine with fault plans installed
+}  // namespace test_hooks
+
+/// One rank's share of a sharded OffloadEngine.
+///
+/// Layout. Layer l (numel n) is padded with zeros to a multiple of size() elements; rank r owns
+/// elements [r * s, (r + 1) * s) of it, s = padded / size(). This rank's OffloadEngine (local())
+/// manages layers of s elements with the same names, dtypes and hyper-parameters: the parameter
+/// tier holds this rank's low-precision slice (resident, pinned or NVMe, prefetched as the
+/// engine prefetches), the optimizer tier its fp32 master slice and moments. Every NVMe
+/// directory of the config (offload_param.nvme_path, offload_optimizer.nvme_path,
+/// zinf.nvme_paths) gets a `rank<R>` subfolder for this rank's files (created if missing, never
+/// followed if it is a link), as DeepSpeed lays them out; with one rank the directories are used
+/// as they are. The padding's master weights and
+/// gradients are 0 and stay 0 through every update. offload_param.buffer_size bounds the slice.
+///
+/// One rank (size() 1) is an OffloadEngine over the whole layers, bitwise: the same updates,
+/// fetched parameters, swap directories and checkpoints' contents (in `dir`/rank0, with the
+/// manifests).
+///
+/// Collective calls: every rank calls the members marked "Collective" in the same order with the
+/// same layers and sizes (Collectives' contract): fetch, set_master_weights,
+/// read_master_weights, set_gradients, step, save, load. The others are local.
+///
+/// Errors. Local misuse (a size other than the layer's, an unknown layer) is a UsageError
+/// thrown before any collective, so a rank that makes it should end the job. A failure of this
+/// rank's own I/O (a failed parameter read at fetch, a failed write-back at step, a failed
+/// checkpoint file) is all-reduced before the next collective: this rank throws its own error
+/// and every other rank throws IoError "<operation> failed: K of N ranks failed (rank R); this
+/// rank (Q) did not" (the engine of the failed rank follows OffloadEngine's rules, e.g. failed
+/// after a write-back error; the others' engines stay as they were). A collective that fails
+/// (a dead peer: the MPI adapter's timeout) throws CollectiveError naming the operation and this
+/// rank; the group is then unusable and the job must end.
+///
+/// One rank: fetch and release are the engine's own (no host round trip).
+///
+/// Device memory. The collectives work on host memory (MPI, callbacks, local; UsageError at
+/// construction for a device-memory backend such as NCCL, not built here): fetch copies this
+/// rank's slice to the host after the compute stream's earlier work (the host waits for it),
+/// all-gathers it and copies the full layer to a device buffer of the engine on the compute
+/// stream.
+///
+/// Threads: one controlling thread per rank (not thread-safe), which also issues the
+/// Collectives' calls. Lifetime: `comm`, the device and the compute stream outlive the engine.
+class ShardedEngine {
+ public:
+  /// Builds this rank's OffloadEngine over its slices (OffloadEngine's constructor errors, with
+  /// this rank's directories), after creating the rank<R> folders. Not collective. UsageError
+  /// for a device-memory `comm`.
+  ShardedEngine(offload::EngineConfig config, std::vector<offload::LayerSpec> layers,
+                cuda::Device& device, cuda::StreamRef compute_stream, Collectives& comm);
+  ~ShardedEngine();
+  ShardedEngine(const ShardedEngine&) = delete;
+  ShardedEngine& operator=(const ShardedEngine&) = delete;
+
+  int rank() const noexcept;
+  int world_size() const noexcept;
+  std::size_t layer_count() const noexcept;
+  /// The full layer as given at construction.
+  const offload::LayerSpec& layer(std::size_t index) const;
+  /// Elements of layer l this rank owns (padding included) and where its slice starts.
+  std::uint64_t shard_numel(std::size_t layer) const;
+  std::uint64_t shard_offset(std::size_t layer) const;
+
+  /// Collective (every rank passes the same full weights, numel elements): this rank keeps and
+  /// sets its slice (OffloadEngine::set_master_weights).
+  void set_master_weights(std::size_t layer, std::span<const float> weights);
+  /// Collective: every rank's master slice, all-gathered into `out` (numel elements).
+  void read_master_weights(std::size_t layer, std::span<float> out);
+
+  /// Collective: the full layer (numel elements of its param_dtype) in a device buffer of this
+  /// engine, written on the compute stream, valid for work enqueued on it until release(layer).
+  /// This rank's slice comes from its OffloadEngine (prefetched as there) and the others' from
+  /// the all-gather; every rank gets the same bytes.
+  cuda::DeviceSpan fetch(std::size_t layer);
+  /// The compute stream is done with `layer` once it reaches this point. Local, non-blocking.
+  void release(std::size_t layer);
+  /// Collective: this rank's gradients of the full layer (numel elements in host memory, fp32,
+  /// bf16 or fp16, the dtype the same on every rank). They are converted to fp32 and averaged
+  /// over the ranks (reduce-scatter); this rank's slice of the average goes to its
+  /// OffloadEngine (on_arrival: its update starts at once; staged: staged). `grads` may be
+  /// reused once this returns (the engine keeps the averaged slice until step()).
+  void set_gradients(std::size_t layer, adam::GradView grads);
+  /// Collective: OffloadEngine::step on every rank. In the staged mode the sum of squares of the
+  /// averaged gradients is all-reduced first (offload/engine_seams.h), so the global norm, the
+  /// clipping factor, the overflow skip and the loss-scale update are the same on every rank.
+  offload::StepStats step();
+
+  /// Local: OffloadEngine's, for this rank (every rank sees the same values).
+  double loss_scale() const noexcept;
+  offload::StepMode step_mode() const noexcept;
+  /// Local: every rank must make the same calls (the updates must stay the same).
+  void set_hyper(const adam::AdamParams& hyper);
+  void set_hyper(std::size_t layer, const adam::AdamParams& hyper);
+
+  /// Collective: rank R saves its engine's checkpoint (OffloadEngine::save) in `dir`/rank<R>
+  /// with a manifest naming the world size, the rank and the layers; rank 0 then writes the
+  /// global manifest `dir`/zinf-sharded (ShardedOptimizer's format, "zinf-sharded-engine 1").
+  /// If any rank fails, every rank throws.
+  void save(const std::string& dir);
+  /// Collective: loads what save() wrote. A checkpoint of another world size is refused on
+  /// every rank before anything changes: UsageError "ShardedEngine::load: <dir>/zinf-sharded was
+  /// saved by M ranks; this job has N (loading into another world size is not supported)".
+  void load(const std::string& dir);
+
+  /// This rank's engine over its slices: its statistics (this rank's I/O), hyper-parameters.
+  offload::OffloadEngine& local() noexcept;
+  offload::EngineStats stats() const;
+
+ private:
+  friend class test_hooks::ShardedEngineAccess;
+  ShardedEngine(offload::EngineConfig config, std::vector<offload::LayerSpec> layers,
+                cuda::Device& device, cuda::StreamRef compute_stream, Collectives& comm,
+                const offload::test_hooks::EngineFaults* faults);
+
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zinf::dist

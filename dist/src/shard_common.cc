@@ -1,0 +1,175 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "shard_common.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "zinf/common/error.h"
+#include "zinf/common/status.h"
+#include "zinf/swap/dir.h"
+
+namespace zinf::dist::detail {
+namespace {
+
+constexpr std::string_view kManifest = "zinf-sharded";
+constexpr std::uint64_t kMaxManifestBytes = 1 << 20;
+
+// What a rank's folder says of the job that saved it: the format, world size, rank, entries.
+std::string rank_manifest(const ShardManifest& m, int world, int rank) {
+  std::string text =
+      m.format + "\nworld_size " + std::to_string(world) + "\nrank " + std::to_string(rank) + "\n";
+  for (const auto& [name, numel] : m.entries) {
+    text += m.entry + " " + name + " " + std::to_string(numel) + "\n";
+  }
+  return text;
+}
+
+// The global one names every rank's folder instead of one rank.
+std::string global_manifest(const ShardManifest& m, int world) {
+  std::string text = m.format + "\nworld_size " + std::to_string(world) + "\n";
+  for (int r = 0; r < world; ++r) text += "rank_dir rank" + std::to_string(r) + "\n";
+  for (const auto& [name, numel] : m.entries) {
+    text += m.entry + " " + name + " " + std::to_string(numel) + "\n";
+  }
+  return text;
+}
+
+// The value of `key` in a manifest's "key value" lines, or "" if there is none.
+std::string manifest_value(const std::string& text, const std::string& key) {
+  std::size_t at = 0;
+  while (at < text.size()) {
+    const std::size_t end = std::min(text.find('\n', at), text.size());
+    const std::string line = text.substr(at, end - at);
+    if (line.rfind(key + " ", 0) == 0) return line.substr(key.size() + 1);
+    at = end + 1;
+  }
+  return "";
+}
+
+}  // namespace
+
+std::uint64_t shard_numel(std::uint64_t numel, int world) noexcept {
+  const auto w = static_cast<std::uint64_t>(world);
+  return (numel + w - 1) / w;
+}
+
+void copy_slice(std::span<const float> full, int rank, std::span<float> shard) {
+  const std::uint64_t begin = shard.size() * static_cast<std::uint64_t>(rank);
+  const std::uint64_t end = std::min<std::uint64_t>(full.size(), begin + shard.size());
+  std::fill(shard.begin(), shard.end(), 0.0f);  // the padding past numel stays 0
+  if (begin < end) std::copy(full.begin() + begin, full.begin() + end, shard.begin());
+}
+
+void add_squares(std::span<const float> values, double totals[2]) {
+  for (const float v : values) {
+    if (!std::isfinite(v)) {
+      totals[1] += 1;
+    } else {
+      totals[0] += static_cast<double>(v) * static_cast<double>(v);
+    }
+  }
+}
+
+void all_reduce_failures(Collectives& comm, std::string_view what, std::exception_ptr mine) {
+  if (mine) {
+    try {
+      std::rethrow_exception(mine);
+    } catch (const CollectiveError&) {
+      throw;  // the group is unusable: another collective would only fail again
+    } catch (...) {
+      // This rank's own failure: the others learn of it below.
+    }
+  }
+  std::vector<std::int32_t> failed(static_cast<std::size_t>(comm.size()), 0);
+  failed[static_cast<std::size_t>(comm.rank())] = mine ? 1 : 0;
+  try {
+    all_reduce<std::int32_t>(comm, failed, ReduceOp::kSum);
+  } catch (...) {
+    // The group failed too (e.g. EngineFailed from a collectives object failed earlier):
+    // this rank's own error says more.
+    if (mine) std::rethrow_exception(mine);
+    throw;
+  }
+  if (mine) std::rethrow_exception(mine);
+  std::string ranks;
+  int count = 0;
+  for (int r = 0; r < comm.size(); ++r) {
+    if (failed[static_cast<std::size_t>(r)] == 0) continue;
+    ranks += (count++ == 0 ? "" : ", ") + std::to_string(r);
+  }
+  if (count > 0) {
+    throw IoError(Status::error(ErrorCode::kIo,
+                                std::to_string(count) + " of " + std::to_string(comm.size()) +
+                                    " ranks failed (rank" + (count > 1 ? "s " : " ") + ranks +
+                                    "); this rank (" + std::to_string(comm.rank()) + ") did not")
+                      .with_operation(std::string(what)));
+  }
+}
+
+void save_sharded(Collectives& comm, std::string_view who, const std::string& dir,
+                  const ShardManifest& manifest,
+                  const std::function<void(const std::string& rank_dir)>& save_rank) {
+  if (dir.empty()) throw UsageError(std::string(who) + ": the checkpoint directory is empty");
+  on_every_rank(comm, who, [&] {
+    std::filesystem::create_directories(dir);
+    const std::string mine = rank_directory(dir, comm.rank());
+    save_rank(mine);
+    swap::replace_file_durably(swap::Dir::open(mine), kManifest,
+                               rank_manifest(manifest, comm.size(), comm.rank()));
+  });
+  on_every_rank(comm, who, [&] {
+    if (comm.rank() != 0) return;
+    swap::replace_file_durably(swap::Dir::open(dir), kManifest,
+                               global_manifest(manifest, comm.size()));
+  });
+}
+
+void load_sharded(Collectives& comm, std::string_view who, const std::string& dir,
+                  const ShardManifest& manifest,
+                  const std::function<void(const std::string& rank_dir)>& load_rank) {
+  if (dir.empty()) throw UsageError(std::string(who) + ": the checkpoint directory is empty");
+  on_every_rank(comm, who, [&] {
+    const std::string name = "rank" + std::to_string(comm.rank());
+    const swap::Dir top = swap::Dir::open(dir);
+    const std::string global = swap::read_small_file(top, kManifest, kMaxManifestBytes);
+    const std::string saved_world = manifest_value(global, "world_size");
+    if (saved_world != std::to_string(comm.size())) {
+      throw UsageError(std::string(who) + ": " + top.path_of(kManifest) + " was saved by " +
+                       (saved_world.empty() ? "?" : saved_world) + " ranks; this job has " +
+                       std::to_string(comm.size()) +
+                       " (loading into another world size is not supported)");
+    }
+    const swap::Dir mine = top.open_child(name);  // never through a link
+    if (swap::read_small_file(mine, kManifest, kMaxManifestBytes) !=
+        rank_manifest(manifest, comm.size(), comm.rank())) {
+      throw UsageError(std::string(who) + ": " + mine.path_of(kManifest) +
+                       " does not describe this rank and these " + manifest.entry +
+                       "s (world size, rank, " + manifest.entry + " names and sizes)");
+    }
+    load_rank(mine.path());
+  });
+}
+
+}  // namespace zinf::dist::detail
+
+namespace zinf::dist {
+
+std::string rank_directory(const std::string& dir, int rank) {
+  const std::string name = "rank" + std::to_string(rank);
+  const swap::Dir parent = swap::Dir::open(dir);
+  bool exists = false;
+  for (const std::string& entry : parent.list()) exists = exists || entry == name;
+  if (exists) {
+    (void)parent.open_child(name);  // IoError for a link or a non-directory at that name
+  } else {
+    try {
+      (void)parent.create_child(name);
+    } catch (const IoError&) {
+      (void)parent.open_child(name);  // another rank created it first
+    }
+  }
+  return parent.path_of(name);
+}
+
+}  // namespace zinf::dist

@@ -1,0 +1,85 @@
+// SPDX-License-Identifier: Apache-2.0
+// What the sharded optimizer and the sharded engine share, so that one piece of code serves
+// both: the padded slice arithmetic, the rank<R> folders, the failure flags every rank
+// all-reduces after a step of its own that could fail, and the checkpoint manifests (a rank's
+// and the global one). Internal to zinf::dist.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "zinf/dist/collectives.h"
+#include "zinf/dist/rank_directory.h"
+
+namespace zinf::dist::detail {
+
+/// Elements per rank of an `numel`-element tensor padded with zeros to a multiple of `world`.
+std::uint64_t shard_numel(std::uint64_t numel, int world) noexcept;
+
+/// Rank `rank`'s slice of `full`, padded with zeros past its end (`shard` elements).
+void copy_slice(std::span<const float> full, int rank, std::span<float> shard);
+
+/// Sum of the squares of the finite values of `values` into totals[0] (double: exact far
+/// longer than fp32) and the count of values that are not finite into totals[1].
+void add_squares(std::span<const float> values, double totals[2]);
+
+/// All-reduces one failure flag per rank after an operation each rank ran on its own, so that
+/// every rank throws if any did and no rank goes on alone into the next collective: this
+/// rank's own error (`mine`), or IoError "<what> failed: K of N ranks failed (rank R, ...);
+/// this rank (Q) did not". A CollectiveError in `mine` (the group is then unusable) is
+/// rethrown without the all-reduce; if the all-reduce itself fails, `mine` (if any) is thrown.
+void all_reduce_failures(Collectives& comm, std::string_view what, std::exception_ptr mine);
+
+/// Runs `body` and all_reduce_failures whether it threw.
+template <class Body>
+void on_every_rank(Collectives& comm, std::string_view what, Body&& body) {
+  std::exception_ptr mine;
+  try {
+    body();
+  } catch (...) {
+    mine = std::current_exception();
+  }
+  all_reduce_failures(comm, what, mine);
+}
+
+/// What a sharded checkpoint's manifests say of the object that saved it: the format line
+/// ("zinf-sharded-optimizer 1"), the word for an entry ("group", "layer") and its entries'
+/// names and full element counts.
+struct ShardManifest {
+  std::string format;
+  std::string entry;
+  std::vector<std::pair<std::string, std::uint64_t>> entries;
+};
+
+/// The manifest of `items` (ParamGroupSpec or LayerSpec: their name and numel).
+template <class Items>
+ShardManifest manifest_of(std::string format, std::string entry, const Items& items) {
+  ShardManifest m{std::move(format), std::move(entry), {}};
+  for (const auto& item : items) m.entries.emplace_back(item.name, item.numel);
+  return m;
+}
+
+/// Collective. Saves a sharded checkpoint in `dir` (created if missing): every rank runs
+/// save_rank(`dir`/rank<R>) and writes its rank manifest there, then rank 0 writes the global
+/// manifest `dir`/zinf-sharded naming the world size and every rank's folder. Every rank
+/// throws if any failed (`who` names the operation, "ShardedOptimizer::save"). UsageError
+/// "<who>: the checkpoint directory is empty" for an empty `dir`, before anything.
+void save_sharded(Collectives& comm, std::string_view who, const std::string& dir,
+                  const ShardManifest& manifest,
+                  const std::function<void(const std::string& rank_dir)>& save_rank);
+
+/// Collective. Loads what save_sharded wrote: refuses a checkpoint of another world size
+/// (UsageError "<who>: <dir>/zinf-sharded was saved by M ranks; this job has N (loading into
+/// another world size is not supported)") or whose rank manifest differs, before load_rank
+/// (`dir`/rank<R>) runs. Every rank throws if any failed. An empty `dir` as save_sharded.
+void load_sharded(Collectives& comm, std::string_view who, const std::string& dir,
+                  const ShardManifest& manifest,
+                  const std::function<void(const std::string& rank_dir)>& load_rank);
+
+}  // namespace zinf::dist::detail

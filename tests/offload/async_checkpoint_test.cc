@@ -1,0 +1,334 @@
+// SPDX-License-Identifier: Apache-2.0
+// OffloadedOptimizer::save_async: the checkpoint written while steps run is byte for byte the
+// one save() writes of the same state (state file and manifest), on both tiers; a step copies
+// a record the save still needs (and only such a record); the contract's corners (a second
+// save, a save inside a step, destruction with a save in flight, a failed write reported by
+// wait_save with file, offset and length and no half version left); and a process killed
+// during an asynchronous save leaves the previous checkpoint loadable.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "optimizer_test_util.h"
+#include "support/test_dir.h"
+#include "zinf/common/error.h"
+#include "zinf/offload/optimizer.h"
+#include "zinf/offload/testing.h"
+#include "zinf/swap/fault_injection.h"
+
+namespace zinf::offload {
+namespace {
+
+namespace fs = std::filesystem;
+
+OptimizerOptions options_for(StateTier tier, const test::TestDir& dir,
+                             const std::string& nvme = "nvme") {
+  return test::checkpoint_options(tier, dir, nvme);
+}
+using test::entries;
+using test::latest_version;
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The current version's files must be byte for byte those of `want`'s.
+void expect_same_checkpoint(const std::string& got, const std::string& want) {
+  for (const char* f : {"state.bin", "manifest"}) {
+    const std::string a = read_file(got + "/" + latest_version(got) + "/" + f);
+    const std::string b = read_file(want + "/" + latest_version(want) + "/" + f);
+    ASSERT_FALSE(b.empty()) << f;
+    EXPECT_EQ(a.size(), b.size()) << f;
+    EXPECT_TRUE(a == b) << f << " differs";
+  }
+}
+
+// Holds the save's thread inside its first "data" phase (its first record, the last one,
+// written and not yet marked done) until release(): the steps the test runs meanwhile meet a save that has written
+// nothing else, so which records they must copy is known.
+struct SaverGate {
+  std::promise<void> go;
+  std::shared_future<void> opened = go.get_future().share();
+  void install(OffloadedOptimizer& opt) {
+    auto gate = opened;
+    auto first = std::make_shared<bool>(true);
+    test_hooks::set_checkpoint_hook(opt, [gate, first](std::string_view phase, std::uint64_t) {
+      if (phase == "data" && *first) {
+        *first = false;
+        gate.wait();
+      }
+    });
+  }
+  void release() { go.set_value(); }
+};
+
+class AsyncCheckpoint : public ::testing::TestWithParam<StateTier> {
+ protected:
+  test::TestDir dir_;
+};
+
+TEST_P(AsyncCheckpoint, WritesTheStateAtTheCallWhileStepsGoOnBytewiseAsSave) {
+  const auto groups = test::odd_groups();
+  const std::string sync_dir = dir_.file("sync");
+  const std::string async_dir = dir_.file("async");
+  test::State at_save, after;
+  test::StepGrads sg3(groups, 3, DType::kF32);
+  test::StepGrads sg4(groups, 4, DType::kF32);
+  {  // the checkpoint directories are locked for `a` until it is gone
+  OffloadedOptimizer a(options_for(GetParam(), dir_), groups);
+  test::init_all(a);
+  test::run_steps(a, 1, 2);
+  at_save = test::read_all(a);
+  a.save(sync_dir);
+
+  SaverGate gate;
+  gate.install(a);
+  a.save_async(async_dir);
+  EXPECT_TRUE(a.save_in_flight());
+  // Step 3 over the first group only ("embed", three records the save, which goes from the
+  // last record down, has not reached): the step copies them, as they are, before updating
+  // them; step 4 finds them copied already.
+  const StepStats s3 = a.step(std::span(&sg3.views[0], 1));
+  EXPECT_GT(s3.snapshot_copy_bytes, 0u);
+  EXPECT_EQ(s3.snapshot_copy_bytes % 4096, 0u);
+  EXPECT_EQ(a.step(std::span(&sg4.views[0], 1)).snapshot_copy_bytes, 0u);
+  gate.release();
+  // Every group from here on, while the save may still be writing: each record is either
+  // written already, being written (waited for) or copied first.
+  test::run_steps(a, 5, 7);
+  a.wait_save();
+  EXPECT_FALSE(a.save_in_flight());
+  after = test::read_all(a);
+  }
+
+  expect_same_checkpoint(async_dir, sync_dir);
+  OffloadedOptimizer b(options_for(GetParam(), dir_, "nvme-b"), groups);
+  b.load(async_dir);
+  EXPECT_EQ(b.step_count(), 2u);
+  EXPECT_EQ(test::diff(test::read_all(b), at_save), "");
+  // The steps after the save were not disturbed by it: 7 steps of which 3 and 4 gave only
+  // "embed" match the same run without a save.
+  OffloadedOptimizer c(options_for(GetParam(), dir_, "nvme-c"), groups);
+  c.load(sync_dir);
+  (void)c.step(std::span(&sg3.views[0], 1));
+  (void)c.step(std::span(&sg4.views[0], 1));
+  test::run_steps(c, 5, 7);
+  EXPECT_EQ(test::diff(after, test::read_all(c)), "");
+}
+
+TEST_P(AsyncCheckpoint, ASecondSaveWaitsForTheFirstAndReplacesIt) {
+  const auto groups = test::odd_groups();
+  const std::string ckpt = dir_.file("ckpt");
+  test::State at_second;
+  {
+    OffloadedOptimizer a(options_for(GetParam(), dir_), groups);
+    test::init_all(a);
+    test::run_steps(a, 1, 1);
+    a.save_async(ckpt);
+    test::run_steps(a, 2, 2);
+    at_second = test::read_all(a);
+    a.save_async(ckpt);  // waits for the first, which is then this optimizer's to remove
+    test::run_steps(a, 3, 4);
+    a.wait_save();
+    a.wait_save();  // nothing in flight: returns at once
+  }
+  EXPECT_EQ(entries(ckpt), (std::vector<std::string>{"LATEST", latest_version(ckpt)}));
+  OffloadedOptimizer b(options_for(GetParam(), dir_, "nvme-b"), groups);
+  b.load(ckpt);
+  EXPECT_EQ(b.step_count(), 2u);
+  EXPECT_EQ(test::diff(test::read_all(b), at_second), "");
+}
+
+TEST_P(AsyncCheckpoint, DestructionFinishesTheSaveInFlight) {
+  const auto groups = test::odd_groups();
+  const std::string ckpt = dir_.file("ckpt");
+  test::State at_save;
+  {
+    OffloadedOptimizer a(options_for(GetParam(), dir_), groups);
+    test::init_all(a);
+    test::run_steps(a, 1, 3);
+    at_save = test::read_all(a);
+    a.save_async(ckpt);
+    test::run_steps(a, 4, 4);
+  }
+  OffloadedOptimizer b(options_for(GetParam(), dir_, "nvme-b"), groups);
+  b.load(ckpt);
+  EXPECT_EQ(b.step_count(), 3u);
+  EXPECT_EQ(test::diff(test::read_all(b), at_save), "");
+}
+
+TEST_P(AsyncCheckpoint, RefusesAnEmptyDirectoryAndASaveInsideAStep) {
+  const auto groups = test::odd_groups();
+  OffloadedOptimizer a(options_for(GetParam(), dir_), groups);
+  test::init_all(a);
+  try {
+    a.save_async("");
+    FAIL() << "no UsageError";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()).find("OffloadedOptimizer::save_async"), 0u) << e.what();
+  }
+  a.begin_step();
+  try {
+    a.save_async(dir_.file("ckpt"));
+    FAIL() << "no UsageError";
+  } catch (const UsageError& e) {
+    EXPECT_STREQ(e.what(), "OffloadedOptimizer::save_async inside an open step");
+  }
+  (void)a.end_step();
+  EXPECT_FALSE(a.save_in_flight());
+  EXPECT_FALSE(fs::exists(dir_.file("ckpt")));
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiers, AsyncCheckpoint,
+                         ::testing::Values(StateTier::kNvme, StateTier::kCpu),
+                         [](const auto& p) { return std::string(state_tier_name(p.param)); });
+
+// A failed write of the checkpoint file: wait_save() throws it once, naming the file, offset
+// and length; the half-written version is gone and the previous checkpoint stays current;
+// the optimizer and its steps are untouched, and a later save works.
+TEST(AsyncCheckpointFault, AFailedWriteIsReportedOnceAndLeavesThePreviousCheckpoint) {
+  test::TestDir dir;
+  const auto groups = test::odd_groups();
+  const std::string ckpt = dir.file("ckpt");
+  swap::FaultRule rule;
+  rule.kind = swap::FaultKind::kError;
+  rule.op = swap::IoOp::kWrite;
+  rule.file = swap::FileId{1};  // the swap file is 0; the checkpoint file the next one
+  rule.first_match = 8;  // the first save writes 8 records (one piece each); the next fails
+  rule.times = 1;
+  rule.err = EIO;
+  auto plan = std::make_shared<swap::FaultPlan>(std::vector<swap::FaultRule>{rule}, 1);
+  OptimizerOptions o = options_for(StateTier::kNvme, dir);
+  o.swap_checksums = false;
+  o.io.faults = plan;
+  OffloadedOptimizer a(o, groups);
+  test::init_all(a);
+  test::run_steps(a, 1, 1);
+  a.save(ckpt);  // write 0 on file 1: passes
+  const std::string previous = latest_version(ckpt);
+  const test::State at_previous = test::read_all(a);
+  a.save_async(ckpt);  // its first write fails
+  test::run_steps(a, 2, 3);
+  try {
+    a.wait_save();
+    FAIL() << "no IoError";
+  } catch (const IoError& e) {
+    const std::string text = e.what();
+    EXPECT_EQ(e.status().path().substr(e.status().path().size() - 10), "/state.bin") << text;
+    EXPECT_NE(e.status().offset(), Status::kUnset) << text;
+    EXPECT_NE(e.status().length(), Status::kUnset) << text;
+    EXPECT_NE(text.find(e.status().path()), std::string::npos) << text;
+    EXPECT_NE(text.find("offset="), std::string::npos) << text;
+    EXPECT_NE(text.find("length="), std::string::npos) << text;
+  }
+  EXPECT_EQ(plan->injected_errors(), 1u);
+  a.wait_save();  // reported once
+  EXPECT_EQ(entries(ckpt), (std::vector<std::string>{"LATEST", previous}));
+  // The previous checkpoint, read as load() would (a second optimizer cannot take the lock).
+  EXPECT_FALSE(a.failed());
+  const test::State now = test::read_all(a);
+  a.load(ckpt);
+  EXPECT_EQ(a.step_count(), 1u);
+  EXPECT_EQ(test::diff(test::read_all(a), at_previous), "");
+  // And a later save works.
+  test::run_steps(a, 2, 3);
+  EXPECT_EQ(test::diff(test::read_all(a), now), "");
+  a.save_async(ckpt);
+  a.wait_save();
+  a.load(ckpt);
+  EXPECT_EQ(a.step_count(), 3u);
+  EXPECT_EQ(test::diff(test::read_all(a), now), "");
+}
+
+// A second save_async after a failed one throws that failure and starts nothing.
+TEST(AsyncCheckpointFault, ANewSaveAfterAFailedOneThrowsTheFailure) {
+  test::TestDir dir;
+  const auto groups = test::odd_groups();
+  swap::FaultRule rule;
+  rule.kind = swap::FaultKind::kError;
+  rule.op = swap::IoOp::kWrite;
+  rule.file = swap::FileId{0};  // no swap file on the cpu tier: the checkpoint file is the first
+  rule.err = ENOSPC;
+  auto plan = std::make_shared<swap::FaultPlan>(std::vector<swap::FaultRule>{rule}, 1);
+  OptimizerOptions o = options_for(StateTier::kCpu, dir);
+  o.io.faults = plan;
+  OffloadedOptimizer a(o, groups);
+  test::init_all(a);
+  a.save_async(dir.file("ckpt"));
+  try {
+    a.save_async(dir.file("ckpt"));
+    FAIL() << "no IoError";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kNoSpace) << e.what();
+  }
+  EXPECT_FALSE(a.save_in_flight());
+  EXPECT_EQ(entries(dir.file("ckpt")), std::vector<std::string>{});
+}
+
+// A process killed while its asynchronous save writes (SIGKILL from the save's own thread, in a
+// forked child that keeps stepping) leaves the previous checkpoint loadable byte for byte; one
+// killed after the LATEST switch leaves the new one. The parent holds no optimizer when it
+// forks (see checkpoint_test's kill tests).
+struct KillPoint {
+  const char* phase;
+  bool expect_new;
+};
+
+void PrintTo(const KillPoint& kp, std::ostream* os) { *os << kp.phase; }
+
+class AsyncCheckpointKill : public ::testing::TestWithParam<KillPoint> {};
+
+TEST_P(AsyncCheckpointKill, LeavesALoadableCheckpoint) {
+  const KillPoint kp = GetParam();
+  test::TestDir dir;
+  const auto groups = test::odd_groups();
+  const std::string ckpt = dir.file("ckpt");
+  const auto [old_state, new_state] =
+      test::checkpoint_then_step(options_for(StateTier::kNvme, dir), groups, ckpt);
+  const int status = test::wait_status_of_child([&] {
+    OffloadedOptimizer b(options_for(StateTier::kNvme, dir), groups);
+    test_hooks::set_checkpoint_hook(b, [kp](std::string_view phase, std::uint64_t) {
+      if (phase == kp.phase) ::raise(SIGKILL);
+    });
+    b.load(ckpt);
+    test::StepGrads sg(groups, 3, DType::kF32);
+    (void)b.step(sg.views);
+    b.save_async(ckpt);
+    for (std::uint64_t t = 4; t < 8; ++t) {
+      test::StepGrads more(groups, t, DType::kF32);
+      (void)b.step(more.views);
+    }
+    b.wait_save();
+  });
+  ASSERT_TRUE(WIFSIGNALED(status)) << "child exited with status " << WEXITSTATUS(status);
+  EXPECT_EQ(WTERMSIG(status), SIGKILL);
+
+  OffloadedOptimizer c(options_for(StateTier::kNvme, dir), groups);
+  c.load(ckpt);
+  EXPECT_EQ(c.step_count(), kp.expect_new ? 3u : 2u);
+  EXPECT_EQ(test::diff(test::read_all(c), kp.expect_new ? new_state : old_state), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Phases, AsyncCheckpointKill,
+                         ::testing::Values(KillPoint{"data", false}, KillPoint{"synced", false},
+                                           KillPoint{"committed", false},
+                                           KillPoint{"latest", true}),
+                         [](const auto& p) { return std::string(p.param.phase); });
+
+}  // namespace
+}  // namespace zinf::offload

@@ -1,0 +1,145 @@
+# SPDX-License-Identifier: Apache-2.0
+# zinf.torch.FastFileWriter / FastFileReader: torch.save through the O_DIRECT writer gives the
+# very bytes torch.save writes to any other file object (io.BytesIO; a save to a path names its
+# zip records after the file, so those bytes differ by name only), and torch.load through the reader gives back
+# every tensor bitwise; what torch.save calls on the file object (write and flush only) is
+# what the writer supports, and a seek elsewhere is refused with clear text; errors are
+# OSError with errno and filename. And AdamW(state="nvme").save_async: the checkpoint holds
+# the state at the call while steps go on.
+import errno
+import gc
+import io
+
+import pytest
+import torch
+
+import zinf
+from zinf.torch import AdamW, FastFileReader, FastFileWriter
+
+
+def state_dict():
+    torch.manual_seed(7)
+    m = torch.nn.Sequential(torch.nn.Linear(37, 300), torch.nn.ReLU(), torch.nn.Linear(300, 5))
+    sd = m.state_dict()
+    sd["odd"] = torch.arange(4099, dtype=torch.int16)  # a tail that is no whole block
+    sd["bf16"] = torch.randn(333).to(torch.bfloat16)
+    return sd
+
+
+def same_tensors(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
+        # Bitwise, NaN payloads included: compare the bytes.
+        assert a[k].contiguous().view(torch.uint8).equal(b[k].contiguous().view(torch.uint8)), k
+
+
+@pytest.mark.parametrize("buffer_bytes", [4096, 8192 * 3, 8 << 20])
+def test_torch_save_writes_the_bytes_of_a_plain_save_and_loads_back(tmp_path, buffer_bytes):
+    sd = state_dict()
+    plain = io.BytesIO()
+    fast = tmp_path / "fast.pt"
+    torch.save(sd, plain)
+    with FastFileWriter(fast, buffer_bytes=buffer_bytes) as f:
+        torch.save(sd, f)
+        assert f.tell() == len(plain.getvalue())
+    assert fast.read_bytes() == plain.getvalue()
+    with FastFileReader(fast, buffer_bytes=buffer_bytes) as f:
+        back = torch.load(f)
+    same_tensors(back, sd)
+    same_tensors(torch.load(fast), sd)  # an ordinary file for anyone else
+
+
+def test_what_torch_save_calls_is_supported_and_a_seek_elsewhere_is_refused(tmp_path):
+    calls = []
+
+    class Traced(FastFileWriter):
+        def __getattribute__(self, name):
+            if name in ("write", "flush", "seek", "tell", "truncate", "fileno", "read"):
+                calls.append(name)
+            return super().__getattribute__(name)
+
+    path = tmp_path / "t.pt"
+    with Traced(path) as f:
+        torch.save(state_dict(), f)
+        assert set(calls) <= {"write", "flush"}, calls
+        assert "write" in calls
+        assert f.seek(0, io.SEEK_CUR) == f.tell()  # where it is: fine
+        with pytest.raises(io.UnsupportedOperation,
+                           match=r"FastFileWriter writes .*t\.pt front to back; seek\(0, 0\)"):
+            f.seek(0)
+    same_tensors(torch.load(path), state_dict())
+
+
+def test_the_reader_seeks_and_reads_like_a_file(tmp_path):
+    data = bytes(range(256)) * 100 + b"tail"
+    path = tmp_path / "d.bin"
+    with FastFileWriter(path, buffer_bytes=4096) as f:
+        f.write(data[:10])
+        f.write(memoryview(data)[10:])
+    with FastFileReader(path, buffer_bytes=4096) as f:
+        assert f.read(5) == data[:5]
+        assert f.seek(-4, io.SEEK_END) == len(data) - 4
+        assert f.read() == b"tail"
+        assert f.read(1) == b""
+        f.seek(5000)
+        assert f.read(9000) == data[5000:14000]
+
+
+def test_errors_are_oserror_with_errno_and_filename(tmp_path):
+    missing = tmp_path / "no-such-dir" / "x.pt"
+    with pytest.raises(OSError) as e:
+        FastFileWriter(missing)
+    assert e.value.errno == errno.ENOENT
+    assert e.value.filename == str(missing)
+    with pytest.raises(OSError) as e:
+        FastFileReader(missing)
+    assert e.value.errno == errno.ENOENT
+    assert e.value.filename == str(missing)
+    # A directory where the file should be: EISDIR, named.
+    with pytest.raises(OSError) as e:
+        FastFileWriter(tmp_path)
+    assert e.value.errno == errno.EISDIR
+    assert e.value.filename == str(tmp_path)
+    f = FastFileWriter(tmp_path / "c.pt")
+    f.close()
+    with pytest.raises(ValueError, match="closed file"):
+        f.write(b"x")
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(37, 300), torch.nn.ReLU(), torch.nn.Linear(300, 5))
+
+
+def train(model, opt, steps, seed):
+    torch.manual_seed(seed)
+    for _ in range(steps):
+        loss = model(torch.randn(16, 37)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def test_save_async_holds_the_state_at_the_call_while_steps_go_on(tmp_path):
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+    a = make_model()
+    opt_a = AdamW(a.parameters(), lr=1e-2, state="nvme", nvme_path=tmp_path / "a",
+                  sub_group_size=4096)
+    train(a, opt_a, 3, seed=1)
+    at_save = [p.detach().clone() for p in a.parameters()]
+    opt_a.save_async(tmp_path / "ckpt")
+    train(a, opt_a, 3, seed=2)  # while the save may still be writing
+    opt_a.wait_save()
+    assert not opt_a.save_in_flight()
+    del opt_a  # one owner per checkpoint directory
+    gc.collect()
+    b = make_model(seed=99)
+    opt_b = AdamW(b.parameters(), lr=1e-2, state="nvme", nvme_path=tmp_path / "b",
+                  sub_group_size=4096)
+    opt_b.load(tmp_path / "ckpt")
+    for pa, pb in zip(at_save, b.parameters()):
+        assert torch.equal(pa, pb)
+    with pytest.raises(ValueError, match="save_async inside|empty"):
+        opt_b.save_async("")
