@@ -8,9 +8,9 @@
 
 namespace zinf::bench {
 
-void simple_adam_loop_native(float* p, float* m, float* v, const float* g, std::size_t n,
-                             float lr, float beta1, float beta2, float eps,
-                             float bias_correction1, float bias_correction2)
+void simple_adam_loop_native(float* p, float* m, float* v, const float* g, std::size_t n, float lr,
+                             float beta1, float beta2, float eps, float bias_correction1,
+                             float bias_correction2)
 #include "simple_adam_loop.inc"
 
 }  // namespace zinf::bench

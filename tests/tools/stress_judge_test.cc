@@ -180,10 +180,10 @@ TEST(StressJudge, EveryBrokenRuleIsListedInOrder) {
                                      StressRule::kErrorWithoutContext, StressRule::kBudgetOverrun,
                                      StressRule::kDeviceOverrun, StressRule::kNothingPlanted}));
   for (StressRule r : v.broken) EXPECT_TRUE(v.broke(r));
-  EXPECT_EQ(v.problems,
-            (std::vector<std::string>{"pinned memory over budget",
-                                      "device memory over --gpu-mem: peak 2 bytes on host, budget 1",
-                                      "plant-corruption: nothing was planted"}));
+  EXPECT_EQ(v.problems, (std::vector<std::string>{
+                            "pinned memory over budget",
+                            "device memory over --gpu-mem: peak 2 bytes on host, budget 1",
+                            "plant-corruption: nothing was planted"}));
 }
 
 // The report shows the first kMaxProblems lines: the workers' first, the verdict's after them

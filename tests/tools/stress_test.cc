@@ -94,9 +94,9 @@ TEST(StressCli, FaultsAreInjectedAndEveryHardOneSurfaces) {
 // verified rate sampled per --interval and judged for a fall.
 TEST(StressCli, SmallGpuMemoryBudgetHoldsAndTheRateIsSampledPerInterval) {
   zinf::test::TestDir dir;
-  ToolRun r = run_zinf("stress --dir " + dir.path() +
-                           " --duration 2s --interval 250ms --gpu-mem 4M --seed 7 --json",
-                       /*merge_stderr=*/false);
+  ToolRun r = run_zinf(
+      "stress --dir " + dir.path() + " --duration 2s --interval 250ms --gpu-mem 4M --seed 7 --json",
+      /*merge_stderr=*/false);
   ASSERT_EQ(r.status, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["device"], "host");
@@ -179,8 +179,7 @@ TEST(StressCli, BadOptionsAreOneLineErrors) {
             "--duration (2s)\n");
   r = run_zinf("stress --device gpu");
   EXPECT_EQ(r.status, 2);
-  EXPECT_EQ(r.out.rfind("zinf stress: error: invalid --device 'gpu': expected host or cuda", 0),
-            0u)
+  EXPECT_EQ(r.out.rfind("zinf stress: error: invalid --device 'gpu': expected host or cuda", 0), 0u)
       << r.out;
   zinf::test::TestDir dir;
   r = run_zinf("stress --dir " + dir.path() + " --gpu-mem 1M");

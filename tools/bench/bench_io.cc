@@ -495,7 +495,8 @@ int bench_io_main(const std::vector<std::string>& tokens) {
   }
   const bool progress = !cfg.json && !cfg.json_lines;
   std::vector<RunOutcome> runs;
-  for (std::uint32_t r = 1; r <= cfg.repeat; ++r) runs.push_back(run_once(cfg, bo, progress, r, cfg.repeat));
+  for (std::uint32_t r = 1; r <= cfg.repeat; ++r)
+    runs.push_back(run_once(cfg, bo, progress, r, cfg.repeat));
   // The ops are the same in every run; each op's figures come from its median run.
   std::vector<Spread> spreads;
   std::vector<const OpSummary*> summaries;
@@ -590,10 +591,10 @@ int bench_io_main(const std::vector<std::string>& tokens) {
         "zinf bench io: engine=%s files=%zu size=%.2f GiB block=%u KiB qd=%u direct=%s "
         "huge_pages=%s registered=%s fs=%s verify=%s%s\n",
         first.engine.c_str(), first.file_count,
-        static_cast<double>(first.file_size * first.file_count) / (1u << 30),
-        cfg.block_size / 1024, cfg.queue_depth, first.direct ? "yes" : "no",
-        first.huge_pages ? "yes" : "no", first.registered ? "yes" : "no", fs.c_str(),
-        cfg.verify ? "every byte" : "off", how.c_str());
+        static_cast<double>(first.file_size * first.file_count) / (1u << 30), cfg.block_size / 1024,
+        cfg.queue_depth, first.direct ? "yes" : "no", first.huge_pages ? "yes" : "no",
+        first.registered ? "yes" : "no", fs.c_str(), cfg.verify ? "every byte" : "off",
+        how.c_str());
     std::printf("%-17s %14s %10s %10s %10s %9s %9s   %s\n", "op", "GB/s (1e9B/s)", "IOPS", "p50 us",
                 "p99 us", "usr s/GB", "sys s/GB", "GB/s per loop");
     for (const OpSummary* s : summaries) {
@@ -605,19 +606,20 @@ int bench_io_main(const std::vector<std::string>& tokens) {
     if (cfg.repeat > 1) {
       // The spread over fresh engines: a process that lands in a slow mode shows up here,
       // where a median alone would hide it.
-      std::printf("over %u runs (fresh engine, buffers and files each; the rows above are the "
-                  "median run's):\n",
-                  cfg.repeat);
+      std::printf(
+          "over %u runs (fresh engine, buffers and files each; the rows above are the "
+          "median run's):\n",
+          cfg.repeat);
       for (std::size_t i = 0; i < summaries.size(); ++i) {
         std::printf("  %-15s min %.2f  median %.2f  max %.2f GB/s   runs: %s\n",
                     op_label(*summaries[i], cfg.precondition).c_str(), spreads[i].min,
-                    summaries[i]->gbps, spreads[i].max,
-                    figures_text(spreads[i].gbps_runs).c_str());
+                    summaries[i]->gbps, spreads[i].max, figures_text(spreads[i].gbps_runs).c_str());
       }
     }
     for (const OpSummary* s : summaries) {
-      std::printf("%s", over_time_text(op_label(*s, cfg.precondition), s->samples, s->profile, "1 s")
-                            .c_str());
+      std::printf(
+          "%s",
+          over_time_text(op_label(*s, cfg.precondition), s->samples, s->profile, "1 s").c_str());
     }
   }
   return 0;

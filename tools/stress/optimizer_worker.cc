@@ -16,9 +16,9 @@ namespace zinf::tools::stress {
 
 // Steps an OffloadedOptimizer (state on NVMe) and a plain in-memory CpuAdam side by side and
 // compares the whole state bitwise after every step. The gradients make a round trip through
-// the run's device first (as a trainer's come off the GPU), checked byte for byte. A step that fails under faults must have
-// left the state unchanged (a read failed before any write-back) or failed the optimizer (then
-// it is rebuilt and the reference re-seeded).
+// the run's device first (as a trainer's come off the GPU), checked byte for byte. A step that
+// fails under faults must have left the state unchanged (a read failed before any write-back)
+// or failed the optimizer (then it is rebuilt and the reference re-seeded).
 class OptimizerWorker::Impl {
  public:
   static constexpr std::uint64_t kSubGroup = 16384;  // 192 KiB records: several engine pieces

@@ -73,8 +73,8 @@ void print_report(const StressOptions& cfg, const StressTotals& totals, const St
         "zinf stress: %.1f s, %llu swap workers + optimizer + prefetch, engine=%s, device=%s, "
         "faults=%g, seed=%llu, checksums=%s\n",
         seconds, static_cast<unsigned long long>(cfg.workers), engine_name.c_str(),
-        totals.device.name.c_str(), cfg.fault_rate,
-        static_cast<unsigned long long>(cfg.seed), cfg.checksums ? "on" : "off");
+        totals.device.name.c_str(), cfg.fault_rate, static_cast<unsigned long long>(cfg.seed),
+        cfg.checksums ? "on" : "off");
     std::printf(
         "  operations        %llu (swap_out %llu, swap_in %llu, optimizer steps %llu, "
         "state transfers %llu, prefetch acquires %llu, layer writes %llu)\n",
