@@ -784,7 +784,7 @@ TEST(BenchAdamCli, BadIsaExits2) {
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(r.out,
             "zinf bench adam: error: invalid --isa 'avx9': expected auto, avx512bf16, avx512, avx2, "
-            "neon or scalar\n");
+            "sve, neon or scalar\n");
 }
 
 // ---- Files of its own only, none left behind -----------------------------------------------
