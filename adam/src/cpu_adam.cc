@@ -42,8 +42,8 @@ using detail::KernelFn;
 // Fastest first. Each architecture has its own paths, so the order between x86's and Arm's
 // never matters: one build supports only one family. SVE is listed before NEON but is
 // preferred only where its vectors are wider than NEON's (preference_order()).
-constexpr Isa kAllIsas[] = {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2, Isa::kSve,
-                            Isa::kNeon,       Isa::kScalar};
+constexpr Isa kAllIsas[] = {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2,
+                            Isa::kSve,        Isa::kNeon,   Isa::kScalar};
 
 // What this CPU and OS support, read once. x86: cpuid, and an instruction set counts only if
 // the OS also saves its registers on a context switch (XCR0 via xgetbv): ymm state for AVX2,

@@ -195,8 +195,8 @@ RefResult reference(const AdamParams& hp, double p, double g, double m, double v
   return {p1, m1, v1, kRel * (std::fabs(p) + u_mag), kRel * m_mag, kRel * v_mag};
 }
 
-constexpr Isa kAllIsas[] = {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2, Isa::kSve,
-                            Isa::kNeon,       Isa::kScalar};
+constexpr Isa kAllIsas[] = {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2,
+                            Isa::kSve,        Isa::kNeon,   Isa::kScalar};
 
 std::string isa_param_name(const testing::TestParamInfo<Isa>& info) {
   return std::string(isa_name(info.param));
