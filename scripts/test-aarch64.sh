@@ -8,6 +8,8 @@
 # (the tools' tests need the CLI, which needs Nettle, not installed for arm64); tests that need
 # io_uring skip with the reason, as on a kernel that refuses it: qemu-user does not translate
 # io_uring's system calls, and the build has no liburing for arm64 (the threads backend runs).
+# The CPU Adam SVE path runs at qemu's default vector length and, through ctest entries that
+# set QEMU_CPU, at 16, 32 and 256 bytes and with SVE off (tests/adam/CMakeLists.txt).
 # Timings under qemu are not performance figures: qemu translates every instruction.
 #
 # Usage: scripts/test-aarch64.sh [--fresh] [ctest arguments...]

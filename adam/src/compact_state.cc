@@ -107,7 +107,8 @@ Codec codec_for(Isa isa) {
     case Isa::kAvx512:
     case Isa::kAvx2: break;
 #endif
-    case Isa::kNeon:  // no NEON codec yet: the portable one, which aarch64 compilers vectorise
+    case Isa::kSve:   // no SVE or NEON codec yet: the portable one, which aarch64 compilers
+    case Isa::kNeon:  // vectorise (for NEON; the library's baseline has no SVE)
     case Isa::kScalar: break;
   }
   return {decode_scalar, encode_scalar};

@@ -12,6 +12,7 @@
 #include <initializer_list>
 #include <limits>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -39,23 +40,33 @@ using detail::KernelArgs;
 using detail::KernelFn;
 
 // Fastest first. Each architecture has its own paths, so the order between x86's and Arm's
-// never matters: one build supports only one family.
-constexpr Isa kAllIsas[] = {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2, Isa::kNeon, Isa::kScalar};
+// never matters: one build supports only one family. SVE is listed before NEON but is
+// preferred only where its vectors are wider than NEON's (preference_order()).
+constexpr Isa kAllIsas[] = {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2,
+                            Isa::kSve,        Isa::kNeon,   Isa::kScalar};
 
 // What this CPU and OS support, read once. x86: cpuid, and an instruction set counts only if
 // the OS also saves its registers on a context switch (XCR0 via xgetbv): ymm state for AVX2,
 // opmask and zmm state for AVX-512. Plain cpuid rather than __builtin_cpu_supports, whose
 // feature names differ between GCC and Clang (Clang 14 has no "f16c"). AArch64: the kernel's
 // HWCAP_ASIMD bit; Advanced SIMD is part of the AArch64 Linux ABI, so this holds on every
-// real host, but the path is still reported by the same table the x86 paths use.
+// real host, but the path is still reported by the same table the x86 paths use. HWCAP_SVE
+// for SVE, which is optional (Neoverse V1/V2/N2, A64FX have it; Graviton2, Ampere Altra and
+// Apple cores do not); only then is SVE code, svcntb() included, ever run.
 struct CpuFeatures {
   bool avx2 = false;
   bool avx512 = false;
   bool avx512bf16 = false;
   bool neon = false;
+  bool sve = false;
+  std::size_t sve_bytes = 0;  // SVE vector length, 0 without SVE
   CpuFeatures() {
 #if ZINF_CPU_ADAM_NEON
-    neon = (getauxval(AT_HWCAP) & HWCAP_ASIMD) != 0;
+    const unsigned long hwcap = getauxval(AT_HWCAP);
+    neon = (hwcap & HWCAP_ASIMD) != 0;
+    sve = (hwcap & HWCAP_SVE) != 0;
+    // Read before the disable list, which may clear `sve`: the length is the hardware's.
+    if (sve) sve_bytes = detail::sve_vector_bytes();
 #endif
 #if ZINF_CPU_ADAM_X86
     unsigned a = 0, b = 0, c = 0, d = 0;
@@ -87,7 +98,7 @@ struct CpuFeatures {
     apply_disable_list(std::getenv("ZINF_CPU_ADAM_DISABLE"));
   }
 
-  // ZINF_CPU_ADAM_DISABLE=avx512,avx512bf16 (or neon) hides paths from a CPU that has them:
+  // ZINF_CPU_ADAM_DISABLE=avx512,avx512bf16 (or neon, sve) hides paths from a CPU that has them:
   // for machines where AVX-512 lowers the clock more than it gains, and so that the refusal of
   // an unsupported path can be tested on a CPU that supports every path. Read once, at load.
   void apply_disable_list(const char* list) {
@@ -104,10 +115,12 @@ struct CpuFeatures {
         avx512bf16 = false;
       } else if (name == "neon") {
         neon = false;
+      } else if (name == "sve") {
+        sve = false;
       } else if (!name.empty()) {
         zinf::log(LogLevel::kWarning, "ZINF_CPU_ADAM_DISABLE: ignoring unknown path '" +
                                           std::string(name) +
-                                          "' (expected avx2, avx512, avx512bf16, neon)");
+                                          "' (expected avx2, avx512, avx512bf16, sve, neon)");
       }
     }
   }
@@ -134,8 +147,10 @@ KernelFn kernel_for(Isa isa) {
 #endif
 #if ZINF_CPU_ADAM_NEON
     case Isa::kNeon: return detail::adam_kernel_neon;
+    case Isa::kSve: return detail::adam_kernel_sve;
 #else
-    case Isa::kNeon: break;
+    case Isa::kNeon:
+    case Isa::kSve: break;
 #endif
     case Isa::kScalar: return detail::adam_kernel_scalar;
   }
@@ -327,6 +342,7 @@ std::string_view isa_name(Isa isa) noexcept {
     case Isa::kAvx512: return "avx512";
     case Isa::kAvx512Bf16: return "avx512bf16";
     case Isa::kNeon: return "neon";
+    case Isa::kSve: return "sve";
   }
   return "?";
 }
@@ -337,7 +353,7 @@ std::optional<Isa> parse_isa(std::string_view text, std::string_view what) {
     if (text == isa_name(isa)) return isa;
   }
   throw UsageError("invalid " + std::string(what) + " '" + std::string(text) +
-                   "': expected auto, avx512bf16, avx512, avx2, neon or scalar");
+                   "': expected auto, avx512bf16, avx512, avx2, sve, neon or scalar");
 }
 
 bool isa_supported(Isa isa) noexcept {
@@ -348,12 +364,31 @@ bool isa_supported(Isa isa) noexcept {
     case Isa::kAvx512: return kernel_for(isa) != nullptr && f.avx512;
     case Isa::kAvx512Bf16: return kernel_for(isa) != nullptr && f.avx512bf16;
     case Isa::kNeon: return kernel_for(isa) != nullptr && f.neon;
+    case Isa::kSve: return kernel_for(isa) != nullptr && f.sve;
   }
   return false;
 }
 
+namespace {
+
+// kAllIsas with SVE after NEON, for where SVE's vectors are no wider than NEON's 128 bits
+// (16 bytes). There, as on Neoverse V2 (Grace) and N2, SVE does the same work per instruction
+// as NEON, and no Arm hardware was available to measure either path, so the NEON path, the
+// older and simpler of the two, stays the default. Wider SVE (A64FX's 512 bits, Neoverse V1's
+// 256) processes more elements per instruction, so there "auto" takes it; an explicit
+// ZINF_CPU_ADAM_ISA=sve or --isa sve selects it at any length.
+constexpr Isa kNarrowSveOrder[] = {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2,
+                                   Isa::kNeon,       Isa::kSve,    Isa::kScalar};
+
+std::span<const Isa> preference_order() noexcept {
+  if (cpu_features().sve_bytes > 16) return kAllIsas;
+  return kNarrowSveOrder;
+}
+
+}  // namespace
+
 Isa best_isa() noexcept {
-  for (Isa isa : kAllIsas) {
+  for (Isa isa : preference_order()) {
     if (isa_supported(isa)) return isa;
   }
   return Isa::kScalar;
@@ -361,7 +396,7 @@ Isa best_isa() noexcept {
 
 std::vector<Isa> supported_isas() {
   std::vector<Isa> out;
-  for (Isa isa : kAllIsas) {
+  for (Isa isa : preference_order()) {
     if (isa_supported(isa)) out.push_back(isa);
   }
   return out;

@@ -94,6 +94,10 @@ void adam_kernel_avx512bf16(const KernelArgs& args, std::size_t begin, std::size
 #endif
 #if ZINF_CPU_ADAM_NEON
 void adam_kernel_neon(const KernelArgs& args, std::size_t begin, std::size_t end);
+// Built with +sve (cpu_adam_sve.cc): call only where HWCAP_SVE is set.
+void adam_kernel_sve(const KernelArgs& args, std::size_t begin, std::size_t end);
+// svcntb(): the SVE vector length in bytes, for the choice between SVE and NEON.
+std::size_t sve_vector_bytes();
 #endif
 
 }  // namespace zinf::adam::detail

@@ -195,8 +195,8 @@ TEST(CompactState, Int8KeepsSmallSecondMomentsAwayFromZero) {
   EXPECT_NEAR(m2[0], 1.0f, 1e-6f);
 }
 
-constexpr Isa kAllIsas[] = {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2, Isa::kNeon,
-                            Isa::kScalar};
+constexpr Isa kAllIsas[] = {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2,
+                            Isa::kSve,        Isa::kNeon,   Isa::kScalar};
 
 class CompactIsa : public testing::TestWithParam<Isa> {
  protected:

@@ -195,8 +195,8 @@ RefResult reference(const AdamParams& hp, double p, double g, double m, double v
   return {p1, m1, v1, kRel * (std::fabs(p) + u_mag), kRel * m_mag, kRel * v_mag};
 }
 
-constexpr Isa kAllIsas[] = {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2, Isa::kNeon,
-                            Isa::kScalar};
+constexpr Isa kAllIsas[] = {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2,
+                            Isa::kSve,        Isa::kNeon,   Isa::kScalar};
 
 std::string isa_param_name(const testing::TestParamInfo<Isa>& info) {
   return std::string(isa_name(info.param));
@@ -757,7 +757,7 @@ TEST(CpuAdam, IsaChosenByOptionThenEnvironmentThenCpuid) {
     } catch (const UsageError& e) {
       EXPECT_STREQ(e.what(),
                    "invalid ZINF_CPU_ADAM_ISA 'avx3': expected auto, avx512bf16, avx512, avx2, "
-                   "neon or scalar");
+                   "sve, neon or scalar");
     }
   }
   EXPECT_EQ(supported_isas().back(), Isa::kScalar);
@@ -795,24 +795,64 @@ TEST(CpuAdam, UnsupportedIsaIsAnError) {
 // (CpuAdam.DisabledNeonIsAnError.Environment, tests/adam/CMakeLists.txt) rather than as a death
 // test: a death test's fresh process needs an exec, which qemu-user cannot do for an aarch64
 // executable, and qemu-user is where the aarch64 build's tests run.
-TEST(CpuAdam, DisabledNeonIsAnError) {
+// The same check for either Arm path, run only in the process ctest starts with
+// ZINF_CPU_ADAM_DISABLE naming it.
+void expect_hidden_isa_refused(Isa hidden_isa) {
+  const std::string name(isa_name(hidden_isa));
   const char* hidden = std::getenv("ZINF_CPU_ADAM_DISABLE");
-  if (hidden == nullptr || std::string(hidden) != "neon") {
-    GTEST_SKIP() << "runs as CpuAdam.DisabledNeonIsAnError.Environment, started with "
-                    "ZINF_CPU_ADAM_DISABLE=neon";
+  if (hidden == nullptr || std::string(hidden) != name) {
+    GTEST_SKIP() << "runs as its .Environment ctest entry, started with ZINF_CPU_ADAM_DISABLE="
+                 << name;
   }
-  EXPECT_FALSE(isa_supported(Isa::kNeon));
-  EXPECT_NE(best_isa(), Isa::kNeon);
-  for (Isa isa : supported_isas()) EXPECT_NE(isa, Isa::kNeon);
+  EXPECT_FALSE(isa_supported(hidden_isa));
+  EXPECT_NE(best_isa(), hidden_isa);
+  for (Isa isa : supported_isas()) EXPECT_NE(isa, hidden_isa);
   try {
-    CpuAdam adam({.threads = 1, .isa = Isa::kNeon});
-    FAIL() << "neon was hidden but a CpuAdam was built on it";
+    CpuAdam adam({.threads = 1, .isa = hidden_isa});
+    FAIL() << name << " was hidden but a CpuAdam was built on it";
   } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find(
-                  "cpu adam: isa 'neon' requested by option is not supported on this machine"),
+    EXPECT_NE(std::string(e.what()).find("cpu adam: isa '" + name +
+                                         "' requested by option is not supported on this machine"),
               std::string::npos)
         << e.what();
   }
+}
+
+TEST(CpuAdam, DisabledNeonIsAnError) { expect_hidden_isa_refused(Isa::kNeon); }
+
+// ZINF_CPU_ADAM_DISABLE=sve hides the SVE path on a CPU that has it (qemu's default "max" CPU
+// does): CpuAdam.DisabledSveIsAnError.Environment.
+TEST(CpuAdam, DisabledSveIsAnError) { expect_hidden_isa_refused(Isa::kSve); }
+
+// SVE's vector length decides between SVE and NEON (cpu_adam.cc, preference_order()): "auto"
+// takes SVE only where its vectors are wider than NEON's 16 bytes. Runs in the processes ctest
+// starts under qemu with QEMU_CPU setting the length and ZINF_TEST_SVE_BYTES naming it (0: SVE
+// turned off), CpuAdam.SveVectorLength<bytes> in tests/adam/CMakeLists.txt, next to the
+// EveryIsa/CpuAdamIsa.*/sve cases, which then compare the SVE path with the scalar one and
+// fp64 at that length. Since the bits must not depend on the length, passing at every length
+// is the check that they do not.
+TEST(CpuAdam, SveChosenByVectorLength) {
+  const char* bytes_text = std::getenv("ZINF_TEST_SVE_BYTES");
+  if (bytes_text == nullptr) {
+    GTEST_SKIP() << "runs as CpuAdam.SveVectorLength<bytes> under qemu, started with "
+                    "ZINF_TEST_SVE_BYTES and QEMU_CPU";
+  }
+  const long bytes = std::strtol(bytes_text, nullptr, 10);
+  if (bytes == 0) {
+    EXPECT_FALSE(isa_supported(Isa::kSve));
+    EXPECT_EQ(best_isa(), Isa::kNeon);
+    return;
+  }
+  ASSERT_TRUE(isa_supported(Isa::kSve)) << "QEMU_CPU did not give this process SVE";
+  const std::vector<Isa> order = supported_isas();
+  if (bytes > 16) {
+    EXPECT_EQ(best_isa(), Isa::kSve);
+    EXPECT_EQ(order, (std::vector<Isa>{Isa::kSve, Isa::kNeon, Isa::kScalar}));
+  } else {
+    EXPECT_EQ(best_isa(), Isa::kNeon);
+    EXPECT_EQ(order, (std::vector<Isa>{Isa::kNeon, Isa::kSve, Isa::kScalar}));
+  }
+  EXPECT_EQ(CpuAdam({.threads = 1, .isa = std::nullopt}).isa(), best_isa());
 }
 
 TEST(CpuAdam, NamesAndParsing) {
@@ -820,6 +860,7 @@ TEST(CpuAdam, NamesAndParsing) {
     EXPECT_EQ(parse_isa(isa_name(isa), "--isa"), isa);
   }
   EXPECT_EQ(isa_name(Isa::kNeon), "neon");
+  EXPECT_EQ(isa_name(Isa::kSve), "sve");
   EXPECT_EQ(parse_isa("auto", "--isa"), std::nullopt);
   EXPECT_THROW(parse_isa("AVX2", "--isa"), UsageError);
   EXPECT_EQ(dtype_name(DType::kBF16), "bf16");

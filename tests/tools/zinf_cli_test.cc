@@ -782,9 +782,10 @@ TEST(BenchAdamCli, ForcedScalarPathRuns) {
 TEST(BenchAdamCli, BadIsaExits2) {
   ToolRun r = run_zinf("bench adam --isa avx9");
   EXPECT_EQ(r.status, 2);
-  EXPECT_EQ(r.out,
-            "zinf bench adam: error: invalid --isa 'avx9': expected auto, avx512bf16, avx512, avx2, "
-            "neon or scalar\n");
+  EXPECT_EQ(
+      r.out,
+      "zinf bench adam: error: invalid --isa 'avx9': expected auto, avx512bf16, avx512, avx2, "
+      "sve, neon or scalar\n");
 }
 
 // ---- Files of its own only, none left behind -----------------------------------------------

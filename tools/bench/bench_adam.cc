@@ -62,7 +62,7 @@ int bench_adam_main(const std::vector<std::string>& tokens) {
   cli.count("--numel", numel, "elements", 0, UINT64_MAX, "1e8");
   cli.count("--threads", threads, "threads including the caller (0 = one per hardware thread)", 0,
             1024);  // CpuAdam's limit
-  cli.text("--isa", isa_text, "ISA", "auto | avx512bf16 | avx512 | avx2 | neon | scalar");
+  cli.text("--isa", isa_text, "ISA", "auto | avx512bf16 | avx512 | avx2 | sve | neon | scalar");
   cli.text("--grad-dtype", grad_text, "T", "fp32 | bf16 | fp16");
   cli.text("--copy-out", copy_text, "T", "none | bf16 | fp16: also write low-precision parameters");
   cli.count("--steps", steps, "timed steps");

@@ -2,8 +2,8 @@
 // CpuAdam: the SIMD Adam/AdamW update that the optimizer pipeline runs on every offloaded
 // element each step. fp32 master parameters and moments; fp32, bf16 or fp16 gradients; an
 // optional fused bf16/fp16 copy-out of the updated parameters. The instruction set (AVX-512,
-// AVX2+FMA+F16C, NEON on aarch64, scalar) is chosen at run time; results do not depend on the
-// thread count.
+// AVX2+FMA+F16C, SVE or NEON on aarch64, scalar) is chosen at run time; results do not depend
+// on the thread count.
 // Part of zinf::adam, a leaf layer on zinf::common only, so that the kernel and what times it
 // need none of the I/O layers.
 #pragma once
@@ -35,9 +35,13 @@ enum class Isa : std::uint8_t {
   kAvx512,      ///< AVX-512 F/BW/VL/DQ, bf16 rounding done with integer ops
   kAvx512Bf16,  ///< kAvx512 plus the AVX512-BF16 conversion instruction for bf16 copy-out
   kNeon,        ///< AArch64 Advanced SIMD (built only for aarch64), bf16 rounding with integer ops
+  /// AArch64 SVE, vector-length agnostic (built only for aarch64, used where HWCAP_SVE is set),
+  /// bf16 rounding with integer ops. "auto" prefers it to kNeon only where the vector length
+  /// exceeds 128 bits, NEON's width; see best_isa().
+  kSve,
 };
 
-/// Returns "scalar", "avx2", "avx512", "avx512bf16" or "neon".
+/// Returns "scalar", "avx2", "avx512", "avx512bf16", "neon" or "sve".
 std::string_view isa_name(Isa isa) noexcept;
 /// Parses an ISA name as isa_name() spells it; "auto" gives std::nullopt. Throws UsageError
 /// naming `what` (e.g. "--isa") and the accepted names for anything else.
@@ -45,11 +49,13 @@ std::optional<Isa> parse_isa(std::string_view text, std::string_view what);
 /// Returns true if `isa` is compiled into this build and this CPU and OS support it (cpuid and
 /// xgetbv on x86, the auxiliary vector's HWCAP on aarch64, read once when the library loads)
 /// and ZINF_CPU_ADAM_DISABLE (a comma-separated list of names) does not hide it. The x86 paths
-/// are built only for x86-64, kNeon only for aarch64.
+/// are built only for x86-64, kNeon and kSve only for aarch64.
 bool isa_supported(Isa isa) noexcept;
-/// Returns the fastest supported ISA (what "auto" picks).
+/// Returns the fastest supported ISA (what "auto" picks). On aarch64 that is kSve where SVE's
+/// vector length exceeds 128 bits, else kNeon: at 128 bits (Neoverse V2/Grace, N2) SVE has
+/// NEON's width and no Arm hardware was measured to show it faster, so NEON stays the default.
 Isa best_isa() noexcept;
-/// Returns every supported ISA, fastest first; kScalar is always last.
+/// Returns every supported ISA, fastest first (best_isa() first); kScalar is always last.
 std::vector<Isa> supported_isas();
 
 /// The hyper-parameters of one update. Defaults are torch.optim.Adam's. The kernel computes in
@@ -151,7 +157,7 @@ struct CpuAdamOptions {
   /// Threads that run each step, the calling thread included; 0 means one per hardware thread.
   std::size_t threads = 0;
   /// Forces a code path (tests, benchmarks). Unset: the environment variable
-  /// ZINF_CPU_ADAM_ISA (scalar|avx2|avx512|avx512bf16|neon|auto) if set, else best_isa().
+  /// ZINF_CPU_ADAM_ISA (scalar|avx2|avx512|avx512bf16|sve|neon|auto) if set, else best_isa().
   std::optional<Isa> isa;
 };
 
