@@ -2,10 +2,12 @@
 # zinf.distributed over torch.distributed's gloo on CPU processes (spawned, FileStore in a
 # temp dir): ShardedAdam/ShardedAdamW on 2 and 3 ranks give every rank parameters bitwise
 # equal to one process's zinf.torch.Adam/AdamW fed the average gradient (gradients chosen so
-# that the average is exact in fp32), for the cpu and nvme tiers; the adapter's emulated
+# that the average is exact in fp32), for the cpu and nvme tiers; a checkpoint saved by every
+# rank loads into a fresh optimizer and steps on bitwise; the adapter's emulated
 # reduce-scatter and averaging all-reduce; a rank whose collective raises gets a clear error,
 # and no rank hangs (the process group's timeout and the harness's).
 import datetime
+import gc
 import multiprocessing
 import os
 import queue
@@ -63,6 +65,27 @@ def train(model, opt, grad_of):
                 group["lr"] = group["lr"] * 0.5  # a schedule: the next steps use it
 
 
+def extra_step(model, opt, rank, world):
+    for i, p in enumerate(model.parameters()):
+        p.grad = rank_gradient(STEPS + 1, i, p.shape, rank, world, True)
+    opt.step()
+
+
+def check_load(rank, world, ckpt, saved, stepped, lrs, cls):
+    # A fresh optimizer over other weights loads what every rank saved: the parameters become
+    # the saved masters (all-gathered), and the next step is bitwise the original's.
+    other = make_model(seed=99)
+    loaded = cls(groups_of(other), lr=1e-2, weight_decay=0.05)
+    loaded.load(ckpt)
+    for p, q in zip(other.parameters(), saved):
+        assert torch.equal(p, q)
+    for g, lr in zip(loaded.param_groups, lrs):
+        g["lr"] = lr  # the schedule's value: the step takes the groups' settings
+    extra_step(other, loaded, rank, world)
+    for p, q in zip(other.parameters(), stepped):
+        assert torch.equal(p, q)
+
+
 def run_parity(rank, world, tmp):
     import zinf.distributed as zd
     results = {}
@@ -81,6 +104,17 @@ def run_parity(rank, world, tmp):
         results[n] = [p.detach().clone().numpy().tobytes() for p in model.parameters()]
         if state == "nvme":
             assert os.path.isdir(os.path.join(tmp, f"nvme{n}", f"rank{rank}"))
+        if n == 0:
+            ckpt = os.path.join(tmp, "ckpt")
+            opt.save(ckpt)
+            assert os.path.isfile(os.path.join(ckpt, "zinf-sharded"))
+            saved = [p.detach().clone() for p in model.parameters()]
+            extra_step(model, opt, rank, world)
+            stepped = [p.detach().clone() for p in model.parameters()]
+            lrs, cls_ = [g["lr"] for g in opt.param_groups], type(opt)
+            del opt  # one owner per checkpoint directory: its lock goes with the optimizer
+            gc.collect()
+            check_load(rank, world, ckpt, saved, stepped, lrs, cls_)
     # The adapter itself: gloo has no reduce-scatter and no average in torch 1.13; zinf
     # emulates the first and divides the sum for the second.
     c = zd.collectives()
