@@ -9,8 +9,9 @@ fp32 master weights and moments (ZeRO stage 1-2's way; zinf::dist::ShardedOptimi
 
 The collectives go through a process group of torch.distributed on CPU tensors (gloo, or mpi):
 zinf's callback adapter calls back into Python with its buffers (DLPack capsules that
-torch.utils.dlpack.from_dlpack wraps without a copy), and emulates what gloo lacks in torch 1.13 (reduce-scatter, an averaging all-reduce).
-NCCL groups and device tensors do not go through this path (see docs/distributed.md).
+torch.utils.dlpack.from_dlpack wraps without a copy), and emulates what gloo lacks in torch
+1.13 (reduce-scatter, an averaging all-reduce). NCCL groups and device tensors do not go
+through this path (see docs/distributed.md).
 """
 
 import math
@@ -184,6 +185,7 @@ class _ShardedAdamBase(torch.optim.Optimizer):
             [p.numel() for p in self._flat], self.collectives, state, dirs, int(sub_group_size),
             int(pipeline_depth), int(budget), int(threads), bool(checksums),
             str(state_precision))
+        self._index = {id(p): i for i, p in enumerate(self._flat)}
         self._hyper_given = [None] * len(self._flat)
         self.last_step_stats = None
         self.last_step_skipped = False
@@ -218,11 +220,11 @@ class _ShardedAdamBase(torch.optim.Optimizer):
                     self._hyper_given[i] = hyper
 
     def _index_of(self, p):
-        for i, q in enumerate(self._flat):
-            if q is p:
-                return i
-        raise ValueError("zinf: a parameter added after construction; the sharded optimizer "
-                         "fixes its parameters when it is built")
+        i = self._index.get(id(p))
+        if i is None:
+            raise ValueError("zinf: a parameter added after construction; the sharded "
+                             "optimizer fixes its parameters when it is built")
+        return i
 
     @torch.no_grad()
     def step(self, closure=None, *, loss_scale=None, clip=None):
