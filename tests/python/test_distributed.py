@@ -3,7 +3,8 @@
 # temp dir): ShardedAdam/ShardedAdamW on 2 and 3 ranks give every rank parameters bitwise
 # equal to one process's zinf.torch.Adam/AdamW fed the average gradient (gradients chosen so
 # that the average is exact in fp32), for the cpu and nvme tiers; a checkpoint saved by every
-# rank loads into a fresh optimizer and steps on bitwise; the adapter's emulated
+# rank loads into a fresh optimizer and steps on bitwise; an inf on one rank skips the step
+# on all; the adapter's emulated
 # reduce-scatter and averaging all-reduce; a rank whose collective raises gets a clear error,
 # and no rank hangs (the process group's timeout and the harness's).
 import datetime
@@ -115,6 +116,25 @@ def run_parity(rank, world, tmp):
             del opt  # one owner per checkpoint directory: its lock goes with the optimizer
             gc.collect()
             check_load(rank, world, ckpt, saved, stepped, lrs, cls_)
+    # An inf in one rank's gradients skips the step on every rank, with nothing changed; the
+    # loss scale and clipping reach the sharded step (its global norm is reported).
+    model = make_model(seed=0)
+    opt = zd.ShardedAdamW(model.parameters(), lr=1e-2)
+    before = [p.detach().clone() for p in model.parameters()]
+    for i, p in enumerate(model.parameters()):
+        p.grad = base_gradient(1, i, p.shape) * 4
+        if rank == world - 1 and i == 1:
+            p.grad[0] = float("inf")
+    opt.step(loss_scale=4.0)
+    assert opt.last_step_skipped and opt.last_step_stats["skipped"]
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+    for i, p in enumerate(model.parameters()):
+        p.grad = base_gradient(1, i, p.shape) * 4
+    opt.step(loss_scale=4.0, clip=0.5)
+    stats = opt.last_step_stats
+    assert not opt.last_step_skipped and stats["step"] == 1
+    assert stats["global_grad_norm"] > 0.5 and stats["grad_scale_applied"] < 0.25
+    assert not any(torch.equal(p, b) for p, b in zip(model.parameters(), before))
     # The adapter itself: gloo has no reduce-scatter and no average in torch 1.13; zinf
     # emulates the first and divides the sum for the second.
     c = zd.collectives()
