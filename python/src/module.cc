@@ -11,4 +11,5 @@ PYBIND11_MODULE(_native, m) {
   zinf::python::bind_param_store(m);
   zinf::python::bind_activations(m);
   zinf::python::bind_direct_file(m);
+  zinf::python::bind_dist(m);
 }

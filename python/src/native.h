@@ -10,6 +10,10 @@
 
 #include "zinf/adam/cpu_adam.h"
 
+namespace zinf::offload {
+struct StepStats;
+}
+
 namespace zinf::python {
 
 namespace py = pybind11;
@@ -26,13 +30,17 @@ void bind_pinned(py::module_& m);
 /// "float16" too). UsageError (ValueError in Python) naming `what` for anything else.
 DType parse_dtype(const std::string& name, const char* what);
 /// The hyper-parameters of one update as Python passes them (mode: adamw or L2 Adam).
-adam::AdamParams make_hyper(double lr, double beta1, double beta2, double eps,
-                            double weight_decay, bool bias_correction, bool adamw,
-                            double grad_scale = 1.0, std::uint64_t step = 1);
+adam::AdamParams make_hyper(double lr, double beta1, double beta2, double eps, double weight_decay,
+                            bool bias_correction, bool adamw, double grad_scale = 1.0,
+                            std::uint64_t step = 1);
 /// CpuAdam over caller memory.
 void bind_adam(py::module_& m);
 /// OffloadedOptimizer: Adam state in pinned memory or on NVMe, fp32 copy-out.
 void bind_optimizer(py::module_& m);
+/// A step's statistics as a dict (the StepStats field names), for both optimizers.
+py::dict stats_dict(const offload::StepStats& s);
+/// zinf::dist: Collectives over Python callables, ShardedOptimizer (zinf.distributed).
+void bind_dist(py::module_& m);
 /// ParamStore: units of parameters on NVMe, read ahead by a LayerPrefetcher.
 void bind_param_store(py::module_& m);
 /// ActivationStore over CPU tensors (zinf.torch.offload_activations).

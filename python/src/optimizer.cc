@@ -16,7 +16,6 @@
 #include "zinf/offload/optimizer.h"
 
 namespace zinf::python {
-namespace {
 
 using offload::OffloadedOptimizer;
 
@@ -32,10 +31,12 @@ py::dict stats_dict(const offload::StepStats& s) {
   d["wait_seconds"] = s.wait_seconds;
   d["bytes_read"] = s.bytes_read;
   d["bytes_written"] = s.bytes_written;
+  d["skipped"] = s.skipped;
+  d["global_grad_norm"] = s.global_grad_norm;
+  d["grad_scale_applied"] = s.grad_scale_applied;
+  d["loss_scale"] = s.loss_scale;
   return d;
 }
-
-}  // namespace
 
 void bind_optimizer(py::module_& m) {
   using namespace pybind11::literals;
@@ -68,15 +69,15 @@ void bind_optimizer(py::module_& m) {
              py::gil_scoped_release nogil;
              o.set_params(group, {reinterpret_cast<const float*>(params), n});
            })
-      .def("set_hyper",
-           [](OffloadedOptimizer& o, std::size_t group, double lr, double beta1, double beta2,
-              double eps, double weight_decay, bool bias_correction, bool adamw,
-              double grad_scale) {
-             o.set_hyper(group, make_hyper(lr, beta1, beta2, eps, weight_decay, bias_correction,
-                                           adamw, grad_scale));
-           },
-           "group"_a, "lr"_a, "beta1"_a, "beta2"_a, "eps"_a, "weight_decay"_a,
-           "bias_correction"_a, "adamw"_a, "grad_scale"_a = 1.0)
+      .def(
+          "set_hyper",
+          [](OffloadedOptimizer& o, std::size_t group, double lr, double beta1, double beta2,
+             double eps, double weight_decay, bool bias_correction, bool adamw, double grad_scale) {
+            o.set_hyper(group, make_hyper(lr, beta1, beta2, eps, weight_decay, bias_correction,
+                                          adamw, grad_scale));
+          },
+          "group"_a, "lr"_a, "beta1"_a, "beta2"_a, "eps"_a, "weight_decay"_a, "bias_correction"_a,
+          "adamw"_a, "grad_scale"_a = 1.0)
       .def("begin_step", py::overload_cast<>(&OffloadedOptimizer::begin_step))
       .def("step_group",
            [](OffloadedOptimizer& o, std::size_t group, std::uintptr_t grads,
@@ -109,7 +110,8 @@ void bind_optimizer(py::module_& m) {
            [](OffloadedOptimizer& o, std::size_t group, std::uintptr_t p, std::uintptr_t m_,
               std::uintptr_t v, std::size_t n) {
              auto span = [n](std::uintptr_t a) {
-               return a == 0 ? std::span<float>() : std::span<float>(reinterpret_cast<float*>(a), n);
+               return a == 0 ? std::span<float>()
+                             : std::span<float>(reinterpret_cast<float*>(a), n);
              };
              py::gil_scoped_release nogil;
              o.read_state(group, span(p), span(m_), span(v));
