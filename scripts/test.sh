@@ -3,19 +3,27 @@
 # workflows: `ci` (release build, public-header check, every label), `ci-asan` (address +
 # undefined sanitizers) and `ci-tsan` (thread sanitizer), the sanitizer ones on the unit,
 # contract and fault labels (without the Python module and MPI, whose labels run in the release
-# workflow only). GPU tests skip with a reason where no GPU is visible. The release
-# workflow's every label includes `mpi` (the collectives under mpirun; docs/distributed.md).
+# workflow only), and last the aarch64 cross build with its unit and contract labels under
+# qemu-user (scripts/test-aarch64.sh; the NEON and SVE paths). GPU tests skip with a reason
+# where no GPU is visible. The release workflow's every label includes `mpi` (the collectives
+# under mpirun; docs/distributed.md).
 # Usage: scripts/test.sh [--quick]   (--quick: the release workflow only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-deps.sh
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+if [ "$quick" = 1 ]; then
+  scripts/install-deps.sh
+else
+  scripts/install-deps.sh --aarch64
+fi
 
 # cmake --workflow takes no -j: these are what cmake --build and ctest read instead.
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 export CTEST_PARALLEL_LEVEL="${CTEST_PARALLEL_LEVEL:-$(nproc)}"
 
 workflows=(ci ci-asan ci-tsan)
-[ "${1:-}" = "--quick" ] && workflows=(ci)
+[ "$quick" = 1 ] && workflows=(ci)
 for w in "${workflows[@]}"; do
   echo "== workflow: $w"
   cmake --workflow --preset "$w"
@@ -37,3 +45,8 @@ for w in "${workflows[@]}"; do
     fi
   fi
 done
+
+if [ "$quick" = 0 ]; then
+  echo "== aarch64: cross build, unit and contract labels under qemu-user"
+  scripts/test-aarch64.sh
+fi
