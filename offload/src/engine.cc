@@ -888,6 +888,10 @@ void OffloadEngine::wait_save() { impl_->optimizer->wait_save(); }
 
 bool OffloadEngine::save_in_flight() const { return impl_->optimizer->save_in_flight(); }
 
+SaveSnapshot OffloadEngine::last_save_snapshot() const noexcept {
+  return impl_->optimizer->last_save_snapshot();
+}
+
 void OffloadEngine::Impl::save(const std::string& dir, bool async) {
   const char* function = async ? "OffloadEngine::save_async" : "OffloadEngine::save";
   check_checkpoint_dir(dir, function);
