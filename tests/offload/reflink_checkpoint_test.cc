@@ -16,6 +16,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -191,6 +193,7 @@ TEST(ReflinkCheckpoint, AnotherFileSystemFallsBackToStreaming) {
                              "notice: checkpoint: streamed, not snapshot by reflink: "
                              "FICLONERANGE from "))
         << (log.lines().empty() ? "no log line" : log.lines().front());
+    EXPECT_TRUE(any_line_has(log, std::strerror(EXDEV))) << "not EXDEV";
     test::run_steps(o, 3, 4);
     o.wait_save();
   }
