@@ -251,6 +251,7 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
   oo.io = config.io_options();
   oo.io.faults = faults.optimizer;
   oo.swap_checksums = config.zinf.checksums;
+  oo.checkpoint_reflink = config.zinf.checkpoint_reflink;
   oo.direct_io = config.zinf.direct_io;
   oo.precondition = config.zinf.precondition;
   oo.store_copy_out = plan.store_copy_out;

@@ -358,7 +358,11 @@ class OffloadedOptimizer {
   /// store's unit checksums taken at this call and computes the manifest's CRCs. Where a
   /// clone fails (another file system, ext4, tmpfs, kCpu, blocks not aligned to the file
   /// system's) the save streams as above, after one log line saying why. Either way the
-  /// files and format are save()'s. last_save_snapshot() says which path was taken.
+  /// files and format are save()'s. last_save_snapshot() says which path was taken. The
+  /// clone shares blocks with the swap files: the next step's write-backs go to fresh blocks
+  /// (copy-on-write), taking then the space the state file's preallocation gave back, so a
+  /// file system filled by something else meanwhile fails that step (ENOSPC) rather than
+  /// the save; checkpoint_reflink = false avoids it.
   ///
   /// Contract: UsageError inside a step or for an empty `dir` (nothing starts). A save still
   /// in flight is waited for first, and if it failed its error is thrown here and no new save
