@@ -349,8 +349,8 @@ class OffloadedOptimizer {
   /// (checked against its checksums). A kill at any point leaves the previous checkpoint
   /// loadable (the version is renamed into place only when complete and synced).
   ///
-  /// Reflink. With kNvme, where the checkpoint directory is on the swap files' file system
-  /// and that file system clones ranges (FICLONERANGE: XFS, btrfs), this call clones every
+  /// Reflink. With kNvme, where the checkpoint directory is on the file system of every swap
+  /// file and that file system clones ranges (FICLONERANGE: XFS, btrfs), this call clones every
   /// record's blocks from the swap files into the new state file before it returns (time in
   /// the number of extents, not in bytes; the drive copies nothing): that clone is the
   /// snapshot. Steps then make no copies (snapshot_copy_bytes stays 0, nothing waits); the
