@@ -733,19 +733,22 @@ void OffloadedOptimizer::Impl::save_async(const std::string& dir) {
     abandon_version(v);
     throw;
   }
-  last_snapshot = cloned ? SaveSnapshot::kReflink : SaveSnapshot::kStreamed;
+  // A notice when the path (or the reason to stream) changes, not at every save: a run saving
+  // every few steps would otherwise repeat the same line all along.
   if (cloned) {
-    log(LogLevel::kInfo, "checkpoint: snapshot by reflink (" + std::to_string(records.size()) +
-                             " records, " + std::to_string(v.total) + " bytes) into " +
-                             v.vdir.path());
+    const bool again = last_snapshot == SaveSnapshot::kReflink;
+    log(again ? LogLevel::kInfo : LogLevel::kNotice,
+        "checkpoint: snapshot by reflink (" + std::to_string(records.size()) + " records, " +
+            std::to_string(v.total) + " bytes) into " + v.vdir.path());
+    last_stream_reason.clear();
   } else {
     sums.clear();
-    // Once per reason, not at every save: a run on ext4 saving every few steps would
-    // otherwise repeat the same notice all along.
-    const LogLevel level = why == last_stream_reason ? LogLevel::kDebug : LogLevel::kNotice;
-    log(level, "checkpoint: streamed, not snapshot by reflink: " + why);
+    const bool again = last_snapshot == SaveSnapshot::kStreamed && why == last_stream_reason;
+    log(again ? LogLevel::kDebug : LogLevel::kNotice,
+        "checkpoint: streamed, not snapshot by reflink: " + why);
     last_stream_reason = why;
   }
+  last_snapshot = cloned ? SaveSnapshot::kReflink : SaveSnapshot::kStreamed;
   async_save = std::make_shared<AsyncSave>(*this, std::move(v), *save_pool, std::move(sums));
 }
 

@@ -153,6 +153,7 @@ TEST(ReflinkCheckpoint, RepeatedSavesEachLoadAsTheirStep) {
     OffloadedOptimizer a(test::checkpoint_options(StateTier::kNvme, dir), groups);
     test::init_all(a);
     test::run_steps(a, 1, 1);
+    test::LogCapture log;  // notices only
     a.save_async(ckpt);
     EXPECT_EQ(a.last_save_snapshot(), SaveSnapshot::kReflink);
     test::run_steps(a, 2, 2);
@@ -160,6 +161,13 @@ TEST(ReflinkCheckpoint, RepeatedSavesEachLoadAsTheirStep) {
     a.save_async(ckpt);
     EXPECT_EQ(a.last_save_snapshot(), SaveSnapshot::kReflink);
     test::run_steps(a, 3, 4);
+    // The path did not change: the second save's line is not a notice.
+    const auto lines = log.lines();
+    EXPECT_EQ(std::count_if(lines.begin(), lines.end(),
+                            [](const std::string& l) {
+                              return l.find("snapshot by reflink") != l.npos;
+                            }),
+              1);
   }  // the destructor finishes the save
   EXPECT_EQ(test::entries(ckpt), (std::vector<std::string>{"LATEST", latest_version(ckpt)}));
   OffloadedOptimizer b(test::checkpoint_options(StateTier::kNvme, dir, "nvme-b"), groups);
@@ -225,7 +233,7 @@ TEST(ReflinkCheckpoint, TakesThePathTheFileSystemAllows) {
     a.save_async(ckpt);
     EXPECT_EQ(a.last_save_snapshot(), reflink ? SaveSnapshot::kReflink : SaveSnapshot::kStreamed)
         << why;
-    EXPECT_TRUE(any_line_has(log, reflink ? "info: checkpoint: snapshot by reflink"
+    EXPECT_TRUE(any_line_has(log, reflink ? "notice: checkpoint: snapshot by reflink"
                                           : "notice: checkpoint: streamed, not snapshot by "
                                             "reflink: FICLONERANGE from "));
     // The first group only: streaming goes from the last record down, and the gate holds
