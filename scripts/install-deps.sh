@@ -6,14 +6,16 @@ set -euo pipefail
 # The Python package (python/) builds with pybind11 for Debian's interpreter, whose torch the
 # tests use: python3-dev, pybind11-dev, python3-torch, python3-pytest. The collectives layer's
 # MPI adapter builds against Open MPI's C bindings and its tests run under mpirun:
-# libopenmpi-dev, openmpi-bin.
+# libopenmpi-dev, openmpi-bin. scripts/test.sh makes an XFS image (xfsprogs: mkfs.xfs) for the
+# reflink checkpoint tests.
 # Usage: scripts/install-deps.sh [--aarch64]
 #   --aarch64  also what scripts/test-aarch64.sh needs: Debian's aarch64 cross compiler, qemu-user
 #              to run its tests, and GoogleTest's sources (built for the target; the host's
 #              libgtest-dev is x86-64 only).
 packages=(build-essential cmake ninja-build pkg-config liburing-dev libboost-dev
           libgtest-dev libbenchmark-dev nlohmann-json3-dev nettle-dev libcli11-dev fio python3
-          python3-dev pybind11-dev python3-torch python3-pytest libopenmpi-dev openmpi-bin)
+          python3-dev pybind11-dev python3-torch python3-pytest libopenmpi-dev openmpi-bin
+          xfsprogs)
 aarch64_packages=(g++-aarch64-linux-gnu qemu-user googletest)
 case "${1:-}" in
   "") ;;

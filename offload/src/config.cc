@@ -183,7 +183,7 @@ constexpr std::string_view kZinfKeys[] = {
     "prefetch_depth",   "adam_threads",        "grad_staging_buffers",
     "step_mode",        "rate_notice_share",   "rate_notice_steps",
     "tuned_write_gbps", "tuned_read_gbps",     "tbw_tb",
-    "state_precision"};
+    "state_precision",  "checkpoint_reflink"};
 
 bool contains(std::span<const std::string_view> keys, std::string_view key) {
   return std::find(keys.begin(), keys.end(), key) != keys.end();
@@ -756,6 +756,7 @@ void parse_zinf(const Block& block, ZinfSection& out) {
   }
   block.read_uint("pinned_budget_bytes", out.pinned_budget_bytes, std::uint64_t{1});
   block.read_bool("checksums", out.checksums);
+  block.read_bool("checkpoint_reflink", out.checkpoint_reflink);
   if (const Json* backend = block.find("backend")) {
     if (!backend->is_string()) {
       block.fail("backend", "expected \"auto\", \"uring\" or \"threads\", got " + shown(*backend));
@@ -1112,6 +1113,7 @@ std::string config_to_json(const EngineConfig& c) {
   z["nvme_paths"] = c.zinf.nvme_paths;
   z["pinned_budget_bytes"] = c.zinf.pinned_budget_bytes;
   z["checksums"] = c.zinf.checksums;
+  z["checkpoint_reflink"] = c.zinf.checkpoint_reflink;
   z["backend"] = std::string(swap::io_engine_kind_name(c.zinf.backend));
   z["direct_io"] = c.zinf.direct_io;
   z["precondition"] = c.zinf.precondition;

@@ -251,6 +251,7 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
   oo.io = config.io_options();
   oo.io.faults = faults.optimizer;
   oo.swap_checksums = config.zinf.checksums;
+  oo.checkpoint_reflink = config.zinf.checkpoint_reflink;
   oo.direct_io = config.zinf.direct_io;
   oo.precondition = config.zinf.precondition;
   oo.store_copy_out = plan.store_copy_out;
@@ -887,6 +888,10 @@ void OffloadEngine::save_async(const std::string& dir) { impl_->save(dir, /*asyn
 void OffloadEngine::wait_save() { impl_->optimizer->wait_save(); }
 
 bool OffloadEngine::save_in_flight() const { return impl_->optimizer->save_in_flight(); }
+
+SaveSnapshot OffloadEngine::last_save_snapshot() const noexcept {
+  return impl_->optimizer->last_save_snapshot();
+}
 
 void OffloadEngine::Impl::save(const std::string& dir, bool async) {
   const char* function = async ? "OffloadEngine::save_async" : "OffloadEngine::save";

@@ -1135,6 +1135,10 @@ void OffloadedOptimizer::wait_save() { impl_->wait_save(); }
 
 bool OffloadedOptimizer::save_in_flight() const { return impl_->save_running(); }
 
+SaveSnapshot OffloadedOptimizer::last_save_snapshot() const noexcept {
+  return impl_->last_snapshot;
+}
+
 void OffloadedOptimizer::load(const std::string& dir) {
   check_checkpoint_dir(dir, "OffloadedOptimizer::load");
   impl_->check_usable();

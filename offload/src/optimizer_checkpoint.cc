@@ -18,6 +18,8 @@
 // and every name in it is resolved without following links: zinf may run as root in a
 // directory others can write to, and a planted link must never redirect a write. Version
 // names carry 64 random bits, so nothing can be planted at them in advance.
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 
 #include <fcntl.h>
@@ -468,6 +470,13 @@ void OffloadedOptimizer::Impl::save(const std::string& dir) {
 // record the saver is writing at that moment is waited for. So each record is written with
 // its bytes at the save's step, whatever the steps after it do, and a step is held up by at
 // most one record's copy (or one record's write, or a wait for a free copy buffer).
+//
+// Reflink: where save_async() could clone every record's blocks from the swap files into the
+// state file (clone_records), the state file already is the snapshot, fixed by copy-on-write
+// whatever the steps write to the swap files afterwards. The saver then only reads it back
+// record by record, checks it against the swap store's unit checksums taken at the clone
+// (so corrupt bytes are never saved, as on the streaming path) and computes the manifest's
+// CRCs; steps copy nothing and never wait for the save.
 
 class OffloadedOptimizer::Impl::AsyncSave {
  public:
@@ -481,8 +490,15 @@ class OffloadedOptimizer::Impl::AsyncSave {
 
   // `pool` holds kBuffers records (Impl::save_pool, kept from one save to the next: a fresh
   // mapping per save cost its page faults in the first step after each save_async).
-  AsyncSave(Impl& opt, VersionWrite v, swap::BufferPool& pool)
-      : opt_(opt), v_(std::move(v)), state_(opt.records.size(), State::kPending) {
+  // `cloned_sums`: the records were cloned into v's state file (clone_records), with these
+  // unit checksums; empty: stream them.
+  AsyncSave(Impl& opt, VersionWrite v, swap::BufferPool& pool,
+            std::vector<std::vector<std::uint32_t>> cloned_sums)
+      : opt_(opt),
+        v_(std::move(v)),
+        state_(opt.records.size(), State::kPending),
+        cloned_(!cloned_sums.empty()),
+        cloned_sums_(std::move(cloned_sums)) {
     for (std::size_t b = 0; b < kBuffers; ++b) buffers_.push_back(pool.acquire(opt.max_record_bytes));
     free_.assign(kCopyBuffers, true);
     thread_ = std::thread([this] { run(); });
@@ -512,6 +528,7 @@ class OffloadedOptimizer::Impl::AsyncSave {
 
   void protect(std::size_t r, const std::byte* base, const std::vector<std::uint32_t>* expected,
                double& waited, std::uint64_t& copied) {
+    if (cloned_) return;  // the clone holds the snapshot: the step may overwrite the record
     std::unique_lock lk(mu_);
     const auto t0 = OptClock::now();
     auto ready = [&] {
@@ -564,23 +581,53 @@ class OffloadedOptimizer::Impl::AsyncSave {
   // A copy made from a ring buffer before the update verified it: check it against the
   // store's unit CRCs here, so that corrupt bytes are never saved.
   void verify_copy(const Copied& c) const {
-    if (c.expected.empty()) return;
-    const Record& rec = opt_.records[c.record];
+    verify_units(c.record, buffers_[c.buffer].data(), c.expected);
+  }
+
+  // Checks record r's padded bytes at `base` against its swap stripe units' CRCs (none:
+  // nothing to check).
+  void verify_units(std::size_t r, const std::byte* base,
+                    const std::vector<std::uint32_t>& expected) const {
+    if (expected.empty()) return;
+    const Record& rec = opt_.records[r];
     const std::uint64_t unit = opt_.store->stripe_bytes();
-    const std::byte* base = buffers_[c.buffer].data();
-    for (std::size_t u = 0; u < c.expected.size(); ++u) {
+    for (std::size_t u = 0; u < expected.size(); ++u) {
       const std::uint64_t begin = u * unit;
       const std::uint64_t len = std::min<std::uint64_t>(unit, rec.padded - begin);
       const std::uint32_t got = swap::crc32c(std::span<const std::byte>(base + begin, len));
-      if (got != c.expected[u]) {
-        throw IoError(opt_.store->checksum_error(rec.key, u, c.expected[u], got));
+      if (got != expected[u]) {
+        throw IoError(opt_.store->checksum_error(rec.key, u, expected[u], got));
       }
+    }
+  }
+
+  // The reflink path: the state file holds every record already; read each back (between
+  // steps, as the streaming path reads the swap store: the steps keep the drive), check it
+  // and note its CRC.
+  void check_clones(swap::FileId id) {
+    std::byte* base = buffers_[kCopyBuffers].data();
+    for (std::size_t r = 0; r < state_.size(); ++r) {
+      {
+        std::unique_lock lk(mu_);
+        cv_.wait(lk, [&] { return !step_open_; });
+      }
+      const Record& rec = opt_.records[r];
+      swap::IoRequest req{swap::IoOp::kRead, id, v_.offsets[r],
+                          std::span<std::byte>(base, rec.padded)};
+      opt_.engine->submit(std::span<const swap::IoRequest>(&req, 1)).wait();
+      verify_units(r, base, cloned_sums_[r]);
+      v_.crcs[r] = swap::crc32c(std::span<const std::byte>(base, rec.bytes));
+      written_ += rec.padded;
+      opt_.checkpoint_phase("data", written_);
     }
   }
 
   void run() {
     try {
-      {
+      if (cloned_) {
+        Attached att(*opt_.engine, v_.file);
+        check_clones(att.id());
+      } else {
         Attached att(*opt_.engine, v_.file);
         // From the last record down: a step updates records from the first up, so the two
         // meet once instead of the step finding, record after record, the one the save is
@@ -649,6 +696,8 @@ class OffloadedOptimizer::Impl::AsyncSave {
   std::vector<bool> free_;    // guarded by mu_: copy buffers not holding a queued copy
   bool finished_ = false;     // guarded by mu_
   bool step_open_ = false;    // guarded by mu_
+  const bool cloned_;         // the reflink path: see check_clones
+  const std::vector<std::vector<std::uint32_t>> cloned_sums_;  // per record, at the clone
   std::vector<swap::BufferLease> buffers_;
   std::uint64_t written_ = 0;  // saver thread only
   Status error_;               // set by the saver before it ends; read after join
@@ -673,7 +722,87 @@ void OffloadedOptimizer::Impl::save_async(const std::string& dir) {
         swap::BufferPoolOptions{.budget_bytes = AsyncSave::kBuffers * max_record_bytes,
                                 .alignment = std::max<std::uint32_t>(alignment, 4096)});
   }
-  async_save = std::make_shared<AsyncSave>(*this, begin_version(dir), *save_pool);
+  VersionWrite v = begin_version(dir);
+  std::vector<std::vector<std::uint32_t>> sums;
+  std::string why = !nvme() ? "the state is in memory (kCpu), not in swap files"
+                            : "OptimizerOptions::checkpoint_reflink is off";
+  bool cloned = false;
+  try {
+    cloned = nvme() && options.checkpoint_reflink && clone_records(v, sums, why);
+  } catch (...) {
+    abandon_version(v);
+    throw;
+  }
+  // A notice when the path (or the reason to stream) changes, not at every save: a run saving
+  // every few steps would otherwise repeat the same line all along.
+  if (cloned) {
+    const bool again = last_snapshot == SaveSnapshot::kReflink;
+    log(again ? LogLevel::kInfo : LogLevel::kNotice,
+        "checkpoint: snapshot by reflink (" + std::to_string(records.size()) + " records, " +
+            std::to_string(v.total) + " bytes) into " + v.vdir.path());
+    last_stream_reason.clear();
+  } else {
+    sums.clear();
+    const bool again = last_snapshot == SaveSnapshot::kStreamed && why == last_stream_reason;
+    log(again ? LogLevel::kDebug : LogLevel::kNotice,
+        "checkpoint: streamed, not snapshot by reflink: " + why);
+    last_stream_reason = why;
+  }
+  last_snapshot = cloned ? SaveSnapshot::kReflink : SaveSnapshot::kStreamed;
+  async_save = std::make_shared<AsyncSave>(*this, std::move(v), *save_pool, std::move(sums));
+}
+
+bool OffloadedOptimizer::Impl::clone_records(VersionWrite& v,
+                                             std::vector<std::vector<std::uint32_t>>& sums,
+                                             std::string& why) {
+  // FICLONERANGE takes offsets and lengths in whole blocks of the file system; the store's
+  // are multiples of its alignment (at least 4096), which covers the usual 4 KiB blocks, but
+  // a file system with larger blocks is checked rather than assumed.
+  struct stat st {};
+  if (::fstat(v.file.fd(), &st) != 0) {
+    why = std::string("fstat of the state file: ") + std::strerror(errno);
+    return false;
+  }
+  const std::uint64_t block = st.st_blksize > 0 ? static_cast<std::uint64_t>(st.st_blksize) : 1;
+  sums.clear();
+  sums.reserve(records.size());
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    const Record& rec = records[i];
+    swap::StoredTensor where;
+    try {
+      where = store->locate(rec.key);
+    } catch (const std::exception& e) {
+      why = "cannot locate record '" + rec.key + "': " + e.what();
+      return false;
+    }
+    if (where.padded != rec.padded) {
+      why = "record '" + rec.key + "' is stored as " + std::to_string(where.padded) +
+            " bytes, the checkpoint's record is " + std::to_string(rec.padded);
+      return false;
+    }
+    for (const swap::StoredPiece& p : where.pieces) {
+      const std::uint64_t dest = v.offsets[i] + p.tensor_offset;
+      if (p.file_offset % block != 0 || p.length % block != 0 || dest % block != 0) {
+        why = "record '" + rec.key + "' is not aligned to the file system's " +
+              std::to_string(block) + "-byte blocks";
+        return false;
+      }
+      file_clone_range range{};
+      range.src_fd = store->file_descriptor(p.file);
+      range.src_offset = p.file_offset;
+      range.src_length = p.length;
+      range.dest_offset = dest;
+      if (::ioctl(v.file.fd(), FICLONERANGE, &range) != 0) {
+        const int err = errno;
+        why = "FICLONERANGE from " + store->file_paths()[p.file] + " to " + checkpoint_dir.path() +
+              ": " + std::strerror(err);
+        return false;
+      }
+    }
+    sums.push_back(std::move(where.unit_sums));
+  }
+  checkpoint_phase("cloned", v.total);
+  return true;
 }
 
 bool OffloadedOptimizer::Impl::save_running() const {

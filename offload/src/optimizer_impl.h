@@ -172,6 +172,9 @@ struct OffloadedOptimizer::Impl {
   // reset by the controlling thread outside a step; each step takes its own reference at
   // begin_step (StepRun::snapshot), so the pipeline never reads this member.
   std::shared_ptr<AsyncSave> async_save;
+  // How the last save_async() took its snapshot; controlling thread only.
+  SaveSnapshot last_snapshot = SaveSnapshot::kNone;
+  std::string last_stream_reason;  // why the last streamed save_async could not clone
 
   std::mutex mu;
   std::condition_variable cv;
@@ -244,6 +247,11 @@ struct OffloadedOptimizer::Impl {
     if (checkpoint_hook) checkpoint_hook(phase, bytes);
   }
   void save_async(const std::string& dir);
+  // kNvme: clones every record's stored blocks into v's state file (FICLONERANGE) and puts
+  // each record's swap unit checksums in `sums`. False, with the reason in `why`, if any
+  // clone cannot be made; the state file then holds some clones, which streaming overwrites.
+  bool clone_records(VersionWrite& v, std::vector<std::vector<std::uint32_t>>& sums,
+                     std::string& why);
   // Waits for the asynchronous save (if any) and forgets it; throws its error.
   void wait_save();
   bool save_running() const;

@@ -880,6 +880,31 @@ Status SwapStore::checksum_error(const std::string& key, std::uint64_t unit,
                           expected, found);
 }
 
+StoredTensor SwapStore::locate(const std::string& key) const {
+  const Impl& s = *impl_;
+  std::lock_guard lock(s.mu);
+  s.check_open();
+  auto it = s.tensors.find(key);
+  if (it == s.tensors.end()) throw UsageError("SwapStore::locate: unknown key '" + key + "'");
+  const Tensor& t = it->second;
+  for (const InFlight& f : t.in_flight) {
+    if (f.write) throw UsageError("SwapStore::locate: key '" + key + "' has a swap_out in flight");
+  }
+  if (t.lost) throw EngineFailed(*t.lost);
+  if (!t.written.covers(0, t.padded)) {
+    throw UsageError("SwapStore::locate: key '" + key + "' was not written whole");
+  }
+  StoredTensor out;
+  out.padded = t.padded;
+  std::vector<FilePiece> pieces;
+  s.map_range(t, 0, t.padded, 0, pieces);
+  for (const FilePiece& p : pieces) {
+    out.pieces.push_back({p.file, p.file_offset, p.length, p.buffer_offset});
+  }
+  if (s.options.checksums) out.unit_sums = t.crcs;
+  return out;
+}
+
 void SwapStore::precondition() {
   Impl& s = *impl_;
   {

@@ -91,6 +91,7 @@ void expect_same(const EngineConfig& a, const EngineConfig& b) {
   EXPECT_EQ(a.zinf.nvme_paths, b.zinf.nvme_paths);
   EXPECT_EQ(a.zinf.pinned_budget_bytes, b.zinf.pinned_budget_bytes);
   EXPECT_EQ(a.zinf.checksums, b.zinf.checksums);
+  EXPECT_EQ(a.zinf.checkpoint_reflink, b.zinf.checkpoint_reflink);
   EXPECT_EQ(a.zinf.backend, b.zinf.backend);
   EXPECT_EQ(a.zinf.direct_io, b.zinf.direct_io);
   EXPECT_EQ(a.zinf.precondition, b.zinf.precondition);
@@ -104,6 +105,7 @@ TEST(Config, EmptyObjectGivesDefaults) {
   expect_same(c, EngineConfig{});
   EXPECT_TRUE(c.notices.empty());
   EXPECT_TRUE(c.zinf.checksums);  // integrity unless the config opts out
+  EXPECT_TRUE(c.zinf.checkpoint_reflink);
   EXPECT_EQ(c.optimizer.hyper.mode, adam::AdamMode::kAdam);
   EXPECT_EQ(c.param_dtype, DType::kBF16);
 }
@@ -240,10 +242,12 @@ TEST(Config, PrecisionBlocksSetTheParameterDtype) {
 TEST(Config, ReadsEveryZinfKey) {
   const EngineConfig c = parse_config(R"({"zinf": {"nvme_paths": ["/a", "/b", "/a"],
       "pinned_budget_bytes": 1e9, "checksums": false, "backend": "uring", "direct_io": false,
-      "precondition": true, "prefetch_depth": 4, "adam_threads": 8}})");
+      "precondition": true, "prefetch_depth": 4, "adam_threads": 8,
+      "checkpoint_reflink": false}})");
   EXPECT_EQ(c.zinf.nvme_paths, (std::vector<std::string>{"/a", "/b", "/a"}));
   EXPECT_EQ(c.zinf.pinned_budget_bytes, 1'000'000'000u);
   EXPECT_FALSE(c.zinf.checksums);  // the opt-out; the default is on
+  EXPECT_FALSE(c.zinf.checkpoint_reflink);
   EXPECT_EQ(c.zinf.backend, swap::IoEngineKind::kUring);
   EXPECT_FALSE(c.zinf.direct_io);
   EXPECT_TRUE(c.zinf.precondition);

@@ -2,6 +2,8 @@
 #include "support/test_dir.h"
 
 #include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,10 +16,18 @@
 
 namespace zinf::test {
 
-TestDir::TestDir() {
+namespace {
+
+std::string default_parent() {
   const char* env = std::getenv("ZINF_TEST_DIR");
-  std::string parent =
-      env != nullptr && *env != '\0' ? env : std::filesystem::temp_directory_path().string();
+  return env != nullptr && *env != '\0' ? env : std::filesystem::temp_directory_path().string();
+}
+
+}  // namespace
+
+TestDir::TestDir() : TestDir(default_parent()) {}
+
+TestDir::TestDir(const std::string& parent) {
   std::string name = "zinf-test";
   if (const auto* info = ::testing::UnitTest::GetInstance()->current_test_info()) {
     name = std::string("zinf-") + info->test_suite_name() + "-" + info->name();
@@ -61,6 +71,45 @@ bool supports_direct_io(const std::string& dir) {
   ::close(fd);
   ::unlink(p.c_str());
   return true;
+}
+
+bool supports_reflink(const std::string& dir, std::string& why) {
+  const std::string src_path = dir + "/.zinf-reflink-probe-src";
+  const std::string dst_path = dir + "/.zinf-reflink-probe-dst";
+  const int src = ::open(src_path.c_str(), O_CREAT | O_TRUNC | O_RDWR, 0600);
+  if (src < 0) {
+    why = "cannot create a file in " + dir + ": " + std::strerror(errno);
+    return false;
+  }
+  const int dst = ::open(dst_path.c_str(), O_CREAT | O_TRUNC | O_RDWR, 0600);
+  std::vector<char> block(4096, 'z');
+  bool ok = false;
+  if (dst < 0) {
+    why = "cannot create a file in " + dir + ": " + std::strerror(errno);
+  } else if (::write(src, block.data(), block.size()) != static_cast<ssize_t>(block.size())) {
+    why = "cannot write a file in " + dir + ": " + std::strerror(errno);
+  } else if (::ioctl(dst, FICLONE, src) != 0) {
+    why = "FICLONE does not work in " + dir + ": " + std::strerror(errno);
+  } else {
+    ok = true;
+  }
+  if (dst >= 0) ::close(dst);
+  ::close(src);
+  ::unlink(dst_path.c_str());
+  ::unlink(src_path.c_str());
+  return ok;
+}
+
+std::string reflink_test_dir(std::string& why) {
+  const char* env = std::getenv("ZINF_TEST_REFLINK_DIR");
+  if (env == nullptr || *env == '\0') {
+    why =
+        "ZINF_TEST_REFLINK_DIR is not set (scripts/test.sh sets it, as root, to a loop-mounted "
+        "XFS image)";
+    return "";
+  }
+  if (!supports_reflink(env, why)) return "";
+  return env;
 }
 
 }  // namespace zinf::test

@@ -217,6 +217,46 @@ TEST_P(SwapStoreTest, StripesAcrossDirectories) {
   EXPECT_EQ(check_pattern(in.span(), 9, 0, 1), "");
 }
 
+// locate(): the pieces it gives hold the tensor's bytes in the files, in tensor order and
+// aligned, with the unit CRCs of the last swap_out; refused for a key not written whole.
+TEST_P(SwapStoreTest, LocateGivesWhereTheBytesAreAndTheirUnitSums) {
+  SwapStore store(options(3, 3 << 20, /*checksums=*/true), *engine_);
+  const std::uint64_t bytes = 7 * kStripe + 5;
+  store.allocate("w", bytes);
+  EXPECT_THROW((void)store.locate("w"), UsageError);  // nothing written yet
+  EXPECT_THROW((void)store.locate("nope"), UsageError);
+  const std::uint64_t padded = store.padded_size(bytes);
+  AlignedBuffer out(padded);
+  fill_pattern(out.span(), 4, 0, 1);
+  store.swap_out("w", out.span()).wait();
+
+  const StoredTensor t = store.locate("w");
+  EXPECT_EQ(t.padded, padded);
+  std::uint64_t next = 0;
+  for (const StoredPiece& p : t.pieces) {
+    EXPECT_EQ(p.tensor_offset, next);
+    EXPECT_EQ(p.file_offset % store.alignment(), 0u);
+    EXPECT_EQ(p.length % store.alignment(), 0u);
+    auto got = read_file(fd_path(store, p.file), p.file_offset, p.length);
+    EXPECT_EQ(check_pattern(got, 4, p.tensor_offset, 1), "") << "piece at " << p.tensor_offset;
+    next += p.length;
+  }
+  EXPECT_EQ(next, padded);
+  ASSERT_EQ(t.unit_sums.size(), store.unit_count("w"));
+  for (std::uint64_t u = 0; u < t.unit_sums.size(); ++u) {
+    const std::uint64_t len = std::min<std::uint64_t>(kStripe, padded - u * kStripe);
+    EXPECT_EQ(t.unit_sums[u], crc32c(std::span<const std::byte>(out.data() + u * kStripe, len)))
+        << "unit " << u;
+  }
+  // Without checksums: the pieces, and no sums.
+  SwapStore plain(options(1, 1 << 20), *engine_);
+  plain.allocate("x", 4096);
+  AlignedBuffer small(4096);
+  plain.swap_out("x", small.span()).wait();
+  EXPECT_TRUE(plain.locate("x").unit_sums.empty());
+  EXPECT_EQ(plain.locate("x").pieces.size(), 1u);
+}
+
 TEST_P(SwapStoreTest, RangesFollowTheirRules) {
   for (bool checksums : {false, true}) {
     SCOPED_TRACE(checksums ? "checksums" : "no checksums");

@@ -107,6 +107,10 @@ struct ZinfSection {
   /// elements (each sub-group's copy-out must be whole 1 MiB stripes). Opt out with
   /// "zinf": {"checksums": false}: a corrupt byte is then trained on, fetched and checkpointed.
   bool checksums = true;
+  /// save_async on the nvme tier: snapshot the optimizer state by cloning it from the swap
+  /// files where the file system allows it (XFS, btrfs); false always streams it
+  /// (OptimizerOptions::checkpoint_reflink, docs/engine.md).
+  bool checkpoint_reflink = true;
   swap::IoEngineKind backend = swap::IoEngineKind::kAuto;  ///< "auto" | "uring" | "threads"
   bool direct_io = true;             ///< O_DIRECT where the file system allows it
   bool precondition = false;         ///< write the swap files once at start (faster write-backs)

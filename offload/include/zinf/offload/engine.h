@@ -235,8 +235,10 @@ class OffloadEngine {
   /// call, bitwise (the same files save() writes here would hold). Steps may run meanwhile:
   /// before a step's update overwrites a record the save has not written yet, the step copies
   /// that record (one sub-group; at most 8 copies not yet written) for the save; StepStats'
-  /// snapshot_copy_bytes and snapshot_wait_seconds report the cost. A kill -9 at any point
-  /// leaves the previous checkpoint loadable.
+  /// snapshot_copy_bytes and snapshot_wait_seconds report the cost. Where the checkpoint
+  /// directory shares an XFS or btrfs file system with the swap files, the records are
+  /// cloned from them instead (reflink) and steps copy nothing (last_save_snapshot()). A
+  /// kill -9 at any point leaves the previous checkpoint loadable.
   /// Contract: outside a step (UsageError, as save()). A save in flight is waited for first
   /// and its error thrown here (no new save starts). save(), load() and set_master_weights()
   /// wait for a save in flight likewise. Failures (IoError naming file, offset, length) are
@@ -248,6 +250,10 @@ class OffloadEngine {
   void wait_save();
   /// True while a save_async() is still writing or committing.
   bool save_in_flight() const;
+  /// How the last save_async() took its snapshot of the optimizer state: kReflink where the
+  /// records were cloned from the swap files (XFS, btrfs; steps then copy nothing), kStreamed
+  /// elsewhere; kNone before the first (OffloadedOptimizer::save_async).
+  SaveSnapshot last_save_snapshot() const noexcept;
   /// Restores what save() wrote and rewrites every layer's low-precision copy from the
   /// restored master weights. The checkpoint's hyper-parameters replace the engine's, per-layer
   /// sets given at construction included; a checkpoint written before per-layer sets existed

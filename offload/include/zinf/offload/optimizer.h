@@ -100,6 +100,18 @@ struct OptimizerOptions {
   /// max(pipeline_depth, 2) buffers of 2 x sub_group_elements bytes (padded to the
   /// alignment), counted in pinned_budget_bytes. Without it a StoreCopyOut is a UsageError.
   bool store_copy_out = false;
+  /// save_async() with kNvme: snapshot the records by cloning them from the swap files where
+  /// the file system allows it (see save_async). false always streams them, as where it does
+  /// not (e.g. to keep the checkpoint's blocks unshared with the swap files, or to measure the
+  /// streaming path on XFS).
+  bool checkpoint_reflink = true;
+};
+
+/// How a save_async() took its snapshot of the state (OffloadedOptimizer::last_save_snapshot).
+enum class SaveSnapshot : std::uint8_t {
+  kNone,      ///< no save_async() yet
+  kReflink,   ///< kNvme: the records were cloned from the swap files (FICLONERANGE) at the call
+  kStreamed,  ///< the records are streamed, steps copying each before they overwrite it
 };
 
 /// What one step did, measured between begin_step() and the end of end_step().
@@ -337,6 +349,21 @@ class OffloadedOptimizer {
   /// (checked against its checksums). A kill at any point leaves the previous checkpoint
   /// loadable (the version is renamed into place only when complete and synced).
   ///
+  /// Reflink. With kNvme, where the checkpoint directory is on the file system of every swap
+  /// file and that file system clones ranges (FICLONERANGE: XFS, btrfs), this call clones every
+  /// record's blocks from the swap files into the new state file before it returns (time in
+  /// the number of extents, not in bytes; the drive copies nothing): that clone is the
+  /// snapshot. Steps then make no copies (snapshot_copy_bytes stays 0, nothing waits); the
+  /// save's thread only reads the state file back, checks each record against the swap
+  /// store's unit checksums taken at this call and computes the manifest's CRCs. Where a
+  /// clone fails (another file system, ext4, tmpfs, kCpu, blocks not aligned to the file
+  /// system's) the save streams as above, after one log line saying why. Either way the
+  /// files and format are save()'s. last_save_snapshot() says which path was taken. The
+  /// clone shares blocks with the swap files: the next step's write-backs go to fresh blocks
+  /// (copy-on-write), taking then the space the state file's preallocation gave back, so a
+  /// file system filled by something else meanwhile fails that step (ENOSPC) rather than
+  /// the save; checkpoint_reflink = false avoids it.
+  ///
   /// Contract: UsageError inside a step or for an empty `dir` (nothing starts). A save still
   /// in flight is waited for first, and if it failed its error is thrown here and no new save
   /// starts. save(), load(), set_params() and set_state() also wait for a save in flight
@@ -352,6 +379,8 @@ class OffloadedOptimizer {
   void wait_save();
   /// True while a save_async() is still writing or committing.
   bool save_in_flight() const;
+  /// How the last save_async() took its snapshot (kNone before the first).
+  SaveSnapshot last_save_snapshot() const noexcept;
   /// Restores what save() wrote: the version `LATEST` names, hyper-parameters included (the
   /// checkpoint's replace this optimizer's, per-group sets from construction too). A
   /// checkpoint written before per-group hyper-parameters (manifest format 1) has one set,

@@ -63,6 +63,22 @@ struct SwapStoreStats {
   std::uint64_t failures = 0;           ///< swaps that completed with an error
 };
 
+/// Where a tensor's stored bytes lie (SwapStore::locate): padded tensor bytes
+/// [tensor_offset, + length) are at `file_offset` of file `file` (file_descriptor(file)).
+struct StoredPiece {
+  std::uint32_t file = 0;
+  std::uint64_t file_offset = 0;
+  std::uint64_t length = 0;
+  std::uint64_t tensor_offset = 0;
+};
+
+/// A tensor's place in the files and its stripe units' CRC32Cs, as of its last swap_out.
+struct StoredTensor {
+  std::uint64_t padded = 0;              ///< padded_size() of the tensor: the pieces' total
+  std::vector<StoredPiece> pieces;       ///< in tensor order, covering [0, padded)
+  std::vector<std::uint32_t> unit_sums;  ///< one per stripe unit; empty without checksums
+};
+
 /// Maps tensor keys to extents of striped, preallocated swap files.
 ///
 /// Layout. The store's address space is stripe_bytes-sized units dealt round-robin over the
@@ -182,6 +198,15 @@ class SwapStore {
   /// key or unit.
   Status checksum_error(const std::string& key, std::uint64_t unit, std::uint32_t expected,
                         std::uint32_t found);
+
+  /// Where `key`'s bytes are stored and the CRC32C of each stripe unit, for a caller that
+  /// copies them by other means than a swap_in (the optimizer's checkpoint clones them with
+  /// FICLONERANGE). The answer holds as long as no swap_out of the key starts and the key is
+  /// not released: the caller must make sure of that for as long as it uses the pieces. Every
+  /// offset and length is a multiple of alignment(). Throws UsageError for an unknown key, a
+  /// swap_out of it in flight, or a key not written whole yet; EngineFailed if its last
+  /// swap_out failed.
+  StoredTensor locate(const std::string& key) const;
 
   /// Writes every block of every file once (zeros), so that later swap_outs overwrite written
   /// blocks rather than fill unwritten extents: ~5.6 GB/s vs ~3.1 here (measured with fio on the build machines).
