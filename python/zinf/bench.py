@@ -13,6 +13,12 @@
       save is followed by an fsync of its file (without it the page cache makes it look fast
       and nothing is on the drive yet), the FastFileWriter's close() fsyncs. Reports each
       side's seconds and GB/s and the median ratio plain / fast.
+  python3 -m zinf.bench activations --dir D [--tier nvme] [--width 512] [--layers 4]
+                                    [--tokens 256] [--iters 2] [--rounds 3]
+      A training iteration (forward, backward) of a stack of MLP blocks with
+      zinf.torch.offload_activations against the same iteration without it, alternated: the
+      median ratio of iteration times, and the bytes the store held at the end of forward
+      (what left memory until backward) against every byte autograd saved.
 
 Output: one JSON document on stdout.
 """
@@ -151,6 +157,65 @@ def bench_save(a):
             "median_speedup": statistics.median(r["speedup"] for r in rows)}
 
 
+class _Block(torch.nn.Module):
+    """A transformer block's MLP half: LayerNorm, Linear(w, 4w), GELU, Linear(4w, w), residual."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.up = torch.nn.Linear(width, 4 * width)
+        self.down = torch.nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+def bench_activations(a):
+    from zinf.activations import ActivationStore, offload_activations
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[_Block(a.width) for _ in range(a.layers)])
+    x = torch.randn(a.tokens, a.width)
+    saved = [0]
+
+    def count_saved(t):
+        saved[0] += t.numel() * t.element_size()
+        return t
+
+    def iteration(store):
+        model.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        held = 0
+        if store is None:
+            loss = model(x).square().mean()
+        else:
+            with offload_activations(store, min_bytes=a.min_bytes):
+                loss = model(x).square().mean()
+            held = store.stats()["held_bytes"]
+        loss.backward()
+        return time.perf_counter() - t0, held
+
+    with torch.autograd.graph.saved_tensors_hooks(count_saved, lambda t: t):
+        model(x).square().mean().backward()  # what autograd saves in one iteration
+    rows = []
+    with tempfile.TemporaryDirectory(dir=a.dir) as d:
+        store = ActivationStore(a.tier, nvme_path=d if a.tier == "nvme" else None,
+                                pinned_budget_bytes=a.pinned_budget)
+        iteration(None)  # warm-up: allocations, the store's files
+        iteration(store)
+        for r in range(a.rounds):
+            plain = statistics.median(iteration(None)[0] for _ in range(a.iters))
+            runs = [iteration(store) for _ in range(a.iters)]
+            offloaded = statistics.median(t for t, _ in runs)
+            rows.append({"round": r + 1, "plain_s": plain, "offload_s": offloaded,
+                         "ratio": offloaded / plain, "held_bytes": runs[-1][1]})
+        stats = store.stats()
+    return {"bench": "python-activations", "tier": a.tier, "width": a.width,
+            "layers": a.layers, "tokens": a.tokens, "saved_bytes_per_iteration": saved[0],
+            "rounds": rows, "median_ratio": statistics.median(r["ratio"] for r in rows),
+            "store": stats}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python3 -m zinf.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -171,8 +236,19 @@ def main(argv=None):
     sv.add_argument("--size", default="1Gi", help="bytes of tensors (Gi/Mi/Ki binary, G/M/K decimal)")
     sv.add_argument("--tensors", type=int, default=64)
     sv.add_argument("--rounds", type=int, default=3)
+    ac = sub.add_parser("activations", help="an iteration with offload_activations against without")
+    ac.add_argument("--dir", required=True, help="a directory on the drive to measure")
+    ac.add_argument("--tier", choices=("nvme", "cpu"), default="nvme")
+    ac.add_argument("--width", type=int, default=512)
+    ac.add_argument("--layers", type=int, default=4)
+    ac.add_argument("--tokens", type=int, default=256)
+    ac.add_argument("--iters", type=int, default=2, help="iterations per side and round")
+    ac.add_argument("--rounds", type=int, default=3)
+    ac.add_argument("--min-bytes", type=int, default=1 << 20, dest="min_bytes")
+    ac.add_argument("--pinned-budget", type=int, default=256 << 20, dest="pinned_budget")
     a = ap.parse_args(argv)
-    doc = {"adam": bench_adam, "step": bench_step, "save": bench_save}[a.what](a)
+    doc = {"adam": bench_adam, "step": bench_step, "save": bench_save,
+           "activations": bench_activations}[a.what](a)
     json.dump(doc, sys.stdout, indent=1)
     print()
 

@@ -38,3 +38,18 @@ def test_save_compares_fast_file_writer_with_a_durable_plain_save(tmp_path):
     row = doc["rounds"][0]
     assert row["plain_fsync_s"] > 0 and row["fast_s"] > 0
     assert doc["median_speedup"] == row["speedup"]
+
+
+def test_activations_compares_offload_with_the_plain_iteration(tmp_path):
+    doc = run("activations", "--dir", str(tmp_path), "--width", "64", "--layers", "2",
+              "--tokens", "64", "--iters", "1", "--rounds", "1", "--min-bytes", "4096")
+    assert doc["bench"] == "python-activations"
+    row = doc["rounds"][0]
+    assert row["plain_s"] > 0 and row["offload_s"] > 0
+    assert doc["median_ratio"] == row["ratio"]
+    # Each 64 x 256 hidden activation (64 KiB) is over the threshold: the store held some at
+    # the end of forward, and every tensor it took came back in backward.
+    assert 0 < row["held_bytes"] < doc["saved_bytes_per_iteration"]
+    assert doc["store"]["saved"] == doc["store"]["loaded"] > 0
+    assert doc["store"]["held_bytes"] == 0
+
