@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch.utils.dlpack import from_dlpack
 
 from zinf import _native
-from zinf.torch import address_of, dtype_name
+from zinf.torch import address_of, check_adam_arguments, dtype_name
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
@@ -136,22 +136,7 @@ class _ShardedAdamBase(torch.optim.Optimizer):
     def __init__(self, params, lr, betas, eps, weight_decay, amsgrad, adamw, threads,
                  process_group=None, state="cpu", nvme_path=None, sub_group_size=1 << 20,
                  pipeline_depth=4, pinned_budget=None, checksums=True, state_precision="fp32"):
-        if amsgrad:
-            raise ValueError("zinf: amsgrad is not supported (zinf's kernel is Adam/AdamW)")
-        if not 0.0 <= lr:
-            raise ValueError(f"zinf: invalid learning rate {lr}")
-        if not 0.0 <= eps:
-            raise ValueError(f"zinf: invalid eps {eps}")
-        for i, b in enumerate(betas):
-            if not 0.0 <= b < 1.0:
-                raise ValueError(f"zinf: invalid beta{i + 1} {b}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"zinf: invalid weight_decay {weight_decay}")
-        if state not in ("cpu", "nvme"):
-            raise ValueError(f"zinf: state must be 'cpu' or 'nvme', got {state!r}")
-        if state_precision not in ("fp32", "bf16", "int8"):
-            raise ValueError("zinf: state_precision must be 'fp32', 'bf16' or 'int8', got "
-                             f"{state_precision!r}")
+        check_adam_arguments(lr, betas, eps, weight_decay, amsgrad, state, state_precision)
         if state_precision != "fp32" and state != "nvme":
             raise ValueError(f"zinf: state_precision={state_precision!r} is for state='nvme'")
         if state == "nvme" and not nvme_path:

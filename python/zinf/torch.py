@@ -66,6 +66,26 @@ def is_zinf_pinned(tensor):
     return tensor.device.type == "cpu" and _native.pinned_contains(tensor.data_ptr())
 
 
+def check_adam_arguments(lr, betas, eps, weight_decay, amsgrad, state, state_precision):
+    """ValueError for what zinf's optimizers (these and zinf.distributed's) cannot take."""
+    if amsgrad:
+        raise ValueError("zinf: amsgrad is not supported (zinf's kernel is Adam/AdamW)")
+    if not 0.0 <= lr:
+        raise ValueError(f"zinf: invalid learning rate {lr}")
+    if not 0.0 <= eps:
+        raise ValueError(f"zinf: invalid eps {eps}")
+    for i, b in enumerate(betas):
+        if not 0.0 <= b < 1.0:
+            raise ValueError(f"zinf: invalid beta{i + 1} {b}")
+    if not 0.0 <= weight_decay:
+        raise ValueError(f"zinf: invalid weight_decay {weight_decay}")
+    if state not in ("cpu", "nvme"):
+        raise ValueError(f"zinf: state must be 'cpu' or 'nvme', got {state!r}")
+    if state_precision not in ("fp32", "bf16", "int8"):
+        raise ValueError("zinf: state_precision must be 'fp32', 'bf16' or 'int8', got "
+                         f"{state_precision!r}")
+
+
 class _CpuAdamBase(torch.optim.Optimizer):
     """Adam/AdamW with torch's arguments and param_groups, updated by zinf's CPU Adam kernel.
 
@@ -105,22 +125,7 @@ class _CpuAdamBase(torch.optim.Optimizer):
     def __init__(self, params, lr, betas, eps, weight_decay, amsgrad, adamw, threads,
                  state="cpu", nvme_path=None, sub_group_size=1 << 20, pipeline_depth=4,
                  pinned_budget=None, checksums=True, overlap=False, state_precision="fp32"):
-        if amsgrad:
-            raise ValueError("zinf: amsgrad is not supported (zinf's kernel is Adam/AdamW)")
-        if not 0.0 <= lr:
-            raise ValueError(f"zinf: invalid learning rate {lr}")
-        if not 0.0 <= eps:
-            raise ValueError(f"zinf: invalid eps {eps}")
-        for i, b in enumerate(betas):
-            if not 0.0 <= b < 1.0:
-                raise ValueError(f"zinf: invalid beta{i + 1} {b}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"zinf: invalid weight_decay {weight_decay}")
-        if state not in ("cpu", "nvme"):
-            raise ValueError(f"zinf: state must be 'cpu' or 'nvme', got {state!r}")
-        if state_precision not in ("fp32", "bf16", "int8"):
-            raise ValueError("zinf: state_precision must be 'fp32', 'bf16' or 'int8', got "
-                             f"{state_precision!r}")
+        check_adam_arguments(lr, betas, eps, weight_decay, amsgrad, state, state_precision)
         if state_precision != "fp32" and state != "nvme":
             raise ValueError(f"zinf: state_precision={state_precision!r} is for state='nvme' "
                              "(state='cpu' keeps torch's float32 exp_avg / exp_avg_sq tensors)")

@@ -43,25 +43,8 @@ OptimizerOptions options_for(StateTier tier, const test::TestDir& dir,
   return o;
 }
 using test::entries;
+using test::expect_same_checkpoint;
 using test::latest_version;
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// The current version's files must be byte for byte those of `want`'s.
-void expect_same_checkpoint(const std::string& got, const std::string& want) {
-  for (const char* f : {"state.bin", "manifest"}) {
-    const std::string a = read_file(got + "/" + latest_version(got) + "/" + f);
-    const std::string b = read_file(want + "/" + latest_version(want) + "/" + f);
-    ASSERT_FALSE(b.empty()) << f;
-    EXPECT_EQ(a.size(), b.size()) << f;
-    EXPECT_TRUE(a == b) << f << " differs";
-  }
-}
 
 // Holds the save's thread inside its first "data" phase (its first record, the last one,
 // written and not yet marked done) until release(): the steps the test runs meanwhile meet a save that has written
@@ -95,30 +78,30 @@ TEST_P(AsyncCheckpoint, WritesTheStateAtTheCallWhileStepsGoOnBytewiseAsSave) {
   test::StepGrads sg3(groups, 3, DType::kF32);
   test::StepGrads sg4(groups, 4, DType::kF32);
   {  // the checkpoint directories are locked for `a` until it is gone
-  OffloadedOptimizer a(options_for(GetParam(), dir_), groups);
-  test::init_all(a);
-  test::run_steps(a, 1, 2);
-  at_save = test::read_all(a);
-  a.save(sync_dir);
+    OffloadedOptimizer a(options_for(GetParam(), dir_), groups);
+    test::init_all(a);
+    test::run_steps(a, 1, 2);
+    at_save = test::read_all(a);
+    a.save(sync_dir);
 
-  SaverGate gate;
-  gate.install(a);
-  a.save_async(async_dir);
-  EXPECT_TRUE(a.save_in_flight());
-  // Step 3 over the first group only ("embed", three records the save, which goes from the
-  // last record down, has not reached): the step copies them, as they are, before updating
-  // them; step 4 finds them copied already.
-  const StepStats s3 = a.step(std::span(&sg3.views[0], 1));
-  EXPECT_GT(s3.snapshot_copy_bytes, 0u);
-  EXPECT_EQ(s3.snapshot_copy_bytes % 4096, 0u);
-  EXPECT_EQ(a.step(std::span(&sg4.views[0], 1)).snapshot_copy_bytes, 0u);
-  gate.release();
-  // Every group from here on, while the save may still be writing: each record is either
-  // written already, being written (waited for) or copied first.
-  test::run_steps(a, 5, 7);
-  a.wait_save();
-  EXPECT_FALSE(a.save_in_flight());
-  after = test::read_all(a);
+    SaverGate gate;
+    gate.install(a);
+    a.save_async(async_dir);
+    EXPECT_TRUE(a.save_in_flight());
+    // Step 3 over the first group only ("embed", three records the save, which goes from the
+    // last record down, has not reached): the step copies them, as they are, before updating
+    // them; step 4 finds them copied already.
+    const StepStats s3 = a.step(std::span(&sg3.views[0], 1));
+    EXPECT_GT(s3.snapshot_copy_bytes, 0u);
+    EXPECT_EQ(s3.snapshot_copy_bytes % 4096, 0u);
+    EXPECT_EQ(a.step(std::span(&sg4.views[0], 1)).snapshot_copy_bytes, 0u);
+    gate.release();
+    // Every group from here on, while the save may still be writing: each record is either
+    // written already, being written (waited for) or copied first.
+    test::run_steps(a, 5, 7);
+    a.wait_save();
+    EXPECT_FALSE(a.save_in_flight());
+    after = test::read_all(a);
   }
 
   expect_same_checkpoint(async_dir, sync_dir);
@@ -214,7 +197,7 @@ TEST(AsyncCheckpointFault, AFailedWriteIsReportedOnceAndLeavesThePreviousCheckpo
   rule.kind = swap::FaultKind::kError;
   rule.op = swap::IoOp::kWrite;
   rule.file = swap::FileId{1};  // the swap file is 0; the checkpoint file the next one
-  rule.first_match = 8;  // the first save writes 8 records (one piece each); the next fails
+  rule.first_match = 8;         // the first save writes 8 records (one piece each); the next fails
   rule.times = 1;
   rule.err = EIO;
   auto plan = std::make_shared<swap::FaultPlan>(std::vector<swap::FaultRule>{rule}, 1);

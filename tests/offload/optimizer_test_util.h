@@ -16,6 +16,7 @@
 #include <cstring>
 #include <functional>
 #include <ostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -234,6 +235,25 @@ inline std::string latest_version(const std::string& ckpt) {
   std::string name;
   std::getline(in, name);
   return name;
+}
+
+/// A whole file's bytes ("" if it cannot be read).
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+/// The current version's files of checkpoint `got` must be byte for byte those of `want`'s.
+inline void expect_same_checkpoint(const std::string& got, const std::string& want) {
+  for (const char* f : {"state.bin", "manifest"}) {
+    const std::string a = read_file(got + "/" + latest_version(got) + "/" + f);
+    const std::string b = read_file(want + "/" + latest_version(want) + "/" + f);
+    ASSERT_FALSE(b.empty()) << f;
+    EXPECT_EQ(a.size(), b.size()) << f;
+    EXPECT_TRUE(a == b) << f << " differs";
+  }
 }
 
 /// The kill tests' start: steps 1-2 checkpointed in `ckpt`, then step 3. Returns the state of

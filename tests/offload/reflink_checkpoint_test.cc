@@ -40,25 +40,9 @@
 namespace zinf::offload {
 namespace {
 
+using test::expect_same_checkpoint;
 using test::latest_version;
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// The current version's files must be byte for byte those of `want`'s.
-void expect_same_checkpoint(const std::string& got, const std::string& want) {
-  for (const char* f : {"state.bin", "manifest"}) {
-    const std::string a = read_file(got + "/" + latest_version(got) + "/" + f);
-    const std::string b = read_file(want + "/" + latest_version(want) + "/" + f);
-    ASSERT_FALSE(b.empty()) << f;
-    EXPECT_EQ(a.size(), b.size()) << f;
-    EXPECT_TRUE(a == b) << f << " differs";
-  }
-}
+using test::read_file;
 
 bool any_line_has(const test::LogCapture& log, const std::string& text) {
   const auto lines = log.lines();
@@ -163,11 +147,10 @@ TEST(ReflinkCheckpoint, RepeatedSavesEachLoadAsTheirStep) {
     test::run_steps(a, 3, 4);
     // The path did not change: the second save's line is not a notice.
     const auto lines = log.lines();
-    EXPECT_EQ(std::count_if(lines.begin(), lines.end(),
-                            [](const std::string& l) {
-                              return l.find("snapshot by reflink") != l.npos;
-                            }),
-              1);
+    EXPECT_EQ(
+        std::count_if(lines.begin(), lines.end(),
+                      [](const std::string& l) { return l.find("snapshot by reflink") != l.npos; }),
+        1);
   }  // the destructor finishes the save
   EXPECT_EQ(test::entries(ckpt), (std::vector<std::string>{"LATEST", latest_version(ckpt)}));
   OffloadedOptimizer b(test::checkpoint_options(StateTier::kNvme, dir, "nvme-b"), groups);
