@@ -252,19 +252,10 @@ void bind_dist(py::module_& m) {
                        const std::string& tier, const std::vector<std::string>& directories,
                        std::uint64_t sub_group, std::uint32_t depth, std::uint64_t pinned_budget,
                        std::size_t threads, bool checksums, const std::string& state_precision) {
-             offload::OptimizerOptions o;
-             o.tier = offload::parse_state_tier(tier, "state");
-             o.directories = directories;
-             o.sub_group_elements = sub_group;
-             o.pipeline_depth = depth;
-             o.pinned_budget_bytes = pinned_budget;
-             o.adam.threads = threads;
-             o.swap_checksums = checksums;
-             o.state_precision = adam::parse_state_precision(state_precision, "state_precision");
-             std::vector<offload::ParamGroupSpec> groups;
-             for (std::size_t i = 0; i < numels.size(); ++i) {
-               groups.push_back({"p" + std::to_string(i), numels[i]});
-             }
+             offload::OptimizerOptions o =
+                 optimizer_options(tier, directories, sub_group, depth, pinned_budget, threads,
+                                   checksums, state_precision);
+             std::vector<offload::ParamGroupSpec> groups = numbered_groups(numels);
              // The constructor runs no collective, so the GIL may go.
              py::gil_scoped_release nogil;
              return std::make_unique<dist::ShardedOptimizer>(std::move(o), std::move(groups), comm);

@@ -6,13 +6,12 @@
 
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "zinf/adam/cpu_adam.h"
-
-namespace zinf::offload {
-struct StepStats;
-}
+#include "zinf/offload/optimizer.h"
 
 namespace zinf::python {
 
@@ -37,6 +36,16 @@ adam::AdamParams make_hyper(double lr, double beta1, double beta2, double eps, d
 void bind_adam(py::module_& m);
 /// OffloadedOptimizer: Adam state in pinned memory or on NVMe, fp32 copy-out.
 void bind_optimizer(py::module_& m);
+/// The optimizer options both optimizers' constructors take from Python (zinf.torch.AdamW's
+/// and zinf.distributed.ShardedAdam's storage arguments). UsageError for a bad tier or
+/// precision name.
+offload::OptimizerOptions optimizer_options(const std::string& tier,
+                                            const std::vector<std::string>& directories,
+                                            std::uint64_t sub_group, std::uint32_t depth,
+                                            std::uint64_t pinned_budget, std::size_t threads,
+                                            bool checksums, const std::string& state_precision);
+/// One group per parameter tensor, named p0, p1, ... in the order Python gives them.
+std::vector<offload::ParamGroupSpec> numbered_groups(const std::vector<std::uint64_t>& numels);
 /// A step's statistics as a dict (the StepStats field names), for both optimizers.
 py::dict stats_dict(const offload::StepStats& s);
 /// zinf::dist: Collectives over Python callables, ShardedOptimizer (zinf.distributed).

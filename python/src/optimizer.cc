@@ -38,6 +38,32 @@ py::dict stats_dict(const offload::StepStats& s) {
   return d;
 }
 
+offload::OptimizerOptions optimizer_options(const std::string& tier,
+                                            const std::vector<std::string>& directories,
+                                            std::uint64_t sub_group, std::uint32_t depth,
+                                            std::uint64_t pinned_budget, std::size_t threads,
+                                            bool checksums, const std::string& state_precision) {
+  offload::OptimizerOptions o;
+  o.tier = offload::parse_state_tier(tier, "state");
+  o.directories = directories;
+  o.sub_group_elements = sub_group;
+  o.pipeline_depth = depth;
+  o.pinned_budget_bytes = pinned_budget;
+  o.adam.threads = threads;
+  o.swap_checksums = checksums;
+  o.state_precision = adam::parse_state_precision(state_precision, "state_precision");
+  return o;
+}
+
+std::vector<offload::ParamGroupSpec> numbered_groups(const std::vector<std::uint64_t>& numels) {
+  std::vector<offload::ParamGroupSpec> groups;
+  groups.reserve(numels.size());
+  for (std::size_t i = 0; i < numels.size(); ++i) {
+    groups.push_back({"p" + std::to_string(i), numels[i]});
+  }
+  return groups;
+}
+
 void bind_optimizer(py::module_& m) {
   using namespace pybind11::literals;
   py::class_<OffloadedOptimizer>(m, "OffloadedOptimizer",
@@ -46,19 +72,10 @@ void bind_optimizer(py::module_& m) {
                        const std::vector<std::string>& directories, std::uint64_t sub_group,
                        std::uint32_t depth, std::uint64_t pinned_budget, std::size_t threads,
                        bool checksums, const std::string& state_precision) {
-             offload::OptimizerOptions o;
-             o.tier = offload::parse_state_tier(tier, "state");
-             o.directories = directories;
-             o.sub_group_elements = sub_group;
-             o.pipeline_depth = depth;
-             o.pinned_budget_bytes = pinned_budget;
-             o.adam.threads = threads;
-             o.swap_checksums = checksums;
-             o.state_precision = adam::parse_state_precision(state_precision, "state_precision");
-             std::vector<offload::ParamGroupSpec> groups;
-             for (std::size_t i = 0; i < numels.size(); ++i) {
-               groups.push_back({"p" + std::to_string(i), numels[i]});
-             }
+             offload::OptimizerOptions o =
+                 optimizer_options(tier, directories, sub_group, depth, pinned_budget, threads,
+                                   checksums, state_precision);
+             std::vector<offload::ParamGroupSpec> groups = numbered_groups(numels);
              py::gil_scoped_release nogil;
              return std::make_unique<OffloadedOptimizer>(std::move(o), std::move(groups));
            }),
