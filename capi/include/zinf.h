@@ -41,6 +41,16 @@
 extern "C" {
 #endif
 
+/** How the last zinf_engine_save_async took its snapshot of the optimizer state
+ *  (zinf_engine_last_save_snapshot). Values are stable. */
+typedef enum zinf_save_snapshot {
+  ZINF_SAVE_SNAPSHOT_NONE = 0,    /**< no zinf_engine_save_async yet */
+  ZINF_SAVE_SNAPSHOT_REFLINK = 1, /**< cloned from the swap files (XFS, btrfs): steps copy
+                                       nothing for the save */
+  ZINF_SAVE_SNAPSHOT_STREAMED = 2 /**< streamed: a step copies each record the save has not
+                                       written yet before it overwrites it */
+} zinf_save_snapshot;
+
 /** The outcome of a call. The values are stable (part of the ABI); new ones are appended. */
 typedef enum zinf_status {
   ZINF_OK = 0,
@@ -326,6 +336,11 @@ zinf_status zinf_engine_save_async(zinf_engine* engine, const char* dir);
  *  message names the file, offset and length) if it failed: the half-written version is
  *  removed and the previous checkpoint stays current. Reports a failure once. */
 zinf_status zinf_engine_wait_save(zinf_engine* engine);
+/** Writes how the last zinf_engine_save_async took its snapshot to *out
+ *  (ZINF_SAVE_SNAPSHOT_NONE before the first): by reflink where the checkpoint directory is on
+ *  the swap files' XFS or btrfs file system, else streamed, which costs the steps after it
+ *  more (docs/engine.md, "Snapshot by reflink"). */
+zinf_status zinf_engine_last_save_snapshot(const zinf_engine* engine, zinf_save_snapshot* out);
 /** Restores what zinf_engine_save wrote (ZINF_ERR_USAGE if the layer table differs or `dir` is
  *  ""). Blocks. */
 zinf_status zinf_engine_load(zinf_engine* engine, const char* dir);

@@ -506,6 +506,25 @@ zinf_status zinf_engine_wait_save(zinf_engine* engine) {
   return guarded(engine, [&] { engine_of(engine, "zinf_engine_wait_save").wait_save(); });
 }
 
+zinf_status zinf_engine_last_save_snapshot(const zinf_engine* engine, zinf_save_snapshot* out) {
+  return guarded(const_cast<zinf_engine*>(engine), [&] {
+    const char* fn = "zinf_engine_last_save_snapshot";
+    const off::OffloadEngine& e = engine_of(const_cast<zinf_engine*>(engine), fn);
+    require(out != nullptr, fn, "out is NULL");
+    switch (e.last_save_snapshot()) {
+      case off::SaveSnapshot::kNone:
+        *out = ZINF_SAVE_SNAPSHOT_NONE;
+        break;
+      case off::SaveSnapshot::kReflink:
+        *out = ZINF_SAVE_SNAPSHOT_REFLINK;
+        break;
+      case off::SaveSnapshot::kStreamed:
+        *out = ZINF_SAVE_SNAPSHOT_STREAMED;
+        break;
+    }
+  });
+}
+
 zinf_status zinf_engine_load(zinf_engine* engine, const char* dir) {
   return guarded(engine, [&] {
     const char* fn = "zinf_engine_load";

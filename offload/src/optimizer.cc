@@ -230,6 +230,18 @@ std::string_view state_tier_name(StateTier tier) noexcept {
   return tier == StateTier::kCpu ? "cpu" : "nvme";
 }
 
+std::string_view save_snapshot_name(SaveSnapshot snapshot) noexcept {
+  switch (snapshot) {
+    case SaveSnapshot::kReflink:
+      return "reflink";
+    case SaveSnapshot::kStreamed:
+      return "streamed";
+    case SaveSnapshot::kNone:
+      break;
+  }
+  return "none";
+}
+
 namespace {
 
 // "" + "/LATEST" would be a path at the root of the file system, not a checkpoint.
@@ -968,6 +980,9 @@ void OffloadedOptimizer::begin_step(double grad_scale) {
   im.run.step = im.steps_done + 1;
   im.run.hp = std::move(hp);
   im.run.began = OptClock::now();
+  if (im.last_step_end != OptClock::time_point{}) {
+    im.last_between_steps = im.run.began - im.last_step_end;
+  }
   im.step_snapshot = im.async_save;
   if (im.step_snapshot) Impl::snapshot_step(*im.step_snapshot, true);
   ++im.steps_done;
@@ -1098,6 +1113,7 @@ StepStats OffloadedOptimizer::end_step() {
   im.cv.notify_all();
   im.cv.wait(lk, [&] { return im.run.finished; });
   im.run.active = false;
+  im.last_step_end = OptClock::now();
   if (im.step_snapshot) Impl::snapshot_step(*im.step_snapshot, false);
   im.step_snapshot.reset();
   StepStats stats = im.run.stats;

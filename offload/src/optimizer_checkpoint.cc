@@ -359,7 +359,11 @@ void OffloadedOptimizer::Impl::abandon_version(VersionWrite& v) noexcept {
   }
 }
 
-void OffloadedOptimizer::Impl::commit_version(VersionWrite& v) {
+void OffloadedOptimizer::Impl::commit_version(VersionWrite& v,
+                                              const std::function<void()>& between) {
+  auto pause = [&] {
+    if (between) between();
+  };
   const swap::Dir& root = checkpoint_dir;
   Manifest m;
   m.step = v.step;
@@ -371,19 +375,24 @@ void OffloadedOptimizer::Impl::commit_version(VersionWrite& v) {
     const Record& r = records[i];
     m.records.push_back({r.group, r.sub, r.numel, v.offsets[i], r.padded, v.crcs[i]});
   }
+  pause();
   throw_if_error(v.file.sync());
   throw_if_error(v.file.close());
+  pause();
   swap::create_file_durably(v.vdir, kManifestFile,
                             render(m, std::string(state_tier_name(options.tier))));
   v.vdir.sync();
   checkpoint_phase("synced", v.total);
 
+  pause();
   root.rename(v.tmp, v.name);
   root.sync();
   checkpoint_phase("committed", v.total);
 
+  pause();
   swap::replace_file_durably(root, kLatest, v.name + "\n");
   checkpoint_phase("latest", v.total);
+  pause();
 
   // The new version is current and durable: remove this optimizer's older versions and what
   // interrupted saves left. Under the lock nobody else is writing here, so a .tmp version or
@@ -467,9 +476,17 @@ void OffloadedOptimizer::Impl::save(const std::string& dir) {
 // run meanwhile: right before a step updates a record the saver has not written yet, the step
 // pipeline (protect_snapshot) copies the record's bytes as they are — the snapshot's — into one
 // of eight buffers of the save's own and hands them to the saver, which writes them first; a
-// record the saver is writing at that moment is waited for. So each record is written with
-// its bytes at the save's step, whatever the steps after it do, and a step is held up by at
-// most one record's copy (or one record's write, or a wait for a free copy buffer).
+// record the saver is reading or writing at that moment is waited for. So each record is
+// written with its bytes at the save's step, whatever the steps after it do, and a step is
+// held up by at most one record's copy (or the saver's records in flight, or a wait for a free
+// copy buffer).
+//
+// Between steps the saver streams the records still in place with kOwnBuffers of them in
+// flight: it reads the next record while it writes the one before, so the drive serves a read
+// and a write at once rather than one after the other. It commits (syncs the state file, the
+// manifest, LATEST, then removes the superseded version) only between steps too: on ext4
+// behind a virtual disk that took 0.25-0.7 s, and a step it overlapped took 3-4x its time
+// (`zinf bench step --checkpoint-every`), most of what the save cost the steps.
 //
 // Reflink: where save_async() could clone every record's blocks from the swap files into the
 // state file (clone_records), the state file already is the snapshot, fixed by copy-on-write
@@ -486,7 +503,10 @@ class OffloadedOptimizer::Impl::AsyncSave {
   enum class State : std::uint8_t { kPending, kSaving, kCopied, kDone };
 
   static constexpr std::size_t kCopyBuffers = 8;
-  static constexpr std::size_t kBuffers = kCopyBuffers + 1;  // the last: the saver's own reads
+  // The saver's own reads, after the copy buffers: two, so that one record is read while the
+  // one read before it is written. The save holds kBuffers records of host memory in all.
+  static constexpr std::size_t kOwnBuffers = 2;
+  static constexpr std::size_t kBuffers = kCopyBuffers + kOwnBuffers;
 
   // `pool` holds kBuffers records (Impl::save_pool, kept from one save to the next: a fresh
   // mapping per save cost its page faults in the first step after each save_async).
@@ -497,6 +517,8 @@ class OffloadedOptimizer::Impl::AsyncSave {
       : opt_(opt),
         v_(std::move(v)),
         state_(opt.records.size(), State::kPending),
+        last_close_(opt.last_step_end),
+        last_idle_(opt.last_between_steps),
         cloned_(!cloned_sums.empty()),
         cloned_sums_(std::move(cloned_sums)) {
     for (std::size_t b = 0; b < kBuffers; ++b) buffers_.push_back(pool.acquire(opt.max_record_bytes));
@@ -522,6 +544,12 @@ class OffloadedOptimizer::Impl::AsyncSave {
   // the save uses the time a trainer spends in forward and backward.
   void set_step_open(bool open) {
     std::lock_guard g(mu_);
+    const auto now = OptClock::now();
+    if (open && last_close_ != OptClock::time_point{}) last_idle_ = now - last_close_;
+    if (!open) {
+      ++closes_;
+      last_close_ = now;
+    }
     step_open_ = open;
     cv_.notify_all();
   }
@@ -559,6 +587,13 @@ class OffloadedOptimizer::Impl::AsyncSave {
     std::size_t buffer;
     std::vector<std::uint32_t> expected;  // the store's unit CRCs (folded checksums), or none
   };
+  // A record the saver reads into one of its own buffers and then writes from it.
+  struct InFlight {
+    std::size_t record;
+    std::size_t buffer;
+    swap::IoTicket io;  // the read, then the write
+    bool writing = false;
+  };
 
   int free_slot() const {
     for (std::size_t b = 0; b < free_.size(); ++b) {
@@ -567,15 +602,43 @@ class OffloadedOptimizer::Impl::AsyncSave {
     return -1;
   }
 
-  // Writes record r from `base` at its offset and notes its CRC.
-  void write_record(swap::FileId id, std::size_t r, std::byte* base) {
+  // Notes record r's CRC and submits its write from `base` at its offset; written() once the
+  // ticket completed.
+  swap::IoTicket submit_write(swap::FileId id, std::size_t r, std::byte* base) {
     const Record& rec = opt_.records[r];
     v_.crcs[r] = swap::crc32c(std::span<const std::byte>(base, rec.bytes));
     swap::IoRequest req{swap::IoOp::kWrite, id, v_.offsets[r],
                         std::span<std::byte>(base, rec.padded)};
-    opt_.engine->submit(std::span<const swap::IoRequest>(&req, 1)).wait();
-    written_ += rec.padded;
+    return opt_.engine->submit(std::span<const swap::IoRequest>(&req, 1));
+  }
+  void written(std::size_t r) {
+    written_ += opt_.records[r].padded;
     opt_.checkpoint_phase("data", written_);
+  }
+  void write_record(swap::FileId id, std::size_t r, std::byte* base) {
+    submit_write(id, r, base).wait();
+    written(r);
+  }
+
+  // Returns when a sync of the commit should start: at once while no step is open and the
+  // time between steps has just begun (or was never seen: no steps), else at the next step's
+  // close. A sync started late between steps ran into the next step: on ext4 behind a virtual
+  // disk the state file's fsync took 0.3-0.45 s, and started 0.2 s into 0.3 s between steps it
+  // stretched the next step from 0.17 s to 0.53 s. Bounded: if no step closes within twice
+  // the last time between steps, it starts once none is open (the steps stopped, or no longer
+  // pause); steps back to back (no moment without one) let it start at the first close.
+  void wait_between_steps() {
+    std::unique_lock lk(mu_);
+    const std::uint64_t seen = closes_;
+    auto open_over = [&] { return !step_open_ || closes_ != seen; };
+    if (step_open_) {
+      cv_.wait(lk, open_over);
+      return;
+    }
+    if (last_idle_ <= OptClock::duration::zero()) return;
+    if (OptClock::now() - last_close_ < last_idle_ / 2) return;
+    if (cv_.wait_until(lk, last_close_ + 2 * last_idle_, [&] { return closes_ != seen; })) return;
+    cv_.wait(lk, open_over);
   }
 
   // A copy made from a ring buffer before the update verified it: check it against the
@@ -622,6 +685,85 @@ class OffloadedOptimizer::Impl::AsyncSave {
     }
   }
 
+  // The streaming path. From the last record down: a step updates records from the first up,
+  // so the two meet once instead of the step finding, record after record, the one the save
+  // is writing; and the records the step reaches first it copies, which saves their reads.
+  // The steps' copies go first (they hold the copy buffers the next step may need); records
+  // still in place are read only between steps, up to kOwnBuffers in flight.
+  void stream_records(swap::FileId id) {
+    std::deque<InFlight> own;  // oldest first
+    std::vector<std::size_t> own_free;
+    for (std::size_t b = kCopyBuffers; b < kBuffers; ++b) own_free.push_back(b);
+    std::size_t left = state_.size();  // records at or after it are not pending
+    try {
+      for (;;) {
+        std::unique_lock lk(mu_);
+        while (left > 0 && state_[left - 1] != State::kPending) --left;
+        if (queue_.empty() && left == 0 && own.empty()) {
+          // Every record is copied or done: wait for the copies still queued to be written.
+          if (std::all_of(state_.begin(), state_.end(),
+                          [](State st) { return st == State::kDone; })) {
+            break;
+          }
+          cv_.wait(lk, [&] { return !queue_.empty(); });
+        }
+        if (!queue_.empty()) {
+          Copied c = std::move(queue_.front());
+          queue_.pop_front();
+          lk.unlock();
+          verify_copy(c);
+          write_record(id, c.record, buffers_[c.buffer].data());
+          lk.lock();
+          state_[c.record] = State::kDone;
+          free_[c.buffer] = true;
+          cv_.notify_all();
+          continue;
+        }
+        if (left > 0 && !step_open_ && !own_free.empty()) {
+          const std::size_t r = left - 1;
+          state_[r] = State::kSaving;
+          lk.unlock();
+          const std::size_t b = own_free.back();
+          own_free.pop_back();
+          const Record& rec = opt_.records[r];
+          if (opt_.nvme()) {
+            // A checked read: with swap checksums a corrupt record fails at its wait, unsaved.
+            own.push_back({r, b, opt_.store->swap_in(rec.key, buffers_[b].span()), false});
+          } else {
+            // kCpu: written from where it lives (its state is only updated by a step, which
+            // waits for a record the saver holds).
+            own.push_back({r, b, submit_write(id, r, rec.state.data()), true});
+          }
+          continue;
+        }
+        if (!own.empty()) {
+          lk.unlock();
+          InFlight& f = own.front();
+          f.io.wait();
+          if (!f.writing) {
+            f.io = submit_write(id, f.record, buffers_[f.buffer].data());
+            f.writing = true;
+            continue;
+          }
+          written(f.record);
+          own_free.push_back(f.buffer);
+          const std::size_t r = f.record;
+          own.pop_front();
+          lk.lock();
+          state_[r] = State::kDone;
+          cv_.notify_all();
+          continue;
+        }
+        // Records are pending but a step is open: wait for its copies or its end.
+        cv_.wait(lk, [&] { return !queue_.empty() || !step_open_; });
+      }
+    } catch (...) {
+      // The buffers and the state file outlive this call, not the I/O still in flight on them.
+      for (InFlight& f : own) f.io.wait_status().ignore("the save failed already");
+      throw;
+    }
+  }
+
   void run() {
     try {
       if (cloned_) {
@@ -629,54 +771,11 @@ class OffloadedOptimizer::Impl::AsyncSave {
         check_clones(att.id());
       } else {
         Attached att(*opt_.engine, v_.file);
-        // From the last record down: a step updates records from the first up, so the two
-        // meet once instead of the step finding, record after record, the one the save is
-        // writing; and the records the step reaches first it copies, which saves their reads.
-        std::size_t left = state_.size();  // records at or after it are not pending
-        for (;;) {
-          std::unique_lock lk(mu_);
-          while (left > 0 && state_[left - 1] != State::kPending) --left;
-          if (queue_.empty() && left == 0) {
-            // Every record is copied or done: wait for the copies still queued to be written.
-            if (std::all_of(state_.begin(), state_.end(),
-                            [](State s) { return s == State::kDone; })) {
-              break;
-            }
-            cv_.wait(lk, [&] { return !queue_.empty(); });
-          }
-          if (queue_.empty() && step_open_) {
-            cv_.wait(lk, [&] { return !queue_.empty() || !step_open_; });
-            continue;  // look again: the step may have copied the next record meanwhile
-          }
-          if (!queue_.empty()) {
-            Copied c = std::move(queue_.front());
-            queue_.pop_front();
-            lk.unlock();
-            verify_copy(c);
-            write_record(att.id(), c.record, buffers_[c.buffer].data());
-            lk.lock();
-            state_[c.record] = State::kDone;
-            free_[c.buffer] = true;
-            cv_.notify_all();
-            continue;
-          }
-          const std::size_t r = left - 1;
-          state_[r] = State::kSaving;
-          lk.unlock();
-          const Record& rec = opt_.records[r];
-          std::byte* base = rec.state.data();
-          if (opt_.nvme()) {
-            base = buffers_[kCopyBuffers].data();
-            // A checked read: with swap checksums a corrupt record fails here, unsaved.
-            opt_.store->swap_in(rec.key, buffers_[kCopyBuffers].span()).wait();
-          }
-          write_record(att.id(), r, base);
-          lk.lock();
-          state_[r] = State::kDone;
-          cv_.notify_all();
-        }
+        stream_records(att.id());
       }
-      opt_.commit_version(v_);
+      // Each of the commit's syncs (and the removal of the version it supersedes) starts
+      // between steps, so that a step overlaps at most one of them.
+      opt_.commit_version(v_, [this] { wait_between_steps(); });
     } catch (...) {
       error_ = status_from_current_exception();
       if (error_.operation().empty()) error_.with_operation("asynchronous checkpoint");
@@ -696,6 +795,12 @@ class OffloadedOptimizer::Impl::AsyncSave {
   std::vector<bool> free_;    // guarded by mu_: copy buffers not holding a queued copy
   bool finished_ = false;     // guarded by mu_
   bool step_open_ = false;    // guarded by mu_
+  // Guarded by mu_, for wait_between_steps: set_step_open(false) calls, the last one's time
+  // (at first, the end of the step before the save), and the time from a close to the open
+  // after it (at first, the optimizer's last).
+  std::uint64_t closes_ = 0;
+  OptClock::time_point last_close_;
+  OptClock::duration last_idle_;
   const bool cloned_;         // the reflink path: see check_clones
   const std::vector<std::vector<std::uint32_t>> cloned_sums_;  // per record, at the clone
   std::vector<swap::BufferLease> buffers_;

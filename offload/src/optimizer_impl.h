@@ -172,6 +172,11 @@ struct OffloadedOptimizer::Impl {
   // reset by the controlling thread outside a step; each step takes its own reference at
   // begin_step (StepRun::snapshot), so the pipeline never reads this member.
   std::shared_ptr<AsyncSave> async_save;
+  // When the last step ended and how long the trainer took between the two steps before it
+  // (begin_step to end_step's return; controlling thread only): a save_async starts its
+  // commit's syncs early between steps, not late (AsyncSave::wait_between_steps).
+  OptClock::time_point last_step_end{};
+  OptClock::duration last_between_steps{};
   // How the last save_async() took its snapshot; controlling thread only.
   SaveSnapshot last_snapshot = SaveSnapshot::kNone;
   std::string last_stream_reason;  // why the last streamed save_async could not clone
@@ -239,9 +244,11 @@ struct OffloadedOptimizer::Impl {
   // locks) `dir`, captures the step, hyper-parameters and layout, and creates the temporary
   // version with its state file. commit_version() syncs and closes the file, writes the
   // manifest, renames the version into place, switches LATEST and removes what the new version
-  // supersedes. abandon_version() removes a temporary version after a failure (never throws).
+  // supersedes; `between`, if set, is called before each of those syncs and the removal
+  // (save_async: to start them between steps). abandon_version() removes a temporary version
+  // after a failure (never throws).
   VersionWrite begin_version(const std::string& dir);
-  void commit_version(VersionWrite& v);
+  void commit_version(VersionWrite& v, const std::function<void()>& between = {});
   void abandon_version(VersionWrite& v) noexcept;
   void checkpoint_phase(std::string_view phase, std::uint64_t bytes) const {
     if (checkpoint_hook) checkpoint_hook(phase, bytes);

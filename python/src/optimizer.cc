@@ -149,6 +149,10 @@ void bind_optimizer(py::module_& m) {
              o.wait_save();
            })
       .def("save_in_flight", &OffloadedOptimizer::save_in_flight)
+      .def("last_save_snapshot",
+           [](const OffloadedOptimizer& o) {
+             return std::string(offload::save_snapshot_name(o.last_save_snapshot()));
+           })
       .def("load",
            [](OffloadedOptimizer& o, const std::string& dir) {
              py::gil_scoped_release nogil;

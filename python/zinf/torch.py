@@ -455,6 +455,14 @@ class _CpuAdamBase(torch.optim.Optimizer):
         """True while a save_async() is still writing or committing."""
         return self._offloaded is not None and self._offloaded.save_in_flight()
 
+    def last_save_snapshot(self):
+        """How the last save_async() took its snapshot: "reflink" (cloned from the swap
+        files on XFS or btrfs; steps copy nothing for it), "streamed" (steps copy each record
+        the save has not written yet before updating it), or "none" before the first."""
+        if self._offloaded is None:
+            return "none"
+        return self._offloaded.last_save_snapshot()
+
     def load(self, directory):
         """state='nvme': restores what save() wrote and copies the masters into the
         parameters."""

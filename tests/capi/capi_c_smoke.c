@@ -38,6 +38,15 @@ int zinf_capi_c_smoke(char* message, size_t capacity) {
              zinf_last_error());
     return 1;
   }
+  /* The snapshot enum is C too; a NULL engine is refused before *out is written. */
+  {
+    zinf_save_snapshot snapshot = ZINF_SAVE_SNAPSHOT_NONE;
+    status = zinf_engine_last_save_snapshot(NULL, &snapshot);
+    if (status != ZINF_ERR_USAGE || snapshot != ZINF_SAVE_SNAPSHOT_NONE) {
+      snprintf(message, capacity, "last_save_snapshot(NULL) gave %s", zinf_status_name(status));
+      return 1;
+    }
+  }
   zinf_engine_destroy(NULL);
   return 0;
 }

@@ -224,6 +224,7 @@ TEST(CApi, NullEngineIsUsageForEveryFunction) {
   std::size_t n = 0;
   zinf_stats stats{};
   zinf_adam_params hyper{};
+  zinf_save_snapshot snapshot = ZINF_SAVE_SNAPSHOT_NONE;
   zinf_device_kind kind = ZINF_DEVICE_AUTO;
   struct Case {
     zinf_status status;
@@ -248,6 +249,7 @@ TEST(CApi, NullEngineIsUsageForEveryFunction) {
       {zinf_engine_load(nullptr, "/tmp"), "zinf_engine_load"},
       {zinf_engine_save_async(nullptr, "/tmp"), "zinf_engine_save_async"},
       {zinf_engine_wait_save(nullptr), "zinf_engine_wait_save"},
+      {zinf_engine_last_save_snapshot(nullptr, &snapshot), "zinf_engine_last_save_snapshot"},
       {zinf_engine_stats(nullptr, &stats), "zinf_engine_stats"},
   };
   for (const Case& c : cases) {
@@ -540,9 +542,17 @@ TEST(CApi, SaveAndLoadRestoreTheWeights) {
   EXPECT_DOUBLE_EQ(p.lr, saved_lr);
 
   // zinf_engine_save_async: the checkpoint holds the weights at the call although a step runs
-  // before zinf_engine_wait_save.
+  // before zinf_engine_wait_save. This engine's optimizer state is in memory (the cpu tier),
+  // which a save always streams; none is reported before the first.
   const std::string ckpt2 = dir.subdir("ckpt2");
+  zinf_save_snapshot snapshot = ZINF_SAVE_SNAPSHOT_REFLINK;
+  ASSERT_EQ(zinf_engine_last_save_snapshot(h.e, &snapshot), ZINF_OK) << zinf_last_error();
+  EXPECT_EQ(snapshot, ZINF_SAVE_SNAPSHOT_NONE);
   ASSERT_EQ(zinf_engine_save_async(h.e, ckpt2.c_str()), ZINF_OK) << zinf_last_error();
+  ASSERT_EQ(zinf_engine_last_save_snapshot(h.e, &snapshot), ZINF_OK) << zinf_last_error();
+  EXPECT_EQ(snapshot, ZINF_SAVE_SNAPSHOT_STREAMED);
+  EXPECT_EQ(zinf_engine_last_save_snapshot(h.e, nullptr), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(), "zinf_engine_last_save_snapshot: out is NULL");
   ASSERT_EQ(zinf_engine_set_gradients(h.e, 0, g.data(), 1000, ZINF_DTYPE_F32), ZINF_OK);
   ASSERT_EQ(zinf_engine_step(h.e, nullptr), ZINF_OK) << zinf_last_error();
   ASSERT_EQ(zinf_engine_wait_save(h.e), ZINF_OK) << zinf_last_error();

@@ -1,22 +1,25 @@
 // SPDX-License-Identifier: Apache-2.0
 // OffloadedOptimizer::save_async: the checkpoint written while steps run is byte for byte the
 // one save() writes of the same state (state file and manifest), on both tiers; a step copies
-// a record the save still needs (and only such a record); the contract's corners (a second
-// save, a save inside a step, destruction with a save in flight, a failed write reported by
-// wait_save with file, offset and length and no half version left); and a process killed
-// during an asynchronous save leaves the previous checkpoint loadable.
+// a record the save still needs (and only such a record) and waits for one the save holds in
+// flight; the commit ends with steps back to back and without steps; the contract's corners
+// (a second save, a save inside a step, destruction with a save in flight, a failed write
+// reported by wait_save with file, offset and length and no half version left); and a process
+// killed during an asynchronous save leaves the previous checkpoint loadable.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <future>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -180,6 +183,104 @@ TEST_P(AsyncCheckpoint, RefusesAnEmptyDirectoryAndASaveInsideAStep) {
   (void)a.end_step();
   EXPECT_FALSE(a.save_in_flight());
   EXPECT_FALSE(fs::exists(dir_.file("ckpt")));
+}
+
+// The saver keeps two records in flight (one read while the one before is written) and steps
+// update records meanwhile: a step finds the records the saver holds (waited for), those it
+// has not reached (copied) and those it wrote. Many records and two saves: the saver held in
+// its first record while a step updates the first group (copies), then held for a while in
+// its first record, the next one in flight, while a step updates that record (waits for it).
+// Full steps follow back to back; each checkpoint equals save()'s bytes.
+TEST_P(AsyncCheckpoint, RecordsInFlightWhileStepsUpdateThemAreSavedAsSaveWritesThem) {
+  const std::vector<ParamGroupSpec> groups{
+      {"head", 8 * test::kOddSubGroup}, {"body", 32 * test::kOddSubGroup + 5}, {"tail", 3}};
+  OffloadedOptimizer a(options_for(GetParam(), dir_), groups);
+  test::init_all(a);
+  test::run_steps(a, 1, 1);
+  std::uint64_t step = 1;
+  auto full_steps = [&](int count) {  // back to back, while the save may still be writing
+    for (int i = 0; i < count; ++i) {
+      test::StepGrads sg(groups, ++step, DType::kF32);
+      (void)a.step(sg.views);
+    }
+  };
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    const std::string sync_dir = dir_.file("sync" + std::to_string(round));
+    const std::string async_dir = dir_.file("async" + std::to_string(round));
+    const test::State at_save = test::read_all(a);
+    a.save(sync_dir);
+    SaverGate gate;
+    std::promise<void> entered;
+    if (round == 0) {
+      // Held in its first record's "data" phase: a step over "head" alone copies its records
+      // (the saver holds the last record and the one before, of "tail" and "body").
+      gate.install(a);
+    } else {
+      // Held there for 300 ms, not until release(): the step below waits for the record the
+      // saver holds, so it cannot return before the saver goes on.
+      auto opened = gate.opened;
+      auto first = std::make_shared<bool>(true);
+      test_hooks::set_checkpoint_hook(
+          a, [opened, first, &entered](std::string_view phase, std::uint64_t) {
+            if (phase == "data" && *first) {
+              *first = false;
+              entered.set_value();
+              (void)opened.wait_for(std::chrono::milliseconds(300));
+            }
+          });
+    }
+    a.save_async(async_dir);
+    if (round == 0) {
+      test::StepGrads head(groups, ++step, DType::kF32);
+      const std::uint64_t copied = a.step(std::span(&head.views[0], 1)).snapshot_copy_bytes;
+      EXPECT_GT(copied, 0u);
+      EXPECT_EQ(copied % 4096, 0u);
+      gate.release();
+    } else {
+      entered.get_future().wait();  // "tail", the last record, is written and not yet done
+      test::StepGrads tail(groups, ++step, DType::kF32);
+      const StepStats st = a.step(std::span(&tail.views[2], 1));
+      EXPECT_GT(st.snapshot_wait_seconds, 0.0);
+      EXPECT_EQ(st.snapshot_copy_bytes, 0u);
+      gate.release();
+    }
+    full_steps(3);
+    a.wait_save();
+    test_hooks::set_checkpoint_hook(a, {});  // it refers to this round's `entered`
+    expect_same_checkpoint(async_dir, sync_dir);
+    // The next round saves this state again, from where the load puts the optimizer.
+    a.load(async_dir);
+    EXPECT_EQ(test::diff(test::read_all(a), at_save), "");
+  }
+}
+
+// The commit's syncs start between steps; steps back to back leave no moment without one, and
+// the save still ends (at a step's close) without wait_save. Without steps it ends by itself.
+TEST_P(AsyncCheckpoint, CommitsWhileStepsRunBackToBackAndWithoutSteps) {
+  const auto groups = test::odd_groups();
+  const std::string ckpt = dir_.file("ckpt");
+  test::State at_second;
+  {  // the checkpoint directory is locked for `a` until it is gone
+    OffloadedOptimizer a(options_for(GetParam(), dir_), groups);
+    test::init_all(a);
+    test::run_steps(a, 1, 1);
+    a.save_async(ckpt);
+    std::uint64_t t = 2;
+    for (; a.save_in_flight() && t < 2000; ++t) test::run_steps(a, t, t);
+    EXPECT_FALSE(a.save_in_flight()) << "still saving after " << t << " steps";
+    a.wait_save();
+    at_second = test::read_all(a);
+    a.save_async(ckpt);
+    for (int i = 0; a.save_in_flight() && i < 20000; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_FALSE(a.save_in_flight());
+    a.wait_save();
+  }
+  OffloadedOptimizer b(options_for(GetParam(), dir_, "nvme-b"), groups);
+  b.load(ckpt);
+  EXPECT_EQ(test::diff(test::read_all(b), at_second), "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiers, AsyncCheckpoint,

@@ -129,7 +129,10 @@ def test_save_async_holds_the_state_at_the_call_while_steps_go_on(tmp_path):
                   sub_group_size=4096)
     train(a, opt_a, 3, seed=1)
     at_save = [p.detach().clone() for p in a.parameters()]
+    assert opt_a.last_save_snapshot() == "none"
     opt_a.save_async(tmp_path / "ckpt")
+    # Cloned where tmp_path is on XFS or btrfs (the swap files are there too), else streamed.
+    assert opt_a.last_save_snapshot() in ("reflink", "streamed")
     train(a, opt_a, 3, seed=2)  # while the save may still be writing
     opt_a.wait_save()
     assert not opt_a.save_in_flight()
@@ -143,3 +146,5 @@ def test_save_async_holds_the_state_at_the_call_while_steps_go_on(tmp_path):
         assert torch.equal(pa, pb)
     with pytest.raises(ValueError, match="save_async inside|empty"):
         opt_b.save_async("")
+    # state="cpu" has no save_async: never a snapshot.
+    assert AdamW(make_model().parameters(), lr=1e-2).last_save_snapshot() == "none"

@@ -113,6 +113,8 @@ enum class SaveSnapshot : std::uint8_t {
   kReflink,   ///< kNvme: the records were cloned from the swap files (FICLONERANGE) at the call
   kStreamed,  ///< the records are streamed, steps copying each before they overwrite it
 };
+/// "none", "reflink" or "streamed" (the Python bindings' spelling).
+std::string_view save_snapshot_name(SaveSnapshot snapshot) noexcept;
 
 /// What one step did, measured between begin_step() and the end of end_step().
 struct StepStats {
@@ -342,12 +344,14 @@ class OffloadedOptimizer {
   /// before a step updates a record the save has not written yet, the step copies the
   /// record's bytes into one of the save's eight buffers (a bounded copy: one record,
   /// record_bytes(); the step waits only while all eight hold copies not yet written) and the
-  /// save writes that copy; a record being written at that moment is
-  /// waited for. StepStats::snapshot_copy_bytes and snapshot_wait_seconds say what that cost.
-  /// The save holds 9 x record_bytes() of host memory (not pinned, outside
+  /// save writes that copy; a record the save is reading or writing at that moment (two at
+  /// most) is waited for. StepStats::snapshot_copy_bytes and snapshot_wait_seconds say what
+  /// that cost. The save holds 10 x record_bytes() of host memory (not pinned, outside
   /// pinned_budget_bytes) and, kNvme, reads the records not yet updated from the swap store
-  /// (checked against its checksums). A kill at any point leaves the previous checkpoint
-  /// loadable (the version is renamed into place only when complete and synced).
+  /// (checked against its checksums), between steps only, one while it writes another. Its
+  /// commit's syncs start between steps too, preferably right after a step closes. A kill at
+  /// any point leaves the previous checkpoint loadable (the version is renamed into place
+  /// only when complete and synced).
   ///
   /// Reflink. With kNvme, where the checkpoint directory is on the file system of every swap
   /// file and that file system clones ranges (FICLONERANGE: XFS, btrfs), this call clones every
