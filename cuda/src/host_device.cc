@@ -18,6 +18,7 @@
 #include <variant>
 
 #include "dma_copy.h"
+#include "zinf/cuda/testing.h"
 #include "zinf/common/error.h"
 #include "zinf/common/log.h"
 
@@ -313,11 +314,28 @@ std::byte* HostDevice::do_allocate(std::size_t bytes) {
   // take 30-80 ms instead of 0.3-0.5 ms, so the simulation would charge its own faults to the
   // first copies. Touch the pages here, inside allocate(), which blocks anyway.
   std::memset(p, 0, bytes);
+  {
+    std::lock_guard lock(allocations_mu_);
+    allocations_.emplace(reinterpret_cast<std::uintptr_t>(p), bytes);
+  }
   return static_cast<std::byte*>(p);
 }
 
 void HostDevice::do_free(std::byte* data, std::size_t /*bytes*/) noexcept {
+  {
+    std::lock_guard lock(allocations_mu_);
+    allocations_.erase(reinterpret_cast<std::uintptr_t>(data));
+  }
   ::operator delete(data, kDeviceAlignment);
+}
+
+bool HostDevice::owns(const void* data, std::size_t bytes) const {
+  const auto start = reinterpret_cast<std::uintptr_t>(data);
+  std::lock_guard lock(allocations_mu_);
+  auto it = allocations_.upper_bound(start);
+  if (it == allocations_.begin()) return false;
+  --it;
+  return start - it->first <= it->second && bytes <= it->second - (start - it->first);
 }
 
 std::shared_ptr<StreamImpl> HostDevice::do_create_stream(std::uint64_t id) {
@@ -415,3 +433,16 @@ std::unique_ptr<Device> make_host_device(const DeviceOptions& options) {
 }
 
 }  // namespace zinf::cuda::detail
+
+namespace zinf::cuda::test_hooks {
+
+bool host_device_owns(const Device& device, const void* data, std::size_t bytes) {
+  // kHost is made only by make_host_device, so the device is a HostDevice.
+  if (device.kind() != DeviceKind::kHost) {
+    throw UsageError("host_device_owns: " + std::string(device.name()) +
+                     " is not the host simulation");
+  }
+  return static_cast<const detail::HostDevice&>(device).owns(data, bytes);
+}
+
+}  // namespace zinf::cuda::test_hooks

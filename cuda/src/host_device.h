@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 
@@ -41,6 +42,9 @@ class HostDevice final : public DeviceBase {
   CopyLane& lane(CopyDirection direction) noexcept {
     return direction == CopyDirection::kToDevice ? to_device_ : to_host_;
   }
+  /// True if [data, data + bytes) lies inside one live allocation of this device
+  /// (zinf/cuda/testing.h). Thread-safe.
+  bool owns(const void* data, std::size_t bytes) const;
 
  private:
   std::byte* do_allocate(std::size_t bytes) override;
@@ -66,6 +70,10 @@ class HostDevice final : public DeviceBase {
 
   CopyLane to_device_;
   CopyLane to_host_;
+  // Live allocations, start address -> length: device memory is host memory here, so only
+  // this record tells a device buffer from any other readable host address.
+  mutable std::mutex allocations_mu_;
+  std::map<std::uintptr_t, std::size_t> allocations_;
 };
 
 std::unique_ptr<Device> make_host_device(const DeviceOptions& options);

@@ -6,11 +6,13 @@
 // (shard_common.h).
 #include "zinf/dist/sharded_engine.h"
 
+#include "host_staging.h"
 #include "shard_common.h"
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -26,9 +28,10 @@
 namespace zinf::dist {
 namespace {
 
-// One full layer being fetched: its device buffer, and the host buffer the all-gather fills
-// (kept until the next fetch into this slot waits for the compute stream, which has then
-// finished the copy out of it).
+// One full layer being fetched: its device buffer, and, with a host-memory backend, the host
+// buffer the all-gather fills (kept until the next fetch into this slot waits for the compute
+// stream, which has then finished the copy out of it). A device-memory backend all-gathers
+// into the device buffer itself.
 struct FetchSlot {
   cuda::DeviceBuffer device;
   std::vector<std::byte> host;
@@ -72,6 +75,13 @@ struct ShardedEngine::Impl {
   Collectives& comm;
   cuda::Device& device;
   cuda::StreamRef compute;
+  // Every collective on host data (gradients, master weights, failure flags, the norm,
+  // checkpoints) goes through `host`, staged through device memory where `comm` wants it; only
+  // fetch's all-gather calls `comm` itself. The staging copies have a stream of their own, so
+  // that set_gradients does not wait for the compute stream's queue (the backward still
+  // running); empty with a host-memory backend.
+  cuda::Stream staging;
+  detail::HostStaging host;
   std::vector<offload::LayerSpec> layers;  // full sizes
   std::vector<std::uint64_t> shard;        // elements per rank, per layer
   std::unique_ptr<offload::OffloadEngine> local;
@@ -82,12 +92,22 @@ struct ShardedEngine::Impl {
   std::vector<bool> has_grads;  // this step's set_gradients so far, per layer
   std::vector<float> padded;    // one full padded layer of fp32 at a time
   std::vector<std::byte> host_slice;
+  // Device gradients: their host copy where they take the host path (a host-memory backend,
+  // bf16/fp16, a padded layer), and the device block a device-memory backend's reduce-scatter
+  // writes this rank's averaged slice into (grown to the largest slice).
+  std::vector<std::byte> grads_host;
+  cuda::DeviceBuffer slice_device;
   std::vector<FetchSlot> slots;
   std::vector<bool> fetched_alone;  // one rank: layers fetched straight from the engine
   // Set by the staged step's reducer once this rank has entered the step's all-reduce.
   bool reduced_this_step = false;
 
-  Impl(Collectives& c, cuda::Device& d, cuda::StreamRef s) : comm(c), device(d), compute(s) {}
+  Impl(Collectives& c, cuda::Device& d, cuda::StreamRef s)
+      : comm(c),
+        device(d),
+        compute(s),
+        staging(c.memory() == MemoryKind::kDevice ? d.create_stream() : cuda::Stream()),
+        host(c, d, staging) {}
   // The compute stream may still be copying a fetched layer out of a slot's host buffer (or
   // reading its device buffer): they are freed only once it is done.
   ~Impl() {
@@ -109,6 +129,26 @@ struct ShardedEngine::Impl {
     }
     return layers[l];
   }
+  void check_no_grads(std::size_t l) const {
+    if (has_grads[l]) {
+      throw UsageError("ShardedEngine::set_gradients: layer '" + layers[l].name +
+                       "' already has gradients for this step");
+    }
+  }
+  // Widens and pads `grads` (host memory, numel elements), averages them over the ranks and
+  // hands this rank's slice to its engine.
+  void average_host_grads(std::size_t l, adam::GradView grads);
+  // Where layer l's averaged slice goes (sized), then handing it to the rank's engine: the
+  // last part of either set_gradients path.
+  std::span<float> grad_slice(std::size_t l) {
+    std::vector<float>& slice = shard_grads[staged ? 0 : l];
+    slice.resize(shard[l]);
+    return slice;
+  }
+  void hand_over(std::size_t l, std::span<const float> slice) {
+    has_grads[l] = true;  // the update may read the slice from here on (on_arrival)
+    local->set_gradients(l, adam::GradView::f32(slice));
+  }
   void check_size(std::size_t l, std::size_t got, const char* op) const {
     if (got != layers[l].numel) {
       throw UsageError(std::string("ShardedEngine::") + op + ": layer '" + layers[l].name +
@@ -128,11 +168,6 @@ ShardedEngine::ShardedEngine(offload::EngineConfig config, std::vector<offload::
                              Collectives& comm, const offload::test_hooks::EngineFaults* faults)
     : impl_(std::make_unique<Impl>(comm, device, compute_stream)) {
   Impl& s = *impl_;
-  if (comm.memory() != MemoryKind::kHost) {
-    throw UsageError("ShardedEngine: the collectives '" + std::string(comm.name()) +
-                     "' work on device memory; the sharded engine all-gathers through host "
-                     "memory");
-  }
   s.layers = std::move(layers);
   std::vector<offload::LayerSpec> mine;
   std::uint64_t largest = 0;
@@ -164,7 +199,7 @@ ShardedEngine::ShardedEngine(offload::EngineConfig config, std::vector<offload::
     offload::set_sum_of_squares_reducer(*s.local, [&s](double local_sum) {
       s.reduced_this_step = true;  // before the call: a failed all-reduce must not be retried
       double sum = local_sum;
-      all_reduce<double>(s.comm, std::span<double>(&sum, 1), ReduceOp::kSum);
+      all_reduce<double>(s.host, std::span<double>(&sum, 1), ReduceOp::kSum);
       return sum;
     });
   }
@@ -194,7 +229,7 @@ void ShardedEngine::set_master_weights(std::size_t layer, std::span<const float>
   Impl& s = *impl_;
   s.at(layer, "set_master_weights");
   s.check_size(layer, weights.size(), "set_master_weights");
-  detail::on_every_rank(s.comm, "ShardedEngine::set_master_weights", [&] {
+  detail::on_every_rank(s.host, "ShardedEngine::set_master_weights", [&] {
     std::vector<float> slice(s.shard[layer]);
     detail::copy_slice(weights, s.comm.rank(), slice);
     s.local->set_master_weights(layer, slice);
@@ -206,10 +241,10 @@ void ShardedEngine::read_master_weights(std::size_t layer, std::span<float> out)
   s.at(layer, "read_master_weights");
   s.check_size(layer, out.size(), "read_master_weights");
   std::vector<float> slice(s.shard[layer]);
-  detail::on_every_rank(s.comm, "ShardedEngine::read_master_weights",
+  detail::on_every_rank(s.host, "ShardedEngine::read_master_weights",
                         [&] { s.local->read_master_weights(layer, slice); });
   const std::span<float> full(s.padded.data(), s.padded_numel(layer));
-  all_gather<float>(s.comm, slice, full);
+  all_gather<float>(s.host, slice, full);
   std::copy_n(full.begin(), out.size(), out.begin());
 }
 
@@ -231,15 +266,18 @@ cuda::DeviceSpan ShardedEngine::fetch(std::size_t layer) {
   const std::size_t elem = dtype_size(spec.param_dtype);
   const std::size_t slice_bytes = s.shard[layer] * elem;
   const std::size_t full_bytes = s.padded_numel(layer) * elem;
-  // This rank's slice reaches the host after the compute stream's earlier work (the
-  // collectives read host memory); a failed read is this rank's, told to every rank.
-  s.host_slice.resize(slice_bytes);
+  // This rank's slice is read after the compute stream's earlier work, for which the host
+  // waits: a host-memory backend gets a host copy of it, a device-memory one reads it where the
+  // engine fetched it. A failed read is this rank's, told to every rank.
+  const bool on_device = s.comm.memory() == MemoryKind::kDevice;
+  if (!on_device) s.host_slice.resize(slice_bytes);
+  cuda::DeviceSpan own;
   fetched = false;
   try {
-    detail::on_every_rank(s.comm, "ShardedEngine::fetch", [&] {
-      const cuda::DeviceSpan own = s.local->fetch(layer);
+    detail::on_every_rank(s.host, "ShardedEngine::fetch", [&] {
+      own = s.local->fetch(layer);
       fetched = true;
-      s.device.copy_to_host(s.compute, s.host_slice, own);
+      if (!on_device) s.device.copy_to_host(s.compute, s.host_slice, own);
       s.device.synchronize(s.compute);
     });
   } catch (...) {
@@ -255,10 +293,18 @@ cuda::DeviceSpan ShardedEngine::fetch(std::size_t layer) {
   // The compute stream is idle here (synchronized above), so the slot's earlier copy out of
   // its host buffer is over and its device buffer is no longer read.
   if (slot->device.size() < full_bytes) slot->device = s.device.allocate(full_bytes);
-  slot->host.resize(full_bytes);
-  s.comm.all_gather(s.host_slice, slot->host);
   const cuda::DeviceSpan full = slot->device.span(0, spec.numel * elem);
-  s.device.copy_to_device(s.compute, full, std::span(slot->host).first(spec.numel * elem));
+  if (on_device) {
+    // Slice to full layer on the device, no host round trip. The backend returns once the
+    // result is in place (on whichever stream it runs), so what the caller then enqueues on
+    // the compute stream reads it.
+    s.comm.all_gather(std::span<const std::byte>(own.data(), own.size()),
+                      std::span(slot->device.data(), full_bytes));
+  } else {
+    slot->host.resize(full_bytes);
+    s.comm.all_gather(s.host_slice, slot->host);
+    s.device.copy_to_device(s.compute, full, std::span(slot->host).first(spec.numel * elem));
+  }
   slot->layer = layer;
   return full;
 }
@@ -281,27 +327,85 @@ void ShardedEngine::release(std::size_t layer) {
   throw UsageError("ShardedEngine::release: layer '" + s.layers[layer].name + "' is not fetched");
 }
 
+void ShardedEngine::Impl::average_host_grads(std::size_t l, adam::GradView grads) {
+  const std::uint64_t n = layers[l].numel;
+  const std::span<float> full(padded.data(), padded_numel(l));
+  widen(grads, full.first(n));
+  std::fill(full.begin() + static_cast<std::ptrdiff_t>(n), full.end(), 0.0f);
+  const std::span<float> slice = grad_slice(l);
+  reduce_scatter<float>(host, full, slice, ReduceOp::kAvg);
+  hand_over(l, slice);
+}
+
 void ShardedEngine::set_gradients(std::size_t layer, adam::GradView grads) {
   Impl& s = *impl_;
   s.at(layer, "set_gradients");
   s.check_size(layer, grads.size, "set_gradients");
-  if (s.has_grads[layer]) {
-    throw UsageError("ShardedEngine::set_gradients: layer '" + s.layers[layer].name +
-                     "' already has gradients for this step");
-  }
+  s.check_no_grads(layer);
   if (grads.data == nullptr) {
     throw UsageError("ShardedEngine::set_gradients: null gradients for layer '" +
                      s.layers[layer].name + "'");
   }
-  const std::uint64_t n = s.layers[layer].numel;
-  const std::span<float> full(s.padded.data(), s.padded_numel(layer));
-  widen(grads, full.first(n));
-  std::fill(full.begin() + static_cast<std::ptrdiff_t>(n), full.end(), 0.0f);
-  std::vector<float>& slice = s.shard_grads[s.staged ? 0 : layer];
-  slice.resize(s.shard[layer]);
-  reduce_scatter<float>(s.comm, full, slice, ReduceOp::kAvg);
-  s.has_grads[layer] = true;  // the update may read the slice from here on (on_arrival)
-  s.local->set_gradients(layer, adam::GradView::f32(slice));
+  s.average_host_grads(layer, grads);
+}
+
+void ShardedEngine::set_gradients(std::size_t layer, cuda::DeviceSpan grads, DType dtype) {
+  Impl& s = *impl_;
+  const offload::LayerSpec& spec = s.at(layer, "set_gradients");
+  const std::string rank = " (rank " + std::to_string(s.comm.rank()) + ")";
+  if (grads.size() != spec.numel * dtype_size(dtype)) {
+    throw UsageError("ShardedEngine::set_gradients: layer '" + spec.name + "' has " +
+                     std::to_string(spec.numel) + " elements, got " +
+                     std::to_string(grads.size()) + " bytes of " + std::string(dtype_name(dtype)) +
+                     " gradients in device memory" + rank);
+  }
+  if (grads.device() != &s.device) {
+    throw UsageError("ShardedEngine::set_gradients: layer '" + spec.name +
+                     "': the gradients are not in the memory of device " +
+                     std::string(s.device.name()) + rank);
+  }
+  if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16) {
+    throw UsageError("ShardedEngine::set_gradients: unknown gradient dtype for layer '" +
+                     spec.name + "'" + rank);
+  }
+  s.check_no_grads(layer);
+  // fp32 gradients of a layer that needs no padding are reduce-scattered where they are, by a
+  // device-memory backend; anything else (a host-memory backend, bf16/fp16 to widen, padding
+  // to add: zinf::cuda has no device-side copy or conversion) is copied to the host whole and
+  // takes the host path.
+  const std::size_t slice_bytes = s.shard[layer] * sizeof(float);
+  const bool in_place = s.comm.memory() == MemoryKind::kDevice && dtype == DType::kF32 &&
+                        s.padded_numel(layer) == spec.numel &&
+                        reinterpret_cast<std::uintptr_t>(grads.data()) % alignof(float) == 0;
+  // The gradients are read after the compute stream's work enqueued so far (which wrote them),
+  // for which the host waits: the collective that follows blocks it anyway. A failed wait or
+  // copy is this rank's, told to every rank before the reduce-scatter.
+  detail::on_every_rank(s.host, "ShardedEngine::set_gradients", [&] {
+    if (in_place) {
+      if (s.slice_device.size() < slice_bytes) {
+        s.slice_device.reset();
+        s.slice_device = s.device.allocate(slice_bytes);
+      }
+    } else {
+      s.grads_host.resize(grads.size());
+      s.device.copy_to_host(s.compute, s.grads_host, grads);
+    }
+    s.device.synchronize(s.compute);
+  });
+  if (!in_place) {
+    s.average_host_grads(layer, {s.grads_host.data(), static_cast<std::size_t>(spec.numel), dtype});
+    return;
+  }
+  s.comm.reduce_scatter(std::span<const std::byte>(grads.data(), grads.size()),
+                        std::span(s.slice_device.data(), slice_bytes), ElementType::kF32,
+                        ReduceOp::kAvg);
+  // Only this rank's slice of the average crosses to the host (the backend's call returned
+  // with it in place).
+  const std::span<float> slice = s.grad_slice(layer);
+  s.device.copy_to_host(s.staging, std::as_writable_bytes(slice),
+                        s.slice_device.span(0, slice_bytes));
+  s.device.synchronize(s.staging);
+  s.hand_over(layer, slice);
 }
 
 offload::StepStats ShardedEngine::step() {
@@ -321,12 +425,12 @@ offload::StepStats ShardedEngine::step() {
   if (mine && s.staged && s.comm.size() > 1 && !s.reduced_this_step) {
     double nan = std::numeric_limits<double>::quiet_NaN();
     try {
-      all_reduce<double>(s.comm, std::span<double>(&nan, 1), ReduceOp::kSum);
+      all_reduce<double>(s.host, std::span<double>(&nan, 1), ReduceOp::kSum);
     } catch (...) {
       mine = std::current_exception();
     }
   }
-  detail::all_reduce_failures(s.comm, "ShardedEngine::step", mine);
+  detail::all_reduce_failures(s.host, "ShardedEngine::step", mine);
   return stats;
 }
 
@@ -340,13 +444,13 @@ void ShardedEngine::set_hyper(std::size_t layer, const adam::AdamParams& hyper) 
 }
 
 void ShardedEngine::save(const std::string& dir) {
-  detail::save_sharded(impl_->comm, "ShardedEngine::save", dir,
+  detail::save_sharded(impl_->host, "ShardedEngine::save", dir,
                        detail::manifest_of("zinf-sharded-engine 1", "layer", impl_->layers),
                        [this](const std::string& mine) { impl_->local->save(mine); });
 }
 
 void ShardedEngine::load(const std::string& dir) {
-  detail::load_sharded(impl_->comm, "ShardedEngine::load", dir,
+  detail::load_sharded(impl_->host, "ShardedEngine::load", dir,
                        detail::manifest_of("zinf-sharded-engine 1", "layer", impl_->layers),
                        [this](const std::string& mine) { impl_->local->load(mine); });
 }

@@ -15,6 +15,7 @@
 #include "support/self_exec.h"
 #include "zinf/common/error.h"
 #include "zinf/cuda/device.h"
+#include "zinf/cuda/testing.h"
 
 namespace zinf::cuda {
 namespace {
@@ -65,6 +66,21 @@ TEST(HostDevice, DeviceMemoryIsHostMemory) {
   device->copy_to_device(s, buf.span(), in);
   device->synchronize(s);
   EXPECT_EQ(check_pattern({buf.data(), kSize}, 2, 0, 3), "");
+}
+
+// Device memory is host memory, yet the device knows its own: a buffer's bytes are its, a host
+// buffer's and a freed buffer's are not, and a range may not run past its buffer.
+TEST(HostDevice, OwnsItsAllocationsOnly) {
+  auto device = host_device();
+  DeviceBuffer buf = device->allocate(4096);
+  EXPECT_TRUE(test_hooks::host_device_owns(*device, buf.data(), 4096));
+  EXPECT_TRUE(test_hooks::host_device_owns(*device, buf.data() + 4000, 96));
+  EXPECT_FALSE(test_hooks::host_device_owns(*device, buf.data() + 4000, 97));
+  PageBuffer host(4096);
+  EXPECT_FALSE(test_hooks::host_device_owns(*device, host.data(), 1));
+  const std::byte* freed = buf.data();
+  buf.reset();
+  EXPECT_FALSE(test_hooks::host_device_owns(*device, freed, 1));
 }
 
 // The cap is a host-simulation feature (it models PCIe); a CUDA device has no such option.

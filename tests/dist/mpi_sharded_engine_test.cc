@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // ShardedEngine under mpirun (2 and 3 ranks, MPI collectives): the checks of sharded_engine_test
 // on real processes. Every rank fetches and ends bitwise as one OffloadEngine fed the averaged
-// gradients (cpu tiers on_arrival; nvme tiers staged, clipped, one overflow skipped by all); a
+// gradients (cpu tiers on_arrival; nvme tiers staged, clipped, one overflow skipped by all; bf16
+// device gradients); a
 // checkpoint saved by every rank reloads, and a job of another world size refuses it; one rank's
 // failed parameter read fails every rank's fetch, naming it.
 #include <mpi.h>
@@ -53,12 +54,16 @@ class SharedDir {
 };
 
 TEST(MpiShardedEngine, EveryRankFetchesAndEndsBitwiseAsOneEngine) {
+  // The third: bf16 gradients in device memory, copied to the host for MPI.
   for (const ShardedCase c : {ShardedCase{OffloadDevice::kCpu, OffloadDevice::kCpu, false},
-                              ShardedCase{OffloadDevice::kNvme, OffloadDevice::kNvme, true}}) {
+                              ShardedCase{OffloadDevice::kNvme, OffloadDevice::kNvme, true},
+                              ShardedCase{OffloadDevice::kCpu, OffloadDevice::kCpu, true,
+                                          test::GradPlace::kDevice, DType::kBF16}}) {
     SCOPED_TRACE(::testing::PrintToString(c));
     zinf::test::TestDir dir;  // this rank's own
     const test::Trace want = test::reference_trace(c, dir.subdir("reference"));
-    test::check_sharded_engine(comm(), c, dir.subdir("nvme"), want);
+    test::RankDevice d;
+    test::check_sharded_engine(comm(), d, c, dir.subdir("nvme"), want);
     EXPECT_EQ(
         std::filesystem::is_directory(dir.path() + "/nvme/rank" + std::to_string(comm().rank())),
         c.param == OffloadDevice::kNvme && comm().size() > 1);
@@ -71,12 +76,12 @@ TEST(MpiShardedEngine, ACheckpointReloadsAcrossRanksAndAnotherWorldSizeIsRefused
   const test::Trace want = test::reference_trace(c, dir.subdir("reference"));
   SharedDir shared;
   const std::string ckpt = shared.path() + "/ckpt";
-  test::check_sharded_engine(comm(), c, dir.subdir("nvme"), want, ckpt);
+  test::RankDevice d;
+  test::check_sharded_engine(comm(), d, c, dir.subdir("nvme"), want, ckpt);
   EXPECT_TRUE(
       std::filesystem::exists(ckpt + "/rank" + std::to_string(comm().rank()) + "/zinf-sharded"));
   // Each process alone (a world of 1) is another world size.
   auto alone = make_local_collectives();
-  test::RankDevice d;
   ShardedEngine e(test::sharded_config(c, dir.subdir("alone")), test::sharded_layers(), *d.device,
                   d.compute.ref(), *alone);
   try {

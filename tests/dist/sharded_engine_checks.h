@@ -7,6 +7,8 @@
 // any world size and the sum of squares exact in double (the clipped norm is then the same too).
 #pragma once
 
+#include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -36,18 +38,35 @@ inline std::vector<offload::LayerSpec> sharded_layers() {
   return {{"embed", 1001, DType::kBF16}, {"bias", 5, DType::kF16}, {"proj", 2048, DType::kBF16}};
 }
 
-/// What a run exercises: the tiers, and the staged mode with clipping and one overflow step.
+/// Where a rank's gradients are handed in: host memory, or a device buffer of its device
+/// written on the compute stream.
+enum class GradPlace { kHost, kDevice };
+
+/// What a run exercises: the tiers, the staged mode with clipping and one overflow step, and
+/// the sharded ranks' gradients (placement and dtype; the 1-rank reference always gets fp32 in
+/// host memory, the same values).
 struct ShardedCase {
   OffloadDevice param = OffloadDevice::kCpu;
   OffloadDevice optimizer = OffloadDevice::kCpu;
   bool staged = false;  // staged, clipped (the coefficient < 1), an inf in step kOverflowStep
+  GradPlace grads = GradPlace::kHost;
+  DType grad_dtype = DType::kF32;
 };
 
-// Failure messages show the case, not its bytes (found by ADL).
-inline void PrintTo(const ShardedCase& c, std::ostream* os) {
-  *os << offload::offload_device_name(c.param) << "/" << offload::offload_device_name(c.optimizer)
-      << (c.staged ? " staged" : " on_arrival");
+/// The case as a test name's part: "cpu_cpu_on_arrival", "..._device_bf16_grads".
+inline std::string case_name(const ShardedCase& c) {
+  std::string name = std::string(offload::offload_device_name(c.param)) + "_" +
+                     std::string(offload::offload_device_name(c.optimizer)) +
+                     (c.staged ? "_staged" : "_on_arrival");
+  if (c.grads == GradPlace::kDevice || c.grad_dtype != DType::kF32) {
+    name += std::string(c.grads == GradPlace::kDevice ? "_device_" : "_host_") +
+            std::string(dtype_name(c.grad_dtype)) + "_grads";
+  }
+  return name;
 }
+
+// Failure messages show the case, not its bytes (found by ADL).
+inline void PrintTo(const ShardedCase& c, std::ostream* os) { *os << case_name(c); }
 
 constexpr std::uint64_t kSteps = 3;
 constexpr std::uint64_t kOverflowStep = 2;
@@ -107,14 +126,20 @@ inline std::vector<float> rank_grads(const ShardedCase& c, std::size_t layer, st
   return g;
 }
 
-/// A HostDevice and its compute stream, one per rank.
+/// A rank's device (make_device's pick, or one the caller lends) and its compute stream.
 struct RankDevice {
-  std::unique_ptr<cuda::Device> device = cuda::make_device(cuda::DeviceOptions{});
-  cuda::Stream compute = device->create_stream();
+  RankDevice() : owned(cuda::make_device(cuda::DeviceOptions{})), device(owned.get()) {}
+  explicit RankDevice(cuda::Device& lent) : device(&lent) {}
   ~RankDevice() {
     compute = cuda::Stream();
-    device.reset();
+    owned.reset();
   }
+  RankDevice(const RankDevice&) = delete;
+  RankDevice& operator=(const RankDevice&) = delete;
+
+  std::unique_ptr<cuda::Device> owned;
+  cuda::Device* device;
+  cuda::Stream compute = device->create_stream();
 };
 
 /// What one run saw: per step, the bytes of every full layer fetched before it; the masters
@@ -139,6 +164,42 @@ std::vector<std::byte> fetch_bytes(Engine& e, RankDevice& d, std::size_t layer,
   return host;
 }
 
+// The compiler's IEEE half type (GCC 12 has no C++ _Float16 on aarch64; its __fp16 is the same).
+#if defined(__aarch64__)
+using Half = __fp16;
+#else
+using Half = _Float16;
+#endif
+
+/// A rank's gradients `g` of layer `l` handed to `e` as the case says. bf16 and fp16 hold them
+/// exactly (small integers times 2^-12, and inf), so the average is the fp32 run's. Device
+/// gradients are written on the compute stream behind a stretch of busy compute, so an engine
+/// that did not wait for that stream would read them unwritten. `narrow` and `dev` keep what
+/// the engine may read until step() returns.
+template <class Engine>
+void hand_in(Engine& e, RankDevice& d, const ShardedCase& c, std::size_t l,
+             const std::vector<float>& g, std::vector<std::uint16_t>& narrow,
+             cuda::DeviceBuffer& dev) {
+  std::span<const std::byte> bytes = std::as_bytes(std::span(g));
+  if (c.grad_dtype != DType::kF32) {
+    narrow.resize(g.size());
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      narrow[i] = c.grad_dtype == DType::kBF16
+                      ? static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(g[i]) >> 16)
+                      : std::bit_cast<std::uint16_t>(static_cast<Half>(g[i]));
+    }
+    bytes = std::as_bytes(std::span(narrow));
+  }
+  if (c.grads == GradPlace::kHost) {
+    e.set_gradients(l, adam::GradView{bytes.data(), g.size(), c.grad_dtype});
+    return;
+  }
+  dev = d.device->allocate(bytes.size());
+  d.device->enqueue_busy(d.compute.ref(), std::chrono::milliseconds(10));
+  d.device->copy_to_device(d.compute.ref(), dev.span(), bytes);
+  e.set_gradients(l, dev.span(), c.grad_dtype);
+}
+
 /// Steps [first, last] of the loop: fetch every layer (recorded), hand in the gradients of
 /// `rank` of `world` (world 0: the average, for the 1-rank reference), step.
 template <class Engine>
@@ -151,16 +212,19 @@ void run_steps(Engine& e, RankDevice& d, const ShardedCase& c, int rank, int wor
     trace.fetched.push_back(std::move(seen));
     // Kept until step() returns: the on_arrival mode reads them until then.
     std::vector<std::vector<float>> grads(layers.size());
+    std::vector<std::vector<std::uint16_t>> narrow(layers.size());
+    std::vector<cuda::DeviceBuffer> on_device(layers.size());
     for (std::size_t l = layers.size(); l-- > 0;) {
       std::vector<float>& g = grads[l];
       if (world == 0) {
         g.resize(layers[l].numel);
         for (std::uint64_t i = 0; i < g.size(); ++i) g[i] = average_grad(l, t, i);
         if (c.staged && t == kOverflowStep && l == 0) g[0] = std::numeric_limits<float>::infinity();
+        e.set_gradients(l, adam::GradView::f32(g));
       } else {
         g = rank_grads(c, l, layers[l].numel, t, rank, world);
+        hand_in(e, d, c, l, g, narrow[l], on_device[l]);
       }
-      e.set_gradients(l, adam::GradView::f32(g));
     }
     const offload::StepStats st = e.step();
     trace.skipped.push_back(st.skipped);
@@ -203,12 +267,12 @@ inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) 
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-/// One rank's run, compared with `want` bitwise: every fetch, every skip, the final masters.
-/// With `ckpt`, the engine is saved after step kSteps - 1 and the last step runs on a new engine
-/// loaded from it.
-inline void check_sharded_engine(Collectives& comm, const ShardedCase& c, const std::string& dir,
-                                 const Trace& want, const std::string& ckpt = "") {
-  RankDevice d;
+/// One rank's run on `d`, compared with `want` bitwise: every fetch, every skip, the final
+/// masters. With `ckpt`, the engine is saved after step kSteps - 1 and the last step runs on a
+/// new engine loaded from it.
+inline void check_sharded_engine(Collectives& comm, RankDevice& d, const ShardedCase& c,
+                                 const std::string& dir, const Trace& want,
+                                 const std::string& ckpt = "") {
   const int rank = comm.rank();
   const int world = comm.size();
   Trace got;

@@ -4,12 +4,20 @@
 // skips the same steps and ends with bitwise its master weights, on the cpu and nvme tiers and
 // in both step modes (staged: clipped on the global norm, an overflow on one rank skipped by
 // all); a checkpoint reloads on the same world size and is refused on another; one rank's failed
-// I/O fails every rank, naming it.
+// I/O fails every rank, naming it. Gradients are handed in from host or device memory, fp32,
+// bf16 or fp16 (device fp32 over device collectives moves only the rank's slice to the host;
+// misused device gradients are refused on their rank before any collective). Each case runs
+// twice: over collectives on host memory, and over collectives on device memory (each rank's a
+// host simulation, whose callbacks fail the test for any buffer that is not that device's), the
+// NCCL adapter's kind.
 #include "zinf/dist/sharded_engine.h"
 
 #include <atomic>
+#include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <span>
+#include <ostream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -24,27 +32,37 @@
 #include "zinf/swap/fault_injection.h"
 
 namespace zinf::dist {
+
+// gtest shows a MemoryKind parameter by name (found by ADL, so in MemoryKind's namespace).
+inline void PrintTo(MemoryKind m, std::ostream* os) {
+  *os << (m == MemoryKind::kDevice ? "device" : "host");
+}
+
 namespace {
 
 using offload::OffloadDevice;
+using test::GradPlace;
 using test::ShardedCase;
 
-std::string case_name(const ShardedCase& c) {
-  return std::string(offload::offload_device_name(c.param)) + "_" +
-         std::string(offload::offload_device_name(c.optimizer)) +
-         (c.staged ? "_staged" : "_on_arrival");
+// The memory kinds every test below runs over, with the name gtest shows.
+const auto kMemoryKinds = ::testing::Values(MemoryKind::kHost, MemoryKind::kDevice);
+std::string memory_param_name(const ::testing::TestParamInfo<MemoryKind>& p) {
+  return ::testing::PrintToString(p.param);
 }
 
-class ShardedEngineRanks : public ::testing::TestWithParam<std::tuple<int, ShardedCase>> {};
+class ShardedEngineRanks
+    : public ::testing::TestWithParam<std::tuple<MemoryKind, int, ShardedCase>> {};
 
 TEST_P(ShardedEngineRanks, EveryRankFetchesAndEndsBitwiseAsOneEngine) {
-  const auto [size, c] = GetParam();
+  const auto [memory, size, c] = GetParam();
   zinf::test::TestDir dir;
   const test::Trace want = test::reference_trace(c, dir.subdir("reference"));
   const std::string swap_dir = dir.subdir("nvme");
   test::ThreadGroup group(size);
-  group.run(/*native_reduce_scatter=*/false,
-            [&](Collectives& comm) { test::check_sharded_engine(comm, c, swap_dir, want); });
+  group.run(memory, [&](Collectives& comm, cuda::Device& device) {
+    test::RankDevice d(device);
+    test::check_sharded_engine(comm, d, c, swap_dir, want);
+  });
   if (c.staged) {
     EXPECT_EQ(want.skipped, (std::vector<bool>{false, true, false}));
     EXPECT_LT(want.grad_scale[0], 1.0);  // clipped
@@ -63,26 +81,44 @@ TEST_P(ShardedEngineRanks, EveryRankFetchesAndEndsBitwiseAsOneEngine) {
 INSTANTIATE_TEST_SUITE_P(
     WorldSizes, ShardedEngineRanks,
     ::testing::Combine(
-        ::testing::Values(1, 2, 3),
+        kMemoryKinds, ::testing::Values(1, 2, 3),
         ::testing::Values(ShardedCase{OffloadDevice::kCpu, OffloadDevice::kCpu, false},
                           ShardedCase{OffloadDevice::kNvme, OffloadDevice::kNvme, true},
-                          ShardedCase{OffloadDevice::kNone, OffloadDevice::kCpu, true})),
+                          ShardedCase{OffloadDevice::kNone, OffloadDevice::kCpu, true},
+                          // Device gradients: fp32 (reduce-scattered in place by a
+                          // device-memory backend where the layer needs no padding), and
+                          // bf16/fp16, widened on the host, in both step modes.
+                          ShardedCase{OffloadDevice::kCpu, OffloadDevice::kCpu, false,
+                                      GradPlace::kDevice, DType::kF32},
+                          ShardedCase{OffloadDevice::kNone, OffloadDevice::kCpu, true,
+                                      GradPlace::kDevice, DType::kF32},
+                          ShardedCase{OffloadDevice::kCpu, OffloadDevice::kCpu, false,
+                                      GradPlace::kDevice, DType::kBF16},
+                          ShardedCase{OffloadDevice::kNvme, OffloadDevice::kNvme, true,
+                                      GradPlace::kDevice, DType::kF16},
+                          ShardedCase{OffloadDevice::kCpu, OffloadDevice::kCpu, true,
+                                      GradPlace::kHost, DType::kBF16})),
     [](const auto& p) {
-      return std::to_string(std::get<0>(p.param)) + "ranks_" + case_name(std::get<1>(p.param));
+      return ::testing::PrintToString(std::get<0>(p.param)) + "_" + std::to_string(std::get<1>(p.param)) +
+             "ranks_" + test::case_name(std::get<2>(p.param));
     });
+
+class ShardedEngineGroup : public ::testing::TestWithParam<MemoryKind> {};
 
 // Saved after two steps by three ranks and loaded by new engines: the third step is the
 // uninterrupted run's, bitwise. Two ranks loading it are refused on every rank, naming both
 // world sizes.
-TEST(ShardedEngine, ACheckpointReloadsOnTheSameWorldSizeAndIsRefusedOnAnother) {
+TEST_P(ShardedEngineGroup, ACheckpointReloadsOnTheSameWorldSizeAndIsRefusedOnAnother) {
   const ShardedCase c{OffloadDevice::kNvme, OffloadDevice::kNvme, false};
   zinf::test::TestDir dir;
   const test::Trace want = test::reference_trace(c, dir.subdir("reference"));
   const std::string swap_dir = dir.subdir("nvme");
   const std::string ckpt = dir.file("ckpt");
   test::ThreadGroup three(3);
-  three.run(false,
-            [&](Collectives& comm) { test::check_sharded_engine(comm, c, swap_dir, want, ckpt); });
+  three.run(GetParam(), [&](Collectives& comm, cuda::Device& device) {
+    test::RankDevice d(device);
+    test::check_sharded_engine(comm, d, c, swap_dir, want, ckpt);
+  });
   EXPECT_TRUE(std::filesystem::exists(ckpt + "/zinf-sharded"));
   for (int r = 0; r < 3; ++r) {
     EXPECT_TRUE(std::filesystem::exists(ckpt + "/rank" + std::to_string(r) + "/zinf-sharded"));
@@ -91,8 +127,8 @@ TEST(ShardedEngine, ACheckpointReloadsOnTheSameWorldSizeAndIsRefusedOnAnother) {
   }
   test::ThreadGroup two(2);
   std::atomic<int> refused{0};
-  two.run(false, [&](Collectives& comm) {
-    test::RankDevice d;
+  two.run(GetParam(), [&](Collectives& comm, cuda::Device& device) {
+    test::RankDevice d(device);
     ShardedEngine e(test::sharded_config(c, swap_dir), test::sharded_layers(), *d.device,
                     d.compute.ref(), comm);
     try {
@@ -109,6 +145,19 @@ TEST(ShardedEngine, ACheckpointReloadsOnTheSameWorldSizeAndIsRefusedOnAnother) {
   EXPECT_EQ(refused.load(), 2);
 }
 
+// One rank's engine of case `c` on its thread's device, its master weights set.
+struct RankEngine {
+  RankEngine(Collectives& comm, cuda::Device& device, const ShardedCase& c,
+             const std::string& swap_dir)
+      : d(device),
+        e(test::sharded_config(c, swap_dir), test::sharded_layers(), *d.device, d.compute.ref(),
+          comm) {
+    test::init_masters(e);
+  }
+  test::RankDevice d;
+  ShardedEngine e;
+};
+
 std::shared_ptr<swap::FaultPlan> eio_on(swap::IoOp op) {
   swap::FaultRule rule;
   rule.op = op;
@@ -119,7 +168,7 @@ std::shared_ptr<swap::FaultPlan> eio_on(swap::IoOp op) {
 // Rank 1's parameter reads fail: its fetch throws its own IoError and the other ranks' fetch
 // throws one naming rank 1, before any all-gather (none hangs). Its optimizer's state reads
 // fail too: every rank's step throws, rank 1 its own error, the others one naming it.
-TEST(ShardedEngine, ARanksFailedIoFailsEveryRankNamingIt) {
+TEST_P(ShardedEngineGroup, ARanksFailedIoFailsEveryRankNamingIt) {
   const ShardedCase c{OffloadDevice::kNvme, OffloadDevice::kNvme, true};
   zinf::test::TestDir dir;
   const std::string swap_dir = dir.subdir("nvme");
@@ -127,8 +176,8 @@ TEST(ShardedEngine, ARanksFailedIoFailsEveryRankNamingIt) {
   offload::test_hooks::EngineFaults faults{eio_on(swap::IoOp::kRead), eio_on(swap::IoOp::kRead)};
   std::atomic<int> fetch_failed{0}, step_failed{0};
   test::ThreadGroup three(3);
-  three.run(false, [&](Collectives& comm) {
-    test::RankDevice d;
+  three.run(GetParam(), [&](Collectives& comm, cuda::Device& device) {
+    test::RankDevice d(device);
     auto e = comm.rank() == kFailing
                  ? test_hooks::make_sharded_engine_with_faults(test::sharded_config(c, swap_dir),
                                                                test::sharded_layers(), *d.device,
@@ -173,16 +222,14 @@ TEST(ShardedEngine, ARanksFailedIoFailsEveryRankNamingIt) {
 
 // A rank whose step fails before the norm's all-reduce (here: a layer still fetched) still
 // joins it, so the others do not wait for it: they skip the step and throw, naming it.
-TEST(ShardedEngine, ARankFailingBeforeTheNormsAllReduceDoesNotHangTheOthers) {
+TEST_P(ShardedEngineGroup, ARankFailingBeforeTheNormsAllReduceDoesNotHangTheOthers) {
   const ShardedCase c{OffloadDevice::kCpu, OffloadDevice::kCpu, true};
   zinf::test::TestDir dir;
   std::atomic<int> failed{0};
   test::ThreadGroup three(3);
-  three.run(false, [&](Collectives& comm) {
-    test::RankDevice d;
-    ShardedEngine e(test::sharded_config(c, dir.subdir("nvme")), test::sharded_layers(), *d.device,
-                    d.compute.ref(), comm);
-    test::init_masters(e);
+  three.run(GetParam(), [&](Collectives& comm, cuda::Device& device) {
+    RankEngine mine(comm, device, c, dir.subdir("nvme"));
+    ShardedEngine& e = mine.e;
     const auto before = test::read_masters(e);
     (void)e.fetch(0);
     if (comm.rank() != 1) e.release(0);
@@ -206,6 +253,124 @@ TEST(ShardedEngine, ARankFailingBeforeTheNormsAllReduceDoesNotHangTheOthers) {
   });
   EXPECT_EQ(failed.load(), 3);
 }
+
+// The bytes device gradients move between host and device, fp32 on a layer no rank pads (2048
+// elements over 2 ranks): a device-memory backend reduce-scatters them where they are and only
+// this rank's averaged slice comes to the host (plus the failure flags, one int32 a rank, each
+// way); a host-memory backend copies them to the host whole, and nothing goes back.
+TEST_P(ShardedEngineGroup, DeviceGradientsMoveOnlyTheSliceOverADeviceBackend) {
+  const ShardedCase c{OffloadDevice::kNone, OffloadDevice::kCpu, false, GradPlace::kDevice};
+  constexpr std::size_t kProj = 2;
+  zinf::test::TestDir dir;
+  test::ThreadGroup two(2);
+  two.run(GetParam(), [&](Collectives& comm, cuda::Device& device) {
+    RankEngine mine(comm, device, c, dir.subdir("nvme"));
+    test::RankDevice& d = mine.d;
+    ShardedEngine& e = mine.e;
+    const std::uint64_t numel = e.layer(kProj).numel;
+    ASSERT_EQ(numel % 2, 0u);
+    const std::vector<float> g = test::rank_grads(c, kProj, numel, 1, comm.rank(), comm.size());
+    cuda::DeviceBuffer buf = d.device->allocate(numel * sizeof(float));
+    d.device->copy_to_device(d.compute.ref(), buf.span(), std::as_bytes(std::span(g)));
+    const cuda::DeviceStats before = d.device->stats();
+    e.set_gradients(kProj, buf.span(), DType::kF32);
+    const cuda::DeviceStats after = d.device->stats();
+    const std::uint64_t flags = 2 * sizeof(std::int32_t);
+    if (GetParam() == MemoryKind::kDevice) {
+      EXPECT_EQ(after.bytes_to_host - before.bytes_to_host, numel / 2 * sizeof(float) + flags);
+      EXPECT_EQ(after.bytes_to_device - before.bytes_to_device, flags);
+    } else {
+      EXPECT_EQ(after.bytes_to_host - before.bytes_to_host, numel * sizeof(float));
+      EXPECT_EQ(after.bytes_to_device - before.bytes_to_device, 0u);
+    }
+    (void)e.step();
+  });
+}
+
+// A rank that hands in device gradients of the wrong size or dtype, none, another device's, or
+// twice is refused with its rank in the text before any collective: it then hands them in
+// right, the others (never left waiting in a collective with it) step with it, and every rank
+// ends with bitwise the masters one OffloadEngine has after the same step.
+TEST_P(ShardedEngineGroup, MisusedDeviceGradientsAreRefusedOnTheirRankBeforeAnyCollective) {
+  const ShardedCase c{OffloadDevice::kCpu, OffloadDevice::kCpu, false, GradPlace::kDevice};
+  constexpr int kMisusing = 1;
+  zinf::test::TestDir dir;
+  test::Trace want;
+  {
+    test::RankDevice d;
+    offload::OffloadEngine ref(test::sharded_config(c, dir.subdir("reference")),
+                               test::sharded_layers(), *d.device, d.compute.ref());
+    test::init_masters(ref);
+    test::run_steps(ref, d, c, 0, 0, 1, 1, want);
+    want.masters = test::read_masters(ref);
+  }
+  std::atomic<int> refused{0};
+  test::ThreadGroup three(3);
+  three.run(GetParam(), [&](Collectives& comm, cuda::Device& device) {
+    RankEngine mine(comm, device, c, dir.subdir("nvme"));
+    test::RankDevice& d = mine.d;
+    ShardedEngine& e = mine.e;
+    auto refusal = [&](auto&& f) {
+      try {
+        f();
+      } catch (const UsageError& err) {
+        ++refused;
+        return std::string(err.what());
+      }
+      return std::string("no UsageError");
+    };
+    std::vector<cuda::DeviceBuffer> bufs;
+    std::vector<std::vector<float>> grads;
+    for (std::size_t l = 0; l < e.layer_count(); ++l) {
+      grads.push_back(test::rank_grads(c, l, e.layer(l).numel, 1, comm.rank(), comm.size()));
+      bufs.push_back(d.device->allocate(grads.back().size() * sizeof(float)));
+      d.device->copy_to_device(d.compute.ref(), bufs.back().span(),
+                               std::as_bytes(std::span(grads.back())));
+      const cuda::DeviceSpan span = bufs.back().span();
+      if (comm.rank() == kMisusing && l == 0) {
+        const std::string at = "ShardedEngine::set_gradients: layer 'embed' ";
+        EXPECT_EQ(refusal([&] { e.set_gradients(0, span.subspan(0, 4000), DType::kF32); }),
+                  at + "has 1001 elements, got 4000 bytes of fp32 gradients in device memory "
+                       "(rank 1)");
+        EXPECT_EQ(refusal([&] { e.set_gradients(0, span, DType::kBF16); }),
+                  at + "has 1001 elements, got 4004 bytes of bf16 gradients in device memory "
+                       "(rank 1)");
+        EXPECT_EQ(refusal([&] { e.set_gradients(0, cuda::DeviceSpan(), DType::kF32); }),
+                  at + "has 1001 elements, got 0 bytes of fp32 gradients in device memory "
+                       "(rank 1)");
+        // A value outside DType, sized as a 2-byte type: past the size check, refused by name.
+        EXPECT_EQ(refusal([&] {
+                    e.set_gradients(0, span.subspan(0, 2002), static_cast<DType>(99));
+                  }),
+                  "ShardedEngine::set_gradients: unknown gradient dtype for layer 'embed' (rank "
+                  "1)");
+        cuda::DeviceOptions o;
+        o.kind = cuda::DeviceKind::kHost;
+        auto other = cuda::make_device(o);
+        cuda::DeviceBuffer foreign = other->allocate(span.size());
+        EXPECT_EQ(refusal([&] { e.set_gradients(0, foreign.span(), DType::kF32); }),
+                  "ShardedEngine::set_gradients: layer 'embed': the gradients are not in the "
+                  "memory of device " +
+                      std::string(d.device->name()) + " (rank 1)");
+      }
+      e.set_gradients(l, span, DType::kF32);
+      if (comm.rank() == kMisusing && l == 0) {
+        EXPECT_EQ(refusal([&] { e.set_gradients(0, span, DType::kF32); }),
+                  "ShardedEngine::set_gradients: layer 'embed' already has gradients for this "
+                  "step");
+      }
+    }
+    (void)e.step();
+    const auto masters = test::read_masters(e);
+    for (std::size_t l = 0; l < masters.size(); ++l) {
+      EXPECT_TRUE(test::same_bits(masters[l], want.masters[l]))
+          << "rank " << comm.rank() << ": master weights of layer " << l;
+    }
+  });
+  EXPECT_EQ(refused.load(), 6);
+}
+
+INSTANTIATE_TEST_SUITE_P(Memory, ShardedEngineGroup, kMemoryKinds, memory_param_name);
 
 }  // namespace
 }  // namespace zinf::dist

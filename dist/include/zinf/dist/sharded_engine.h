@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "zinf/adam/cpu_adam.h"
+#include "zinf/common/dtype.h"
 #include "zinf/cuda/device.h"
 #include "zinf/dist/collectives.h"
 #include "zinf/offload/config.h"
@@ -60,19 +61,27 @@ class ShardedEngineAccess;  // zinf/dist/testing.h: a rank's engine with fault p
 ///
 /// One rank: fetch and release are the engine's own (no host round trip).
 ///
-/// Device memory. The collectives work on host memory (MPI, callbacks, local; UsageError at
-/// construction for a device-memory backend such as NCCL, not built here): fetch copies this
-/// rank's slice to the host after the compute stream's earlier work (the host waits for it),
-/// all-gathers it and copies the full layer to a device buffer of the engine on the compute
-/// stream.
+/// Memory. With a host-memory backend (MPI, callbacks, local), fetch copies this rank's slice
+/// to the host after the compute stream's earlier work (the host waits for it), all-gathers it
+/// and copies the full layer to a device buffer of the engine on the compute stream. With a
+/// device-memory backend (NCCL, whose device must be `device`), fetch waits for the compute
+/// stream's earlier work and all-gathers from the slice where this rank's engine fetched it
+/// straight into the engine's full device buffer, with no host copy; the backend's call
+/// returns once the result is in place, whichever stream it runs on, so the caller's later
+/// work on the compute stream reads it. Every other collective is on host data (gradients,
+/// master weights, the failure flags, the staged step's norm, checkpoint agreement): with a
+/// device-memory backend it is copied into a device buffer of the engine, run there and copied
+/// back, on a stream of the engine's own (set_gradients of host gradients does not wait for
+/// the compute stream). That buffer grows to the largest call: a padded layer of fp32 plus its
+/// slice. Device gradients: see set_gradients' device overload.
 ///
 /// Threads: one controlling thread per rank (not thread-safe), which also issues the
 /// Collectives' calls. Lifetime: `comm`, the device and the compute stream outlive the engine.
 class ShardedEngine {
  public:
   /// Builds this rank's OffloadEngine over its slices (OffloadEngine's constructor errors, with
-  /// this rank's directories), after creating the rank<R> folders. Not collective. UsageError
-  /// for a device-memory `comm`.
+  /// this rank's directories), after creating the rank<R> folders. Not collective. `comm` may
+  /// take host or device memory (see Memory above).
   ShardedEngine(offload::EngineConfig config, std::vector<offload::LayerSpec> layers,
                 cuda::Device& device, cuda::StreamRef compute_stream, Collectives& comm);
   ~ShardedEngine();
@@ -95,18 +104,42 @@ class ShardedEngine {
   void read_master_weights(std::size_t layer, std::span<float> out);
 
   /// Collective: the full layer (numel elements of its param_dtype) in a device buffer of this
-  /// engine, written on the compute stream, valid for work enqueued on it until release(layer).
-  /// This rank's slice comes from its OffloadEngine (prefetched as there) and the others' from
-  /// the all-gather; every rank gets the same bytes.
+  /// engine, written on the compute stream (with a device-memory backend: already written when
+  /// fetch returns), valid for work enqueued on it until release(layer). This rank's slice
+  /// comes from its OffloadEngine (prefetched as there) and the others' from the all-gather;
+  /// every rank gets the same bytes.
   cuda::DeviceSpan fetch(std::size_t layer);
   /// The compute stream is done with `layer` once it reaches this point. Local, non-blocking.
   void release(std::size_t layer);
   /// Collective: this rank's gradients of the full layer (numel elements in host memory, fp32,
   /// bf16 or fp16, the dtype the same on every rank). They are converted to fp32 and averaged
-  /// over the ranks (reduce-scatter); this rank's slice of the average goes to its
-  /// OffloadEngine (on_arrival: its update starts at once; staged: staged). `grads` may be
-  /// reused once this returns (the engine keeps the averaged slice until step()).
+  /// over the ranks (reduce-scatter; with a device-memory backend, of a device copy whose
+  /// slice comes back to the host); this rank's slice of the average goes to its OffloadEngine
+  /// (on_arrival: its update starts at once; staged: staged). `grads` may be reused once this
+  /// returns (the engine keeps the averaged slice until step()).
   void set_gradients(std::size_t layer, adam::GradView grads);
+  /// Collective: as above with this rank's gradients in device memory (OffloadEngine's device
+  /// overload): numel elements of `dtype` (fp32, bf16 or fp16, the same on every rank) in
+  /// memory of `device`, written by work enqueued on the compute stream before this call. The
+  /// host waits for that work (the collective blocks it anyway), then:
+  /// - device-memory backend, fp32, numel a multiple of world_size() (no padding): the
+  ///   reduce-scatter reads `grads` where they are, into a device buffer of the engine (the
+  ///   largest slice, kept), and only this rank's averaged slice (4 x shard_numel bytes) is
+  ///   copied to the host;
+  /// - otherwise (a host-memory backend; bf16/fp16, which are widened to fp32 on the host, as
+  ///   OffloadEngine widens its device gradients; a layer that needs padding): `grads` are
+  ///   copied to the host whole (numel x the dtype's size bytes) and take the host overload's
+  ///   path from there (with a device-memory backend that path stages the padded fp32 layer
+  ///   through device memory again).
+  /// Lifetime: OffloadEngine's rule for device gradients, so that a trainer can move between
+  /// the two engines: on_arrival, `grads` stay valid and unchanged until step() returns;
+  /// staged, they may be reused once this returns. (This engine reads them only before it
+  /// returns.) UsageError, on this rank and before any collective: a size other than numel x
+  /// the dtype's size (an empty span included), memory of another device, an unknown dtype,
+  /// a layer that already has gradients this step. A failed wait for the compute stream or
+  /// failed copy is this rank's failure, told to every rank before the reduce-scatter (see
+  /// Errors).
+  void set_gradients(std::size_t layer, cuda::DeviceSpan grads, DType dtype);
   /// Collective: OffloadEngine::step on every rank. In the staged mode the sum of squares of the
   /// averaged gradients is all-reduced first (offload/engine_seams.h), so the global norm, the
   /// clipping factor, the overflow skip and the loss-scale update are the same on every rank.
