@@ -2,7 +2,8 @@
 // `zinf bench step`: times OffloadedOptimizer steps (state on NVMe or in pinned memory) on a
 // model-sized parameter group and reports the step time with the busy time of each pipeline
 // stage (read, update, write-back), so that it can be set against the drive's and the
-// kernel's own rates (bench/compare_step.sh).
+// kernel's own rates (bench/compare_step.sh). Under mpirun it measures weak scaling instead:
+// the sharded optimizer over every rank's parameters against one rank's step alone.
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -26,8 +28,12 @@
 #include "format.h"
 #include "progress.h"
 #include "json_out.h"
+#include "launch.h"
 #include "scratch.h"
 #include "zinf/common/error.h"
+#include "zinf/dist/collectives.h"
+#include "zinf/dist/rank_directory.h"
+#include "zinf/dist/sharded_optimizer.h"
 #include "zinf/offload/optimizer.h"
 
 namespace zinf::tools {
@@ -41,7 +47,13 @@ constexpr const char* kAbout = R"(
 Times steps of zinf's offloaded optimizer: the fp32 parameters and Adam moments (12 bytes per
 element; 8 with --state-precision bf16, 6.125 with int8) live on NVMe (--tier nvme, one swap file per --dir) or in pinned host memory (--tier
 cpu), and each step streams them through the CPU Adam kernel with fp32 gradients held in memory.
-Reports the median step and, for that step count, the median busy time of each stage.)";
+Reports the median step and, for that step count, the median busy time of each stage.
+
+Under mpirun (--dist): weak scaling. --numel is each rank's share of one group of N x numel
+parameters, which zinf's sharded optimizer (ZeRO's partitioned Adam) updates over the MPI
+collectives, each rank's state in its own <dir>/rank<R>. Every round, rank 0 first steps an
+optimizer of numel parameters alone (the one-rank step; the other ranks wait at a barrier),
+then every rank steps the sharded one; rank 0 reports both medians and their ratio.)";
 
 constexpr const char* kFooter = R"(
 --reference N: every N timed steps (and after the last), measure what the steps are judged by:
@@ -57,6 +69,14 @@ the state's size again on the drive.
 
 Stage times: read/write = time with at least one state read/write-back in flight; compute =
 time inside the Adam kernel; they overlap, so the step takes about the longest of them.
+
+Weak scaling (mpirun -np N): each rank averages its own gradients (the same generator, a
+different stretch of it per rank) with the others' by reduce-scatter, updates its numel
+elements and all-gathers the N x numel parameters. The sharded step's time is the slowest
+rank's (a step ends on every rank only when the last has sent its slice); ratio = sharded step /
+one-rank step, both medians over --steps rounds that alternate the two, so that both share the
+drive's and the host's moments. --reference, --checkpoint-*, --idle-ms, --grad-dtype and
+--copy-out are for one process.
 
 SIGINT, SIGTERM and SIGHUP stop the run between steps and remove its files (exit status 128 +
 the signal's number, e.g. 130 for SIGINT).)";
@@ -135,6 +155,217 @@ class StepReference {
   std::uint64_t step_ = 0;
 };
 
+// The median of each stage's busy time over the timed steps, and the bytes one step moves:
+// the breakdown both the one-process run and the weak-scaling run report.
+struct Stages {
+  double step = 0;
+  double read = 0;
+  double write = 0;
+  double compute = 0;
+  double wait = 0;
+  std::uint64_t bytes_read = 0;
+  std::uint64_t bytes_written = 0;
+
+  explicit Stages(const std::vector<offload::StepStats>& all) {
+    std::vector<double> step_s, read_s, write_s, compute_s, wait_s;
+    for (const auto& st : all) {
+      step_s.push_back(st.seconds);
+      read_s.push_back(st.read_seconds);
+      write_s.push_back(st.write_seconds);
+      compute_s.push_back(st.compute_seconds);
+      wait_s.push_back(st.wait_seconds);
+    }
+    step = median(step_s);
+    read = median(read_s);
+    write = median(write_s);
+    compute = median(compute_s);
+    wait = median(wait_s);
+    bytes_read = all.front().bytes_read;
+    bytes_written = all.front().bytes_written;
+  }
+
+  // The stage medians as --json names them (step_seconds is the caller's: its step differs).
+  void put(Json& j) const {
+    j["read_seconds"] = read;
+    j["write_seconds"] = write;
+    j["compute_seconds"] = compute;
+    j["wait_seconds"] = wait;
+    j["bytes_read"] = bytes_read;
+    j["bytes_written"] = bytes_written;
+  }
+
+  // The table's read, write and compute rows, each label after `indent`.
+  void print(const char* indent) const {
+    auto gbps = [](std::uint64_t bytes, double s) {
+      return s > 0 ? static_cast<double>(bytes) / s / 1e9 : 0.0;
+    };
+    const int width = 24 - static_cast<int>(std::string_view(indent).size());
+    std::printf("%s%-*s %10.3f s   (%.2f GB/s over %.2f GB)\n", indent, width, "read busy", read,
+                gbps(bytes_read, read), static_cast<double>(bytes_read) / 1e9);
+    std::printf("%s%-*s %10.3f s   (%.2f GB/s over %.2f GB)\n", indent, width, "write busy", write,
+                gbps(bytes_written, write), static_cast<double>(bytes_written) / 1e9);
+    std::printf("%s%-*s %10.3f s\n", indent, width, "compute busy", compute);
+  }
+};
+
+// The --json fields that say what was run, for both modes.
+Json setup_json(const offload::OptimizerOptions& o, std::uint64_t numel, std::string_view engine,
+                std::uint64_t steps) {
+  Json j;
+  j["bench"] = "step";
+  j["tier"] = std::string(offload::state_tier_name(o.tier));
+  j["engine"] = std::string(engine);
+  j["numel"] = numel;
+  j["sub_group"] = o.sub_group_elements;
+  j["depth"] = std::uint64_t{o.pipeline_depth};
+  j["threads"] = std::uint64_t{o.adam.threads};
+  j["checksums"] = o.swap_checksums;
+  j["state_precision"] = std::string(adam::state_precision_name(o.state_precision));
+  j["steps"] = steps;
+  return j;
+}
+
+// Weak scaling under mpirun: one group of N x numel parameters, sharded over the N ranks (each
+// updates numel of them in its own <dir>/rank<R>), against rank 0 stepping an optimizer of
+// numel parameters alone. Rounds alternate the two: a barrier, rank 0's step alone (the
+// others wait at the next barrier), then every rank's sharded step; round 0 warms both up and
+// is not counted. A round's sharded time is its slowest rank's (all-gathered).
+int run_weak_scaling(const offload::OptimizerOptions& o, std::uint64_t numel, std::uint64_t steps,
+                     bool json, dist::Collectives& comm) {
+  const int n = comm.size();
+  const bool leader = comm.rank() == 0;
+  const std::size_t per_rank = numel;
+  const std::size_t global = per_rank * static_cast<std::size_t>(n);
+  // The full parameters (the initial values, then every step's all-gathered result) and this
+  // rank's gradients of all of them, a stretch of the generator of its own.
+  HostArray param_mem(global * 4, "bench step"), grad_mem(global * 4, "bench step");
+  const std::span<float> params = param_mem.as<float>(global);
+  const std::span<float> grads = grad_mem.as<float>(global);
+  for (std::size_t i = 0; i < global; ++i) params[i] = bench_param(i);
+  fill_bench_grads(grads.data(), global, DType::kF32,
+                   static_cast<std::size_t>(comm.rank()) * global);
+
+  dist::ShardedOptimizer sharded(o, {{"params", global}}, comm);  // makes <dir>/rank<R>
+  sharded.set_params(0, params);
+  // Rank 0's one-rank step: bench step's own optimizer over its first numel parameters and
+  // gradients, its files beside its shard's in <dir>/rank0 (unnamed: the two never meet).
+  std::unique_ptr<OffloadedOptimizer> alone;
+  if (leader) {
+    offload::OptimizerOptions ao = o;
+    if (ao.tier == StateTier::kNvme) {
+      for (auto& d : ao.directories) d = dist::rank_directory(d, 0);
+    }
+    alone = std::make_unique<OffloadedOptimizer>(
+        ao, std::vector<offload::ParamGroupSpec>{{"params", per_rank}});
+    alone->set_params(0, params.first(per_rank));
+  }
+  const offload::GroupGrads alone_grads{0, GradView{grads.data(), per_rank, DType::kF32}, {}};
+  const std::span<const float> grad_spans[1] = {grads};
+  const std::span<float> param_spans[1] = {params};
+
+  std::vector<offload::StepStats> alone_stats, sharded_stats;  // this rank's optimizer's
+  std::vector<double> alone_s, mine_s, slowest_s, exchange_s;
+  std::vector<double> round_s(static_cast<std::size_t>(n));
+  Progress progress("zinf bench step", static_cast<double>(steps + 1), "rounds", leader && !json);
+  for (std::uint64_t s = 0; s <= steps; ++s) {  // s == 0: untimed warm-up of both
+    throw_if_interrupted();
+    progress.update(static_cast<double>(s));
+    comm.barrier();
+    if (leader) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const offload::StepStats st =
+          alone->step(std::span<const offload::GroupGrads>(&alone_grads, 1));
+      const double t = seconds_since(t0);
+      if (s > 0) {
+        alone_stats.push_back(st);
+        alone_s.push_back(t);
+      }
+    }
+    comm.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    const offload::StepStats st = sharded.step(grad_spans, param_spans);
+    const double t = seconds_since(t0);
+    dist::all_gather<double>(comm, std::span<const double>(&t, 1), round_s);
+    if (s == 0) continue;
+    sharded_stats.push_back(st);
+    mine_s.push_back(t);
+    // Outside this rank's optimizer: the gradients' reduce-scatter, the norm's all-reduce, the
+    // parameters' all-gather, their copies, and waiting there for slower ranks.
+    exchange_s.push_back(t - st.seconds);
+    slowest_s.push_back(*std::max_element(round_s.begin(), round_s.end()));
+  }
+  progress.finish();
+
+  // Every rank's medians: its whole sharded step and its optimizer's part of it.
+  const Stages own_stages(sharded_stats);
+  const double mine[2] = {median(mine_s), own_stages.step};
+  std::vector<double> gathered(2 * static_cast<std::size_t>(n));
+  dist::all_gather<double>(comm, std::span<const double>(mine, 2), gathered);
+  if (!leader) return 0;
+  std::vector<double> per_rank_step, per_rank_optimizer;
+  for (int r = 0; r < n; ++r) {
+    per_rank_step.push_back(gathered[2 * r]);
+    per_rank_optimizer.push_back(gathered[2 * r + 1]);
+  }
+  const double alone_med = median(alone_s);
+  const double sharded_med = median(slowest_s);
+  const double ratio = sharded_med / alone_med;
+  const Stages alone_stages(alone_stats);
+  const Stages& rank0_stages = own_stages;  // this is rank 0
+  if (json) {
+    Json j = setup_json(o, per_rank, alone->engine_name(), steps);
+    j["mode"] = "weak_scaling";
+    j["ranks"] = n;
+    j["collectives"] = std::string(comm.name());
+    j["global_numel"] = std::uint64_t{global};
+    j["alone_step_s"] = alone_med;
+    j["sharded_step_s"] = sharded_med;
+    j["weak_scaling_ratio"] = ratio;
+    j["per_rank_step_s"] = per_rank_step;
+    j["per_rank_optimizer_s"] = per_rank_optimizer;
+    j["rank0_exchange_s"] = median(exchange_s);
+    j["alone_step_s_all"] = alone_s;
+    j["sharded_step_s_all"] = slowest_s;
+    Json a, r0;
+    alone_stages.put(a);
+    rank0_stages.put(r0);
+    j["alone"] = std::move(a);
+    j["rank0_optimizer"] = std::move(r0);
+    j["dirs"] = o.directories;
+    std::printf("%s\n", json_text(j).c_str());
+    return 0;
+  }
+  std::printf(
+      "zinf bench step: %d ranks (%s), weak scaling: %llu parameters per rank (%llu in all, "
+      "rank<R> folders), tier=%s engine=%.*s sub-group=%llu depth=%u state=%s steps=%llu "
+      "(median)\n",
+      n, std::string(comm.name()).c_str(), static_cast<unsigned long long>(per_rank),
+      static_cast<unsigned long long>(global),
+      std::string(offload::state_tier_name(o.tier)).c_str(),
+      static_cast<int>(alone->engine_name().size()), alone->engine_name().data(),
+      static_cast<unsigned long long>(o.sub_group_elements), o.pipeline_depth,
+      std::string(adam::state_precision_name(o.state_precision)).c_str(),
+      static_cast<unsigned long long>(steps));
+  std::printf("  %-22s %10.3f s   (rank 0 alone, %llu parameters)\n", "one-rank step", alone_med,
+              static_cast<unsigned long long>(per_rank));
+  alone_stages.print("    ");
+  std::string ranks;
+  for (int r = 0; r < n; ++r) {
+    char cell[32];
+    std::snprintf(cell, sizeof cell, "%s%.3f", r == 0 ? "" : " ", per_rank_step[r]);
+    ranks += cell;
+  }
+  std::printf("  %-22s %10.3f s   (the slowest rank's; per rank %s s)\n", "sharded step",
+              sharded_med, ranks.c_str());
+  std::printf("  %-22s %10.3f s\n", "  rank 0's optimizer", rank0_stages.step);
+  rank0_stages.print("      ");
+  std::printf("  %-22s %10.3f s   (reduce-scatter, all-reduce, all-gather, waits)\n",
+              "  rank 0's exchange", median(exchange_s));
+  std::printf("  %-22s %10.3f     (sharded / one-rank; the target is <= 1.10)\n",
+              "weak scaling ratio", ratio);
+  return 0;
+}
+
 }  // namespace
 
 int bench_step_main(const std::vector<std::string>& tokens) {
@@ -147,6 +378,7 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   std::uint64_t checkpoint_every = 0;
   std::string checkpoint_dir, checkpoint_mode = "async";
   std::uint64_t idle_ms = 0;
+  std::string dist_text = "auto";
   bool json = false;
   Cli cli("bench step", kAbout, kFooter);
   cli.texts("--dir", dirs, "DIR", "directory for the state (repeatable: striped over the files)",
@@ -191,6 +423,11 @@ int bench_step_main(const std::vector<std::string>& tokens) {
             "in the iteration, not in the step",
             0, 3600000);
   cli.flag("--json", json, "one JSON object on stdout instead of the table");
+  cli.text("--dist", dist_text, "M",
+           "auto | none | mpi: under mpirun, weak scaling with --numel per rank, each rank's "
+           "state in <dir>/rank<R> (auto: when a launcher set OMPI_COMM_WORLD_SIZE or "
+           "PMI_SIZE > 1); rank 0 reports the one-rank step, the sharded step and their ratio",
+           "auto");
   cli.refuse("--runtime", "--runtime: zinf bench step runs a number of steps; set --steps");
   if (!cli.parse(tokens)) return 0;
   const StateTier tier = offload::parse_state_tier(tier_text, "--tier");
@@ -246,6 +483,30 @@ int bench_step_main(const std::vector<std::string>& tokens) {
                   : (tier == StateTier::kNvme ? depth * record
                                               : ((numel + sub_group - 1) / sub_group) * record);
   if (budget == 0) o.pinned_budget_bytes += std::uint64_t{64} << 20;  // room for alignment > 4096
+
+  DistJob job(parse_dist_mode(dist_text), std::chrono::minutes(10));
+  if (job.size() > 1) {
+    // The sharded step takes fp32 gradients and returns fp32 parameters, and the options
+    // below time what one process does around its step; named, so that none is dropped
+    // silently.
+    std::string given;
+    auto refuse = [&given](bool set, const char* name) {
+      if (set) given += std::string(given.empty() ? "" : ", ") + name;
+    };
+    refuse(reference_every > 0, "--reference");
+    refuse(checkpoint_every > 0, "--checkpoint-every");
+    refuse(!checkpoint_dir.empty(), "--checkpoint-dir");
+    refuse(idle_ms > 0, "--idle-ms");
+    refuse(grad_dtype != DType::kF32, "--grad-dtype");
+    refuse(copy_dtype.has_value(), "--copy-out");
+    if (!given.empty()) {
+      throw UsageError(
+          "under mpirun bench step measures weak scaling (the sharded optimizer: fp32 "
+          "gradients, no copy-out); these options are for one process: " +
+          given);
+    }
+    return run_weak_scaling(o, numel, steps, json, job.comm());
+  }
   OffloadedOptimizer opt(o, {{"params", numel}});
 
   const std::size_t n = numel;
@@ -324,7 +585,7 @@ int bench_step_main(const std::vector<std::string>& tokens) {
       ratio.push_back(st.seconds / ideal_s.back());
     }
   }
-  std::vector<double> step_s, read_s, write_s, compute_s, wait_s;
+  std::vector<double> step_s;
   std::uint64_t snapshot_copy = 0;
   double snapshot_wait = 0;
   double iterations_total = final_wait_s;
@@ -334,44 +595,24 @@ int bench_step_main(const std::vector<std::string>& tokens) {
     snapshot_copy += st.snapshot_copy_bytes;
     snapshot_wait += st.snapshot_wait_seconds;
     step_s.push_back(st.seconds);
-    read_s.push_back(st.read_seconds);
-    write_s.push_back(st.write_seconds);
-    compute_s.push_back(st.compute_seconds);
-    wait_s.push_back(st.wait_seconds);
   }
-  const double step_med = median(step_s);
+  const Stages stages(all);
+  const double step_med = stages.step;
   std::vector<double> rr, rw, ra;  // the references' read and write rates, Adam seconds
   for (const auto& f : refs) {
     rr.push_back(f.read_gbps);
     rw.push_back(f.write_gbps);
     ra.push_back(f.adam_seconds);
   }
-  const std::uint64_t bytes_read = all.front().bytes_read;
-  const std::uint64_t bytes_written = all.front().bytes_written;
   const std::uint64_t sub_groups = all.front().sub_groups;
   if (json) {
-    Json j;
-    j["bench"] = "step";
-    j["tier"] = std::string(offload::state_tier_name(tier));
-    j["engine"] = std::string(opt.engine_name());
-    j["numel"] = std::uint64_t{numel};
-    j["sub_group"] = sub_group;
+    Json j = setup_json(o, numel, opt.engine_name(), steps);
     j["sub_groups"] = sub_groups;
-    j["depth"] = depth;
-    j["threads"] = threads;
     j["grad_dtype"] = std::string(dtype_name(grad_dtype));
     j["copy_out"] = copy_text;
-    j["checksums"] = checksums;
-    j["state_precision"] = std::string(adam::state_precision_name(precision));
-    j["steps"] = steps;
     j["step_seconds"] = step_med;
     j["step_seconds_min"] = *std::min_element(step_s.begin(), step_s.end());
-    j["read_seconds"] = median(read_s);
-    j["write_seconds"] = median(write_s);
-    j["compute_seconds"] = median(compute_s);
-    j["wait_seconds"] = median(wait_s);
-    j["bytes_read"] = bytes_read;
-    j["bytes_written"] = bytes_written;
+    stages.put(j);
     j["pinned_bytes_peak"] = opt.pinned_bytes_peak();
     j["elements_per_s"] = static_cast<double>(numel) / step_med;
     j["step_seconds_all"] = step_s;
@@ -416,14 +657,7 @@ int bench_step_main(const std::vector<std::string>& tokens) {
         static_cast<unsigned long long>(steps));
     std::printf("  %-22s %10.3f s   (%.3f G elements/s)\n", "step", step_med,
                 static_cast<double>(numel) / step_med / 1e9);
-    std::printf("  %-22s %10.3f s   (%.2f GB/s over %.2f GB)\n", "read busy", median(read_s),
-                median(read_s) > 0 ? static_cast<double>(bytes_read) / median(read_s) / 1e9 : 0.0,
-                static_cast<double>(bytes_read) / 1e9);
-    std::printf(
-        "  %-22s %10.3f s   (%.2f GB/s over %.2f GB)\n", "write busy", median(write_s),
-        median(write_s) > 0 ? static_cast<double>(bytes_written) / median(write_s) / 1e9 : 0.0,
-        static_cast<double>(bytes_written) / 1e9);
-    std::printf("  %-22s %10.3f s\n", "compute busy", median(compute_s));
+    stages.print("  ");
     if (checkpoint_every > 0) {
       std::printf("  %-22s %10.3f s   (mean; %llu %s checkpoints, every %llu steps)\n",
                   "iteration", iteration_mean, static_cast<unsigned long long>(checkpoints),
@@ -434,7 +668,7 @@ int bench_step_main(const std::vector<std::string>& tokens) {
     } else {
       std::printf("  %-22s %10.3f s   (mean)\n", "iteration", iteration_mean);
     }
-    std::printf("  %-22s %10.3f s\n", "pipeline waiting", median(wait_s));
+    std::printf("  %-22s %10.3f s\n", "pipeline waiting", stages.wait);
     // %14s: the %10.1f column of the rows above, with " MiB" after it.
     std::printf("  %-22s %14s\n", "pinned peak", mib(opt.pinned_bytes_peak()).c_str());
     if (ref) {

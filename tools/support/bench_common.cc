@@ -40,9 +40,9 @@ float bench_param(std::size_t i) {
   return static_cast<float>(bench_hash(i) % 2001u) / 1000.0f - 1.0f;
 }
 
-void fill_bench_grads(void* out, std::size_t n, DType dtype) {
+void fill_bench_grads(void* out, std::size_t n, DType dtype, std::size_t first) {
   for (std::size_t i = 0; i < n; ++i) {
-    const std::uint32_t h = bench_hash(i);
+    const std::uint32_t h = bench_hash(first + i);
     const float g = (static_cast<float>((h >> 11) % 2001u) / 1000.0f - 1.0f) * 1e-3f + 1e-5f;
     if (dtype == DType::kF32) {
       static_cast<float*>(out)[i] = g;

@@ -39,9 +39,10 @@ class HostArray {
 /// below, every value stays a normal float through the steps, so no subnormal slow path is
 /// measured.
 float bench_param(std::size_t i);
-/// Writes gradients 0..n-1 (around 1e-3) into `out` (n elements of `dtype`). bf16 is truncated
-/// (any value near will do for timing); fp16 is 2^-10 with varying mantissa and sign.
-void fill_bench_grads(void* out, std::size_t n, DType dtype);
+/// Writes gradients first..first+n-1 of one endless sequence (around 1e-3) into `out` (n
+/// elements of `dtype`): `first` gives each rank of a job gradients of its own. bf16 is
+/// truncated (any value near will do for timing); fp16 is 2^-10 with varying mantissa and sign.
+void fill_bench_grads(void* out, std::size_t n, DType dtype, std::size_t first = 0);
 /// Parses fp32 | bf16 | fp16; UsageError naming `what` otherwise.
 DType parse_dtype(const std::string& text, const char* what);
 /// Parses on | off; UsageError naming `what` otherwise.
