@@ -3,6 +3,7 @@
 # same-run reference (the figures themselves are measured in docs/python.md, not here).
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -38,6 +39,61 @@ def test_save_compares_fast_file_writer_with_a_durable_plain_save(tmp_path):
     row = doc["rounds"][0]
     assert row["plain_fsync_s"] > 0 and row["fast_s"] > 0
     assert doc["median_speedup"] == row["speedup"]
+    if row["direct"] and shutil.which("fio"):
+        # fio's durable write of the same bytes, the drive's floor, in the same round.
+        assert row["fio_s"] > 0
+        assert row["fast_over_fio"] == pytest.approx(row["fast_s"] / row["fio_s"])
+        assert doc["median_plain_over_fio"] == row["plain_over_fio"]
+    else:
+        assert "fio_s" not in row
+
+
+def run_with_path(path_dir, *args):
+    """zinf.bench with PATH set to `path_dir` only: (exit status, stdout, last line of stderr)."""
+    env = dict(os.environ, PATH=str(path_dir))
+    out = subprocess.run([sys.executable, "-m", "zinf.bench", *args], capture_output=True,
+                         text=True, timeout=600, env=env)
+    lines = out.stderr.strip().splitlines()
+    return out.returncode, out.stdout, lines[-1] if lines else ""
+
+
+def test_save_with_fio_on_but_not_on_path_is_refused(tmp_path):
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    rc, _, err = run_with_path(empty, "save", "--dir", str(scratch), "--size", "1M",
+                               "--tensors", "2", "--rounds", "1", "--fio", "on")
+    assert rc == 1
+    assert err == "zinf.bench save: --fio on, but fio is not on PATH"
+    assert list(scratch.iterdir()) == []
+
+
+def test_save_names_a_failing_fio_and_leaves_nothing(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "fio"
+    fake.write_text("#!/bin/sh\necho 'fio: injected failure' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    rc, out, err = run_with_path(bin_dir, "save", "--dir", str(scratch), "--size", "1M",
+                                 "--tensors", "2", "--rounds", "1", "--fio", "on")
+    if rc == 0:
+        # Where the file system refuses O_DIRECT the writer is buffered and fio is not run.
+        row = json.loads(out)["rounds"][0]
+        assert not row["direct"] and "fio_s" not in row
+    else:
+        assert rc == 1
+        assert err.startswith("zinf.bench save: fio failed writing " + str(scratch))
+        assert err.endswith("fio.dat (exit 3): fio: injected failure")
+    assert list(scratch.iterdir()) == []  # the bench's temporary folder and fio's file removed
+
+
+def test_save_without_fio_reports_no_reference(tmp_path):
+    doc = run("save", "--dir", str(tmp_path), "--size", "1M", "--tensors", "2", "--rounds", "1",
+              "--fio", "off")
+    assert "fio_s" not in doc["rounds"][0] and "median_fio_s" not in doc
 
 
 def test_activations_compares_offload_with_the_plain_iteration(tmp_path):
