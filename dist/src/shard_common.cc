@@ -2,6 +2,7 @@
 #include "shard_common.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 
@@ -14,6 +15,8 @@ namespace {
 
 constexpr std::string_view kManifest = "zinf-sharded";
 constexpr std::uint64_t kMaxManifestBytes = 1 << 20;
+// The largest world size a resharding load accepts from a manifest.
+constexpr int kMaxSavedWorld = 1 << 16;
 
 // What a rank's folder says of the job that saved it: the format, world size, rank, entries.
 std::string rank_manifest(const ShardManifest& m, int world, int rank) {
@@ -125,30 +128,67 @@ void save_sharded(Collectives& comm, std::string_view who, const std::string& di
   });
 }
 
+std::string open_rank_folder(const swap::Dir& top, std::string_view who,
+                             const ShardManifest& manifest, int world, int rank, bool own) {
+  const swap::Dir folder = top.open_child("rank" + std::to_string(rank));  // never a link
+  if (swap::read_small_file(folder, kManifest, kMaxManifestBytes) !=
+      rank_manifest(manifest, world, rank)) {
+    throw UsageError(std::string(who) + ": " + folder.path_of(kManifest) + " does not describe " +
+                     (own ? std::string("this rank")
+                          : "rank " + std::to_string(rank) + " of the " + std::to_string(world) +
+                                " that saved it") +
+                     " and these " + manifest.entry + "s (world size, rank, " + manifest.entry +
+                     " names and sizes)");
+  }
+  return folder.path();
+}
+
 void load_sharded(Collectives& comm, std::string_view who, const std::string& dir,
                   const ShardManifest& manifest,
-                  const std::function<void(const std::string& rank_dir)>& load_rank) {
+                  const std::function<void(const std::string& rank_dir)>& load_rank,
+                  const std::function<void(const std::string& dir, int saved_world)>& reshard) {
   if (dir.empty()) throw UsageError(std::string(who) + ": the checkpoint directory is empty");
+  std::int32_t saved = 0;
   on_every_rank(comm, who, [&] {
-    const std::string name = "rank" + std::to_string(comm.rank());
     const swap::Dir top = swap::Dir::open(dir);
     const std::string global = swap::read_small_file(top, kManifest, kMaxManifestBytes);
     const std::string saved_world = manifest_value(global, "world_size");
-    if (saved_world != std::to_string(comm.size())) {
+    const bool same = saved_world == std::to_string(comm.size());
+    if (!same && !reshard) {
       throw UsageError(std::string(who) + ": " + top.path_of(kManifest) + " was saved by " +
                        (saved_world.empty() ? "?" : saved_world) + " ranks; this job has " +
                        std::to_string(comm.size()) +
                        " (loading into another world size is not supported)");
     }
-    const swap::Dir mine = top.open_child(name);  // never through a link
-    if (swap::read_small_file(mine, kManifest, kMaxManifestBytes) !=
-        rank_manifest(manifest, comm.size(), comm.rank())) {
-      throw UsageError(std::string(who) + ": " + mine.path_of(kManifest) +
-                       " does not describe this rank and these " + manifest.entry +
-                       "s (world size, rank, " + manifest.entry + " names and sizes)");
+    if (same) {
+      saved = comm.size();
+      load_rank(open_rank_folder(top, who, manifest, comm.size(), comm.rank(), /*own=*/true));
+      return;
     }
-    load_rank(mine.path());
+    // Another world size: the global manifest must be the one save_sharded writes for these
+    // entries and that size, which also makes the size a number in range.
+    int world = 0;
+    const char* end = saved_world.data() + saved_world.size();
+    const auto [ptr, ec] = std::from_chars(saved_world.data(), end, world);
+    if (ec != std::errc() || ptr != end || world < 1 || world > kMaxSavedWorld ||
+        global != global_manifest(manifest, world)) {
+      throw UsageError(std::string(who) + ": " + top.path_of(kManifest) +
+                       " does not describe a sharded checkpoint of these " + manifest.entry +
+                       "s (world size, rank folders, " + manifest.entry + " names and sizes)");
+    }
+    saved = world;
   });
+  if (saved == comm.size()) return;
+  // Every rank read the same file, unless the ranks see different file systems at `dir`: the
+  // resharding below is collective, so they must agree on the saved size first.
+  std::int32_t range[2] = {saved, -saved};
+  all_reduce<std::int32_t>(comm, range, ReduceOp::kMax);
+  if (range[0] != -range[1]) {
+    throw UsageError(std::string(who) + ": the ranks read different world sizes in " + dir + "/" +
+                     std::string(kManifest) + " (" + std::to_string(-range[1]) + " to " +
+                     std::to_string(range[0]) + "): is it the same file system on every node?");
+  }
+  reshard(dir, saved);
 }
 
 }  // namespace zinf::dist::detail

@@ -16,6 +16,7 @@
 
 #include "zinf/dist/collectives.h"
 #include "zinf/dist/rank_directory.h"
+#include "zinf/swap/dir.h"
 
 namespace zinf::dist::detail {
 
@@ -74,12 +75,24 @@ void save_sharded(Collectives& comm, std::string_view who, const std::string& di
                   const ShardManifest& manifest,
                   const std::function<void(const std::string& rank_dir)>& save_rank);
 
-/// Collective. Loads what save_sharded wrote: refuses a checkpoint of another world size
-/// (UsageError "<who>: <dir>/zinf-sharded was saved by M ranks; this job has N (loading into
-/// another world size is not supported)") or whose rank manifest differs, before load_rank
-/// (`dir`/rank<R>) runs. Every rank throws if any failed. An empty `dir` as save_sharded.
+/// Collective. Loads what save_sharded wrote. Saved by this world size: each rank checks its
+/// rank manifest (UsageError "<who>: <dir>/rank<R>/zinf-sharded does not describe this rank
+/// and these <entry>s (...)") and runs load_rank(`dir`/rank<R>). Saved by another: without
+/// `reshard`, UsageError "<who>: <dir>/zinf-sharded was saved by M ranks; this job has N
+/// (loading into another world size is not supported)"; with it, the global manifest must name
+/// these entries (else a UsageError saying so), the ranks agree on the saved size (an
+/// all-reduce), and then every rank calls reshard(`dir`, M), which is collective and does its
+/// own failure handling. Every rank throws if any failed before that. An empty `dir` as
+/// save_sharded.
 void load_sharded(Collectives& comm, std::string_view who, const std::string& dir,
                   const ShardManifest& manifest,
-                  const std::function<void(const std::string& rank_dir)>& load_rank);
+                  const std::function<void(const std::string& rank_dir)>& load_rank,
+                  const std::function<void(const std::string& dir, int saved_world)>& reshard = {});
+
+/// The folder of rank `rank` of a sharded checkpoint saved by `world` ranks, under `top`, once
+/// its rank manifest is checked against `manifest` (UsageError naming it otherwise; `own`: the
+/// message says "this rank" rather than "rank R of the W that saved it"). Never through a link.
+std::string open_rank_folder(const swap::Dir& top, std::string_view who,
+                             const ShardManifest& manifest, int world, int rank, bool own);
 
 }  // namespace zinf::dist::detail

@@ -278,8 +278,10 @@ class _ShardedAdamBase(torch.optim.Optimizer):
         self._sharded.save(str(directory))
 
     def load(self, directory):
-        """Collective. Restores what save() wrote with the same world size (ValueError naming
-        both sizes otherwise) and gives every parameter its saved master weights."""
+        """Collective. Restores what save() wrote and gives every parameter its saved master
+        weights. A checkpoint saved by another world size is resharded: each rank reads some
+        saved ranks' folders (the checkpoint must be visible from every rank) and the slices
+        are redistributed; the same parameter groups are required."""
         self._sharded.load(str(directory))
         with torch.no_grad():
             for i, p in enumerate(self._flat):

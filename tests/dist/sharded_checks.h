@@ -120,4 +120,44 @@ inline void check_sharded_parity(Collectives& c, StateTier tier, const std::stri
   }
 }
 
+// Steps `from`..`to` of the same run on this rank of `c`: a new ShardedOptimizer starts from
+// the initial parameters (from == 1) or loads `load_from`; each step's parameters are checked
+// against `want`; with `save_to`, it saves there after step `to`. The world size of the run may
+// differ from the one that saved `load_from` (resharding).
+inline void run_sharded_steps(Collectives& c, StateTier tier, const std::string& swap_dir,
+                              const std::vector<std::vector<std::vector<float>>>& want,
+                              std::uint64_t from, std::uint64_t to, const std::string& load_from,
+                              const std::string& save_to) {
+  const auto gs = groups();
+  ShardedOptimizer opt(options_for(tier, swap_dir), gs, c);
+  if (from == 1) {
+    for (std::size_t g = 0; g < gs.size(); ++g) {
+      opt.set_params(g, zinf::test::initial_params(g, gs[g].numel));
+    }
+  } else {
+    opt.load(load_from);
+    ASSERT_EQ(opt.local().step_count(), from - 1) << "rank " << c.rank();
+  }
+  for (std::uint64_t t = from; t <= to; ++t) {
+    std::vector<std::vector<float>> grads(gs.size()), params(gs.size());
+    std::vector<std::span<const float>> gv;
+    std::vector<std::span<float>> pv;
+    for (std::size_t g = 0; g < gs.size(); ++g) {
+      grads[g].resize(gs[g].numel);
+      params[g].assign(gs[g].numel, -1.0f);
+      for (std::size_t i = 0; i < gs[g].numel; ++i) {
+        grads[g][i] = rank_grad(base_grad(g, i, t), c.rank(), c.size());
+      }
+      gv.emplace_back(grads[g]);
+      pv.emplace_back(params[g]);
+    }
+    (void)opt.step(gv, pv);
+    for (std::size_t g = 0; g < gs.size(); ++g) {
+      EXPECT_EQ(params[g], want[t - 1][g]) << "rank " << c.rank() << " of " << c.size()
+                                           << ", group " << gs[g].name << ", step " << t;
+    }
+  }
+  if (!save_to.empty()) opt.save(save_to);
+}
+
 }  // namespace zinf::dist::test

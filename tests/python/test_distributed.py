@@ -154,6 +154,33 @@ def run_parity(rank, world, tmp):
     return results
 
 
+def run_reshard_save(rank, world, tmp):
+    # Three steps on `world` ranks, then every rank saves into <tmp>/../ckpt.
+    import zinf.distributed as zd
+    model = make_model(seed=rank)
+    opt = zd.ShardedAdamW(groups_of(model), lr=1e-2, weight_decay=0.05, state="nvme",
+                          nvme_path=tmp, sub_group_size=64)
+    train(model, opt, lambda s, i, shape: rank_gradient(s, i, shape, rank, world, True))
+    opt.save(os.path.join(os.path.dirname(tmp), "ckpt"))
+    return {"params": [p.detach().clone().numpy().tobytes() for p in model.parameters()],
+            "lrs": [g["lr"] for g in opt.param_groups]}
+
+
+def run_reshard_load(rank, world, tmp):
+    # Another world size loads that checkpoint and takes the next step.
+    import zinf.distributed as zd
+    model = make_model(seed=99)
+    opt = zd.ShardedAdamW(groups_of(model), lr=1e-2, weight_decay=0.05, state="nvme",
+                          nvme_path=tmp, sub_group_size=64)
+    opt.load(os.path.join(os.path.dirname(tmp), "ckpt"))
+    loaded = [p.detach().clone().numpy().tobytes() for p in model.parameters()]
+    for g in opt.param_groups:
+        g["lr"] = g["lr"] * 0.5  # the schedule's value after step 1, as train() set it
+    extra_step(model, opt, rank, world)
+    return {"loaded": loaded,
+            "params": [p.detach().clone().numpy().tobytes() for p in model.parameters()]}
+
+
 def run_failure(rank, world, tmp):
     import zinf
     import zinf.distributed as zd
@@ -188,9 +215,10 @@ def worker(rank, world, tmp, scenario, timeout_s, results):
         dist.init_process_group("gloo", init_method="file://" + os.path.join(tmp, "store"),
                                 rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s))
-        out = {"parity": run_parity, "failure": run_failure}[scenario](rank, world, tmp)
+        out = {"parity": run_parity, "failure": run_failure, "reshard_save": run_reshard_save,
+               "reshard_load": run_reshard_load}[scenario](rank, world, tmp)
         results.put((rank, "ok", out))
-        if scenario == "parity":
+        if scenario != "failure":
             dist.destroy_process_group()
     except BaseException:  # noqa: B902 (the parent must hear about anything)
         results.put((rank, "error", traceback.format_exc()))
@@ -248,6 +276,30 @@ def test_sharded_adam_is_bitwise_one_process_on_the_average(tmp_path, world):
                                            f"{rank} parameter {i} differs from one process")
         # And the step did move the weights from the seed-0 model's.
         assert not torch.equal(want[0], make_model(seed=0)[0].weight.detach())
+
+
+@pytest.mark.parametrize("saved,loaded", [(3, 2), (2, 3)])
+def test_a_checkpoint_of_one_world_size_loads_into_another(tmp_path, saved, loaded):
+    # Resharding: the ranks of the new world read the saved ranks' slices and redistribute
+    # them; the parameters after the load are the saved ones and the next step is one
+    # process's, bitwise.
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    before = launch(saved, tmp_path / "a", "reshard_save")
+    after = launch(loaded, tmp_path / "b", "reshard_load")
+    model = make_model(seed=0)
+    opt = AdamW(groups_of(model), lr=1e-2, weight_decay=0.05)
+    train(model, opt, lambda s, i, shape: base_gradient(s, i, shape))
+    trained = [p.detach().clone().numpy().tobytes() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = None
+    extra_step(model, opt, 0, 1)  # world 1: the offsets vanish, the gradient is the average
+    stepped = [p.detach().clone().numpy().tobytes() for p in model.parameters()]
+    for rank in range(saved):
+        assert before[rank]["params"] == trained, f"saving rank {rank}"
+    for rank in range(loaded):
+        assert after[rank]["loaded"] == trained, f"loading rank {rank}: parameters after load"
+        assert after[rank]["params"] == stepped, f"loading rank {rank}: the step after load"
 
 
 def test_a_failing_collective_raises_on_every_rank_and_nobody_hangs(tmp_path):

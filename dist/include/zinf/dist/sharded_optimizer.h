@@ -82,9 +82,24 @@ class ShardedOptimizer {
   /// flag is all-reduced), so that no rank goes on alone into the next collective.
   void save(const std::string& dir);
   /// Collective. Loads what save() wrote: each rank reads its own folder's manifest first and
-  /// refuses a checkpoint saved by another world size (UsageError naming both sizes; resharding
-  /// is not built) or with other groups, before anything changes. As save(), every rank throws
-  /// if any rank failed.
+  /// refuses a checkpoint with other groups, before anything changes. As save(), every rank
+  /// throws if any rank failed.
+  ///
+  /// A checkpoint saved by another world size W is resharded: the global manifest must name
+  /// these groups (UsageError otherwise, before anything is read); rank r reads saved ranks
+  /// r, r + N, ... (each folder read by one rank only, so every saved folder must be visible
+  /// from the rank that reads it: a shared file system, or all ranks on one node), loading each
+  /// into a temporary optimizer whose swap files go to a scratch folder `zinf-reshard-*` in
+  /// this rank's first NVMe directory (cpu tier: the system's temporary directory), removed at
+  /// the end; then, group by group, a reduce-scatter of the floats' bit patterns gives every
+  /// rank its new slice, bit for bit. The step count and hyper-parameters are saved rank 0's.
+  /// The optimizer options must match the checkpoint's (state precision, sub-group size), as
+  /// for OffloadedOptimizer::load. Costs: the saved state is read once and written once more to
+  /// the scratch files (about this rank's share of it), and each rank holds 12 bytes per
+  /// element of the largest group, padded, for the exchange (plus one saved slice of it).
+  /// fp32 and bf16 moments arrive bitwise; int8 moments are decoded and quantised again over
+  /// the new slices' blocks. A failure on any rank makes every rank throw; one after the state
+  /// began to change leaves this optimizer partly loaded: load again.
   void load(const std::string& dir);
 
   /// This rank's optimizer over its slices (hyper-parameters, checkpoints of its own state,
