@@ -2,11 +2,13 @@
 #include "shard_common.h"
 
 #include <algorithm>
+#include <bit>
 #include <charconv>
 #include <cmath>
 #include <filesystem>
 
 #include "zinf/common/error.h"
+#include "zinf/common/log.h"
 #include "zinf/common/status.h"
 #include "zinf/swap/dir.h"
 
@@ -189,6 +191,124 @@ void load_sharded(Collectives& comm, std::string_view who, const std::string& di
                      std::to_string(range[0]) + "): is it the same file system on every node?");
   }
   reshard(dir, saved);
+}
+
+void reshard(Collectives& comm, std::string_view who, const std::string& dir, int saved_world,
+             const ShardManifest& manifest, const ReshardTarget& target) {
+  const int me = comm.rank();
+  const int world = comm.size();
+  const std::size_t entries = target.numel.size();
+  // This rank's scratch folder, removed when the load ends (after the readers below, declared
+  // after it, are gone with their swap files).
+  struct Scratch {
+    std::optional<swap::Dir> parent;
+    std::string name;
+    std::string who;
+    ~Scratch() {
+      if (!parent) return;
+      try {
+        parent->remove_tree(name);
+      } catch (const std::exception& e) {
+        log(LogLevel::kWarning,
+            who + ": could not remove " + parent->path_of(name) + ": " + e.what());
+      }
+    }
+  } scratch;
+  scratch.who = std::string(who);
+  struct Source {
+    int rank;  // the saved rank it holds
+    std::vector<std::uint64_t> shard;
+    std::unique_ptr<offload::OffloadedOptimizer> reader;
+  };
+  std::vector<Source> sources;
+  std::optional<std::string> extra;
+  on_every_rank(comm, who, [&] {
+    if (me >= saved_world) return;  // more ranks than were saved: nothing to read here
+    const swap::Dir top = swap::Dir::open(dir);
+    scratch.parent.emplace(swap::Dir::open(target.scratch_parent));
+    scratch.name = swap::unique_name("zinf-reshard-");
+    const swap::Dir area = scratch.parent->create_child(scratch.name);
+    for (int k = me; k < saved_world; k += world) {
+      const std::string folder = open_rank_folder(top, who, manifest, saved_world, k, false);
+      Source src{k, {}, nullptr};
+      for (const std::uint64_t n : target.numel) src.shard.push_back(shard_numel(n, saved_world));
+      src.reader =
+          target.open(folder, src.shard, area.create_child("rank" + std::to_string(k)).path());
+      if (k == 0 && target.extra) extra = target.extra(folder);
+      sources.push_back(std::move(src));
+    }
+  });
+  // Step count, hyper-parameters and the extra state, from rank 0 (which read saved rank 0).
+  std::vector<adam::AdamParams> hypers(entries + 1);
+  std::uint64_t head[3] = {0, 0, 0};  // steps, has extra, extra's bytes
+  if (me == 0) {
+    const offload::OffloadedOptimizer& r = *sources.front().reader;
+    head[0] = r.step_count();
+    hypers[0] = r.hyper();
+    for (std::size_t i = 0; i < entries; ++i) hypers[i + 1] = r.hyper(i);
+    head[1] = extra ? 1 : 0;
+    head[2] = extra ? extra->size() : 0;
+  }
+  comm.broadcast(std::as_writable_bytes(std::span<std::uint64_t>(head)), 0);
+  comm.broadcast(std::as_writable_bytes(std::span<adam::AdamParams>(hypers)), 0);
+  if (head[1] != 0) {
+    std::string text = me == 0 ? *extra : std::string(head[2], '\0');
+    comm.broadcast(std::as_writable_bytes(std::span<char>(text)), 0);
+    extra = std::move(text);
+  }
+
+  std::exception_ptr failed;  // this rank's first failure; it still takes part in every exchange
+  auto guarded = [&](auto&& body) {
+    if (failed) return;
+    try {
+      body();
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  };
+  guarded([&] { target.progress(head[0], hypers, extra); });
+  std::vector<float> old_p, old_m, old_v;
+  std::vector<std::int32_t> send, mine;
+  std::vector<float> p, m, v;
+  for (std::size_t e = 0; e < entries; ++e) {
+    const std::uint64_t n = target.numel[e];
+    const std::uint64_t s_new = target.shard[e];
+    // Rank r's block: its params, m and v slices, one after the other.
+    send.assign(3 * s_new * static_cast<std::uint64_t>(world), 0);
+    mine.assign(3 * s_new, 0);
+    guarded([&] {
+      for (const Source& src : sources) {
+        const std::uint64_t s_old = src.shard[e];
+        old_p.resize(s_old);
+        old_m.resize(s_old);
+        old_v.resize(s_old);
+        src.reader->read_state(e, old_p, old_m, old_v);
+        const std::uint64_t first = s_old * static_cast<std::uint64_t>(src.rank);
+        const std::uint64_t last = std::min(n, first + s_old);  // the padding is not moved
+        const std::vector<float>* arrays[3] = {&old_p, &old_m, &old_v};
+        for (std::uint64_t i = first; i < last; ++i) {
+          const std::uint64_t r = i / s_new;
+          const std::uint64_t at = r * 3 * s_new + (i - r * s_new);
+          for (std::uint64_t a = 0; a < 3; ++a) {
+            send[at + a * s_new] = std::bit_cast<std::int32_t>((*arrays[a])[i - first]);
+          }
+        }
+      }
+    });
+    reduce_scatter<std::int32_t>(comm, send, mine, ReduceOp::kSum);
+    guarded([&] {
+      p.resize(s_new);
+      m.resize(s_new);
+      v.resize(s_new);
+      for (std::uint64_t i = 0; i < s_new; ++i) {
+        p[i] = std::bit_cast<float>(mine[i]);
+        m[i] = std::bit_cast<float>(mine[s_new + i]);
+        v[i] = std::bit_cast<float>(mine[2 * s_new + i]);
+      }
+      target.put(e, p, m, v);
+    });
+  }
+  all_reduce_failures(comm, who, failed);
 }
 
 }  // namespace zinf::dist::detail

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -16,6 +18,7 @@
 
 #include "zinf/dist/collectives.h"
 #include "zinf/dist/rank_directory.h"
+#include "zinf/offload/optimizer.h"
 #include "zinf/swap/dir.h"
 
 namespace zinf::dist::detail {
@@ -94,5 +97,46 @@ void load_sharded(Collectives& comm, std::string_view who, const std::string& di
 /// message says "this rank" rather than "rank R of the W that saved it"). Never through a link.
 std::string open_rank_folder(const swap::Dir& top, std::string_view who,
                              const ShardManifest& manifest, int world, int rank, bool own);
+
+/// What a resharding load needs of the object it loads into (ShardedOptimizer, ShardedEngine);
+/// its entries are the manifest's (groups or layers), in order.
+struct ReshardTarget {
+  std::vector<std::uint64_t> numel;  ///< each entry's full element count
+  std::vector<std::uint64_t> shard;  ///< this rank's slice of each, in this world size
+  /// Where this rank's scratch folder (`zinf-reshard-<pid>-<random>`) goes.
+  std::string scratch_parent;
+  /// Loads saved rank folder `folder`, whose entries had `saved_shard[i]` elements, into a
+  /// reader over those slices with its swap files in `scratch` (an existing folder).
+  std::function<std::unique_ptr<offload::OffloadedOptimizer>(
+      const std::string& folder, std::span<const std::uint64_t> saved_shard,
+      const std::string& scratch)>
+      open;
+  /// On rank 0, from saved rank 0's folder: state beside the optimizer's to hand to every rank
+  /// as text (the engine's loss scale), or nullopt. May be empty.
+  std::function<std::optional<std::string>(const std::string& folder)> extra;
+  /// On every rank: the saved step count, hyper-parameters ([0] the object's, [1 + i] entry
+  /// i's) and what `extra` returned.
+  std::function<void(std::uint64_t steps, std::span<const adam::AdamParams> hypers,
+                     const std::optional<std::string>& extra)>
+      progress;
+  /// On every rank: entry i's new slice, `shard[i]` elements each (fp32 master, m, v).
+  std::function<void(std::size_t entry, std::span<const float> params, std::span<const float> m,
+                     std::span<const float> v)>
+      put;
+};
+
+/// Collective: loads a checkpoint saved by `saved_world` ranks (load_sharded has checked its
+/// global manifest) into `target`. Saved rank k is read by rank k mod size() alone (so each
+/// saved folder is read once, and no two ranks take its lock), loaded into target.open's reader
+/// in a scratch folder removed at the end; then entry by entry each rank writes what it read at
+/// its place in the entry padded for this world size, as the floats' 32-bit patterns with zeros
+/// elsewhere, and a reduce-scatter summing those integers hands every rank its new slice bit
+/// for bit (each element comes from one rank; an integer sum with zeros keeps -0.0, which a
+/// float sum would not). Step count, hyper-parameters and `extra` come from rank 0, which reads
+/// saved rank 0. A rank that fails keeps taking part in every exchange, and at the end every
+/// rank throws if any failed (all_reduce_failures); a failure before the exchange changes
+/// nothing of the target.
+void reshard(Collectives& comm, std::string_view who, const std::string& dir, int saved_world,
+             const ShardManifest& manifest, const ReshardTarget& target);
 
 }  // namespace zinf::dist::detail

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <limits>
 #include <optional>
 #include <utility>
@@ -101,6 +102,9 @@ struct ShardedEngine::Impl {
   std::vector<bool> fetched_alone;  // one rank: layers fetched straight from the engine
   // Set by the staged step's reducer once this rank has entered the step's all-reduce.
   bool reduced_this_step = false;
+  // Where a resharding load puts its scratch swap files: the optimizer's first NVMe folder of
+  // this rank, else the system's temporary directory.
+  std::string scratch_parent;
 
   Impl(Collectives& c, cuda::Device& d, cuda::StreamRef s)
       : comm(c),
@@ -149,6 +153,7 @@ struct ShardedEngine::Impl {
     has_grads[l] = true;  // the update may read the slice from here on (on_arrival)
     local->set_gradients(l, adam::GradView::f32(slice));
   }
+  void reshard(const std::string& dir, int saved_world, const detail::ShardManifest& manifest);
   void check_size(std::size_t l, std::size_t got, const char* op) const {
     if (got != layers[l].numel) {
       throw UsageError(std::string("ShardedEngine::") + op + ": layer '" + layers[l].name +
@@ -186,6 +191,11 @@ ShardedEngine::ShardedEngine(offload::EngineConfig config, std::vector<offload::
   into_rank(config.offload_param.nvme_path);
   into_rank(config.offload_optimizer.nvme_path);
   for (auto& d : config.zinf.nvme_paths) into_rank(d);
+  s.scratch_parent = std::filesystem::temp_directory_path().string();
+  if (config.offload_optimizer.device == offload::OffloadDevice::kNvme) {
+    const auto dirs = config.nvme_directories(config.offload_optimizer.nvme_path);
+    if (!dirs.empty()) s.scratch_parent = dirs.front();
+  }
   s.local = faults ? offload::test_hooks::make_engine_with_faults(
                          std::move(config), std::move(mine), device, compute_stream, *faults)
                    : std::make_unique<offload::OffloadEngine>(std::move(config), std::move(mine),
@@ -450,9 +460,45 @@ void ShardedEngine::save(const std::string& dir) {
 }
 
 void ShardedEngine::load(const std::string& dir) {
-  detail::load_sharded(impl_->host, "ShardedEngine::load", dir,
-                       detail::manifest_of("zinf-sharded-engine 1", "layer", impl_->layers),
-                       [this](const std::string& mine) { impl_->local->load(mine); });
+  Impl& s = *impl_;
+  const detail::ShardManifest manifest =
+      detail::manifest_of("zinf-sharded-engine 1", "layer", s.layers);
+  detail::load_sharded(
+      s.host, "ShardedEngine::load", dir, manifest,
+      [&s](const std::string& mine) { s.local->load(mine); },
+      [&s, &manifest](const std::string& top, int saved_world) {
+        s.reshard(top, saved_world, manifest);
+      });
+}
+
+// Another world size's checkpoint: the optimizer state moves as the ShardedOptimizer's does
+// (detail::reshard), each saved rank's engine checkpoint read as an optimizer over its slices;
+// the low-precision parameters are written from the new masters, as OffloadEngine::load does,
+// and the loss scale's state is saved rank 0's.
+void ShardedEngine::Impl::reshard(const std::string& dir, int saved_world,
+                                  const detail::ShardManifest& manifest) {
+  constexpr std::string_view who = "ShardedEngine::load";
+  detail::ReshardTarget t;
+  for (const auto& l : layers) t.numel.push_back(l.numel);
+  t.shard = shard;
+  t.scratch_parent = scratch_parent;
+  t.open = [this](const std::string& folder, std::span<const std::uint64_t> saved_shard,
+                  const std::string& scratch) {
+    return offload::load_checkpoint_state(*local, saved_shard, folder, scratch);
+  };
+  t.extra = [this, who](const std::string& folder) {
+    return offload::saved_loss_scale(*local, folder, who);
+  };
+  t.progress = [this, &dir, who](std::uint64_t steps, std::span<const adam::AdamParams> hypers,
+                                 const std::optional<std::string>& scale) {
+    offload::set_step_count(*local, steps);
+    local->set_hyper(hypers[0]);
+    for (std::size_t l = 0; l < layers.size(); ++l) local->set_hyper(l, hypers[l + 1]);
+    if (scale) offload::restore_loss_scale(*local, *scale, dir + "/rank0", who);
+  };
+  t.put = [this](std::size_t l, std::span<const float> p, std::span<const float> m,
+                 std::span<const float> v) { offload::set_layer_state(*local, l, p, m, v); };
+  detail::reshard(host, who, dir, saved_world, manifest, t);
 }
 
 offload::OffloadEngine& ShardedEngine::local() noexcept { return *impl_->local; }

@@ -4,7 +4,6 @@
 #include "shard_common.h"
 
 #include <algorithm>
-#include <bit>
 #include <filesystem>
 #include <optional>
 #include <cmath>
@@ -13,9 +12,7 @@
 #include <utility>
 
 #include "zinf/common/error.h"
-#include "zinf/common/log.h"
 #include "zinf/common/status.h"
-#include "zinf/swap/dir.h"
 
 namespace zinf::dist {
 
@@ -181,127 +178,35 @@ void ShardedOptimizer::load(const std::string& dir) {
       });
 }
 
-// A checkpoint of W saved ranks loaded by N ranks. Saved rank k is read by rank k mod N alone
-// (an OffloadedOptimizer over k's slices loads it: checksums checked, moments decoded by
-// read_state), so each saved folder is read once and no two ranks take its lock. Group by
-// group, each rank then puts what it read at its place in the group padded for N ranks, zeros
-// elsewhere, as the 32-bit patterns of the floats: a reduce-scatter summing those integers
-// gives every rank its new slice bit for bit (each element comes from exactly one rank, and an
-// integer sum with zeros, unlike a float sum, keeps -0.0). Step count and hyper-parameters come
-// from rank 0, which always reads saved rank 0.
 void ShardedOptimizer::Impl::reshard(const std::string& dir, int saved_world,
                                      const detail::ShardManifest& manifest) {
-  constexpr std::string_view who = "ShardedOptimizer::load";
-  const int me = comm.rank();
-  const int world = comm.size();
-  // The saved ranks' state is loaded into swap files of its own: in this rank's first NVMe
-  // folder, or the system's temporary directory for the cpu tier; removed at the end.
-  struct Scratch {
-    std::optional<swap::Dir> parent;
-    std::string name;
-    ~Scratch() {
-      if (!parent) return;
-      try {
-        parent->remove_tree(name);
-      } catch (const std::exception& e) {
-        log(LogLevel::kWarning,
-            "ShardedOptimizer::load: could not remove " + parent->path_of(name) + ": " + e.what());
-      }
-    }
-  } scratch;
-  struct Source {
-    int rank;  // the saved rank it holds
-    std::unique_ptr<offload::OffloadedOptimizer> opt;
+  detail::ReshardTarget t;
+  for (const auto& g : groups) t.numel.push_back(g.numel);
+  t.shard = shard;
+  t.scratch_parent = options.tier == offload::StateTier::kNvme && !options.directories.empty()
+                         ? options.directories.front()
+                         : std::filesystem::temp_directory_path().string();
+  t.open = [&](const std::string& folder, std::span<const std::uint64_t> saved_shard,
+               const std::string& scratch) {
+    std::vector<offload::ParamGroupSpec> specs = groups;
+    for (std::size_t g = 0; g < specs.size(); ++g) specs[g].numel = saved_shard[g];
+    offload::OptimizerOptions o = options;
+    o.tier = offload::StateTier::kNvme;
+    o.directories = {scratch};
+    o.pinned_budget_bytes = offload::optimizer_pinned_bytes_needed(o, specs);  // its ring only
+    auto reader = std::make_unique<offload::OffloadedOptimizer>(std::move(o), std::move(specs));
+    reader->load(folder);
+    return reader;
   };
-  std::vector<Source> sources;  // destroyed before `scratch` (declared after it)
-  detail::on_every_rank(comm, who, [&] {
-    if (me >= saved_world) return;  // more ranks than were saved: nothing to read here
-    const swap::Dir top = swap::Dir::open(dir);
-    scratch.parent.emplace(
-        swap::Dir::open(options.tier == offload::StateTier::kNvme && !options.directories.empty()
-                            ? options.directories.front()
-                            : std::filesystem::temp_directory_path().string()));
-    scratch.name = swap::unique_name("zinf-reshard-");
-    const swap::Dir area = scratch.parent->create_child(scratch.name);
-    for (int k = me; k < saved_world; k += world) {
-      const std::string folder =
-          detail::open_rank_folder(top, who, manifest, saved_world, k, /*own=*/false);
-      std::vector<offload::ParamGroupSpec> specs = groups;
-      for (auto& g : specs) g.numel = detail::shard_numel(g.numel, saved_world);
-      offload::OptimizerOptions o = options;
-      o.tier = offload::StateTier::kNvme;
-      o.directories = {area.create_child("rank" + std::to_string(k)).path()};
-      auto opt = std::make_unique<offload::OffloadedOptimizer>(std::move(o), std::move(specs));
-      opt->load(folder);
-      sources.push_back({k, std::move(opt)});
-    }
-  });
-  // Step count and hyper-parameters (the optimizer's and each group's), from rank 0.
-  std::vector<adam::AdamParams> hypers(groups.size() + 1);
-  std::uint64_t steps = 0;
-  if (me == 0) {
-    const offload::OffloadedOptimizer& src = *sources.front().opt;
-    steps = src.step_count();
-    hypers[0] = src.hyper();
-    for (std::size_t g = 0; g < groups.size(); ++g) hypers[g + 1] = src.hyper(g);
-  }
-  comm.broadcast(std::as_writable_bytes(std::span<std::uint64_t>(&steps, 1)), 0);
-  comm.broadcast(std::as_writable_bytes(std::span<adam::AdamParams>(hypers)), 0);
-
-  std::exception_ptr failed;  // this rank's first failure; it still takes part in every exchange
-  auto guarded = [&](auto&& body) {
-    if (failed) return;
-    try {
-      body();
-    } catch (...) {
-      failed = std::current_exception();
-    }
-  };
-  guarded([&] {
+  t.progress = [&](std::uint64_t steps, std::span<const adam::AdamParams> hypers,
+                   const std::optional<std::string>&) {
     local->set_step_count(steps);
     local->set_hyper(hypers[0]);
     for (std::size_t g = 0; g < groups.size(); ++g) local->set_hyper(g, hypers[g + 1]);
-  });
-  std::vector<float> old_p, old_m, old_v;
-  std::vector<std::int32_t> send, mine;
-  for (std::size_t g = 0; g < groups.size(); ++g) {
-    const std::uint64_t n = groups[g].numel;
-    const std::uint64_t s_new = shard[g];
-    // Rank r's block: its params, m and v slices, one after the other.
-    send.assign(3 * s_new * static_cast<std::uint64_t>(world), 0);
-    mine.assign(3 * s_new, 0);
-    guarded([&] {
-      for (const Source& src : sources) {
-        const std::uint64_t s_old = src.opt->group(g).numel;
-        old_p.resize(s_old);
-        old_m.resize(s_old);
-        old_v.resize(s_old);
-        src.opt->read_state(g, old_p, old_m, old_v);
-        const std::uint64_t first = s_old * static_cast<std::uint64_t>(src.rank);
-        const std::uint64_t last = std::min(n, first + s_old);  // the padding is not moved
-        const std::vector<float>* arrays[3] = {&old_p, &old_m, &old_v};
-        for (std::uint64_t i = first; i < last; ++i) {
-          const std::uint64_t r = i / s_new;
-          const std::uint64_t at = r * 3 * s_new + (i - r * s_new);
-          for (int a = 0; a < 3; ++a) {
-            send[at + static_cast<std::uint64_t>(a) * s_new] =
-                std::bit_cast<std::int32_t>((*arrays[a])[i - first]);
-          }
-        }
-      }
-    });
-    reduce_scatter<std::int32_t>(comm, send, mine, ReduceOp::kSum);
-    guarded([&] {
-      std::vector<float> p(s_new), m(s_new), v(s_new);
-      for (std::uint64_t i = 0; i < s_new; ++i) {
-        p[i] = std::bit_cast<float>(mine[i]);
-        m[i] = std::bit_cast<float>(mine[s_new + i]);
-        v[i] = std::bit_cast<float>(mine[2 * s_new + i]);
-      }
-      local->set_state(g, p, m, v);
-    });
-  }
-  detail::all_reduce_failures(comm, who, failed);
+  };
+  t.put = [&](std::size_t g, std::span<const float> p, std::span<const float> m,
+              std::span<const float> v) { local->set_state(g, p, m, v); };
+  detail::reshard(comm, "ShardedOptimizer::load", dir, saved_world, manifest, t);
 }
 
 offload::OffloadedOptimizer& ShardedOptimizer::local() noexcept { return *impl_->local; }

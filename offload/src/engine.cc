@@ -134,6 +134,7 @@ struct OffloadEngine::Impl {
   // the tier's buffers or store.
   std::unique_ptr<detail::ParamTier> params;
   std::unique_ptr<OffloadedOptimizer> optimizer;
+  OptimizerOptions optimizer_options;  // what it was built with (engine_seams.h reads them)
   // Staged mode only (after the optimizer: destroyed first, while nothing reads it).
   StepMode mode = StepMode::kOnArrival;
   std::unique_ptr<detail::GradientStage> stage;
@@ -377,6 +378,8 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
   // ---- Construction: the tier first (its files, then the optimizer's).
   state.resize(layers.size());
   params = detail::make_param_tier({plan, config, layers, device, compute, faults.param});
+  optimizer_options = oo;
+  optimizer_options.io.faults = nullptr;  // a checkpoint reader (engine_seams.h) injects none
   optimizer = std::make_unique<OffloadedOptimizer>(oo, groups);
   if (stage_options) {
     stage = std::make_unique<detail::GradientStage>(std::move(*stage_options));
@@ -921,6 +924,44 @@ void OffloadEngine::Impl::save(const std::string& dir, bool async) {
   }
 }
 
+namespace {
+
+// The text of the dynamic loss scale's state saved in engine checkpoint `d`, or nullopt (with a
+// notice) where the checkpoint has none: one saved without dynamic loss scaling.
+std::optional<std::string> read_scale_text(const swap::Dir& d, const detail::LossScaler& scaler,
+                                           std::string_view who) {
+  try {
+    return swap::read_small_file(d, kLossScaleName, kMaxLossScaleBytes);
+  } catch (const IoError& e) {
+    if (e.code() != ErrorCode::kNotFound) throw;
+    log(LogLevel::kNotice, std::string(who) + ": " + d.path_of(kLossScaleName) +
+                               " is missing (a checkpoint without dynamic loss scaling); the "
+                               "loss scale stays " +
+                               std::to_string(scaler.scale()));
+    return std::nullopt;
+  }
+}
+
+// `text` (read from `path`) as a loss scale state this engine's config can hold: IoError
+// kCorrupt if it is not one, UsageError if the config could not have produced it.
+detail::LossScaleState check_scale_text(const std::string& text, const std::string& path,
+                                        const detail::LossScaler& scaler, std::string_view who) {
+  const std::optional<detail::LossScaleState> state = detail::LossScaler::from_text(text);
+  if (!state) {
+    throw IoError(Status::error(
+        ErrorCode::kCorrupt, std::string(who) + ": " + path + " is not a zinf loss scale state"));
+  }
+  detail::LossScaler probe = scaler;
+  if (!probe.restore(*state)) {
+    throw UsageError(std::string(who) + ": the loss scale state in " + path +
+                     " cannot come from this engine's fp16 loss scaling config "
+                     "(hysteresis or scale out of its range)");
+  }
+  return *state;
+}
+
+}  // namespace
+
 void OffloadEngine::load(const std::string& dir) {
   check_checkpoint_dir(dir, "OffloadEngine::load");
   Impl& m = *impl_;
@@ -937,30 +978,9 @@ void OffloadEngine::load(const std::string& dir) {
   // The loss scale's state is read and checked before anything changes.
   std::optional<detail::LossScaleState> scale_state;
   if (m.scaler.dynamic()) {
-    std::optional<std::string> text;
-    try {
-      text = swap::read_small_file(d, kLossScaleName, kMaxLossScaleBytes);
-    } catch (const IoError& e) {
-      if (e.code() != ErrorCode::kNotFound) throw;
-      log(LogLevel::kNotice, "OffloadEngine::load: " + d.path_of(kLossScaleName) +
-                                 " is missing (a checkpoint without dynamic loss scaling); the "
-                                 "loss scale stays " +
-                                 std::to_string(m.scaler.scale()));
-    }
-    if (text) {
-      scale_state = detail::LossScaler::from_text(*text);
-      if (!scale_state) {
-        throw IoError(
-            Status::error(ErrorCode::kCorrupt, "OffloadEngine::load: " + d.path_of(kLossScaleName) +
-                                                   " is not a zinf loss scale state"));
-      }
-      detail::LossScaler probe = m.scaler;
-      if (!probe.restore(*scale_state)) {
-        throw UsageError("OffloadEngine::load: the loss scale state in " +
-                         d.path_of(kLossScaleName) +
-                         " cannot come from this engine's fp16 loss scaling config "
-                         "(hysteresis or scale out of its range)");
-      }
+    if (const auto text = read_scale_text(d, m.scaler, "OffloadEngine::load")) {
+      scale_state =
+          check_scale_text(*text, d.path_of(kLossScaleName), m.scaler, "OffloadEngine::load");
     }
   }
   m.optimizer->load(dir);
@@ -1024,10 +1044,93 @@ class EngineSeamsAccess {
     }
     m.reduce_sum_of_squares = std::move(reduce);
   }
+
+  static std::unique_ptr<OffloadedOptimizer> load_checkpoint_state(
+      const OffloadEngine& engine, std::span<const std::uint64_t> numel, const std::string& dir,
+      const std::string& scratch) {
+    const OffloadEngine::Impl& m = *engine.impl_;
+    if (numel.size() != m.layers.size()) {
+      throw UsageError("OffloadEngine: a checkpoint reader needs one size per layer (" +
+                       std::to_string(m.layers.size()) + "), got " + std::to_string(numel.size()));
+    }
+    OptimizerOptions o = m.optimizer_options;
+    o.tier = StateTier::kNvme;
+    o.directories = {scratch};
+    std::vector<ParamGroupSpec> groups;
+    for (std::size_t i = 0; i < m.layers.size(); ++i) {
+      groups.push_back({m.layers[i].name, numel[i], m.layers[i].hyper});
+    }
+    // Its own ring, beside the engine's budget: sized for the saved slices, not this engine's.
+    o.pinned_budget_bytes = optimizer_pinned_bytes_needed(o, groups);
+    auto reader = std::make_unique<OffloadedOptimizer>(std::move(o), std::move(groups));
+    reader->load(dir);
+    return reader;
+  }
+
+  static void set_layer_state(OffloadEngine& engine, std::size_t index,
+                              std::span<const float> master, std::span<const float> mo,
+                              std::span<const float> v) {
+    OffloadEngine::Impl& m = *engine.impl_;
+    m.check_usable();
+    OffloadEngine::Impl::Layer& st = m.layer_at(index, "set_layer_state");
+    m.check_outside_step("set_layer_state");
+    m.optimizer->set_state(index, master, mo, v);
+    st.master_set = false;
+    m.write_low_precision(index, master);
+    st.master_set = true;
+  }
+
+  static void set_step_count(OffloadEngine& engine, std::uint64_t steps) {
+    OffloadEngine::Impl& m = *engine.impl_;
+    m.check_usable();
+    m.check_outside_step("set_step_count");
+    m.optimizer->set_step_count(steps);
+  }
+
+  static std::optional<std::string> saved_loss_scale(const OffloadEngine& engine,
+                                                     const std::string& dir, std::string_view who) {
+    const OffloadEngine::Impl& m = *engine.impl_;
+    if (!m.scaler.dynamic()) return std::nullopt;
+    return read_scale_text(swap::Dir::open(dir), m.scaler, who);
+  }
+
+  static void restore_loss_scale(OffloadEngine& engine, const std::string& text,
+                                 const std::string& shown, std::string_view who) {
+    OffloadEngine::Impl& m = *engine.impl_;
+    m.check_outside_step("restore_loss_scale");
+    if (!m.scaler.dynamic()) return;
+    (void)m.scaler.restore(check_scale_text(text, shown, m.scaler, who));
+  }
 };
 
 void set_sum_of_squares_reducer(OffloadEngine& engine, std::function<double(double)> reduce) {
   EngineSeamsAccess::set(engine, std::move(reduce));
+}
+
+std::unique_ptr<OffloadedOptimizer> load_checkpoint_state(const OffloadEngine& engine,
+                                                          std::span<const std::uint64_t> numel,
+                                                          const std::string& dir,
+                                                          const std::string& scratch) {
+  return EngineSeamsAccess::load_checkpoint_state(engine, numel, dir, scratch);
+}
+
+void set_layer_state(OffloadEngine& engine, std::size_t layer, std::span<const float> master,
+                     std::span<const float> m, std::span<const float> v) {
+  EngineSeamsAccess::set_layer_state(engine, layer, master, m, v);
+}
+
+void set_step_count(OffloadEngine& engine, std::uint64_t steps) {
+  EngineSeamsAccess::set_step_count(engine, steps);
+}
+
+std::optional<std::string> saved_loss_scale(const OffloadEngine& engine, const std::string& dir,
+                                            std::string_view who) {
+  return EngineSeamsAccess::saved_loss_scale(engine, dir, who);
+}
+
+void restore_loss_scale(OffloadEngine& engine, const std::string& text, const std::string& shown,
+                        std::string_view who) {
+  EngineSeamsAccess::restore_loss_scale(engine, text, shown, who);
 }
 
 }  // namespace zinf::offload

@@ -51,6 +51,8 @@ struct ShardedCase {
   bool staged = false;  // staged, clipped (the coefficient < 1), an inf in step kOverflowStep
   GradPlace grads = GradPlace::kHost;
   DType grad_dtype = DType::kF32;
+  // Dynamic fp16 loss scaling from 2^4, halved at the first overflow (staged cases only).
+  bool dynamic_scale = false;
 };
 
 /// The case as a test name's part: "cpu_cpu_on_arrival", "..._device_bf16_grads".
@@ -62,6 +64,7 @@ inline std::string case_name(const ShardedCase& c) {
     name += std::string(c.grads == GradPlace::kDevice ? "_device_" : "_host_") +
             std::string(dtype_name(c.grad_dtype)) + "_grads";
   }
+  if (c.dynamic_scale) name += "_dynamic_scale";
   return name;
 }
 
@@ -96,6 +99,11 @@ inline offload::EngineConfig sharded_config(const ShardedCase& c, const std::str
   if (c.staged) {
     cfg.zinf.step_mode = offload::StepMode::kStaged;
     cfg.gradient_clipping = 0.05;  // below every step's norm: the coefficient is < 1
+  }
+  if (c.dynamic_scale) {
+    cfg.loss_scaling.enabled = true;
+    cfg.loss_scaling.initial_scale_power = 4;
+    cfg.loss_scaling.hysteresis = 1;
   }
   return cfg;
 }
@@ -309,6 +317,43 @@ inline void check_sharded_engine(Collectives& comm, RankDevice& d, const Sharded
   for (std::size_t l = 0; l < e->layer_count(); ++l) {
     EXPECT_EQ(e->local().layer(l).numel, (e->layer(l).numel + world - 1) / world);
   }
+}
+
+/// Steps [first, last] of the run on a new engine of this rank, compared with `want` bitwise
+/// (fetches, skips, clipping factors, and at kSteps the masters): from the initial masters
+/// (first == 1) or loaded from `load_from`, which another world size may have saved; saved to
+/// `save_to` after `last` where given.
+inline void check_sharded_engine_steps(Collectives& comm, RankDevice& d, const ShardedCase& c,
+                                       const std::string& dir, const Trace& want,
+                                       std::uint64_t first, std::uint64_t last,
+                                       const std::string& load_from, const std::string& save_to) {
+  const int rank = comm.rank();
+  const int world = comm.size();
+  ShardedEngine e(sharded_config(c, dir), sharded_layers(), *d.device, d.compute.ref(), comm);
+  if (first == 1) {
+    init_masters(e);
+  } else {
+    e.load(load_from);
+  }
+  Trace got;
+  run_steps(e, d, c, rank, world, first, last, got);
+  for (std::uint64_t t = first; t <= last; ++t) {
+    for (std::size_t l = 0; l < want.fetched[t - 1].size(); ++l) {
+      EXPECT_EQ(got.fetched[t - first][l], want.fetched[t - 1][l])
+          << "rank " << rank << " of " << world << ": fetch of layer " << l << " before step " << t;
+    }
+    EXPECT_EQ(got.skipped[t - first], want.skipped[t - 1]) << "rank " << rank << ", step " << t;
+    EXPECT_EQ(got.grad_scale[t - first], want.grad_scale[t - 1])
+        << "rank " << rank << ", step " << t;
+  }
+  if (last == kSteps) {
+    const auto masters = read_masters(e);
+    for (std::size_t l = 0; l < want.masters.size(); ++l) {
+      EXPECT_TRUE(same_bits(masters[l], want.masters[l]))
+          << "rank " << rank << " of " << world << ": master weights of layer " << l;
+    }
+  }
+  if (!save_to.empty()) e.save(save_to);
 }
 
 }  // namespace zinf::dist::test

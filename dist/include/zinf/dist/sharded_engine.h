@@ -157,9 +157,15 @@ class ShardedEngine {
   /// global manifest `dir`/zinf-sharded (ShardedOptimizer's format, "zinf-sharded-engine 1").
   /// If any rank fails, every rank throws.
   void save(const std::string& dir);
-  /// Collective: loads what save() wrote. A checkpoint of another world size is refused on
-  /// every rank before anything changes: UsageError "ShardedEngine::load: <dir>/zinf-sharded was
-  /// saved by M ranks; this job has N (loading into another world size is not supported)".
+  /// Collective: loads what save() wrote. A checkpoint of another world size is resharded as
+  /// ShardedOptimizer::load does (its contract: each saved rank's folder read by one rank into
+  /// a temporary optimizer over the saved slices, scratch swap files in this rank's first NVMe
+  /// optimizer folder or the system's temporary directory, the slices redistributed bit for bit
+  /// by a reduce-scatter of the floats' bit patterns, a failure on any rank thrown on every
+  /// rank); the low-precision parameters are written from the new masters, and the step
+  /// count, hyper-parameters and dynamic loss scale are saved rank 0's. The layers must have
+  /// the checkpoint's names and full sizes (UsageError otherwise, before anything is read), and
+  /// the config its state precision and sub-group size.
   void load(const std::string& dir);
 
   /// This rank's engine over its slices: its statistics (this rank's I/O), hyper-parameters.

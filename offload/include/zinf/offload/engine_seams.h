@@ -4,9 +4,16 @@
 // skip, loss-scale update) is the job's, not the rank's. Trainers do not need this header.
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
 
 #include "zinf/offload/engine.h"
+#include "zinf/offload/optimizer.h"
 
 namespace zinf::offload {
 
@@ -20,5 +27,40 @@ namespace zinf::offload {
 /// (the staged gradients stay; the step did not happen). An empty function restores the
 /// local sum. Unused in the on_arrival mode. UsageError inside a step.
 void set_sum_of_squares_reducer(OffloadEngine& engine, std::function<double(double)> reduce);
+
+// Resharding: moving an engine checkpoint's state into engines whose layers are sliced
+// otherwise (ShardedEngine::load of a checkpoint saved by another world size).
+
+/// A new optimizer that has loaded the optimizer state of engine checkpoint `dir`, saved by an
+/// engine configured as `engine` (layer names, hyper-parameters, state precision, sub-groups)
+/// whose layers had `numel[i]` elements: read its layers as groups with read_state. Its swap
+/// files go to `scratch` (an existing folder; the nvme tier whatever `engine` uses). Throws
+/// what OffloadedOptimizer's constructor and load() throw (a checkpoint of another layout or
+/// precision, checksums), UsageError for a size count other than layer_count().
+std::unique_ptr<OffloadedOptimizer> load_checkpoint_state(const OffloadEngine& engine,
+                                                          std::span<const std::uint64_t> numel,
+                                                          const std::string& dir,
+                                                          const std::string& scratch);
+
+/// Sets layer `layer`'s fp32 master weights and both moments (OffloadedOptimizer::set_state)
+/// and writes its low-precision copy from the masters, as load() does. Blocks; UsageError
+/// inside a step or for spans of another size; IoError on a failed write.
+void set_layer_state(OffloadEngine& engine, std::size_t layer, std::span<const float> master,
+                     std::span<const float> m, std::span<const float> v);
+
+/// The number of steps taken (the next step's bias correction), as load() restores it.
+void set_step_count(OffloadEngine& engine, std::uint64_t steps);
+
+/// Where `engine` scales the loss dynamically: the loss scale's state saved in engine
+/// checkpoint `dir` as text, or nullopt with a notice where the checkpoint has none (as
+/// load()). nullopt, reading nothing, for an engine without dynamic loss scaling.
+std::optional<std::string> saved_loss_scale(const OffloadEngine& engine, const std::string& dir,
+                                            std::string_view who);
+
+/// Restores a state saved_loss_scale() returned (read from `shown`), as load() does: IoError
+/// kCorrupt if it is not one, UsageError if this engine's config could not have produced it.
+/// Nothing for an engine without dynamic loss scaling.
+void restore_loss_scale(OffloadEngine& engine, const std::string& text, const std::string& shown,
+                        std::string_view who);
 
 }  // namespace zinf::offload
