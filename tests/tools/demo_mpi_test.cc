@@ -10,6 +10,7 @@
 // ten times the largest difference measured here (1.1e-6 for 2 and 3 ranks, 10 steps). A
 // larger lr or more steps let the two runs drift further apart (lr 0.01: 4.7e-5 with 3 ranks),
 // as any change of summation order does. The N comes from the command line (--np N).
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -40,6 +41,15 @@ std::vector<float> read_floats(const std::string& path) {
   std::vector<float> out(bytes.size() / sizeof(float));
   std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
   return out;
+}
+
+// The largest elementwise difference of two runs' weights.
+double largest_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]));
+  }
+  return worst;
 }
 
 // A number field of the one-line JSON summary (NaN if absent).
@@ -74,11 +84,40 @@ TEST(DemoMpi, DataParallelRanksEndWithTheOneRankWeights) {
   const std::vector<float> wn = read_floats(many + "/weights");
   ASSERT_EQ(w1.size(), std::size_t{3} * (64 * 64 + 64));
   ASSERT_EQ(wn.size(), w1.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < w1.size(); ++i) {
-    worst = std::max(worst, std::abs(static_cast<double>(w1[i]) - wn[i]));
-  }
+  const double worst = largest_difference(w1, wn);
   std::printf("largest weight difference over %d ranks: %g\n", np, worst);
+  EXPECT_LE(worst, kWeightTolerance);
+}
+
+// A checkpoint of the N-rank job resumes in one process (resharded) and ends, after the
+// remaining steps, with the 1-rank run's weights within the same tolerance.
+TEST(DemoMpi, ACheckpointOfTheRanksResumesInOneProcess) {
+  const int np = zinf::test::mpi_np();
+  zinf::test::TestDir dir;
+  const std::string one = dir.subdir("one"), many = dir.subdir("many"), ckpt = dir.file("ckpt");
+  const zinf::test::ToolRun alone =
+      zinf::test::run_zinf(kModel + " --dir " + one + " --weights-out " + one + "/weights", false);
+  ASSERT_EQ(alone.status, 0) << alone.out;
+  const std::string cut = "demo --offload nvme --layers 3 --hidden 64 --batch 12 --json";
+  const zinf::test::ToolRun job = zinf::test::run_shell(
+      std::string(ZINF_MPI_ENV) + " " + ZINF_MPIRUN_COMMAND + " -np " + std::to_string(np) + " " +
+          ZINF_TOOL_PATH + " " + cut + " --steps 6 --dir " + many + " --save " + ckpt,
+      false);
+  ASSERT_EQ(job.status, 0) << job.out;
+  for (int r = 0; r < np; ++r) {
+    EXPECT_TRUE(std::filesystem::exists(ckpt + "/rank" + std::to_string(r) + "/zinf-sharded"));
+  }
+  const zinf::test::ToolRun resumed = zinf::test::run_zinf(
+      cut + " --steps 4 --dir " + one + " --resume " + ckpt + " --weights-out " + one + "/resumed",
+      false);
+  ASSERT_EQ(resumed.status, 0) << resumed.out;
+  EXPECT_NEAR(number(resumed.out, "final_loss"), number(alone.out, "final_loss"),
+              kLossTolerance * number(alone.out, "final_loss"));
+  const std::vector<float> w1 = read_floats(one + "/weights");
+  const std::vector<float> wr = read_floats(one + "/resumed");
+  ASSERT_EQ(wr.size(), w1.size());
+  const double worst = largest_difference(w1, wr);
+  std::printf("largest weight difference, %d ranks resumed in one: %g\n", np, worst);
   EXPECT_LE(worst, kWeightTolerance);
 }
 

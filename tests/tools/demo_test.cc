@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -226,6 +227,40 @@ TEST(DemoCli, AConfigWithoutOffloadKeepsTheNvmeDefaultAndTheHeaderNamesTheIoSett
                "--batch 4 --steps 2", false);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(field(r.out, "offload"), "none");
+}
+
+// Training cut in two, --save after 18 steps and --resume for the other 12, ends bitwise where
+// the uninterrupted 30 steps end (the moments and the step count travel with the weights), on
+// both offload tiers that hold state; a checkpoint of another model is refused naming it.
+TEST(DemoCli, SaveAndResumeEndBitwiseWhereTheUninterruptedRunEnds) {
+  zinf::test::TestDir dir;
+  const std::string expected = reference_sha256();
+  const std::string model = "--layers 3 --hidden 32 --batch 8 --lr 1e-2 --seed 5 --json";
+  for (const char* tier : {"cpu", "nvme"}) {
+    const std::string ckpt = dir.file(std::string("ckpt-") + tier);
+    const std::string common =
+        std::string("demo --offload ") + tier + " --dir " + dir.path() + " " + model;
+    const ToolRun first = run_zinf(common + " --steps 18 --save " + ckpt, false);
+    ASSERT_EQ(first.status, 0) << first.out;
+    EXPECT_EQ(field(first.out, "saved_to"), ckpt);
+    EXPECT_TRUE(std::filesystem::exists(ckpt + "/zinf-sharded")) << tier;
+    const ToolRun second = run_zinf(common + " --steps 12 --resume " + ckpt, false);
+    ASSERT_EQ(second.status, 0) << second.out;
+    EXPECT_EQ(field(second.out, "resumed_from"), ckpt);
+    EXPECT_EQ(field(second.out, "weights_sha256"), expected) << tier << ": " << second.out;
+    // The resumed run starts where the first ended: its first loss is below the first run's.
+    EXPECT_LT(std::atof(field(second.out, "initial_loss").c_str()),
+              std::atof(field(first.out, "initial_loss").c_str()));
+  }
+  const ToolRun other = run_zinf(
+      "demo --offload cpu --layers 3 --hidden 16 --batch 8 --steps 1 "
+      "--resume " +
+          dir.file("ckpt-cpu"),
+      true);
+  EXPECT_NE(other.status, 0);
+  EXPECT_EQ(other.out, "zinf demo: error: ShardedEngine::load: " + dir.file("ckpt-cpu") +
+                           "/rank0/zinf-sharded does not describe this rank and these layers "
+                           "(world size, rank, layer names and sizes)\n");
 }
 
 TEST(DemoCli, BadArgumentsAreOneLineErrors) {

@@ -47,7 +47,8 @@ with tanh between them learn to reproduce a fixed random "teacher" network of th
 parameters are fetched through the engine for forward and backward; its fp32 gradients go to
 the engine as backward produces them, and the fp32 master weights and Adam moments live in the
 --offload tier. The forward and backward run in plain C++ on the host device's compute stream.
-The final weights (weights_sha256) are bitwise the same for every --offload tier.)";
+The final weights (weights_sha256) are bitwise the same for every --offload tier, and for a
+run cut in two by --save and --resume (10 steps, or 6 saved and 4 resumed).)";
 
 constexpr const char* kFooter = R"(
 SIGINT, SIGTERM and SIGHUP stop training between steps and remove the swap files (exit status
@@ -140,7 +141,7 @@ std::vector<std::byte> weights_bytes(dist::ShardedEngine& engine) {
 
 int demo_main(const std::vector<std::string>& tokens) {
   std::string offload_text, dir_option, config_path, device_text = "host", dist_text = "auto";
-  std::string weights_out;
+  std::string weights_out, save_dir, resume_dir;
   std::uint64_t steps = 50, seed = 1, every_option = 0;
   demo::MlpShape shape;
   double lr = std::nan("");
@@ -177,6 +178,12 @@ int demo_main(const std::vector<std::string>& tokens) {
            "auto");
   cli.text("--weights-out", weights_out, "FILE",
            "write the final fp32 master weights (the bytes weights_sha256 hashes) to FILE");
+  cli.text("--save", save_dir, "DIR",
+           "after the last step, checkpoint the engine in DIR (every rank's slices under "
+           "DIR/rank<R>; created if missing)");
+  cli.text("--resume", resume_dir, "DIR",
+           "start from the checkpoint in DIR (weights, Adam moments and step count) instead of "
+           "the initial weights; one saved by another number of ranks is resharded");
   if (!cli.parse(tokens)) return 0;
   const DistMode dist_mode = parse_dist_mode(dist_text);
 
@@ -233,12 +240,15 @@ int demo_main(const std::vector<std::string>& tokens) {
   cuda::Stream compute = device->create_stream();
   dist::ShardedEngine engine(config, specs, *device, compute, job.comm());
 
-  {
+  if (resume_dir.empty()) {
     std::vector<float> init(numel);
     for (std::size_t l = 0; l < shape.layers; ++l) {
       demo::init_student_layer(init, shape.hidden, seed, l);
       engine.set_master_weights(l, init);
     }
+  } else {
+    // Another model's checkpoint (other --layers or --hidden) is refused here, naming it.
+    engine.load(resume_dir);
   }
   const demo::TrainingSet data = demo::make_training_set(shape, seed);
   demo::Mlp net(local_shape);
@@ -269,6 +279,9 @@ int demo_main(const std::vector<std::string>& tokens) {
                    ranks, std::string(job.comm().name()).c_str(), local_shape.batch, ranks,
                    dir_used.empty() ? "" : ", swap files in rank<R> folders");
     }
+  }
+  if (leader && !resume_dir.empty()) {
+    std::fprintf(out, "zinf demo: resumed from the checkpoint in %s\n", resume_dir.c_str());
   }
   if (leader && !dir_used.empty()) {
     // Which I/O settings are in use, so that a tuned config can be seen to take effect.
@@ -345,6 +358,10 @@ int demo_main(const std::vector<std::string>& tokens) {
     }
   }
   const double total_s = seconds_since(run_start);
+  if (!save_dir.empty()) {
+    engine.save(save_dir);  // collective: every rank's slices, then rank 0's global manifest
+    if (leader) std::fprintf(out, "zinf demo: checkpoint saved in %s\n", save_dir.c_str());
+  }
 
   const offload::EngineStats st = engine.stats();
   const std::vector<std::byte> weights = weights_bytes(engine);
@@ -404,6 +421,8 @@ int demo_main(const std::vector<std::string>& tokens) {
     j["dir"] = dir_used;
     j["weights_sha256"] = sha;
     j["ranks"] = ranks;
+    j["resumed_from"] = resume_dir;
+    j["saved_to"] = save_dir;
     std::printf("%s\n", json_text(j).c_str());
   }
   return 0;
