@@ -6,6 +6,8 @@
 #include "zinf/dist/sharded_optimizer.h"
 
 #include <algorithm>
+#include <bit>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cmath>
@@ -20,6 +22,7 @@
 #include "sharded_checks.h"
 #include "support/test_dir.h"
 #include "thread_group.h"
+#include "zinf/adam/compact_state.h"
 #include "zinf/common/error.h"
 
 namespace zinf::dist {
@@ -301,6 +304,102 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, Reshard,
                            return std::to_string(std::get<0>(p.param)) + "to" +
                                   std::to_string(std::get<1>(p.param)) + "_" +
                                   std::string(offload::state_tier_name(std::get<2>(p.param)));
+                         });
+
+// Compact moments resharded: bf16 arrives bitwise; int8 is decoded and quantised again over
+// the new slices' blocks of 64, so each moment moves by at most about half a code step of its
+// new block (the largest |m| / 126, the largest v / 127; the test allows 1/100 of the group's
+// largest). The fp32 masters arrive bitwise in both.
+class ReshardCompact : public ::testing::TestWithParam<adam::StatePrecision> {};
+
+TEST_P(ReshardCompact, MomentsArriveBitwiseInBf16AndWithinACodeStepInInt8) {
+  const adam::StatePrecision precision = GetParam();
+  const auto gs = test::groups();
+  zinf::test::TestDir dir;
+  const std::string swap_dir = dir.subdir("nvme");
+  const std::string ckpt = dir.file("ckpt");
+  auto options = [&] {
+    offload::OptimizerOptions o = test::options_for(StateTier::kNvme, swap_dir);
+    o.state_precision = precision;
+    return o;
+  };
+  // Every element's state as saved, decoded (each saving rank fills its own slice's range).
+  std::vector<std::array<std::vector<float>, 3>> saved(gs.size());
+  for (std::size_t g = 0; g < gs.size(); ++g) {
+    for (auto& a : saved[g]) a.assign(gs[g].numel, 0.0f);
+  }
+  test::ThreadGroup three(3);
+  three.run(false, [&](Collectives& c) {
+    ShardedOptimizer opt(options(), gs, c);
+    for (std::size_t g = 0; g < gs.size(); ++g) {
+      opt.set_params(g, zinf::test::initial_params(g, gs[g].numel));
+    }
+    for (std::uint64_t t = 1; t <= 2; ++t) {
+      std::vector<std::vector<float>> grads(gs.size()), params(gs.size());
+      std::vector<std::span<const float>> gv;
+      std::vector<std::span<float>> pv;
+      for (std::size_t g = 0; g < gs.size(); ++g) {
+        grads[g].resize(gs[g].numel);
+        params[g].resize(gs[g].numel);
+        for (std::size_t i = 0; i < gs[g].numel; ++i) {
+          grads[g][i] = test::rank_grad(test::base_grad(g, i, t), c.rank(), c.size());
+        }
+        gv.emplace_back(grads[g]);
+        pv.emplace_back(params[g]);
+      }
+      (void)opt.step(gv, pv);
+    }
+    for (std::size_t g = 0; g < gs.size(); ++g) {
+      const std::uint64_t s = opt.shard_numel(g);
+      std::array<std::vector<float>, 3> mine;
+      for (auto& a : mine) a.resize(s);
+      opt.local().read_state(g, mine[0], mine[1], mine[2]);
+      for (std::uint64_t i = opt.shard_offset(g);
+           i < std::min(gs[g].numel, opt.shard_offset(g) + s); ++i) {
+        for (int a = 0; a < 3; ++a) saved[g][a][i] = mine[a][i - opt.shard_offset(g)];
+      }
+    }
+    opt.save(ckpt);
+  });
+  test::ThreadGroup two(2);
+  two.run(false, [&](Collectives& c) {
+    ShardedOptimizer opt(options(), gs, c);
+    opt.load(ckpt);
+    EXPECT_EQ(opt.local().step_count(), 2u);
+    for (std::size_t g = 0; g < gs.size(); ++g) {
+      const std::uint64_t s = opt.shard_numel(g);
+      std::array<std::vector<float>, 3> mine;
+      for (auto& a : mine) a.resize(s);
+      opt.local().read_state(g, mine[0], mine[1], mine[2]);
+      double largest[3] = {0, 0, 0};
+      for (int a = 1; a < 3; ++a) {
+        for (const float x : saved[g][a]) largest[a] = std::max(largest[a], std::abs(double{x}));
+      }
+      for (std::uint64_t k = 0; k < s; ++k) {
+        const std::uint64_t i = opt.shard_offset(g) + k;
+        const bool padding = i >= gs[g].numel;
+        for (int a = 0; a < 3; ++a) {
+          const float want = padding ? 0.0f : saved[g][a][i];
+          if (a == 0 || precision == adam::StatePrecision::kBF16) {
+            ASSERT_EQ(std::bit_cast<std::uint32_t>(mine[a][k]), std::bit_cast<std::uint32_t>(want))
+                << "rank " << c.rank() << " group " << gs[g].name << " element " << i << " array "
+                << a;
+          } else {
+            ASSERT_LE(std::abs(double{mine[a][k]} - want), largest[a] / 100)
+                << "rank " << c.rank() << " group " << gs[g].name << " element " << i << " array "
+                << a;
+          }
+        }
+      }
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Precisions, ReshardCompact,
+                         ::testing::Values(adam::StatePrecision::kBF16,
+                                           adam::StatePrecision::kInt8),
+                         [](const auto& p) {
+                           return std::string(adam::state_precision_name(p.param));
                          });
 
 // A resharding load that cannot read a saved rank fails on every rank, the reader naming what
