@@ -184,16 +184,48 @@ std::uint64_t check_options(const OptimizerOptions& options,
 
 }  // namespace
 
+std::uint64_t effective_sub_group_elements(const OptimizerOptions& options,
+                                           const std::vector<ParamGroupSpec>& groups) {
+  const std::uint64_t want = std::min(options.sub_group_elements, kMaxNumel);
+  if (want == 0 || !options.fit_sub_groups_to_stripes || options.store_copy_out) return want;
+  bool splits = false;
+  for (const auto& g : groups) splits = splits || g.numel > want;
+  if (!splits) return want;
+  // The stripe unit of the store the optimizer makes (SwapStoreOptions' default); the records'
+  // 4 KiB padding is the smallest alignment a direct-I/O file system asks.
+  const std::uint64_t stripe = swap::SwapStoreOptions{}.stripe_bytes;
+  const adam::StatePrecision p = options.state_precision;
+  const std::uint64_t bytes = align_up(record_state_bytes(p, want), 4096);
+  if (bytes <= stripe || bytes % stripe == 0) return want;
+  const std::uint64_t limit = bytes / stripe * stripe;
+  // The largest n <= want whose record fits in `limit` (record bytes grow with n).
+  std::uint64_t lo = 1, hi = want;
+  while (lo < hi) {
+    const std::uint64_t mid = hi - (hi - lo) / 2;
+    if (record_state_bytes(p, mid) <= limit) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  if (p == adam::StatePrecision::kInt8 && lo >= adam::kInt8Block) {
+    lo -= lo % adam::kInt8Block;  // whole scale blocks: the last record alone has a short one
+  }
+  return lo;
+}
+
 std::uint64_t optimizer_pinned_bytes_needed(const OptimizerOptions& options,
                                             const std::vector<ParamGroupSpec>& groups) {
-  (void)check_options(options, groups);
+  OptimizerOptions o = options;
+  o.sub_group_elements = effective_sub_group_elements(options, groups);
+  (void)check_options(o, groups);
   std::uint32_t alignment = 4096;
   if (options.tier == StateTier::kNvme) {
     for (const auto& d : options.directories) {
       alignment = std::max(alignment, swap::probe_direct_io_alignment(d));
     }
   }
-  const std::uint64_t sub = options.sub_group_elements;
+  const std::uint64_t sub = o.sub_group_elements;
   std::uint64_t max_record = 0;
   std::uint64_t state = 0;
   std::uint64_t max_numel = 0;
@@ -211,7 +243,7 @@ std::uint64_t optimizer_pinned_bytes_needed(const OptimizerOptions& options,
     state += full * full_bytes + rest_bytes;
     count += static_cast<std::size_t>(full + (rest > 0 ? 1 : 0));
   }
-  return plan_pinned(options, sub, max_record, state, count, max_numel, alignment).need;
+  return plan_pinned(o, sub, max_record, state, count, max_numel, alignment).need;
 }
 
 double clip_coefficient(double clip, double norm) noexcept {
@@ -267,6 +299,8 @@ void validate_hyper(const adam::AdamParams& hp, const std::string& group) {
 
 OffloadedOptimizer::Impl::Impl(OptimizerOptions o, std::vector<ParamGroupSpec> g)
     : options(std::move(o)), groups(std::move(g)), adam(options.adam), hyper(options.hyper) {
+  // From here on options.sub_group_elements is what the records use (and checkpoints name).
+  options.sub_group_elements = effective_sub_group_elements(options, groups);
   const std::uint64_t record_count = check_options(options, groups);
   if (nvme()) {
     for (const auto& d : options.directories) {
@@ -811,6 +845,10 @@ OffloadedOptimizer::OffloadedOptimizer(OptimizerOptions options, std::vector<Par
 OffloadedOptimizer::~OffloadedOptimizer() = default;
 
 std::size_t OffloadedOptimizer::group_count() const noexcept { return impl_->groups.size(); }
+
+std::uint64_t OffloadedOptimizer::sub_group_elements() const noexcept {
+  return impl_->options.sub_group_elements;
+}
 
 const ParamGroupSpec& OffloadedOptimizer::group(std::size_t index) const {
   if (index >= impl_->groups.size()) {

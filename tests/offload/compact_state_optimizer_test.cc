@@ -342,5 +342,88 @@ TEST(CompactOptimizerIntegrity, AFlippedByteOfCompactStateFailsTheNextStep) {
   }
 }
 
+// Sub-groups fitted to the swap store's 1 MiB stripe units: a record that would end part-way
+// into a unit is cut to fill whole units (int8's 1M elements: 6.125 MiB -> 1,027,136 elements
+// in exactly 6 MiB), on both tiers alike; records already whole (fp32, bf16 at 1M) or of one
+// unit or less stay; store_copy_out and fit_sub_groups_to_stripes = false keep the size given.
+TEST(CompactOptimizerLayout, SubGroupsFillWholeStripeUnits) {
+  auto effective = [](StatePrecision p, std::uint64_t n, bool fit = true, bool copy = false) {
+    OptimizerOptions o;
+    o.state_precision = p;
+    o.sub_group_elements = n;
+    o.fit_sub_groups_to_stripes = fit;
+    o.store_copy_out = copy;
+    return effective_sub_group_elements(o, {{"w", 3 * n}});
+  };
+  constexpr std::uint64_t kM = 1 << 20;
+  EXPECT_EQ(effective(StatePrecision::kInt8, kM), 1027136u);
+  EXPECT_EQ(4 * 1027136 + adam::moment_bytes(StatePrecision::kInt8, 1027136), 6 * kM - 248);
+  EXPECT_EQ(effective(StatePrecision::kF32, kM), kM);
+  EXPECT_EQ(effective(StatePrecision::kBF16, kM), kM);
+  EXPECT_EQ(effective(StatePrecision::kF32, 300007), 262144u);    // 3.43 MiB -> 3 MiB
+  EXPECT_EQ(effective(StatePrecision::kInt8, 2 * kM), 2054336u);  // 12.25 MiB -> 12 MiB
+  EXPECT_EQ(effective(StatePrecision::kInt8, 4099), 4099u);       // one unit or less: as given
+  EXPECT_EQ(effective(StatePrecision::kInt8, 171196), 171196u);   // exactly 1 MiB: as given
+  EXPECT_EQ(effective(StatePrecision::kInt8, kM, false), kM);
+  EXPECT_EQ(effective(StatePrecision::kInt8, kM, true, true), kM);
+  // A sub-group that splits no group changes no record: kept as given.
+  OptimizerOptions whole;
+  whole.state_precision = StatePrecision::kInt8;
+  whole.sub_group_elements = kM;
+  EXPECT_EQ(effective_sub_group_elements(whole, {{"a", kM}, {"b", 5}}), kM);
+
+  zinf::test::TestDir dir;
+  for (const StateTier tier : {StateTier::kCpu, StateTier::kNvme}) {
+    OptimizerOptions o;
+    o.tier = tier;
+    o.state_precision = StatePrecision::kInt8;
+    o.io.kind = swap::IoEngineKind::kThreads;
+    if (tier == StateTier::kNvme) o.directories = {dir.subdir("nvme")};
+    OffloadedOptimizer opt(o, {{"w", 3 * kM}});
+    EXPECT_EQ(opt.sub_group_elements(), 1027136u);
+    EXPECT_EQ(opt.record_bytes(), 6 * kM);  // padded to 4 KiB: exactly six stripe units
+  }
+}
+
+// The size is part of the checkpoint's layout: one saved with records of the size given
+// (fit_sub_groups_to_stripes = false, what builds before the fitting wrote) is refused by the
+// default options naming both sizes, and loads with the fitting off.
+TEST(CompactOptimizerLayout, ACheckpointOfUnfittedRecordsNeedsTheFittingOff) {
+  zinf::test::TestDir dir;
+  const std::string ckpt = dir.file("ckpt");
+  const std::vector<ParamGroupSpec> groups = {{"w", 1200028 + 5}};  // two records either way
+  auto options = [&](bool fit) {
+    OptimizerOptions o;
+    o.state_precision = StatePrecision::kInt8;
+    o.sub_group_elements = 300007 * 4;  // int8 records of 7.1 MiB, cut to 7 MiB when fitted
+    o.fit_sub_groups_to_stripes = fit;
+    return o;
+  };
+  test::State saved;
+  {
+    OffloadedOptimizer a(options(false), groups);
+    test::init_all(a);
+    test::run_steps(a, 1, 1);
+    a.save(ckpt);
+    saved = test::read_all(a);
+  }
+  {
+    OffloadedOptimizer fitted(options(true), groups);
+    EXPECT_EQ(fitted.sub_group_elements(), 1198336u);
+    try {
+      fitted.load(ckpt);
+      FAIL() << "a checkpoint of 1200028-element records loaded into 1198336-element ones";
+    } catch (const UsageError& e) {
+      EXPECT_EQ(std::string(e.what()), "OffloadedOptimizer::load: checkpoint " + ckpt + "/" +
+                                           latest(ckpt) +
+                                           " does not match: sub_group_elements 1200028, here "
+                                           "1198336");
+    }
+  }  // releases the checkpoint directory's lock
+  OffloadedOptimizer unfitted(options(false), groups);
+  unfitted.load(ckpt);
+  EXPECT_EQ(test::diff(test::read_all(unfitted), saved), "");
+}
+
 }  // namespace
 }  // namespace zinf::offload

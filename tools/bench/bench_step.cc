@@ -474,6 +474,10 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   o.io.queue_depth = static_cast<std::uint32_t>(queue_depth);
   o.swap_checksums = checksums;
   o.state_precision = precision;
+  // What the records will use (int8's 1M is cut to fill whole stripe units), so that the
+  // budget below and the report say what ran.
+  o.sub_group_elements = offload::effective_sub_group_elements(o, {{"bench", numel}});
+  sub_group = o.sub_group_elements;
   // Unless told, the budget is exactly what the tier needs (the optimizer checks it).
   const std::uint64_t record_elems = std::min(sub_group, numel);
   const std::uint64_t record =

@@ -56,7 +56,22 @@ struct OptimizerOptions {
   /// (bench/compare_step.sh, 256M elements, 3 rounds alternated per size) steps took 1.09-1.19x
   /// the 16 MiB-footprint ideal with 1M elements against 1.29-1.31x with 4M (192 MiB ring);
   /// 512K was no faster than 1M.
+  ///
+  /// Unless fit_sub_groups_to_stripes is off (or store_copy_out is on), the records use
+  /// effective_sub_group_elements(): this, or, where it splits a group, slightly fewer
+  /// elements so that a record larger than one 1 MiB stripe unit fills a whole number of them
+  /// (int8 moments: 1,027,136 instead of 1,048,576 elements, records of exactly 6 MiB instead of
+  /// 6.125).
   std::uint64_t sub_group_elements = std::uint64_t{1} << 20;
+  /// Round sub_group_elements down so that each record fills whole stripe units of the swap
+  /// store (1 MiB). A record that ends part-way into a unit adds a short request to every read
+  /// and write of it, which costs the drive about as much as a full one: on the build VM the
+  /// int8 step at 256M elements took 0.87-0.97x the time with 6 MiB records (1,027,136
+  /// elements) against 6.125 MiB ones (1M), in each of 6 alternated rounds
+  /// (docs/benchmarks.md). fp32 and bf16 records of 1M elements are whole units already. The
+  /// size is part of a checkpoint's layout: false loads a compact checkpoint saved by a
+  /// build from before this rounding (it used sub_group_elements as given).
+  bool fit_sub_groups_to_stripes = true;
   /// Buffers in the kNvme ring, >= 3: one being updated, one being read ahead, one being
   /// written back; more buffers read further ahead. 4: on the build VM (256M elements,
   /// bench/compare_step.sh, 3 rounds each) depth 3 ran at 1.26x the ideal and depth 4 at
@@ -166,6 +181,18 @@ struct StoreCopyOut {
 /// checksums).
 std::uint64_t store_copy_out_sub_group(std::uint64_t requested, const swap::SwapStore& store);
 
+/// The elements per sub-group record the optimizer uses for `options` and `groups` (on both
+/// tiers, so that checkpoints move between them): sub_group_elements, or, with
+/// fit_sub_groups_to_stripes and without store_copy_out, where it splits at least one group
+/// (a group has more elements), the largest count not above it, a multiple of
+/// adam::kInt8Block for int8 moments, whose record (padded to 4 KiB) fills a whole number of
+/// 1 MiB stripe units, if a record of sub_group_elements would be larger than one unit and end
+/// part-way into one. Groups no larger than the sub-group keep one record each, as given (so
+/// the engine's default sub_group_size, above any layer, changes nothing). OffloadedOptimizer::
+/// sub_group_elements() returns it.
+std::uint64_t effective_sub_group_elements(const OptimizerOptions& options,
+                                           const std::vector<ParamGroupSpec>& groups);
+
 /// The pinned bytes an OffloadedOptimizer built from `options` and `groups` holds (what its
 /// constructor checks pinned_budget_bytes against): kNvme depth x padded sub-group record,
 /// kCpu the whole padded state, plus the StoreCopyOut staging if options.store_copy_out.
@@ -248,6 +275,8 @@ class OffloadedOptimizer {
   OffloadedOptimizer& operator=(const OffloadedOptimizer&) = delete;
 
   std::size_t group_count() const noexcept;
+  /// Elements per sub-group record: effective_sub_group_elements() of the options.
+  std::uint64_t sub_group_elements() const noexcept;
   const ParamGroupSpec& group(std::size_t index) const;
   StateTier tier() const noexcept;
   /// How the moments are stored (OptimizerOptions::state_precision).
