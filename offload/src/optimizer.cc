@@ -140,9 +140,6 @@ constexpr std::uint64_t kMaxRecords = std::uint64_t{1} << 22;
 std::uint64_t check_options(const OptimizerOptions& options,
                             const std::vector<ParamGroupSpec>& groups) {
   if (groups.empty()) throw UsageError("OffloadedOptimizer: no parameter groups");
-  if (options.sub_group_elements == 0) {
-    throw UsageError("OffloadedOptimizer: sub_group_elements must be at least 1");
-  }
   std::unordered_set<std::string> names;
   for (const auto& grp : groups) {
     if (grp.numel == 0 || grp.numel > kMaxNumel) {
@@ -184,10 +181,23 @@ std::uint64_t check_options(const OptimizerOptions& options,
 
 }  // namespace
 
+std::uint64_t default_sub_group_elements(adam::StatePrecision precision) noexcept {
+  switch (precision) {
+    case adam::StatePrecision::kBF16: return std::uint64_t{3} << 19;  // 8 bytes each: 12 MiB
+    case adam::StatePrecision::kInt8:
+      return 2054336;  // 6.125 bytes each: 12,582,808, 4 KiB-padded to 12 MiB
+    case adam::StatePrecision::kF32: break;
+  }
+  return std::uint64_t{1} << 20;  // 12 bytes each: 12 MiB
+}
+
 std::uint64_t effective_sub_group_elements(const OptimizerOptions& options,
                                            const std::vector<ParamGroupSpec>& groups) {
-  const std::uint64_t want = std::min(options.sub_group_elements, kMaxNumel);
-  if (want == 0 || !options.fit_sub_groups_to_stripes || options.store_copy_out) return want;
+  const std::uint64_t want =
+      std::min(options.sub_group_elements == 0 ? default_sub_group_elements(options.state_precision)
+                                               : options.sub_group_elements,
+               kMaxNumel);
+  if (!options.fit_sub_groups_to_stripes || options.store_copy_out) return want;
   bool splits = false;
   for (const auto& g : groups) splits = splits || g.numel > want;
   if (!splits) return want;

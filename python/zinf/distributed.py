@@ -134,7 +134,7 @@ class _ShardedAdamBase(torch.optim.Optimizer):
     """
 
     def __init__(self, params, lr, betas, eps, weight_decay, amsgrad, adamw, threads,
-                 process_group=None, state="cpu", nvme_path=None, sub_group_size=1 << 20,
+                 process_group=None, state="cpu", nvme_path=None, sub_group_size=None,
                  pipeline_depth=4, pinned_budget=None, checksums=True, state_precision="fp32"):
         check_adam_arguments(lr, betas, eps, weight_decay, amsgrad, state, state_precision)
         if state_precision != "fp32" and state != "nvme":
@@ -152,6 +152,8 @@ class _ShardedAdamBase(torch.optim.Optimizer):
                 raise ValueError("zinf: a parameter with no elements")
         self.collectives = collectives(process_group)
         world = self.collectives.size
+        if sub_group_size is None:  # records of 12 MiB whatever the precision (docs/engine.md)
+            sub_group_size = _native.default_sub_group_elements(state_precision)
         per_element = {"fp32": 12, "bf16": 8, "int8": 6}[state_precision]
         record = per_element * sub_group_size + 8 * (sub_group_size // 64 + 1) + 4096
         if pinned_budget is not None:

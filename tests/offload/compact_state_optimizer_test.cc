@@ -377,12 +377,23 @@ TEST(CompactOptimizerLayout, SubGroupsFillWholeStripeUnits) {
     OptimizerOptions o;
     o.tier = tier;
     o.state_precision = StatePrecision::kInt8;
+    o.sub_group_elements = kM;
     o.io.kind = swap::IoEngineKind::kThreads;
     if (tier == StateTier::kNvme) o.directories = {dir.subdir("nvme")};
-    OffloadedOptimizer opt(o, {{"w", 3 * kM}});
-    EXPECT_EQ(opt.sub_group_elements(), 1027136u);
-    EXPECT_EQ(opt.record_bytes(), 6 * kM);  // padded to 4 KiB: exactly six stripe units
+    {
+      OffloadedOptimizer opt(o, {{"w", 3 * kM}});
+      EXPECT_EQ(opt.sub_group_elements(), 1027136u);
+      EXPECT_EQ(opt.record_bytes(), 6 * kM);  // padded to 4 KiB: exactly six stripe units
+    }
+    // The default (0): records of 12 MiB, fp32's at 1M elements.
+    o.sub_group_elements = 0;
+    OffloadedOptimizer opt(o, {{"w", 5 * kM}});
+    EXPECT_EQ(opt.sub_group_elements(), default_sub_group_elements(StatePrecision::kInt8));
+    EXPECT_EQ(opt.sub_group_elements(), 2054336u);
+    EXPECT_EQ(opt.record_bytes(), 12 * kM);
   }
+  EXPECT_EQ(default_sub_group_elements(StatePrecision::kF32), kM);
+  EXPECT_EQ(default_sub_group_elements(StatePrecision::kBF16), 3 * kM / 2);
 }
 
 // The size is part of the checkpoint's layout: one saved with records of the size given

@@ -418,8 +418,10 @@ TEST(OffloadedOptimizer, RejectsBadOptions) {
   EXPECT_THROW(OffloadedOptimizer(o, {}), UsageError);
   EXPECT_THROW(OffloadedOptimizer(o, {{"a", 0}}), UsageError);
   EXPECT_THROW(OffloadedOptimizer(o, {{"a", 4}, {"a", 5}}), UsageError);
-  o.sub_group_elements = 0;
-  EXPECT_THROW(OffloadedOptimizer(o, {{"a", 4}}), UsageError);
+  o.sub_group_elements = 0;  // not an error: the precision's default (12 MiB records)
+  EXPECT_EQ(OffloadedOptimizer(o, {{"a", 4}}).sub_group_elements(), 1u << 20);
+  o.state_precision = adam::StatePrecision::kBF16;
+  EXPECT_EQ(OffloadedOptimizer(o, {{"a", 4}}).sub_group_elements(), 3u << 19);
   o = options_for(StateTier::kCpu, swap::IoEngineKind::kThreads, dir);
   o.hyper.beta1 = 1.0;
   EXPECT_THROW(OffloadedOptimizer(o, {{"a", 4}}), UsageError);

@@ -49,9 +49,11 @@ struct ParamGroupSpec {
 struct OptimizerOptions {
   StateTier tier = StateTier::kCpu;
   /// Elements per sub-group (DeepSpeed's sub_group_size): the unit of one read, one update and
-  /// one write-back. The last sub-group of a group may be shorter. 1M elements (12 MiB of
-  /// state, a 48 MiB ring at depth 4): each transfer (12 x 1 MiB engine pieces) still keeps
-  /// the queue full, and filling and draining the pipeline costs 2/256 of a 256M-element step.
+  /// one write-back. The last sub-group of a group may be shorter. 0 (the default) is
+  /// default_sub_group_elements(state_precision): records of 12 MiB whatever the precision,
+  /// 1M elements of fp32 state. 1M fp32 elements (12 MiB of state, a 48 MiB ring at depth 4):
+  /// each transfer (12 x 1 MiB engine pieces) still keeps the queue full, and filling and
+  /// draining the pipeline costs 2/256 of a 256M-element step.
   /// The ring's footprint itself sets the drive's rate on virtual disks: on the build VM
   /// (bench/compare_step.sh, 256M elements, 3 rounds alternated per size) steps took 1.09-1.19x
   /// the 16 MiB-footprint ideal with 1M elements against 1.29-1.31x with 4M (192 MiB ring);
@@ -62,7 +64,7 @@ struct OptimizerOptions {
   /// elements so that a record larger than one 1 MiB stripe unit fills a whole number of them
   /// (int8 moments: 1,027,136 instead of 1,048,576 elements, records of exactly 6 MiB instead of
   /// 6.125).
-  std::uint64_t sub_group_elements = std::uint64_t{1} << 20;
+  std::uint64_t sub_group_elements = 0;
   /// Round sub_group_elements down so that each record fills whole stripe units of the swap
   /// store (1 MiB). A record that ends part-way into a unit adds a short request to every read
   /// and write of it, which costs the drive about as much as a full one: on the build VM the
@@ -180,6 +182,16 @@ struct StoreCopyOut {
 /// swap_out_range rules (a multiple of alignment()/2 elements, or of stripe_bytes()/2 with
 /// checksums).
 std::uint64_t store_copy_out_sub_group(std::uint64_t requested, const swap::SwapStore& store);
+
+/// The sub-group of OptimizerOptions::sub_group_elements = 0: the elements whose record is
+/// fp32's at 1M elements, 12 MiB (whole 1 MiB stripe units), so that the ring and every
+/// transfer keep their bytes whatever the precision: fp32 1,048,576, bf16 1,572,864, int8
+/// 2,054,336. Measured for int8 at 256M elements on the build VM (docs/benchmarks.md), 8
+/// alternated rounds: 12 MiB records ran at a median 1.13 of the step's ideal against 1.25 for
+/// 6 MiB ones, and faster in 7 of the 8. A checkpoint names its sub-group size: one saved
+/// with another (an earlier build's 1M default for bf16 or int8, where a group was larger)
+/// loads with that size given explicitly.
+std::uint64_t default_sub_group_elements(adam::StatePrecision precision) noexcept;
 
 /// The elements per sub-group record the optimizer uses for `options` and `groups` (on both
 /// tiers, so that checkpoints move between them): sub_group_elements, or, with
