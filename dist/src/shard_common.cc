@@ -197,7 +197,14 @@ void reshard(Collectives& comm, std::string_view who, const std::string& dir, in
              const ShardManifest& manifest, const ReshardTarget& target) {
   const int me = comm.rank();
   const int world = comm.size();
-  const std::size_t entries = target.numel.size();
+  const std::size_t entries = target.groups.size();
+  // Every saved rank's slices of the entries, and a reader's options over them.
+  std::vector<offload::ParamGroupSpec> saved_groups = target.groups;
+  for (auto& g : saved_groups) g.numel = shard_numel(g.numel, saved_world);
+  offload::OptimizerOptions reader = target.options;
+  reader.tier = offload::StateTier::kNvme;
+  const bool own_folder =
+      target.options.tier == offload::StateTier::kNvme && !target.options.directories.empty();
   // This rank's scratch folder, removed when the load ends (after the readers below, declared
   // after it, are gone with their swap files).
   struct Scratch {
@@ -217,7 +224,6 @@ void reshard(Collectives& comm, std::string_view who, const std::string& dir, in
   scratch.who = std::string(who);
   struct Source {
     int rank;  // the saved rank it holds
-    std::vector<std::uint64_t> shard;
     std::unique_ptr<offload::OffloadedOptimizer> reader;
   };
   std::vector<Source> sources;
@@ -225,17 +231,20 @@ void reshard(Collectives& comm, std::string_view who, const std::string& dir, in
   on_every_rank(comm, who, [&] {
     if (me >= saved_world) return;  // more ranks than were saved: nothing to read here
     const swap::Dir top = swap::Dir::open(dir);
-    scratch.parent.emplace(swap::Dir::open(target.scratch_parent));
+    scratch.parent.emplace(swap::Dir::open(own_folder
+                                               ? target.options.directories.front()
+                                               : std::filesystem::temp_directory_path().string()));
     scratch.name = swap::unique_name("zinf-reshard-");
     const swap::Dir area = scratch.parent->create_child(scratch.name);
     for (int k = me; k < saved_world; k += world) {
       const std::string folder = open_rank_folder(top, who, manifest, saved_world, k, false);
-      Source src{k, {}, nullptr};
-      for (const std::uint64_t n : target.numel) src.shard.push_back(shard_numel(n, saved_world));
-      src.reader =
-          target.open(folder, src.shard, area.create_child("rank" + std::to_string(k)).path());
+      offload::OptimizerOptions o = reader;
+      o.directories = {area.create_child("rank" + std::to_string(k)).path()};
+      o.pinned_budget_bytes = offload::optimizer_pinned_bytes_needed(o, saved_groups);
+      auto opt = std::make_unique<offload::OffloadedOptimizer>(std::move(o), saved_groups);
+      opt->load(folder);
       if (k == 0 && target.extra) extra = target.extra(folder);
-      sources.push_back(std::move(src));
+      sources.push_back({k, std::move(opt)});
     }
   });
   // Step count, hyper-parameters and the extra state, from rank 0 (which read saved rank 0).
@@ -271,14 +280,14 @@ void reshard(Collectives& comm, std::string_view who, const std::string& dir, in
   std::vector<std::int32_t> send, mine;
   std::vector<float> p, m, v;
   for (std::size_t e = 0; e < entries; ++e) {
-    const std::uint64_t n = target.numel[e];
+    const std::uint64_t n = target.groups[e].numel;
+    const std::uint64_t s_old = saved_groups[e].numel;
     const std::uint64_t s_new = target.shard[e];
     // Rank r's block: its params, m and v slices, one after the other.
     send.assign(3 * s_new * static_cast<std::uint64_t>(world), 0);
     mine.assign(3 * s_new, 0);
     guarded([&] {
       for (const Source& src : sources) {
-        const std::uint64_t s_old = src.shard[e];
         old_p.resize(s_old);
         old_m.resize(s_old);
         old_v.resize(s_old);

@@ -101,16 +101,15 @@ std::string open_rank_folder(const swap::Dir& top, std::string_view who,
 /// What a resharding load needs of the object it loads into (ShardedOptimizer, ShardedEngine);
 /// its entries are the manifest's (groups or layers), in order.
 struct ReshardTarget {
-  std::vector<std::uint64_t> numel;  ///< each entry's full element count
+  /// The entries as groups of the object's optimizer: names, full element counts and
+  /// hyper-parameters, in manifest order.
+  std::vector<offload::ParamGroupSpec> groups;
   std::vector<std::uint64_t> shard;  ///< this rank's slice of each, in this world size
-  /// Where this rank's scratch folder (`zinf-reshard-<pid>-<random>`) goes.
-  std::string scratch_parent;
-  /// Loads saved rank folder `folder`, whose entries had `saved_shard[i]` elements, into a
-  /// reader over those slices with its swap files in `scratch` (an existing folder).
-  std::function<std::unique_ptr<offload::OffloadedOptimizer>(
-      const std::string& folder, std::span<const std::uint64_t> saved_shard,
-      const std::string& scratch)>
-      open;
+  /// The options of the object's own optimizer (this rank's folders). A saved rank is read by
+  /// an optimizer of these options over the saved slices, on the nvme tier with its swap files
+  /// in a scratch folder `zinf-reshard-<pid>-<random>` under the first of `directories` (the
+  /// system's temporary directory for the cpu tier), and a pinned ring of its own.
+  offload::OptimizerOptions options;
   /// On rank 0, from saved rank 0's folder: state beside the optimizer's to hand to every rank
   /// as text (the engine's loss scale), or nullopt. May be empty.
   std::function<std::optional<std::string>(const std::string& folder)> extra;
@@ -127,8 +126,8 @@ struct ReshardTarget {
 
 /// Collective: loads a checkpoint saved by `saved_world` ranks (load_sharded has checked its
 /// global manifest) into `target`. Saved rank k is read by rank k mod size() alone (so each
-/// saved folder is read once, and no two ranks take its lock), loaded into target.open's reader
-/// in a scratch folder removed at the end; then entry by entry each rank writes what it read at
+/// saved folder is read once, and no two ranks take its lock), loaded into a reader (see
+/// ReshardTarget::options) whose scratch folder is removed at the end; then entry by entry each rank writes what it read at
 /// its place in the entry padded for this world size, as the floats' 32-bit patterns with zeros
 /// elsewhere, and a reduce-scatter summing those integers hands every rank its new slice bit
 /// for bit (each element comes from one rank; an integer sum with zeros keeps -0.0, which a

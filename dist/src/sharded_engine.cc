@@ -15,7 +15,6 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
-#include <filesystem>
 #include <limits>
 #include <optional>
 #include <utility>
@@ -102,9 +101,6 @@ struct ShardedEngine::Impl {
   std::vector<bool> fetched_alone;  // one rank: layers fetched straight from the engine
   // Set by the staged step's reducer once this rank has entered the step's all-reduce.
   bool reduced_this_step = false;
-  // Where a resharding load puts its scratch swap files: the optimizer's first NVMe folder of
-  // this rank, else the system's temporary directory.
-  std::string scratch_parent;
 
   Impl(Collectives& c, cuda::Device& d, cuda::StreamRef s)
       : comm(c),
@@ -191,11 +187,6 @@ ShardedEngine::ShardedEngine(offload::EngineConfig config, std::vector<offload::
   into_rank(config.offload_param.nvme_path);
   into_rank(config.offload_optimizer.nvme_path);
   for (auto& d : config.zinf.nvme_paths) into_rank(d);
-  s.scratch_parent = std::filesystem::temp_directory_path().string();
-  if (config.offload_optimizer.device == offload::OffloadDevice::kNvme) {
-    const auto dirs = config.nvme_directories(config.offload_optimizer.nvme_path);
-    if (!dirs.empty()) s.scratch_parent = dirs.front();
-  }
   s.local = faults ? offload::test_hooks::make_engine_with_faults(
                          std::move(config), std::move(mine), device, compute_stream, *faults)
                    : std::make_unique<offload::OffloadEngine>(std::move(config), std::move(mine),
@@ -479,13 +470,9 @@ void ShardedEngine::Impl::reshard(const std::string& dir, int saved_world,
                                   const detail::ShardManifest& manifest) {
   constexpr std::string_view who = "ShardedEngine::load";
   detail::ReshardTarget t;
-  for (const auto& l : layers) t.numel.push_back(l.numel);
+  for (const auto& l : layers) t.groups.push_back({l.name, l.numel, l.hyper});
   t.shard = shard;
-  t.scratch_parent = scratch_parent;
-  t.open = [this](const std::string& folder, std::span<const std::uint64_t> saved_shard,
-                  const std::string& scratch) {
-    return offload::load_checkpoint_state(*local, saved_shard, folder, scratch);
-  };
+  t.options = offload::optimizer_options(*local);
   t.extra = [this, who](const std::string& folder) {
     return offload::saved_loss_scale(*local, folder, who);
   };

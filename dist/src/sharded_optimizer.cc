@@ -4,7 +4,6 @@
 #include "shard_common.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <optional>
 #include <cmath>
 #include <limits>
@@ -181,23 +180,9 @@ void ShardedOptimizer::load(const std::string& dir) {
 void ShardedOptimizer::Impl::reshard(const std::string& dir, int saved_world,
                                      const detail::ShardManifest& manifest) {
   detail::ReshardTarget t;
-  for (const auto& g : groups) t.numel.push_back(g.numel);
+  t.groups = groups;
   t.shard = shard;
-  t.scratch_parent = options.tier == offload::StateTier::kNvme && !options.directories.empty()
-                         ? options.directories.front()
-                         : std::filesystem::temp_directory_path().string();
-  t.open = [&](const std::string& folder, std::span<const std::uint64_t> saved_shard,
-               const std::string& scratch) {
-    std::vector<offload::ParamGroupSpec> specs = groups;
-    for (std::size_t g = 0; g < specs.size(); ++g) specs[g].numel = saved_shard[g];
-    offload::OptimizerOptions o = options;
-    o.tier = offload::StateTier::kNvme;
-    o.directories = {scratch};
-    o.pinned_budget_bytes = offload::optimizer_pinned_bytes_needed(o, specs);  // its ring only
-    auto reader = std::make_unique<offload::OffloadedOptimizer>(std::move(o), std::move(specs));
-    reader->load(folder);
-    return reader;
-  };
+  t.options = options;
   t.progress = [&](std::uint64_t steps, std::span<const adam::AdamParams> hypers,
                    const std::optional<std::string>&) {
     local->set_step_count(steps);

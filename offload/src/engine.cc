@@ -1045,26 +1045,8 @@ class EngineSeamsAccess {
     m.reduce_sum_of_squares = std::move(reduce);
   }
 
-  static std::unique_ptr<OffloadedOptimizer> load_checkpoint_state(
-      const OffloadEngine& engine, std::span<const std::uint64_t> numel, const std::string& dir,
-      const std::string& scratch) {
-    const OffloadEngine::Impl& m = *engine.impl_;
-    if (numel.size() != m.layers.size()) {
-      throw UsageError("OffloadEngine: a checkpoint reader needs one size per layer (" +
-                       std::to_string(m.layers.size()) + "), got " + std::to_string(numel.size()));
-    }
-    OptimizerOptions o = m.optimizer_options;
-    o.tier = StateTier::kNvme;
-    o.directories = {scratch};
-    std::vector<ParamGroupSpec> groups;
-    for (std::size_t i = 0; i < m.layers.size(); ++i) {
-      groups.push_back({m.layers[i].name, numel[i], m.layers[i].hyper});
-    }
-    // Its own ring, beside the engine's budget: sized for the saved slices, not this engine's.
-    o.pinned_budget_bytes = optimizer_pinned_bytes_needed(o, groups);
-    auto reader = std::make_unique<OffloadedOptimizer>(std::move(o), std::move(groups));
-    reader->load(dir);
-    return reader;
+  static OptimizerOptions optimizer_options(const OffloadEngine& engine) {
+    return engine.impl_->optimizer_options;
   }
 
   static void set_layer_state(OffloadEngine& engine, std::size_t index,
@@ -1107,11 +1089,8 @@ void set_sum_of_squares_reducer(OffloadEngine& engine, std::function<double(doub
   EngineSeamsAccess::set(engine, std::move(reduce));
 }
 
-std::unique_ptr<OffloadedOptimizer> load_checkpoint_state(const OffloadEngine& engine,
-                                                          std::span<const std::uint64_t> numel,
-                                                          const std::string& dir,
-                                                          const std::string& scratch) {
-  return EngineSeamsAccess::load_checkpoint_state(engine, numel, dir, scratch);
+OptimizerOptions optimizer_options(const OffloadEngine& engine) {
+  return EngineSeamsAccess::optimizer_options(engine);
 }
 
 void set_layer_state(OffloadEngine& engine, std::size_t layer, std::span<const float> master,

@@ -31,16 +31,10 @@ void set_sum_of_squares_reducer(OffloadEngine& engine, std::function<double(doub
 // Resharding: moving an engine checkpoint's state into engines whose layers are sliced
 // otherwise (ShardedEngine::load of a checkpoint saved by another world size).
 
-/// A new optimizer that has loaded the optimizer state of engine checkpoint `dir`, saved by an
-/// engine configured as `engine` (layer names, hyper-parameters, state precision, sub-groups)
-/// whose layers had `numel[i]` elements: read its layers as groups with read_state. Its swap
-/// files go to `scratch` (an existing folder; the nvme tier whatever `engine` uses). Throws
-/// what OffloadedOptimizer's constructor and load() throw (a checkpoint of another layout or
-/// precision, checksums), UsageError for a size count other than layer_count().
-std::unique_ptr<OffloadedOptimizer> load_checkpoint_state(const OffloadEngine& engine,
-                                                          std::span<const std::uint64_t> numel,
-                                                          const std::string& dir,
-                                                          const std::string& scratch);
+/// The options `engine` built its optimizer with (one group per layer, in layer order, named
+/// and with the hyper-parameters of its LayerSpec), without test fault plans: what a reader of
+/// the optimizer state in its checkpoints needs.
+OptimizerOptions optimizer_options(const OffloadEngine& engine);
 
 /// Sets layer `layer`'s fp32 master weights and both moments (OffloadedOptimizer::set_state)
 /// and writes its low-precision copy from the masters, as load() does. Blocks; UsageError
