@@ -13,6 +13,7 @@
 #include <cmath>
 #include <limits>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -402,8 +403,9 @@ INSTANTIATE_TEST_SUITE_P(Precisions, ReshardCompact,
                            return std::string(adam::state_precision_name(p.param));
                          });
 
-// A resharding load that cannot read a saved rank fails on every rank, the reader naming what
-// it could not read and the others naming that rank, and loads nothing; a checkpoint of other
+// A resharding load that cannot read a saved rank (its manifest names another rank, its folder
+// is gone, a byte of its state changed) fails on every rank, the reader naming what it could
+// not read and the others naming that rank, and loads nothing; a checkpoint of other
 // groups is refused before anything is read.
 TEST(ShardedOptimizer, AReshardingLoadThatCannotReadASavedRankFailsOnEveryRank) {
   const auto want = test::reference();
@@ -490,6 +492,50 @@ TEST(ShardedOptimizer, AReshardingLoadThatCannotReadASavedRankFailsOnEveryRank) 
     }
   });
   EXPECT_EQ(thrown.load(), 2);
+
+  // A byte of saved rank 1's state changed: rank 1 of two, which reads it, fails on its
+  // checksum naming the state file; the other names rank 1; neither optimizer changed.
+  const std::string version = [&] {
+    std::ifstream in(ckpt + "/rank1/LATEST");
+    std::string line;
+    std::getline(in, line);
+    return line;
+  }();
+  const std::string state = ckpt + "/rank1/" + version + "/state.bin";
+  auto flip = [&] {
+    std::fstream f(state, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(100);
+    const char was = static_cast<char>(f.get());
+    f.seekp(100);
+    f.put(static_cast<char>(was ^ 0x5a));
+  };
+  flip();
+  thrown = 0;
+  two.run(false, [&](Collectives& c) {
+    ShardedOptimizer opt(test::options_for(StateTier::kCpu, ""), test::groups(), c);
+    try {
+      opt.load(ckpt);
+      ADD_FAILURE() << "rank " << c.rank() << " loaded a corrupt saved rank";
+    } catch (const IoError& e) {
+      ++thrown;
+      const std::string what = e.what();
+      if (c.rank() == 1) {
+        EXPECT_EQ(e.code(), ErrorCode::kCorrupt) << what;
+        EXPECT_NE(what.find(state), std::string::npos) << what;
+        EXPECT_NE(what.find("CRC32C mismatch"), std::string::npos) << what;
+        // Its first record: group a's saved slice, 334 fp32 elements x 12 bytes.
+        EXPECT_EQ(e.status().offset(), 0u) << what;
+        EXPECT_EQ(e.status().length(), 4008u) << what;
+      } else {
+        EXPECT_EQ(what,
+                  "ShardedOptimizer::load failed: 1 of 2 ranks failed (rank 1); this "
+                  "rank (0) did not");
+      }
+    }
+    EXPECT_EQ(opt.local().step_count(), 0u);
+  });
+  EXPECT_EQ(thrown.load(), 2);
+  flip();  // back as saved
 
   // Still whole: loaded by two ranks, the third step is the uninterrupted run's.
   two.run(false, [&](Collectives& c) {
