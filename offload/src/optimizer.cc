@@ -181,14 +181,31 @@ std::uint64_t check_options(const OptimizerOptions& options,
 
 }  // namespace
 
-std::uint64_t default_sub_group_elements(adam::StatePrecision precision) noexcept {
-  switch (precision) {
-    case adam::StatePrecision::kBF16: return std::uint64_t{3} << 19;  // 8 bytes each: 12 MiB
-    case adam::StatePrecision::kInt8:
-      return 2054336;  // 6.125 bytes each: 12,582,808, 4 KiB-padded to 12 MiB
-    case adam::StatePrecision::kF32: break;
+namespace {
+
+// The most elements, at most `most`, whose record in precision `p` takes at most `limit` bytes
+// (record bytes grow with the count); for int8 a multiple of its scale block where that is
+// possible, so that only a group's last record has a short block.
+std::uint64_t elements_within(adam::StatePrecision p, std::uint64_t limit, std::uint64_t most) {
+  std::uint64_t lo = 1, hi = most;
+  while (lo < hi) {
+    const std::uint64_t mid = hi - (hi - lo) / 2;
+    if (record_state_bytes(p, mid) <= limit) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
   }
-  return std::uint64_t{1} << 20;  // 12 bytes each: 12 MiB
+  if (p == adam::StatePrecision::kInt8 && lo >= adam::kInt8Block) lo -= lo % adam::kInt8Block;
+  return lo;
+}
+
+}  // namespace
+
+std::uint64_t default_sub_group_elements(adam::StatePrecision precision) noexcept {
+  // fp32's record at 1M elements: 12 MiB (fp32 1,048,576, bf16 1,572,864, int8 2,054,336).
+  constexpr std::uint64_t kRecordBytes = std::uint64_t{12} << 20;
+  return elements_within(precision, kRecordBytes, kRecordBytes);
 }
 
 std::uint64_t effective_sub_group_elements(const OptimizerOptions& options,
@@ -207,21 +224,7 @@ std::uint64_t effective_sub_group_elements(const OptimizerOptions& options,
   const adam::StatePrecision p = options.state_precision;
   const std::uint64_t bytes = align_up(record_state_bytes(p, want), 4096);
   if (bytes <= stripe || bytes % stripe == 0) return want;
-  const std::uint64_t limit = bytes / stripe * stripe;
-  // The largest n <= want whose record fits in `limit` (record bytes grow with n).
-  std::uint64_t lo = 1, hi = want;
-  while (lo < hi) {
-    const std::uint64_t mid = hi - (hi - lo) / 2;
-    if (record_state_bytes(p, mid) <= limit) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  if (p == adam::StatePrecision::kInt8 && lo >= adam::kInt8Block) {
-    lo -= lo % adam::kInt8Block;  // whole scale blocks: the last record alone has a short one
-  }
-  return lo;
+  return elements_within(p, bytes / stripe * stripe, want);
 }
 
 std::uint64_t optimizer_pinned_bytes_needed(const OptimizerOptions& options,
