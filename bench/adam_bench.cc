@@ -36,6 +36,8 @@ using zinf::adam::Isa;
 using zinf::adam::StreamRmw;
 
 constexpr std::int64_t kLarge = 100'000'000;   // the size: ~2.8 GB moved per step
+constexpr std::int64_t kCached =
+    262'144;  // 4 MiB of state: in this CPU's caches, the compute bound
 constexpr std::int64_t kBytesPerElement = 28;  // p, m, v read+write and an fp32 gradient read
 
 // One 2 MiB-aligned, THP-advised array, allocated once and reused by every benchmark so page
@@ -209,6 +211,13 @@ BENCHMARK(BM_CpuAdam)
                    {kNone}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
+// The portable path against its reference with the state in the caches: the compute bound (at
+// the baseline ISA both are bound by the divider, one sqrt and one division per element).
+BENCHMARK(BM_CpuAdam)
+    ->ArgNames({"numel", "threads", "isa", "grad", "out"})
+    ->ArgsProduct({{kCached}, {1}, {static_cast<std::int64_t>(Isa::kScalar)}, {kF32}, {kNone}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 // Narrow gradients and the fused copy-out, on the best path.
 BENCHMARK(BM_CpuAdam)
     ->ArgNames({"numel", "threads", "isa", "grad", "out"})
@@ -238,6 +247,7 @@ BENCHMARK(BM_SimpleAdamLoopNative)
 BENCHMARK(BM_SimpleAdamLoopBaseline)
     ->ArgNames({"numel"})
     ->Arg(kLarge)
+    ->Arg(kCached)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 

@@ -95,16 +95,19 @@ float load_grad(const void* grads, std::size_t i) {
 struct ScalarKernel {
   template <DecayKind D, ElemType G, ElemType O, bool kOut>
   static void run(const KernelArgs& a, std::size_t begin, std::size_t end);
+  template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kScaled>
+  static void loop(const KernelArgs& a, std::size_t begin, std::size_t end);
 };
 
 // The scalars and arrays copied out of `a` into locals, the arrays restrict-qualified (step()
 // refuses overlapping arrays): a store through params could otherwise alias a float member of
 // `a` itself, and the compiler would have to reload the constants after every store or guard
 // the vector loop with run-time overlap checks. One plain loop, which the compiler vectorises
-// for the baseline ISA (a blocked loop with software prefetch gained nothing measurable here:
-// at one thread both run at the memory limit).
-template <DecayKind D, ElemType G, ElemType O, bool kOut>
-void ScalarKernel::run(const KernelArgs& a, std::size_t begin, std::size_t end) {
+// for the baseline ISA. There it is bound by the divider, one sqrt and one division per element,
+// not by memory (it runs as fast with its arrays in the caches), so a blocked loop with software
+// prefetch or a 2x unrolled one gained nothing measurable.
+template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kScaled>
+void ScalarKernel::loop(const KernelArgs& a, std::size_t begin, std::size_t end) {
   float* __restrict params = a.params;
   float* __restrict ms = a.m;
   float* __restrict vs = a.v;
@@ -116,7 +119,8 @@ void ScalarKernel::run(const KernelArgs& a, std::size_t begin, std::size_t end) 
   const float inv_sqrt_bc2 = a.inv_sqrt_bc2, eps = a.eps, neg_step_size = a.neg_step_size;
   for (std::size_t i = begin; i < end; ++i) {
     float p = params[i];
-    float g = load_grad<G>(grads, i) * grad_scale;
+    float g = load_grad<G>(grads, i);
+    if constexpr (kScaled) g = g * grad_scale;
     if constexpr (D == DecayKind::kL2) g = g + weight_decay * p;
     if constexpr (D == DecayKind::kDecoupled) p = p * decay_factor;
     const float m = beta1 * ms[i] + one_minus_beta1 * g;
@@ -128,6 +132,16 @@ void ScalarKernel::run(const KernelArgs& a, std::size_t begin, std::size_t end) 
     vs[i] = v;
     if constexpr (kOut) out[i] = O == ElemType::kBF16 ? float_to_bf16(p) : float_to_f16(p);
   }
+}
+
+// Unscaled gradients (grad_scale 1, every step without loss scaling) skip the multiply: g * 1
+// is g bit for bit (a NaN keeps its payload and is made quiet by the next operation either
+// way). Bound by the divider, the loop gains from each instruction it saves beside it: with the
+// arrays in the caches, 0.96 of the baseline-ISA loop's rate with the multiply, 1.01 without.
+template <DecayKind D, ElemType G, ElemType O, bool kOut>
+void ScalarKernel::run(const KernelArgs& a, std::size_t begin, std::size_t end) {
+  if (a.grad_scale == 1.0f) return loop<D, G, O, kOut, false>(a, begin, end);
+  loop<D, G, O, kOut, true>(a, begin, end);
 }
 
 }  // namespace
