@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -20,6 +21,7 @@
 #include "chunk_pool.h"
 #include "compact_step.h"
 #include "cpu_adam_kernel.h"
+#include "prefetch_tuner.h"
 #include "zinf/common/error.h"
 #include "zinf/common/log.h"
 
@@ -276,6 +278,7 @@ struct AdamJob {
   KernelArgs args;
   float* out_f32 = nullptr;  // an fp32 copy-out: the kernels convert only to bf16/fp16
   const ChunkHooks* hooks = nullptr;
+  detail::PrefetchTuner* tuner = nullptr;  // set while this step calibrates the distance
 };
 
 void run_adam_piece(const AdamJob& job, std::size_t begin, std::size_t end) {
@@ -285,12 +288,32 @@ void run_adam_piece(const AdamJob& job, std::size_t begin, std::size_t end) {
   }
 }
 
+void run_adam_hooked(const AdamJob* job, std::size_t begin, std::size_t end);
+
 void run_adam_chunk(const void* ctx, std::size_t begin, std::size_t end) {
   const auto* job = static_cast<const AdamJob*>(ctx);
+  if (job->tuner != nullptr && end - begin >= detail::kChunkElems) {
+    // A calibrating step: this chunk runs with the next candidate distance and is timed whole
+    // (hooks included: they cost every candidate alike). A step's last, shorter chunk runs
+    // untimed with the current distance, so that every sample covers a chunk's span of memory.
+    AdamJob mine = *job;
+    mine.tuner = nullptr;
+    const std::size_t index = job->tuner->next_candidate();
+    mine.args.prefetch_elems = detail::kPrefetchCandidates[index];
+    const auto t0 = std::chrono::steady_clock::now();
+    run_adam_chunk(&mine, begin, end);
+    const std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - t0;
+    job->tuner->record(index, took.count() / static_cast<double>(end - begin));
+    return;
+  }
   if (job->hooks == nullptr) {
     run_adam_piece(*job, begin, end);
     return;
   }
+  run_adam_hooked(job, begin, end);
+}
+
+void run_adam_hooked(const AdamJob* job, std::size_t begin, std::size_t end) {
   // Smaller pieces than the pool's chunks, so that what `before` touched is still in L2 when
   // the kernel reads it, and what the kernel wrote when `after` reads it. The kernel gives
   // every element the same arithmetic wherever a range starts, so the split changes no bit.
@@ -402,17 +425,60 @@ std::vector<Isa> supported_isas() {
   return out;
 }
 
+// True for the paths with software prefetch (the x86 vector ones): the others leave it to the
+// hardware prefetchers, and their distance is 0 whatever is asked.
+bool has_software_prefetch(Isa isa) {
+  return isa == Isa::kAvx2 || isa == Isa::kAvx512 || isa == Isa::kAvx512Bf16;
+}
+
 struct CpuAdam::Impl {
   explicit Impl(const CpuAdamOptions& o)
-      : isa(choose_isa(o.isa)), kernel(kernel_for(isa)), pool(o.threads) {}
+      : isa(choose_isa(o.isa)), kernel(kernel_for(isa)), pool(o.threads) {
+    if (o.prefetch_elements) {
+      if (*o.prefetch_elements > detail::kMaxPrefetchElems) {
+        throw UsageError("cpu adam: prefetch_elements=" + std::to_string(*o.prefetch_elements) +
+                         " exceeds the limit of " + std::to_string(detail::kMaxPrefetchElems));
+      }
+      fixed_prefetch = static_cast<std::uint32_t>(*o.prefetch_elements);
+      prefetch_source = "option";
+    } else if (const char* env = std::getenv("ZINF_CPU_ADAM_PREFETCH");
+               env != nullptr && *env != '\0') {
+      if (const auto elems = parse_prefetch(env, "ZINF_CPU_ADAM_PREFETCH")) {
+        fixed_prefetch = static_cast<std::uint32_t>(*elems);
+        prefetch_source = "environment";
+      }
+    }
+    if (!has_software_prefetch(isa)) {
+      fixed_prefetch = 0;
+      prefetch_source = "none";
+    }
+    if (!fixed_prefetch) tuner = &detail::prefetch_tuner(static_cast<std::size_t>(isa));
+  }
+  // The distance for a step of n elements, and the tuner if this step calibrates.
+  std::uint32_t prefetch_for(std::size_t n, detail::PrefetchTuner*& calibrate) const {
+    calibrate = nullptr;
+    if (fixed_prefetch) return *fixed_prefetch;
+    if (tuner->wants(n)) calibrate = tuner;
+    return tuner->current();
+  }
   Isa isa;
   KernelFn kernel;
   ChunkPool pool;
+  std::optional<std::uint32_t> fixed_prefetch;  // option, environment, or 0 without prefetch
+  std::string_view prefetch_source;             // of fixed_prefetch
+  detail::PrefetchTuner* tuner = nullptr;       // when the distance is calibrated ("auto")
 };
 
 CpuAdam::CpuAdam(CpuAdamOptions options) : impl_(std::make_unique<Impl>(options)) {
+  const PrefetchSetting pf = prefetch();
   log(LogLevel::kInfo, "cpu adam: isa=" + std::string(isa_name(impl_->isa)) +
-                           " threads=" + std::to_string(impl_->pool.threads()));
+                           " threads=" + std::to_string(impl_->pool.threads()) + " prefetch=" +
+                           std::to_string(pf.elements) + " (" + std::string(pf.source) + ")");
+}
+
+PrefetchSetting CpuAdam::prefetch() const noexcept {
+  if (impl_->fixed_prefetch) return {*impl_->fixed_prefetch, impl_->prefetch_source};
+  return {impl_->tuner->current(), impl_->tuner->calibrated() ? "calibrated" : "default"};
 }
 
 CpuAdam::~CpuAdam() = default;
@@ -450,6 +516,7 @@ void CpuAdam::step(const AdamParams& hp, std::span<float> params, std::span<floa
   job.args.out_type = elem_type(out.dtype);
   job.out_f32 = f32_out ? static_cast<float*>(out.data) : nullptr;
   job.hooks = hooks;
+  job.args.prefetch_elems = impl_->prefetch_for(n, job.tuner);
   impl_->pool.run(n, params.data(), sizeof(float), run_adam_chunk, &job);
 }
 
@@ -484,6 +551,10 @@ void CpuAdam::step(const AdamParams& hp, std::span<float> params, const CompactM
                      {"copy-out", out.data, out.enabled ? n * dtype_size(out.dtype) : 0}});
 
   detail::CompactJob job{impl_->kernel, make_args(hp)};
+  // The fp32 kernel runs there on decoded pieces in L1, so it is never timed for calibration:
+  // it takes the distance the fp32 steps chose.
+  detail::PrefetchTuner* unused = nullptr;
+  job.args.prefetch_elems = impl_->prefetch_for(0, unused);
   job.args.params = params.data();
   job.args.grads = grads.data;
   job.args.grad_type = elem_type(grads.dtype);

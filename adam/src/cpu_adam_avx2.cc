@@ -90,10 +90,18 @@ inline void update(const Consts& c, const Lanes& l) {
 struct Avx2Kernel {
   template <DecayKind D, ElemType G, ElemType O, bool kOut>
   static void run(const KernelArgs& a, std::size_t begin, std::size_t end);
+  template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kPrefetch>
+  static void loop(const KernelArgs& a, std::size_t begin, std::size_t end);
 };
 
 template <DecayKind D, ElemType G, ElemType O, bool kOut>
 void Avx2Kernel::run(const KernelArgs& a, std::size_t begin, std::size_t end) {
+  if (a.prefetch_elems == 0) return loop<D, G, O, kOut, false>(a, begin, end);
+  loop<D, G, O, kOut, true>(a, begin, end);
+}
+
+template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kPrefetch>
+void Avx2Kernel::loop(const KernelArgs& a, std::size_t begin, std::size_t end) {
   const Consts c(a);
   const auto* grads = static_cast<const unsigned char*>(a.grads);
   auto* out = static_cast<std::uint16_t*>(a.out);
@@ -103,12 +111,14 @@ void Avx2Kernel::run(const KernelArgs& a, std::size_t begin, std::size_t end) {
   };
   std::size_t i = begin;
   for (; i + 2 * kLanes <= end; i += 2 * kLanes) {
-    // One cache line of each fp32 array per iteration.
-    const std::size_t ahead = i + kPrefetchElems;
-    prefetch(a.params, ahead * 4);
-    prefetch(a.m, ahead * 4);
-    prefetch(a.v, ahead * 4);
-    prefetch(grads, ahead * grad_bytes<G>());
+    if constexpr (kPrefetch) {
+      // One cache line of each fp32 array per iteration.
+      const std::size_t ahead = i + a.prefetch_elems;
+      prefetch(a.params, ahead * 4);
+      prefetch(a.m, ahead * 4);
+      prefetch(a.v, ahead * 4);
+      prefetch(grads, ahead * grad_bytes<G>());
+    }
     update<D, G, O, kOut>(c, lanes_at(i));
     update<D, G, O, kOut>(c, lanes_at(i + kLanes));
   }

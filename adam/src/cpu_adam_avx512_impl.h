@@ -120,24 +120,34 @@ inline void update(const KernelArgs& a, const Consts& c, std::size_t i, __mmask1
 struct Avx512Kernel {
   template <DecayKind D, ElemType G, ElemType O, bool kOut>
   static void run(const KernelArgs& a, std::size_t begin, std::size_t end);
+  template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kPrefetch>
+  static void loop(const KernelArgs& a, std::size_t begin, std::size_t end);
 };
 
 template <DecayKind D, ElemType G, ElemType O, bool kOut>
 void Avx512Kernel::run(const KernelArgs& a, std::size_t begin, std::size_t end) {
+  if (a.prefetch_elems == 0) return loop<D, G, O, kOut, false>(a, begin, end);
+  loop<D, G, O, kOut, true>(a, begin, end);
+}
+
+template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kPrefetch>
+void Avx512Kernel::loop(const KernelArgs& a, std::size_t begin, std::size_t end) {
   const Consts c(a);
   std::size_t i = begin;
   // Two vectors (two cache lines of each fp32 array) per iteration, with two independent
   // chains of sqrt and div in flight.
   for (; i + 2 * kLanes <= end; i += 2 * kLanes) {
-    const std::size_t ahead = i + kPrefetchElems;
-    prefetch(a.params, ahead * 4);
-    prefetch(a.params, ahead * 4 + 64);
-    prefetch(a.m, ahead * 4);
-    prefetch(a.m, ahead * 4 + 64);
-    prefetch(a.v, ahead * 4);
-    prefetch(a.v, ahead * 4 + 64);
-    prefetch(a.grads, ahead * grad_bytes<G>());
-    if constexpr (G == ElemType::kF32) prefetch(a.grads, ahead * 4 + 64);
+    if constexpr (kPrefetch) {
+      const std::size_t ahead = i + a.prefetch_elems;
+      prefetch(a.params, ahead * 4);
+      prefetch(a.params, ahead * 4 + 64);
+      prefetch(a.m, ahead * 4);
+      prefetch(a.m, ahead * 4 + 64);
+      prefetch(a.v, ahead * 4);
+      prefetch(a.v, ahead * 4 + 64);
+      prefetch(a.grads, ahead * grad_bytes<G>());
+      if constexpr (G == ElemType::kF32) prefetch(a.grads, ahead * 4 + 64);
+    }
     update<D, G, O, kOut, false>(a, c, i, 0);
     update<D, G, O, kOut, false>(a, c, i + kLanes, 0);
   }

@@ -37,6 +37,9 @@ struct KernelArgs {
   float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^t)
   float eps;
   float neg_step_size;  // -lr / (1 - beta1^t)
+  // Software prefetch distance in elements, 0 for none (the x86 vector paths read it; the
+  // others leave prefetching to the hardware). Changes the speed only, never a bit.
+  std::uint32_t prefetch_elems;
 };
 
 // Updates elements [begin, end). Every element gets exactly this sequence of fp32 operations,

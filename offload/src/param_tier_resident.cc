@@ -13,8 +13,10 @@ namespace {
 class ResidentTier final : public ParamTier {
  public:
   explicit ResidentTier(const ParamTierContext& c)
-      : layers_(c.layers), device_(c.device), compute_(c.compute),
-        convert_(adam::CpuAdamOptions{1, std::nullopt}) {
+      : layers_(c.layers),
+        device_(c.device),
+        compute_(c.compute),
+        convert_(adam::CpuAdamOptions{.threads = 1}) {
     state_.resize(layers_.size());
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       state_[i].host.assign(layers_[i].numel, 0);

@@ -46,7 +46,7 @@ void bind_adam(py::module_& m) {
   using namespace pybind11::literals;
   py::class_<adam::CpuAdam>(m, "CpuAdam", "zinf's CPU Adam kernel with its thread pool.")
       .def(py::init([](std::size_t threads) {
-             return std::make_unique<adam::CpuAdam>(adam::CpuAdamOptions{threads, std::nullopt});
+             return std::make_unique<adam::CpuAdam>(adam::CpuAdamOptions{.threads = threads});
            }),
            "threads"_a = 0)
       .def("isa", [](const adam::CpuAdam& a) { return std::string(adam::isa_name(a.isa())); })
@@ -71,8 +71,8 @@ void bind_adam(py::module_& m) {
                    span_at<float>(v, numel), g, o);
           },
           "params"_a, "grads"_a, "grad_dtype"_a, "exp_avg"_a, "exp_avg_sq"_a, "numel"_a, "lr"_a,
-          "beta1"_a, "beta2"_a, "eps"_a, "weight_decay"_a, "step"_a, "bias_correction"_a,
-          "adamw"_a, "grad_scale"_a = 1.0, "out"_a = 0, "out_dtype"_a = "bf16",
+          "beta1"_a, "beta2"_a, "eps"_a, "weight_decay"_a, "step"_a, "bias_correction"_a, "adamw"_a,
+          "grad_scale"_a = 1.0, "out"_a = 0, "out_dtype"_a = "bf16",
           "One update of numel elements at the given addresses (fp32 params and moments; "
           "gradients fp32/bf16/fp16; optional bf16/fp16 copy-out).");
 }

@@ -253,7 +253,7 @@ TEST(OffloadEngineStaged, Bf16AndFp16GradientsAreStagedExactly) {
       for (std::size_t l = 0; l < layers.size(); ++l) {
         const auto f = grads_of(l, t, layers[l].numel);
         std::vector<std::uint16_t> b(f.size());
-        adam::CpuAdam conv(adam::CpuAdamOptions{1, std::nullopt});
+        adam::CpuAdam conv(adam::CpuAdamOptions{.threads = 1});
         std::vector<float> scaled(f);
         for (float& x : scaled) x *= 8.0f;
         conv.copy_out(scaled, {b.data(), b.size(), dtype, true});

@@ -56,13 +56,16 @@ double time_seconds(Fn&& fn) {
 
 int bench_adam_main(const std::vector<std::string>& tokens) {
   std::uint64_t numel = 100'000'000, threads = 0, steps = 10;
-  std::string isa_text = "auto", grad_text = "fp32", copy_text = "none";
+  std::string isa_text = "auto", grad_text = "fp32", copy_text = "none", prefetch_text = "auto";
   bool reference = false, json = false;
   Cli cli("bench adam", kAbout);
   cli.count("--numel", numel, "elements", 0, UINT64_MAX, "1e8");
   cli.count("--threads", threads, "threads including the caller (0 = one per hardware thread)", 0,
             1024);  // CpuAdam's limit
   cli.text("--isa", isa_text, "ISA", "auto | avx512bf16 | avx512 | avx2 | sve | neon | scalar");
+  cli.text("--prefetch", prefetch_text, "N",
+           "auto | off | elements: the x86 paths' software prefetch distance (auto: calibrated "
+           "by the first steps)");
   cli.text("--grad-dtype", grad_text, "T", "fp32 | bf16 | fp16");
   cli.text("--copy-out", copy_text, "T", "none | bf16 | fp16: also write low-precision parameters");
   cli.count("--steps", steps, "timed steps");
@@ -75,7 +78,9 @@ int bench_adam_main(const std::vector<std::string>& tokens) {
   check_numel(numel);
   if (steps == 0) throw UsageError("--steps must be at least 1");
   const std::optional<DType> copy_dtype = parse_copy_out(copy_text);
-  CpuAdam adam({.threads = threads, .isa = adam::parse_isa(isa_text, "--isa")});
+  CpuAdam adam({.threads = threads,
+                .isa = adam::parse_isa(isa_text, "--isa"),
+                .prefetch_elements = adam::parse_prefetch(prefetch_text, "--prefetch")});
 
   const std::size_t n = numel;
   const std::size_t grad_bytes = grad_dtype == DType::kF32 ? 4 : 2;
@@ -149,12 +154,15 @@ int bench_adam_main(const std::vector<std::string>& tokens) {
                  StreamRmw::kBytesPerElement;
   }
   const std::string isa(adam::isa_name(adam.isa()));
+  const adam::PrefetchSetting prefetch = adam.prefetch();
   const std::string gt(dtype_name(grad_dtype));
   if (json) {
     Json j;
     j["bench"] = "adam";
     j["isa"] = isa;
     j["threads"] = std::uint64_t{adam.threads()};
+    j["prefetch_elements"] = std::uint64_t{prefetch.elements};
+    j["prefetch_source"] = std::string(prefetch.source);
     j["numel"] = std::uint64_t{n};
     j["grad_dtype"] = gt;
     j["copy_out"] = copy_text;
@@ -176,6 +184,8 @@ int bench_adam_main(const std::vector<std::string>& tokens) {
     std::printf("cpu adam  isa=%s threads=%zu numel=%zu grad=%s copy-out=%s steps=%llu (median)\n",
                 isa.c_str(), adam.threads(), n, gt.c_str(), copy_text.c_str(),
                 static_cast<unsigned long long>(steps));
+    std::printf("  %-28s %10zu elements (%.*s)\n", "prefetch distance", prefetch.elements,
+                static_cast<int>(prefetch.source.size()), prefetch.source.data());
     std::printf("  %-28s %10.3f ms\n", "seconds per step", sec * 1e3);
     std::printf("  %-28s %10.3f G/s\n", "elements per second", eps / 1e9);
     std::printf("  %-28s %10.2f GB/s  (%zu B/element)\n", "bandwidth", gbps, bytes_per_element);

@@ -158,7 +158,28 @@ struct CpuAdamOptions {
   std::size_t threads = 0;
   /// Forces a code path (tests, benchmarks). Unset: the environment variable
   /// ZINF_CPU_ADAM_ISA (scalar|avx2|avx512|avx512bf16|sve|neon|auto) if set, else best_isa().
-  std::optional<Isa> isa;
+  std::optional<Isa> isa = std::nullopt;
+  /// Software prefetch distance of the x86 vector paths in elements, 0 for none, at most
+  /// 65536 (the other paths have no software prefetch and ignore it). Unset: the environment
+  /// variable ZINF_CPU_ADAM_PREFETCH (auto|off|N) if set, else auto: the first steps of at
+  /// least 1 Mi elements in the process time their chunks at 0, 128, 256, 512 and 1024 in
+  /// turn (16 chunks of 64 Ki elements each) and keep the fastest for the rest of the process,
+  /// per code path; 256 before that. The distance changes the speed only: every distance gives
+  /// the same bits.
+  std::optional<std::size_t> prefetch_elements = std::nullopt;
+};
+
+/// Parses a prefetch distance as ZINF_CPU_ADAM_PREFETCH spells it: "auto" gives std::nullopt
+/// (calibrate), "off" 0, or a number of elements in [1, 65536]. Throws UsageError naming
+/// `what` (e.g. "--prefetch") and the accepted forms for anything else.
+std::optional<std::size_t> parse_prefetch(std::string_view text, std::string_view what);
+
+/// The software prefetch distance a CpuAdam's steps use now, and where it comes from.
+struct PrefetchSetting {
+  std::size_t elements = 0;  ///< 0: no software prefetch
+  /// "none" (this code path has no software prefetch), "option", "environment", "default"
+  /// (auto, before the process has calibrated this path) or "calibrated".
+  std::string_view source;
 };
 
 /// The CPU Adam/AdamW kernel with its persistent thread pool.
@@ -177,7 +198,8 @@ struct CpuAdamOptions {
 class CpuAdam {
  public:
   /// Starts the pool. Throws UsageError if the requested ISA (option or environment) is
-  /// unknown or not supported here, or if `threads` exceeds 1024.
+  /// unknown or not supported here, if `threads` exceeds 1024, or if the prefetch distance
+  /// (option or ZINF_CPU_ADAM_PREFETCH) is out of range or not auto, off or a number.
   explicit CpuAdam(CpuAdamOptions options = {});
   ~CpuAdam();
   CpuAdam(const CpuAdam&) = delete;
@@ -213,6 +235,8 @@ class CpuAdam {
   Isa isa() const noexcept;
   /// Returns the number of threads that run a step (calling thread included).
   std::size_t threads() const noexcept;
+  /// Returns the prefetch distance the next step uses (see CpuAdamOptions::prefetch_elements).
+  PrefetchSetting prefetch() const noexcept;
 
  private:
   struct Impl;
