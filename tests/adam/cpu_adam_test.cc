@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/scoped_env.h"
 #include "support/self_exec.h"
 #include "zinf/adam/reference_kernels.h"
 #include "zinf/common/error.h"
@@ -719,25 +720,7 @@ TEST(CpuAdam, RefusedCallLeavesStateUntouched) {
   EXPECT_EQ(v, std::vector<float>(4, 3.0f));
 }
 
-// Sets an environment variable for one scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using test::ScopedEnv;
 
 TEST(CpuAdam, IsaChosenByOptionThenEnvironmentThenCpuid) {
   {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "prefetch_tuner.h"
+#include "support/scoped_env.h"
 #include "zinf/adam/cpu_adam.h"
 #include "zinf/common/error.h"
 
@@ -26,27 +27,7 @@ bool has_software_prefetch(Isa isa) {
   return isa == Isa::kAvx2 || isa == Isa::kAvx512 || isa == Isa::kAvx512Bf16;
 }
 
-// Sets an environment variable for one scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_.empty()) {
-      ::unsetenv(name_);
-    } else {
-      ::setenv(name_, old_.c_str(), 1);
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::string old_;
-};
+using test::ScopedEnv;
 
 TEST(PrefetchTuner, KeepsTheDefaultUntilEveryCandidateHasItsSamples) {
   PrefetchTuner t;
