@@ -164,7 +164,6 @@ void load_sharded(Collectives& comm, std::string_view who, const std::string& di
     }
     if (same) {
       saved = comm.size();
-      load_rank(open_rank_folder(top, who, manifest, comm.size(), comm.rank(), /*own=*/true));
       return;
     }
     // Another world size: the global manifest must be the one save_sharded writes for these
@@ -180,15 +179,23 @@ void load_sharded(Collectives& comm, std::string_view who, const std::string& di
     }
     saved = world;
   });
-  if (saved == comm.size()) return;
-  // Every rank read the same file, unless the ranks see different file systems at `dir`: the
-  // resharding below is collective, so they must agree on the saved size first.
+  // Every rank read the same file, unless the ranks see different file systems at `dir`. They
+  // agree on the saved size before any of them loads: a rank that found its own world size
+  // would otherwise load alone and leave, while one that found another waits in the
+  // resharding's collectives for ever.
   std::int32_t range[2] = {saved, -saved};
   all_reduce<std::int32_t>(comm, range, ReduceOp::kMax);
   if (range[0] != -range[1]) {
     throw UsageError(std::string(who) + ": the ranks read different world sizes in " + dir + "/" +
                      std::string(kManifest) + " (" + std::to_string(-range[1]) + " to " +
                      std::to_string(range[0]) + "): is it the same file system on every node?");
+  }
+  if (saved == comm.size()) {
+    on_every_rank(comm, who, [&] {
+      load_rank(open_rank_folder(swap::Dir::open(dir), who, manifest, comm.size(), comm.rank(),
+                                 /*own=*/true));
+    });
+    return;
   }
   reshard(dir, saved);
 }

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -407,6 +408,46 @@ INSTANTIATE_TEST_SUITE_P(Precisions, ReshardCompact,
 // is gone, a byte of its state changed) fails on every rank, the reader naming what it could
 // not read and the others naming that rank, and loads nothing; a checkpoint of other
 // groups is refused before anything is read.
+// Ranks that read different checkpoints at their path (different file systems on different
+// nodes; here, a different folder per rank): every rank refuses before any of them loads,
+// whether or not one found its own world size (that rank used to load alone and leave while
+// the other waited in the resharding's collectives), and no rank hangs.
+TEST(ShardedOptimizer, RanksThatReadDifferentWorldSizesAllRefuseBeforeLoading) {
+  const auto want = test::reference();
+  zinf::test::TestDir dir;
+  const std::string swap_dir = dir.subdir("nvme");
+  std::map<int, std::string> ckpt;
+  for (int world : {1, 2, 3}) {
+    ckpt[world] = dir.file("ckpt" + std::to_string(world));
+    test::ThreadGroup group(world);
+    group.run(false, [&](Collectives& c) {
+      test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 1, 2, "", ckpt.at(world));
+    });
+  }
+  // Rank 0 reads a checkpoint of 3 ranks; rank 1 one of 2 (its own world size) or of 1.
+  for (int other : {2, 1}) {
+    SCOPED_TRACE("rank 1 reads a checkpoint of " + std::to_string(other));
+    std::atomic<int> thrown{0};
+    test::ThreadGroup two(2);
+    two.run(false, [&](Collectives& c) {
+      ShardedOptimizer opt(test::options_for(StateTier::kCpu, ""), test::groups(), c);
+      const std::string& mine = ckpt.at(c.rank() == 0 ? 3 : other);
+      try {
+        opt.load(mine);
+        ADD_FAILURE() << "rank " << c.rank() << " loaded";
+      } catch (const UsageError& e) {
+        ++thrown;
+        EXPECT_EQ(std::string(e.what()),
+                  "ShardedOptimizer::load: the ranks read different world sizes in " + mine +
+                      "/zinf-sharded (" + std::to_string(other) +
+                      " to 3): is it the same file system on every node?");
+      }
+      EXPECT_EQ(opt.local().step_count(), 0u);
+    });
+    EXPECT_EQ(thrown.load(), 2);
+  }
+}
+
 TEST(ShardedOptimizer, AReshardingLoadThatCannotReadASavedRankFailsOnEveryRank) {
   const auto want = test::reference();
   zinf::test::TestDir dir;
