@@ -288,7 +288,18 @@ void run_adam_piece(const AdamJob& job, std::size_t begin, std::size_t end) {
   }
 }
 
-void run_adam_hooked(const AdamJob* job, std::size_t begin, std::size_t end);
+void run_adam_hooked(const AdamJob* job, std::size_t begin, std::size_t end) {
+  // Smaller pieces than the pool's chunks, so that what `before` touched is still in L2 when
+  // the kernel reads it, and what the kernel wrote when `after` reads it. The kernel gives
+  // every element the same arithmetic wherever a range starts, so the split changes no bit.
+  const ChunkHooks& h = *job->hooks;
+  for (std::size_t b = begin; b < end; b += kHookPieceElements) {
+    const std::size_t e = std::min(end, b + kHookPieceElements);
+    if (h.before != nullptr) h.before(h.ctx, b, e);
+    run_adam_piece(*job, b, e);
+    if (h.after != nullptr) h.after(h.ctx, b, e);
+  }
+}
 
 void run_adam_chunk(const void* ctx, std::size_t begin, std::size_t end) {
   const auto* job = static_cast<const AdamJob*>(ctx);
@@ -311,19 +322,6 @@ void run_adam_chunk(const void* ctx, std::size_t begin, std::size_t end) {
     return;
   }
   run_adam_hooked(job, begin, end);
-}
-
-void run_adam_hooked(const AdamJob* job, std::size_t begin, std::size_t end) {
-  // Smaller pieces than the pool's chunks, so that what `before` touched is still in L2 when
-  // the kernel reads it, and what the kernel wrote when `after` reads it. The kernel gives
-  // every element the same arithmetic wherever a range starts, so the split changes no bit.
-  const ChunkHooks& h = *job->hooks;
-  for (std::size_t b = begin; b < end; b += kHookPieceElements) {
-    const std::size_t e = std::min(end, b + kHookPieceElements);
-    if (h.before != nullptr) h.before(h.ctx, b, e);
-    run_adam_piece(*job, b, e);
-    if (h.after != nullptr) h.after(h.ctx, b, e);
-  }
 }
 
 }  // namespace
