@@ -30,7 +30,7 @@ inline constexpr std::uint32_t kDefaultPrefetchElems = 256;
 class PrefetchTuner {
  public:
   // Timed chunks per candidate before the choice: 16 x 5 chunks of 64 Ki elements, about
-  // 2 ms of a 1-thread step at the memory limit.
+  // 3 ms of a 1-thread step at the memory limit.
   static constexpr std::size_t kSamples = 16;
   // Steps smaller than this (4 MiB per fp32 array) may sit in the caches, where a prefetch
   // distance cannot be told apart; they use the current choice and are not timed.

@@ -51,6 +51,15 @@ void bind_adam(py::module_& m) {
            "threads"_a = 0)
       .def("isa", [](const adam::CpuAdam& a) { return std::string(adam::isa_name(a.isa())); })
       .def(
+          "prefetch",
+          [](const adam::CpuAdam& a) {
+            const adam::PrefetchSetting pf = a.prefetch();
+            return py::make_tuple(pf.elements, std::string(pf.source));
+          },
+          "(elements, source): the software prefetch distance the next step uses and where it "
+          "comes from (none, option, environment, default, calibrated); "
+          "ZINF_CPU_ADAM_PREFETCH=auto|off|N sets it.")
+      .def(
           "step",
           [](adam::CpuAdam& a, std::uintptr_t params, std::uintptr_t grads,
              const std::string& grad_dtype, std::uintptr_t m_, std::uintptr_t v, std::size_t numel,

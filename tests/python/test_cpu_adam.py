@@ -93,3 +93,19 @@ def test_refusals():
     half(torch.randn(2, 4, dtype=torch.bfloat16)).sum().backward()
     with pytest.raises(ValueError, match="parameters must be float32"):
         opt.step()
+
+
+def test_the_prefetch_distance_is_reported_and_a_bad_environment_value_refused(monkeypatch):
+    monkeypatch.delenv("ZINF_CPU_ADAM_PREFETCH", raising=False)
+    elements, source = _native.CpuAdam(1).prefetch()
+    assert source in ("default", "calibrated", "none")
+    assert elements in (0, 128, 256, 512, 1024)
+    monkeypatch.setenv("ZINF_CPU_ADAM_PREFETCH", "off")
+    kernel = _native.CpuAdam(1)
+    assert kernel.prefetch() == ((0, "environment") if kernel.isa().startswith("avx")
+                                 else (0, "none"))
+    monkeypatch.setenv("ZINF_CPU_ADAM_PREFETCH", "far")
+    with pytest.raises(ValueError) as e:
+        _native.CpuAdam(1)
+    assert str(e.value) == ("ZINF_CPU_ADAM_PREFETCH: expected auto, off or a number of elements "
+                            "in [1, 65536], got 'far'")
