@@ -452,12 +452,13 @@ struct CpuAdam::Impl {
     }
     if (!fixed_prefetch) tuner = &detail::prefetch_tuner(static_cast<std::size_t>(isa));
   }
-  // The distance for a step of n elements, and the tuner if this step calibrates.
-  std::uint32_t prefetch_for(std::size_t n, detail::PrefetchTuner*& calibrate) const {
-    calibrate = nullptr;
-    if (fixed_prefetch) return *fixed_prefetch;
-    if (tuner->wants(n)) calibrate = tuner;
-    return tuner->current();
+  // The distance a step uses now: the fixed one, else the tuner's current choice.
+  std::uint32_t prefetch_elems() const {
+    return fixed_prefetch ? *fixed_prefetch : tuner->current();
+  }
+  // The tuner, if a step of n elements should time its chunks to calibrate it.
+  detail::PrefetchTuner* calibrating(std::size_t n) const {
+    return tuner != nullptr && tuner->wants(n) ? tuner : nullptr;
   }
   Isa isa;
   KernelFn kernel;
@@ -475,8 +476,10 @@ CpuAdam::CpuAdam(CpuAdamOptions options) : impl_(std::make_unique<Impl>(options)
 }
 
 PrefetchSetting CpuAdam::prefetch() const noexcept {
-  if (impl_->fixed_prefetch) return {*impl_->fixed_prefetch, impl_->prefetch_source};
-  return {impl_->tuner->current(), impl_->tuner->calibrated() ? "calibrated" : "default"};
+  const std::string_view source = impl_->fixed_prefetch        ? impl_->prefetch_source
+                                  : impl_->tuner->calibrated() ? "calibrated"
+                                                               : "default";
+  return {impl_->prefetch_elems(), source};
 }
 
 CpuAdam::~CpuAdam() = default;
@@ -514,7 +517,8 @@ void CpuAdam::step(const AdamParams& hp, std::span<float> params, std::span<floa
   job.args.out_type = elem_type(out.dtype);
   job.out_f32 = f32_out ? static_cast<float*>(out.data) : nullptr;
   job.hooks = hooks;
-  job.args.prefetch_elems = impl_->prefetch_for(n, job.tuner);
+  job.args.prefetch_elems = impl_->prefetch_elems();
+  job.tuner = impl_->calibrating(n);
   impl_->pool.run(n, params.data(), sizeof(float), run_adam_chunk, &job);
 }
 
@@ -551,8 +555,7 @@ void CpuAdam::step(const AdamParams& hp, std::span<float> params, const CompactM
   detail::CompactJob job{impl_->kernel, make_args(hp)};
   // The fp32 kernel runs there on decoded pieces in L1, so it is never timed for calibration:
   // it takes the distance the fp32 steps chose.
-  detail::PrefetchTuner* unused = nullptr;
-  job.args.prefetch_elems = impl_->prefetch_for(0, unused);
+  job.args.prefetch_elems = impl_->prefetch_elems();
   job.args.params = params.data();
   job.args.grads = grads.data;
   job.args.grad_type = elem_type(grads.dtype);

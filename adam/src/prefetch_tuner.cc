@@ -32,12 +32,9 @@ void PrefetchTuner::record(std::size_t index, double ns_per_element) {
   for (const auto& s : samples_) {
     if (s.size() < kSamples) return;
   }
-  std::array<double, kPrefetchCandidates.size()> med{};
-  std::size_t best = 0;
-  for (std::size_t i = 0; i < med.size(); ++i) {
-    med[i] = median_of(samples_[i]);
-    if (med[i] < med[best]) best = i;
-  }
+  const auto med = medians_locked();
+  const auto best =
+      static_cast<std::size_t>(std::min_element(med.begin(), med.end()) - med.begin());
   current_.store(kPrefetchCandidates[best], std::memory_order_relaxed);
   calibrated_.store(true, std::memory_order_release);
   std::string text = "cpu adam: prefetch distance " + std::to_string(kPrefetchCandidates[best]) +
@@ -53,6 +50,10 @@ void PrefetchTuner::record(std::size_t index, double ns_per_element) {
 
 std::array<double, kPrefetchCandidates.size()> PrefetchTuner::medians() const {
   std::lock_guard lock(mu_);
+  return medians_locked();
+}
+
+std::array<double, kPrefetchCandidates.size()> PrefetchTuner::medians_locked() const {
   std::array<double, kPrefetchCandidates.size()> out{};
   for (std::size_t i = 0; i < out.size(); ++i) out[i] = median_of(samples_[i]);
   return out;

@@ -53,6 +53,8 @@ class PrefetchTuner {
   std::array<double, kPrefetchCandidates.size()> medians() const;
 
  private:
+  std::array<double, kPrefetchCandidates.size()> medians_locked() const;  // mu_ held
+
   std::atomic<std::uint32_t> current_{kDefaultPrefetchElems};
   std::atomic<bool> calibrated_{false};
   std::atomic<std::size_t> turn_{0};

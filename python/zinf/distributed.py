@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch.utils.dlpack import from_dlpack
 
 from zinf import _native
-from zinf.torch import address_of, check_adam_arguments, dtype_name
+from zinf.torch import address_of, check_adam_arguments, dtype_name, sub_group_and_record
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
@@ -152,10 +152,7 @@ class _ShardedAdamBase(torch.optim.Optimizer):
                 raise ValueError("zinf: a parameter with no elements")
         self.collectives = collectives(process_group)
         world = self.collectives.size
-        if sub_group_size is None:  # records of 12 MiB whatever the precision (docs/engine.md)
-            sub_group_size = _native.default_sub_group_elements(state_precision)
-        per_element = {"fp32": 12, "bf16": 8, "int8": 6}[state_precision]
-        record = per_element * sub_group_size + 8 * (sub_group_size // 64 + 1) + 4096
+        sub_group_size, record = sub_group_and_record(sub_group_size, state_precision)
         if pinned_budget is not None:
             budget = pinned_budget
         elif state == "nvme":

@@ -66,6 +66,17 @@ def is_zinf_pinned(tensor):
     return tensor.device.type == "cpu" and _native.pinned_contains(tensor.data_ptr())
 
 
+def sub_group_and_record(sub_group_size, state_precision):
+    """(elements per sub-group, bytes of one record) for zinf's optimizers (these and
+    zinf.distributed's): None takes the library's default, records of 12 MiB whatever the
+    precision; a record holds the fp32 master and the moments, its checksums and a 4 KiB pad
+    (docs/engine.md)."""
+    if sub_group_size is None:
+        sub_group_size = _native.default_sub_group_elements(state_precision)
+    per_element = {"fp32": 12, "bf16": 8, "int8": 6}[state_precision]
+    return sub_group_size, per_element * sub_group_size + 8 * (sub_group_size // 64 + 1) + 4096
+
+
 def check_adam_arguments(lr, betas, eps, weight_decay, amsgrad, state, state_precision):
     """ValueError for what zinf's optimizers (these and zinf.distributed's) cannot take."""
     if amsgrad:
@@ -155,11 +166,7 @@ class _CpuAdamBase(torch.optim.Optimizer):
                 raise ValueError("zinf: state='nvme' got a parameter with no elements (released "
                                  "by offload_parameters? build the optimizer inside `with "
                                  "offload.materialized():`)")
-        if sub_group_size is None:  # records of 12 MiB whatever the precision (docs/engine.md)
-            sub_group_size = _native.default_sub_group_elements(state_precision)
-        # Bytes per element of a record: the fp32 master and the moments (docs/engine.md).
-        per_element = {"fp32": 12, "bf16": 8, "int8": 6}[state_precision]
-        record = per_element * sub_group_size + 8 * (sub_group_size // 64 + 1) + 4096
+        sub_group_size, record = sub_group_and_record(sub_group_size, state_precision)
         budget = pinned_budget if pinned_budget is not None else pipeline_depth * record
         self._offloaded = _native.OffloadedOptimizer(
             [p.numel() for p in self._flat], "nvme", dirs, int(sub_group_size),
