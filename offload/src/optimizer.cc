@@ -179,10 +179,6 @@ std::uint64_t check_options(const OptimizerOptions& options,
   return record_count;
 }
 
-}  // namespace
-
-namespace {
-
 // The most elements, at most `most`, whose record in precision `p` takes at most `limit` bytes
 // (record bytes grow with the count); for int8 a multiple of its scale block where that is
 // possible, so that only a group's last record has a short block.

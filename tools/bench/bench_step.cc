@@ -476,8 +476,9 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   o.io.queue_depth = static_cast<std::uint32_t>(queue_depth);
   o.swap_checksums = checksums;
   o.state_precision = precision;
-  // What the records will use (int8's 1M is cut to fill whole stripe units), so that the
-  // budget below and the report say what ran.
+  // What the records will use (0: the precision's default; a size that splits the group may be
+  // cut to fill whole stripe units, e.g. int8's 1M), so that the budget below and the report
+  // say what ran.
   o.sub_group_elements = offload::effective_sub_group_elements(o, {{"bench", numel}});
   sub_group = o.sub_group_elements;
   // Unless told, the budget is exactly what the tier needs (the optimizer checks it).
