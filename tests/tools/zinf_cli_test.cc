@@ -777,6 +777,28 @@ TEST(BenchAdamCli, ForcedScalarPathRuns) {
   ToolRun r = run_zinf("bench adam --numel 4097 --steps 1 --isa scalar --json");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("\"isa\":\"scalar\""), std::string::npos) << r.out;
+  // The portable path has no software prefetch, whatever is asked.
+  EXPECT_NE(r.out.find("\"prefetch_elements\":0,\"prefetch_source\":\"none\""), std::string::npos)
+      << r.out;
+}
+
+// A distance given on the command line is what the x86 vector paths run and report.
+TEST(BenchAdamCli, GivenPrefetchIsReported) {
+  ToolRun r = run_zinf("bench adam --numel 4097 --steps 1 --prefetch 512 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const bool x86_vector = r.out.find("\"isa\":\"avx") != std::string::npos;
+  EXPECT_NE(r.out.find(x86_vector ? "\"prefetch_elements\":512,\"prefetch_source\":\"option\""
+                                  : "\"prefetch_elements\":0,\"prefetch_source\":\"none\""),
+            std::string::npos)
+      << r.out;
+}
+
+TEST(BenchAdamCli, BadPrefetchExits2) {
+  ToolRun r = run_zinf("bench adam --numel 1M --prefetch far");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out,
+            "zinf bench adam: error: --prefetch: expected auto, off or a number of elements in "
+            "[1, 65536], got 'far'\n");
 }
 
 TEST(BenchAdamCli, BadIsaExits2) {
