@@ -124,6 +124,16 @@ int base_flags(const FileOptions& options) {
   return O_CLOEXEC | (options.read_only ? O_RDONLY : O_RDWR);
 }
 
+// Refuses anything but a regular file or a block device behind `fd`, naming what it is: a FIFO,
+// socket or character device would block or lose bytes where zinf expects a file.
+void require_data_file(int fd, const std::string& shown, const char* op) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw_errno(errno, "fstat", shown);
+  if (S_ISREG(st.st_mode) || S_ISBLK(st.st_mode)) return;
+  throw IoError(Status::from_errno(S_ISDIR(st.st_mode) ? EISDIR : EINVAL, op, shown)
+                    .with_message("not a regular file but " + std::string(file_kind(st.st_mode))));
+}
+
 }  // namespace
 
 File File::adopt(int fd, bool direct, std::string shown, const FileOptions& options) {
@@ -137,12 +147,49 @@ File File::adopt(int fd, bool direct, std::string shown, const FileOptions& opti
 }
 
 File File::open(const std::string& path, const FileOptions& options) {
+  if (path.find('\0') != std::string::npos) {
+    throw UsageError("open: the path '" + path.substr(0, path.find('\0')) +
+                     "\\0...' has an embedded NUL byte");
+  }
   int flags = base_flags(options);
   if (options.create) flags |= O_CREAT;
   if (options.truncate) flags |= O_TRUNC;
+  // Non-blocking until the kind is known: opening a FIFO would otherwise wait for a peer
+  // forever (and O_NONBLOCK changes nothing for regular files and block devices).
   bool direct = false;
-  const int fd = open_with_direct_fallback(AT_FDCWD, path.c_str(), flags, options, path, direct);
-  return adopt(fd, direct, path, options);
+  const int fd = open_with_direct_fallback(AT_FDCWD, path.c_str(), flags | O_NONBLOCK, options,
+                                           path, direct);
+  UniqueFd owned(fd);
+  require_data_file(fd, path, "open");
+  const int fl = ::fcntl(fd, F_GETFL);
+  if (fl < 0 || ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) throw_errno(errno, "fcntl", path);
+  return adopt(owned.release(), direct, path, options);
+}
+
+File File::from_descriptor(int fd, bool need_read, bool need_write) {
+  if (fd < 0) throw UsageError("file descriptor " + std::to_string(fd) + " is not valid");
+  std::string shown = "descriptor " + std::to_string(fd);
+  // The path the descriptor was opened with, for messages only (nothing is opened by it).
+  char target[4096];
+  const std::string link = "/proc/self/fd/" + std::to_string(fd);
+  const ssize_t n = ::readlink(link.c_str(), target, sizeof(target) - 1);
+  if (n > 0) shown += " (" + std::string(target, static_cast<std::size_t>(n)) + ")";
+  const int fl = ::fcntl(fd, F_GETFL);
+  if (fl < 0) throw_errno(errno, "fcntl", shown);
+  const int mode = fl & O_ACCMODE;
+  if (need_read && mode == O_WRONLY) {
+    throw IoError(Status::from_errno(EBADF, "read", shown)
+                      .with_message("the descriptor is open for writing only"));
+  }
+  if (need_write && mode == O_RDONLY) {
+    throw IoError(Status::from_errno(EBADF, "write", shown)
+                      .with_message("the descriptor is open for reading only"));
+  }
+  require_data_file(fd, shown, "fstat");
+  // A second descriptor of the same open file: the caller's keeps its flags and stays open.
+  const int dup = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (dup < 0) throw_errno(errno, "dup", shown);
+  return adopt(dup, (fl & O_DIRECT) != 0, std::move(shown), FileOptions{});
 }
 
 File File::create_unnamed(const Dir& dir, std::string_view label, const FileOptions& options) {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // File: open errors name the path and errno, the O_DIRECT fallback logs one notice, the
 // alignment probe follows statx/sysfs, preallocation sizes the file, ENOSPC is kNoSpace.
+#include <fcntl.h>
 #include <sched.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -70,6 +71,80 @@ TEST(File, PathThroughARegularFileIsENOTDIR) {
     EXPECT_EQ(e.sys_errno(), ENOTDIR);
     EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
   }
+}
+
+// A FIFO at a path the user names must neither block the open (no peer ever comes) nor be
+// used as a file: refused at once, naming it and what it is, for reading and for writing.
+TEST(File, AFifoIsRefusedWithoutBlocking) {
+  test::TestDir dir;
+  const std::string path = dir.file("fifo");
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  for (const bool read_only : {true, false}) {
+    try {
+      File::open(path, FileOptions{.read_only = read_only});
+      FAIL() << "opened the FIFO " << path;
+    } catch (const IoError& e) {
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("FIFO"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(File, APathWithANulByteIsRefusedNotCut) {
+  test::TestDir dir;
+  const std::string path = dir.file("n.bin") + std::string("\0zzz", 4);
+  EXPECT_THROW(File::open(path, FileOptions{.create = true}), UsageError);
+  struct stat st {};
+  EXPECT_NE(::stat(dir.file("n.bin").c_str(), &st), 0) << "the cut path was created";
+}
+
+// The caller's descriptor keeps its flags and stays open; the File closes only its copy.
+TEST(File, FromDescriptorUsesTheCallersOpenFileAndLeavesItOpen) {
+  test::TestDir dir;
+  const std::string path = dir.file("mine");
+  const int fd = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  const int flags_before = ::fcntl(fd, F_GETFL);
+  {
+    File f = File::from_descriptor(fd, true, true);
+    EXPECT_NE(f.fd(), fd);
+    EXPECT_FALSE(f.is_direct());
+    EXPECT_NE(f.path().find("descriptor " + std::to_string(fd)), std::string::npos) << f.path();
+    EXPECT_NE(f.path().find(path), std::string::npos) << f.path();
+    ASSERT_EQ(::pwrite(f.fd(), "abcd", 4, 0), 4);
+  }
+  EXPECT_EQ(::fcntl(fd, F_GETFL), flags_before);
+  char back[4] = {};
+  ASSERT_EQ(::pread(fd, back, 4, 0), 4);  // still open, and the bytes are in its file
+  EXPECT_EQ(std::string(back, 4), "abcd");
+  ::close(fd);
+}
+
+TEST(File, FromDescriptorRefusesMissingAccessAndNonFiles) {
+  test::TestDir dir;
+  const std::string path = dir.file("ro");
+  { File f = File::open(path, FileOptions{.create = true}); }
+  const int ro = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(ro, 0);
+  try {
+    File::from_descriptor(ro, false, true);
+    FAIL() << "a read-only descriptor was taken for writing";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.sys_errno(), EBADF);
+    EXPECT_NE(std::string(e.what()).find("reading only"), std::string::npos) << e.what();
+  }
+  ::close(ro);
+  int pipefd[2];
+  ASSERT_EQ(::pipe(pipefd), 0);
+  try {
+    File::from_descriptor(pipefd[0], true, false);
+    FAIL() << "a pipe was taken as a file";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("FIFO"), std::string::npos) << e.what();
+  }
+  ::close(pipefd[0]);
+  ::close(pipefd[1]);
+  EXPECT_THROW(File::from_descriptor(-1, true, false), UsageError);
 }
 
 TEST(File, DirectOpenReportsTheProbedAlignment) {

@@ -37,7 +37,16 @@ class File {
   /// Opens `path`. If O_DIRECT is refused (EINVAL: tmpfs, some FUSE), reopens buffered and
   /// logs one notice naming the path. Throws zinf::IoError (path, errno) on failure, including
   /// ENOSPC from preallocation.
+  /// A FIFO, socket or character device at `path` is refused with an IoError naming it
+  /// (opened non-blocking first, so a FIFO never blocks), as is a path with an embedded NUL
+  /// (UsageError).
   static File open(const std::string& path, const FileOptions& options);
+  /// A second descriptor (dup) of the caller's open file `fd`, which keeps its flags and stays
+  /// open and the caller's: closing the File closes only the copy. O_DIRECT and the alignment
+  /// come from the descriptor's own flags (nothing is changed on it). IoError naming the
+  /// descriptor and its path when it is not open, not a regular file or block device, or lacks
+  /// the access asked for (need_read, need_write).
+  static File from_descriptor(int fd, bool need_read, bool need_write);
   /// Creates a data file in `dir` that no name points to: O_TMPFILE where the file system has
   /// it, else a file created exclusively under a unique_name() and unlinked at once. Either
   /// way it disappears with its last descriptor, so a killed process leaves nothing behind and
