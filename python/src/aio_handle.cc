@@ -2,18 +2,25 @@
 // AioHandle: DeepSpeed's aio_handle contract (method names, return values) over a zinf
 // IoEngine, without its silent failures: every request's completion is checked, a read past
 // the end of a file or a short transfer raises naming the file, offset and length, and
-// `validate` really compares the bytes with a plain read of the file.
+// `validate` really compares the bytes with a second read of the file.
 //
-// Each operation opens its file, attaches it to the engine and submits one request (the engine
-// splits it into block_size pieces, queue_depth in flight). O_DIRECT is used when the buffer
-// address, the length and the offset are aligned for it, else the file is opened buffered:
-// DeepSpeed needs aligned tensors for O_DIRECT too, but a caller's arbitrary tensor must still
-// work. Synchronous operations return 1 (the operations completed), asynchronous ones 0, and
-// wait() the number of asynchronous operations completed since the last wait().
+// Each operation opens its file (or takes a second descriptor of the caller's, see
+// File::from_descriptor), attaches it to the engine and submits one request: the engine splits
+// it into pieces of block_size rounded up to 4096 (DeepSpeed takes any block size, zinf's
+// pieces stay page-aligned), queue_depth in flight. A path is opened with O_DIRECT when the
+// buffer address, the length and the offset are aligned for it, else buffered: DeepSpeed needs
+// aligned tensors for O_DIRECT too, but a caller's arbitrary tensor must still work. A caller's
+// descriptor is used with the flags it has: with O_DIRECT, a misaligned buffer goes through an
+// aligned bounce buffer, and a misaligned offset or length is refused (rewriting the edges of a
+// block would race with the caller's own writes). Synchronous operations return 1 (the
+// operations completed), asynchronous ones 0, and wait() the number of asynchronous operations
+// completed since the last wait().
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -29,8 +36,29 @@ namespace zinf::python {
 namespace {
 
 constexpr std::uint64_t kDirectAlign = 4096;
+// The engine's limits (IoOptions): DeepSpeed's handle takes any positive values.
+constexpr int kMaxEngineQueueDepth = 4096;
 
 bool aligned(std::uint64_t v, std::uint64_t a) { return v % a == 0; }
+
+struct FreeDeleter {
+  void operator()(std::byte* p) const noexcept { std::free(p); }
+};
+using AlignedBytes = std::unique_ptr<std::byte, FreeDeleter>;
+
+AlignedBytes aligned_bytes(std::uint64_t bytes, std::uint64_t alignment) {
+  void* p = nullptr;
+  const std::uint64_t size = (bytes + alignment - 1) / alignment * alignment;
+  if (::posix_memalign(&p, alignment, size == 0 ? alignment : size) != 0) throw std::bad_alloc();
+  return AlignedBytes(static_cast<std::byte*>(p));
+}
+
+// Where an operation reads or writes: a path the caller named, or a descriptor of theirs.
+struct Target {
+  std::string path;
+  int fd = -1;
+  bool is_fd() const { return fd >= 0; }
+};
 
 class AioHandle {
  public:
@@ -38,8 +66,8 @@ class AioHandle {
             int intra_op_parallelism)
       : block_size_(block_size), queue_depth_(queue_depth), single_submit_(single_submit),
         overlap_events_(overlap_events), intra_op_(intra_op_parallelism) {
-    if (block_size <= 0 || block_size % 4096 != 0) {
-      throw UsageError("aio_handle: block_size must be a positive multiple of 4096, got " +
+    if (block_size <= 0) {
+      throw UsageError("aio_handle: block_size must be positive, got " +
                        std::to_string(block_size));
     }
     if (queue_depth <= 0) {
@@ -51,8 +79,9 @@ class AioHandle {
                        std::to_string(intra_op_parallelism));
     }
     swap::IoOptions io;
-    io.block_size = static_cast<std::uint32_t>(block_size);
-    io.queue_depth = static_cast<std::uint32_t>(queue_depth);
+    io.block_size = static_cast<std::uint32_t>(
+        (static_cast<std::uint64_t>(block_size) + kDirectAlign - 1) / kDirectAlign * kDirectAlign);
+    io.queue_depth = static_cast<std::uint32_t>(std::min(queue_depth, kMaxEngineQueueDepth));
     io.threads = static_cast<std::uint32_t>(intra_op_parallelism);
     engine_ = swap::make_io_engine(io);
   }
@@ -69,13 +98,25 @@ class AioHandle {
   int get_intra_op_parallelism() const { return intra_op_; }
   std::string engine_name() const { return std::string(engine_->name()); }
 
+  int get_alignment() const { return static_cast<int>(kDirectAlign); }
+
   int pread(std::uintptr_t address, std::uint64_t bytes, const std::string& path, bool validate,
             bool async, std::uint64_t offset) {
-    return submit(swap::IoOp::kRead, address, bytes, path, validate, async, offset);
+    return submit(swap::IoOp::kRead, address, bytes, Target{path}, validate, async, offset);
   }
   int pwrite(std::uintptr_t address, std::uint64_t bytes, const std::string& path, bool validate,
              bool async, std::uint64_t offset) {
-    return submit(swap::IoOp::kWrite, address, bytes, path, validate, async, offset);
+    return submit(swap::IoOp::kWrite, address, bytes, Target{path}, validate, async, offset);
+  }
+  int pread_fd(std::uintptr_t address, std::uint64_t bytes, int fd, bool validate, bool async,
+               std::uint64_t offset) {
+    return submit(swap::IoOp::kRead, address, bytes, Target{{}, checked_fd(fd)}, validate, async,
+                  offset);
+  }
+  int pwrite_fd(std::uintptr_t address, std::uint64_t bytes, int fd, bool validate, bool async,
+                std::uint64_t offset) {
+    return submit(swap::IoOp::kWrite, address, bytes, Target{{}, checked_fd(fd)}, validate, async,
+                  offset);
   }
 
   // Waits for every asynchronous operation; raises the first failure once all have ended.
@@ -105,14 +146,44 @@ class AioHandle {
     std::unique_ptr<swap::File> file;
     swap::FileId id;
     swap::IoTicket ticket;
-    std::byte* data = nullptr;
+    std::byte* data = nullptr;     // the caller's buffer
+    AlignedBytes bounce;           // set when the caller's buffer cannot take direct I/O
     std::uint64_t bytes = 0;
     std::uint64_t offset = 0;
     bool validate = false;
   };
 
-  int submit(swap::IoOp kind, std::uintptr_t address, std::uint64_t bytes,
-             const std::string& path, bool validate, bool async, std::uint64_t offset) {
+  static int checked_fd(int fd) {
+    if (fd < 0) throw UsageError("aio_handle: file descriptor " + std::to_string(fd) + " is not valid");
+    return fd;
+  }
+
+  // Opens the caller's path, or a second descriptor of the caller's open file.
+  static std::unique_ptr<swap::File> open_target(swap::IoOp kind, const Target& target,
+                                                 std::uintptr_t address, std::uint64_t bytes,
+                                                 std::uint64_t offset, bool validate) {
+    if (target.is_fd()) {
+      return std::make_unique<swap::File>(swap::File::from_descriptor(
+          target.fd, kind == swap::IoOp::kRead || validate, kind == swap::IoOp::kWrite));
+    }
+    swap::FileOptions fo;
+    fo.read_only = kind == swap::IoOp::kRead;
+    fo.create = kind == swap::IoOp::kWrite;
+    fo.direct = aligned(address, kDirectAlign) && aligned(bytes, kDirectAlign) &&
+                aligned(offset, kDirectAlign);
+    auto file = std::make_unique<swap::File>(swap::File::open(target.path, fo));
+    if (file->is_direct() &&
+        !(aligned(address, file->alignment()) && aligned(bytes, file->alignment()) &&
+          aligned(offset, file->alignment()))) {
+      fo.direct = false;  // the device wants a coarser alignment than 4096
+      fo.create = false;  // created by the first open
+      file = std::make_unique<swap::File>(swap::File::open(target.path, fo));
+    }
+    return file;
+  }
+
+  int submit(swap::IoOp kind, std::uintptr_t address, std::uint64_t bytes, const Target& target,
+             bool validate, bool async, std::uint64_t offset) {
     const char* what = kind == swap::IoOp::kRead ? "aio_handle read" : "aio_handle write";
     if (address == 0 && bytes > 0) throw UsageError(std::string(what) + ": null buffer");
     Op op;
@@ -121,17 +192,24 @@ class AioHandle {
     op.bytes = bytes;
     op.offset = offset;
     op.validate = validate;
-    swap::FileOptions fo;
-    fo.read_only = kind == swap::IoOp::kRead;
-    fo.create = kind == swap::IoOp::kWrite;
-    fo.direct = aligned(address, kDirectAlign) && aligned(bytes, kDirectAlign) &&
-                aligned(offset, kDirectAlign);
-    op.file = std::make_unique<swap::File>(swap::File::open(path, fo));
-    if (op.file->is_direct() &&
-        !(aligned(address, op.file->alignment()) && aligned(bytes, op.file->alignment()) &&
-          aligned(offset, op.file->alignment()))) {
-      fo.direct = false;  // the device wants a coarser alignment than 4096
-      op.file = std::make_unique<swap::File>(swap::File::open(path, fo));
+    op.file = open_target(kind, target, address, bytes, offset, validate);
+    const std::string& path = op.file->path();
+    std::byte* io_buffer = op.data;
+    if (op.file->is_direct()) {  // only a caller's O_DIRECT descriptor can be misaligned here
+      const std::uint64_t a = op.file->alignment();
+      if (!aligned(offset, a) || !aligned(bytes, a)) {
+        throw IoError(Status::error(ErrorCode::kInvalidArgument,
+                                    "the descriptor has O_DIRECT, which needs the offset and the "
+                                    "length to be multiples of " + std::to_string(a))
+                          .with_operation(what)
+                          .with_path(path)
+                          .with_range(offset, bytes));
+      }
+      if (!aligned(address, a)) {
+        op.bounce = aligned_bytes(bytes, a);
+        if (kind == swap::IoOp::kWrite && bytes > 0) std::memcpy(op.bounce.get(), op.data, bytes);
+        io_buffer = op.bounce.get();
+      }
     }
     if (kind == swap::IoOp::kRead) {
       const std::uint64_t size = op.file->size();
@@ -146,7 +224,7 @@ class AioHandle {
     }
     op.id = engine_->attach(*op.file);
     try {
-      const swap::IoRequest req{kind, op.id, offset, std::span<std::byte>(op.data, bytes)};
+      const swap::IoRequest req{kind, op.id, offset, std::span<std::byte>(io_buffer, bytes)};
       op.ticket = engine_->submit(std::span<const swap::IoRequest>(&req, 1));
     } catch (...) {
       engine_->detach(op.id);
@@ -176,6 +254,9 @@ class AioHandle {
               .with_path(op.file->path())
               .with_range(op.offset, op.bytes);
     }
+    if (s.ok() && op.bounce && op.op == swap::IoOp::kRead && op.bytes > 0) {
+      std::memcpy(op.data, op.bounce.get(), op.bytes);
+    }
     if (s.ok() && op.validate) s = compare_with_file(op);
     engine_->detach(op.id);
     const Status closed = op.file->close();
@@ -183,31 +264,23 @@ class AioHandle {
     return s;
   }
 
+  // Reads the range back through the operation's own descriptor (no second lookup of a path),
+  // into a buffer aligned for it.
   static Status compare_with_file(const Op& op) {
-    std::vector<std::byte> check(static_cast<std::size_t>(op.bytes));
+    const AlignedBytes check = aligned_bytes(op.bytes, std::max<std::uint64_t>(kDirectAlign, op.file->alignment()));
     std::uint64_t got = 0;
-    // A second, plain descriptor: the attached one may be O_DIRECT, which the vector is not
-    // aligned for.
-    swap::FileOptions fo;
-    fo.read_only = true;
-    fo.direct = false;
-    try {
-      swap::File plain = swap::File::open(op.file->path(), fo);
-      while (got < op.bytes) {
-        const ssize_t n = ::pread(plain.fd(), check.data() + got, op.bytes - got,
-                                  static_cast<off_t>(op.offset + got));
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) {
-          return Status::from_errno(errno, "aio_handle validate", op.file->path())
-              .with_range(op.offset, op.bytes);
-        }
-        if (n == 0) break;
-        got += static_cast<std::uint64_t>(n);
+    while (got < op.bytes) {
+      const ssize_t n = ::pread(op.file->fd(), check.get() + got, op.bytes - got,
+                                static_cast<off_t>(op.offset + got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        return Status::from_errno(errno, "aio_handle validate", op.file->path())
+            .with_range(op.offset, op.bytes);
       }
-    } catch (const IoError& e) {
-      return e.status();
+      if (n == 0) break;
+      got += static_cast<std::uint64_t>(n);
     }
-    if (got != op.bytes || std::memcmp(check.data(), op.data, op.bytes) != 0) {
+    if (got != op.bytes || std::memcmp(check.get(), op.data, op.bytes) != 0) {
       return Status::error(ErrorCode::kCorrupt,
                            "validate: the file's bytes differ from the buffer's")
           .with_path(op.file->path())
@@ -242,6 +315,11 @@ void bind_aio(py::module_& m) {
       .def("pread", &AioHandle::pread, "address"_a, "nbytes"_a, "filename"_a, "validate"_a,
            "async_op"_a, "file_offset"_a)
       .def("pwrite", &AioHandle::pwrite, "address"_a, "nbytes"_a, "filename"_a, "validate"_a,
+           "async_op"_a, "file_offset"_a)
+      .def("get_alignment", &AioHandle::get_alignment)
+      .def("pread_fd", &AioHandle::pread_fd, "address"_a, "nbytes"_a, "fd"_a, "validate"_a,
+           "async_op"_a, "file_offset"_a)
+      .def("pwrite_fd", &AioHandle::pwrite_fd, "address"_a, "nbytes"_a, "fd"_a, "validate"_a,
            "async_op"_a, "file_offset"_a)
       .def("wait", &AioHandle::wait);
 }

@@ -17,10 +17,19 @@ PyObject* io_error_type = nullptr;  // zinf._native.IoError, alive for the proce
 
 void raise_io_error(const Status& status, const char* what) {
   py::object type = py::reinterpret_borrow<py::object>(io_error_type);
-  py::object exc = status.path().empty() ? type(status.sys_errno(), what)
-                                         : type(status.sys_errno(), what, status.path());
-  exc.attr("offset") = status.offset();
-  exc.attr("length") = status.length();
+  py::object exc;
+  if (status.sys_errno() == 0) {
+    // No errno (a short read, a checksum mismatch, a budget): OSError(errno, ...) would print
+    // "[Errno 0]". The message already names the file; errno stays None, filename is set.
+    exc = type(what);
+    if (!status.path().empty()) exc.attr("filename") = status.path();
+  } else {
+    exc = status.path().empty() ? type(status.sys_errno(), what)
+                                : type(status.sys_errno(), what, status.path());
+  }
+  // None where the failure has no place in a file (an open, a budget).
+  exc.attr("offset") = status.offset() == Status::kUnset ? py::none() : py::cast(status.offset());
+  exc.attr("length") = status.length() == Status::kUnset ? py::none() : py::cast(status.length());
   exc.attr("kind") = std::string(error_code_name(status.code()));
   PyErr_SetObject(io_error_type, exc.ptr());
 }
@@ -35,6 +44,20 @@ void bind_errors(py::module_& m) {
       PyExc_OSError, nullptr);
   if (io_error_type == nullptr) throw py::error_already_set();
   m.add_object("IoError", py::handle(io_error_type));
+  // OSError prints "[Errno None] None: 'file'" once a filename is set without an errno: an
+  // error without one (a short read, a checksum mismatch) prints zinf's message, which names
+  // the file, offset and length itself.
+  py::handle type(io_error_type);
+  const py::object os_error_str = py::handle(PyExc_OSError).attr("__str__");
+  type.attr("__str__") = py::cpp_function(
+      [os_error_str](py::object self) -> py::object {
+        if (self.attr("errno").is_none()) {
+          const py::tuple args = self.attr("args");
+          return args.empty() ? py::str("") : py::str(args[0]);
+        }
+        return os_error_str(self);
+      },
+      py::is_method(type));
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

@@ -124,6 +124,13 @@ void bind_pinned(py::module_& m) {
     std::lock_guard lk(pool_mu);
     return pool_budget;
   });
+  m.def(
+      "pinned_in_use",
+      [] {
+        std::lock_guard lk(pool_mu);
+        return the_pool ? the_pool->pool->bytes_in_use() : std::uint64_t{0};
+      },
+      "Bytes of the pinned pool held by live buffers (0 before the first allocation).");
   m.def("pinned_contains", [](std::uintptr_t address) {
     std::lock_guard lk(pool_mu);
     if (!the_pool) return false;

@@ -80,7 +80,7 @@ def test_validate_compares_with_the_file(tmp_path, rng):
     assert h.pwrite(data, path, True, False) == 1
     out = torch.zeros_like(data)
     assert h.pread(out, path, True, False) == 1
-    assert h.read(out, path, True) == 1
+    assert h.read(out, path, True) == 0  # DeepSpeed's read returns 0
     assert torch.equal(out, data)
 
 
@@ -135,8 +135,8 @@ def test_getters_report_the_constructor_arguments():
 
 
 def test_bad_arguments_are_value_errors(tmp_path):
-    with pytest.raises(ValueError, match="block_size must be a positive multiple of 4096"):
-        aio_handle(block_size=1000)
+    with pytest.raises(ValueError, match="block_size must be positive"):
+        aio_handle(block_size=0)
     with pytest.raises(ValueError, match="queue_depth must be positive"):
         aio_handle(queue_depth=0)
     h = aio_handle()
@@ -155,5 +155,6 @@ def test_locked_tensors_are_zeroed_aligned_and_survive_free():
     assert h.is_pinned(t)
     assert not h.is_pinned(torch.zeros(4))
     assert h.free_cpu_locked_tensor(t) is True
+    assert h.free_cpu_locked_tensor(t) is False  # freed once
     t.fill_(1.5)  # still the caller's memory: freed only with the tensor
     assert float(t.sum()) == 1500.0

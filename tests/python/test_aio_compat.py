@@ -1,0 +1,369 @@
+# SPDX-License-Identifier: Apache-2.0
+# zinf.compat.deepspeed's aio surface as DeepSpeed documents it: every I/O method with a path
+# and with an open descriptor (positional and fd=), any block size and queue depth, the
+# process-wide registry of locked tensors shared by every aio_handle and pin_handle, the
+# module-level aio_read / aio_write / deepspeed_memcpy, DeepSpeed's keyword names. Every case
+# compares the bytes and checks that nothing appeared in the working directory: a call form
+# must never create or touch a file the caller did not name.
+import errno
+import os
+import stat
+import threading
+
+import pytest
+import torch
+
+import zinf
+from zinf.compat.deepspeed import (AsyncIOBuilder, PinMemoryBuilder, aio_handle, aio_read,
+                                   aio_write, deepspeed_memcpy, pin_handle)
+from zinf.torch import pinned_zeros
+
+KB = 1024
+
+
+@pytest.fixture
+def cwd(tmp_path, monkeypatch):
+    """A working directory of its own, checked to stay empty."""
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    yield work
+    assert sorted(os.listdir(work)) == [], "a call created a file in the working directory"
+
+
+def payload(n, seed=7, pinned=True):
+    g = torch.Generator().manual_seed(seed)
+    t = pinned_zeros((n,), torch.uint8) if pinned else torch.zeros(n, dtype=torch.uint8)
+    t.copy_(torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g))
+    return t
+
+
+def file_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+WRITES = ["write", "pwrite", "sync_pwrite", "async_pwrite"]
+READS = ["read", "pread", "sync_pread", "async_pread"]
+
+
+def call(h, method, buf, where, offset, keyword):
+    """Calls `method` in DeepSpeed's positional form, or with the file as fd=/filename=."""
+    f = getattr(h, method)
+    if keyword:
+        kw = {"fd": where} if isinstance(where, int) else {"filename": where}
+        if method in ("read", "write"):
+            return f(buf, validate=False, file_offset=offset, **kw)
+        if method in ("pread", "pwrite"):
+            return f(buf, validate=False, file_offset=offset, **kw, **{"async": False})
+        return f(buf, file_offset=offset, **kw)
+    if method in ("read", "write"):
+        return f(buf, where, False, offset)
+    if method in ("pread", "pwrite"):
+        return f(buf, where, False, False, offset)
+    return f(buf, where, offset)
+
+
+def expected_return(h, method):
+    if method.startswith("async"):
+        return 0
+    return 0 if method in ("read", "write") else 1
+
+
+@pytest.mark.parametrize("method", WRITES)
+@pytest.mark.parametrize("form", ["path", "fd", "fd-direct"])
+@pytest.mark.parametrize("keyword", [False, True])
+def test_every_write_form_lands_in_the_named_file(tmp_path, cwd, method, form, keyword):
+    h = aio_handle(4 * KB, 4)
+    data = payload(64 * KB)
+    target = tmp_path / "out.bin"
+    target.write_bytes(b"\xee" * (128 * KB))
+    fd = None
+    if form == "path":
+        where = str(target)
+    else:
+        flags = os.O_WRONLY | (os.O_DIRECT if form == "fd-direct" else 0)
+        try:
+            fd = os.open(target, flags)
+        except OSError as e:  # a file system without O_DIRECT (tmpfs)
+            pytest.skip(f"O_DIRECT refused here: {e}")
+        where = fd
+    try:
+        assert call(h, method, data, where, 16 * KB, keyword) == expected_return(h, method)
+        if method.startswith("async"):
+            assert h.wait() == 1
+        if fd is not None:
+            os.fstat(fd)  # still open: the caller's descriptor is never closed
+    finally:
+        if fd is not None:
+            os.close(fd)
+    got = file_bytes(target)
+    assert got[:16 * KB] == b"\xee" * (16 * KB)
+    assert got[16 * KB:80 * KB] == bytes(data.numpy())
+    assert got[80 * KB:] == b"\xee" * (48 * KB)
+
+
+@pytest.mark.parametrize("method", READS)
+@pytest.mark.parametrize("form", ["path", "fd", "fd-direct"])
+@pytest.mark.parametrize("keyword", [False, True])
+def test_every_read_form_reads_the_named_file(tmp_path, cwd, method, form, keyword):
+    h = aio_handle(4 * KB, 4)
+    whole = payload(128 * KB, seed=3)
+    target = tmp_path / "in.bin"
+    target.write_bytes(bytes(whole.numpy()))
+    out = pinned_zeros((32 * KB,), torch.uint8)
+    fd = None
+    if form == "path":
+        where = str(target)
+    else:
+        flags = os.O_RDONLY | (os.O_DIRECT if form == "fd-direct" else 0)
+        try:
+            fd = os.open(target, flags)
+        except OSError as e:
+            pytest.skip(f"O_DIRECT refused here: {e}")
+        where = fd
+    try:
+        assert call(h, method, out, where, 8 * KB, keyword) == expected_return(h, method)
+        if method.startswith("async"):
+            assert h.wait() == 1
+    finally:
+        if fd is not None:
+            os.close(fd)
+    assert torch.equal(out, whole[8 * KB:40 * KB])
+
+
+def test_the_descriptor_overload_writes_through_the_callers_descriptor(tmp_path, cwd):
+    # FastFileWriter's call: async_pwrite(tensor, fd, offset) positionally. The bytes must go
+    # to the descriptor's file, nothing named after the descriptor's number may appear.
+    h = aio_handle()
+    path = tmp_path / "ckpt.bin"
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
+    try:
+        data = payload(256 * KB)
+        assert h.async_pwrite(data, fd, 0) == 0
+        assert h.wait() == 1
+        assert h.async_pwrite(data, fd=fd, file_offset=256 * KB) == 0
+        assert h.wait() == 1
+    finally:
+        os.close(fd)
+    assert file_bytes(path) == bytes(data.numpy()) * 2
+    assert not os.path.exists(cwd / str(fd))
+
+
+def test_a_misaligned_buffer_on_an_o_direct_descriptor_goes_through_a_bounce(tmp_path, cwd):
+    h = aio_handle()
+    path = tmp_path / "d.bin"
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_DIRECT, 0o600)
+    except OSError as e:
+        pytest.skip(f"O_DIRECT refused here: {e}")
+    try:
+        backing = payload(64 * KB + 1)
+        data = backing[1:]  # an odd address
+        assert data.data_ptr() % 4096 != 0
+        assert h.sync_pwrite(data, fd, 0) == 1
+        back = torch.zeros(64 * KB + 3, dtype=torch.uint8)[3:]
+        assert h.sync_pread(back, fd, 0) == 1
+        assert torch.equal(back, data)
+    finally:
+        os.close(fd)
+    assert file_bytes(path) == bytes(data.numpy())
+
+
+def test_o_direct_descriptor_with_a_misaligned_offset_is_refused_naming_it(tmp_path, cwd):
+    h = aio_handle()
+    path = tmp_path / "d.bin"
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_DIRECT, 0o600)
+    except OSError as e:
+        pytest.skip(f"O_DIRECT refused here: {e}")
+    try:
+        with pytest.raises(zinf.IoError) as info:
+            h.sync_pwrite(payload(4096), fd, 100)
+        assert str(path) in str(info.value)
+        assert f"descriptor {fd}" in str(info.value)
+        assert "O_DIRECT" in str(info.value)
+        assert (info.value.offset, info.value.length) == (100, 4096)
+    finally:
+        os.close(fd)
+    assert os.path.getsize(path) == 0
+
+
+def test_a_descriptor_without_the_access_is_refused(tmp_path, cwd):
+    h = aio_handle()
+    path = tmp_path / "ro.bin"
+    path.write_bytes(b"x" * 4096)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(zinf.IoError) as info:
+            h.sync_pwrite(payload(4096), fd)
+        assert info.value.errno == errno.EBADF
+        assert "reading only" in str(info.value)
+    finally:
+        os.close(fd)
+    assert file_bytes(path) == b"x" * 4096
+    with pytest.raises(zinf.IoError) as info:
+        h.sync_pread(torch.zeros(16, dtype=torch.uint8), 987654)  # not open
+    assert info.value.errno == errno.EBADF
+
+
+@pytest.mark.parametrize("bad", [1.5, None, object(), [3], True])
+def test_anything_but_a_path_or_a_descriptor_is_a_type_error(tmp_path, cwd, bad):
+    h = aio_handle()
+    for method in WRITES + READS:
+        with pytest.raises(TypeError):
+            call(h, method, payload(4096), bad, 0, False)
+
+
+def test_a_path_with_a_nul_byte_is_refused_not_cut(tmp_path, cwd):
+    h = aio_handle()
+    for where in [str(tmp_path / "n.bin") + "\0zzz", "n.bin\0zzz", b"n.bin\0"]:
+        with pytest.raises(ValueError, match="NUL"):
+            h.sync_pwrite(payload(4096), where)
+    assert not (tmp_path / "n.bin").exists()
+
+
+def test_bytes_and_pathlike_paths_work(tmp_path, cwd):
+    h = aio_handle()
+    data = payload(8 * KB)
+    assert h.sync_pwrite(data, tmp_path / "p.bin") == 1
+    out = torch.zeros_like(data)
+    assert h.sync_pread(out, os.fsencode(tmp_path / "p.bin")) == 1
+    assert torch.equal(out, data)
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path, cwd):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    h = aio_handle()
+    errors = []
+
+    def attempt():
+        for op in (lambda: h.sync_pread(torch.zeros(16, dtype=torch.uint8), str(fifo)),
+                   lambda: h.sync_pwrite(payload(4096), str(fifo))):
+            try:
+                op()
+                errors.append(None)
+            except zinf.IoError as e:
+                errors.append(e)
+
+    t = threading.Thread(target=attempt, daemon=True)
+    t.start()
+    t.join(20)
+    assert not t.is_alive(), "an aio call on a FIFO blocked"
+    assert len(errors) == 2 and all(e is not None for e in errors)
+    assert "FIFO" in str(errors[0]) or "fifo" in str(errors[0]).lower()
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+@pytest.mark.parametrize("block_size", [1, 1024, 5000, 4096 * 3 + 1])
+@pytest.mark.parametrize("queue_depth", [1, 2, 5000])
+def test_any_positive_block_size_and_queue_depth(tmp_path, cwd, block_size, queue_depth):
+    h = AsyncIOBuilder().load().aio_handle(block_size, queue_depth, False, False, 2)
+    assert h.get_block_size() == block_size
+    assert h.get_queue_depth() == queue_depth
+    assert h.get_alignment() == 4096
+    data = payload(40 * KB + 5)
+    path = str(tmp_path / "b.bin")
+    assert h.sync_pwrite(data, path) == 1
+    out = torch.zeros_like(data)
+    assert h.sync_pread(out, path) == 1
+    assert torch.equal(out, data)
+
+
+def test_read_and_write_return_zero_and_take_an_offset(tmp_path, cwd):
+    h = aio_handle()
+    path = str(tmp_path / "rw.bin")
+    data = payload(12 * KB)
+    assert h.write(data, path, True, file_offset=4 * KB) == 0
+    out = torch.zeros(12 * KB, dtype=torch.uint8)
+    assert h.read(out, path, True, file_offset=4 * KB) == 0
+    assert torch.equal(out, data)
+    assert file_bytes(path)[:4 * KB] == b"\0" * (4 * KB)
+
+
+def test_deepspeeds_keyword_names(tmp_path, cwd):
+    h = aio_handle()
+    path = str(tmp_path / "k.bin")
+    data = payload(8 * KB)
+    assert h.pwrite(buffer=data, filename=path, validate=True, **{"async": True}) == 0
+    assert h.wait() == 1
+    out = torch.zeros_like(data)
+    assert h.pread(buffer=out, filename=path, validate=False, **{"async": False},
+                   file_offset=0) == 1
+    assert torch.equal(out, data)
+    t = h.new_cpu_locked_tensor(num_elem=16, example_tenosr=torch.empty(0, dtype=torch.int32))
+    assert t.dtype == torch.int32 and t.numel() == 16
+    assert h.free_cpu_locked_tensor(t)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        h.pread(out, path, False, bogus=1)
+
+
+def test_an_async_buffer_keeps_its_storage_until_wait(tmp_path, cwd):
+    h = aio_handle()
+    path = str(tmp_path / "s.bin")
+    data = payload(1 << 20)
+    expect = bytes(data.numpy())
+    assert h.async_pwrite(data, path) == 0
+    data.set_(torch.empty(0, dtype=torch.uint8))  # the caller lets go of the storage
+    assert h.wait() == 1
+    assert file_bytes(path) == expect
+
+
+def test_the_locked_tensor_registry_is_process_wide():
+    a = AsyncIOBuilder().load().aio_handle(1024, 2, False, False, 1)
+    b = aio_handle()
+    p = PinMemoryBuilder().load().pin_handle()
+    t = a.new_cpu_locked_tensor(4096, torch.empty(0, dtype=torch.float32))
+    view = t.narrow(0, 1024, 1024)
+    for h in (a, b, p):
+        assert h.is_pinned(t) and h.is_pinned(view)
+    assert p.free_cpu_locked_tensor(t) is True
+    assert a.free_cpu_locked_tensor(t) is False  # freed once, through whichever handle
+    u = p.new_cpu_locked_tensor(10, torch.empty(0, dtype=torch.bfloat16))
+    assert a.is_pinned(u) and u.dtype == torch.bfloat16
+    assert pin_handle().free_cpu_locked_tensor_by_ptr(u.data_ptr()) is True
+    assert pin_handle().free_cpu_locked_tensor_by_ptr(u.data_ptr()) is False
+    assert not a.is_pinned(torch.empty(100))
+    assert not p.is_pinned(torch.empty(100))
+
+
+def test_freed_locked_tensors_return_their_memory():
+    p = pin_handle()
+    p.free_cpu_locked_tensor(p.new_cpu_locked_tensor(1, torch.empty(0)))  # the pool exists
+    before = zinf._native.pinned_in_use()
+    t = p.new_cpu_locked_tensor(1 << 20, torch.empty(0, dtype=torch.float32))  # 4 MiB
+    assert zinf._native.pinned_in_use() >= before + (4 << 20)
+    assert p.free_cpu_locked_tensor(t)
+    assert zinf._native.pinned_in_use() >= before + (4 << 20)  # the caller still holds it
+    del t
+    assert zinf._native.pinned_in_use() == before
+
+
+def test_module_level_read_write_and_memcpy(tmp_path, cwd):
+    op = AsyncIOBuilder().load()
+    path = str(tmp_path / "m.bin")
+    data = payload(20 * KB)
+    assert op.aio_write(data, path, 1024, 2, False, False, True) == 0
+    out = torch.zeros_like(data)
+    assert aio_read(out, path, 1024, 2, False, False, True) == 0
+    assert torch.equal(out, data)
+    dst = torch.zeros(5, dtype=torch.float32)
+    src = torch.arange(5, dtype=torch.float32)
+    assert deepspeed_memcpy(dst, src) == 0
+    assert torch.equal(dst, src)
+    with pytest.raises(ValueError):
+        deepspeed_memcpy(torch.zeros(4), torch.zeros(5))
+
+
+def test_io_error_has_no_offset_where_there_is_none(tmp_path, cwd):
+    h = aio_handle()
+    with pytest.raises(zinf.IoError) as info:
+        h.sync_pread(torch.zeros(16, dtype=torch.uint8), str(tmp_path / "missing"))
+    assert info.value.offset is None and info.value.length is None
+    short = tmp_path / "short"
+    short.write_bytes(b"x" * 10)
+    with pytest.raises(zinf.IoError) as info:
+        h.sync_pread(torch.zeros(16, dtype=torch.uint8), str(short))
+    assert "[Errno 0]" not in str(info.value)
+    assert info.value.errno is None and info.value.filename == str(short)
