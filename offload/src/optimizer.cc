@@ -607,7 +607,16 @@ void OffloadedOptimizer::Impl::compute(const adam::AdamParams& hp, const Task& t
   }
   FoldedPass pass{&sums_read, &sums_written, base, rec.numel, moments};
   const adam::ChunkHooks hooks{FoldedPass::before, FoldedPass::after, &pass};
-  adam.step(hp, p, moments, t.grads, t.out, &hooks);
+  // The caller's parameters (not a copy-out staging buffer of ours, which is only written
+  // back after this returns) must not see an update made from bytes that fail the check.
+  adam::CopyOut out = t.out;
+  const bool hold = out.enabled && !t.store_out;
+  const std::size_t out_bytes = hold ? out.size * dtype_size(out.dtype) : 0;
+  if (hold) {
+    if (copy_out_hold.size() < out_bytes) copy_out_hold.resize(out_bytes);
+    out.data = copy_out_hold.data();
+  }
+  adam.step(hp, p, moments, t.grads, out, &hooks);
   // Checked before the caller writes the record back or copies the parameters out: bytes that
   // differ from what was written are never handed on (the update made from them stays in the
   // ring buffer, which the failed step drops).
@@ -620,6 +629,7 @@ void OffloadedOptimizer::Impl::compute(const adam::AdamParams& hp, const Task& t
     if (!corrupt) corrupt = std::move(s);
   }
   if (corrupt) throw IoError(*corrupt);
+  if (hold && out_bytes > 0) std::memcpy(t.out.data, copy_out_hold.data(), out_bytes);
 }
 
 void OffloadedOptimizer::Impl::pipeline_main() {

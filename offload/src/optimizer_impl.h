@@ -195,6 +195,10 @@ struct OffloadedOptimizer::Impl {
   std::vector<std::vector<std::uint32_t>> slot_expected;
   swap::UnitSums sums_read;
   swap::UnitSums sums_written;
+  // With folded sums, a copy-out into the caller's memory is made here first and handed on
+  // only once the record's checksums held (grown to the largest record's copy-out on first
+  // use; pipeline thread only).
+  std::vector<std::byte> copy_out_hold;
   bool stop = false;               // guarded by mu
   std::jthread pipeline;           // last: joined first
 
@@ -223,7 +227,8 @@ struct OffloadedOptimizer::Impl {
   bool folded_sums() const noexcept { return store && store->checksums(); }
   // Runs the update of task t on `base`. With folded_sums(), `slot` is the ring slot it was
   // read into: the update sums what it reads and writes, and the record's bytes are checked
-  // against slot_expected before this returns (IoError kCorrupt, nothing written anywhere).
+  // against slot_expected before this returns (IoError kCorrupt, nothing written anywhere: a
+  // copy-out into the caller's memory waits in copy_out_hold until the check held).
   void compute(const adam::AdamParams& hp, const Task& t, std::byte* base, std::size_t slot);
   // UsageError unless `grads` and `out` fit the group and the group has state.
   void validate_group_grads(std::size_t group, const adam::GradView& grads,

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "native.h"
+#include "zinf/adam/compact_state.h"
 #include "zinf/adam/cpu_adam.h"
 #include "zinf/common/error.h"
 
@@ -44,6 +45,19 @@ adam::AdamParams make_hyper(double lr, double beta1, double beta2, double eps,
 
 void bind_adam(py::module_& m) {
   using namespace pybind11::literals;
+  m.def(
+      "check_adam",
+      [](double lr, double beta1, double beta2, double eps, double weight_decay,
+         double grad_scale) {
+        const adam::AdamParams hp =
+            make_hyper(lr, beta1, beta2, eps, weight_decay, true, true, grad_scale, 1);
+        if (auto bad = adam::check_adam_params(hp)) {
+          throw UsageError("cpu adam: " + std::string(bad->field) + " " + bad->what);
+        }
+      },
+      "lr"_a, "beta1"_a, "beta2"_a, "eps"_a, "weight_decay"_a, "grad_scale"_a = 1.0,
+      "ValueError with the kernel's message if the hyper-parameters are out of its range "
+      "(check_adam_params): the check every optimizer makes before any update of a step.");
   py::class_<adam::CpuAdam>(m, "CpuAdam", "zinf's CPU Adam kernel with its thread pool.")
       .def(py::init([](std::size_t threads) {
              return std::make_unique<adam::CpuAdam>(adam::CpuAdamOptions{.threads = threads});
@@ -65,7 +79,7 @@ void bind_adam(py::module_& m) {
              const std::string& grad_dtype, std::uintptr_t m_, std::uintptr_t v, std::size_t numel,
              double lr, double beta1, double beta2, double eps, double weight_decay,
              std::uint64_t step, bool bias_correction, bool adamw, double grad_scale,
-             std::uintptr_t out, const std::string& out_dtype) {
+             std::uintptr_t out, const std::string& out_dtype, const std::string& moments) {
             const adam::AdamParams hp = make_hyper(lr, beta1, beta2, eps, weight_decay,
                                                    bias_correction, adamw, grad_scale, step);
             const adam::GradView g{reinterpret_cast<const void*>(grads), numel,
@@ -75,15 +89,23 @@ void bind_adam(py::module_& m) {
               o = {reinterpret_cast<void*>(out), numel, parse_dtype(out_dtype, "CpuAdam.step out"),
                    true};
             }
+            adam::CompactMoments cm;
+            cm.precision = adam::parse_state_precision(moments, "CpuAdam.step moments");
+            if (cm.precision == adam::StatePrecision::kInt8) {
+              throw UsageError("CpuAdam.step: moments must be fp32 or bf16 here, got int8");
+            }
+            cm.size = numel;
+            cm.m = reinterpret_cast<void*>(m_);
+            cm.v = reinterpret_cast<void*>(v);
             py::gil_scoped_release nogil;
-            a.step(hp, span_at<float>(params, numel), span_at<float>(m_, numel),
-                   span_at<float>(v, numel), g, o);
+            a.step(hp, span_at<float>(params, numel), cm, g, o);
           },
           "params"_a, "grads"_a, "grad_dtype"_a, "exp_avg"_a, "exp_avg_sq"_a, "numel"_a, "lr"_a,
           "beta1"_a, "beta2"_a, "eps"_a, "weight_decay"_a, "step"_a, "bias_correction"_a, "adamw"_a,
-          "grad_scale"_a = 1.0, "out"_a = 0, "out_dtype"_a = "bf16",
-          "One update of numel elements at the given addresses (fp32 params and moments; "
-          "gradients fp32/bf16/fp16; optional bf16/fp16 copy-out).");
+          "grad_scale"_a = 1.0, "out"_a = 0, "out_dtype"_a = "bf16", "moments"_a = "fp32",
+          "One update of numel elements at the given addresses (fp32 params; moments fp32 or "
+          "bf16 (round to nearest even); gradients fp32/bf16/fp16; optional fp32/bf16/fp16 "
+          "copy-out).");
 }
 
 }  // namespace zinf::python

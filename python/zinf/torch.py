@@ -97,6 +97,50 @@ def check_adam_arguments(lr, betas, eps, weight_decay, amsgrad, state, state_pre
                          f"{state_precision!r}")
 
 
+def adam_update(kernel, adamw, step, group, p, grad, exp_avg, exp_avg_sq, grad_scale=1.0):
+    """One update of `p` (CPU, contiguous; float32, bfloat16 or float16) by zinf's kernel with
+    fp32 arithmetic: a float32 parameter in place; a bf16/fp16 one through an fp32 copy whose
+    update the kernel rounds back into it (fused, round to nearest even). Moments float32 or
+    bfloat16 in place (the kernel's bf16 codec); float16 moments through fp32 copies."""
+    beta1, beta2 = group["betas"]
+    master = p if p.dtype == torch.float32 else p.detach().to(torch.float32)
+    out = None if master is p else p
+    moments = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(exp_avg.dtype)
+    m, v = exp_avg, exp_avg_sq
+    if moments is None:  # float16 moments: the kernel keeps fp32 or bf16
+        m, v, moments = exp_avg.to(torch.float32), exp_avg_sq.to(torch.float32), "fp32"
+    g_addr, _ = address_of(grad, "gradient")
+    kernel.step(master.data_ptr(), g_addr, dtype_name(grad.dtype), m.data_ptr(), v.data_ptr(),
+                p.numel(), group["lr"], beta1, beta2, group["eps"], group["weight_decay"], step,
+                group.get("bias_correction", True), adamw, grad_scale,
+                0 if out is None else out.data_ptr(),
+                "bf16" if out is None else dtype_name(out.dtype), moments)
+    if m is not exp_avg:
+        exp_avg.copy_(m)
+        exp_avg_sq.copy_(v)
+
+
+def adam_rollback(adamw, step, group, p, grad, exp_avg, exp_avg_sq):
+    """Undoes the update adam_update made at `step` from `grad`, in fp32 (torch operations):
+    the moments and the parameter as they were before, up to fp32 rounding (and the rounding
+    of a bf16/fp16 parameter or moment)."""
+    beta1, beta2 = group["betas"]
+    lr, eps, wd = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
+    m, v = exp_avg.to(torch.float32), exp_avg_sq.to(torch.float32)
+    x, g = p.detach().to(torch.float32), grad.detach().to(torch.float32)
+    bc1, bc2 = 1.0, 1.0
+    if group.get("bias_correction", True):
+        bc1, bc2 = 1.0 - beta1 ** step, 1.0 - beta2 ** step
+    x = x + lr * (m / bc1) / ((v / bc2).sqrt() + eps)
+    if adamw:
+        x = x / (1.0 - lr * wd)
+    else:
+        g = g + wd * x  # L2: the gradient the update saw
+    exp_avg.copy_((m - (1.0 - beta1) * g) / beta1)
+    exp_avg_sq.copy_((v - (1.0 - beta2) * g * g) / beta2)
+    p.data.copy_(x)
+
+
 class _CpuAdamBase(torch.optim.Optimizer):
     """Adam/AdamW with torch's arguments and param_groups, updated by zinf's CPU Adam kernel.
 
@@ -298,33 +342,52 @@ class _CpuAdamBase(torch.optim.Optimizer):
             else:
                 self._step_offloaded(grad_scale)
             return loss
-        # Every parameter and gradient is checked before the first update, so that a refusal
-        # leaves no parameter updated.
+        self._step_cpu(self._cpu_work(grad_scale), grad_scale)
+        return loss
+
+    def _cpu_work(self, grad_scale):
+        """(group, param, grad) of every parameter with a gradient, after every check a step
+        makes (parameters, gradients, each group's hyper-parameters): a step refused here
+        changes nothing, no parameter, moment or step count."""
         work = []
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            self._check_hyper(group, grad_scale)
+            for p in params:
                 self._check_param(p)
                 grad = self._grad_of(p)
                 address_of(grad, "gradient")
                 dtype_name(grad.dtype)
                 work.append((group, p, grad))
-        for group, p, grad in work:
-            beta1, beta2 = group["betas"]
-            state = self.state[p]
+        return work
+
+    @staticmethod
+    def _check_hyper(group, grad_scale=1.0):
+        beta1, beta2 = group["betas"]
+        _native.check_adam(float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
+                           float(group["weight_decay"]), float(grad_scale))
+
+    def _moment_dtype(self, p):
+        """The dtype new moments of `p` are made in (float32 here)."""
+        return torch.float32
+
+    def _step_cpu(self, work, grad_scale, states=None):
+        """Updates what _cpu_work checked. A parameter's step count moves only with its
+        update, after the kernel took it. `states` (one per work item; default the
+        parameter's own) is where the moments and the count live (DeepSpeed's subgroups)."""
+        for k, (group, p, grad) in enumerate(work):
+            state = self.state[p] if states is None else states[k]
             if len(state) == 0:
                 state["step"] = 0
-                state["exp_avg"] = pinned_zeros(p.shape, torch.float32)
-                state["exp_avg_sq"] = pinned_zeros(p.shape, torch.float32)
-            state["step"] += 1
-            g_addr, _ = address_of(grad, "gradient")
-            self._kernel.step(
-                p.data_ptr(), g_addr, dtype_name(grad.dtype),
-                state["exp_avg"].data_ptr(), state["exp_avg_sq"].data_ptr(), p.numel(),
-                group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
-                state["step"], group.get("bias_correction", True), self._adamw, grad_scale)
-        return loss
+                dtype = self._moment_dtype(p)
+                state["exp_avg"] = pinned_zeros(p.shape, dtype)
+                state["exp_avg_sq"] = pinned_zeros(p.shape, dtype)
+            step = int(state["step"]) + 1
+            adam_update(self._kernel, self._adamw, step, group, p, grad, state["exp_avg"],
+                        state["exp_avg_sq"], grad_scale)
+            state["step"] = step
 
     def _step_offloaded(self, grad_scale=1.0):
         # Everything is checked before the step opens: a refusal must not leave half a step.

@@ -84,8 +84,6 @@ def test_refusals():
         DeepSpeedCPUAdam(m.parameters(), amsgrad=True)
     with pytest.raises(ValueError, match="amsgrad"):
         AdamW(m.parameters(), amsgrad=True)
-    with pytest.raises(ValueError, match="fp32_optimizer_states"):
-        DeepSpeedCPUAdam(m.parameters(), fp32_optimizer_states=False)
     with pytest.raises(ValueError, match="learning rate"):
         AdamW(m.parameters(), lr=-1.0)
     half = torch.nn.Linear(4, 4).to(torch.bfloat16)
