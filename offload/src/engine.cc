@@ -181,6 +181,7 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
   // buffers of offload_param.buffer_size elements.
   const bool buffered = detail::tier_uses_param_buffers(config.offload_param.device);
   std::unordered_set<std::string> names;
+  std::uint64_t total_elements = 0;
   for (const auto& layer : layers) {
     if (layer.name.empty() || layer.name.find_first_of(" \t\r\n#/") != std::string::npos) {
       throw UsageError(
@@ -192,6 +193,18 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
     }
     if (layer.numel == 0)
       throw UsageError("OffloadEngine: layer " + in_quotes(layer.name) + " has 0 elements");
+    // Before any size arithmetic: the planning multiplies element counts by up to 16 bytes
+    // and sums them over layers, which must not wrap.
+    if (layer.numel > detail::kMaxLayerElements) {
+      throw UsageError("OffloadEngine: layer " + in_quotes(layer.name) + " has " +
+                       std::to_string(layer.numel) + " elements, more than zinf's limit of " +
+                       std::to_string(detail::kMaxLayerElements) + " (2^50) per layer");
+    }
+    total_elements += layer.numel;
+    if (total_elements > detail::kMaxModelElements) {
+      throw UsageError("OffloadEngine: the layers hold more than zinf's limit of " +
+                       std::to_string(detail::kMaxModelElements) + " (2^54) elements in all");
+    }
     if (layer.param_dtype == DType::kF32) {
       throw UsageError("OffloadEngine: layer " + in_quotes(layer.name) +
                        " param_dtype must be bf16 or fp16");
@@ -216,7 +229,7 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
   // The sub-group size: where the tier needs each sub-group's copy-out to be whole units of
   // its store (a range write into the layer's key), config.sub_group_size rounded up so that
   // 2 x sub_group is a multiple of that unit.
-  sub_group = std::max<std::uint64_t>(config.sub_group_size, 1);
+  sub_group = std::clamp<std::uint64_t>(config.sub_group_size, 1, detail::kMaxLayerElements);
   if (plan.copy_out_unit != 0) {
     const std::uint64_t rounded = align_up(sub_group * 2, plan.copy_out_unit) / 2;
     if (rounded != sub_group) {

@@ -25,6 +25,11 @@ namespace zinf::offload::detail {
 /// staging): a page, as pinned registrations are page-granular.
 inline constexpr std::uint64_t kHostAlign = 4096;
 
+/// The engine's size limits (LayerSpec): far above any machine, low enough that every byte
+/// count the planning makes (up to 16 bytes per element, summed over layers) fits in 64 bits.
+inline constexpr std::uint64_t kMaxLayerElements = std::uint64_t{1} << 50;
+inline constexpr std::uint64_t kMaxModelElements = std::uint64_t{1} << 54;
+
 /// Bytes of one layer's low-precision copy (bf16 or fp16: two bytes per element).
 inline std::uint64_t param_bytes(const LayerSpec& layer) { return layer.numel * 2; }
 

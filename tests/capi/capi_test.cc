@@ -183,6 +183,34 @@ TEST(CApi, ModelChecksOfTheEngineAreUsageErrors) {
   EXPECT_EQ(out, nullptr);
 }
 
+// A layer too large for 64-bit byte counts is a usage error naming it, whatever the tiers (it
+// once aborted in the planning's align_up, which multiplied before checking).
+TEST(CApi, AHugeLayerIsAUsageErrorNotACrash) {
+  const char* configs[] = {kConfig, "{}",
+                           "{\"zero_optimization\": {\"offload_optimizer\": {\"device\": \"cpu\"}}}"};
+  for (const char* config : configs) {
+    for (const std::uint64_t numel : {~std::uint64_t{0}, (std::uint64_t{1} << 63) - 1,
+                                      (std::uint64_t{1} << 62) - 1, (std::uint64_t{1} << 50) + 1}) {
+      const zinf_layer_spec huge[] = {{"huge", numel, ZINF_DTYPE_BF16}};
+      zinf_engine* out = nullptr;
+      EXPECT_EQ(zinf_engine_create(config, huge, 1, nullptr, &out), ZINF_ERR_USAGE)
+          << config << " " << numel;
+      EXPECT_NE(std::string(zinf_last_error()).find("'huge' has " + std::to_string(numel)),
+                std::string::npos)
+          << zinf_last_error();
+      EXPECT_EQ(out, nullptr);
+    }
+  }
+  // Each layer within the limit, the sum beyond it.
+  std::vector<zinf_layer_spec> many;
+  std::vector<std::string> names;
+  for (int i = 0; i < 20; ++i) names.push_back("l" + std::to_string(i));
+  for (const auto& n : names) many.push_back({n.c_str(), std::uint64_t{1} << 50, ZINF_DTYPE_BF16});
+  zinf_engine* out = nullptr;
+  EXPECT_EQ(zinf_engine_create("{}", many.data(), many.size(), nullptr, &out), ZINF_ERR_USAGE);
+  EXPECT_NE(std::string(zinf_last_error()).find("in all"), std::string::npos) << zinf_last_error();
+}
+
 TEST(CApi, CreateArgumentErrors) {
   zinf_engine* out = nullptr;
   EXPECT_EQ(zinf_engine_create(nullptr, kLayers, 2, nullptr, &out), ZINF_ERR_USAGE);

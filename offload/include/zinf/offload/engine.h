@@ -30,7 +30,7 @@ class EngineSeamsAccess;  // zinf/offload/engine_seams.h: what a layer above plu
 /// both moments live in the optimizer tier.
 struct LayerSpec {
   std::string name;                  ///< for messages and checkpoints; unique, not empty
-  std::uint64_t numel = 0;           ///< > 0
+  std::uint64_t numel = 0;           ///< > 0, at most 2^50; 2^54 over all layers (UsageError)
   DType param_dtype = DType::kBF16;  ///< kBF16 or kF16 (the device copy; fp32 is the master)
   /// This layer's hyper-parameters from construction on, instead of config.optimizer.hyper
   /// (the usual case: weight_decay 0 for biases and norms); `step` is ignored. Checked at
