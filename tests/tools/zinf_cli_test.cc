@@ -407,6 +407,32 @@ TEST(ZinfCli, IntegerOptionsOutOfRangeExit2NamingTheRange) {
   }
 }
 
+// An empty value (a script's unset variable: `--save "$CKPT"`) is a usage error, not "no value":
+// the run would otherwise train without saving and exit 0.
+TEST(ZinfCli, EmptyValuesExit2NamingTheOption) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"demo --steps 1 --layers 2 --hidden 64 --save ''", "--save"},
+      {"demo --steps 1 --layers 2 --hidden 64 --resume ''", "--resume"},
+      {"demo --steps 1 --layers 2 --hidden 64 --config ''", "--config"},
+      {"demo --steps 1 --layers 2 --hidden 64 --weights-out ''", "--weights-out"},
+      {"demo --steps 1 --layers 2 --hidden 64 --dir ''", "--dir"},
+      {"demo --steps 1 --layers 2 --hidden 64 --offload ''", "--offload"},
+      {"tune --out ''", "--out"},
+      {"tune --plot ''", "--plot"},
+      {"bench io --dir ''", "--dir"},
+      {"bench step --dir '' --numel 1M --steps 1", "--dir"},
+  };
+  for (const auto& [args, option] : cases) {
+    const ToolRun r = run_zinf(args);
+    EXPECT_EQ(r.status, 2) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find("invalid " + option + " '': the value is empty"), std::string::npos)
+        << args << "\n" << r.out;
+  }
+  const ToolRun r = run_zinf("demo --steps 1 --save=");  // the = form: a missing value
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(r.out, "zinf demo: error: option --save needs a value\n");
+}
+
 // Every config error is a usage error (exit 2) naming the file, never a crash, a hang or exit 1.
 TEST(ZinfCli, HostileConfigsExit2NamingTheFile) {
   zinf::test::TestDir dir;

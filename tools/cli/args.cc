@@ -494,11 +494,27 @@ Cli& Cli::group(std::string title) {
   return *this;
 }
 
+namespace {
+
+// `--save ''` (a script's unset variable) must not read as "no value given": the run would
+// train without saving and exit 0.
+void refuse_empty(const std::string& value, const std::string& name) {
+  if (value.empty()) {
+    throw UsageError("invalid " + name + " '': the value is empty (an unset variable?); give " +
+                     "a value or leave the option out");
+  }
+}
+
+}  // namespace
+
 Cli& Cli::text(const std::string& name, std::string& dest, std::string value_name, std::string help,
                std::string shown) {
   if (shown.empty()) shown = dest.empty() ? "none" : dest;
   impl_->value(name, std::move(value_name), std::move(help), std::move(shown),
-               [&dest](const std::string& v, const std::string&) { dest = v; });
+               [&dest](const std::string& v, const std::string& n) {
+                 refuse_empty(v, n);
+                 dest = v;
+               });
   return *this;
 }
 
@@ -507,6 +523,7 @@ Cli& Cli::texts(const std::string& name, std::vector<std::string>& dest, std::st
   // One value per occurrence: `--dir a b` leaves b unknown instead of taking it as a second dir.
   CLI::Option* o = impl_->app.add_option(name, dest, std::move(help));
   o->expected(1)->allow_extra_args(false)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  o->each([name](const std::string& v) { refuse_empty(v, name); });
   impl_->declare(o, name, std::move(value_name), std::move(shown));
   return *this;
 }
