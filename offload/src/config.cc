@@ -159,6 +159,8 @@ constexpr std::string_view kOptimizerOffloadKeys[] = {
     "pipeline_read", "pipeline_write", "fast_init",  "ratio"};
 constexpr std::string_view kOptimizerOffloadAccepted[] = {"super_offload", "convert_grad_on_cpu",
                                                           "cpuadam_cores_perc"};
+// swap::IoOptions::queue_depth's bound (io_uring's submission queue).
+constexpr std::uint32_t kMaxQueueDepth = 4096;
 constexpr std::string_view kAioKeys[] = {"block_size",   "queue_depth",   "intra_op_parallelism",
                                          "thread_count", "single_submit", "overlap_events",
                                          "use_gds"};
@@ -506,6 +508,8 @@ class Block {
     if (v == nullptr || (allow_null && v->is_null())) return;
     if (!v->is_string()) fail(key, "expected a string, got " + shown(*v));
     out = v->get<std::string>();
+    // "\u0000" would cut a path where the OS stops reading it (a directory's parent).
+    if (out.find('\0') != std::string::npos) fail(key, "the string has a NUL byte (\\u0000)");
   }
 
  private:
@@ -627,6 +631,10 @@ void parse_aio(const Block& aio, AioConfig& out) {
                                shown(*aio.find("block_size")));
   }
   aio.read_uint("queue_depth", out.queue_depth, 1u);
+  if (out.queue_depth > kMaxQueueDepth) {  // the I/O engine's limit, named here with the key
+    aio.fail("queue_depth", "at most " + std::to_string(kMaxQueueDepth) + " pieces in flight, got " +
+                                shown(*aio.find("queue_depth")));
+  }
   const Json* intra = aio.find("intra_op_parallelism");
   const Json* old = aio.find("thread_count");
   if (intra != nullptr && old != nullptr) {
@@ -751,6 +759,9 @@ void parse_zinf(const Block& block, ZinfSection& out) {
       const std::string key = "nvme_paths[" + std::to_string(i) + "]";
       if (!p.is_string()) block.fail(key, "expected a string, got " + shown(p));
       if (p.get<std::string>().empty()) block.fail(key, "empty path");
+      if (p.get<std::string>().find('\0') != std::string::npos) {
+        block.fail(key, "the string has a NUL byte (\\u0000)");
+      }
       out.nvme_paths.push_back(p.get<std::string>());
     }
   }

@@ -440,6 +440,13 @@ TEST(Config, ValueErrorsOfTheOffloadAndAioBlocks) {
             "cfg.json: aio.block_size: 0 is too small (at least 1)");
   EXPECT_EQ(error_of(R"({"aio": {"queue_depth": 0}})"),
             "cfg.json: aio.queue_depth: 0 is too small (at least 1)");
+  EXPECT_EQ(error_of(R"({"aio": {"queue_depth": 4097}})"),
+            "cfg.json: aio.queue_depth: at most 4096 pieces in flight, got 4097");
+  EXPECT_EQ(error_of(R"({"zero_optimization": {"offload_param": {"nvme_path": "/tmp\u0000x"}}})"),
+            "cfg.json: zero_optimization.offload_param.nvme_path: the string has a NUL byte "
+            "(\\u0000)");
+  EXPECT_EQ(error_of(R"({"zinf": {"nvme_paths": ["/a", "/tmp\u0000x"]}})"),
+            "cfg.json: zinf.nvme_paths[1]: the string has a NUL byte (\\u0000)");
   EXPECT_EQ(error_of(R"({"aio": {"use_gds": true}})"),
             "cfg.json: aio.use_gds: true is not supported: GPUDirect Storage is not built into "
             "zinf");
