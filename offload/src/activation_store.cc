@@ -10,8 +10,9 @@
 #include "zinf/offload/activation_store.h"
 
 #include <algorithm>
-#include <exception>
+#include <chrono>
 #include <condition_variable>
+#include <exception>
 #include <list>
 #include <map>
 #include <mutex>
@@ -84,6 +85,13 @@ struct ActivationStore::Impl {
   bool can_free(const Entry& e) const;    // mu held
   void reap(std::unique_lock<std::mutex>& lock);
   void wait_idle(Entry& e, std::unique_lock<std::mutex>& lock);
+  // Staging of `bytes` for tensor `name`, on the trainer's thread (mu held by `lock`). Waits
+  // only while something in flight will free staging without this thread (a write-back, whose
+  // callback frees it; a loaded tensor's copy-in, freed here by reap once done); when the rest
+  // is held by tensors read ahead or saved and not yet loaded, nothing ever would: a
+  // UsageError naming the figures instead of waiting for ever.
+  swap::BufferLease staging(std::uint64_t bytes, const std::string& name,
+                            std::unique_lock<std::mutex>& lock);
 };
 
 
@@ -135,15 +143,47 @@ void ActivationStore::Impl::on_copied_out(Entry& e) {
   }
 }
 
+swap::BufferLease ActivationStore::Impl::staging(std::uint64_t bytes, const std::string& name,
+                                                 std::unique_lock<std::mutex>& lock) {
+  for (;;) {
+    if (swap::BufferLease lease = pool->try_acquire(bytes)) return lease;
+    reap(lock);
+    if (swap::BufferLease lease = pool->try_acquire(bytes)) return lease;
+    bool will_free = false;
+    std::uint64_t stuck_bytes = 0;
+    std::size_t stuck = 0;
+    for (const auto& [h, e] : held) {
+      if (!e->lease) continue;
+      if (!e->loaded && !e->write_done) {
+        will_free = true;  // staged: its write-back's callback gives the lease back
+      } else {
+        ++stuck;  // read ahead: held until its load
+        stuck_bytes += e->padded;
+      }
+    }
+    for (const auto& e : draining) will_free = will_free || static_cast<bool>(e->lease);
+    if (!will_free) {
+      throw UsageError(
+          "ActivationStore: tensor '" + name + "' needs " + std::to_string(bytes) +
+          " bytes of pinned staging, but the budget of " + std::to_string(pool->budget_bytes()) +
+          " bytes is held by " + std::to_string(stuck) + " tensors read back ahead of their load (" +
+          std::to_string(stuck_bytes) + " bytes), which only their loads free; raise "
+          "pinned_budget_bytes to at least " + std::to_string(2 * bytes) +
+          " (twice the largest tensor) plus the read-ahead, or load in the reverse order of the "
+          "saves");
+    }
+    // Write-backs notify mu's condition variable; a copy-in completes on the device, which
+    // does not: look again within a millisecond either way.
+    cv.wait_for(lock, std::chrono::milliseconds(1));
+  }
+}
+
 void ActivationStore::Impl::issue_read(Entry& e, std::unique_lock<std::mutex>& lock, bool wait) {
   if (e.read_started || e.lease || !e.stored) return;
   swap::BufferLease lease = pool->try_acquire(e.padded);
   if (!lease) {
     if (!wait) return;
-    // Unlocked: the write-backs and reads that free staging take mu in their callbacks.
-    lock.unlock();
-    lease = pool->acquire(e.padded);
-    lock.lock();
+    lease = staging(e.padded, e.name, lock);
   }
   e.lease = std::move(lease);
   e.read_started = true;
@@ -286,11 +326,8 @@ ActivationStore::Handle ActivationStore::save(const std::string& name, cuda::Dev
                        std::to_string(budget) +
                        " bytes; raise pinned_budget_bytes or use the nvme tier");
     }
-    // Staging frees as write-backs finish (their callbacks take mu).
-    lock.unlock();
-    swap::BufferLease lease = s.pool->acquire(e->padded);
-    lock.lock();
-    e->lease = std::move(lease);
+    // Staging frees as write-backs and copy-ins finish.
+    e->lease = s.staging(e->padded, name, lock);
   }
   const Handle h = s.next;
   if (s.nvme()) {

@@ -160,6 +160,36 @@ TEST(ActivationStore, NvmeReadsAheadInReverseOrderWithinTheBudget) {
   EXPECT_LE(st.pinned_bytes_peak, 6 * kMiB);
 }
 
+// A budget below twice the largest tensor: a load waits for the previous load's copy-in to
+// give its staging back instead of waiting for ever (the previous tensor is freed by this
+// thread, which the load once blocked). Forward and backward twice, every byte compared.
+TEST(ActivationStore, NvmeWithLessThanTwoTensorsOfStagingNeverDeadlocks) {
+  test::TestDir dir;
+  ActivationStoreOptions o = options_for(ActivationTier::kNvme);
+  o.pinned_budget_bytes = kMiB + kMiB / 2;
+  o.prefetch_depth = 1;
+  Rig rig(o, dir);
+  for (int round = 0; round < 2; ++round) {
+    std::vector<ActivationStore::Handle> handles;
+    std::vector<std::vector<std::byte>> want;
+    for (std::uint32_t i = 0; i < 5; ++i) {
+      want.push_back(pattern(kMiB, 200 + i + 10 * static_cast<std::uint32_t>(round)));
+      cuda::DeviceBuffer& src = rig.upload(want.back());
+      handles.push_back(rig.store->save("t" + std::to_string(i), src.span(), rig.stream));
+    }
+    for (std::size_t k = handles.size(); k-- > 0;) {
+      cuda::DeviceBuffer dst = rig.device->allocate(kMiB);
+      rig.store->load(handles[k], dst.span(), rig.stream);  // no synchronize in between
+      std::vector<std::byte> got(kMiB);
+      rig.device->copy_to_host(rig.stream, got, dst.span());
+      rig.device->synchronize(rig.stream);
+      EXPECT_EQ(got, want[k]) << "round " << round << " tensor " << k;
+    }
+    EXPECT_EQ(rig.store->stats().held_tensors, 0u);
+    EXPECT_LE(rig.store->stats().pinned_bytes_peak, kMiB + kMiB / 2);
+  }
+}
+
 // The cpu tier holds every tensor in its budget: one that does not fit is refused, naming the
 // tensor and the numbers, and fits again once a load has freed room.
 TEST(ActivationStore, CpuTierRefusesATensorPastItsBudget) {
