@@ -5,12 +5,7 @@
 // that must fail before any file is created. nlohmann::json stays private to this file.
 #include "zinf/offload/config.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <iterator>
@@ -26,9 +21,9 @@
 #include <nlohmann/json.hpp>
 
 #include "zinf/common/error.h"
+#include "zinf/common/small_file.h"
 #include "zinf/common/status.h"
 #include "zinf/common/suggest.h"
-#include "zinf/common/unique_fd.h"
 
 namespace zinf::offload {
 namespace {
@@ -994,57 +989,9 @@ EngineConfig parse_config(std::string_view json, std::string_view source) {
   return config;
 }
 
-namespace {
-
-// What a non-regular file is, for the refusal's message.
-const char* file_type_name(mode_t mode) {
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
-}
-
-}  // namespace
-
 EngineConfig load_config(const std::string& path) {
-  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever; the
-  // fstat below refuses it (and every other non-regular file) before anything is read.
-  // The open's own errno (ENOENT, EACCES, ENOTDIR, ELOOP, ...) is what the caller sees: a
-  // config that exists but cannot be opened must not read as a missing one.
-  const UniqueFd file(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
-  if (!file.valid()) {
-    const int err = errno;
-    throw IoError(Status::from_errno(err, "open config", path));
-  }
-  const int fd = file.get();
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    throw IoError(Status::from_errno(err, "stat config", path));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    throw UsageError(path + ": the config is " + file_type_name(st.st_mode) +
-                     ", not a regular file; give a JSON file");
-  }
-  const UsageError too_big(path + ": the config is larger than the limit of " +
-                           std::to_string(kConfigMaxBytes) + " bytes (16 MiB)");
-  if (static_cast<std::uint64_t>(st.st_size) > kConfigMaxBytes) throw too_big;
-  // Reads at most one byte past the cap, so a file that grows while it is read is bounded too.
-  std::string text;
-  char chunk[1 << 16];
-  while (text.size() <= kConfigMaxBytes) {
-    const ssize_t n = ::read(fd, chunk, sizeof chunk);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw IoError(Status::from_errno(errno, "read config", path));
-    }
-    if (n == 0) break;
-    text.append(chunk, static_cast<std::size_t>(n));
-  }
-  if (text.size() > kConfigMaxBytes) throw too_big;
-  return parse_config(text, path);
+  return parse_config(
+      read_small_regular_file(path, kConfigMaxBytes, "config", "; give a JSON file"), path);
 }
 
 std::string config_to_json(const EngineConfig& c) {

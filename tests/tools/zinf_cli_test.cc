@@ -475,6 +475,27 @@ TEST(ZinfCli, HostileConfigsExit2NamingTheFile) {
             "regular file; give a JSON file\n");
 }
 
+// The planner's report files are user-named paths too: a FIFO once blocked `zinf plan --tune`
+// in open for ever; it and a device are refused at once (exit 2), a missing file names errno.
+TEST(ZinfCli, PlanReportFilesThatAreNotFilesExit2WithoutBlocking) {
+  zinf::test::TestDir dir;
+  const std::string fifo = dir.file("tune.fifo");
+  ASSERT_EQ(run_shell("mkfifo " + fifo).status, 0);
+  const std::string plan = std::string(ZINF_TOOL_PATH) + " plan --params 7B --gpus 1 ";
+  ToolRun r = run_shell("timeout 20 " + plan + "--tune " + fifo);
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(r.out, "zinf plan: error: " + fifo + ": the --tune file is a FIFO, not a regular file\n");
+  r = run_shell("timeout 20 " + plan + "--h2d /dev/zero");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(r.out,
+            "zinf plan: error: /dev/zero: the --h2d file is a character device, not a regular "
+            "file\n");
+  r = run_shell(plan + "--tune " + dir.file("missing.json"));
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find(dir.file("missing.json")), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ENOENT"), std::string::npos) << r.out;
+}
+
 TEST(BenchIoCli, MissingDirectoryExits2WithOneLine) {
   ToolRun r = run_zinf("bench io --dir /nonexistent/zinf-nowhere");
   EXPECT_EQ(r.status, 2);

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -20,6 +19,7 @@
 #include "plan_model.h"
 #include "wear.h"
 #include "zinf/common/error.h"
+#include "zinf/common/small_file.h"
 
 namespace zinf::tools {
 namespace {
@@ -35,11 +35,11 @@ std::optional<double> as_double(const std::optional<std::uint64_t>& v) {
 }
 
 DriveBandwidth read_tune_report(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw UsageError("cannot read --tune file: " + path);
+  // A tune report is a few KiB; a FIFO or a device must not block or flood the planner.
+  const std::string text = read_small_regular_file(path, std::uint64_t{1} << 20, "--tune file");
   nlohmann::json doc;
   try {
-    doc = nlohmann::json::parse(f);
+    doc = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw UsageError(path + ": " + e.what());
   }
@@ -71,11 +71,10 @@ DriveBandwidth read_tune_report(const std::string& path) {
 // `zinf bench h2d --json`'s pinned rates at its largest size (small copies pay the per-copy
 // cost; a layer's fetch is large). Sets `simulated` when the figures are the host simulation's.
 void read_h2d_report(const std::string& path, PlanInput& in, bool& simulated) {
-  std::ifstream f(path);
-  if (!f) throw UsageError("cannot read --h2d file: " + path);
+  const std::string text = read_small_regular_file(path, std::uint64_t{1} << 20, "--h2d file");
   nlohmann::json doc;
   try {
-    doc = nlohmann::json::parse(f);
+    doc = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw UsageError(path + ": " + e.what());
   }
