@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <exception>
@@ -18,6 +19,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -622,20 +624,33 @@ SwapStore::SwapStore(const SwapStoreOptions& options, IoEngine& engine)
     std::size_t files = 0;
   };
   std::map<dev_t, Fs> filesystems;
-  for (const Dir& d : opened) {
-    struct statvfs vfs {};
-    struct stat st {};
-    if (::fstat(d.fd(), &st) != 0 || ::fstatvfs(d.fd(), &vfs) != 0) {
-      const int err = errno;
-      throw IoError(Status::from_errno(err, "create swap store (statvfs)", d.path()));
+  const auto measure = [&] {
+    filesystems.clear();
+    for (const Dir& d : opened) {
+      struct statvfs vfs {};
+      struct stat st {};
+      if (::fstat(d.fd(), &st) != 0 || ::fstatvfs(d.fd(), &vfs) != 0) {
+        const int err = errno;
+        throw IoError(Status::from_errno(err, "create swap store (statvfs)", d.path()));
+      }
+      Fs& fs = filesystems[st.st_dev];
+      if (fs.files == 0) {
+        fs.first_dir = d.path();
+        fs.free = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+      }
+      fs.needed += s.file_bytes;
+      ++fs.files;
     }
-    Fs& fs = filesystems[st.st_dev];
-    if (fs.files == 0) {
-      fs.first_dir = d.path();
-      fs.free = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
-    }
-    fs.needed += s.file_bytes;
-    ++fs.files;
+    return std::all_of(filesystems.begin(), filesystems.end(),
+                       [](const auto& kv) { return kv.second.needed <= kv.second.free; });
+  };
+  // A run killed just before this one (a restart) may still hold its unnamed swap files'
+  // space for some milliseconds after it was reaped (io_uring drops its file references
+  // late): wait a little for the space to come back before refusing.
+  constexpr auto kSpaceWait = std::chrono::milliseconds(500);
+  const auto space_deadline = std::chrono::steady_clock::now() + kSpaceWait;
+  while (!measure() && std::chrono::steady_clock::now() < space_deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   for (const auto& [dev, fs] : filesystems) {
     if (fs.needed > fs.free) {
@@ -644,7 +659,9 @@ SwapStore::SwapStore(const SwapStoreOptions& options, IoEngine& engine)
                         : std::to_string(fs.files) + " swap files (directories on one file system)";
       throw IoError(Status::error(ErrorCode::kNoSpace,
                                   "needs " + std::to_string(fs.needed) + " bytes for " + what +
-                                      " but only " + std::to_string(fs.free) + " bytes are free")
+                                      " but only " + std::to_string(fs.free) +
+                                      " bytes are free (after 0.5 s for the space of a process "
+                                      "that just ended)")
                         .with_operation("create swap store")
                         .with_path(fs.first_dir));
     }
