@@ -96,6 +96,7 @@ class ParameterOffload:
 
     def __init__(self, model, units, nvme_path=None, device="nvme", prefetch_depth=2,
                  checksums=True):
+        self._removed = False
         if device not in ("nvme", "cpu"):
             raise ValueError(f"zinf: device must be 'nvme' or 'cpu', got {device!r}")
         if not isinstance(prefetch_depth, int) or prefetch_depth < 0:
@@ -240,7 +241,13 @@ class ParameterOffload:
         optimizer, read or load a state_dict); on exit they are written back to the store
         (unless write_back=False) and released. Its reads are not part of the traced order
         (they do not happen every iteration)."""
+        self._check_not_removed("materialized")
         return self._materialized(write_back, traced=False)
+
+    def _check_not_removed(self, what):
+        if self._removed:
+            raise ValueError(f"zinf: {what}() after remove(): the parameters are back in the "
+                             "module for good; step the optimizer directly")
 
     @contextlib.contextmanager
     def _materialized(self, write_back, traced):
@@ -265,6 +272,7 @@ class ParameterOffload:
         and written back before the next, so one unit is in the module at a time; the
         parameters outside every unit step first. zinf.torch Adam/AdamW with state='nvme'
         runs one pipelined step over all parameters, so every unit is fetched for it."""
+        self._check_not_removed("step")
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -304,7 +312,11 @@ class ParameterOffload:
                 g["params"] = ps
 
     def remove(self):
-        """Brings every unit back into the module for good and removes the hooks."""
+        """Brings every unit back into the module for good and removes the hooks; step() and
+        materialized() are ValueErrors afterwards, a second remove() does nothing."""
+        if self._removed:
+            return
+        self._removed = True
         for h in self._handles:
             h.remove()
         self._handles = []

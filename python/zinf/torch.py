@@ -446,6 +446,39 @@ class _CpuAdamBase(torch.optim.Optimizer):
         sd["state"] = state
         return sd
 
+    def _check_state_dict(self, state_dict):
+        """ValueError, before anything changes, for state the kernel cannot take: moments that
+        are not floating point, of another size than their parameter, not finite, a negative
+        exp_avg_sq, a step count that is not a whole number >= 0 (torch's own load_state_dict
+        takes all of these, and the next step would compute from them)."""
+        if not isinstance(state_dict, dict) or "state" not in state_dict \
+                or "param_groups" not in state_dict:
+            raise ValueError("zinf: a state_dict has 'state' and 'param_groups'")
+        numels = [p.numel() for g in self.param_groups for p in g["params"]]
+        indices = [k for g in state_dict["param_groups"] for k in g["params"]]
+        by_index = dict(zip(indices, numels))
+        for k, st in state_dict["state"].items():
+            where = f"zinf: load_state_dict: parameter {k}"
+            for name in ("exp_avg", "exp_avg_sq"):
+                t = st.get(name) if isinstance(st, dict) else None
+                if not isinstance(t, torch.Tensor):
+                    raise ValueError(f"{where} has no {name} tensor")
+                if not t.is_floating_point():
+                    raise ValueError(f"{where}'s {name} is {t.dtype}, not floating point")
+                if k in by_index and t.numel() != by_index[k]:
+                    raise ValueError(f"{where}'s {name} has {t.numel()} elements, the parameter "
+                                     f"{by_index[k]}")
+                if not bool(torch.isfinite(t).all()):
+                    raise ValueError(f"{where}'s {name} holds a NaN or an infinity")
+                if name == "exp_avg_sq" and bool((t < 0).any()):
+                    raise ValueError(f"{where}'s exp_avg_sq holds a negative value (it is a "
+                                     "mean of squares)")
+            step = st.get("step")
+            value = step.item() if isinstance(step, torch.Tensor) and step.numel() == 1 else step
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or value != int(value) or value < 0:
+                raise ValueError(f"{where}'s step is {step!r}, not a whole number >= 0")
+
     def load_state_dict(self, state_dict):
         """Restores what state_dict() gives (this optimizer's, another tier's, or
         torch.optim.Adam(W)'s). With state='nvme' the master weights are taken from the
@@ -453,6 +486,7 @@ class _CpuAdamBase(torch.optim.Optimizer):
         step count from `state_dict`; a parameter without state gets zero moments. Every
         parameter with state must have the same step count (this tier counts steps per
         optimizer). Everything is checked before anything changes (ValueError)."""
+        self._check_state_dict(state_dict)
         if self._offloaded is None:
             return super().load_state_dict(state_dict)
         if self._step_open:

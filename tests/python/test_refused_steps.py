@@ -3,6 +3,7 @@
 # state tier and through the DeepSpeed drop-in (issue: a refused lr=inf step once moved the step
 # count, and an NVMe step whose state failed its checksum once copied the update made from the
 # changed bytes into the parameters).
+import copy
 import os
 
 import pytest
@@ -116,3 +117,46 @@ def test_an_nvme_step_from_changed_bytes_reaches_no_parameter(tmp_path):
         opt.step()
     assert info.value.kind == "corrupt"
     assert torch.equal(p.detach(), before), "a parameter took an update made from changed bytes"
+
+
+@pytest.mark.parametrize("state", ["cpu", "nvme"])
+@pytest.mark.parametrize("bad, match", [
+    (lambda st: st.update(exp_avg_sq=st["exp_avg_sq"].to(torch.int64)), "not floating point"),
+    (lambda st: st.update(exp_avg_sq=-st["exp_avg_sq"] - 1), "negative"),
+    (lambda st: st.update(exp_avg=st["exp_avg"] * float("nan")), "NaN"),
+    (lambda st: st.update(step=1.5), "not a whole number"),
+    (lambda st: st.update(step=-1), "not a whole number"),
+    (lambda st: st.update(exp_avg=st["exp_avg"].flatten()[:3]), "has 3 elements"),
+])
+def test_load_state_dict_refuses_state_the_kernel_cannot_take(tmp_path, state, bad, match):
+    m = model()
+    kw = dict(state="nvme", nvme_path=str(tmp_path)) if state == "nvme" else {}
+    opt = AdamW(m.parameters(), lr=1e-3, **kw)
+    backward(m)
+    opt.step()
+    # Copies: torch's state_dict() hands out the live state of the cpu tier.
+    good = copy.deepcopy(opt.state_dict())
+    before = copy.deepcopy(opt.state_dict())
+    sd = copy.deepcopy(opt.state_dict())
+    bad(sd["state"][0])
+    with pytest.raises(ValueError, match=match):
+        opt.load_state_dict(sd)
+    after = opt.state_dict()
+    for k in before["state"]:
+        assert torch.equal(before["state"][k]["exp_avg"], after["state"][k]["exp_avg"])
+        assert int(before["state"][k]["step"]) == int(after["state"][k]["step"])
+    opt.load_state_dict(good)  # a good one still loads
+
+
+def test_an_offload_used_after_remove_says_so():
+    from zinf.torch import offload_parameters
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    off = offload_parameters(m, unit=[m[0], m[1]], device="cpu")
+    opt = AdamW(m.parameters())
+    m(torch.randn(2, 8)).sum().backward()
+    off.step(opt)
+    off.remove()
+    off.remove()  # a second remove does nothing
+    with pytest.raises(ValueError, match=r"step\(\) after remove\(\)"):
+        off.step(opt)
+    opt.step()  # the optimizer itself still works on the model's parameters
