@@ -1232,6 +1232,9 @@ std::uint64_t OffloadedOptimizer::pinned_bytes_peak() const noexcept {
 }
 std::uint64_t OffloadedOptimizer::record_bytes() const noexcept { return impl_->max_record_bytes; }
 std::string_view OffloadedOptimizer::engine_name() const noexcept { return impl_->engine->name(); }
+const swap::IoOptions& OffloadedOptimizer::io_options() const noexcept {
+  return impl_->engine->options();
+}
 std::vector<std::string> OffloadedOptimizer::swap_file_paths() const {
   return impl_->store ? impl_->store->file_paths() : std::vector<std::string>{};
 }

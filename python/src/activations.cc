@@ -25,8 +25,9 @@ class Activations {
  public:
   Activations(const std::string& tier, const std::vector<std::string>& directories,
               std::uint64_t capacity_bytes, std::uint64_t pinned_budget_bytes,
-              std::size_t prefetch_depth, bool checksums) {
+              std::size_t prefetch_depth, bool checksums, const swap::IoOptions& io) {
     offload::ActivationStoreOptions o;
+    o.io = io;
     if (tier == "cpu") {
       o.tier = offload::ActivationTier::kCpu;
     } else if (tier == "nvme") {
@@ -103,9 +104,10 @@ void bind_activations(py::module_& m) {
                           "Activations out to pinned memory or NVMe and back (CPU tensors by "
                           "address); see zinf.torch.offload_activations")
       .def(py::init<const std::string&, const std::vector<std::string>&, std::uint64_t,
-                    std::uint64_t, std::size_t, bool>(),
+                    std::uint64_t, std::size_t, bool, const swap::IoOptions&>(),
            py::arg("tier"), py::arg("directories"), py::arg("capacity_bytes"),
-           py::arg("pinned_budget_bytes"), py::arg("prefetch_depth"), py::arg("checksums"))
+           py::arg("pinned_budget_bytes"), py::arg("prefetch_depth"), py::arg("checksums"),
+           py::arg("io") = swap::IoOptions{})
       .def("save", &Activations::save, py::arg("name"), py::arg("address"), py::arg("nbytes"))
       .def("load", &Activations::load, py::arg("handle"), py::arg("address"), py::arg("nbytes"))
       .def("clear", &Activations::clear)

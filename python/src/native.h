@@ -8,10 +8,12 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "zinf/adam/cpu_adam.h"
 #include "zinf/offload/optimizer.h"
+#include "zinf/swap/io_engine.h"
 
 namespace zinf::python {
 
@@ -34,7 +36,8 @@ adam::AdamParams make_hyper(double lr, double beta1, double beta2, double eps, d
                             std::uint64_t step = 1);
 /// CpuAdam over caller memory.
 void bind_adam(py::module_& m);
-/// OffloadedOptimizer: Adam state in pinned memory or on NVMe, fp32 copy-out.
+/// OffloadedOptimizer: Adam state in pinned memory or on NVMe, fp32 copy-out. Also IoOptions
+/// (the I/O settings every store takes, from a ds_config's aio block) and io_options().
 void bind_optimizer(py::module_& m);
 /// The optimizer options both optimizers' constructors take from Python (zinf.torch.AdamW's
 /// and zinf.distributed.ShardedAdam's storage arguments). UsageError for a bad tier or
@@ -43,7 +46,11 @@ offload::OptimizerOptions optimizer_options(const std::string& tier,
                                             const std::vector<std::string>& directories,
                                             std::uint64_t sub_group, std::uint32_t depth,
                                             std::uint64_t pinned_budget, std::size_t threads,
-                                            bool checksums, const std::string& state_precision);
+                                            bool checksums, const std::string& state_precision,
+                                            const swap::IoOptions& io);
+/// An I/O engine's name and settings as a dict (engine, block_size, queue_depth, threads): what
+/// the stores report so that a caller can see its aio settings arrived.
+py::dict io_dict(std::string_view engine, const swap::IoOptions& io);
 /// One group per parameter tensor, named p0, p1, ... in the order Python gives them.
 std::vector<offload::ParamGroupSpec> numbered_groups(const std::vector<std::uint64_t>& numels);
 /// A step's statistics as a dict (the StepStats field names), for both optimizers.

@@ -12,6 +12,7 @@
 #include <pybind11/stl.h>
 
 #include "native.h"
+#include "zinf/offload/config.h"
 #include "zinf/common/error.h"
 #include "zinf/offload/optimizer.h"
 
@@ -42,8 +43,10 @@ offload::OptimizerOptions optimizer_options(const std::string& tier,
                                             const std::vector<std::string>& directories,
                                             std::uint64_t sub_group, std::uint32_t depth,
                                             std::uint64_t pinned_budget, std::size_t threads,
-                                            bool checksums, const std::string& state_precision) {
+                                            bool checksums, const std::string& state_precision,
+                                            const swap::IoOptions& io) {
   offload::OptimizerOptions o;
+  o.io = io;
   o.tier = offload::parse_state_tier(tier, "state");
   o.directories = directories;
   o.sub_group_elements = sub_group;
@@ -64,8 +67,34 @@ std::vector<offload::ParamGroupSpec> numbered_groups(const std::vector<std::uint
   return groups;
 }
 
+py::dict io_dict(std::string_view engine, const swap::IoOptions& io) {
+  py::dict d;
+  d["engine"] = std::string(engine);
+  d["block_size"] = io.block_size;
+  d["queue_depth"] = io.queue_depth;
+  d["threads"] = io.threads;
+  return d;
+}
+
 void bind_optimizer(py::module_& m) {
   using namespace pybind11::literals;
+  py::class_<swap::IoOptions>(m, "IoOptions",
+                              "I/O settings of a store (see zinf.torch's aio= arguments).")
+      .def(py::init<>())
+      .def_property_readonly("block_size", [](const swap::IoOptions& o) { return o.block_size; })
+      .def_property_readonly("queue_depth", [](const swap::IoOptions& o) { return o.queue_depth; })
+      .def_property_readonly("threads", [](const swap::IoOptions& o) { return o.threads; });
+  m.def(
+      "io_options",
+      [](const std::string& json_text, const std::string& source, const std::string& path) {
+        if (!path.empty()) return offload::load_config(path).io_options();
+        if (!json_text.empty()) return offload::parse_config(json_text, source).io_options();
+        return swap::IoOptions{};
+      },
+      "json_text"_a = "", "source"_a = "aio", "path"_a = "",
+      "The I/O settings of a ds_config's aio block (and zinf.backend): from the ds_config file "
+      "at `path`, or from `json_text`, read by the engine's own config reader (its errors name "
+      "`source` and the key); neither: the library's defaults.");
   m.def(
       "default_sub_group_elements",
       [](const std::string& precision) {
@@ -80,16 +109,18 @@ void bind_optimizer(py::module_& m) {
       .def(py::init([](const std::vector<std::uint64_t>& numels, const std::string& tier,
                        const std::vector<std::string>& directories, std::uint64_t sub_group,
                        std::uint32_t depth, std::uint64_t pinned_budget, std::size_t threads,
-                       bool checksums, const std::string& state_precision) {
+                       bool checksums, const std::string& state_precision,
+                       const swap::IoOptions& io) {
              offload::OptimizerOptions o =
                  optimizer_options(tier, directories, sub_group, depth, pinned_budget, threads,
-                                   checksums, state_precision);
+                                   checksums, state_precision, io);
              std::vector<offload::ParamGroupSpec> groups = numbered_groups(numels);
              py::gil_scoped_release nogil;
              return std::make_unique<OffloadedOptimizer>(std::move(o), std::move(groups));
            }),
            "numels"_a, "tier"_a, "directories"_a, "sub_group_elements"_a, "pipeline_depth"_a,
-           "pinned_budget_bytes"_a, "threads"_a, "checksums"_a, "state_precision"_a = "fp32")
+           "pinned_budget_bytes"_a, "threads"_a, "checksums"_a, "state_precision"_a = "fp32",
+           "io"_a = swap::IoOptions{})
       .def("set_params",
            [](OffloadedOptimizer& o, std::size_t group, std::uintptr_t params, std::size_t n) {
              py::gil_scoped_release nogil;
@@ -169,7 +200,8 @@ void bind_optimizer(py::module_& m) {
            })
       .def("step_count", &OffloadedOptimizer::step_count)
       .def("pinned_bytes", &OffloadedOptimizer::pinned_bytes)
-      .def("engine_name", [](const OffloadedOptimizer& o) { return std::string(o.engine_name()); });
+      .def("engine_name", [](const OffloadedOptimizer& o) { return std::string(o.engine_name()); })
+      .def("io", [](const OffloadedOptimizer& o) { return io_dict(o.engine_name(), o.io_options()); });
 }
 
 }  // namespace zinf::python

@@ -37,11 +37,12 @@ struct FreeDeleter {
 class ParamStore {
  public:
   ParamStore(const std::vector<std::uint64_t>& unit_bytes,
-             const std::vector<std::string>& directories, std::size_t depth, bool checksums)
+             const std::vector<std::string>& directories, std::size_t depth, bool checksums,
+             const swap::IoOptions& io)
       : unit_bytes_(unit_bytes), depth_(depth) {
     if (unit_bytes.empty()) throw UsageError("ParamStore: no units");
     if (directories.empty()) throw UsageError("ParamStore: no directories");
-    engine_ = swap::make_io_engine({});
+    engine_ = swap::make_io_engine(io);
     // Capacity: every unit padded to a whole stripe, so a unit never shares a stripe unit
     // with another (checksums are per stripe unit), plus one spare stripe per directory.
     constexpr std::uint64_t kStripe = 1u << 20;
@@ -163,6 +164,7 @@ class ParamStore {
 
   std::vector<std::string> file_paths() const { return store_->file_paths(); }
   std::string engine_name() const { return std::string(engine_->name()); }
+  py::dict io() const { return io_dict(engine_->name(), engine_->options()); }
 
  private:
   static std::string key(std::size_t u) { return "unit" + std::to_string(u); }
@@ -236,11 +238,13 @@ void bind_param_store(py::module_& m) {
                          "zinf.torch.offload_parameters.")
       .def(py::init([](const std::vector<std::uint64_t>& unit_bytes,
                        const std::vector<std::string>& directories, std::size_t depth,
-                       bool checksums) {
+                       bool checksums, const swap::IoOptions& io) {
              py::gil_scoped_release nogil;
-             return std::make_unique<ParamStore>(unit_bytes, directories, depth, checksums);
+             return std::make_unique<ParamStore>(unit_bytes, directories, depth, checksums, io);
            }),
-           "unit_bytes"_a, "directories"_a, "depth"_a, "checksums"_a = true)
+           "unit_bytes"_a, "directories"_a, "depth"_a, "checksums"_a = true,
+           "io"_a = swap::IoOptions{})
+      .def("io", [](const ParamStore& s) { return s.io(); })
       .def("write", &ParamStore::write, "unit"_a, "address"_a, "nbytes"_a)
       .def("read", &ParamStore::read, "unit"_a, "address"_a, "nbytes"_a)
       .def("read_untraced", &ParamStore::read_untraced, "unit"_a, "address"_a, "nbytes"_a)

@@ -20,6 +20,7 @@ import weakref
 import torch
 
 from zinf import _native
+from zinf.pinned import io_options
 
 
 class _Saved:
@@ -51,7 +52,7 @@ class ActivationStore:
     """
 
     def __init__(self, tier="cpu", nvme_path=None, capacity_bytes=16 << 30,
-                 pinned_budget_bytes=256 << 20, prefetch_depth=2, checksums=True):
+                 pinned_budget_bytes=256 << 20, prefetch_depth=2, checksums=True, aio=None):
         if tier not in ("cpu", "nvme"):
             raise ValueError(f"ActivationStore: tier {tier!r}: expected 'cpu' or 'nvme'")
         dirs = []
@@ -64,7 +65,7 @@ class ActivationStore:
         self.pinned_budget_bytes = int(pinned_budget_bytes)
         self._native = _native.ActivationStore(tier, dirs, int(capacity_bytes),
                                                self.pinned_budget_bytes, int(prefetch_depth),
-                                               bool(checksums))
+                                               bool(checksums), io_options(aio))
 
     def stats(self):
         """Counters: saved, loaded, bytes_saved, bytes_written, bytes_read, hits, on_demand,

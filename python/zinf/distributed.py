@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch.utils.dlpack import from_dlpack
 
 from zinf import _native
+from zinf.pinned import io_options
 from zinf.torch import address_of, check_adam_arguments, dtype_name, sub_group_and_record
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
@@ -135,8 +136,10 @@ class _ShardedAdamBase(torch.optim.Optimizer):
 
     def __init__(self, params, lr, betas, eps, weight_decay, amsgrad, adamw, threads,
                  process_group=None, state="cpu", nvme_path=None, sub_group_size=None,
-                 pipeline_depth=4, pinned_budget=None, checksums=True, state_precision="fp32"):
+                 pipeline_depth=4, pinned_budget=None, checksums=True, state_precision="fp32",
+                 aio=None):
         check_adam_arguments(lr, betas, eps, weight_decay, amsgrad, state, state_precision)
+        io = io_options(aio)
         if state_precision != "fp32" and state != "nvme":
             raise ValueError(f"zinf: state_precision={state_precision!r} is for state='nvme'")
         if state == "nvme" and not nvme_path:
@@ -168,7 +171,7 @@ class _ShardedAdamBase(torch.optim.Optimizer):
         self._sharded = _native.ShardedOptimizer(
             [p.numel() for p in self._flat], self.collectives, state, dirs, int(sub_group_size),
             int(pipeline_depth), int(budget), int(threads), bool(checksums),
-            str(state_precision))
+            str(state_precision), io)
         self._index = {id(p): i for i, p in enumerate(self._flat)}
         self._hyper_given = [None] * len(self._flat)
         self.last_step_stats = None

@@ -16,6 +16,7 @@ import contextlib
 import torch
 
 from zinf import _native
+from zinf.pinned import io_options, pinned_empty
 
 _SLOT_ALIGN = 64  # every parameter's bytes start on a 64-byte boundary of its unit's record
 
@@ -95,8 +96,9 @@ class ParameterOffload:
     unit's forward and backward. Made by zinf.torch.offload_parameters (see its docstring)."""
 
     def __init__(self, model, units, nvme_path=None, device="nvme", prefetch_depth=2,
-                 checksums=True):
+                 checksums=True, aio=None):
         self._removed = False
+        io = io_options(aio)  # a bad setting fails before the model is touched
         if device not in ("nvme", "cpu"):
             raise ValueError(f"zinf: device must be 'nvme' or 'cpu', got {device!r}")
         if not isinstance(prefetch_depth, int) or prefetch_depth < 0:
@@ -143,9 +145,8 @@ class ParameterOffload:
         # The store first: a bad path fails before the model is touched.
         if device == "nvme":
             self._store = _native.ParamStore(self._unit_bytes, _nvme_dirs(nvme_path),
-                                             prefetch_depth, bool(checksums))
+                                             prefetch_depth, bool(checksums), io)
         else:
-            from zinf.torch import pinned_empty
             self._pinned = [pinned_empty(n, torch.uint8) for n in self._unit_bytes]
         for u in range(len(self.units)):
             self._write_back(u)
@@ -219,6 +220,13 @@ class ParameterOffload:
     def resident_units(self):
         """Indices of the units whose parameters are in the module now."""
         return [u for u, r in enumerate(self._resident) if r]
+
+    def io_settings(self):
+        """device='nvme': the store's I/O engine and settings (engine, block_size,
+        queue_depth, threads), as the ``aio`` argument set them."""
+        if self._store is None:
+            raise ValueError("zinf: io_settings() is for device='nvme'")
+        return self._store.io()
 
     def stats(self):
         """Fetch counters. nvme: the prefetcher's ``acquires``, ``hits`` (read ahead before
@@ -327,7 +335,7 @@ class ParameterOffload:
 
 
 def offload_parameters(model, unit, nvme_path=None, device="nvme", prefetch_depth=2,
-                       checksums=True):
+                       checksums=True, aio=None):
     """Keeps the parameters of `model`'s units on NVMe (``device="nvme"``, swap files under
     ``nvme_path``: a directory, or a list to stripe over) or in zinf's pinned memory
     (``device="cpu"``) and brings each unit's parameters in only while it computes.
@@ -341,6 +349,8 @@ def offload_parameters(model, unit, nvme_path=None, device="nvme", prefetch_dept
     With ``device="nvme"`` the reads go ``prefetch_depth`` units ahead of the compute in the
     order traced on the first iteration (forward, backward and the step's fetches); an order
     that changes is fetched on demand for the rest of that iteration and traced anew.
+    ``aio``: the store's I/O settings, a ds_config's ``"aio"`` block as a dict or the path of a
+    ds_config file (None: the library's defaults); ``io_settings()`` tells what it took.
 
     Returns a :class:`ParameterOffload`: step the optimizer with ``offload.step(optimizer)``
     (it writes the updated values back), and use ``with offload.materialized():`` for
@@ -366,4 +376,4 @@ def offload_parameters(model, unit, nvme_path=None, device="nvme", prefetch_dept
                     raise ValueError(f"zinf: unit {i} ({type(m).__name__}) lies inside unit "
                                      f"{j}; units must not nest")
     return ParameterOffload(model, units, nvme_path=nvme_path, device=device,
-                            prefetch_depth=prefetch_depth, checksums=checksums)
+                            prefetch_depth=prefetch_depth, checksums=checksums, aio=aio)

@@ -8,62 +8,17 @@ links libtorch, tensors are handed over as (address, bytes, dtype).
 """
 
 import io
-import math
 
 import torch
 
 from zinf import _native
 
-_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
-
-
-def dtype_name(dtype):
-    """zinf's name for a torch dtype ("fp32", "bf16", "fp16"); ValueError for any other."""
-    try:
-        return _DTYPES[dtype]
-    except KeyError:
-        raise ValueError(f"zinf: dtype must be float32, bfloat16 or float16, got {dtype}") from None
-
-
-def address_of(tensor, what="tensor"):
-    """(address, bytes) of a contiguous CPU tensor's data; ValueError otherwise."""
-    if not isinstance(tensor, torch.Tensor):
-        raise ValueError(f"zinf: {what} must be a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.device.type != "cpu":
-        raise ValueError(f"zinf: {what} must be in CPU memory, got device {tensor.device}")
-    if not tensor.is_contiguous():
-        raise ValueError(f"zinf: {what} must be contiguous")
-    return tensor.data_ptr(), tensor.numel() * tensor.element_size()
-
-
-def _pinned(shape, dtype, zero):
-    if isinstance(shape, int):
-        shape = (shape,)
-    shape = tuple(int(s) for s in shape)
-    numel = math.prod(shape)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    buf = _native.pinned_alloc(numel * itemsize, zero)
-    if numel == 0:
-        return torch.empty(shape, dtype=dtype)
-    # frombuffer keeps a reference to `buf`: the memory goes back to the pool with the tensor.
-    return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).view(shape)
-
-
-def pinned_empty(shape, dtype=torch.float32):
-    """An uninitialised CPU tensor in zinf's pinned pool (4096-byte aligned, huge pages,
-    registered with the GPU where one is visible), freed when the tensor is. Raises
-    zinf.IoError (kind "resource") when the pool's budget is used up."""
-    return _pinned(shape, dtype, False)
-
-
-def pinned_zeros(shape, dtype=torch.float32):
-    """As pinned_empty, zero-filled."""
-    return _pinned(shape, dtype, True)
-
-
-def is_zinf_pinned(tensor):
-    """True if the tensor's memory lies in zinf's pinned pool."""
-    return tensor.device.type == "cpu" and _native.pinned_contains(tensor.data_ptr())
+# The tensor helpers live in zinf.pinned, which the offload modules import instead of this
+# module (no import cycle); they are part of zinf.torch's API as they always were.
+from zinf.activations import ActivationStore, offload_activations  # noqa: F401
+from zinf.param_offload import ParameterOffload, offload_parameters  # noqa: F401
+from zinf.pinned import (address_of, dtype_name, io_options, is_zinf_pinned,  # noqa: F401
+                         pinned_empty, pinned_zeros)
 
 
 def sub_group_and_record(sub_group_size, state_precision):
@@ -171,6 +126,10 @@ class _CpuAdamBase(torch.optim.Optimizer):
     float32; ``load_state_dict()`` encodes them. A zinf checkpoint (``save``) records its
     precision, and ``load`` refuses one of another precision.
 
+    ``aio`` (state="nvme"): the I/O settings of the state's engine, a ds_config's ``"aio"``
+    block as a dict (``{"block_size": 1048576, "queue_depth": 32}``) or the path of a ds_config
+    file; None keeps the library's defaults. ``io_settings()`` tells what the engine took.
+
     ``overlap=True`` (state="nvme"): each parameter's update is queued as soon as backward has
     produced its gradient (a gradient hook), so the state's NVMe reads, the updates and the
     write-backs run during backward; ``step()`` waits for the rest. It needs one backward per
@@ -180,8 +139,10 @@ class _CpuAdamBase(torch.optim.Optimizer):
 
     def __init__(self, params, lr, betas, eps, weight_decay, amsgrad, adamw, threads,
                  state="cpu", nvme_path=None, sub_group_size=None, pipeline_depth=4,
-                 pinned_budget=None, checksums=True, overlap=False, state_precision="fp32"):
+                 pinned_budget=None, checksums=True, overlap=False, state_precision="fp32",
+                 aio=None):
         check_adam_arguments(lr, betas, eps, weight_decay, amsgrad, state, state_precision)
+        io = io_options(aio)  # checked first: a bad setting changes nothing
         if state_precision != "fp32" and state != "nvme":
             raise ValueError(f"zinf: state_precision={state_precision!r} is for state='nvme' "
                              "(state='cpu' keeps torch's float32 exp_avg / exp_avg_sq tensors)")
@@ -215,7 +176,7 @@ class _CpuAdamBase(torch.optim.Optimizer):
         self._offloaded = _native.OffloadedOptimizer(
             [p.numel() for p in self._flat], "nvme", dirs, int(sub_group_size),
             int(pipeline_depth), int(budget), int(threads), bool(checksums),
-            str(state_precision))
+            str(state_precision), io)
         self._index = {id(p): i for i, p in enumerate(self._flat)}
         self._hyper_given = [None] * len(self._flat)
         self.reload_parameters()
@@ -282,6 +243,13 @@ class _CpuAdamBase(torch.optim.Optimizer):
         if p.dtype != torch.float32:
             raise ValueError(f"zinf: parameters must be float32, got {p.dtype}")
         address_of(p, "parameter")
+
+    def io_settings(self):
+        """state='nvme': the I/O engine's name and settings (engine, block_size, queue_depth,
+        threads), as the ``aio`` argument set them."""
+        if self._offloaded is None:
+            raise ValueError("zinf: io_settings() is for state='nvme'")
+        return self._offloaded.io()
 
     def reload_parameters(self):
         """state='nvme': takes every parameter's current values as its master weights and
@@ -597,10 +565,6 @@ class AdamW(_CpuAdamBase):
                  amsgrad=False, *, threads=0, **tier):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, True, threads, **tier)
 
-
-# After the optimizers: param_offload imports pinned_empty from this module when it runs.
-from zinf.param_offload import ParameterOffload, offload_parameters  # noqa: E402,F401
-from zinf.activations import ActivationStore, offload_activations  # noqa: E402,F401
 
 
 # 8 MiB: each buffer is one submission, which the I/O engine cuts into 1 MiB pieces kept in

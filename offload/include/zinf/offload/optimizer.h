@@ -453,6 +453,8 @@ class OffloadedOptimizer {
   std::uint64_t record_bytes() const noexcept;
   /// The I/O engine's name ("uring", "threads", ...).
   std::string_view engine_name() const noexcept;
+  /// The I/O engine's settings (OptimizerOptions::io as the engine took them).
+  const swap::IoOptions& io_options() const noexcept;
   /// The swap files (kNvme; empty for kCpu), in stripe order.
   std::vector<std::string> swap_file_paths() const;
   /// True once a failure has put the optimizer in the failed state.

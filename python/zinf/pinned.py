@@ -1,0 +1,83 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Tensors over zinf's memory and settings every store takes: pinned tensors from zinf's
+budgeted pool, a tensor's (address, bytes), zinf's dtype names, and the I/O settings of a
+ds_config's ``aio`` block. zinf.torch re-exports them; the offload modules (parameters,
+activations) import them from here, so that nothing imports zinf.torch in a cycle."""
+
+import json
+import math
+import os
+
+import torch
+
+from zinf import _native
+
+_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def dtype_name(dtype):
+    """zinf's name for a torch dtype ("fp32", "bf16", "fp16"); ValueError for any other."""
+    try:
+        return _DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"zinf: dtype must be float32, bfloat16 or float16, got {dtype}") from None
+
+
+def address_of(tensor, what="tensor"):
+    """(address, bytes) of a contiguous CPU tensor's data; ValueError otherwise."""
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"zinf: {what} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.device.type != "cpu":
+        raise ValueError(f"zinf: {what} must be in CPU memory, got device {tensor.device}")
+    if not tensor.is_contiguous():
+        raise ValueError(f"zinf: {what} must be contiguous")
+    return tensor.data_ptr(), tensor.numel() * tensor.element_size()
+
+
+def _pinned(shape, dtype, zero):
+    if isinstance(shape, int):
+        shape = (shape,)
+    shape = tuple(int(s) for s in shape)
+    numel = math.prod(shape)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    buf = _native.pinned_alloc(numel * itemsize, zero)
+    if numel == 0:
+        return torch.empty(shape, dtype=dtype)
+    # frombuffer keeps a reference to `buf`: the memory goes back to the pool with the tensor.
+    return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).view(shape)
+
+
+def pinned_empty(shape, dtype=torch.float32):
+    """An uninitialised CPU tensor in zinf's pinned pool (4096-byte aligned, huge pages,
+    registered with the GPU where one is visible), freed when the tensor is. Raises
+    zinf.IoError (kind "resource") when the pool's budget is used up."""
+    return _pinned(shape, dtype, False)
+
+
+def pinned_zeros(shape, dtype=torch.float32):
+    """As pinned_empty, zero-filled."""
+    return _pinned(shape, dtype, True)
+
+
+def is_zinf_pinned(tensor):
+    """True if the tensor's memory lies in zinf's pinned pool."""
+    return tensor.device.type == "cpu" and _native.pinned_contains(tensor.data_ptr())
+
+
+def io_options(aio):
+    """The I/O settings a store's engine takes, from ``aio``: None (the library's defaults),
+    a dict (a ds_config's ``"aio"`` block: ``block_size``, ``queue_depth``,
+    ``intra_op_parallelism``, ...), or the path of a ds_config JSON file (its ``aio`` block
+    and ``zinf.backend``). Read by the engine's own config reader: a bad value is a
+    ValueError naming the key, as in a ds_config."""
+    if aio is None:
+        return _native.IoOptions()
+    if isinstance(aio, dict):
+        return _native.io_options(json.dumps({"aio": aio}), "aio argument")
+    if isinstance(aio, (str, bytes, os.PathLike)):
+        path = os.fsdecode(os.fspath(aio))
+        if not path or "\0" in path:
+            raise ValueError(f"zinf: aio: {path!r} is not a ds_config path")
+        return _native.io_options(path=path)
+    raise TypeError("zinf: aio must be None, a dict (a ds_config's aio block) or the path of "
+                    f"a ds_config file, got {type(aio).__name__}")
