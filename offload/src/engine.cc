@@ -1089,11 +1089,15 @@ class EngineSeamsAccess {
     m.optimizer->set_step_count(steps);
   }
 
+  static std::uint64_t step_count(const OffloadEngine& engine) {
+    return engine.impl_->optimizer->step_count();
+  }
+
   static std::optional<std::string> saved_loss_scale(const OffloadEngine& engine,
-                                                     const std::string& dir, std::string_view who) {
+                                                     const swap::Dir& dir, std::string_view who) {
     const OffloadEngine::Impl& m = *engine.impl_;
     if (!m.scaler.dynamic()) return std::nullopt;
-    return read_scale_text(swap::Dir::open(dir), m.scaler, who);
+    return read_scale_text(dir, m.scaler, who);
   }
 
   static void restore_loss_scale(OffloadEngine& engine, const std::string& text,
@@ -1122,7 +1126,11 @@ void set_step_count(OffloadEngine& engine, std::uint64_t steps) {
   EngineSeamsAccess::set_step_count(engine, steps);
 }
 
-std::optional<std::string> saved_loss_scale(const OffloadEngine& engine, const std::string& dir,
+std::uint64_t step_count(const OffloadEngine& engine) {
+  return EngineSeamsAccess::step_count(engine);
+}
+
+std::optional<std::string> saved_loss_scale(const OffloadEngine& engine, const swap::Dir& dir,
                                             std::string_view who) {
   return EngineSeamsAccess::saved_loss_scale(engine, dir, who);
 }
