@@ -7,8 +7,11 @@
 #include <cmath>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -153,6 +156,37 @@ swap::Dir open_or_create_child(const swap::Dir& parent, const std::string& name)
 }
 
 constexpr std::string_view kScratchPrefix = "zinf-reshard-";
+
+// Removes the scratch folders resharding loads killed before their end left under `parent`:
+// those whose pid (in the name) is not a live process here and whose lock (the live load holds
+// one on its folder) is free. Logs what it removed; a failure is logged and skipped.
+void reclaim_scratch(const swap::Dir& parent, std::string_view who) {
+  std::vector<std::string> names;
+  try {
+    names = parent.list();
+  } catch (const std::exception& e) {
+    log(LogLevel::kWarning, std::string(who) + ": " + e.what());
+    return;
+  }
+  for (const std::string& name : names) {
+    if (!name.starts_with(kScratchPrefix)) continue;
+    const std::string rest = name.substr(kScratchPrefix.size());
+    int pid = 0;
+    const auto [ptr, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), pid);
+    if (ec != std::errc() || pid <= 0 || ptr == rest.data() + rest.size() || *ptr != '-') continue;
+    if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno == EPERM) continue;  // alive
+    try {
+      const swap::Dir stale = parent.open_child(name);
+      if (!stale.try_lock()) continue;  // a live load on another node sharing this folder
+      parent.remove_tree(name);
+      log(LogLevel::kNotice, std::string(who) + ": reclaimed " + parent.path_of(name) +
+                                 ", left by a resharding load that was killed");
+    } catch (const std::exception& e) {
+      log(LogLevel::kWarning,
+          std::string(who) + ": could not reclaim " + parent.path_of(name) + ": " + e.what());
+    }
+  }
+}
 
 }  // namespace
 
@@ -360,7 +394,8 @@ void reshard(Collectives& comm, std::string_view who, int saved_world,
   reader.tier = offload::StateTier::kNvme;
   const bool own_folder =
       target.options.tier == offload::StateTier::kNvme && !target.options.directories.empty();
-  // This rank's scratch folder, removed when the load ends (after the readers below, declared
+  // This rank's scratch folder, held locked while it exists (a later load reclaims only those
+  // whose lock is free) and removed when the load ends (after the readers below, declared
   // after it, are gone with their swap files).
   struct Scratch {
     std::optional<swap::Dir> parent;
@@ -389,8 +424,10 @@ void reshard(Collectives& comm, std::string_view who, int saved_world,
     scratch.parent.emplace(swap::Dir::open(own_folder
                                                ? target.options.directories.front()
                                                : std::filesystem::temp_directory_path().string()));
+    reclaim_scratch(*scratch.parent, who);
     scratch.name = swap::unique_name(kScratchPrefix);
     scratch.area.emplace(scratch.parent->create_child(scratch.name));
+    (void)scratch.area->try_lock();  // a fresh folder of ours: nobody else holds it
     for (const SavedRank& saved : folders) {
       offload::OptimizerOptions o = reader;
       o.directories = {scratch.area->create_child("rank" + std::to_string(saved.rank)).path()};
@@ -486,3 +523,29 @@ std::string rank_directory(const std::string& dir, int rank) {
 }
 
 }  // namespace zinf::dist
+
+namespace zinf::dist::detail {
+
+std::string RankFolders::add(const std::string& dir, int rank) {
+  const std::string name = "rank" + std::to_string(rank);
+  swap::Dir parent = swap::Dir::open(dir);
+  (void)open_or_create_child(parent, name);
+  std::string path = parent.path_of(name);
+  folders_.emplace_back(std::move(parent), name);
+  return path;
+}
+
+RankFolders::~RankFolders() {
+  // rmdir of an empty folder only (ENOTEMPTY otherwise): whatever is in it stays. Never a
+  // link's target: unlinkat refuses a link with AT_REMOVEDIR (ENOTDIR).
+  for (auto it = folders_.rbegin(); it != folders_.rend(); ++it) {
+    const auto& [parent, name] = *it;
+    if (::unlinkat(parent.fd(), name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOTEMPTY &&
+        errno != EEXIST && errno != ENOENT) {
+      log(LogLevel::kDebug, "could not remove the empty rank folder " + parent.path_of(name) +
+                                ": " + std::strerror(errno));
+    }
+  }
+}
+
+}  // namespace zinf::dist::detail

@@ -131,6 +131,24 @@ swap::Dir open_rank_folder(const swap::Dir& top, std::string_view who,
                            const ShardManifest& manifest, int world, int rank, bool own,
                            const SaveIdentity& committed);
 
+/// The rank<R> folders a sharded engine or optimizer keeps its swap files in, under the NVMe
+/// directories it was given: each created (0700) or opened as rank_directory() does, and
+/// removed again when this is destroyed if it is empty by then (its swap files have no
+/// names, so a run that ends normally leaves none; one left empty by a killed run is removed
+/// by the next run that ends normally). A folder holding anything is left as it is.
+class RankFolders {
+ public:
+  RankFolders() = default;
+  RankFolders(const RankFolders&) = delete;
+  RankFolders& operator=(const RankFolders&) = delete;
+  ~RankFolders();
+  /// `dir`/rank<R>, created if missing (rank_directory()'s errors).
+  std::string add(const std::string& dir, int rank);
+
+ private:
+  std::vector<std::pair<swap::Dir, std::string>> folders_;  // parent, name
+};
+
 /// What a resharding load needs of the object it loads into (ShardedOptimizer, ShardedEngine);
 /// its entries are the manifest's (groups or layers), in order.
 struct ReshardTarget {
@@ -161,7 +179,9 @@ struct ReshardTarget {
 /// commit record, and the saved folders this rank reads, `folders`: saved ranks k = rank,
 /// rank + size(), ...) into `target`. Each saved folder is read by one rank alone (no two
 /// ranks take its lock), loaded into a reader (see ReshardTarget::options) whose scratch
-/// folder is removed at the end; then entry by entry each rank writes what it read at its place in the entry padded
+/// folder is removed at the end, and held locked meanwhile so that a later load can tell it
+/// from one a killed load left (those are removed, with a notice, before this one makes its
+/// own); then entry by entry each rank writes what it read at its place in the entry padded
 /// for this world size, as the floats' 32-bit patterns with zeros elsewhere, and a
 /// reduce-scatter summing those integers hands every rank its new slice bit for bit (each
 /// element comes from one rank; an integer sum with zeros keeps -0.0, which a float sum would

@@ -84,6 +84,9 @@ struct ShardedEngine::Impl {
   detail::HostStaging host;
   std::vector<offload::LayerSpec> layers;  // full sizes
   std::vector<std::uint64_t> shard;        // elements per rank, per layer
+  // Declared before `local`, so destroyed after it: an empty rank folder goes once the
+  // engine's swap files are gone.
+  detail::RankFolders rank_folders;
   std::unique_ptr<offload::OffloadEngine> local;
   bool staged = false;
   // on_arrival: each layer's averaged slice, read by the update until step(); staged: one
@@ -183,7 +186,7 @@ ShardedEngine::ShardedEngine(offload::EngineConfig config, std::vector<offload::
   // This rank's files in rank<R> under every NVMe directory the config names; one rank keeps
   // the directories as they are, as the plain engine does.
   auto into_rank = [&](std::string& dir) {
-    if (!dir.empty() && comm.size() > 1) dir = rank_directory(dir, comm.rank());
+    if (!dir.empty() && comm.size() > 1) dir = s.rank_folders.add(dir, comm.rank());
   };
   into_rank(config.offload_param.nvme_path);
   into_rank(config.offload_optimizer.nvme_path);

@@ -19,6 +19,9 @@ struct ShardedOptimizer::Impl {
   Collectives& comm;
   std::vector<offload::ParamGroupSpec> groups;  // full sizes
   std::vector<std::uint64_t> shard;             // elements per rank, per group
+  // Declared before `local`, so destroyed after it: an empty rank folder goes once the
+  // optimizer's swap files are gone.
+  detail::RankFolders rank_folders;
   std::unique_ptr<offload::OffloadedOptimizer> local;
   // Per group, kept across steps: the inner optimizer reads the slice's gradients and writes
   // its copy-out asynchronously until end_step().
@@ -54,7 +57,7 @@ ShardedOptimizer::ShardedOptimizer(offload::OptimizerOptions options,
     mine.push_back(std::move(spec));
   }
   if (options.tier == offload::StateTier::kNvme) {
-    for (auto& d : options.directories) d = rank_directory(d, comm.rank());
+    for (auto& d : options.directories) d = s.rank_folders.add(d, comm.rank());
   }
   s.options = options;
   s.local = std::make_unique<offload::OffloadedOptimizer>(std::move(options), std::move(mine));
