@@ -4,8 +4,16 @@
 #include <algorithm>
 #include <bit>
 #include <charconv>
+#include <cinttypes>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/random.h>
+#include <unistd.h>
 
 #include "zinf/common/error.h"
 #include "zinf/common/log.h"
@@ -40,6 +48,11 @@ std::string global_manifest(const ShardManifest& m, int world) {
   return text;
 }
 
+// The lines naming a save, after the layout lines of either manifest.
+std::string identity_lines(const SaveIdentity& save) {
+  return "save " + save.id + "\nstep " + std::to_string(save.step) + "\n";
+}
+
 // The value of `key` in a manifest's "key value" lines, or "" if there is none.
 std::string manifest_value(const std::string& text, const std::string& key) {
   std::size_t at = 0;
@@ -50,6 +63,129 @@ std::string manifest_value(const std::string& text, const std::string& key) {
     at = end + 1;
   }
   return "";
+}
+
+// Splits a manifest into its layout lines (everything before its "save" line) and the save it
+// names; nullopt if it names none or names it in any other form than save_sharded writes:
+// "save <32 hex digits>", "step <decimal>", then `more` lines of the given keys, in order.
+struct Parsed {
+  std::string layout;
+  SaveIdentity save;
+  std::vector<std::string> more;
+};
+std::optional<Parsed> parse_identity(const std::string& text,
+                                     std::span<const std::string_view> more = {}) {
+  const std::size_t at = text.rfind("\nsave ");
+  if (at == std::string::npos) return std::nullopt;
+  Parsed p;
+  p.layout = text.substr(0, at + 1);
+  std::size_t pos = at + 1;
+  auto line = [&](std::string_view key) -> std::optional<std::string> {
+    const std::size_t end = text.find('\n', pos);
+    if (end == std::string::npos || text.compare(pos, key.size(), key) != 0 ||
+        text.size() <= pos + key.size() || text[pos + key.size()] != ' ') {
+      return std::nullopt;
+    }
+    std::string value = text.substr(pos + key.size() + 1, end - pos - key.size() - 1);
+    pos = end + 1;
+    return value;
+  };
+  const auto id = line("save");
+  const auto step = line("step");
+  if (!id || !step || id->size() != 32 ||
+      id->find_first_not_of("0123456789abcdef") != std::string::npos) {
+    return std::nullopt;
+  }
+  const char* end = step->data() + step->size();
+  const auto [ptr, ec] = std::from_chars(step->data(), end, p.save.step);
+  if (step->empty() || ec != std::errc() || ptr != end) return std::nullopt;
+  p.save.id = *id;
+  for (const std::string_view key : more) {
+    auto value = line(key);
+    if (!value || value->empty()) return std::nullopt;
+    p.more.push_back(std::move(*value));
+  }
+  if (pos != text.size()) return std::nullopt;
+  return p;
+}
+
+// "save <id> step <n>", for messages.
+std::string describe(const SaveIdentity& save) {
+  return "save " + save.id + " step " + std::to_string(save.step);
+}
+
+// The optimizer's LATEST in a rank folder (offload/src/optimizer_checkpoint.cc's layout): the
+// name of the state version the folder's checkpoint consists of, which the rank manifest
+// records, so that a state committed after its manifest (a save killed in between) is seen.
+constexpr std::string_view kLatest = "LATEST";
+std::string latest_version(const swap::Dir& folder) {
+  std::string name = swap::read_small_file(folder, kLatest, 4096);
+  while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
+  return name;
+}
+
+// 128 random bits as 32 hex digits (getrandom): a save's id, which no other save, run or
+// process picks again.
+std::string random_save_id() {
+  std::uint64_t bits[2] = {0, 0};
+  std::size_t got = 0;
+  while (got < sizeof bits) {
+    const ssize_t n = ::getrandom(reinterpret_cast<char*>(bits) + got, sizeof bits - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw IoError(Status::from_errno(errno, "getrandom", "a checkpoint's save id"));
+    }
+    got += static_cast<std::size_t>(n);
+  }
+  char text[33];
+  std::snprintf(text, sizeof text, "%016" PRIx64 "%016" PRIx64, bits[0], bits[1]);
+  return text;
+}
+
+// Subdirectory `name` of `parent`, created (0700) if missing, never through a link (IoError
+// naming it for a link or a non-directory there). Several ranks may call it at once.
+swap::Dir open_or_create_child(const swap::Dir& parent, const std::string& name) {
+  bool exists = false;
+  for (const std::string& entry : parent.list()) exists = exists || entry == name;
+  if (exists) return parent.open_child(name);
+  try {
+    return parent.create_child(name);
+  } catch (const IoError&) {
+    return parent.open_child(name);  // another rank created it first
+  }
+}
+
+constexpr std::string_view kScratchPrefix = "zinf-reshard-";
+
+// Removes the scratch folders resharding loads killed before their end left under `parent`:
+// those whose pid (in the name) is not a live process here and whose lock (the live load holds
+// one on its folder) is free. Logs what it removed; a failure is logged and skipped.
+void reclaim_scratch(const swap::Dir& parent, std::string_view who) {
+  std::vector<std::string> names;
+  try {
+    names = parent.list();
+  } catch (const std::exception& e) {
+    log(LogLevel::kWarning, std::string(who) + ": " + e.what());
+    return;
+  }
+  for (const std::string& name : names) {
+    if (!name.starts_with(kScratchPrefix)) continue;
+    const std::string rest = name.substr(kScratchPrefix.size());
+    int pid = 0;
+    const auto [ptr, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), pid);
+    if (ec != std::errc() || pid <= 0 || ptr == rest.data() + rest.size() || *ptr != '-') continue;
+    if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno == EPERM) continue;  // alive
+    try {
+      const swap::Dir stale = parent.open_child(name);
+      if (!stale.try_lock()) continue;  // a live load on another node sharing this folder
+      parent.remove_tree(name);
+      log(LogLevel::kNotice, std::string(who) + ": reclaimed " + parent.path_of(name) +
+                                 ", left by a resharding load that was killed");
+    } catch (const std::exception& e) {
+      log(LogLevel::kWarning,
+          std::string(who) + ": could not reclaim " + parent.path_of(name) + ": " + e.what());
+    }
+  }
 }
 
 }  // namespace
@@ -113,28 +249,46 @@ void all_reduce_failures(Collectives& comm, std::string_view what, std::exceptio
 }
 
 void save_sharded(Collectives& comm, std::string_view who, const std::string& dir,
-                  const ShardManifest& manifest,
-                  const std::function<void(const std::string& rank_dir)>& save_rank) {
+                  const ShardManifest& manifest, std::uint64_t step,
+                  const std::function<void(const swap::Dir& rank_dir)>& save_rank) {
   if (dir.empty()) throw UsageError(std::string(who) + ": the checkpoint directory is empty");
+  // The save's id, drawn by rank 0 and the same on every rank (a failed draw is all-reduced
+  // first, so that no rank waits in the broadcast for ever).
+  std::string id(32, '0');
   on_every_rank(comm, who, [&] {
-    std::filesystem::create_directories(dir);
-    const std::string mine = rank_directory(dir, comm.rank());
-    save_rank(mine);
-    swap::replace_file_durably(swap::Dir::open(mine), kManifest,
-                               rank_manifest(manifest, comm.size(), comm.rank()));
+    if (comm.rank() == 0) id = random_save_id();
   });
+  comm.broadcast(std::as_writable_bytes(std::span<char>(id)), 0);
+  const SaveIdentity save{id, step};
+  std::optional<swap::Dir> top;
+  on_every_rank(comm, who, [&] {
+    // `dir` is the caller's path, followed as given; the rank folder is opened once, never
+    // through a link, and used through that descriptor only.
+    std::filesystem::create_directories(dir);
+    top.emplace(swap::Dir::open(dir));
+    const swap::Dir mine = open_or_create_child(*top, "rank" + std::to_string(comm.rank()));
+    save_rank(mine);
+    swap::replace_file_durably(mine, kManifest,
+                               rank_manifest(manifest, comm.size(), comm.rank()) +
+                                   identity_lines(save) + "latest " + latest_version(mine) + "\n");
+  });
+  // Every rank's folder is durable: the commit record makes them one checkpoint.
   on_every_rank(comm, who, [&] {
     if (comm.rank() != 0) return;
-    swap::replace_file_durably(swap::Dir::open(dir), kManifest,
-                               global_manifest(manifest, comm.size()));
+    swap::replace_file_durably(*top, kManifest,
+                               global_manifest(manifest, comm.size()) + identity_lines(save));
   });
 }
 
-std::string open_rank_folder(const swap::Dir& top, std::string_view who,
-                             const ShardManifest& manifest, int world, int rank, bool own) {
-  const swap::Dir folder = top.open_child("rank" + std::to_string(rank));  // never a link
-  if (swap::read_small_file(folder, kManifest, kMaxManifestBytes) !=
-      rank_manifest(manifest, world, rank)) {
+swap::Dir open_rank_folder(const swap::Dir& top, std::string_view who,
+                           const ShardManifest& manifest, int world, int rank, bool own,
+                           const SaveIdentity& committed) {
+  swap::Dir folder = top.open_child("rank" + std::to_string(rank));  // never a link
+  const std::string text = swap::read_small_file(folder, kManifest, kMaxManifestBytes);
+  const std::string layout = rank_manifest(manifest, world, rank);
+  static constexpr std::string_view kLatestKey[] = {"latest"};
+  const std::optional<Parsed> parsed = parse_identity(text, kLatestKey);
+  if (!text.starts_with(layout) || (parsed && parsed->layout != layout)) {
     throw UsageError(std::string(who) + ": " + folder.path_of(kManifest) + " does not describe " +
                      (own ? std::string("this rank")
                           : "rank " + std::to_string(rank) + " of the " + std::to_string(world) +
@@ -142,41 +296,62 @@ std::string open_rank_folder(const swap::Dir& top, std::string_view who,
                      " and these " + manifest.entry + "s (world size, rank, " + manifest.entry +
                      " names and sizes)");
   }
-  return folder.path();
+  const std::string torn = std::string(who) + ": checkpoint " + top.path() + " is torn: ";
+  const std::string head = top.path() + " (committed) is " + describe(committed);
+  if (!parsed) {
+    throw UsageError(torn + folder.path_of(kManifest) + " names no save (" + head + ")");
+  }
+  if (parsed->save.id != committed.id || parsed->save.step != committed.step) {
+    throw UsageError(torn + folder.path() + " belongs to " + describe(parsed->save) + ", " + head);
+  }
+  const std::string latest = latest_version(folder);
+  if (latest != parsed->more[0]) {
+    throw UsageError(torn + folder.path() + " holds state " + latest + ", which its manifest of " +
+                     describe(parsed->save) + " does not name (a save stopped between the two); " +
+                     head);
+  }
+  return folder;
 }
 
 void load_sharded(Collectives& comm, std::string_view who, const std::string& dir,
                   const ShardManifest& manifest,
-                  const std::function<void(const std::string& rank_dir)>& load_rank,
-                  const std::function<void(const std::string& dir, int saved_world)>& reshard) {
+                  const std::function<void(const swap::Dir& rank_dir)>& load_rank,
+                  const std::function<void(const std::string& dir, int saved_world,
+                                           const std::vector<SavedRank>& folders)>& reshard) {
   if (dir.empty()) throw UsageError(std::string(who) + ": the checkpoint directory is empty");
   std::int32_t saved = 0;
+  std::optional<swap::Dir> top;
+  SaveIdentity committed;
   on_every_rank(comm, who, [&] {
-    const swap::Dir top = swap::Dir::open(dir);
-    const std::string global = swap::read_small_file(top, kManifest, kMaxManifestBytes);
+    top.emplace(swap::Dir::open(dir));
+    const std::string global = swap::read_small_file(*top, kManifest, kMaxManifestBytes);
     const std::string saved_world = manifest_value(global, "world_size");
     const bool same = saved_world == std::to_string(comm.size());
     if (!same && !reshard) {
-      throw UsageError(std::string(who) + ": " + top.path_of(kManifest) + " was saved by " +
+      throw UsageError(std::string(who) + ": " + top->path_of(kManifest) + " was saved by " +
                        (saved_world.empty() ? "?" : saved_world) + " ranks; this job has " +
                        std::to_string(comm.size()) +
                        " (loading into another world size is not supported)");
     }
-    if (same) {
-      saved = comm.size();
-      return;
-    }
-    // Another world size: the global manifest must be the one save_sharded writes for these
-    // entries and that size, which also makes the size a number in range.
+    // The commit record must be the one save_sharded writes for these entries and that size
+    // (which also makes the size a number in range), naming the save.
     int world = 0;
     const char* end = saved_world.data() + saved_world.size();
     const auto [ptr, ec] = std::from_chars(saved_world.data(), end, world);
+    const std::optional<Parsed> parsed = parse_identity(global);
     if (ec != std::errc() || ptr != end || world < 1 || world > kMaxSavedWorld ||
-        global != global_manifest(manifest, world)) {
-      throw UsageError(std::string(who) + ": " + top.path_of(kManifest) +
+        !global.starts_with(global_manifest(manifest, world)) ||
+        (parsed && parsed->layout != global_manifest(manifest, world))) {
+      throw UsageError(std::string(who) + ": " + top->path_of(kManifest) +
                        " does not describe a sharded checkpoint of these " + manifest.entry +
                        "s (world size, rank folders, " + manifest.entry + " names and sizes)");
     }
+    if (!parsed) {
+      throw UsageError(std::string(who) + ": " + top->path_of(kManifest) +
+                       " names no committed save (a sharded checkpoint from before saves had an "
+                       "identity, or a damaged one): it cannot be checked for a torn save");
+    }
+    committed = parsed->save;
     saved = world;
   });
   // Every rank read the same file, unless the ranks see different file systems at `dir`. They
@@ -190,18 +365,25 @@ void load_sharded(Collectives& comm, std::string_view who, const std::string& di
                      std::string(kManifest) + " (" + std::to_string(-range[1]) + " to " +
                      std::to_string(range[0]) + "): is it the same file system on every node?");
   }
-  if (saved == comm.size()) {
-    on_every_rank(comm, who, [&] {
-      load_rank(open_rank_folder(swap::Dir::open(dir), who, manifest, comm.size(), comm.rank(),
-                                 /*own=*/true));
-    });
+  // Every folder this rank will read, opened once and checked against the committed save
+  // before any rank loads anything.
+  const bool same = saved == comm.size();
+  std::vector<SavedRank> folders;
+  on_every_rank(comm, who, [&] {
+    for (int k = comm.rank(); k < saved; k += comm.size()) {
+      folders.push_back({k, open_rank_folder(*top, who, manifest, saved, k, same, committed)});
+      if (same) break;
+    }
+  });
+  if (same) {
+    on_every_rank(comm, who, [&] { load_rank(folders.front().folder); });
     return;
   }
-  reshard(dir, saved);
+  reshard(dir, saved, folders);
 }
 
-void reshard(Collectives& comm, std::string_view who, const std::string& dir, int saved_world,
-             const ShardManifest& manifest, const ReshardTarget& target) {
+void reshard(Collectives& comm, std::string_view who, int saved_world,
+             const std::vector<SavedRank>& folders, const ReshardTarget& target) {
   const int me = comm.rank();
   const int world = comm.size();
   const std::size_t entries = target.groups.size();
@@ -212,14 +394,16 @@ void reshard(Collectives& comm, std::string_view who, const std::string& dir, in
   reader.tier = offload::StateTier::kNvme;
   const bool own_folder =
       target.options.tier == offload::StateTier::kNvme && !target.options.directories.empty();
-  // This rank's scratch folder, removed when the load ends (after the readers below, declared
+  // This rank's scratch folder, held locked while it exists (a later load reclaims only those
+  // whose lock is free) and removed when the load ends (after the readers below, declared
   // after it, are gone with their swap files).
   struct Scratch {
     std::optional<swap::Dir> parent;
+    std::optional<swap::Dir> area;
     std::string name;
     std::string who;
     ~Scratch() {
-      if (!parent) return;
+      if (!area) return;
       try {
         parent->remove_tree(name);
       } catch (const std::exception& e) {
@@ -236,22 +420,22 @@ void reshard(Collectives& comm, std::string_view who, const std::string& dir, in
   std::vector<Source> sources;
   std::optional<std::string> extra;
   on_every_rank(comm, who, [&] {
-    if (me >= saved_world) return;  // more ranks than were saved: nothing to read here
-    const swap::Dir top = swap::Dir::open(dir);
+    if (folders.empty()) return;  // more ranks than were saved: nothing to read here
     scratch.parent.emplace(swap::Dir::open(own_folder
                                                ? target.options.directories.front()
                                                : std::filesystem::temp_directory_path().string()));
-    scratch.name = swap::unique_name("zinf-reshard-");
-    const swap::Dir area = scratch.parent->create_child(scratch.name);
-    for (int k = me; k < saved_world; k += world) {
-      const std::string folder = open_rank_folder(top, who, manifest, saved_world, k, false);
+    reclaim_scratch(*scratch.parent, who);
+    scratch.name = swap::unique_name(kScratchPrefix);
+    scratch.area.emplace(scratch.parent->create_child(scratch.name));
+    (void)scratch.area->try_lock();  // a fresh folder of ours: nobody else holds it
+    for (const SavedRank& saved : folders) {
       offload::OptimizerOptions o = reader;
-      o.directories = {area.create_child("rank" + std::to_string(k)).path()};
+      o.directories = {scratch.area->create_child("rank" + std::to_string(saved.rank)).path()};
       o.pinned_budget_bytes = offload::optimizer_pinned_bytes_needed(o, saved_groups);
       auto opt = std::make_unique<offload::OffloadedOptimizer>(std::move(o), saved_groups);
-      opt->load(folder);
-      if (k == 0 && target.extra) extra = target.extra(folder);
-      sources.push_back({k, std::move(opt)});
+      opt->load(saved.folder);
+      if (saved.rank == 0 && target.extra) extra = target.extra(saved.folder);
+      sources.push_back({saved.rank, std::move(opt)});
     }
   });
   // Step count, hyper-parameters and the extra state, from rank 0 (which read saved rank 0).
@@ -334,18 +518,34 @@ namespace zinf::dist {
 std::string rank_directory(const std::string& dir, int rank) {
   const std::string name = "rank" + std::to_string(rank);
   const swap::Dir parent = swap::Dir::open(dir);
-  bool exists = false;
-  for (const std::string& entry : parent.list()) exists = exists || entry == name;
-  if (exists) {
-    (void)parent.open_child(name);  // IoError for a link or a non-directory at that name
-  } else {
-    try {
-      (void)parent.create_child(name);
-    } catch (const IoError&) {
-      (void)parent.open_child(name);  // another rank created it first
-    }
-  }
+  (void)detail::open_or_create_child(parent, name);
   return parent.path_of(name);
 }
 
 }  // namespace zinf::dist
+
+namespace zinf::dist::detail {
+
+std::string RankFolders::add(const std::string& dir, int rank) {
+  const std::string name = "rank" + std::to_string(rank);
+  swap::Dir parent = swap::Dir::open(dir);
+  (void)open_or_create_child(parent, name);
+  std::string path = parent.path_of(name);
+  folders_.emplace_back(std::move(parent), name);
+  return path;
+}
+
+RankFolders::~RankFolders() {
+  // rmdir of an empty folder only (ENOTEMPTY otherwise): whatever is in it stays. Never a
+  // link's target: unlinkat refuses a link with AT_REMOVEDIR (ENOTDIR).
+  for (auto it = folders_.rbegin(); it != folders_.rend(); ++it) {
+    const auto& [parent, name] = *it;
+    if (::unlinkat(parent.fd(), name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOTEMPTY &&
+        errno != EEXIST && errno != ENOENT) {
+      log(LogLevel::kDebug, "could not remove the empty rank folder " + parent.path_of(name) +
+                                ": " + std::strerror(errno));
+    }
+  }
+}
+
+}  // namespace zinf::dist::detail

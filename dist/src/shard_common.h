@@ -69,34 +69,85 @@ ShardManifest manifest_of(std::string format, std::string entry, const Items& it
   return m;
 }
 
-/// Collective. Saves a sharded checkpoint in `dir` (created if missing): every rank runs
-/// save_rank(`dir`/rank<R>) and writes its rank manifest there, then rank 0 writes the global
-/// manifest `dir`/zinf-sharded naming the world size and every rank's folder. Every rank
-/// throws if any failed (`who` names the operation, "ShardedOptimizer::save"). UsageError
-/// "<who>: the checkpoint directory is empty" for an empty `dir`, before anything.
-void save_sharded(Collectives& comm, std::string_view who, const std::string& dir,
-                  const ShardManifest& manifest,
-                  const std::function<void(const std::string& rank_dir)>& save_rank);
+/// The identity of one sharded save: a 128-bit id rank 0 draws (getrandom) and broadcasts,
+/// as 32 hex digits, and the step count it was saved at. Every rank folder of that save and
+/// the top-level commit record carry it; a load reads only folders of the committed one.
+struct SaveIdentity {
+  std::string id;
+  std::uint64_t step = 0;
+};
 
-/// Collective. Loads what save_sharded wrote. Saved by this world size: each rank checks its
-/// rank manifest (UsageError "<who>: <dir>/rank<R>/zinf-sharded does not describe this rank
-/// and these <entry>s (...)") and runs load_rank(`dir`/rank<R>). Saved by another: without
-/// `reshard`, UsageError "<who>: <dir>/zinf-sharded was saved by M ranks; this job has N
-/// (loading into another world size is not supported)"; with it, the global manifest must name
-/// these entries (else a UsageError saying so), the ranks agree on the saved size (an
-/// all-reduce), and then every rank calls reshard(`dir`, M), which is collective and does its
-/// own failure handling. Every rank throws if any failed before that. An empty `dir` as
+/// Collective. Saves a sharded checkpoint in `dir` (created if missing) as one checkpoint:
+/// 1. rank 0 draws the save's id and broadcasts it;
+/// 2. every rank opens `dir`/rank<R> once (created 0700 if missing, never through a link) and
+///    runs save_rank on that descriptor (which commits its own files durably), then replaces
+///    its rank manifest there (format, world size, rank, entries, and the save's id, `step`
+///    and the name of the state version save_rank committed, read from its LATEST) durably;
+/// 3. the ranks all-reduce their failures: if any failed, every rank throws (`who` names the
+///    operation, "ShardedOptimizer::save") and nothing more is written;
+/// 4. rank 0 replaces the commit record `dir`/zinf-sharded (format, world size, every rank's
+///    folder, entries, save id and step) atomically (temporary, fsync, rename, fsync of
+///    `dir`), and its failure, if any, is thrown on every rank.
+/// The save exists only once step 4 is done; a kill before leaves the previous commit record,
+/// which the rank folders already rewritten no longer match, so load_sharded refuses the
+/// checkpoint rather than mixing saves. UsageError "<who>: the checkpoint directory is empty"
+/// for an empty `dir`, before anything.
+void save_sharded(Collectives& comm, std::string_view who, const std::string& dir,
+                  const ShardManifest& manifest, std::uint64_t step,
+                  const std::function<void(const swap::Dir& rank_dir)>& save_rank);
+
+/// A saved rank's folder, open (never through a link) and checked against the committed save.
+struct SavedRank {
+  int rank = 0;
+  swap::Dir folder;
+};
+
+/// Collective. Loads what save_sharded wrote. First the commit record: it must describe these
+/// entries at its world size M and name a save (UsageError otherwise, "<who>: <dir>/
+/// zinf-sharded does not describe a sharded checkpoint of these <entry>s ..."); M = this
+/// world size, or another with `reshard` (without: UsageError "<who>: <dir>/zinf-sharded was
+/// saved by M ranks; this job has N (loading into another world size is not supported)").
+/// The ranks agree on M (an all-reduce). Then every rank opens and checks each saved folder
+/// it will read (its own, or for another world size saved ranks k = rank, rank + N, ...):
+/// its manifest must describe that rank of M and these entries (UsageError "... does not
+/// describe ..."), belong to the committed save and name the state version its LATEST names,
+/// else UsageError "<who>: checkpoint <dir> is torn: <dir>/rank<k> belongs to save <id> step
+/// S, <dir> (committed) is save <id> step T" (or "... holds state <version> that its manifest
+/// of save <id> step S does not name ..."). Any failure there is thrown on every rank before
+/// anything is loaded. Then load_rank(this rank's folder), or reshard(`dir`, M, the folders
+/// this rank read), which is collective and does its own failure handling. An empty `dir` as
 /// save_sharded.
 void load_sharded(Collectives& comm, std::string_view who, const std::string& dir,
                   const ShardManifest& manifest,
-                  const std::function<void(const std::string& rank_dir)>& load_rank,
-                  const std::function<void(const std::string& dir, int saved_world)>& reshard = {});
+                  const std::function<void(const swap::Dir& rank_dir)>& load_rank,
+                  const std::function<void(const std::string& dir, int saved_world,
+                                           const std::vector<SavedRank>& folders)>& reshard = {});
 
-/// The folder of rank `rank` of a sharded checkpoint saved by `world` ranks, under `top`, once
-/// its rank manifest is checked against `manifest` (UsageError naming it otherwise; `own`: the
-/// message says "this rank" rather than "rank R of the W that saved it"). Never through a link.
-std::string open_rank_folder(const swap::Dir& top, std::string_view who,
-                             const ShardManifest& manifest, int world, int rank, bool own);
+/// Rank `rank`'s folder of the sharded checkpoint `top`, saved by `world` ranks as save
+/// `committed`, opened without following a link and checked as load_sharded describes
+/// (`own`: the "does not describe" message says "this rank" rather than "rank R of the W
+/// that saved it").
+swap::Dir open_rank_folder(const swap::Dir& top, std::string_view who,
+                           const ShardManifest& manifest, int world, int rank, bool own,
+                           const SaveIdentity& committed);
+
+/// The rank<R> folders a sharded engine or optimizer keeps its swap files in, under the NVMe
+/// directories it was given: each created (0700) or opened as rank_directory() does, and
+/// removed again when this is destroyed if it is empty by then (its swap files have no
+/// names, so a run that ends normally leaves none; one left empty by a killed run is removed
+/// by the next run that ends normally). A folder holding anything is left as it is.
+class RankFolders {
+ public:
+  RankFolders() = default;
+  RankFolders(const RankFolders&) = delete;
+  RankFolders& operator=(const RankFolders&) = delete;
+  ~RankFolders();
+  /// `dir`/rank<R>, created if missing (rank_directory()'s errors).
+  std::string add(const std::string& dir, int rank);
+
+ private:
+  std::vector<std::pair<swap::Dir, std::string>> folders_;  // parent, name
+};
 
 /// What a resharding load needs of the object it loads into (ShardedOptimizer, ShardedEngine);
 /// its entries are the manifest's (groups or layers), in order.
@@ -112,7 +163,7 @@ struct ReshardTarget {
   offload::OptimizerOptions options;
   /// On rank 0, from saved rank 0's folder: state beside the optimizer's to hand to every rank
   /// as text (the engine's loss scale), or nullopt. May be empty.
-  std::function<std::optional<std::string>(const std::string& folder)> extra;
+  std::function<std::optional<std::string>(const swap::Dir& folder)> extra;
   /// On every rank: the saved step count, hyper-parameters ([0] the object's, [1 + i] entry
   /// i's) and what `extra` returned.
   std::function<void(std::uint64_t steps, std::span<const adam::AdamParams> hypers,
@@ -125,17 +176,20 @@ struct ReshardTarget {
 };
 
 /// Collective: loads a checkpoint saved by `saved_world` ranks (load_sharded has checked its
-/// global manifest) into `target`. Saved rank k is read by rank k mod size() alone (so each
-/// saved folder is read once, and no two ranks take its lock), loaded into a reader (see
-/// ReshardTarget::options) whose scratch folder is removed at the end; then entry by entry each rank writes what it read at
-/// its place in the entry padded for this world size, as the floats' 32-bit patterns with zeros
-/// elsewhere, and a reduce-scatter summing those integers hands every rank its new slice bit
-/// for bit (each element comes from one rank; an integer sum with zeros keeps -0.0, which a
-/// float sum would not). Step count, hyper-parameters and `extra` come from rank 0, which reads
-/// saved rank 0. A rank that fails keeps taking part in every exchange, and at the end every
-/// rank throws if any failed (all_reduce_failures); a failure before the exchange changes
-/// nothing of the target.
-void reshard(Collectives& comm, std::string_view who, const std::string& dir, int saved_world,
-             const ShardManifest& manifest, const ReshardTarget& target);
+/// commit record, and the saved folders this rank reads, `folders`: saved ranks k = rank,
+/// rank + size(), ...) into `target`. Each saved folder is read by one rank alone (no two
+/// ranks take its lock), loaded into a reader (see ReshardTarget::options) whose scratch
+/// folder is removed at the end, and held locked meanwhile so that a later load can tell it
+/// from one a killed load left (those are removed, with a notice, before this one makes its
+/// own); then entry by entry each rank writes what it read at its place in the entry padded
+/// for this world size, as the floats' 32-bit patterns with zeros elsewhere, and a
+/// reduce-scatter summing those integers hands every rank its new slice bit for bit (each
+/// element comes from one rank; an integer sum with zeros keeps -0.0, which a float sum would
+/// not). Step count, hyper-parameters and `extra` come from rank 0, which reads saved rank 0.
+/// A rank that fails keeps taking part in every exchange, and at the end every rank throws if
+/// any failed (all_reduce_failures); a failure before the exchange changes nothing of the
+/// target.
+void reshard(Collectives& comm, std::string_view who, int saved_world,
+             const std::vector<SavedRank>& folders, const ReshardTarget& target);
 
 }  // namespace zinf::dist::detail

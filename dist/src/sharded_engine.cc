@@ -84,6 +84,9 @@ struct ShardedEngine::Impl {
   detail::HostStaging host;
   std::vector<offload::LayerSpec> layers;  // full sizes
   std::vector<std::uint64_t> shard;        // elements per rank, per layer
+  // Declared before `local`, so destroyed after it: an empty rank folder goes once the
+  // engine's swap files are gone.
+  detail::RankFolders rank_folders;
   std::unique_ptr<offload::OffloadEngine> local;
   bool staged = false;
   // on_arrival: each layer's averaged slice, read by the update until step(); staged: one
@@ -149,7 +152,8 @@ struct ShardedEngine::Impl {
     has_grads[l] = true;  // the update may read the slice from here on (on_arrival)
     local->set_gradients(l, adam::GradView::f32(slice));
   }
-  void reshard(const std::string& dir, int saved_world, const detail::ShardManifest& manifest);
+  void reshard(const std::string& dir, int saved_world,
+               const std::vector<detail::SavedRank>& folders);
   void check_size(std::size_t l, std::size_t got, const char* op) const {
     if (got != layers[l].numel) {
       throw UsageError(std::string("ShardedEngine::") + op + ": layer '" + layers[l].name +
@@ -182,7 +186,7 @@ ShardedEngine::ShardedEngine(offload::EngineConfig config, std::vector<offload::
   // This rank's files in rank<R> under every NVMe directory the config names; one rank keeps
   // the directories as they are, as the plain engine does.
   auto into_rank = [&](std::string& dir) {
-    if (!dir.empty() && comm.size() > 1) dir = rank_directory(dir, comm.rank());
+    if (!dir.empty() && comm.size() > 1) dir = s.rank_folders.add(dir, comm.rank());
   };
   into_rank(config.offload_param.nvme_path);
   into_rank(config.offload_optimizer.nvme_path);
@@ -447,7 +451,8 @@ void ShardedEngine::set_hyper(std::size_t layer, const adam::AdamParams& hyper) 
 void ShardedEngine::save(const std::string& dir) {
   detail::save_sharded(impl_->host, "ShardedEngine::save", dir,
                        detail::manifest_of("zinf-sharded-engine 1", "layer", impl_->layers),
-                       [this](const std::string& mine) { impl_->local->save(mine); });
+                       offload::step_count(*impl_->local),
+                       [this](const swap::Dir& mine) { impl_->local->save(mine); });
 }
 
 void ShardedEngine::load(const std::string& dir) {
@@ -456,9 +461,10 @@ void ShardedEngine::load(const std::string& dir) {
       detail::manifest_of("zinf-sharded-engine 1", "layer", s.layers);
   detail::load_sharded(
       s.host, "ShardedEngine::load", dir, manifest,
-      [&s](const std::string& mine) { s.local->load(mine); },
-      [&s, &manifest](const std::string& top, int saved_world) {
-        s.reshard(top, saved_world, manifest);
+      [&s](const swap::Dir& mine) { s.local->load(mine); },
+      [&s](const std::string& top, int saved_world,
+           const std::vector<detail::SavedRank>& folders) {
+        s.reshard(top, saved_world, folders);
       });
 }
 
@@ -467,13 +473,13 @@ void ShardedEngine::load(const std::string& dir) {
 // the low-precision parameters are written from the new masters, as OffloadEngine::load does,
 // and the loss scale's state is saved rank 0's.
 void ShardedEngine::Impl::reshard(const std::string& dir, int saved_world,
-                                  const detail::ShardManifest& manifest) {
+                                  const std::vector<detail::SavedRank>& folders) {
   constexpr std::string_view who = "ShardedEngine::load";
   detail::ReshardTarget t;
   for (const auto& l : layers) t.groups.push_back({l.name, l.numel, l.hyper});
   t.shard = shard;
   t.options = offload::optimizer_options(*local);
-  t.extra = [this, who](const std::string& folder) {
+  t.extra = [this, who](const swap::Dir& folder) {
     return offload::saved_loss_scale(*local, folder, who);
   };
   t.progress = [this, &dir, who](std::uint64_t steps, std::span<const adam::AdamParams> hypers,
@@ -485,7 +491,7 @@ void ShardedEngine::Impl::reshard(const std::string& dir, int saved_world,
   };
   t.put = [this](std::size_t l, std::span<const float> p, std::span<const float> m,
                  std::span<const float> v) { offload::set_layer_state(*local, l, p, m, v); };
-  detail::reshard(host, who, dir, saved_world, manifest, t);
+  detail::reshard(host, who, saved_world, folders, t);
 }
 
 offload::OffloadEngine& ShardedEngine::local() noexcept { return *impl_->local; }

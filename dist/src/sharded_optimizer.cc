@@ -19,6 +19,9 @@ struct ShardedOptimizer::Impl {
   Collectives& comm;
   std::vector<offload::ParamGroupSpec> groups;  // full sizes
   std::vector<std::uint64_t> shard;             // elements per rank, per group
+  // Declared before `local`, so destroyed after it: an empty rank folder goes once the
+  // optimizer's swap files are gone.
+  detail::RankFolders rank_folders;
   std::unique_ptr<offload::OffloadedOptimizer> local;
   // Per group, kept across steps: the inner optimizer reads the slice's gradients and writes
   // its copy-out asynchronously until end_step().
@@ -27,7 +30,7 @@ struct ShardedOptimizer::Impl {
   offload::OptimizerOptions options;  // the local optimizer's (rank folders), for reshard()
 
   explicit Impl(Collectives& c) : comm(c) {}
-  void reshard(const std::string& dir, int saved_world, const detail::ShardManifest& manifest);
+  void reshard(int saved_world, const std::vector<detail::SavedRank>& folders);
   std::uint64_t padded_numel(std::size_t g) const { return shard[g] * comm.size(); }
   void check_group(std::size_t g, const char* op) const {
     if (g >= groups.size()) {
@@ -54,7 +57,7 @@ ShardedOptimizer::ShardedOptimizer(offload::OptimizerOptions options,
     mine.push_back(std::move(spec));
   }
   if (options.tier == offload::StateTier::kNvme) {
-    for (auto& d : options.directories) d = rank_directory(d, comm.rank());
+    for (auto& d : options.directories) d = s.rank_folders.add(d, comm.rank());
   }
   s.options = options;
   s.local = std::make_unique<offload::OffloadedOptimizer>(std::move(options), std::move(mine));
@@ -163,7 +166,8 @@ offload::StepStats ShardedOptimizer::step(std::span<const std::span<const float>
 void ShardedOptimizer::save(const std::string& dir) {
   detail::save_sharded(impl_->comm, "ShardedOptimizer::save", dir,
                        detail::manifest_of("zinf-sharded-optimizer 1", "group", impl_->groups),
-                       [this](const std::string& mine) { impl_->local->save(mine); });
+                       impl_->local->step_count(),
+                       [this](const swap::Dir& mine) { impl_->local->save(mine); });
 }
 
 void ShardedOptimizer::load(const std::string& dir) {
@@ -171,14 +175,14 @@ void ShardedOptimizer::load(const std::string& dir) {
       detail::manifest_of("zinf-sharded-optimizer 1", "group", impl_->groups);
   detail::load_sharded(
       impl_->comm, "ShardedOptimizer::load", dir, manifest,
-      [this](const std::string& mine) { impl_->local->load(mine); },
-      [this, &manifest](const std::string& top, int saved_world) {
-        impl_->reshard(top, saved_world, manifest);
+      [this](const swap::Dir& mine) { impl_->local->load(mine); },
+      [this](const std::string&, int saved_world, const std::vector<detail::SavedRank>& folders) {
+        impl_->reshard(saved_world, folders);
       });
 }
 
-void ShardedOptimizer::Impl::reshard(const std::string& dir, int saved_world,
-                                     const detail::ShardManifest& manifest) {
+void ShardedOptimizer::Impl::reshard(int saved_world,
+                                     const std::vector<detail::SavedRank>& folders) {
   detail::ReshardTarget t;
   t.groups = groups;
   t.shard = shard;
@@ -191,7 +195,7 @@ void ShardedOptimizer::Impl::reshard(const std::string& dir, int saved_world,
   };
   t.put = [&](std::size_t g, std::span<const float> p, std::span<const float> m,
               std::span<const float> v) { local->set_state(g, p, m, v); };
-  detail::reshard(comm, "ShardedOptimizer::load", dir, saved_world, manifest, t);
+  detail::reshard(comm, "ShardedOptimizer::load", saved_world, folders, t);
 }
 
 offload::OffloadedOptimizer& ShardedOptimizer::local() noexcept { return *impl_->local; }

@@ -102,7 +102,9 @@ struct OffloadEngine::Impl {
   void drop_staged();
   // save() and save_async(): the layer table and loss scale now, then the optimizer's
   // checkpoint, written before returning or by the optimizer's save thread.
-  void save(const std::string& dir, bool async);
+  // A save into `path` or, if it is null, into the open directory `given`.
+  void save(const std::string* path, const swap::Dir* given, bool async);
+  void load(const std::string* path, const swap::Dir* given);
 
   EngineConfig config;
   std::vector<LayerSpec> layers;
@@ -897,9 +899,13 @@ double OffloadEngine::loss_scale() const noexcept { return impl_->scaler.scale()
 
 StepMode OffloadEngine::step_mode() const noexcept { return impl_->mode; }
 
-void OffloadEngine::save(const std::string& dir) { impl_->save(dir, /*async=*/false); }
+void OffloadEngine::save(const std::string& dir) { impl_->save(&dir, nullptr, /*async=*/false); }
 
-void OffloadEngine::save_async(const std::string& dir) { impl_->save(dir, /*async=*/true); }
+void OffloadEngine::save(const swap::Dir& dir) { impl_->save(nullptr, &dir, /*async=*/false); }
+
+void OffloadEngine::save_async(const std::string& dir) {
+  impl_->save(&dir, nullptr, /*async=*/true);
+}
 
 void OffloadEngine::wait_save() { impl_->optimizer->wait_save(); }
 
@@ -909,9 +915,9 @@ SaveSnapshot OffloadEngine::last_save_snapshot() const noexcept {
   return impl_->optimizer->last_save_snapshot();
 }
 
-void OffloadEngine::Impl::save(const std::string& dir, bool async) {
+void OffloadEngine::Impl::save(const std::string* path, const swap::Dir* given, bool async) {
   const char* function = async ? "OffloadEngine::save_async" : "OffloadEngine::save";
-  check_checkpoint_dir(dir, function);
+  if (path) check_checkpoint_dir(*path, function);
   Impl& m = *this;
   m.check_usable();
   m.check_outside_step(async ? "save_async" : "save");
@@ -920,7 +926,8 @@ void OffloadEngine::Impl::save(const std::string& dir, bool async) {
   m.optimizer->wait_save();
   // The optimizer's directory, created if missing and locked for it: the layer table is
   // written under the same lock, through the same descriptor.
-  const swap::Dir& d = m.optimizer->checkpoint_directory(dir, /*create=*/true);
+  const swap::Dir& d = path ? m.optimizer->checkpoint_directory(*path, /*create=*/true)
+                            : m.optimizer->checkpoint_directory(*given);
   // The layer table first: it never changes for an engine, so a crash between it and the
   // optimizer's checkpoint leaves a table that matches the previous checkpoint too.
   swap::replace_file_durably(d, kManifestName, manifest_text(m.layers));
@@ -931,9 +938,11 @@ void OffloadEngine::Impl::save(const std::string& dir, bool async) {
     swap::replace_file_durably(d, kLossScaleName, detail::LossScaler::to_text(m.scaler.state()));
   }
   if (async) {
-    m.optimizer->save_async(dir);
+    m.optimizer->save_async(*path);
+  } else if (path) {
+    m.optimizer->save(*path);
   } else {
-    m.optimizer->save(dir);
+    m.optimizer->save(*given);
   }
 }
 
@@ -977,15 +986,22 @@ detail::LossScaleState check_scale_text(const std::string& text, const std::stri
 
 void OffloadEngine::load(const std::string& dir) {
   check_checkpoint_dir(dir, "OffloadEngine::load");
-  Impl& m = *impl_;
+  impl_->load(&dir, nullptr);
+}
+
+void OffloadEngine::load(const swap::Dir& dir) { impl_->load(nullptr, &dir); }
+
+void OffloadEngine::Impl::load(const std::string* path, const swap::Dir* given) {
+  Impl& m = *this;
   m.check_usable();
   m.check_outside_step("load");
   m.optimizer->wait_save();
-  const swap::Dir& d = m.optimizer->checkpoint_directory(dir, /*create=*/false);
-  const std::string path = d.path_of(kManifestName);
+  const swap::Dir& d = path ? m.optimizer->checkpoint_directory(*path, /*create=*/false)
+                            : m.optimizer->checkpoint_directory(*given);
+  const std::string table = d.path_of(kManifestName);
   const std::string want = manifest_text(m.layers);
   if (swap::read_small_file(d, kManifestName, kMaxLayerTableBytes) != want) {
-    throw UsageError("OffloadEngine::load: the checkpoint's layer table " + path +
+    throw UsageError("OffloadEngine::load: the checkpoint's layer table " + table +
                      " differs from this engine's layers (names, element counts, dtypes)");
   }
   // The loss scale's state is read and checked before anything changes.
@@ -996,7 +1012,11 @@ void OffloadEngine::load(const std::string& dir) {
           check_scale_text(*text, d.path_of(kLossScaleName), m.scaler, "OffloadEngine::load");
     }
   }
-  m.optimizer->load(dir);
+  if (path) {
+    m.optimizer->load(*path);
+  } else {
+    m.optimizer->load(*given);
+  }
   if (scale_state) (void)m.scaler.restore(*scale_state);
   // Every layer's low-precision copy from the restored masters, one layer at a time.
   std::vector<float> masters;
@@ -1082,11 +1102,15 @@ class EngineSeamsAccess {
     m.optimizer->set_step_count(steps);
   }
 
+  static std::uint64_t step_count(const OffloadEngine& engine) {
+    return engine.impl_->optimizer->step_count();
+  }
+
   static std::optional<std::string> saved_loss_scale(const OffloadEngine& engine,
-                                                     const std::string& dir, std::string_view who) {
+                                                     const swap::Dir& dir, std::string_view who) {
     const OffloadEngine::Impl& m = *engine.impl_;
     if (!m.scaler.dynamic()) return std::nullopt;
-    return read_scale_text(swap::Dir::open(dir), m.scaler, who);
+    return read_scale_text(dir, m.scaler, who);
   }
 
   static void restore_loss_scale(OffloadEngine& engine, const std::string& text,
@@ -1115,7 +1139,11 @@ void set_step_count(OffloadEngine& engine, std::uint64_t steps) {
   EngineSeamsAccess::set_step_count(engine, steps);
 }
 
-std::optional<std::string> saved_loss_scale(const OffloadEngine& engine, const std::string& dir,
+std::uint64_t step_count(const OffloadEngine& engine) {
+  return EngineSeamsAccess::step_count(engine);
+}
+
+std::optional<std::string> saved_loss_scale(const OffloadEngine& engine, const swap::Dir& dir,
                                             std::string_view who) {
   return EngineSeamsAccess::saved_loss_scale(engine, dir, who);
 }

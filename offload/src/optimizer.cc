@@ -1197,6 +1197,13 @@ void OffloadedOptimizer::save(const std::string& dir) {
   impl_->save(dir);
 }
 
+void OffloadedOptimizer::save(const swap::Dir& dir) {
+  impl_->check_usable();
+  impl_->check_idle("save");
+  impl_->wait_save();
+  impl_->save(dir);
+}
+
 void OffloadedOptimizer::save_async(const std::string& dir) {
   check_checkpoint_dir(dir, "OffloadedOptimizer::save_async");
   impl_->check_usable();
@@ -1220,8 +1227,19 @@ void OffloadedOptimizer::load(const std::string& dir) {
   impl_->load(dir);
 }
 
+void OffloadedOptimizer::load(const swap::Dir& dir) {
+  impl_->check_usable();
+  impl_->check_idle("load");
+  impl_->wait_save();
+  impl_->load(dir);
+}
+
 const swap::Dir& OffloadedOptimizer::checkpoint_directory(const std::string& dir, bool create) {
   return impl_->open_checkpoint_dir(dir, create);
+}
+
+const swap::Dir& OffloadedOptimizer::checkpoint_directory(const swap::Dir& dir) {
+  return impl_->open_checkpoint_dir(dir, /*create=*/false);
 }
 
 std::uint64_t OffloadedOptimizer::pinned_bytes() const noexcept {

@@ -310,7 +310,7 @@ bool renamed_into_place(const swap::Dir& root, const std::string& name) {
 
 }  // namespace
 
-VersionWrite OffloadedOptimizer::Impl::begin_version(const std::string& dir) {
+VersionWrite OffloadedOptimizer::Impl::begin_version(const CheckpointPlace& dir) {
   for (std::size_t g = 0; g < groups.size(); ++g) {
     if (!initialized[g]) {
       throw UsageError("OffloadedOptimizer::save: group '" + groups[g].name +
@@ -429,7 +429,7 @@ void OffloadedOptimizer::Impl::commit_version(VersionWrite& v,
   checkpoint_phase("done", v.total);
 }
 
-void OffloadedOptimizer::Impl::save(const std::string& dir) {
+void OffloadedOptimizer::Impl::save(const CheckpointPlace& dir) {
   VersionWrite v = begin_version(dir);
   try {
     Attached att(*engine, v.file);
@@ -820,7 +820,7 @@ void OffloadedOptimizer::Impl::snapshot_step(AsyncSave& save, bool open) {
   save.set_step_open(open);
 }
 
-void OffloadedOptimizer::Impl::save_async(const std::string& dir) {
+void OffloadedOptimizer::Impl::save_async(const CheckpointPlace& dir) {
   wait_save();  // the previous one's error, if any, is thrown here and nothing new starts
   if (!save_pool) {
     save_pool = std::make_unique<swap::BufferPool>(
@@ -923,16 +923,23 @@ void OffloadedOptimizer::Impl::wait_save() {
   throw_if_error(s);
 }
 
-const swap::Dir& OffloadedOptimizer::Impl::open_checkpoint_dir(const std::string& dir,
+const swap::Dir& OffloadedOptimizer::Impl::open_checkpoint_dir(const CheckpointPlace& where,
                                                                bool create) {
-  if (create) {
-    // The path as the caller gave it, links in it followed: the caller chose it. Everything
-    // inside goes through the descriptor opened next.
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    if (ec) throw IoError(Status::from_errno(ec.value(), "create checkpoint directory", dir));
+  swap::Dir opened;
+  if (where.dir) {
+    // Open already: a descriptor of our own (and so a lock of our own), not its path.
+    opened = where.dir->reopen();
+  } else {
+    const std::string& dir = *where.path;
+    if (create) {
+      // The path as the caller gave it, links in it followed: the caller chose it. Everything
+      // inside goes through the descriptor opened next.
+      std::error_code ec;
+      fs::create_directories(dir, ec);
+      if (ec) throw IoError(Status::from_errno(ec.value(), "create checkpoint directory", dir));
+    }
+    opened = swap::Dir::open(dir);
   }
-  swap::Dir opened = swap::Dir::open(dir);
   if (checkpoint_dir.is_open() && same_directory(opened, checkpoint_dir)) return checkpoint_dir;
   opened.lock_or_throw("checkpoints of an OffloadedOptimizer");
   // Moving on: the old directory's lock goes with its descriptor, and the versions there are
@@ -942,7 +949,7 @@ const swap::Dir& OffloadedOptimizer::Impl::open_checkpoint_dir(const std::string
   return checkpoint_dir;
 }
 
-void OffloadedOptimizer::Impl::load(const std::string& dir) {
+void OffloadedOptimizer::Impl::load(const CheckpointPlace& dir) {
   const swap::Dir& root = open_checkpoint_dir(dir, /*create=*/false);
   const std::string latest_path = root.path_of(kLatest);
   std::string name = swap::read_small_file(root, kLatest, kMaxLatestBytes);

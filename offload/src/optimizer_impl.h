@@ -240,11 +240,20 @@ struct OffloadedOptimizer::Impl {
   // Runs the `consumed` hooks of tasks [from, to) that will never be updated (under mu).
   void drop_tasks(std::size_t from, std::size_t to);
 
-  // The checkpoint directory `dir`, opened (created first if `create`) and locked, or the one
+  // Where a save or load goes: a path the caller named, or a directory the caller already
+  // holds open (ShardedOptimizer's rank folder, opened without following a link), which is
+  // then used through a descriptor of its own and never reopened by its path.
+  struct CheckpointPlace {
+    const std::string* path = nullptr;
+    const swap::Dir* dir = nullptr;
+    CheckpointPlace(const std::string& p) : path(&p) {}  // NOLINT: implicit by design
+    CheckpointPlace(const swap::Dir& d) : dir(&d) {}     // NOLINT: implicit by design
+  };
+  // The checkpoint directory, opened (a path created first if `create`) and locked, or the one
   // already held if it is the same directory (a second open would conflict with our own lock).
-  const swap::Dir& open_checkpoint_dir(const std::string& dir, bool create);
-  void save(const std::string& dir);
-  void load(const std::string& dir);
+  const swap::Dir& open_checkpoint_dir(const CheckpointPlace& where, bool create);
+  void save(const CheckpointPlace& where);
+  void load(const CheckpointPlace& where);
   // The pieces of a save, shared by save() and save_async(). begin_version() opens (and
   // locks) `dir`, captures the step, hyper-parameters and layout, and creates the temporary
   // version with its state file. commit_version() syncs and closes the file, writes the
@@ -252,13 +261,13 @@ struct OffloadedOptimizer::Impl {
   // supersedes; `between`, if set, is called before each of those syncs and the removal
   // (save_async: to start them between steps). abandon_version() removes a temporary version
   // after a failure (never throws).
-  VersionWrite begin_version(const std::string& dir);
+  VersionWrite begin_version(const CheckpointPlace& dir);
   void commit_version(VersionWrite& v, const std::function<void()>& between = {});
   void abandon_version(VersionWrite& v) noexcept;
   void checkpoint_phase(std::string_view phase, std::uint64_t bytes) const {
     if (checkpoint_hook) checkpoint_hook(phase, bytes);
   }
-  void save_async(const std::string& dir);
+  void save_async(const CheckpointPlace& dir);
   // kNvme: clones every record's stored blocks into v's state file (FICLONERANGE) and puts
   // each record's swap unit checksums in `sums`. False, with the reason in `why`, if any
   // clone cannot be made; the state file then holds some clones, which streaming overwrites.

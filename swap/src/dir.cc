@@ -66,6 +66,15 @@ Dir Dir::open_child(std::string_view name) const {
   return d;
 }
 
+Dir Dir::reopen() const {
+  const int fd = ::openat(fd_.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw_errno(errno, "open directory", path_);
+  Dir d;
+  d.fd_ = UniqueFd(fd);
+  d.path_ = path_;
+  return d;
+}
+
 Dir Dir::create_child(std::string_view name) const {
   check_component(name, "Dir::create_child");
   const std::string n(name);

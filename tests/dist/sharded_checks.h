@@ -86,6 +86,10 @@ inline void run_sharded_steps(Collectives& c, StateTier tier, const std::string&
                               const std::string& save_to) {
   const auto gs = groups();
   ShardedOptimizer opt(options_for(tier, swap_dir), gs, c);
+  // Each rank's swap files in its own rank<R> folder.
+  for (const std::string& path : opt.local().swap_file_paths()) {
+    EXPECT_EQ(path.rfind(swap_dir + "/rank" + std::to_string(c.rank()) + "/", 0), 0u) << path;
+  }
   std::uint64_t owned = 0;
   for (std::size_t g = 0; g < gs.size(); ++g) {
     EXPECT_GE(opt.shard_numel(g) * static_cast<std::uint64_t>(c.size()), gs[g].numel);

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -317,6 +318,13 @@ inline void check_sharded_engine(Collectives& comm, RankDevice& d, const Sharded
   for (std::size_t l = 0; l < e->layer_count(); ++l) {
     EXPECT_EQ(e->local().layer(l).numel, (e->layer(l).numel + world - 1) / world);
   }
+  // Its swap files are in its own rank<R> folder while it lives (one rank: the directory as
+  // the plain engine uses it); the folder goes with the engine once empty.
+  const bool nvme = c.param == OffloadDevice::kNvme || c.optimizer == OffloadDevice::kNvme;
+  const std::string folder = dir + "/rank" + std::to_string(rank);
+  EXPECT_EQ(std::filesystem::is_directory(folder), nvme && world > 1) << folder;
+  e.reset();
+  EXPECT_FALSE(std::filesystem::exists(folder)) << folder;
 }
 
 /// Steps [first, last] of the run on a new engine of this rank, compared with `want` bitwise

@@ -68,14 +68,9 @@ TEST_P(ShardedEngineRanks, EveryRankFetchesAndEndsBitwiseAsOneEngine) {
     EXPECT_LT(want.grad_scale[0], 1.0);  // clipped
     EXPECT_LT(want.grad_scale[2], 1.0);
   }
-  // Each rank's swap files were in its own folder (removed with the engine; the folder stays);
-  // one rank uses the directory as the plain engine does.
-  const bool nvme = c.param == OffloadDevice::kNvme || c.optimizer == OffloadDevice::kNvme;
-  for (int r = 0; r < size; ++r) {
-    EXPECT_EQ(std::filesystem::is_directory(swap_dir + "/rank" + std::to_string(r)),
-              nvme && size > 1)
-        << r;
-  }
+  // Each rank's swap files were in its own folder, removed with the engine once empty (one
+  // rank uses the directory as the plain engine does): nothing is left.
+  EXPECT_TRUE(std::filesystem::is_empty(swap_dir));
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "sharded_checks.h"
@@ -26,6 +27,7 @@
 #include "thread_group.h"
 #include "zinf/adam/compact_state.h"
 #include "zinf/common/error.h"
+#include "zinf/offload/testing.h"
 
 namespace zinf::dist {
 namespace {
@@ -43,11 +45,9 @@ TEST_P(ShardedRanks, EveryRanksParametersAreBitwiseTheOneOptimizersRun) {
   group.run(/*native_reduce_scatter=*/false, [&](Collectives& c) {
     test::check_sharded_parity(c, tier, swap_dir, want);
   });
-  if (tier == StateTier::kNvme) {
-    for (int r = 0; r < size; ++r) {
-      EXPECT_TRUE(std::filesystem::is_directory(swap_dir + "/rank" + std::to_string(r))) << r;
-    }
-  }
+  // The swap files were in rank<R> folders (run_sharded_steps checks), which go with the
+  // optimizers once empty: nothing is left.
+  EXPECT_TRUE(std::filesystem::is_empty(swap_dir));
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -582,6 +582,286 @@ TEST(ShardedOptimizer, AReshardingLoadThatCannotReadASavedRankFailsOnEveryRank) 
   two.run(false, [&](Collectives& c) {
     test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 3, 3, ckpt, "");
   });
+}
+
+// Cross-rank checkpoints (docs/reliability.md): a sharded save is one checkpoint, and a load
+// reads only rank folders of the save the commit record names.
+
+// The value of `key` in the "key value" lines of the manifest at `path`.
+std::string manifest_line(const std::string& path, const std::string& key) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key + " ", 0) == 0) return line.substr(key.size() + 1);
+  }
+  ADD_FAILURE() << path << " has no " << key;
+  return "";
+}
+
+// Replaces folder `to` by a copy of `from` (nothing of `to` kept).
+void replace_folder(const std::string& from, const std::string& to) {
+  std::filesystem::remove_all(to);
+  std::filesystem::copy(from, to, std::filesystem::copy_options::recursive);
+}
+
+// Loads `ckpt` on `world` ranks and expects every rank to refuse it before loading anything:
+// the rank that reads saved rank `bad` with `message`, the others naming that rank.
+void expect_refused(const std::string& ckpt, int world, int bad, const std::string& message) {
+  SCOPED_TRACE("loaded by " + std::to_string(world) + " ranks");
+  const int reader = bad % world;
+  std::atomic<int> thrown{0};
+  test::ThreadGroup group(world);
+  group.run(false, [&](Collectives& c) {
+    ShardedOptimizer opt(test::options_for(StateTier::kCpu, ""), test::groups(), c);
+    try {
+      opt.load(ckpt);
+      ADD_FAILURE() << "rank " << c.rank() << " loaded a torn checkpoint";
+    } catch (const UsageError& e) {
+      ++thrown;
+      EXPECT_EQ(c.rank(), reader);
+      EXPECT_EQ(std::string(e.what()), message);
+    } catch (const IoError& e) {
+      ++thrown;
+      EXPECT_NE(c.rank(), reader);
+      EXPECT_EQ(std::string(e.what()), "ShardedOptimizer::load failed: 1 of " +
+                                           std::to_string(world) + " ranks failed (rank " +
+                                           std::to_string(reader) + "); this rank (" +
+                                           std::to_string(c.rank()) + ") did not");
+    }
+    EXPECT_EQ(opt.local().step_count(), 0u) << "rank " << c.rank();  // nothing loaded
+  });
+  EXPECT_EQ(thrown.load(), world);
+}
+
+// A kill between two ranks' commits leaves one rank's folder from the earlier save: refused
+// at every world size, naming the folder, its save and the committed one. So is a kill between
+// a rank's state commit and its manifest. Put back whole, the checkpoint loads at every world
+// size and the next step is the uninterrupted run's, bitwise.
+TEST(ShardedCheckpoint, ATornSaveIsRefusedAtEveryWorldSizeBeforeLoadingAnything) {
+  const auto want = test::reference();
+  zinf::test::TestDir dir;
+  const std::string swap_dir = dir.subdir("nvme");
+  const std::string ckpt = dir.file("ckpt");
+  test::ThreadGroup two(2);
+  two.run(false, [&](Collectives& c) {
+    test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 1, 1, "", ckpt);
+  });
+  const std::string first = dir.file("first");
+  std::filesystem::copy(ckpt, first, std::filesystem::copy_options::recursive);
+  two.run(false, [&](Collectives& c) {
+    test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 2, 2, ckpt, ckpt);
+  });
+  const std::string second = dir.file("second");
+  std::filesystem::copy(ckpt, second, std::filesystem::copy_options::recursive);
+  const std::string a = manifest_line(first + "/zinf-sharded", "save");
+  const std::string b = manifest_line(second + "/zinf-sharded", "save");
+  ASSERT_EQ(a.size(), 32u);
+  ASSERT_NE(a, b);
+  EXPECT_EQ(manifest_line(second + "/zinf-sharded", "step"), "2");
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(manifest_line(second + "/rank" + std::to_string(r) + "/zinf-sharded", "save"), b);
+  }
+
+  // Rank 1's folder still the first save's (rank 0 and the commit record the second's).
+  replace_folder(first + "/rank1", ckpt + "/rank1");
+  for (int world : {1, 2, 3}) {
+    expect_refused(ckpt, world, 1,
+                   "ShardedOptimizer::load: checkpoint " + ckpt + " is torn: " + ckpt +
+                       "/rank1 belongs to save " + a + " step 1, " + ckpt +
+                       " (committed) is save " + b + " step 2");
+  }
+
+  // The first save committed, and rank 1 killed after its state's LATEST switched to the
+  // second save's version but before its manifest was replaced.
+  const std::string killed = dir.file("killed");
+  std::filesystem::copy(first, killed, std::filesystem::copy_options::recursive);
+  std::filesystem::copy(second + "/rank1", killed + "/rank1",
+                        std::filesystem::copy_options::recursive |
+                            std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::copy_file(first + "/rank1/zinf-sharded", killed + "/rank1/zinf-sharded",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::string latest;  // the second save's state version in rank 1
+  std::getline(std::ifstream(second + "/rank1/LATEST"), latest);
+  for (int world : {1, 2, 3}) {
+    expect_refused(killed, world, 1,
+                   "ShardedOptimizer::load: checkpoint " + killed + " is torn: " + killed +
+                       "/rank1 holds state " + latest + ", which its manifest of save " + a +
+                       " step 1 does not name (a save stopped between the two); " + killed +
+                       " (committed) is save " + a + " step 1");
+  }
+
+  // Whole again: every world size loads it and steps on bitwise.
+  replace_folder(second + "/rank1", ckpt + "/rank1");
+  for (int world : {1, 2, 3}) {
+    SCOPED_TRACE("resumed on " + std::to_string(world) + " ranks");
+    test::ThreadGroup group(world);
+    group.run(false, [&](Collectives& c) {
+      test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 3, 3, ckpt, "");
+    });
+  }
+}
+
+// A rank folder taken from another run (another step count; no file edited) is refused at
+// every world size, naming both saves.
+TEST(ShardedCheckpoint, ARankFolderFromAnotherRunIsRefused) {
+  const auto want = test::reference();
+  zinf::test::TestDir dir;
+  const std::string swap_dir = dir.subdir("nvme");
+  const std::string mine = dir.file("mine"), other = dir.file("other");
+  test::ThreadGroup two(2);
+  two.run(false, [&](Collectives& c) {
+    test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 1, 2, "", mine);
+  });
+  two.run(false, [&](Collectives& c) {
+    test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 1, 1, "", other);
+  });
+  const std::string a = manifest_line(mine + "/zinf-sharded", "save");
+  const std::string b = manifest_line(other + "/zinf-sharded", "save");
+  ASSERT_NE(a, b);
+  const std::string kept = dir.file("kept");
+  std::filesystem::copy(mine, kept, std::filesystem::copy_options::recursive);
+  replace_folder(other + "/rank1", mine + "/rank1");
+  for (int world : {1, 2, 3}) {
+    expect_refused(mine, world, 1,
+                   "ShardedOptimizer::load: checkpoint " + mine + " is torn: " + mine +
+                       "/rank1 belongs to save " + b + " step 1, " + mine +
+                       " (committed) is save " + a + " step 2");
+  }
+  // And rank 0's, the other way round.
+  replace_folder(kept + "/rank1", mine + "/rank1");
+  replace_folder(other + "/rank0", mine + "/rank0");
+  for (int world : {1, 2}) {
+    expect_refused(mine, world, 0,
+                   "ShardedOptimizer::load: checkpoint " + mine + " is torn: " + mine +
+                       "/rank0 belongs to save " + b + " step 1, " + mine +
+                       " (committed) is save " + a + " step 2");
+  }
+}
+
+// A save that fails on one rank (a link planted at its folder) fails on every rank, writes no
+// commit record, follows no link; the rank that did write its folder leaves a checkpoint that
+// is refused, never loaded as a mix.
+TEST(ShardedCheckpoint, ASaveThatFailsOnOneRankFailsOnEveryRank) {
+  const auto want = test::reference();
+  zinf::test::TestDir dir;
+  const std::string swap_dir = dir.subdir("nvme");
+  const std::string ckpt = dir.file("ckpt");
+  const std::string elsewhere = dir.subdir("elsewhere");
+  test::ThreadGroup two(2);
+  two.run(false, [&](Collectives& c) {
+    test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 1, 1, "", ckpt);
+  });
+  const std::string a = manifest_line(ckpt + "/zinf-sharded", "save");
+  std::string committed;
+  std::getline(std::ifstream(ckpt + "/zinf-sharded"), committed, '\0');
+  std::filesystem::rename(ckpt + "/rank1", dir.file("rank1-away"));
+  std::filesystem::create_directory_symlink(elsewhere, ckpt + "/rank1");
+
+  std::atomic<int> thrown{0};
+  two.run(false, [&](Collectives& c) {
+    const auto gs = test::groups();
+    ShardedOptimizer opt(test::options_for(StateTier::kCpu, ""), gs, c);
+    for (std::size_t g = 0; g < gs.size(); ++g) {
+      opt.set_params(g, zinf::test::initial_params(g, gs[g].numel));
+    }
+    try {
+      opt.save(ckpt);
+      ADD_FAILURE() << "rank " << c.rank() << " reported a save that failed on rank 1";
+    } catch (const IoError& e) {
+      ++thrown;
+      const std::string what = e.what();
+      if (c.rank() == 1) {
+        EXPECT_TRUE(e.sys_errno() == ENOTDIR || e.sys_errno() == ELOOP) << what;
+        EXPECT_NE(what.find(ckpt + "/rank1"), std::string::npos) << what;
+      } else {
+        EXPECT_EQ(what,
+                  "ShardedOptimizer::save failed: 1 of 2 ranks failed (rank 1); this rank (0) "
+                  "did not");
+      }
+    }
+  });
+  EXPECT_EQ(thrown.load(), 2);
+  EXPECT_TRUE(std::filesystem::is_empty(elsewhere));
+  std::string after;
+  std::getline(std::ifstream(ckpt + "/zinf-sharded"), after, '\0');
+  EXPECT_EQ(after, committed);  // no commit record of the failed save
+
+  // Rank 0's folder belongs to the failed save: refused, naming it.
+  std::filesystem::remove(ckpt + "/rank1");
+  std::filesystem::rename(dir.file("rank1-away"), ckpt + "/rank1");
+  const std::string failed = manifest_line(ckpt + "/rank0/zinf-sharded", "save");
+  EXPECT_NE(failed, a);
+  for (int world : {1, 2}) {
+    expect_refused(ckpt, world, 0,
+                   "ShardedOptimizer::load: checkpoint " + ckpt + " is torn: " + ckpt +
+                       "/rank0 belongs to save " + failed + " step 0, " + ckpt +
+                       " (committed) is save " + a + " step 1");
+  }
+}
+
+// The rank folder is opened once and written through its descriptor: a link swapped in at its
+// name while the save runs redirects nothing (the manifest goes where the state went).
+TEST(ShardedCheckpoint, ALinkSwappedInAtTheRankFolderDuringASaveRedirectsNothing) {
+  zinf::test::TestDir dir;
+  const std::string ckpt = dir.file("ckpt");
+  const std::string victim = dir.subdir("victim");
+  auto local = make_local_collectives();
+  const auto gs = test::groups();
+  ShardedOptimizer opt(test::options_for(StateTier::kCpu, ""), gs, *local);
+  for (std::size_t g = 0; g < gs.size(); ++g) {
+    opt.set_params(g, zinf::test::initial_params(g, gs[g].numel));
+  }
+  bool swapped = false;
+  offload::test_hooks::set_checkpoint_hook(
+      opt.local(), [&](std::string_view phase, std::uint64_t) {
+        if (phase != "created" || swapped) return;
+        swapped = true;
+        std::filesystem::rename(ckpt + "/rank0", dir.file("rank0-real"));
+        std::filesystem::create_directory_symlink(victim, ckpt + "/rank0");
+      });
+  opt.save(ckpt);
+  EXPECT_TRUE(swapped);
+  EXPECT_TRUE(std::filesystem::is_empty(victim));
+  EXPECT_TRUE(std::filesystem::exists(dir.file("rank0-real") + "/zinf-sharded"));
+  EXPECT_TRUE(std::filesystem::exists(dir.file("rank0-real") + "/LATEST"));
+}
+
+// A resharding load killed before its end leaves its scratch folder; the next one removes it
+// (its pid is dead and its lock free) and leaves a live one's alone; the swap folders are then
+// empty and go too.
+TEST(ShardedCheckpoint, AKilledReshardingLoadsScratchIsReclaimedByTheNext) {
+  const auto want = test::reference();
+  zinf::test::TestDir dir;
+  const std::string swap_dir = dir.subdir("nvme");
+  const std::string ckpt = dir.file("ckpt");
+  test::ThreadGroup two(2);
+  two.run(false, [&](Collectives& c) {
+    test::run_sharded_steps(c, StateTier::kNvme, swap_dir, want, 1, 2, "", ckpt);
+  });
+  ASSERT_TRUE(std::filesystem::is_empty(swap_dir));
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);  // a pid no process has now
+  const std::string stale =
+      swap_dir + "/rank0/zinf-reshard-" + std::to_string(child) + "-0123456789abcdef";
+  std::filesystem::create_directories(stale + "/rank1");
+  std::ofstream(stale + "/rank1/left") << "x";
+  const std::string live = swap_dir + "/rank0/zinf-reshard-1-0123456789abcdef";  // init's
+  std::filesystem::create_directories(live);
+  test::ThreadGroup one(1);
+  one.run(false, [&](Collectives& c) {
+    ShardedOptimizer opt(test::options_for(StateTier::kNvme, swap_dir), test::groups(), c);
+    opt.load(ckpt);
+    EXPECT_EQ(opt.local().step_count(), 2u);
+  });
+  EXPECT_FALSE(std::filesystem::exists(stale));
+  EXPECT_TRUE(std::filesystem::exists(live));
+  std::filesystem::remove(live);
+  one.run(false, [&](Collectives& c) {
+    test::run_sharded_steps(c, StateTier::kNvme, swap_dir, want, 3, 3, ckpt, "");
+  });
+  EXPECT_TRUE(std::filesystem::is_empty(swap_dir));
 }
 
 }  // namespace

@@ -103,6 +103,26 @@ TEST(Dir, OpenChildNeverFollowsALink) {
   EXPECT_THROW(d.open_child("../x"), UsageError);
 }
 
+// reopen() goes through the descriptor, not the path: after the directory was moved and a link
+// planted at its old name, the new descriptor still names the directory first opened, and it
+// has a lock of its own.
+TEST(Dir, ReopenIsTheDirectoryOpenedNotWhatIsAtItsPathNow) {
+  test::TestDir dir;
+  Victim victim;
+  const std::string first = dir.subdir("first");
+  const Dir d = Dir::open(first);
+  fs::rename(first, dir.file("moved"));
+  ASSERT_EQ(::symlink(victim.outside.path().c_str(), first.c_str()), 0);
+  const Dir again = d.reopen();
+  EXPECT_EQ(again.path(), first);  // for messages
+  create_file_durably(again, "note", "x");
+  EXPECT_TRUE(fs::exists(dir.file("moved") + "/note"));
+  EXPECT_FALSE(fs::exists(victim.outside.file("note")));
+  victim.expect_untouched();
+  ASSERT_TRUE(d.try_lock());
+  EXPECT_FALSE(again.try_lock());  // its own open file description, so its own flock
+}
+
 TEST(Dir, RemoveTreeRemovesLinksNotTheirTargets) {
   test::TestDir dir;
   Victim victim;

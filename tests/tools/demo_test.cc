@@ -258,9 +258,10 @@ TEST(DemoCli, SaveAndResumeEndBitwiseWhereTheUninterruptedRunEnds) {
           dir.file("ckpt-cpu"),
       true);
   EXPECT_NE(other.status, 0);
+  // Refused at the commit record, before any rank folder is read.
   EXPECT_EQ(other.out, "zinf demo: error: ShardedEngine::load: " + dir.file("ckpt-cpu") +
-                           "/rank0/zinf-sharded does not describe this rank and these layers "
-                           "(world size, rank, layer names and sizes)\n");
+                           "/zinf-sharded does not describe a sharded checkpoint of these layers "
+                           "(world size, rank folders, layer names and sizes)\n");
 }
 
 TEST(DemoCli, BadArgumentsAreOneLineErrors) {

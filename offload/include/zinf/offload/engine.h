@@ -228,6 +228,10 @@ class OffloadEngine {
   /// holder's pid); the layer table `dir/zinf-engine-layers` is replaced atomically, never
   /// written through a link.
   void save(const std::string& dir);
+  /// save() into a directory the caller holds open (ShardedEngine's rank folder, opened
+  /// without following a link): used through a descriptor of its own, never reopened by its
+  /// path (OffloadedOptimizer::save(const swap::Dir&)). Same contract otherwise.
+  void save(const swap::Dir& dir);
   /// save()'s checkpoint, written while training goes on (OffloadedOptimizer::save_async):
   /// the layer table and loss scale are written before this returns, the optimizer's version
   /// directory is created, and its records are written by a thread of the save's own, which
@@ -264,6 +268,8 @@ class OffloadEngine {
   /// IoError naming the layer table if it is missing, a link or anything but a regular file (a
   /// FIFO without blocking); the optimizer's load errors otherwise.
   void load(const std::string& dir);
+  /// load() from a directory the caller holds open, used as save(const swap::Dir&) uses it.
+  void load(const swap::Dir& dir);
 
   EngineStats stats() const;
 

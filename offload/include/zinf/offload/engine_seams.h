@@ -45,10 +45,14 @@ void set_layer_state(OffloadEngine& engine, std::size_t layer, std::span<const f
 /// The number of steps taken (the next step's bias correction), as load() restores it.
 void set_step_count(OffloadEngine& engine, std::uint64_t steps);
 
+/// The number of steps taken so far (what a checkpoint saved now records).
+std::uint64_t step_count(const OffloadEngine& engine);
+
 /// Where `engine` scales the loss dynamically: the loss scale's state saved in engine
-/// checkpoint `dir` as text, or nullopt with a notice where the checkpoint has none (as
-/// load()). nullopt, reading nothing, for an engine without dynamic loss scaling.
-std::optional<std::string> saved_loss_scale(const OffloadEngine& engine, const std::string& dir,
+/// checkpoint `dir` (open: read through its descriptor) as text, or nullopt with a notice
+/// where the checkpoint has none (as load()). nullopt, reading nothing, for an engine without
+/// dynamic loss scaling.
+std::optional<std::string> saved_loss_scale(const OffloadEngine& engine, const swap::Dir& dir,
                                             std::string_view who);
 
 /// Restores a state saved_loss_scale() returned (read from `shown`), as load() does: IoError

@@ -378,6 +378,10 @@ class OffloadedOptimizer {
   /// other runs included (e.g. another optimizer's last checkpoint, even if LATEST now names
   /// ours); a failed removal is only logged.
   void save(const std::string& dir);
+  /// save() into a directory the caller holds open (e.g. opened without following a link): it
+  /// is used through a descriptor of its own (Dir::reopen), never reopened by its path, so a
+  /// link swapped in at its path meanwhile redirects nothing. Same contract otherwise.
+  void save(const swap::Dir& dir);
   /// Starts a checkpoint of the state as it is now (the same files and format as save()) and
   /// returns once the new version's directory and state file exist; a thread of the save's own
   /// then writes the records and commits the version exactly as save() does (manifest, fsync,
@@ -440,11 +444,15 @@ class OffloadedOptimizer {
   /// read failure. A load that fails after it began to overwrite the state leaves the
   /// optimizer failed (EngineFailed afterwards).
   void load(const std::string& dir);
+  /// load() from a directory the caller holds open, used as save(const swap::Dir&) uses it.
+  void load(const swap::Dir& dir);
   /// The checkpoint directory `dir` as save() and load() hold it: opened (created first, as
   /// save() does, if `create`), locked for this optimizer (same errors as save), and kept
   /// until this optimizer is destroyed or moves to another directory. For OffloadEngine, which
   /// keeps its layer table next to the checkpoint under the same lock.
   const swap::Dir& checkpoint_directory(const std::string& dir, bool create);
+  /// As above for a directory the caller holds open (reopened through its descriptor).
+  const swap::Dir& checkpoint_directory(const swap::Dir& dir);
 
   /// Pinned bytes the optimizer holds (ring or state) and the most ever held.
   std::uint64_t pinned_bytes() const noexcept;

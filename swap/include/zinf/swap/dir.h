@@ -49,6 +49,10 @@ class Dir {
   /// a link included, is an IoError EEXIST naming it: zinf never adopts a directory it did
   /// not create.
   Dir create_child(std::string_view name) const;
+  /// A second descriptor of this same directory (openat "."), never through its path: a link
+  /// swapped in at path() since cannot redirect it. It has its own open file description, so
+  /// its own flock (try_lock), and the same path() for messages. IoError naming path().
+  Dir reopen() const;
 
   bool is_open() const noexcept { return fd_.valid(); }
   int fd() const noexcept { return fd_.get(); }
