@@ -9,6 +9,8 @@ here=$(pwd)
 src="$(cd "$(dirname "$0")/.." && pwd)"
 "$src/scripts/install-deps.sh"
 cmake -S "$src" --preset release >/dev/null
-cmake --build "$src/build/release" --target zinf -j "$(nproc)"
+# zinf_python too: the README's PyTorch lines (`import zinf` with PYTHONPATH=build/release/python)
+# work right after this script.
+cmake --build "$src/build/release" --target zinf zinf_python -j "$(nproc)"
 mkdir -p "$here/zinf-scratch"
 exec "$src/build/release/tools/zinf" demo --offload nvme --dir "$here/zinf-scratch" "$@"
