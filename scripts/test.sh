@@ -85,6 +85,20 @@ for w in "${workflows[@]}"; do
   fi
 done
 
+# pip's door (pyproject.toml): install into a fresh virtual environment, as a PyTorch user
+# does, reusing the release build (ZINF_CMAKE_BUILD_DIR, so nothing is compiled twice), then
+# import it from / and run the Python tests once against the installed package.
+echo "== pip install into a temporary virtual environment"
+venv=$(mktemp -d "${TMPDIR:-/tmp}/zinf-venv.XXXXXX")
+trap 'rm -rf "$venv"; cleanup_reflink' EXIT
+/usr/bin/python3 -m venv --system-site-packages "$venv"
+ZINF_CMAKE_BUILD_DIR="$PWD/build/release" "$venv/bin/pip" install --no-build-isolation \
+  --no-index --quiet .
+repo=$PWD
+(cd / && "$venv/bin/python" -c 'import zinf, zinf.torch, zinf.compat.deepspeed; print("installed:", zinf.__file__)')
+(cd / && ZINF_BIN="$repo/build/release/tools/zinf" PYTHONDONTWRITEBYTECODE=1 \
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider "$repo/tests/python")
+
 if [ "$quick" = 0 ]; then
   echo "== aarch64: cross build, unit and contract labels under qemu-user"
   scripts/test-aarch64.sh
