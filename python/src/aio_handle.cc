@@ -15,6 +15,8 @@
 // block would race with the caller's own writes). Synchronous operations return 1 (the
 // operations completed), asynchronous ones 0, and wait() the number of asynchronous operations
 // completed since the last wait().
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -182,6 +184,26 @@ class AioHandle {
     return file;
   }
 
+  // A write that extends the file: its blocks are allocated in one call first, as zinf's own
+  // swap files are (extending direct writes are otherwise allocated piece by piece as they
+  // land), and a full drive fails here, naming the range, before any byte is written. Not on
+  // an O_APPEND descriptor, whose writes would then land after the reserved range.
+  static void reserve_extent(const swap::File& file, std::uint64_t offset, std::uint64_t bytes) {
+    if (bytes == 0) return;
+    const int fl = ::fcntl(file.fd(), F_GETFL);
+    if (fl < 0 || (fl & O_APPEND) != 0) return;
+    struct stat st {};
+    if (::fstat(file.fd(), &st) != 0 || !S_ISREG(st.st_mode)) return;
+    if (offset + bytes <= static_cast<std::uint64_t>(st.st_size)) return;
+    int rc;
+    do {
+      rc = ::fallocate(file.fd(), 0, static_cast<off_t>(offset), static_cast<off_t>(bytes));
+    } while (rc != 0 && errno == EINTR);
+    if (rc == 0 || errno == EOPNOTSUPP || errno == ENOSYS) return;  // no fallocate: write as is
+    throw IoError(Status::from_errno(errno, "aio_handle write (allocate)", file.path())
+                      .with_range(offset, bytes));
+  }
+
   int submit(swap::IoOp kind, std::uintptr_t address, std::uint64_t bytes, const Target& target,
              bool validate, bool async, std::uint64_t offset) {
     const char* what = kind == swap::IoOp::kRead ? "aio_handle read" : "aio_handle write";
@@ -211,6 +233,7 @@ class AioHandle {
         io_buffer = op.bounce.get();
       }
     }
+    if (kind == swap::IoOp::kWrite) reserve_extent(*op.file, offset, bytes);
     if (kind == swap::IoOp::kRead) {
       const std::uint64_t size = op.file->size();
       if (offset > size || bytes > size - offset) {

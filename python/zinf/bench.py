@@ -22,6 +22,14 @@
       zinf.torch.offload_activations against the same iteration without it, alternated: the
       median ratio of iteration times, and the bytes the store held at the end of forward
       (what left memory until backward) against every byte autograd saved.
+  python3 -m zinf.bench aio --dir D [--size 1Gi] [--block-size 1Mi] [--queue-depth 8]
+                            [--rounds 3] [--zinf PATH]
+      zinf.compat.deepspeed.aio_handle (sync_pwrite then sync_pread of one pinned tensor from
+      its new_cpu_locked_tensor) against `zinf bench io` at the same size, block size and queue
+      depth on the same directory, alternated. Each side times what its first pass over a new
+      file gives: the drop-in writes its new file once untimed (as `zinf bench io` preconditions
+      its own), then overwrites and reads it, timed. Reports each side's GB/s and the median
+      ratios drop-in / CLI.
 
 Output: one JSON document on stdout.
 """
@@ -260,6 +268,56 @@ def bench_activations(a):
             "store": stats}
 
 
+def cli_io(zinf_bin, directory, size, block, qd):
+    out = subprocess.run([zinf_bin, "bench", "io", "--dir", directory, "--size", str(size),
+                          "--block-size", str(block), "--queue-depth", str(qd), "--loops", "1",
+                          "--json", "--no-verify", "--buffer-bytes", str(size)],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"zinf.bench aio: {zinf_bin} bench io failed: {out.stderr.strip()}")
+    return {job["op"]: job["gbps"] for job in json.loads(out.stdout)["jobs"]}
+
+
+def dropin_io(directory, size, block, qd):
+    from zinf.compat.deepspeed import aio_handle
+    h = aio_handle(block, qd)
+    buf = h.new_cpu_locked_tensor(size, torch.empty(0, dtype=torch.uint8))
+    buf.copy_(torch.randint(0, 256, (size,), dtype=torch.uint8))  # not zeros: a disk may skip them
+    path = os.path.join(directory, "dropin.bin")
+    try:
+        h.sync_pwrite(buf, path)  # the new file, untimed (bench io preconditions its own)
+        t = time.perf_counter()
+        h.sync_pwrite(buf, path)
+        write = size / (time.perf_counter() - t) / 1e9
+        t = time.perf_counter()
+        h.sync_pread(buf, path)
+        read = size / (time.perf_counter() - t) / 1e9
+    finally:
+        h.free_cpu_locked_tensor(buf)
+        os.remove(path)
+    return {"write": write, "read": read}
+
+
+def bench_aio(a):
+    size, block = size_bytes(a.size), size_bytes(a.block_size)
+    zinf_bin = a.zinf or os.environ.get("ZINF_BIN", "zinf")
+    rows = []
+    with tempfile.TemporaryDirectory(dir=a.dir) as d:
+        for r in range(a.rounds):
+            first_cli = r % 2 == 1  # alternate which side goes first
+            c = cli_io(zinf_bin, d, size, block, a.queue_depth) if first_cli else None
+            p = dropin_io(d, size, block, a.queue_depth)
+            if c is None:
+                c = cli_io(zinf_bin, d, size, block, a.queue_depth)
+            rows.append({"round": r + 1, "cli_write_gbps": c["write"], "cli_read_gbps": c["read"],
+                         "dropin_write_gbps": p["write"], "dropin_read_gbps": p["read"],
+                         "write_ratio": p["write"] / c["write"], "read_ratio": p["read"] / c["read"]})
+    return {"bench": "python-aio", "size": size, "block_size": block,
+            "queue_depth": a.queue_depth, "rounds": rows,
+            "median_write_ratio": statistics.median(r["write_ratio"] for r in rows),
+            "median_read_ratio": statistics.median(r["read_ratio"] for r in rows)}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python3 -m zinf.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -292,9 +350,16 @@ def main(argv=None):
     ac.add_argument("--rounds", type=int, default=3)
     ac.add_argument("--min-bytes", type=int, default=1 << 20, dest="min_bytes")
     ac.add_argument("--pinned-budget", type=int, default=256 << 20, dest="pinned_budget")
+    ai = sub.add_parser("aio", help="the DeepSpeed drop-in's aio_handle against `zinf bench io`")
+    ai.add_argument("--dir", required=True, help="a directory on the drive to measure")
+    ai.add_argument("--size", default="1Gi")
+    ai.add_argument("--block-size", default="1Mi", dest="block_size")
+    ai.add_argument("--queue-depth", type=int, default=8, dest="queue_depth")
+    ai.add_argument("--rounds", type=int, default=3)
+    ai.add_argument("--zinf", help="the zinf binary (default: $ZINF_BIN, else zinf on PATH)")
     a = ap.parse_args(argv)
     doc = {"adam": bench_adam, "step": bench_step, "save": bench_save,
-           "activations": bench_activations}[a.what](a)
+           "activations": bench_activations, "aio": bench_aio}[a.what](a)
     json.dump(doc, sys.stdout, indent=1)
     print()
 

@@ -367,3 +367,24 @@ def test_io_error_has_no_offset_where_there_is_none(tmp_path, cwd):
         h.sync_pread(torch.zeros(16, dtype=torch.uint8), str(short))
     assert "[Errno 0]" not in str(info.value)
     assert info.value.errno is None and info.value.filename == str(short)
+
+
+def test_an_append_descriptor_appends_and_an_extending_write_sizes_the_file(tmp_path, cwd):
+    # FastFileWriter reopens its file O_APPEND for the tail: nothing may be reserved past the
+    # end there (the write would land after it). A path write that extends a file gets its
+    # blocks first and leaves the file exactly offset + length long.
+    h = aio_handle()
+    path = tmp_path / "app.bin"
+    path.write_bytes(b"\x11" * 4096)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        data = payload(8192)
+        assert h.async_pwrite(data, fd, 4096) == 0
+        assert h.wait() == 1
+    finally:
+        os.close(fd)
+    assert file_bytes(path) == b"\x11" * 4096 + bytes(data.numpy())
+    grown = tmp_path / "grown.bin"
+    assert h.sync_pwrite(payload(12288), str(grown), file_offset=1 << 20) == 1
+    assert os.path.getsize(grown) == (1 << 20) + 12288
+    assert file_bytes(grown)[:1 << 20] == b"\0" * (1 << 20)

@@ -32,6 +32,18 @@ def test_step_compares_with_the_cli_in_the_same_run(tmp_path):
     assert doc["rounds"][0]["cli_s"] > 0 and doc["rounds"][0]["python_s"] > 0
 
 
+@pytest.mark.skipif(not os.environ.get("ZINF_BIN"), reason="ZINF_BIN (the zinf CLI) not set")
+def test_aio_compares_the_drop_in_with_the_cli_in_the_same_run(tmp_path):
+    doc = run("aio", "--dir", str(tmp_path), "--size", "8Mi", "--rounds", "2")
+    assert doc["bench"] == "python-aio"
+    assert (doc["size"], doc["block_size"], doc["queue_depth"]) == (8 << 20, 1 << 20, 8)
+    for row in doc["rounds"]:
+        assert row["cli_write_gbps"] > 0 and row["dropin_read_gbps"] > 0
+        assert row["write_ratio"] == pytest.approx(row["dropin_write_gbps"]
+                                                   / row["cli_write_gbps"])
+    assert list(tmp_path.iterdir()) == []  # the bench's temporary folder removed
+
+
 def test_save_compares_fast_file_writer_with_a_durable_plain_save(tmp_path):
     doc = run("save", "--dir", str(tmp_path), "--size", "8M", "--tensors", "4", "--rounds", "1")
     assert doc["bench"] == "python-save"
