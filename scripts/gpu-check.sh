@@ -24,6 +24,11 @@ for t in tests/cuda/device_contract_gpu_test tests/cuda/communicator_gpu_test \
   echo "=== $(basename $t)"
   "$(find_bin $t)" --gtest_color=no --gtest_brief=1 || status=1
 done
+if [ -d "$build/python/zinf" ]; then
+  echo "=== python: the DeepSpeed drop-in with CUDA tensors"
+  PYTHONPATH="$build/python" /usr/bin/python3 -m pytest -q -p no:cacheprovider \
+    tests/python/test_aio_compat.py -k cuda || status=1
+fi
 zinf=$(find_bin tools/zinf)
 for round in 1 2 3; do
   devices=cuda; [ "$round" = 1 ] && devices="cuda host"

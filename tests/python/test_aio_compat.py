@@ -388,3 +388,22 @@ def test_an_append_descriptor_appends_and_an_extending_write_sizes_the_file(tmp_
     assert h.sync_pwrite(payload(12288), str(grown), file_offset=1 << 20) == 1
     assert os.path.getsize(grown) == (1 << 20) + 12288
     assert file_bytes(grown)[:1 << 20] == b"\0" * (1 << 20)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible (GPU suite)")
+@pytest.mark.parametrize("method", ["sync", "async"])
+def test_a_cuda_tensor_round_trips_through_a_pinned_bounce(tmp_path, cwd, method):
+    h = aio_handle()
+    data = payload(3 << 20).to("cuda")
+    path = str(tmp_path / "gpu.bin")
+    back = torch.zeros_like(data)
+    if method == "sync":
+        assert h.sync_pwrite(data, path) == 1
+        assert h.sync_pread(back, path) == 1
+    else:
+        assert h.async_pwrite(data, path) == 0
+        assert h.wait() == 1
+        assert h.async_pread(back, path) == 0
+        assert h.wait() == 1  # the device copy is made once the bytes are in
+    assert torch.equal(back.cpu(), data.cpu())
+    assert file_bytes(path) == bytes(data.cpu().numpy())

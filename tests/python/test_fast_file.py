@@ -9,6 +9,7 @@
 import errno
 import gc
 import io
+import os
 
 import pytest
 import torch
@@ -148,3 +149,23 @@ def test_save_async_holds_the_state_at_the_call_while_steps_go_on(tmp_path):
         opt_b.save_async("")
     # state="cpu" has no save_async: never a snapshot.
     assert AdamW(make_model().parameters(), lr=1e-2).last_save_snapshot() == "none"
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path):
+    import threading
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    result = []
+
+    def attempt():
+        try:
+            FastFileReader(str(fifo))
+            result.append(None)
+        except OSError as e:
+            result.append(e)
+
+    t = threading.Thread(target=attempt, daemon=True)
+    t.start()
+    t.join(20)
+    assert not t.is_alive(), "FastFileReader blocked on a FIFO"
+    assert result and result[0] is not None and "FIFO" in str(result[0])
