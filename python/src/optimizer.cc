@@ -95,6 +95,7 @@ void bind_optimizer(py::module_& m) {
       "The I/O settings of a ds_config's aio block (and zinf.backend): from the ds_config file "
       "at `path`, or from `json_text`, read by the engine's own config reader (its errors name "
       "`source` and the key); neither: the library's defaults.");
+  m.attr("min_sub_group_elements") = offload::kConfigMinSubGroupSize;
   m.def(
       "default_sub_group_elements",
       [](const std::string& precision) {

@@ -153,9 +153,9 @@ class _ShardedAdamBase(torch.optim.Optimizer):
             self._check_param(p)
             if p.numel() == 0:
                 raise ValueError("zinf: a parameter with no elements")
+        sub_group_size, record = sub_group_and_record(sub_group_size, state_precision)
         self.collectives = collectives(process_group)
         world = self.collectives.size
-        sub_group_size, record = sub_group_and_record(sub_group_size, state_precision)
         if pinned_budget is not None:
             budget = pinned_budget
         elif state == "nvme":

@@ -28,6 +28,13 @@ def sub_group_and_record(sub_group_size, state_precision):
     (docs/engine.md)."""
     if sub_group_size is None:
         sub_group_size = _native.default_sub_group_elements(state_precision)
+    elif isinstance(sub_group_size, bool) or not isinstance(sub_group_size, int) \
+            or sub_group_size < _native.min_sub_group_elements:
+        # The ds_config's limit (zero_optimization.sub_group_size), on every door: each
+        # sub-group is a record padded to 4 KiB, so 1 element would take 341x the state's room.
+        raise ValueError(f"zinf: sub_group_size must be an int of at least "
+                         f"{_native.min_sub_group_elements} elements (or None for the default), "
+                         f"got {sub_group_size!r}")
     per_element = {"fp32": 12, "bf16": 8, "int8": 6}[state_precision]
     return sub_group_size, per_element * sub_group_size + 8 * (sub_group_size // 64 + 1) + 4096
 

@@ -96,7 +96,7 @@ def run_parity(rank, world, tmp):
         if state == "nvme":
             # One path for every rank (it must exist): the rank<R> subfolders separate them.
             os.makedirs(os.path.join(tmp, f"nvme{n}"), exist_ok=True)
-            tier.update(nvme_path=os.path.join(tmp, f"nvme{n}"), sub_group_size=64)
+            tier.update(nvme_path=os.path.join(tmp, f"nvme{n}"), sub_group_size=32768)
         opt = getattr(zd, cls)(groups_of(model), lr=1e-2, weight_decay=0.05, **tier)
         train(model, opt,
               lambda s, i, shape: rank_gradient(s, i, shape, rank, world, different))
@@ -159,7 +159,7 @@ def run_reshard_save(rank, world, tmp):
     import zinf.distributed as zd
     model = make_model(seed=rank)
     opt = zd.ShardedAdamW(groups_of(model), lr=1e-2, weight_decay=0.05, state="nvme",
-                          nvme_path=tmp, sub_group_size=64)
+                          nvme_path=tmp, sub_group_size=32768)
     train(model, opt, lambda s, i, shape: rank_gradient(s, i, shape, rank, world, True))
     opt.save(os.path.join(os.path.dirname(tmp), "ckpt"))
     return {"params": [p.detach().clone().numpy().tobytes() for p in model.parameters()],
@@ -171,7 +171,7 @@ def run_reshard_load(rank, world, tmp):
     import zinf.distributed as zd
     model = make_model(seed=99)
     opt = zd.ShardedAdamW(groups_of(model), lr=1e-2, weight_decay=0.05, state="nvme",
-                          nvme_path=tmp, sub_group_size=64)
+                          nvme_path=tmp, sub_group_size=32768)
     opt.load(os.path.join(os.path.dirname(tmp), "ckpt"))
     loaded = [p.detach().clone().numpy().tobytes() for p in model.parameters()]
     for g in opt.param_groups:

@@ -127,7 +127,7 @@ def test_save_async_holds_the_state_at_the_call_while_steps_go_on(tmp_path):
         (tmp_path / d).mkdir()
     a = make_model()
     opt_a = AdamW(a.parameters(), lr=1e-2, state="nvme", nvme_path=tmp_path / "a",
-                  sub_group_size=4096)
+                  sub_group_size=32768)
     train(a, opt_a, 3, seed=1)
     at_save = [p.detach().clone() for p in a.parameters()]
     assert opt_a.last_save_snapshot() == "none"
@@ -141,7 +141,7 @@ def test_save_async_holds_the_state_at_the_call_while_steps_go_on(tmp_path):
     gc.collect()
     b = make_model(seed=99)
     opt_b = AdamW(b.parameters(), lr=1e-2, state="nvme", nvme_path=tmp_path / "b",
-                  sub_group_size=4096)
+                  sub_group_size=32768)
     opt_b.load(tmp_path / "ckpt")
     for pa, pb in zip(at_save, b.parameters()):
         assert torch.equal(pa, pb)

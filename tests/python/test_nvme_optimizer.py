@@ -13,8 +13,8 @@ from zinf.torch import Adam, AdamW
 
 def make_model(seed=0):
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(37, 300), torch.nn.ReLU(),
-                               torch.nn.Linear(300, 5))
+    return torch.nn.Sequential(torch.nn.Linear(37, 3000), torch.nn.ReLU(),
+                               torch.nn.Linear(3000, 5))
 
 
 def groups(m):
@@ -40,7 +40,7 @@ def test_nvme_state_is_bitwise_the_cpu_state(tmp_path, cls):
     a, b = make_model(), make_model()
     # Small sub-groups: each parameter spans several records.
     nvme = cls(groups(a), lr=1e-2, weight_decay=0.05, state="nvme", nvme_path=tmp_path,
-               sub_group_size=4096)
+               sub_group_size=32768)
     cpu = cls(groups(b), lr=1e-2, weight_decay=0.05)
     train(a, nvme, 5, schedule=True)
     train(b, cpu, 5, schedule=True)
@@ -56,19 +56,19 @@ def test_save_and_load_resume_bitwise(tmp_path):
         (tmp_path / d).mkdir()
     ref = make_model()
     opt_ref = AdamW(ref.parameters(), lr=1e-2, state="nvme", nvme_path=tmp_path / "r",
-                    sub_group_size=4096)
+                    sub_group_size=32768)
     train(ref, opt_ref, 6)
 
     a = make_model()
     opt_a = AdamW(a.parameters(), lr=1e-2, state="nvme", nvme_path=tmp_path / "a",
-                  sub_group_size=4096)
+                  sub_group_size=32768)
     train(a, opt_a, 3)
     opt_a.save(tmp_path / "ckpt")
     del opt_a  # one owner per checkpoint directory: the saver's lock goes with it
     gc.collect()
     b = make_model(seed=99)  # other weights: load must bring the saved ones
     opt_b = AdamW(b.parameters(), lr=1e-2, state="nvme", nvme_path=tmp_path / "b",
-                  sub_group_size=4096)
+                  sub_group_size=32768)
     opt_b.load(tmp_path / "ckpt")
     for pa, pb in zip(a.parameters(), b.parameters()):
         assert torch.equal(pa, pb)
@@ -105,9 +105,9 @@ def test_overlap_starts_updates_during_backward_and_gives_the_same_weights(tmp_p
     (tmp_path / "p").mkdir()
     a, b = make_model(), make_model()
     over = AdamW(groups(a), lr=1e-2, weight_decay=0.05, state="nvme", nvme_path=tmp_path / "o",
-                 sub_group_size=4096, overlap=True)
+                 sub_group_size=32768, overlap=True)
     plain = AdamW(groups(b), lr=1e-2, weight_decay=0.05, state="nvme", nvme_path=tmp_path / "p",
-                  sub_group_size=4096)
+                  sub_group_size=32768)
     torch.manual_seed(42)
     xs = [torch.randn(16, 37) for _ in range(4)]
     for x in xs:
@@ -139,7 +139,7 @@ def test_overlap_refuses_accumulated_gradients(tmp_path):
 @pytest.mark.parametrize("state", ["cpu", "nvme"])
 def test_clipping_before_step_works_and_the_tiers_agree(tmp_path, state):
     a, b = make_model(), make_model()
-    kw = dict(state="nvme", nvme_path=tmp_path, sub_group_size=4096) if state == "nvme" else {}
+    kw = dict(state="nvme", nvme_path=tmp_path, sub_group_size=32768) if state == "nvme" else {}
     opt = AdamW(a.parameters(), lr=1e-2, **kw)
     ref = torch.optim.AdamW(b.parameters(), lr=1e-2)
     torch.manual_seed(3)
@@ -163,7 +163,7 @@ def test_loss_scale_unscales_exactly_and_an_overflow_skips_the_step(tmp_path, st
         if state == "cpu":
             return {}
         (tmp_path / sub).mkdir()
-        return dict(state="nvme", nvme_path=tmp_path / sub, sub_group_size=4096)
+        return dict(state="nvme", nvme_path=tmp_path / sub, sub_group_size=32768)
 
     scaled = AdamW(a.parameters(), lr=1e-2, **kw("a"))
     plain = AdamW(b.parameters(), lr=1e-2, **kw("b"))
@@ -211,7 +211,7 @@ def test_state_dict_round_trip_resumes_bitwise(tmp_path, source, target):
     (tmp_path / "t").mkdir()
 
     def tier(t, d):
-        return dict(state=t, nvme_path=tmp_path / d, sub_group_size=4096) if t == "nvme" else {}
+        return dict(state=t, nvme_path=tmp_path / d, sub_group_size=32768) if t == "nvme" else {}
 
     a = make_model()
     opt_a = AdamW(groups(a), lr=1e-2, weight_decay=0.05, **tier(source, "s"))
@@ -300,9 +300,9 @@ def test_compact_state_follows_fp32_and_checkpoints_name_their_precision(tmp_pat
     for d in ("f", "c", "x"):
         (tmp_path / d).mkdir()
     ref, ref_opt = losses(lambda p: AdamW(p, lr=1e-2, state="nvme", nvme_path=tmp_path / "f",
-                                        sub_group_size=4096))
+                                        sub_group_size=32768))
     got, opt = losses(lambda p: AdamW(p, lr=1e-2, state="nvme", nvme_path=tmp_path / "c",
-                                      sub_group_size=4096, state_precision=precision))
+                                      sub_group_size=32768, state_precision=precision))
     # The tolerance of the demo's test (docs/engine.md): within 5% of fp32's loss at each step
     # or 1% of the initial loss.
     for t, (a, b) in enumerate(zip(got, ref)):
@@ -317,7 +317,7 @@ def test_compact_state_follows_fp32_and_checkpoints_name_their_precision(tmp_pat
     gc.collect()
     m = make_model()
     fp32 = AdamW(m.parameters(), lr=1e-2, state="nvme", nvme_path=tmp_path / "x",
-                 sub_group_size=4096)
+                 sub_group_size=32768)
     with pytest.raises(ValueError,
                        match=f"does not match: state_precision {precision}, here fp32"):
         fp32.load(tmp_path / "ckpt")

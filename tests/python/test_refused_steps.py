@@ -160,3 +160,15 @@ def test_an_offload_used_after_remove_says_so():
     with pytest.raises(ValueError, match=r"step\(\) after remove\(\)"):
         off.step(opt)
     opt.step()  # the optimizer itself still works on the model's parameters
+
+
+@pytest.mark.parametrize("bad", [1, 64, 32767, 1.5, True])
+def test_sub_group_size_has_the_ds_config_minimum_on_every_door(tmp_path, bad):
+    import zinf.distributed as zd
+    p = torch.nn.Parameter(torch.zeros(8))
+    with pytest.raises(ValueError, match="sub_group_size must be an int of at least 32768"):
+        AdamW([p], state="nvme", nvme_path=str(tmp_path), sub_group_size=bad)
+    with pytest.raises(ValueError, match="sub_group_size must be an int of at least 32768"):
+        zd.ShardedAdamW([p], state="nvme", nvme_path=str(tmp_path), sub_group_size=bad,
+                        process_group=object())
+    assert list(tmp_path.iterdir()) == []

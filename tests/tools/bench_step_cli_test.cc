@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdio>
 #include <fstream>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -35,18 +36,18 @@ using zinf::test::wait_tool;
 TEST(BenchStepCli, SmallRunOfEachTierPrintsTheJsonKeys) {
   zinf::test::TestDir dir;
   for (const char* tier : {"nvme", "cpu"}) {
-    // 64K elements in sub-groups of 16K: 4 records of 196608 bytes, a ring of 3.
-    ToolRun r = run_zinf("bench step --dir " + dir.path() + " --numel 64K --sub-group 16K " +
+    // 128K elements in sub-groups of 32K: 4 records of 393216 bytes, a ring of 3.
+    ToolRun r = run_zinf("bench step --dir " + dir.path() + " --numel 128K --sub-group 32K " +
                          "--depth 3 --steps 2 --engine threads --json --tier " + tier);
     ASSERT_EQ(r.status, 0) << r.out;
     const bool nvme = std::string(tier) == "nvme";
     for (std::string key : {std::string("\"tier\":\"") + tier + "\"",
-                            std::string("\"numel\":65536"), std::string("\"sub_groups\":4"),
+                            std::string("\"numel\":131072"), std::string("\"sub_groups\":4"),
                             std::string("\"step_seconds\":"), std::string("\"read_seconds\":"),
                             std::string("\"write_seconds\":"), std::string("\"compute_seconds\":"),
-                            std::string("\"bytes_read\":") + (nvme ? "786432" : "0"),
-                            std::string("\"bytes_written\":") + (nvme ? "786432" : "0"),
-                            std::string("\"pinned_bytes_peak\":") + (nvme ? "589824" : "786432")}) {
+                            std::string("\"bytes_read\":") + (nvme ? "1572864" : "0"),
+                            std::string("\"bytes_written\":") + (nvme ? "1572864" : "0"),
+                            std::string("\"pinned_bytes_peak\":") + (nvme ? "1179648" : "1572864")}) {
       EXPECT_NE(r.out.find(key), std::string::npos) << key << " missing in " << r.out;
     }
   }
@@ -59,7 +60,7 @@ TEST(BenchStepCli, ReferenceReportsTheIdealAndRemovesItsFiles) {
   zinf::test::TestDir dir;
   for (const char* tier : {"nvme", "cpu"}) {
     ToolRun r =
-        run_zinf("bench step --dir " + dir.path() + " --numel 64K --sub-group 16K " +
+        run_zinf("bench step --dir " + dir.path() + " --numel 128K --sub-group 32K " +
                  "--depth 3 --steps 2 --engine threads --reference 1 --json --tier " + tier);
     ASSERT_EQ(r.status, 0) << r.out;
     const nlohmann::json j = nlohmann::json::parse(r.out);
@@ -88,7 +89,7 @@ TEST(BenchStepCli, ReferenceReportsTheIdealAndRemovesItsFiles) {
 TEST(BenchStepCli, ReferenceEveryKStepsBracketsEachBlock) {
   zinf::test::TestDir dir;
   ToolRun r =
-      run_zinf("bench step --dir " + dir.path() + " --numel 64K --sub-group 16K --depth 3 " +
+      run_zinf("bench step --dir " + dir.path() + " --numel 128K --sub-group 32K --depth 3 " +
                "--steps 5 --engine threads --reference 2 --json");
   ASSERT_EQ(r.status, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out);
@@ -122,7 +123,7 @@ TEST(BenchStepCli, ReferenceFollowsNoLinkPlantedAtItsOldName) {
   const std::vector<std::string> planted = {"zinf-bench-step-ref.0.dat"};
   plant_links(work, planted, v);
   ToolRun r = run_zinf("bench step --dir " + work +
-                       " --numel 64K --sub-group 16K --steps 2 "
+                       " --numel 128K --sub-group 32K --steps 2 "
                        "--reference 1 --json");
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(victims_changed(v), "");
@@ -138,3 +139,18 @@ TEST(BenchStepCli, SignalsStopTheRunAndLeaveNothingBehind) {
 }
 
 }  // namespace
+
+// The sub-group limit of a ds_config (zero_optimization.sub_group_size) holds on this door too:
+// one element per sub-group took 341x the state's room in padding.
+TEST(BenchStepCli, ASubGroupBelowTheConfigMinimumExits2) {
+  zinf::test::TestDir dir;
+  for (const char* n : {"1", "32767"}) {
+    const ToolRun r = run_zinf("bench step --dir " + dir.path() + " --numel 1M --steps 1 " +
+                               "--sub-group " + n);
+    EXPECT_EQ(r.status, 2) << r.out;
+    EXPECT_EQ(r.out, std::string("zinf bench step: error: invalid --sub-group '") + n +
+                         "': at least 32768 elements (as zero_optimization.sub_group_size), or 0 "
+                         "for the default\n");
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+}

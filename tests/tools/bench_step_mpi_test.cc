@@ -29,19 +29,19 @@ zinf::test::ToolRun mpirun_bench_step(int np, const std::string& args, bool merg
 TEST(BenchStepMpi, ShardsOverTheRanksFoldersAndRankZeroReportsTheRatio) {
   const int np = zinf::test::mpi_np();
   zinf::test::TestDir dir;
-  // 64K elements per rank in sub-groups of 16K: 4 records of 196608 bytes each, per rank.
+  // 128K elements per rank in sub-groups of 32K: 4 records of 393216 bytes each, per rank.
   const zinf::test::ToolRun run = mpirun_bench_step(
       np,
       "--dir " + dir.path() +
-          " --numel 64K --sub-group 16K --depth 3 --steps 3 --engine threads --threads 1 --json",
+          " --numel 128K --sub-group 32K --depth 3 --steps 3 --engine threads --threads 1 --json",
       false);
   ASSERT_EQ(run.status, 0) << run.out;
   const auto doc = nlohmann::json::parse(run.out);  // one document: only rank 0 prints
   EXPECT_EQ(doc["mode"], "weak_scaling");
   EXPECT_EQ(doc["ranks"], np);
   EXPECT_EQ(doc["collectives"], "mpi");
-  EXPECT_EQ(doc["numel"], 65536);
-  EXPECT_EQ(doc["global_numel"], 65536 * np);
+  EXPECT_EQ(doc["numel"], 131072);
+  EXPECT_EQ(doc["global_numel"], 131072 * np);
   const double alone = doc["alone_step_s"], sharded = doc["sharded_step_s"];
   EXPECT_GT(alone, 0);
   EXPECT_GT(sharded, 0);
@@ -63,8 +63,8 @@ TEST(BenchStepMpi, ShardsOverTheRanksFoldersAndRankZeroReportsTheRatio) {
   // every record once each way (12 bytes an element, fp32 state).
   for (const char* part : {"alone", "rank0_optimizer"}) {
     SCOPED_TRACE(part);
-    EXPECT_EQ(doc[part]["bytes_read"], 786432);
-    EXPECT_EQ(doc[part]["bytes_written"], 786432);
+    EXPECT_EQ(doc[part]["bytes_read"], 1572864);
+    EXPECT_EQ(doc[part]["bytes_written"], 1572864);
   }
   // Every rank's state went to its own rank<R> folder (unnamed files), which the sharded
   // optimizer removes once empty: nothing is left.
@@ -77,7 +77,7 @@ TEST(BenchStepMpi, RefusesWhatTimesOneProcessAndNamesIt) {
   const zinf::test::ToolRun run =
       mpirun_bench_step(np,
                         "--dir " + dir.path() +
-                            " --numel 64K --sub-group 16K --depth 3 --steps 1 --reference 1 "
+                            " --numel 128K --sub-group 32K --depth 3 --steps 1 --reference 1 "
                             "--copy-out bf16",
                         true);
   EXPECT_NE(run.status, 0) << run.out;

@@ -34,6 +34,7 @@
 #include "zinf/dist/collectives.h"
 #include "zinf/dist/rank_directory.h"
 #include "zinf/dist/sharded_optimizer.h"
+#include "zinf/offload/config.h"
 #include "zinf/offload/optimizer.h"
 
 namespace zinf::tools {
@@ -465,6 +466,12 @@ int bench_step_main(const std::vector<std::string>& tokens) {
 
   offload::OptimizerOptions o;
   o.tier = tier;
+  if (sub_group != 0 && sub_group < offload::kConfigMinSubGroupSize) {
+    // The ds_config's limit on every door: a record per sub-group padded to 4 KiB.
+    throw UsageError("invalid --sub-group '" + std::to_string(sub_group) + "': at least " +
+                     std::to_string(offload::kConfigMinSubGroupSize) +
+                     " elements (as zero_optimization.sub_group_size), or 0 for the default");
+  }
   o.sub_group_elements = sub_group;
   o.pipeline_depth = static_cast<std::uint32_t>(depth);
   o.hyper.lr = 1e-3;
