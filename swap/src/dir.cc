@@ -270,7 +270,16 @@ void replace_file_durably(const Dir& dir, std::string_view name, std::string_vie
                           mode_t mode) {
   check_component(name, "replace_file_durably");
   const std::string tmp = unique_name(kTempPrefix);
-  create_file_durably(dir, tmp, text, mode);
+  try {
+    create_file_durably(dir, tmp, text, mode);
+  } catch (const IoError& e) {
+    // The user asked for `name`: the error names it (a full disk fails the temporary file).
+    const std::string why = e.status().message().empty() ? std::string()
+                                                         : e.status().message() + "; ";
+    throw IoError(Status(e.status())
+                      .with_path(dir.path_of(name))
+                      .with_message(why + "writing its temporary file " + tmp + " first"));
+  }
   try {
     dir.rename(tmp, name);
   } catch (...) {
