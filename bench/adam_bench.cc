@@ -2,6 +2,9 @@
 // CpuAdam micro-benchmarks and, in the same run, its references: BM_StreamRmw (the memory
 // bound, elements/s = its bytes/s / 28) and BM_NativeAdamLoop (a plain loop built with -O3
 // -march=native). All use the same huge-page-advised arrays. Compare items_per_second.
+// BM_CpuAdamLayout and BM_SimpleAdamLoopNativeLayout time the kernel and the simple loop on
+// several memory layouts of the four arrays (see Layout): a benchmark that measures one
+// layout measures its luck (issue #37).
 // Quiet-machine recipe (alternates the cases, medians of 5):
 //   build/release/bench/adam_bench --benchmark_repetitions=5
 //     --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=true
@@ -15,9 +18,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <span>
 #include <new>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "native_adam_loop.h"
 #include "zinf/adam/cpu_adam.h"
@@ -96,6 +100,101 @@ Arena& arena(std::size_t n) {
     a = std::make_unique<Arena>(n);
   }
   return *a;
+}
+
+// Where the four fp32 arrays (parameters, m, v, gradients) of the layout rows lie. What
+// matters to the kernel is each array's address mod 4 KiB (loads and stores are first matched
+// on their low 12 bits) and whether it sits on huge pages.
+enum Layout : std::int64_t {
+  // Each array from posix_memalign(64, bytes), as torch.empty's CPU allocator takes it: glibc
+  // maps a large block on its own pages, so every array starts at the same small offset into a
+  // page; no huge-page advice.
+  kTorch = 0,
+  // Each array 2 MiB-aligned and THP-advised (zinf's HostArray, `zinf bench adam`, BufferPool):
+  // every array at offset 0 mod 2 MiB.
+  kAlignedThp = 1,
+  // The same addresses on 4 KiB pages (MADV_NOHUGEPAGE).
+  kAligned4K = 2,
+  // 2 MiB-aligned, THP, array k moved by k * 1088 bytes: no two arrays share an offset mod 4 KiB
+  // or sit within a few cache lines of each other there.
+  kStaggered = 3,
+  // 2 MiB-aligned, THP, array k moved by k * 64 bytes: each array one cache line past the last
+  // mod 4 KiB, the layout the kernel lost most on before issue #37's fix.
+  kLines = 4,
+};
+
+constexpr std::size_t kTwoMiB = std::size_t{2} << 20;
+
+// The four arrays of one layout, allocated and filled as Arena's are. `stagger` (bytes)
+// replaces kStaggered's 1088 when given: the offset sweep's rows.
+class LayoutArena {
+ public:
+  LayoutArena(std::size_t n_in, Layout layout_in, std::size_t stagger_in = 1088)
+      : n(n_in), layout(layout_in), stagger(stagger_in) {
+    float* arrays[4];
+    for (std::size_t k = 0; k < 4; ++k) arrays[k] = allocate(n * 4, k);
+    p = arrays[0];
+    m = arrays[1];
+    v = arrays[2];
+    g = arrays[3];
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto h = static_cast<std::uint32_t>(i * 2654435761u);
+      p[i] = static_cast<float>(h % 2001u) / 1000.0f - 1.0f;
+      g[i] = (static_cast<float>((h >> 11) % 2001u) / 1000.0f - 1.0f) * 1e-3f + 1e-5f;
+      m[i] = 0.0f;
+      v[i] = 0.0f;
+    }
+  }
+  std::size_t n;
+  Layout layout;
+  std::size_t stagger;
+  float* p = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  float* g = nullptr;
+
+ private:
+  struct Free {
+    void operator()(void* q) const { std::free(q); }
+  };
+  float* allocate(std::size_t bytes, std::size_t k) {
+    void* block = nullptr;
+    std::size_t offset = 0;
+    if (layout == kTorch) {
+      if (::posix_memalign(&block, 64, bytes) != 0) throw std::bad_alloc();
+    } else {
+      offset = layout == kStaggered ? k * stagger : layout == kLines ? k * 64 : 0;
+      const std::size_t size = align_up(bytes + offset, kTwoMiB);
+      block = std::aligned_alloc(kTwoMiB, size);
+      if (block == nullptr) throw std::bad_alloc();
+      (void)::madvise(block, size, layout == kAligned4K ? MADV_NOHUGEPAGE : MADV_HUGEPAGE);
+    }
+    blocks_.emplace_back(block);
+    return reinterpret_cast<float*>(static_cast<std::byte*>(block) + offset);
+  }
+  std::vector<std::unique_ptr<void, Free>> blocks_;
+};
+
+// One layout at a time (1.6 GB at 100M elements): rebuilt, outside the timed loop, when a row
+// asks for another layout or size.
+LayoutArena& layout_arena(std::size_t n, Layout layout, std::size_t stagger = 1088) {
+  static std::unique_ptr<LayoutArena> a;
+  if (!a || a->n != n || a->layout != layout || a->stagger != stagger) {
+    a.reset();
+    a = std::make_unique<LayoutArena>(n, layout, stagger);
+  }
+  return *a;
+}
+
+const char* layout_name(Layout layout) {
+  switch (layout) {
+    case kTorch: return "torch";
+    case kAlignedThp: return "aligned";
+    case kAligned4K: return "aligned-4k";
+    case kStaggered: return "staggered";
+    case kLines: return "lines";
+  }
+  return "?";
 }
 
 AdamParams bench_params(std::int64_t step) {
@@ -193,6 +292,60 @@ void BM_SimpleAdamLoopBaseline(benchmark::State& state) {
   run_native_loop(state, zinf::bench::simple_adam_loop_baseline);
 }
 
+// Args: numel, threads, layout. The best path, fp32 gradients, no copy-out, the simple loop's
+// arithmetic (no weight decay).
+void BM_CpuAdamLayout(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const auto layout = static_cast<Layout>(state.range(2));
+  CpuAdam adam({.threads = static_cast<std::size_t>(state.range(1))});
+  LayoutArena& a = layout_arena(n, layout);
+  std::int64_t step = 1;
+  for (auto _ : state) {
+    adam.step(bench_params(step++), {a.p, n}, {a.m, n}, {a.v, n},
+              GradView::f32({static_cast<const float*>(a.g), n}));
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(n));
+  state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(n) * kBytesPerElement);
+  state.SetLabel(std::string(layout_name(layout)) + " " +
+                 std::string(zinf::adam::isa_name(adam.isa())));
+}
+
+// Args: numel, stagger (bytes). The offset sweep behind issue #37: 2 MiB-aligned THP arrays,
+// array k (p, m, v, g) moved by k * stagger bytes, one thread, in L2.
+void BM_CpuAdamStagger(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const auto stagger = static_cast<std::size_t>(state.range(1));
+  CpuAdam adam({.threads = 1});
+  LayoutArena& a = layout_arena(n, kStaggered, stagger);
+  std::int64_t step = 1;
+  for (auto _ : state) {
+    adam.step(bench_params(step++), {a.p, n}, {a.m, n}, {a.v, n},
+              GradView::f32({static_cast<const float*>(a.g), n}));
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(n));
+  state.SetLabel(std::string(zinf::adam::isa_name(adam.isa())));
+}
+
+// Args: numel, layout. The 1-thread reference on the same layouts.
+void BM_SimpleAdamLoopNativeLayout(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const auto layout = static_cast<Layout>(state.range(1));
+  LayoutArena& a = layout_arena(n, layout);
+  std::int64_t step = 1;
+  for (auto _ : state) {
+    const auto t = static_cast<double>(step++);
+    zinf::bench::simple_adam_loop_native(a.p, a.m, a.v, a.g, n, 1e-3f, 0.9f, 0.999f, 1e-8f,
+                                         static_cast<float>(1 - std::pow(0.9, t)),
+                                         static_cast<float>(1 - std::pow(0.999, t)));
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(n));
+  state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(n) * kBytesPerElement);
+  state.SetLabel(layout_name(layout));
+}
+
 constexpr std::int64_t kNone = -1;
 constexpr auto kF32 = static_cast<std::int64_t>(DType::kF32);
 constexpr auto kBF16 = static_cast<std::int64_t>(DType::kBF16);
@@ -250,5 +403,29 @@ BENCHMARK(BM_SimpleAdamLoopBaseline)
     ->Arg(kCached)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
+
+// Every layout, at 100M elements (memory-bound) and at 65,536 (1 MiB of state, in L2: the
+// compute bound, where the layout's cost shows without the memory system's noise; one chunk,
+// so one thread).
+constexpr std::int64_t kInL2 = 65'536;
+BENCHMARK(BM_CpuAdamLayout)
+    ->ArgNames({"numel", "threads", "layout"})
+    ->ArgsProduct({{kLarge}, {1, 2}, {kTorch, kAlignedThp, kAligned4K, kStaggered, kLines}})
+    ->ArgsProduct({{kInL2}, {1}, {kTorch, kAlignedThp, kAligned4K, kStaggered, kLines}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_SimpleAdamLoopNativeLayout)
+    ->ArgNames({"numel", "layout"})
+    ->ArgsProduct({{kLarge, kInL2}, {kTorch, kAlignedThp, kAligned4K, kStaggered, kLines}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+// Each array k moved by k * stagger bytes: 0 (all aligned), a quarter, half and one cache
+// line, two, three, four lines, 512 and 1088 bytes, and -16 (4080) mod 4 KiB.
+BENCHMARK(BM_CpuAdamStagger)
+    ->ArgNames({"numel", "stagger"})
+    ->ArgsProduct({{kInL2}, {0, 16, 32, 64, 128, 192, 256, 512, 1088, 4080}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace

@@ -98,12 +98,27 @@ inline void store_out(void* out, std::size_t i, __m512 p, __mmask16 k) {
   }
 }
 
-template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kMasked>
-inline void update(const KernelArgs& a, const Consts& c, std::size_t i, __mmask16 k) {
-  __m512 g = _mm512_mul_ps(load_grad<G, kMasked>(a.grads, i, k), c.grad_scale);
-  __m512 p = load_f32<kMasked>(a.params + i, k);
-  __m512 m = load_f32<kMasked>(a.m + i, k);
-  __m512 v = load_f32<kMasked>(a.v + i, k);
+// One vector of every input array, as loaded. The loop loads a block's vectors one block
+// before it stores that block's results (Avx512Kernel::loop says why).
+struct In {
+  __m512 g, p, m, v;
+};
+
+// Forced inline: out of line, GCC 12 warns (-Wuninitialized) about the intrinsics' own
+// self-initialised "undefined" vectors, and a call per vector would cost the loop anyway.
+template <ElemType G, bool kMasked>
+[[gnu::always_inline]] inline In load_in(const KernelArgs& a, std::size_t i, __mmask16 k) {
+  return {load_grad<G, kMasked>(a.grads, i, k), load_f32<kMasked>(a.params + i, k),
+          load_f32<kMasked>(a.m + i, k), load_f32<kMasked>(a.v + i, k)};
+}
+
+template <DecayKind D, ElemType O, bool kOut, bool kMasked>
+[[gnu::always_inline]] inline void finish(const KernelArgs& a, const Consts& c, In x, std::size_t i,
+                                          __mmask16 k) {
+  __m512 g = _mm512_mul_ps(x.g, c.grad_scale);
+  __m512 p = x.p;
+  __m512 m = x.m;
+  __m512 v = x.v;
   if constexpr (D == DecayKind::kL2) g = _mm512_add_ps(g, _mm512_mul_ps(c.weight_decay, p));
   if constexpr (D == DecayKind::kDecoupled) p = _mm512_mul_ps(p, c.decay_factor);
   m = _mm512_add_ps(_mm512_mul_ps(c.beta1, m), _mm512_mul_ps(c.one_minus_beta1, g));
@@ -114,6 +129,11 @@ inline void update(const KernelArgs& a, const Consts& c, std::size_t i, __mmask1
   store_f32<kMasked>(a.m + i, m, k);
   store_f32<kMasked>(a.v + i, v, k);
   if constexpr (kOut) store_out<O, kMasked>(a.out, i, p, k);
+}
+
+template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kMasked>
+inline void update(const KernelArgs& a, const Consts& c, std::size_t i, __mmask16 k) {
+  finish<D, O, kOut, kMasked>(a, c, load_in<G, kMasked>(a, i, k), i, k);
 }
 
 // The loop dispatch() instantiates (cpu_adam_kernel.h), one per combination of choices.
@@ -134,22 +154,42 @@ template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kPrefetch>
 void Avx512Kernel::loop(const KernelArgs& a, std::size_t begin, std::size_t end) {
   const Consts c(a);
   std::size_t i = begin;
-  // Two vectors (two cache lines of each fp32 array) per iteration, with two independent
-  // chains of sqrt and div in flight.
-  for (; i + 2 * kLanes <= end; i += 2 * kLanes) {
-    if constexpr (kPrefetch) {
-      const std::size_t ahead = i + a.prefetch_elems;
-      prefetch(a.params, ahead * 4);
-      prefetch(a.params, ahead * 4 + 64);
-      prefetch(a.m, ahead * 4);
-      prefetch(a.m, ahead * 4 + 64);
-      prefetch(a.v, ahead * 4);
-      prefetch(a.v, ahead * 4 + 64);
-      prefetch(a.grads, ahead * grad_bytes<G>());
-      if constexpr (G == ElemType::kF32) prefetch(a.grads, ahead * 4 + 64);
+  // Blocks of two vectors (two cache lines of each fp32 array), with two independent chains
+  // of sqrt and div in flight, software-pipelined: the next block's loads are issued before
+  // this block's stores. A load issued after a store whose address has the same low 12 bits
+  // waits for that store (4K aliasing: the core compares only those bits at first), and the
+  // store's data comes last, after the divide. When one array starts 1 to 127 bytes past
+  // another mod 4 KiB, loading vector j+1 of the first right after storing vector j of the
+  // second hit that in every vector and slowed the loop by up to 2.5x (docs/benchmarks.md,
+  // issue #37). With the loads a block ahead, every store older than a load is at least three
+  // vectors behind it. The order of loads and stores changes no value: the arrays never
+  // overlap.
+  constexpr std::size_t kBlock = 2 * kLanes;
+  if (i + kBlock <= end) {
+    In x0 = load_in<G, false>(a, i, 0);
+    In x1 = load_in<G, false>(a, i + kLanes, 0);
+    for (; i + 2 * kBlock <= end; i += kBlock) {
+      if constexpr (kPrefetch) {
+        const std::size_t ahead = i + a.prefetch_elems;
+        prefetch(a.params, ahead * 4);
+        prefetch(a.params, ahead * 4 + 64);
+        prefetch(a.m, ahead * 4);
+        prefetch(a.m, ahead * 4 + 64);
+        prefetch(a.v, ahead * 4);
+        prefetch(a.v, ahead * 4 + 64);
+        prefetch(a.grads, ahead * grad_bytes<G>());
+        if constexpr (G == ElemType::kF32) prefetch(a.grads, ahead * 4 + 64);
+      }
+      const In y0 = load_in<G, false>(a, i + kBlock, 0);
+      const In y1 = load_in<G, false>(a, i + kBlock + kLanes, 0);
+      finish<D, O, kOut, false>(a, c, x0, i, 0);
+      finish<D, O, kOut, false>(a, c, x1, i + kLanes, 0);
+      x0 = y0;
+      x1 = y1;
     }
-    update<D, G, O, kOut, false>(a, c, i, 0);
-    update<D, G, O, kOut, false>(a, c, i + kLanes, 0);
+    finish<D, O, kOut, false>(a, c, x0, i, 0);
+    finish<D, O, kOut, false>(a, c, x1, i + kLanes, 0);
+    i += kBlock;
   }
   for (; i + kLanes <= end; i += kLanes) update<D, G, O, kOut, false>(a, c, i, 0);
   if (i < end) {

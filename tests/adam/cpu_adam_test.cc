@@ -326,6 +326,48 @@ TEST_P(CpuAdamIsa, AgreesBitwiseWithScalarPath) {
   }
 }
 
+// The vector loops load one block ahead of their stores (so that no load waits on a store to
+// another array that shares its address mod 4 KiB, issue #37): every length around the block
+// sizes (pipeline empty, one block, several, with single vectors and a masked tail after),
+// with the arrays carved from one buffer a cache line or less apart mod 4 KiB and in every
+// order, gives the scalar path's bits.
+TEST_P(CpuAdamIsa, EveryLengthAndCloseLayoutGivesTheScalarBits) {
+  CpuAdam scalar({.threads = 1, .isa = Isa::kScalar});
+  CpuAdam adam({.threads = 1, .isa = GetParam()});
+  constexpr std::size_t kMaxLen = 140;
+  // Element offsets of p, m, v and the gradients inside one buffer, chosen mod 1024 elements
+  // (4 KiB): one line apart, half a line apart, descending, and all equal.
+  const std::size_t page = 1024;
+  const std::size_t layouts[][4] = {{0, 16, 32, 48}, {0, 8, 16, 24}, {48, 32, 16, 0}, {0, 0, 0, 0}};
+  for (const auto& lay : layouts) {
+    for (std::size_t n = 1; n <= kMaxLen; ++n) {
+      SCOPED_TRACE("n=" + std::to_string(n) + " layout=" + std::to_string(lay[0]) + "," +
+                   std::to_string(lay[1]) + "," + std::to_string(lay[2]) + "," +
+                   std::to_string(lay[3]));
+      Problem a(n, 0, kSeed + static_cast<std::uint32_t>(n));
+      // Array k at k pages plus its offset: never overlapping (n + offsets < a page).
+      std::vector<float> buf(5 * page);
+      float* arr[4];
+      for (std::size_t k = 0; k < 4; ++k) arr[k] = buf.data() + k * page + lay[k];
+      std::copy_n(a.p.cspan().data(), n, arr[0]);
+      std::copy_n(a.m.cspan().data(), n, arr[1]);
+      std::copy_n(a.v.cspan().data(), n, arr[2]);
+      std::copy_n(a.g32.cspan().data(), n, arr[3]);
+      std::vector<std::uint16_t> out(n);
+      AdamParams hp = typical(AdamMode::kAdamW, 0.01, true);
+      scalar.step(hp, a.p.span(), a.m.span(), a.v.span(), a.grads(DType::kF32),
+                  CopyOut::bf16(a.out.span()));
+      adam.step(hp, {arr[0], n}, {arr[1], n}, {arr[2], n},
+                GradView::f32({static_cast<const float*>(arr[3]), n}), CopyOut::bf16(out));
+      EXPECT_EQ(std::memcmp(arr[0], a.p.cspan().data(), n * 4), 0);
+      EXPECT_EQ(std::memcmp(arr[1], a.m.cspan().data(), n * 4), 0);
+      EXPECT_EQ(std::memcmp(arr[2], a.v.cspan().data(), n * 4), 0);
+      EXPECT_EQ(std::memcmp(out.data(), a.out.cspan().data(), n * 2), 0);
+      if (HasFailure()) return;
+    }
+  }
+}
+
 TEST_P(CpuAdamIsa, BitwiseIdenticalAcrossThreadCountsAndAlignments) {
   const std::size_t n = 5 * kChunk + 123;
   struct Run {

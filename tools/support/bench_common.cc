@@ -20,14 +20,48 @@
 
 namespace zinf::tools {
 
-HostArray::HostArray(std::size_t bytes, std::string_view who) {
+ArrayLayout parse_array_layout(const std::string& text, const char* what) {
+  for (ArrayLayout l : {ArrayLayout::kAligned, ArrayLayout::kAligned4K, ArrayLayout::kStaggered,
+                        ArrayLayout::kTorch}) {
+    if (text == array_layout_name(l)) return l;
+  }
+  throw UsageError(std::string("invalid ") + what + " '" + text +
+                   "': expected aligned, aligned-4k, staggered or torch");
+}
+
+std::string_view array_layout_name(ArrayLayout layout) noexcept {
+  switch (layout) {
+    case ArrayLayout::kAligned: return "aligned";
+    case ArrayLayout::kAligned4K: return "aligned-4k";
+    case ArrayLayout::kStaggered: return "staggered";
+    case ArrayLayout::kTorch: return "torch";
+  }
+  return "?";
+}
+
+std::size_t array_layout_offset(ArrayLayout layout, std::size_t index) noexcept {
+  return layout == ArrayLayout::kStaggered ? index * 1088 : 0;
+}
+
+HostArray::HostArray(std::size_t bytes, std::string_view who, ArrayLayout layout, std::size_t index)
+    : offset_(array_layout_offset(layout, index)) {
+  const auto fail = [&](std::size_t size) {
+    return Error(std::string(who) + ": cannot allocate " + std::to_string(size) + " bytes");
+  };
+  const std::size_t need = std::max<std::size_t>(bytes, 1) + offset_;
+  if (layout == ArrayLayout::kTorch) {
+    void* p = nullptr;
+    if (::posix_memalign(&p, 64, need) != 0) throw fail(need);
+    ptr_.reset(p);
+    return;
+  }
   constexpr std::size_t kAlign = std::size_t{2} << 20;
-  const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+  const std::size_t rounded = (need + kAlign - 1) / kAlign * kAlign;
   ptr_.reset(std::aligned_alloc(kAlign, rounded));
-  if (!ptr_)
-    throw Error(std::string(who) + ": cannot allocate " + std::to_string(rounded) + " bytes");
+  if (!ptr_) throw fail(rounded);
   // Advisory only: without THP the run is still valid, just with 4 KiB pages.
-  (void)::madvise(ptr_.get(), rounded, MADV_HUGEPAGE);
+  (void)::madvise(ptr_.get(), rounded,
+                  layout == ArrayLayout::kAligned4K ? MADV_NOHUGEPAGE : MADV_HUGEPAGE);
 }
 
 void HostArray::Free::operator()(void* p) const { std::free(p); }

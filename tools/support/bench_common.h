@@ -17,15 +17,37 @@
 
 namespace zinf::tools {
 
-/// Host memory for one benchmark array: 2 MiB aligned and advised onto transparent huge pages,
-/// so TLB misses do not blur the memory figure (applies to every kernel measured alike).
-/// Throws zinf::Error naming `who` and the size if it cannot be allocated.
+/// Where a benchmark puts its arrays (`zinf bench adam --layout`). What an element-wise kernel
+/// sees of an array is its address mod 4 KiB (a load and an older store are first matched on
+/// their low 12 bits) and whether it sits on huge pages, so one layout measures its luck.
+enum class ArrayLayout : std::uint8_t {
+  kAligned,    ///< 2 MiB aligned, THP advised: every array at offset 0 mod 2 MiB ("aligned")
+  kAligned4K,  ///< the same on 4 KiB pages (MADV_NOHUGEPAGE) ("aligned-4k")
+  /// 2 MiB aligned, THP advised, array k of a set moved by k * 1088 bytes ("staggered")
+  kStaggered,
+  /// posix_memalign(64) and no advice, as torch.empty's CPU allocator takes memory ("torch")
+  kTorch,
+};
+/// Parses aligned | aligned-4k | staggered | torch; UsageError naming `what` otherwise.
+ArrayLayout parse_array_layout(const std::string& text, const char* what);
+/// The name parse_array_layout() reads.
+std::string_view array_layout_name(ArrayLayout layout) noexcept;
+/// Bytes by which array `index` of a set starts past its allocation's alignment: index * 1088
+/// for kStaggered (the first four then lie at least 832 bytes apart mod 4 KiB, in either
+/// direction), 0 otherwise.
+std::size_t array_layout_offset(ArrayLayout layout, std::size_t index) noexcept;
+
+/// Host memory for one benchmark array: by default 2 MiB aligned and advised onto transparent
+/// huge pages, so TLB misses do not blur the memory figure (applies to every kernel measured
+/// alike); `layout` and `index` (the array's place in its set) choose another placement (see
+/// ArrayLayout). Throws zinf::Error naming `who` and the size if it cannot be allocated.
 class HostArray {
  public:
-  HostArray(std::size_t bytes, std::string_view who);
+  HostArray(std::size_t bytes, std::string_view who, ArrayLayout layout = ArrayLayout::kAligned,
+            std::size_t index = 0);
   template <typename T>
   std::span<T> as(std::size_t n) {
-    return {static_cast<T*>(ptr_.get()), n};
+    return {reinterpret_cast<T*>(static_cast<std::byte*>(ptr_.get()) + offset_), n};
   }
 
  private:
@@ -33,6 +55,7 @@ class HostArray {
     void operator()(void* p) const;
   };
   std::unique_ptr<void, Free> ptr_;
+  std::size_t offset_ = 0;
 };
 
 /// The benchmarks' data (bench adam, bench step): parameter i in [-1, 1]. With the gradients
