@@ -3,8 +3,6 @@
 // FIFOs and pre-created entries never followed or adopted, unnamed files leave nothing behind,
 // durable replacement, and the flock that names its holder.
 #include <fcntl.h>
-#include <sched.h>
-#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -21,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include "support/child_process.h"
+#include "support/private_tmpfs.h"
 #include "support/test_dir.h"
 #include "zinf/common/error.h"
 #include "zinf/swap/dir.h"
@@ -260,35 +259,23 @@ TEST(Dir, ReplaceFileDurablyReplacesALinkInsteadOfWritingThroughIt) {
 }
 
 // A full disk fails the temporary file that replace_file_durably writes first; the error names
-// the file the caller asked for (zinf tune --plot, --out), not only the temporary one. In a
-// child with a private 64 KiB tmpfs: 0 pass, 1-9 a failed check, 77 cannot set up (skip).
+// the file the caller asked for (zinf tune --plot, --out), not only the temporary one (a
+// private 64 KiB tmpfs).
 TEST(Dir, ReplaceFileDurablyOnAFullDiskNamesTheFileAskedFor) {
   test::TestDir dir;
   const std::string mnt = dir.subdir("small");
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    if (::unshare(CLONE_NEWNS) != 0) ::_exit(77);
-    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) ::_exit(77);
-    if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=64k") != 0) ::_exit(77);
+  ZINF_EXPECT_IN_PRIVATE_TMPFS(mnt, "64k", [&] {
     try {
       replace_file_durably(Dir::open(mnt), "plot.svg", std::string(1 << 20, 'x'));
-      ::_exit(1);
+      return 1;
     } catch (const IoError& e) {
       const std::string what = e.what();
-      if (e.code() != ErrorCode::kNoSpace) ::_exit(2);
-      if (what.find(mnt + "/plot.svg") == std::string::npos) ::_exit(3);
-      if (what.find("temporary file") == std::string::npos) ::_exit(4);
-      ::_exit(0);
-    } catch (...) {
-      ::_exit(6);
+      if (e.code() != ErrorCode::kNoSpace) return 2;
+      if (what.find(mnt + "/plot.svg") == std::string::npos) return 3;
+      if (what.find("temporary file") == std::string::npos) return 4;
+      return 0;
     }
-  }
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status));
-  if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "cannot mount a private tmpfs here";
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "child check " << WEXITSTATUS(status) << " failed";
+  });
 }
 
 TEST(Dir, CreateFileDurablyRefusesAnythingAtTheName) {

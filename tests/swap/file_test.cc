@@ -2,10 +2,7 @@
 // File: open errors name the path and errno, the O_DIRECT fallback logs one notice, the
 // alignment probe follows statx/sysfs, preallocation sizes the file, ENOSPC is kNoSpace.
 #include <fcntl.h>
-#include <sched.h>
-#include <sys/mount.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "support/private_tmpfs.h"
 #include "support/test_dir.h"
 #include "zinf/common/error.h"
 #include "zinf/common/log.h"
@@ -215,37 +213,23 @@ TEST(File, MoveLeavesTheSourceEmptyAndCloseReports) {
 }
 
 TEST(File, PreallocationBeyondTheDeviceIsNoSpace) {
-  // A real ENOSPC without filling a shared disk: a child process gets a private mount
-  // namespace with a 1 MiB tmpfs and asks for 8 MiB. It reports through its exit code:
-  // 0 pass, 1-9 a failed check, 77 cannot set up (skip).
+  // A real ENOSPC without filling a shared disk: a 1 MiB private tmpfs asked for 8 MiB.
   test::TestDir dir;
   const std::string mnt = dir.subdir("small");
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0) << std::strerror(errno);
-  if (pid == 0) {
-    if (::unshare(CLONE_NEWNS) != 0) ::_exit(77);
-    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) ::_exit(77);
-    if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=1m") != 0) ::_exit(77);
+  ZINF_EXPECT_IN_PRIVATE_TMPFS(mnt, "1m", [&] {
     const std::string path = mnt + "/big.swp";
     try {
       File::open(path, FileOptions{.create = true, .preallocate_bytes = 8 << 20});
-      ::_exit(1);
+      return 1;
     } catch (const IoError& e) {
-      if (e.code() != ErrorCode::kNoSpace) ::_exit(2);
-      if (e.sys_errno() != ENOSPC) ::_exit(3);
+      if (e.code() != ErrorCode::kNoSpace) return 2;
+      if (e.sys_errno() != ENOSPC) return 3;
       const std::string what = e.what();
-      if (what.find(path) == std::string::npos) ::_exit(4);
-      if (what.find("length=8388608") == std::string::npos) ::_exit(5);
-      ::_exit(0);
-    } catch (...) {
-      ::_exit(6);
+      if (what.find(path) == std::string::npos) return 4;
+      if (what.find("length=8388608") == std::string::npos) return 5;
+      return 0;
     }
-  }
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status));
-  if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "cannot mount a private tmpfs here";
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "child check " << WEXITSTATUS(status) << " failed";
+  });
 }
 
 }  // namespace

@@ -11,9 +11,7 @@
 #include <signal.h>
 #include <linux/fiemap.h>
 #include <linux/fs.h>
-#include <sched.h>
 #include <sys/ioctl.h>
-#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
@@ -38,6 +36,7 @@
 #include "io_test_util.h"
 #include "support/pattern.h"
 #include "support/child_process.h"
+#include "support/private_tmpfs.h"
 #include "support/test_dir.h"
 #include "zinf/common/error.h"
 #include "zinf/swap/crc32c.h"
@@ -485,59 +484,45 @@ TEST_P(SwapStoreTest, CallerSideChecksumsKeepTheStoresGuarantees) {
 // milliseconds after it was reaped. The new store waits briefly for it instead of refusing.
 // In a child with a private 16 MiB tmpfs: 12 MiB are held by a file closed 100 ms into the
 // creation of an 8 MiB store, which must then succeed; a 32 MiB store still fails, naming the
-// wait. Exit codes: 0 pass, 1-9 a failed check, 77 cannot set up (skip).
+// wait.
 TEST(SwapStoreSpace, CreationWaitsBrieflyForSpaceAProcessThatJustEndedHeld) {
   test::TestDir dir;
   const std::string mnt = dir.subdir("small");
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0) << std::strerror(errno);
-  if (pid == 0) {
-    if (::unshare(CLONE_NEWNS) != 0) ::_exit(77);
-    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) ::_exit(77);
-    if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=16m") != 0) ::_exit(77);
+  ZINF_EXPECT_IN_PRIVATE_TMPFS(mnt, "16m", [&] {
+    const std::string filler = mnt + "/dead-run";
+    const int fd = ::open(filler.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0 || ::fallocate(fd, 0, 0, 12 << 20) != 0) return 7;
+    ::unlink(filler.c_str());  // held by the descriptor alone, as an unnamed swap file
+    std::thread dies([fd] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      ::close(fd);
+    });
+    IoOptions io;
+    io.kind = IoEngineKind::kThreads;
+    auto engine = make_io_engine(io);
+    SwapStoreOptions o;
+    o.directories = {mnt};
+    o.stripe_bytes = kStripe;
+    o.capacity_bytes = 8 << 20;
+    o.direct_io = false;
+    bool made = false;
     try {
-      const std::string filler = mnt + "/dead-run";
-      const int fd = ::open(filler.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
-      if (fd < 0 || ::fallocate(fd, 0, 0, 12 << 20) != 0) ::_exit(77);
-      ::unlink(filler.c_str());  // held by the descriptor alone, as an unnamed swap file
-      std::thread dies([fd] {
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        ::close(fd);
-      });
-      IoOptions io;
-      io.kind = IoEngineKind::kThreads;
-      auto engine = make_io_engine(io);
-      SwapStoreOptions o;
-      o.directories = {mnt};
-      o.stripe_bytes = kStripe;
-      o.capacity_bytes = 8 << 20;
-      o.direct_io = false;
-      bool made = false;
-      try {
-        SwapStore store(o, *engine);
-        made = true;
-      } catch (...) {
-      }
-      dies.join();
-      if (!made) ::_exit(1);
-      o.capacity_bytes = 32 << 20;
-      try {
-        SwapStore store(o, *engine);
-        ::_exit(2);
-      } catch (const IoError& e) {
-        if (e.code() != ErrorCode::kNoSpace) ::_exit(3);
-        if (std::string(e.what()).find("after 0.5 s") == std::string::npos) ::_exit(4);
-      }
-      ::_exit(0);
+      SwapStore store(o, *engine);
+      made = true;
     } catch (...) {
-      ::_exit(6);
     }
-  }
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status));
-  if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "cannot mount a private tmpfs here";
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "child check " << WEXITSTATUS(status) << " failed";
+    dies.join();
+    if (!made) return 1;
+    o.capacity_bytes = 32 << 20;
+    try {
+      SwapStore store(o, *engine);
+      return 2;
+    } catch (const IoError& e) {
+      if (e.code() != ErrorCode::kNoSpace) return 3;
+      if (std::string(e.what()).find("after 0.5 s") == std::string::npos) return 4;
+    }
+    return 0;
+  });
 }
 
 TEST_P(SwapStoreTest, FreeSpaceCheckedAtCreationBeforeCreatingAnything) {

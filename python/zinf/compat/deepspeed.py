@@ -334,32 +334,36 @@ class _AioOp:
     deepspeed_memcpy = staticmethod(deepspeed_memcpy)
 
 
-class AsyncIOBuilder:
-    """DeepSpeed's op builder for async I/O; zinf's needs no JIT build."""
+class _Builder:
+    """DeepSpeed's op builders: is_compatible() and load() giving the op's module; zinf's ops
+    are built with the package (no JIT build)."""
 
-    NAME = "async_io"
+    NAME = ""
+    _op = None
 
     def is_compatible(self, verbose=False):
         return True
 
     def load(self, verbose=True):
-        return _AioOp()
+        return self._op
 
 
 class _PinOp:
     pin_handle = pin_handle
 
 
-class PinMemoryBuilder:
+class AsyncIOBuilder(_Builder):
+    """DeepSpeed's op builder for async I/O."""
+
+    NAME = "async_io"
+    _op = _AioOp()
+
+
+class PinMemoryBuilder(_Builder):
     """DeepSpeed's op builder for page-locked tensors."""
 
     NAME = "pin_memory"
-
-    def is_compatible(self, verbose=False):
-        return True
-
-    def load(self, verbose=True):
-        return _PinOp()
+    _op = _PinOp()
 
 
 class CPUAdamDeviceError(ValueError, AssertionError):
@@ -503,42 +507,36 @@ class _CpuAdamOp:
         return {"lr": float(lr), "betas": (float(beta1), float(beta2)), "eps": float(eps),
                 "weight_decay": float(weight_decay), "bias_correction": bool(bias_correction)}
 
-    @staticmethod
-    def _check(tensors):
-        for name, t in tensors:
+    def _checked(self, optimizer_id, lr, beta1, beta2, eps, weight_decay, bias_correction,
+                 tensors):
+        """(kernel, adamw, group) after every check of an update or rollback's arguments."""
+        kernel, adamw = self._get(optimizer_id)
+        group = self._group(lr, beta1, beta2, eps, weight_decay, bias_correction)
+        for name, t in zip(("params", "grads", "exp_avg", "exp_avg_sq"), tensors):
             if t.device.type != "cpu":
                 raise CPUAdamDeviceError(f"zinf: {name} is on {t.device}, must be 'cpu'")
             ztorch.address_of(t, name)
+        return kernel, adamw, group
 
     def adam_update(self, optimizer_id, step, lr, beta1, beta2, epsilon, weight_decay,
                     bias_correction, params, grads, exp_avg, exp_avg_sq):
-        kernel, adamw = self._get(optimizer_id)
-        group = self._group(lr, beta1, beta2, epsilon, weight_decay, bias_correction)
-        self._check([("params", params), ("grads", grads), ("exp_avg", exp_avg),
-                     ("exp_avg_sq", exp_avg_sq)])
-        ztorch.adam_update(kernel, adamw, int(step), group, params, grads, exp_avg, exp_avg_sq)
+        tensors = (params, grads, exp_avg, exp_avg_sq)
+        kernel, adamw, group = self._checked(optimizer_id, lr, beta1, beta2, epsilon,
+                                             weight_decay, bias_correction, tensors)
+        ztorch.adam_update(kernel, adamw, int(step), group, *tensors)
         return 0
 
     def adam_rollback(self, optimizer_id, step, lr, beta1, beta2, epsilon, weight_decay,
                       bias_correction, params, grads, exp_avg, exp_avg_sq):
-        _, adamw = self._get(optimizer_id)
-        group = self._group(lr, beta1, beta2, epsilon, weight_decay, bias_correction)
-        self._check([("params", params), ("grads", grads), ("exp_avg", exp_avg),
-                     ("exp_avg_sq", exp_avg_sq)])
-        ztorch.adam_rollback(adamw, int(step), group, params, grads, exp_avg, exp_avg_sq)
+        tensors = (params, grads, exp_avg, exp_avg_sq)
+        _, adamw, group = self._checked(optimizer_id, lr, beta1, beta2, epsilon, weight_decay,
+                                        bias_correction, tensors)
+        ztorch.adam_rollback(adamw, int(step), group, *tensors)
         return 0
 
 
-_cpu_adam_op = _CpuAdamOp()
-
-
-class CPUAdamBuilder:
-    """DeepSpeed's op builder for CPU Adam; zinf's kernel needs no JIT build."""
+class CPUAdamBuilder(_Builder):
+    """DeepSpeed's op builder for CPU Adam."""
 
     NAME = "cpu_adam"
-
-    def is_compatible(self, verbose=False):
-        return True
-
-    def load(self, verbose=True):
-        return _cpu_adam_op
+    _op = _CpuAdamOp()
