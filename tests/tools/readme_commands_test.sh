@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Runs every `zinf` line of the README's ```sh blocks as it is written (the leading `zinf`
-# replaced by the built binary), from an empty scratch directory, and fails on the first that
-# does not exit 0: the README's commands must work on a fresh clone.
-# Usage: readme_commands_test.sh ZINF_BINARY README_PATH
+# replaced by the built binary), and every `PYTHONPATH=build/release/python` line (the path
+# replaced by the build's package), from an empty scratch directory, and fails on the first
+# that does not exit 0: the README's commands must work on a fresh clone.
+# Usage: readme_commands_test.sh ZINF_BINARY README_PATH [PYTHON_PACKAGE_DIR]
 set -euo pipefail
 bin=$1
 readme=$2
+pydir=${3:-}
 work=$(mktemp -d "${ZINF_TEST_DIR:-${TMPDIR:-/tmp}}/zinf-readme-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 cd "$work"
@@ -24,4 +26,22 @@ for line in "${commands[@]}"; do
     exit 1
   fi
 done
-echo "readme_commands_test: ${#commands[@]} commands ran"
+python_lines=0
+if [ -n "$pydir" ]; then
+  mapfile -t commands < <(awk '/^```sh/ { inside = 1; next } /^```/ { inside = 0 } inside && /^PYTHONPATH=build\/release\/python / { print }' "$readme")
+  for line in "${commands[@]}"; do
+    command="PYTHONPATH=$pydir ${line#PYTHONPATH=build/release/python }"
+    echo "== $line"
+    if ! eval "$command" > output.txt 2>&1; then
+      cat output.txt
+      echo "readme_commands_test: failed: $line" >&2
+      exit 1
+    fi
+    python_lines=$((python_lines + 1))
+  done
+  if [ "$python_lines" -eq 0 ]; then
+    echo "readme_commands_test: no PYTHONPATH=build/release/python line in $readme" >&2
+    exit 1
+  fi
+fi
+echo "readme_commands_test: zinf commands and $python_lines Python lines ran"
