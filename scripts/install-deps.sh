@@ -5,7 +5,8 @@ set -euo pipefail
 
 # The Python package (python/) builds with pybind11 for Debian's interpreter, whose torch the
 # tests use: python3-dev, pybind11-dev, python3-torch, python3-pytest; pip's install of it
-# (pyproject.toml) into a virtual environment: python3-venv, python3-setuptools. The
+# (pyproject.toml) into a virtual environment: python3-venv, python3-setuptools; its type stubs
+# (scripts/gen-stubs.sh, tests/python/test_stubs.py): python3-mypy. The
 # collectives layer's MPI adapter builds against Open MPI's C bindings and its tests run under
 # mpirun:
 # libopenmpi-dev, openmpi-bin. scripts/test.sh makes an XFS image (xfsprogs: mkfs.xfs) for the
@@ -17,7 +18,7 @@ set -euo pipefail
 packages=(build-essential cmake ninja-build pkg-config liburing-dev libboost-dev
           libgtest-dev libbenchmark-dev nlohmann-json3-dev nettle-dev libcli11-dev fio python3
           python3-dev pybind11-dev python3-torch python3-pytest python3-venv python3-setuptools
-          libopenmpi-dev openmpi-bin xfsprogs)
+          python3-mypy libopenmpi-dev openmpi-bin xfsprogs)
 aarch64_packages=(g++-aarch64-linux-gnu qemu-user googletest)
 case "${1:-}" in
   "") ;;

@@ -1,0 +1,40 @@
+# SPDX-License-Identifier: Apache-2.0
+# The committed type stubs of the native module (python/zinf/_native.pyi) are what the built
+# module has: regenerated with scripts/gen-stubs.sh (mypy's stubgen) and compared, and checked
+# by mypy itself, so an editor never shows a signature the binding no longer has.
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import zinf
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+pytest.importorskip("mypy", reason="mypy's stubgen (Debian's python3-mypy) is not installed")
+
+
+def test_the_committed_stubs_are_the_built_modules(tmp_path):
+    package = pathlib.Path(zinf.__file__).parent
+    out = tmp_path / "_native.pyi"
+    subprocess.run(["bash", str(ROOT / "scripts" / "gen-stubs.sh"), str(package.parent),
+                    str(out)], check=True)
+    committed = (ROOT / "python" / "zinf" / "_native.pyi").read_text()
+    assert out.read_text() == committed, \
+        "python/zinf/_native.pyi differs from the build: run scripts/gen-stubs.sh"
+
+
+def test_the_stubs_and_the_package_type_check(tmp_path):
+    # mypy over a use of the typed surface: the stubs parse and agree with their callers.
+    use = tmp_path / "use.py"
+    use.write_text("from zinf import _native\n"
+                   "h = _native.AioHandle(4096, 8, False, False, 1)\n"
+                   "n: int = h.get_block_size()\n"
+                   "o = _native.io_options('', 'aio', '')\n"
+                   "b: int = o.block_size\n")
+    r = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "--follow-imports=skip",
+                        "--ignore-missing-imports", str(use)],
+                       capture_output=True, text=True,
+                       env=dict(os.environ, MYPYPATH=str(ROOT / "python")))
+    assert r.returncode == 0, r.stdout + r.stderr
