@@ -13,14 +13,17 @@ once and is read back once. Inputs that ``torch.utils.checkpoint`` keeps for its
 so checkpointed blocks send their inputs to the store.
 """
 
+from __future__ import annotations
+
 import contextlib
 import os
+from typing import Any, Iterator, List, Optional, Union
 import weakref
 
 import torch
 
 from zinf import _native
-from zinf.pinned import io_options
+from zinf.pinned import AioSettings, io_options
 
 
 class _Saved:
@@ -51,16 +54,19 @@ class ActivationStore:
     ``offload_activations`` block at a time.
     """
 
-    def __init__(self, tier="cpu", nvme_path=None, capacity_bytes=16 << 30,
-                 pinned_budget_bytes=256 << 20, prefetch_depth=2, checksums=True, aio=None):
+    def __init__(self, tier: str = "cpu", nvme_path: Optional[Union[str, "os.PathLike[str]", List[str]]] = None,
+                 capacity_bytes: int = 16 << 30, pinned_budget_bytes: int = 256 << 20,
+                 prefetch_depth: int = 2, checksums: bool = True,
+                 aio: AioSettings = None) -> None:
         if tier not in ("cpu", "nvme"):
             raise ValueError(f"ActivationStore: tier {tier!r}: expected 'cpu' or 'nvme'")
         dirs = []
         if tier == "nvme":
             if nvme_path is None:
                 raise ValueError("ActivationStore: tier 'nvme' needs nvme_path")
-            dirs = [os.fspath(p) for p in
-                    (nvme_path if isinstance(nvme_path, (list, tuple)) else [nvme_path])]
+            paths: List[Any] = (list(nvme_path) if isinstance(nvme_path, (list, tuple))
+                                else [nvme_path])
+            dirs = [str(os.fspath(p)) for p in paths]
         self.tier = tier
         self.pinned_budget_bytes = int(pinned_budget_bytes)
         self._native = _native.ActivationStore(tier, dirs, int(capacity_bytes),
@@ -78,7 +84,8 @@ class ActivationStore:
 
 
 @contextlib.contextmanager
-def offload_activations(store=None, min_bytes=1 << 20, **store_options):
+def offload_activations(store: Optional[ActivationStore] = None, min_bytes: int = 1 << 20,
+                        **store_options: Any) -> Iterator[ActivationStore]:
     """Sends the tensors autograd saves inside the block to ``store`` (an ActivationStore, or
     one made from ``store_options``) and brings them back in backward.
 
@@ -90,7 +97,7 @@ def offload_activations(store=None, min_bytes=1 << 20, **store_options):
     elif store_options:
         raise ValueError("offload_activations: give a store or its options, not both")
     # The same memory saved twice maps to one _Saved (weakly: forgotten with its packs).
-    by_memory = weakref.WeakValueDictionary()
+    by_memory: "weakref.WeakValueDictionary[Any, Any]" = weakref.WeakValueDictionary()
     cpu_full = [False]
 
     def pack(t):

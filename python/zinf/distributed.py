@@ -14,15 +14,20 @@ torch.utils.dlpack.from_dlpack wraps without a copy), and emulates what gloo lac
 through this path (see docs/distributed.md).
 """
 
+from __future__ import annotations
+
 import math
+import os
+from typing import Any, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
 from torch.utils.dlpack import from_dlpack
 
 from zinf import _native
-from zinf.pinned import io_options
-from zinf.torch import address_of, check_adam_arguments, dtype_name, sub_group_and_record
+from zinf.pinned import AioSettings, io_options
+from zinf.torch import (Params, address_of, check_adam_arguments, dtype_name,
+                        sub_group_and_record)
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
@@ -77,7 +82,7 @@ def _global_rank(group, rank):
     return get(group, rank)
 
 
-def collectives(process_group=None, name=None):
+def collectives(process_group: Any = None, name: Optional[str] = None) -> "_native.Collectives":
     """zinf's Collectives (``zinf._native.Collectives``: rank, size, name, and the calls on
     host addresses) over a torch.distributed process group: the default group when None.
     torch.distributed must be initialised, with a backend that works on CPU tensors (gloo,
@@ -310,17 +315,33 @@ class ShardedAdam(_ShardedAdamBase):
     """torch.optim.Adam's arguments (L2 weight decay added to the gradient), sharded across
     the ranks of ``process_group`` (the default group when None). See _ShardedAdamBase."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
-                 amsgrad=False, *, threads=0, process_group=None, **tier):
+    def __init__(self, params: Params, lr: float = 1e-3,
+                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0, amsgrad: bool = False, *, threads: int = 0, process_group: Any = None, state: str = "cpu",
+                 nvme_path: Optional[Union[str, "os.PathLike[str]", List[str]]] = None, sub_group_size: Optional[int] = None,
+                 pipeline_depth: int = 4, pinned_budget: Optional[int] = None,
+                 checksums: bool = True, state_precision: str = "fp32",
+                 aio: AioSettings = None) -> None:
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, False, threads,
-                         process_group, **tier)
+                         process_group, state=state, nvme_path=nvme_path,
+                         sub_group_size=sub_group_size, pipeline_depth=pipeline_depth,
+                         pinned_budget=pinned_budget, checksums=checksums,
+                         state_precision=state_precision, aio=aio)
 
 
 class ShardedAdamW(_ShardedAdamBase):
     """torch.optim.AdamW's arguments (decoupled weight decay), sharded across the ranks of
     ``process_group`` (the default group when None). See _ShardedAdamBase."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                 amsgrad=False, *, threads=0, process_group=None, **tier):
+    def __init__(self, params: Params, lr: float = 1e-3,
+                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2, amsgrad: bool = False, *, threads: int = 0, process_group: Any = None, state: str = "cpu",
+                 nvme_path: Optional[Union[str, "os.PathLike[str]", List[str]]] = None, sub_group_size: Optional[int] = None,
+                 pipeline_depth: int = 4, pinned_budget: Optional[int] = None,
+                 checksums: bool = True, state_precision: str = "fp32",
+                 aio: AioSettings = None) -> None:
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, True, threads,
-                         process_group, **tier)
+                         process_group, state=state, nvme_path=nvme_path,
+                         sub_group_size=sub_group_size, pipeline_depth=pipeline_depth,
+                         pinned_budget=pinned_budget, checksums=checksums,
+                         state_precision=state_precision, aio=aio)

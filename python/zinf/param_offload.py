@@ -11,12 +11,16 @@ goes through ``ParameterOffload.step(optimizer)``, which brings each unit in, up
 writes the new values back to the store.
 """
 
+from __future__ import annotations
+
 import contextlib
+import os
+from typing import Any, Dict, Iterable, List, Optional, Type, Union
 
 import torch
 
 from zinf import _native
-from zinf.pinned import io_options, pinned_empty
+from zinf.pinned import AioSettings, io_options, pinned_empty
 
 _SLOT_ALIGN = 64  # every parameter's bytes start on a 64-byte boundary of its unit's record
 
@@ -95,8 +99,10 @@ class ParameterOffload:
     """The parameters of a model's units kept on NVMe or in pinned memory, fetched around each
     unit's forward and backward. Made by zinf.torch.offload_parameters (see its docstring)."""
 
-    def __init__(self, model, units, nvme_path=None, device="nvme", prefetch_depth=2,
-                 checksums=True, aio=None):
+    def __init__(self, model: torch.nn.Module, units: List[torch.nn.Module],
+                 nvme_path: Optional[Union[str, "os.PathLike[str]", List[str]]] = None, device: str = "nvme",
+                 prefetch_depth: int = 2, checksums: bool = True,
+                 aio: AioSettings = None) -> None:
         self._removed = False
         io = io_options(aio)  # a bad setting fails before the model is touched
         if device not in ("nvme", "cpu"):
@@ -111,7 +117,7 @@ class ParameterOffload:
         self.units = list(units)
         self.device = device
         self.prefetch_depth = prefetch_depth
-        seen = {}
+        seen: Dict[int, Any] = {}
         self._layout = []  # per unit: [(param, offset, nbytes, shape)]
         self._unit_bytes = []
         exec_device = None
@@ -334,8 +340,11 @@ class ParameterOffload:
         self._pinned = None
 
 
-def offload_parameters(model, unit, nvme_path=None, device="nvme", prefetch_depth=2,
-                       checksums=True, aio=None):
+def offload_parameters(model: torch.nn.Module,
+                       unit: Union[Type[torch.nn.Module], Iterable[torch.nn.Module]],
+                       nvme_path: Optional[Union[str, "os.PathLike[str]", List[str]]] = None, device: str = "nvme",
+                       prefetch_depth: int = 2, checksums: bool = True,
+                       aio: AioSettings = None) -> ParameterOffload:
     """Keeps the parameters of `model`'s units on NVMe (``device="nvme"``, swap files under
     ``nvme_path``: a directory, or a list to stripe over) or in zinf's pinned memory
     (``device="cpu"``) and brings each unit's parameters in only while it computes.
@@ -359,7 +368,7 @@ def offload_parameters(model, unit, nvme_path=None, device="nvme", prefetch_dept
     be made there, before the model is changed.
     """
     if isinstance(unit, type):
-        found = []
+        found: List[torch.nn.Module] = []
         for m in model.modules():
             if isinstance(m, unit) and not any(m in set(f.modules()) for f in found):
                 found.append(m)

@@ -4,18 +4,24 @@ budgeted pool, a tensor's (address, bytes), zinf's dtype names, and the I/O sett
 ds_config's ``aio`` block. zinf.torch re-exports them; the offload modules (parameters,
 activations) import them from here, so that nothing imports zinf.torch in a cycle."""
 
+from __future__ import annotations
+
 import json
 import math
 import os
+from typing import Any, Dict, Sequence, Tuple, Union
 
 import torch
 
 from zinf import _native
 
+# What an aio= argument takes: None, a ds_config's "aio" block, or a ds_config file.
+AioSettings = Union[None, Dict[str, Any], str, bytes, "os.PathLike[str]"]
+
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
-def dtype_name(dtype):
+def dtype_name(dtype: torch.dtype) -> str:
     """zinf's name for a torch dtype ("fp32", "bf16", "fp16"); ValueError for any other."""
     try:
         return _DTYPES[dtype]
@@ -23,7 +29,7 @@ def dtype_name(dtype):
         raise ValueError(f"zinf: dtype must be float32, bfloat16 or float16, got {dtype}") from None
 
 
-def address_of(tensor, what="tensor"):
+def address_of(tensor: torch.Tensor, what: str = "tensor") -> Tuple[int, int]:
     """(address, bytes) of a contiguous CPU tensor's data; ValueError otherwise."""
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(f"zinf: {what} must be a torch.Tensor, got {type(tensor).__name__}")
@@ -47,24 +53,26 @@ def _pinned(shape, dtype, zero):
     return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).view(shape)
 
 
-def pinned_empty(shape, dtype=torch.float32):
+def pinned_empty(shape: Union[int, Sequence[int]],
+                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """An uninitialised CPU tensor in zinf's pinned pool (4096-byte aligned, huge pages,
     registered with the GPU where one is visible), freed when the tensor is. Raises
     zinf.IoError (kind "resource") when the pool's budget is used up."""
     return _pinned(shape, dtype, False)
 
 
-def pinned_zeros(shape, dtype=torch.float32):
+def pinned_zeros(shape: Union[int, Sequence[int]],
+                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """As pinned_empty, zero-filled."""
     return _pinned(shape, dtype, True)
 
 
-def is_zinf_pinned(tensor):
+def is_zinf_pinned(tensor: torch.Tensor) -> bool:
     """True if the tensor's memory lies in zinf's pinned pool."""
     return tensor.device.type == "cpu" and _native.pinned_contains(tensor.data_ptr())
 
 
-def io_options(aio):
+def io_options(aio: AioSettings) -> "_native.IoOptions":
     """The I/O settings a store's engine takes, from ``aio``: None (the library's defaults),
     a dict (a ds_config's ``"aio"`` block: ``block_size``, ``queue_depth``,
     ``intra_op_parallelism``, ...), or the path of a ds_config JSON file (its ``aio`` block

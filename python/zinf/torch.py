@@ -7,7 +7,11 @@ Everything here works on CPU tensors with torch 1.13 and later; zinf's native mo
 links libtorch, tensors are handed over as (address, bytes, dtype).
 """
 
+from __future__ import annotations
+
 import io
+import os
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 
@@ -17,11 +21,14 @@ from zinf import _native
 # module (no import cycle); they are part of zinf.torch's API as they always were.
 from zinf.activations import ActivationStore, offload_activations  # noqa: F401
 from zinf.param_offload import ParameterOffload, offload_parameters  # noqa: F401
-from zinf.pinned import (address_of, dtype_name, io_options, is_zinf_pinned,  # noqa: F401
-                         pinned_empty, pinned_zeros)
+from zinf.pinned import (AioSettings, address_of, dtype_name, io_options,  # noqa: F401
+                         is_zinf_pinned, pinned_empty, pinned_zeros)
+
+# What an optimizer takes as its parameters: tensors, or torch's parameter-group dicts.
+Params = Union[Iterable[torch.Tensor], Iterable[Dict[str, Any]]]
 
 
-def sub_group_and_record(sub_group_size, state_precision):
+def sub_group_and_record(sub_group_size: Optional[int], state_precision: str) -> Tuple[int, int]:
     """(elements per sub-group, bytes of one record) for zinf's optimizers (these and
     zinf.distributed's): None takes the library's default, records of 12 MiB whatever the
     precision; a record holds the fp32 master and the moments, its checksums and a 4 KiB pad
@@ -39,7 +46,8 @@ def sub_group_and_record(sub_group_size, state_precision):
     return sub_group_size, per_element * sub_group_size + 8 * (sub_group_size // 64 + 1) + 4096
 
 
-def check_adam_arguments(lr, betas, eps, weight_decay, amsgrad, state, state_precision):
+def check_adam_arguments(lr: float, betas: Tuple[float, float], eps: float, weight_decay: float,
+                         amsgrad: bool, state: str, state_precision: str) -> None:
     """ValueError for what zinf's optimizers (these and zinf.distributed's) cannot take."""
     if amsgrad:
         raise ValueError("zinf: amsgrad is not supported (zinf's kernel is Adam/AdamW)")
@@ -59,7 +67,9 @@ def check_adam_arguments(lr, betas, eps, weight_decay, amsgrad, state, state_pre
                          f"{state_precision!r}")
 
 
-def adam_update(kernel, adamw, step, group, p, grad, exp_avg, exp_avg_sq, grad_scale=1.0):
+def adam_update(kernel: "_native.CpuAdam", adamw: bool, step: int, group: Dict[str, Any],
+                p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
+                exp_avg_sq: torch.Tensor, grad_scale: float = 1.0) -> None:
     """One update of `p` (CPU, contiguous; float32, bfloat16 or float16) by zinf's kernel with
     fp32 arithmetic: a float32 parameter in place; a bf16/fp16 one through an fp32 copy whose
     update the kernel rounds back into it (fused, round to nearest even). Moments float32 or
@@ -82,7 +92,8 @@ def adam_update(kernel, adamw, step, group, p, grad, exp_avg, exp_avg_sq, grad_s
         exp_avg_sq.copy_(v)
 
 
-def adam_rollback(adamw, step, group, p, grad, exp_avg, exp_avg_sq):
+def adam_rollback(adamw: bool, step: int, group: Dict[str, Any], p: torch.Tensor,
+                  grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor) -> None:
     """Undoes the update adam_update made at `step` from `grad`, in fp32 (torch operations):
     the moments and the parameter as they were before, up to fp32 rounding (and the rounding
     of a bf16/fp16 parameter or moment)."""
@@ -560,17 +571,37 @@ class _CpuAdamBase(torch.optim.Optimizer):
 class Adam(_CpuAdamBase):
     """torch.optim.Adam's arguments (L2 weight decay added to the gradient), zinf's kernel."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
-                 amsgrad=False, *, threads=0, **tier):
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, False, threads, **tier)
+    def __init__(self, params: Params, lr: float = 1e-3,
+                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0, amsgrad: bool = False, *, threads: int = 0, state: str = "cpu",
+                 nvme_path: Optional[Union[str, "os.PathLike[str]", List[str]]] = None,
+                 sub_group_size: Optional[int] = None, pipeline_depth: int = 4,
+                 pinned_budget: Optional[int] = None, checksums: bool = True,
+                 overlap: bool = False, state_precision: str = "fp32",
+                 aio: AioSettings = None) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, False, threads,
+                         state=state, nvme_path=nvme_path,
+                         sub_group_size=sub_group_size, pipeline_depth=pipeline_depth,
+                         pinned_budget=pinned_budget, checksums=checksums, overlap=overlap,
+                         state_precision=state_precision, aio=aio)
 
 
 class AdamW(_CpuAdamBase):
     """torch.optim.AdamW's arguments (decoupled weight decay), zinf's kernel."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                 amsgrad=False, *, threads=0, **tier):
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, True, threads, **tier)
+    def __init__(self, params: Params, lr: float = 1e-3,
+                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2, amsgrad: bool = False, *, threads: int = 0, state: str = "cpu",
+                 nvme_path: Optional[Union[str, "os.PathLike[str]", List[str]]] = None,
+                 sub_group_size: Optional[int] = None, pipeline_depth: int = 4,
+                 pinned_budget: Optional[int] = None, checksums: bool = True,
+                 overlap: bool = False, state_precision: str = "fp32",
+                 aio: AioSettings = None) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, True, threads,
+                         state=state, nvme_path=nvme_path,
+                         sub_group_size=sub_group_size, pipeline_depth=pipeline_depth,
+                         pinned_budget=pinned_budget, checksums=checksums, overlap=overlap,
+                         state_precision=state_precision, aio=aio)
 
 
 
@@ -598,7 +629,8 @@ class FastFileWriter(io.RawIOBase):
     any failed write at the write(), flush() or close() that waits for it.
     """
 
-    def __init__(self, path, buffer_bytes=_FAST_FILE_BUFFER, sync=True):
+    def __init__(self, path: Union[str, "os.PathLike[str]"], buffer_bytes: int = _FAST_FILE_BUFFER,
+                 sync: bool = True) -> None:
         super().__init__()
         self.name = str(path)
         self._native = _native.DirectFileWriter(self.name, int(buffer_bytes), bool(sync))
@@ -655,7 +687,8 @@ class FastFileReader(io.RawIOBase):
             state = torch.load(f)
     """
 
-    def __init__(self, path, buffer_bytes=_FAST_FILE_BUFFER):
+    def __init__(self, path: Union[str, "os.PathLike[str]"],
+                 buffer_bytes: int = _FAST_FILE_BUFFER) -> None:
         super().__init__()
         self.name = str(path)
         self._native = _native.DirectFileReader(self.name, int(buffer_bytes))

@@ -10,8 +10,11 @@ aborts the process; and ``free_cpu_locked_tensor`` never frees memory a tensor s
 memory goes back to zinf's pool when the last tensor over it is freed).
 """
 
+from __future__ import annotations
+
 import os
 import threading
+from typing import Any, List, Optional, Tuple, Union
 
 import torch
 
@@ -21,6 +24,10 @@ from zinf import torch as ztorch
 __all__ = ["AsyncIOBuilder", "PinMemoryBuilder", "aio_handle", "pin_handle", "aio_read",
            "aio_write", "deepspeed_memcpy", "DeepSpeedCPUAdam", "CPUAdamBuilder",
            "CPUAdamDeviceError"]
+
+
+# A file as DeepSpeed's calls take it: a path, or an open descriptor (an int).
+FileArg = Union[str, bytes, "os.PathLike[str]", int]
 
 
 def _target(filename, what="filename"):
@@ -143,8 +150,9 @@ class aio_handle:  # noqa: N801  (DeepSpeed's name)
     when the exception reaches the caller; the handle stays usable.
     """
 
-    def __init__(self, block_size=1048576, queue_depth=128, single_submit=False,
-                 overlap_events=False, intra_op_parallelism=1, num_threads=None):
+    def __init__(self, block_size: int = 1048576, queue_depth: int = 128,
+                 single_submit: bool = False, overlap_events: bool = False,
+                 intra_op_parallelism: int = 1, num_threads: Optional[int] = None) -> None:
         if num_threads is not None:
             intra_op_parallelism = num_threads
         self._h = _native.AioHandle(int(block_size), int(queue_depth), bool(single_submit),
@@ -152,7 +160,7 @@ class aio_handle:  # noqa: N801  (DeepSpeed's name)
         # What async operations use, alive until wait(): the tensor, its storage (a tensor
         # re-pointed with set_() while in flight must not free the bytes under the I/O) and,
         # for a GPU tensor read, the device copy to make once the bytes are in.
-        self._inflight = []
+        self._inflight: List[Any] = []
 
     # Getters, as DeepSpeed names them.
     def get_block_size(self):
@@ -305,19 +313,21 @@ def _read_write(write, buffer, filename, block_size, queue_depth, single_submit,
     return 0
 
 
-def aio_read(buffer, filename, block_size, queue_depth, single_submit, overlap_events, validate):
+def aio_read(buffer: torch.Tensor, filename: FileArg, block_size: int, queue_depth: int,
+             single_submit: bool, overlap_events: bool, validate: bool) -> int:
     """DeepSpeed's module-level read of a whole tensor from `filename`; returns 0."""
     return _read_write(False, buffer, filename, block_size, queue_depth, single_submit,
                        overlap_events, validate)
 
 
-def aio_write(buffer, filename, block_size, queue_depth, single_submit, overlap_events, validate):
+def aio_write(buffer: torch.Tensor, filename: FileArg, block_size: int, queue_depth: int,
+              single_submit: bool, overlap_events: bool, validate: bool) -> int:
     """DeepSpeed's module-level write of a whole tensor to `filename`; returns 0."""
     return _read_write(True, buffer, filename, block_size, queue_depth, single_submit,
                        overlap_events, validate)
 
 
-def deepspeed_memcpy(dest, src):
+def deepspeed_memcpy(dest: torch.Tensor, src: torch.Tensor) -> int:
     """Copies `src` into `dest` (same number of bytes); returns 0 as DeepSpeed's."""
     if dest.numel() * dest.element_size() != src.numel() * src.element_size():
         raise ValueError("zinf: deepspeed_memcpy needs dest and src of the same byte size")
@@ -339,7 +349,7 @@ class _Builder:
     are built with the package (no JIT build)."""
 
     NAME = ""
-    _op = None
+    _op: Any = None
 
     def is_compatible(self, verbose=False):
         return True
@@ -393,9 +403,11 @@ class DeepSpeedCPUAdam(ztorch._CpuAdamBase):
 
     optimizer_id = 0
 
-    def __init__(self, model_params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999),
-                 eps=1e-8, weight_decay=0, amsgrad=False, adamw_mode=True,
-                 fp32_optimizer_states=True, *, threads=None):
+    def __init__(self, model_params: ztorch.Params, lr: float = 1e-3,
+                 bias_correction: bool = True, betas: Tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0, amsgrad: bool = False,
+                 adamw_mode: bool = True, fp32_optimizer_states: bool = True, *,
+                 threads: Optional[int] = None) -> None:
         if threads is None:
             threads = torch.get_num_threads()
         super().__init__(model_params, lr, betas, eps, weight_decay, amsgrad, adamw_mode,
