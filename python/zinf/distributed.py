@@ -26,8 +26,8 @@ from torch.utils.dlpack import from_dlpack
 
 from zinf import _native
 from zinf.pinned import AioSettings, io_options
-from zinf.torch import (Params, address_of, check_adam_arguments, dtype_name,
-                        sub_group_and_record)
+from zinf.torch import (Params, address_of, budget_error_in_python_terms,
+                        check_adam_arguments, dtype_name, sub_group_and_record)
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
@@ -173,10 +173,13 @@ class _ShardedAdamBase(torch.optim.Optimizer):
         if state == "nvme":
             dirs = [str(nvme_path)] if isinstance(nvme_path, (str, bytes)) or not hasattr(
                 nvme_path, "__iter__") else [str(d) for d in nvme_path]
-        self._sharded = _native.ShardedOptimizer(
-            [p.numel() for p in self._flat], self.collectives, state, dirs, int(sub_group_size),
-            int(pipeline_depth), int(budget), int(threads), bool(checksums),
-            str(state_precision), io)
+        try:
+            self._sharded = _native.ShardedOptimizer(
+                [p.numel() for p in self._flat], self.collectives, state, dirs,
+                int(sub_group_size), int(pipeline_depth), int(budget), int(threads),
+                bool(checksums), str(state_precision), io)
+        except ValueError as e:
+            raise budget_error_in_python_terms(e) from None
         self._index = {id(p): i for i, p in enumerate(self._flat)}
         self._hyper_given = [None] * len(self._flat)
         self.last_step_stats = None

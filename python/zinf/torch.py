@@ -46,6 +46,18 @@ def sub_group_and_record(sub_group_size: Optional[int], state_precision: str) ->
     return sub_group_size, per_element * sub_group_size + 8 * (sub_group_size // 64 + 1) + 4096
 
 
+def budget_error_in_python_terms(e: ValueError) -> ValueError:
+    """The library's refusal of a pinned budget ("OffloadedOptimizer: pinned_budget_bytes=N
+    cannot hold ...; the smallest budget that works is M") in the Python argument's name, with
+    how to get a budget that works; any other error as it is."""
+    text = str(e)
+    if "pinned_budget_bytes=" not in text:
+        return e
+    _, _, rest = text.partition("pinned_budget_bytes=")
+    return ValueError(f"zinf: pinned_budget={rest} (pinned_budget=None takes the pipeline's "
+                      "own need)")
+
+
 def check_adam_arguments(lr: float, betas: Tuple[float, float], eps: float, weight_decay: float,
                          amsgrad: bool, state: str, state_precision: str) -> None:
     """ValueError for what zinf's optimizers (these and zinf.distributed's) cannot take."""
@@ -191,10 +203,13 @@ class _CpuAdamBase(torch.optim.Optimizer):
                                  "offload.materialized():`)")
         sub_group_size, record = sub_group_and_record(sub_group_size, state_precision)
         budget = pinned_budget if pinned_budget is not None else pipeline_depth * record
-        self._offloaded = _native.OffloadedOptimizer(
-            [p.numel() for p in self._flat], "nvme", dirs, int(sub_group_size),
-            int(pipeline_depth), int(budget), int(threads), bool(checksums),
-            str(state_precision), io)
+        try:
+            self._offloaded = _native.OffloadedOptimizer(
+                [p.numel() for p in self._flat], "nvme", dirs, int(sub_group_size),
+                int(pipeline_depth), int(budget), int(threads), bool(checksums),
+                str(state_precision), io)
+        except ValueError as e:
+            raise budget_error_in_python_terms(e) from None
         self._index = {id(p): i for i, p in enumerate(self._flat)}
         self._hyper_given = [None] * len(self._flat)
         self.reload_parameters()

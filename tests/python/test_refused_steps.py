@@ -172,3 +172,14 @@ def test_sub_group_size_has_the_ds_config_minimum_on_every_door(tmp_path, bad):
         zd.ShardedAdamW([p], state="nvme", nvme_path=str(tmp_path), sub_group_size=bad,
                         process_group=object())
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_budget_too_small_is_named_as_the_python_argument(tmp_path):
+    p = torch.nn.Parameter(torch.zeros(1 << 20))
+    with pytest.raises(ValueError) as info:
+        AdamW([p], state="nvme", nvme_path=str(tmp_path), pinned_budget=4096)
+    text = str(info.value)
+    assert text.startswith("zinf: pinned_budget=4096 cannot hold"), text
+    assert "the smallest budget that works is" in text
+    assert text.endswith("(pinned_budget=None takes the pipeline's own need)")
+    assert list(tmp_path.iterdir()) == []
