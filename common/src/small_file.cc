@@ -12,18 +12,17 @@
 #include "zinf/common/unique_fd.h"
 
 namespace zinf {
-namespace {
 
-const char* file_type_name(mode_t mode) {
+std::string_view file_kind(mode_t mode) noexcept {
+  if (S_ISREG(mode)) return "a regular file";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISLNK(mode)) return "a symbolic link";
   if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
   if (S_ISCHR(mode)) return "a character device";
   if (S_ISBLK(mode)) return "a block device";
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
+  return "a special file";
 }
-
-}  // namespace
 
 std::string read_small_regular_file(const std::string& path, std::uint64_t max_bytes,
                                     std::string_view what, std::string_view remedy) {
@@ -36,7 +35,7 @@ std::string read_small_regular_file(const std::string& path, std::uint64_t max_b
   struct stat st {};
   if (::fstat(fd, &st) != 0) throw IoError(Status::from_errno(errno, "stat " + w, path));
   if (!S_ISREG(st.st_mode)) {
-    throw UsageError(path + ": the " + w + " is " + file_type_name(st.st_mode) +
+    throw UsageError(path + ": the " + w + " is " + std::string(file_kind(st.st_mode)) +
                      ", not a regular file" + std::string(remedy));
   }
   std::string limit = std::to_string(max_bytes) + " bytes";

@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,8 +59,7 @@ AlignedBytes aligned_bytes(std::uint64_t bytes, std::uint64_t alignment) {
 // Where an operation reads or writes: a path the caller named, or a descriptor of theirs.
 struct Target {
   std::string path;
-  int fd = -1;
-  bool is_fd() const { return fd >= 0; }
+  std::optional<int> fd = std::nullopt;
 };
 
 class AioHandle {
@@ -112,13 +112,11 @@ class AioHandle {
   }
   int pread_fd(std::uintptr_t address, std::uint64_t bytes, int fd, bool validate, bool async,
                std::uint64_t offset) {
-    return submit(swap::IoOp::kRead, address, bytes, Target{{}, checked_fd(fd)}, validate, async,
-                  offset);
+    return submit(swap::IoOp::kRead, address, bytes, Target{{}, fd}, validate, async, offset);
   }
   int pwrite_fd(std::uintptr_t address, std::uint64_t bytes, int fd, bool validate, bool async,
                 std::uint64_t offset) {
-    return submit(swap::IoOp::kWrite, address, bytes, Target{{}, checked_fd(fd)}, validate, async,
-                  offset);
+    return submit(swap::IoOp::kWrite, address, bytes, Target{{}, fd}, validate, async, offset);
   }
 
   // Waits for every asynchronous operation; raises the first failure once all have ended.
@@ -155,18 +153,13 @@ class AioHandle {
     bool validate = false;
   };
 
-  static int checked_fd(int fd) {
-    if (fd < 0) throw UsageError("aio_handle: file descriptor " + std::to_string(fd) + " is not valid");
-    return fd;
-  }
-
   // Opens the caller's path, or a second descriptor of the caller's open file.
   static std::unique_ptr<swap::File> open_target(swap::IoOp kind, const Target& target,
                                                  std::uintptr_t address, std::uint64_t bytes,
                                                  std::uint64_t offset, bool validate) {
-    if (target.is_fd()) {
+    if (target.fd) {  // File::from_descriptor refuses a negative one
       return std::make_unique<swap::File>(swap::File::from_descriptor(
-          target.fd, kind == swap::IoOp::kRead || validate, kind == swap::IoOp::kWrite));
+          *target.fd, kind == swap::IoOp::kRead || validate, kind == swap::IoOp::kWrite));
     }
     swap::FileOptions fo;
     fo.read_only = kind == swap::IoOp::kRead;
@@ -195,13 +188,7 @@ class AioHandle {
     struct stat st {};
     if (::fstat(file.fd(), &st) != 0 || !S_ISREG(st.st_mode)) return;
     if (offset + bytes <= static_cast<std::uint64_t>(st.st_size)) return;
-    int rc;
-    do {
-      rc = ::fallocate(file.fd(), 0, static_cast<off_t>(offset), static_cast<off_t>(bytes));
-    } while (rc != 0 && errno == EINTR);
-    if (rc == 0 || errno == EOPNOTSUPP || errno == ENOSYS) return;  // no fallocate: write as is
-    throw IoError(Status::from_errno(errno, "aio_handle write (allocate)", file.path())
-                      .with_range(offset, bytes));
+    (void)file.reserve(offset, bytes, "aio_handle write (allocate)");  // no fallocate: as is
   }
 
   int submit(swap::IoOp kind, std::uintptr_t address, std::uint64_t bytes, const Target& target,

@@ -325,15 +325,4 @@ std::string read_small_file(const Dir& dir, std::string_view name, std::uint64_t
 
 bool is_zinf_temporary(std::string_view name) noexcept { return name.starts_with(kTempPrefix); }
 
-std::string_view file_kind(mode_t mode) noexcept {
-  if (S_ISREG(mode)) return "a regular file";
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISLNK(mode)) return "a symbolic link";
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISSOCK(mode)) return "a socket";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  return "a special file";
-}
-
 }  // namespace zinf::swap

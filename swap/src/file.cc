@@ -262,19 +262,23 @@ File File::open_existing(const Dir& dir, std::string_view name, const FileOption
   return f;
 }
 
-void File::preallocate(std::uint64_t bytes) {
-  const auto length = static_cast<off_t>(bytes);
+bool File::reserve(std::uint64_t offset, std::uint64_t length, const char* op) const {
   int rc;
   do {
-    rc = ::fallocate(fd_.get(), 0, 0, length);
+    rc = ::fallocate(fd_.get(), 0, static_cast<off_t>(offset), static_cast<off_t>(length));
   } while (rc != 0 && errno == EINTR);
-  if (rc == 0) return;
-  const int err = errno;
-  if (err != EOPNOTSUPP) throw_errno(err, "preallocate", path_, 0, bytes);
+  if (rc == 0) return true;
+  if (errno == EOPNOTSUPP) return false;
+  throw_errno(errno, op, path_, offset, length);
+}
+
+void File::preallocate(std::uint64_t bytes) {
+  if (reserve(0, bytes, "preallocate")) return;
   // No fallocate on this file system: at least give the file its size (sparse).
   if (size() < bytes) {
+    int rc;
     do {
-      rc = ::ftruncate(fd_.get(), length);
+      rc = ::ftruncate(fd_.get(), static_cast<off_t>(bytes));
     } while (rc != 0 && errno == EINTR);
     if (rc != 0) throw_errno(errno, "preallocate (ftruncate)", path_, 0, bytes);
   }

@@ -4,11 +4,17 @@
 // or directory, a file of gigabytes. Part of zinf::common.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <string>
 #include <string_view>
 
 namespace zinf {
+
+/// What kind of file a stat mode is, in words ("a FIFO", "a directory", "a character
+/// device", ...), for errors.
+std::string_view file_kind(mode_t mode) noexcept;
 
 /// The bytes of the regular file at `path`, at most `max_bytes` of them. Opened non-blocking,
 /// so a FIFO never blocks, and checked with fstat before anything is read. `what` names the

@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "zinf/common/small_file.h"
 #include "zinf/common/status.h"
 #include "zinf/common/unique_fd.h"
 
@@ -133,7 +134,7 @@ std::string read_small_file(const Dir& dir, std::string_view name, std::uint64_t
 /// True for the names replace_file_durably() gives its temporaries.
 bool is_zinf_temporary(std::string_view name) noexcept;
 
-/// What kind of file a stat mode is, in words ("a FIFO", "a directory", ...), for errors.
-std::string_view file_kind(mode_t mode) noexcept;
+/// What kind of file a stat mode is, in words (common/small_file.h).
+using ::zinf::file_kind;
 
 }  // namespace zinf::swap

@@ -73,6 +73,12 @@ class File {
   /// Returns the current size in bytes (fstat). Throws IoError.
   std::uint64_t size() const;
 
+  /// Allocates the blocks of [offset, offset + length) (fallocate, mode 0: the file grows to
+  /// cover it), so that later writes there cannot fail for space. Returns false, changing
+  /// nothing, where the file system has no fallocate (EOPNOTSUPP); throws IoError naming the
+  /// file, the range and the errno (kNoSpace for a full drive) with operation `op` otherwise.
+  bool reserve(std::uint64_t offset, std::uint64_t length, const char* op = "reserve") const;
+
   /// Flushes data to stable storage (fdatasync).
   Status sync() const;
   /// Closes and reports the close error, if any. The File is empty afterwards.
