@@ -23,7 +23,7 @@ import weakref
 import torch
 
 from zinf import _native
-from zinf.pinned import AioSettings, io_options
+from zinf.pinned import AioSettings, NvmePaths, io_options
 
 
 class _Saved:
@@ -54,7 +54,7 @@ class ActivationStore:
     ``offload_activations`` block at a time.
     """
 
-    def __init__(self, tier: str = "cpu", nvme_path: Optional[Union[str, "os.PathLike[str]", List[str]]] = None,
+    def __init__(self, tier: str = "cpu", nvme_path: NvmePaths = None,
                  capacity_bytes: int = 16 << 30, pinned_budget_bytes: int = 256 << 20,
                  prefetch_depth: int = 2, checksums: bool = True,
                  aio: AioSettings = None) -> None:

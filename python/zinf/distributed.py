@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch.utils.dlpack import from_dlpack
 
 from zinf import _native
-from zinf.pinned import AioSettings, io_options
+from zinf.pinned import AioSettings, NvmePaths, io_options
 from zinf.torch import (Params, address_of, budget_error_in_python_terms,
                         check_adam_arguments, dtype_name, sub_group_and_record)
 
@@ -320,8 +320,9 @@ class ShardedAdam(_ShardedAdamBase):
 
     def __init__(self, params: Params, lr: float = 1e-3,
                  betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0, amsgrad: bool = False, *, threads: int = 0, process_group: Any = None, state: str = "cpu",
-                 nvme_path: Optional[Union[str, "os.PathLike[str]", List[str]]] = None, sub_group_size: Optional[int] = None,
+                 weight_decay: float = 0, amsgrad: bool = False, *, threads: int = 0,
+                 process_group: Any = None, state: str = "cpu",
+                 nvme_path: NvmePaths = None, sub_group_size: Optional[int] = None,
                  pipeline_depth: int = 4, pinned_budget: Optional[int] = None,
                  checksums: bool = True, state_precision: str = "fp32",
                  aio: AioSettings = None) -> None:
@@ -338,8 +339,9 @@ class ShardedAdamW(_ShardedAdamBase):
 
     def __init__(self, params: Params, lr: float = 1e-3,
                  betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, amsgrad: bool = False, *, threads: int = 0, process_group: Any = None, state: str = "cpu",
-                 nvme_path: Optional[Union[str, "os.PathLike[str]", List[str]]] = None, sub_group_size: Optional[int] = None,
+                 weight_decay: float = 1e-2, amsgrad: bool = False, *, threads: int = 0,
+                 process_group: Any = None, state: str = "cpu",
+                 nvme_path: NvmePaths = None, sub_group_size: Optional[int] = None,
                  pipeline_depth: int = 4, pinned_budget: Optional[int] = None,
                  checksums: bool = True, state_precision: str = "fp32",
                  aio: AioSettings = None) -> None:

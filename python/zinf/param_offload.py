@@ -20,7 +20,7 @@ from typing import Any, Dict, Iterable, List, Optional, Type, Union
 import torch
 
 from zinf import _native
-from zinf.pinned import AioSettings, io_options, pinned_empty
+from zinf.pinned import AioSettings, NvmePaths, io_options, pinned_empty
 
 _SLOT_ALIGN = 64  # every parameter's bytes start on a 64-byte boundary of its unit's record
 
@@ -100,7 +100,7 @@ class ParameterOffload:
     unit's forward and backward. Made by zinf.torch.offload_parameters (see its docstring)."""
 
     def __init__(self, model: torch.nn.Module, units: List[torch.nn.Module],
-                 nvme_path: Optional[Union[str, "os.PathLike[str]", List[str]]] = None, device: str = "nvme",
+                 nvme_path: NvmePaths = None, device: str = "nvme",
                  prefetch_depth: int = 2, checksums: bool = True,
                  aio: AioSettings = None) -> None:
         self._removed = False
@@ -342,7 +342,7 @@ class ParameterOffload:
 
 def offload_parameters(model: torch.nn.Module,
                        unit: Union[Type[torch.nn.Module], Iterable[torch.nn.Module]],
-                       nvme_path: Optional[Union[str, "os.PathLike[str]", List[str]]] = None, device: str = "nvme",
+                       nvme_path: NvmePaths = None, device: str = "nvme",
                        prefetch_depth: int = 2, checksums: bool = True,
                        aio: AioSettings = None) -> ParameterOffload:
     """Keeps the parameters of `model`'s units on NVMe (``device="nvme"``, swap files under

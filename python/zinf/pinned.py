@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Dict, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -17,6 +17,8 @@ from zinf import _native
 
 # What an aio= argument takes: None, a ds_config's "aio" block, or a ds_config file.
 AioSettings = Union[None, Dict[str, Any], str, bytes, "os.PathLike[str]"]
+# What an nvme_path= argument takes: None, a directory, or a list of them (striped over).
+NvmePaths = Optional[Union[str, "os.PathLike[str]", List[str]]]
 
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 

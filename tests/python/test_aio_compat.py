@@ -38,6 +38,17 @@ def payload(n, seed=7, pinned=True):
     return t
 
 
+def open_fd(path, flags, direct):
+    """os.open(path, flags), with O_DIRECT if `direct`; skips (with the reason) on a file
+    system that refuses O_DIRECT, such as an old tmpfs."""
+    try:
+        return os.open(path, flags | (os.O_DIRECT if direct else 0), 0o600)
+    except OSError as e:
+        if not direct:
+            raise
+        pytest.skip(f"O_DIRECT refused here: {e}")
+
+
 def file_bytes(path):
     with open(path, "rb") as f:
         return f.read()
@@ -82,11 +93,7 @@ def test_every_write_form_lands_in_the_named_file(tmp_path, cwd, method, form, k
     if form == "path":
         where = str(target)
     else:
-        flags = os.O_WRONLY | (os.O_DIRECT if form == "fd-direct" else 0)
-        try:
-            fd = os.open(target, flags)
-        except OSError as e:  # a file system without O_DIRECT (tmpfs)
-            pytest.skip(f"O_DIRECT refused here: {e}")
+        fd = open_fd(target, os.O_WRONLY, form == "fd-direct")
         where = fd
     try:
         assert call(h, method, data, where, 16 * KB, keyword) == expected_return(h, method)
@@ -116,11 +123,7 @@ def test_every_read_form_reads_the_named_file(tmp_path, cwd, method, form, keywo
     if form == "path":
         where = str(target)
     else:
-        flags = os.O_RDONLY | (os.O_DIRECT if form == "fd-direct" else 0)
-        try:
-            fd = os.open(target, flags)
-        except OSError as e:
-            pytest.skip(f"O_DIRECT refused here: {e}")
+        fd = open_fd(target, os.O_RDONLY, form == "fd-direct")
         where = fd
     try:
         assert call(h, method, out, where, 8 * KB, keyword) == expected_return(h, method)
@@ -153,10 +156,7 @@ def test_the_descriptor_overload_writes_through_the_callers_descriptor(tmp_path,
 def test_a_misaligned_buffer_on_an_o_direct_descriptor_goes_through_a_bounce(tmp_path, cwd):
     h = aio_handle()
     path = tmp_path / "d.bin"
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_DIRECT, 0o600)
-    except OSError as e:
-        pytest.skip(f"O_DIRECT refused here: {e}")
+    fd = open_fd(path, os.O_CREAT | os.O_RDWR, direct=True)
     try:
         backing = payload(64 * KB + 1)
         data = backing[1:]  # an odd address
@@ -173,10 +173,7 @@ def test_a_misaligned_buffer_on_an_o_direct_descriptor_goes_through_a_bounce(tmp
 def test_o_direct_descriptor_with_a_misaligned_offset_is_refused_naming_it(tmp_path, cwd):
     h = aio_handle()
     path = tmp_path / "d.bin"
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_DIRECT, 0o600)
-    except OSError as e:
-        pytest.skip(f"O_DIRECT refused here: {e}")
+    fd = open_fd(path, os.O_CREAT | os.O_WRONLY, direct=True)
     try:
         with pytest.raises(zinf.IoError) as info:
             h.sync_pwrite(payload(4096), fd, 100)
