@@ -298,11 +298,10 @@ void CudaDevice::do_copy(StreamImpl& stream, std::byte* dst, const std::byte* sr
                          CopyDirection direction) {
   auto& s = static_cast<CudaStream&>(stream);
   select();
-  if (direction == CopyDirection::kToDevice) {
-    ZINF_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, s.stream));
-  } else {
-    ZINF_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, s.stream));
-  }
+  const cudaMemcpyKind kind = direction == CopyDirection::kToDevice ? cudaMemcpyHostToDevice
+                              : direction == CopyDirection::kToHost ? cudaMemcpyDeviceToHost
+                                                                    : cudaMemcpyDeviceToDevice;
+  ZINF_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, kind, s.stream));
 }
 
 void CudaDevice::do_record(EventImpl& event, StreamImpl& stream) {

@@ -167,6 +167,28 @@ void DeviceBase::copy_to_host(StreamRef stream, std::span<std::byte> dst, Device
   if (!pinned) pageable_copies_.fetch_add(1);
 }
 
+void DeviceBase::copy_on_device(StreamRef stream, DeviceSpan dst, DeviceSpan src) {
+  StreamImpl& s = checked_stream(stream, "copy_on_device");
+  for (const DeviceSpan* span : {&dst, &src}) {
+    if (!span->empty() && span->device() != this) {
+      throw UsageError(usage_text("copy_on_device", "a device span belongs to another device"));
+    }
+  }
+  if (dst.size() != src.size()) {
+    throw UsageError(usage_text("copy_on_device", "source length " + std::to_string(src.size()) +
+                                                      " != destination length " +
+                                                      std::to_string(dst.size())));
+  }
+  if (src.empty()) return;
+  if (dst.data() < src.data() + src.size() && src.data() < dst.data() + dst.size()) {
+    throw UsageError(usage_text("copy_on_device", "source " + hex_address(src.data()) +
+                                                      " and destination " +
+                                                      hex_address(dst.data()) + " overlap"));
+  }
+  do_copy(s, dst.data(), src.data(), src.size(), CopyDirection::kOnDevice);
+  bytes_on_device_.fetch_add(src.size());
+}
+
 void DeviceBase::record(Event& event, StreamRef stream) {
   EventImpl& e = checked_event(event, "record");
   do_record(e, checked_stream(stream, "record"));
@@ -253,6 +275,7 @@ DeviceStats DeviceBase::stats() const {
   s.total_allocations = total_allocations_.load();
   s.bytes_to_device = bytes_to_device_.load();
   s.bytes_to_host = bytes_to_host_.load();
+  s.bytes_on_device = bytes_on_device_.load();
   s.pageable_copies = pageable_copies_.load();
   std::lock_guard lock(pinned_mu_);
   s.pinned_bytes = pinned_bytes_;

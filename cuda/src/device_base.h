@@ -40,7 +40,7 @@ struct EventImpl {
   EventImpl& operator=(const EventImpl&) = delete;
 };
 
-enum class CopyDirection { kToDevice, kToHost };
+enum class CopyDirection { kToDevice, kToHost, kOnDevice };
 
 /// Formats an address as 0x... for error texts.
 std::string hex_address(const void* p);
@@ -53,6 +53,7 @@ class DeviceBase : public Device {
   PinnedRegistration register_host(std::span<std::byte> host) final;
   void copy_to_device(StreamRef stream, DeviceSpan dst, std::span<const std::byte> src) final;
   void copy_to_host(StreamRef stream, std::span<std::byte> dst, DeviceSpan src) final;
+  void copy_on_device(StreamRef stream, DeviceSpan dst, DeviceSpan src) final;
   using Device::copy_to_device;
   using Device::copy_to_host;
   void record(Event& event, StreamRef stream) final;
@@ -122,6 +123,7 @@ class DeviceBase : public Device {
   std::atomic<std::uint64_t> next_stream_id_{1};
   std::atomic<std::uint64_t> bytes_to_device_{0};
   std::atomic<std::uint64_t> bytes_to_host_{0};
+  std::atomic<std::uint64_t> bytes_on_device_{0};
   std::atomic<std::uint64_t> pageable_copies_{0};
 
   mutable std::mutex pinned_mu_;

@@ -40,6 +40,7 @@ class HostDevice final : public DeviceBase {
   DeviceKind kind() const noexcept override { return DeviceKind::kHost; }
 
   CopyLane& lane(CopyDirection direction) noexcept {
+    if (direction == CopyDirection::kOnDevice) return on_device_;
     return direction == CopyDirection::kToDevice ? to_device_ : to_host_;
   }
   /// True if [data, data + bytes) lies inside one live allocation of this device
@@ -70,6 +71,7 @@ class HostDevice final : public DeviceBase {
 
   CopyLane to_device_;
   CopyLane to_host_;
+  CopyLane on_device_{0};  // device memory bandwidth is not modelled: uncapped
   // Live allocations, start address -> length: device memory is host memory here, so only
   // this record tells a device buffer from any other readable host address.
   mutable std::mutex allocations_mu_;

@@ -16,8 +16,6 @@ namespace zinf::offload::detail {
 namespace {
 
 constexpr std::uint64_t kHostAlign = 4096;
-// The store's striping unit, as the parameter store's: 1 MiB transfers.
-constexpr std::uint32_t kStageStripe = 1u << 20;
 // Partial sums per layer: a fixed number of lanes, added in lane order, so the sum is the same
 // on every run and machine (and the loop vectorises without reassociating anything).
 constexpr std::size_t kLanes = 8;
@@ -87,12 +85,6 @@ double widen(const adam::GradView& g, float* out) {
   throw UsageError("GradientStage: unknown gradient dtype");
 }
 
-std::uint32_t directories_alignment(const std::vector<std::string>& directories) {
-  std::uint32_t align = static_cast<std::uint32_t>(kHostAlign);
-  for (const auto& d : directories) align = std::max(align, swap::probe_direct_io_alignment(d));
-  return align;
-}
-
 std::uint64_t largest_bytes(const std::vector<StagedLayer>& layers) {
   std::uint64_t largest = 0;
   for (const auto& l : layers) largest = std::max(largest, l.numel * kStagedBytesPerElement);
@@ -109,7 +101,7 @@ std::uint64_t grad_stage_pinned_bytes(const std::vector<StagedLayer>& layers) {
 
 std::uint64_t grad_stage_ring_bytes(const std::vector<StagedLayer>& layers,
                                     const std::vector<std::string>& directories) {
-  return kStageRingSlots * align_up(largest_bytes(layers), directories_alignment(directories));
+  return kStageRingSlots * align_up(largest_bytes(layers), swap::store_alignment(directories));
 }
 
 GradientStage::GradientStage(GradStageOptions options) {
@@ -133,14 +125,10 @@ GradientStage::GradientStage(GradStageOptions options) {
   engine_ = swap::make_io_engine(options.io);
   swap::SwapStoreOptions so;
   so.directories = options.directories;
-  const std::uint32_t align = directories_alignment(options.directories);
-  std::uint64_t capacity = 0;
-  // A tensor of at least a stripe starts on a stripe boundary: room for that rounding.
-  for (const auto& l : specs) {
-    capacity += align_up(align_up(l.numel * kStagedBytesPerElement, align), kStageStripe);
-  }
-  so.capacity_bytes = capacity;
-  so.stripe_bytes = kStageStripe;
+  std::vector<std::uint64_t> sizes;
+  for (const auto& l : specs) sizes.push_back(l.numel * kStagedBytesPerElement);
+  so.capacity_bytes =
+      swap::capacity_for(sizes, so.stripe_bytes, swap::store_alignment(options.directories));
   so.checksums = options.checksums;
   so.direct_io = options.direct_io;
   store_ = std::make_unique<swap::SwapStore>(so, *engine_);

@@ -8,7 +8,7 @@ PYBIND11_MODULE(_native, m) {
   zinf::python::bind_pinned(m);
   zinf::python::bind_adam(m);
   zinf::python::bind_optimizer(m);
-  zinf::python::bind_param_store(m);
+  zinf::python::bind_layer_store(m);
   zinf::python::bind_activations(m);
   zinf::python::bind_direct_file(m);
   zinf::python::bind_dist(m);

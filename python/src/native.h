@@ -57,8 +57,9 @@ std::vector<offload::ParamGroupSpec> numbered_groups(const std::vector<std::uint
 py::dict stats_dict(const offload::StepStats& s);
 /// zinf::dist: Collectives over Python callables, ShardedOptimizer (zinf.distributed).
 void bind_dist(py::module_& m);
-/// ParamStore: units of parameters on NVMe, read ahead by a LayerPrefetcher.
-void bind_param_store(py::module_& m);
+/// LayerStore: units of parameters on NVMe, read ahead onto the host or a CUDA device
+/// (zinf.torch.offload_parameters).
+void bind_layer_store(py::module_& m);
 /// ActivationStore over CPU tensors (zinf.torch.offload_activations).
 void bind_activations(py::module_& m);
 /// DirectFileWriter/Reader (zinf.torch.FastFileWriter, FastFileReader).

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Layer-wise parameter offload for torch modules (zinf.torch.offload_parameters).
 
-Each unit's parameters (one flat byte record per unit) live on NVMe (zinf's swap store, read
-ahead by the C++ LayerPrefetcher in the order traced on the first iteration) or in zinf's
+Each unit's parameters (one flat byte record per unit) live on NVMe (a prefetch::LayerStore,
+the store OffloadEngine's nvme parameter tier runs on: read ahead in the order traced on the
+first iteration, onto the CUDA device on torch's stream, or onto the host) or in zinf's
 pinned pool, and are brought into the module only while the unit computes: a forward
 pre-hook fetches them, a forward hook releases them (``.data`` becomes an empty tensor), an
 autograd function on the unit's outputs fetches them again when backward reaches the unit,
@@ -141,6 +142,7 @@ class ParameterOffload:
                 raise ValueError(f"zinf: unit {u} ({type(m).__name__}) has no parameters")
             self._layout.append(slots)
             self._unit_bytes.append(max(offset, 1))
+        assert exec_device is not None  # every unit has a parameter (checked above)
         self.exec_device = exec_device
         self._resident = [True] * len(self.units)
         self._acquires = 0
@@ -149,9 +151,22 @@ class ParameterOffload:
         self._store = None
         self._pinned = None
         # The store first: a bad path fails before the model is touched.
+        self._stream = None  # CUDA: torch's stream, adopted by the store as its compute stream
         if device == "nvme":
-            self._store = _native.ParamStore(self._unit_bytes, _nvme_dirs(nvme_path),
-                                             prefetch_depth, bool(checksums), io)
+            if exec_device.type == "cuda":
+                index = exec_device.index
+                if index is None:
+                    index = torch.cuda.current_device()
+                self._stream = torch.cuda.current_stream(index)
+                self._store = _native.LayerStore(
+                    self._unit_bytes, _nvme_dirs(nvme_path), prefetch_depth, bool(checksums),
+                    io, device="cuda", device_index=index, stream=self._stream.cuda_stream)
+            elif exec_device.type == "cpu":
+                self._store = _native.LayerStore(self._unit_bytes, _nvme_dirs(nvme_path),
+                                                 prefetch_depth, bool(checksums), io)
+            else:
+                raise ValueError(f"zinf: device='nvme' runs on CPU or CUDA parameters, not "
+                                 f"{exec_device}")
         else:
             self._pinned = [pinned_empty(n, torch.uint8) for n in self._unit_bytes]
         for u in range(len(self.units)):
@@ -188,10 +203,7 @@ class ParameterOffload:
         self._acquires += 1
         n = self._unit_bytes[u]
         if self._store is not None:
-            host = torch.empty(n, dtype=torch.uint8)
-            read = self._store.read if traced else self._store.read_untraced
-            read(u, host.data_ptr(), n)
-            record = host.to(self.exec_device)
+            record = self._fetch_record(u, n, traced)
         elif self.exec_device.type == "cpu":
             record = self._pinned[u].clone()
         else:
@@ -200,6 +212,32 @@ class ParameterOffload:
             for p, offset, nbytes, shape in self._layout[u]:
                 p.data = record[offset:offset + nbytes].view(p.dtype).view(shape)
         self._resident[u] = True
+
+    def _fetch_record(self, u, n, traced):
+        """Unit u's bytes in a new tensor on the execution device. Traced: the store copies
+        the unit from its read-ahead window into the tensor on the compute stream (CUDA:
+        torch's stream, no host copy). Untraced (materialized()): read from the store into
+        host memory, then copied over."""
+        if not traced:
+            host = torch.empty(n, dtype=torch.uint8,
+                               pin_memory=self.exec_device.type == "cuda")
+            self._store.read(u, host.data_ptr(), n)
+            return host.to(self.exec_device, non_blocking=True)
+        record = torch.empty(n, dtype=torch.uint8, device=self.exec_device)
+        if self._stream is None:
+            self._store.fetch_into(u, record.data_ptr(), n)
+            return record
+        current = torch.cuda.current_stream(self._stream.device)
+        if current != self._stream:
+            # The tensor was allocated on the caller's stream: the copy on the adopted stream
+            # waits for what that stream did before, and the caller's stream waits for the copy.
+            self._stream.wait_stream(current)
+            self._store.fetch_into(u, record.data_ptr(), n)
+            current.wait_stream(self._stream)
+            record.record_stream(self._stream)
+        else:
+            self._store.fetch_into(u, record.data_ptr(), n)
+        return record
 
     def _release(self, u):
         if not self._resident[u] or self._keep:
@@ -238,7 +276,12 @@ class ParameterOffload:
         """Fetch counters. nvme: the prefetcher's ``acquires``, ``hits`` (read ahead before
         they were needed), ``on_demand``, ``retraces`` (order changes), ``bytes_read``,
         ``read_busy_seconds`` (time with a read in flight), ``acquire_blocked_seconds``,
-        ``bytes_written``. cpu: ``acquires`` (each a copy from pinned memory on demand)."""
+        ``stall_seconds`` (the compute stream waiting for a unit), ``bytes_written``; and the
+        device's: ``fetches`` (traced fetches), ``bytes_to_device`` (host -> device copies:
+        one per unit read into the window), ``bytes_on_device`` (window -> the parameters'
+        tensor, one per fetch), ``pageable_copies`` (0: every host copy is from pinned
+        staging), ``device`` ("cuda" or "host"). cpu: ``acquires`` (each a copy from pinned
+        memory on demand)."""
         if self._store is not None:
             return self._store.stats()
         return {"acquires": self._acquires, "hits": 0, "on_demand": self._acquires,

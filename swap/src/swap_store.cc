@@ -957,4 +957,32 @@ void SwapStore::precondition() {
   s.engine.submit(reqs).wait();
 }
 
+std::uint64_t capacity_for(std::span<const std::uint64_t> sizes, std::uint32_t stripe_bytes,
+                           std::uint32_t alignment) {
+  if (stripe_bytes == 0 || alignment == 0) {
+    throw UsageError("capacity_for: stripe_bytes " + std::to_string(stripe_bytes) +
+                     " and alignment " + std::to_string(alignment) + " must be > 0");
+  }
+  std::uint64_t total = 0;
+  for (const std::uint64_t bytes : sizes) {
+    const std::optional<std::uint64_t> padded = checked_align_up(bytes, alignment);
+    const std::optional<std::uint64_t> striped =
+        padded ? checked_align_up(*padded, stripe_bytes) : std::nullopt;
+    if (!striped || *striped > UINT64_MAX - total) {
+      throw UsageError("capacity_for: the tensors' padded sizes do not fit in 64 bits");
+    }
+    total += *striped;
+  }
+  return total;
+}
+
+std::uint32_t store_alignment(const std::vector<std::string>& directories, bool direct_io) {
+  std::uint32_t alignment = kMinAlignment;
+  if (!direct_io) return alignment;
+  for (const std::string& d : directories) {
+    alignment = std::max(alignment, probe_direct_io_alignment(d));
+  }
+  return alignment;
+}
+
 }  // namespace zinf::swap

@@ -656,6 +656,54 @@ TEST_P(DeviceContract, AdoptedDeviceMemoryRoundTripsEveryByte) {
   }
 }
 
+TEST_P(DeviceContract, CopyOnDeviceMovesEveryByteInStreamOrderAndCountsNoHostCopy) {
+  // A copy between two device buffers at odd offsets, ordered after the copy that filled the
+  // source and before the one that reads the destination back; counted on its own, never as
+  // a pageable copy.
+  constexpr std::size_t kSize = (1u << 20) + 4099;
+  DeviceBuffer a = device_->allocate(kSize + 3);
+  DeviceBuffer b = device_->allocate(kSize + 5);
+  Stream s = device_->create_stream();
+  PageBuffer in = patterned(kSize, 31, 4);
+  PageBuffer out(kSize);
+  PinnedRegistration reg_in = device_->register_host(in);
+  PinnedRegistration reg_out = device_->register_host(out);
+  const DeviceStats before = device_->stats();
+  device_->copy_to_device(s, a.span(3, kSize), in);
+  device_->copy_on_device(s, b.span(5, kSize), a.span(3, kSize));
+  device_->copy_to_host(s, out, b.span(5, kSize));
+  device_->synchronize(s);
+  EXPECT_EQ(check_pattern(out, 31, 0, 4), "");
+  const DeviceStats after = device_->stats();
+  EXPECT_EQ(after.bytes_on_device - before.bytes_on_device, kSize);
+  EXPECT_EQ(after.bytes_to_device - before.bytes_to_device, kSize);
+  EXPECT_EQ(after.pageable_copies, before.pageable_copies);
+  // Misuse, before anything is enqueued.
+  try {
+    device_->copy_on_device(s, b.span(0, 8), a.span(0, 16));
+    ADD_FAILURE() << "no throw";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "copy_on_device on " + name() + ": source length 16 != destination length 8");
+  }
+  try {
+    device_->copy_on_device(s, a.span(8, 16), a.span(0, 16));
+    ADD_FAILURE() << "no throw";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("copy_on_device on " + name() + ": source "),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find(" overlap"), std::string::npos) << e.what();
+  }
+  std::unique_ptr<Device> other = make_device(GetParam().options);
+  DeviceBuffer foreign = other->allocate(16);
+  EXPECT_THROW(device_->copy_on_device(s, a.span(0, 16), foreign.span()), UsageError);
+  device_->copy_on_device(s, a.span(0, 0), b.span(0, 0));  // empty: nothing to do
+  device_->synchronize(s);
+  EXPECT_TRUE(reg_in.close().ok());
+  EXPECT_TRUE(reg_out.close().ok());
+}
+
 TEST_P(DeviceContract, NameAndKind) {
   if (GetParam().options.kind == DeviceKind::kCuda) {
     EXPECT_EQ(device_->kind(), DeviceKind::kCuda);

@@ -184,6 +184,41 @@ def test_at_most_depth_plus_one_units_in_the_module_during_forward(tmp_path, dep
         assert off.resident_units() == []
 
 
+def test_each_fetch_is_one_copy_out_of_the_window_and_no_pageable_copy(tmp_path):
+    """The traced fetches run on the engine's LayerStore: each is one copy from the window into
+    the unit's tensor on the compute stream (counted in bytes_on_device), each unit read
+    reaches the window by one host-to-device copy from pinned staging (bytes_to_device, no
+    pageable copy), and no other copy of the bytes is made."""
+    _, b = make_pair(5)
+    off = offload_parameters(b, unit=Block, nvme_path=tmp_path, prefetch_depth=1)
+    fetched = []
+
+    class Spy:  # the native store, each traced fetch's size recorded on the way
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def fetch_into(self, u, address, n):
+            fetched.append(n)
+            return self.inner.fetch_into(u, address, n)
+
+    off._store = Spy(off._store)
+    opt = torch.optim.AdamW(b.parameters(), lr=1e-3)
+    for x in batches(3):
+        b(x).sum().backward()
+        off.step(opt)
+        opt.zero_grad()
+    s = off.stats()
+    assert s["device"] == "host"
+    assert s["fetches"] == len(fetched) == s["acquires"] > 0, s
+    assert s["bytes_on_device"] == sum(fetched), s
+    assert s["pageable_copies"] == 0, s
+    # A unit still in the window when it is fetched again is not copied again.
+    assert 0 < s["bytes_to_device"] <= s["bytes_on_device"], s
+
+
 class InPlaceNet(Net):
     """Net with each block's output modified in place, and a first block fed an input that
     needs no gradient (the padded batch; `embed` is unused and gets no gradient)."""
@@ -305,3 +340,7 @@ def test_cuda_execution_bitwise(tmp_path, device):
     batch = batches(1)[0].cuda()
     with torch.no_grad():
         assert torch.equal(a(batch), b(batch))
+    if device == "nvme":  # on torch's stream, from the window: no pageable copy
+        s = off.stats()
+        assert s["device"] == "cuda" and s["pageable_copies"] == 0, s
+        assert 0 < s["bytes_to_device"] <= s["bytes_on_device"], s

@@ -252,6 +252,7 @@ struct DeviceStats {
   std::uint64_t pinned_registrations = 0;
   std::uint64_t bytes_to_device = 0;  ///< enqueued by copy_to_device
   std::uint64_t bytes_to_host = 0;    ///< enqueued by copy_to_host
+  std::uint64_t bytes_on_device = 0;  ///< enqueued by copy_on_device
   /// Copies whose host side is not inside a PinnedRegistration of this Device: on CUDA they
   /// are staged through a driver buffer and do not overlap with the host, so a prefetcher wants
   /// this at 0.
@@ -307,6 +308,10 @@ class Device {
   virtual void copy_to_device(StreamRef stream, DeviceSpan dst, std::span<const std::byte> src) = 0;
   /// Enqueues a copy of `src` (device) into `dst` (host); the sizes must match.
   virtual void copy_to_host(StreamRef stream, std::span<std::byte> dst, DeviceSpan src) = 0;
+  /// Enqueues a copy of `src` (device) into `dst` (device), both of this Device; the sizes must
+  /// match and the ranges must not overlap (UsageError). No host memory takes part: nothing is
+  /// pinned or pageable, and on CUDA it runs at device-memory speed.
+  virtual void copy_on_device(StreamRef stream, DeviceSpan dst, DeviceSpan src) = 0;
   /// Enqueues a copy of `src` into `dst` at `dst_offset`; UsageError if it passes the end.
   void copy_to_device(StreamRef stream, const DeviceBuffer& dst, std::size_t dst_offset,
                       std::span<const std::byte> src) {

@@ -239,4 +239,17 @@ class SwapStore {
   std::unique_ptr<Impl> impl_;
 };
 
+/// The capacity_bytes a store with `stripe_bytes` stripe units and buffers aligned to
+/// `alignment` needs to hold tensors of `sizes` bytes at once, in any allocation order: each
+/// tensor padded to the alignment and rounded to whole stripes (a tensor of a stripe or more
+/// starts on a stripe boundary). The one place that sum is made, for every store sized to
+/// its keys. UsageError for a zero alignment or stripe, or a sum beyond 64 bits.
+std::uint64_t capacity_for(std::span<const std::uint64_t> sizes, std::uint32_t stripe_bytes,
+                           std::uint32_t alignment);
+
+/// The direct-I/O alignment a store over `directories` will have (SwapStore::alignment():
+/// the largest of the directories' probed alignments, at least 4096), known before the store
+/// is made; 4096 without direct I/O. Creates no file.
+std::uint32_t store_alignment(const std::vector<std::string>& directories, bool direct_io = true);
+
 }  // namespace zinf::swap
