@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up and runs zinf's test suite: installs the Debian packages, then runs the CMake
-# workflows: `ci` (release build, public-header check, every label), `ci-asan` (address +
+# workflows: `ci` (release build, public-header check, every label but python, whose tests run
+# once, against the package pip installs, below), `ci-asan` (address +
 # undefined sanitizers) and `ci-tsan` (thread sanitizer), the sanitizer ones on the unit,
 # contract and fault labels (without the Python module and MPI, whose labels run in the release
 # workflow only), and last the aarch64 cross build with its unit and contract labels under
