@@ -322,9 +322,35 @@ void load_sharded(Collectives& comm, std::string_view who, const std::string& di
   std::int32_t saved = 0;
   std::optional<swap::Dir> top;
   SaveIdentity committed;
+  // The commit record is rank 0's. Ranks whose `dir` holds none read it from rank 0: a
+  // checkpoint saved on node-local drives has it on rank 0's node only, and each rank's own
+  // folder on its own node. A rank that holds one must hold the same bytes: another save at
+  // the same path (a copy from another run, another file system) is refused on every rank.
+  std::string own;
+  bool has_own = false;
   on_every_rank(comm, who, [&] {
     top.emplace(swap::Dir::open(dir));
-    const std::string global = swap::read_small_file(*top, kManifest, kMaxManifestBytes);
+    try {
+      own = swap::read_small_file(*top, kManifest, kMaxManifestBytes);
+      has_own = true;
+    } catch (const IoError& e) {
+      if (comm.rank() == 0 || e.code() != ErrorCode::kNotFound) throw;
+    }
+  });
+  std::uint64_t length = own.size();
+  comm.broadcast(std::as_writable_bytes(std::span<std::uint64_t>(&length, 1)), 0);
+  std::string global = comm.rank() == 0 ? own : std::string(length, '\0');
+  comm.broadcast(std::as_writable_bytes(std::span<char>(global)), 0);
+  on_every_rank(comm, who, [&] {
+    if (has_own && own != global) {
+      throw UsageError(std::string(who) + ": " + top->path_of(kManifest) + " on rank " +
+                       std::to_string(comm.rank()) + " is not rank 0's: the ranks see " +
+                       "different checkpoints at " + dir +
+                       " (is it the same file system on every node, or are the node-local " +
+                       "copies from different saves?)");
+    }
+  });
+  on_every_rank(comm, who, [&] {
     const std::string saved_world = manifest_value(global, "world_size");
     const bool same = saved_world == std::to_string(comm.size());
     if (!same && !reshard) {

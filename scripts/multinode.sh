@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Several "nodes" on one machine: each a network namespace with its own address on a private
+# bridge, and its own mount namespace in which DRIVE is a private tmpfs (a node-local drive at
+# the same path on every node, invisible to the others). Runs an MPI job with one rank per
+# node (TCP only: no shared-memory transport), launched into the namespaces through mpirun's
+# rsh agent (this script again), and removes every namespace, link and mount it made on exit,
+# also when the job fails or the script is interrupted.
+#
+# Usage: scripts/multinode.sh --nodes N [--drive DIR] [--drives-from DIR] [--keep-drives DIR]
+#                             -- PROGRAM [ARGS...]
+#   N        2 or more nodes, one rank each
+#   DRIVE    the node-local folder, the same path on every node (default /tmp/zinf-node-drive)
+#   --drives-from DIR: node R's drive starts as a copy of DIR/node<R> (empty where missing)
+#   --keep-drives DIR: after the job, copy node R's drive to DIR/node<R> (a later run's
+#            --drives-from, or for inspection)
+# Needs root, `ip`, `unshare` and mpirun (Open MPI). Exit status: the job's; 77 where nodes
+# cannot be made here (not root, no ip or mpirun, namespaces refused), saying why.
+set -uo pipefail
+
+# ---- the rsh agent: mpirun runs "<this script> --rsh HOST COMMAND..." to start its daemon ----
+if [ "${1:-}" = "--rsh" ]; then
+  host=$2
+  shift 2
+  node=${ZT_NODES_BY_ADDR:-}
+  ns=""
+  for pair in $node; do [ "${pair%%=*}" = "$host" ] && ns=${pair#*=}; done
+  [ -n "$ns" ] || { echo "multinode.sh: no node has address $host" >&2; exit 1; }
+  # The daemon and every rank it starts live in the node's network namespace and in a mount
+  # namespace of their own, where DRIVE is this node's tmpfs (made once per node, kept in
+  # ZT_STATE so that a later command for the node sees the same files).
+  exec ip netns exec "$ns" unshare --mount --propagation private /bin/sh -c \
+    "mount --bind \"$ZT_STATE/$ns\" \"$ZT_DRIVE\" && exec $*"
+fi
+
+nodes=0
+drive=/tmp/zinf-node-drive
+keep=""
+from=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --nodes) nodes=$2; shift 2 ;;
+    --drive) drive=$2; shift 2 ;;
+    --keep-drives) keep=$2; shift 2 ;;
+    --drives-from) from=$2; shift 2 ;;
+    --) shift; break ;;
+    *) echo "multinode.sh: unknown option '$1'" >&2; exit 2 ;;
+  esac
+done
+[ "$nodes" -ge 2 ] 2>/dev/null || { echo "multinode.sh: --nodes N with N >= 2" >&2; exit 2; }
+[ $# -gt 0 ] || { echo "multinode.sh: no program after --" >&2; exit 2; }
+skip() { echo "multinode.sh: skipped: $*" >&2; exit 77; }
+[ "$(id -u)" -eq 0 ] || skip "not root (network and mount namespaces need it)"
+for tool in ip unshare mpirun; do command -v "$tool" >/dev/null || skip "no '$tool'"; done
+
+# Names unique to this run, so that concurrent runs never touch each other's.
+tag="zt$$"
+net=$(( ($$ % 200) + 20 ))
+bridge="${tag}b"
+state=$(mktemp -d "${TMPDIR:-/tmp}/zinf-multinode.XXXXXX")
+made_ns=()
+job=""
+cleanup() {
+  local rc=$?
+  # The job first (an interrupted run): a namespace with processes in it outlives its name,
+  # and its veth pair with it.
+  if [ -n "$job" ] && kill -0 "$job" 2>/dev/null; then
+    kill -TERM "$job" 2>/dev/null
+    for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$job" 2>/dev/null || break; sleep 0.5; done
+    kill -KILL "$job" 2>/dev/null
+  fi
+  for ns in "${made_ns[@]}"; do
+    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
+  done
+  sleep 0.2
+  for ns in "${made_ns[@]}"; do ip netns del "$ns" 2>/dev/null; done
+  ip link del "$bridge" 2>/dev/null
+  # The drives are folders of this run's state directory, bind-mounted inside the namespaces
+  # only: nothing is mounted in the caller's namespace.
+  rm -rf "$state"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+# (A signal interrupts the `wait` for the job below; the EXIT trap then ends the job.)
+
+ip link add "$bridge" type bridge 2>/dev/null || skip "cannot make a bridge (ip link add: refused)"
+ip addr add "10.$net.0.1/24" dev "$bridge" && ip link set "$bridge" up || exit 1
+hosts=()
+by_addr=""
+for ((r = 0; r < nodes; ++r)); do
+  ns="${tag}n$r"
+  addr="10.$net.0.$((r + 2))"
+  ip netns add "$ns" || skip "cannot make a network namespace"
+  made_ns+=("$ns")
+  ip link add "${tag}v$r" type veth peer name eth0 netns "$ns" || exit 1
+  ip link set "${tag}v$r" master "$bridge" up || exit 1
+  ip netns exec "$ns" ip addr add "$addr/24" dev eth0 || exit 1
+  ip netns exec "$ns" ip link set eth0 up && ip netns exec "$ns" ip link set lo up || exit 1
+  mkdir -p "$state/$ns"
+  if [ -n "$from" ] && [ -d "$from/node$r" ]; then cp -a "$from/node$r/." "$state/$ns/"; fi
+  hosts+=("$addr")
+  by_addr+="$addr=$ns "
+done
+mkdir -p "$drive"
+
+export ZT_NODES_BY_ADDR="$by_addr" ZT_STATE="$state" ZT_DRIVE="$drive"
+host_list=$(IFS=,; echo "${hosts[*]}")
+self=$(realpath "$0")
+# One rank per node; TCP between them on the bridge's subnet only (the rsh launch's own
+# connections too). --mca plm_rsh_no_tree_spawn: every daemon is started from here.
+mpirun --allow-run-as-root --oversubscribe -np "$nodes" --host "$host_list" \
+  --mca plm_rsh_agent "$self --rsh" --mca plm_rsh_no_tree_spawn 1 \
+  --mca btl tcp,self --mca btl_tcp_if_include "10.$net.0.0/24" \
+  --mca oob_tcp_if_include "10.$net.0.0/24" "$@" 2> >(grep -v "setpgid" >&2) &
+job=$!
+wait "$job"
+rc=$?
+job=""
+if [ -n "$keep" ]; then
+  for ((r = 0; r < nodes; ++r)); do
+    rm -rf "$keep/node$r" && mkdir -p "$keep/node$r" && cp -a "$state/${tag}n$r/." "$keep/node$r/"
+  done
+fi
+exit $rc
