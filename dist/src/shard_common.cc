@@ -341,15 +341,16 @@ void load_sharded(Collectives& comm, std::string_view who, const std::string& di
   comm.broadcast(std::as_writable_bytes(std::span<std::uint64_t>(&length, 1)), 0);
   std::string global = comm.rank() == 0 ? own : std::string(length, '\0');
   comm.broadcast(std::as_writable_bytes(std::span<char>(global)), 0);
-  on_every_rank(comm, who, [&] {
-    if (has_own && own != global) {
-      throw UsageError(std::string(who) + ": " + top->path_of(kManifest) + " on rank " +
-                       std::to_string(comm.rank()) + " is not rank 0's: the ranks see " +
-                       "different checkpoints at " + dir +
-                       " (is it the same file system on every node, or are the node-local " +
-                       "copies from different saves?)");
-    }
-  });
+  // The lowest rank whose own commit record differs, told to every rank, so that all refuse
+  // with the same words before any of them loads.
+  std::int32_t differs = has_own && own != global ? comm.rank() : comm.size();
+  all_reduce<std::int32_t>(comm, std::span<std::int32_t>(&differs, 1), ReduceOp::kMin);
+  if (differs < comm.size()) {
+    throw UsageError(std::string(who) + ": the ranks see different checkpoints at " + dir + ": " +
+                     dir + "/" + std::string(kManifest) + " on rank " + std::to_string(differs) +
+                     " is not rank 0's (is it the same file system on every node, or are the " +
+                     "node-local copies from different saves?)");
+  }
   on_every_rank(comm, who, [&] {
     const std::string saved_world = manifest_value(global, "world_size");
     const bool same = saved_world == std::to_string(comm.size());
@@ -380,17 +381,6 @@ void load_sharded(Collectives& comm, std::string_view who, const std::string& di
     committed = parsed->save;
     saved = world;
   });
-  // Every rank read the same file, unless the ranks see different file systems at `dir`. They
-  // agree on the saved size before any of them loads: a rank that found its own world size
-  // would otherwise load alone and leave, while one that found another waits in the
-  // resharding's collectives for ever.
-  std::int32_t range[2] = {saved, -saved};
-  all_reduce<std::int32_t>(comm, range, ReduceOp::kMax);
-  if (range[0] != -range[1]) {
-    throw UsageError(std::string(who) + ": the ranks read different world sizes in " + dir + "/" +
-                     std::string(kManifest) + " (" + std::to_string(-range[1]) + " to " +
-                     std::to_string(range[0]) + "): is it the same file system on every node?");
-  }
   // Every folder this rank will read, opened once and checked against the committed save
   // before any rank loads anything.
   const bool same = saved == comm.size();

@@ -412,7 +412,7 @@ INSTANTIATE_TEST_SUITE_P(Precisions, ReshardCompact,
 // nodes; here, a different folder per rank): every rank refuses before any of them loads,
 // whether or not one found its own world size (that rank used to load alone and leave while
 // the other waited in the resharding's collectives), and no rank hangs.
-TEST(ShardedOptimizer, RanksThatReadDifferentWorldSizesAllRefuseBeforeLoading) {
+TEST(ShardedOptimizer, RanksThatSeeDifferentCheckpointsAllRefuseBeforeLoading) {
   const auto want = test::reference();
   zinf::test::TestDir dir;
   const std::string swap_dir = dir.subdir("nvme");
@@ -438,9 +438,10 @@ TEST(ShardedOptimizer, RanksThatReadDifferentWorldSizesAllRefuseBeforeLoading) {
       } catch (const UsageError& e) {
         ++thrown;
         EXPECT_EQ(std::string(e.what()),
-                  "ShardedOptimizer::load: the ranks read different world sizes in " + mine +
-                      "/zinf-sharded (" + std::to_string(other) +
-                      " to 3): is it the same file system on every node?");
+                  "ShardedOptimizer::load: the ranks see different checkpoints at " + mine +
+                      ": " + mine +
+                      "/zinf-sharded on rank 1 is not rank 0's (is it the same file system on "
+                      "every node, or are the node-local copies from different saves?)");
       }
       EXPECT_EQ(opt.local().step_count(), 0u);
     });
