@@ -41,8 +41,8 @@ fio's --bs, --iodepth and --runtime are read as --block-sizes, --queue-depths an
 --time-budget. GB/s means 10^9 bytes per second; the mixed figure counts bytes read plus bytes
 written.)";
 
-// The sweep's default axes: block sizes around the 1 MiB where the drives here saturate
-// (measured with fio on the build machines), queue depths around zinf's default 16, threads for the threads backend.
+// The sweep's default axes: block sizes around zinf's default 1 MiB (why 1 MiB:
+// docs/benchmarks.md, "Figures behind the defaults") and queue depths around its default 16.
 constexpr std::uint32_t kDefaultBlocks[] = {256u << 10, 1u << 20, 4u << 20};
 constexpr std::uint32_t kDefaultDepths[] = {8, 16, 32};
 
