@@ -1,6 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// What every build has of the Communicator: element sizes, and the factory's answer where NCCL
-// is missing. The NCCL backend is nccl_communicator.cc, built only with NCCL.
+// What every build has of the Communicator: the factory's answer where NCCL is missing. The NCCL backend is nccl_communicator.cc, built only with NCCL.
 #include "zinf/cuda/communicator.h"
 
 #include <string>
@@ -9,19 +8,6 @@
 #include "zinf/config.h"
 
 namespace zinf::cuda {
-
-std::size_t element_size(ElementType type) noexcept {
-  switch (type) {
-    case ElementType::kFloat32: return 4;
-    case ElementType::kFloat16: return 2;
-    case ElementType::kBFloat16: return 2;
-    case ElementType::kUInt8: return 1;
-    case ElementType::kFloat64: return 8;
-    case ElementType::kInt32: return 4;
-    case ElementType::kInt64: return 8;
-  }
-  return 1;
-}
 
 #if !ZINF_HAVE_NCCL
 

@@ -39,13 +39,13 @@ std::string nccl_error_text(ncclResult_t rc, const char* call, ncclComm_t comm) 
 
 ncclDataType_t nccl_type(ElementType type) {
   switch (type) {
-    case ElementType::kFloat32: return ncclFloat32;
-    case ElementType::kFloat16: return ncclFloat16;
-    case ElementType::kBFloat16: return ncclBfloat16;
-    case ElementType::kUInt8: return ncclUint8;
-    case ElementType::kFloat64: return ncclFloat64;
-    case ElementType::kInt32: return ncclInt32;
-    case ElementType::kInt64: return ncclInt64;
+    case ElementType::kF32: return ncclFloat32;
+    case ElementType::kF16: return ncclFloat16;
+    case ElementType::kBF16: return ncclBfloat16;
+    case ElementType::kU8: return ncclUint8;
+    case ElementType::kF64: return ncclFloat64;
+    case ElementType::kI32: return ncclInt32;
+    case ElementType::kI64: return ncclInt64;
   }
   return ncclUint8;
 }

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The parts of zinf::dist every backend shares (names, argument checks, errors, the failed
-// state) and LocalCollectives, the group of one rank.
+// The parts of zinf::dist every backend shares (argument checks, errors, the failed state) and
+// LocalCollectives, the group of one rank.
 #include "zinf/dist/collectives.h"
 
 #include <cstdint>
@@ -11,38 +11,6 @@
 #include "zinf/common/error.h"
 
 namespace zinf::dist {
-
-std::string_view element_type_name(ElementType type) noexcept {
-  switch (type) {
-    case ElementType::kF32: return "fp32";
-    case ElementType::kF64: return "fp64";
-    case ElementType::kI32: return "i32";
-    case ElementType::kI64: return "i64";
-    case ElementType::kU8: return "u8";
-  }
-  return "?";
-}
-
-std::size_t element_size(ElementType type) noexcept {
-  switch (type) {
-    case ElementType::kF32: return 4;
-    case ElementType::kF64: return 8;
-    case ElementType::kI32: return 4;
-    case ElementType::kI64: return 8;
-    case ElementType::kU8: return 1;
-  }
-  return 1;
-}
-
-std::string_view reduce_op_name(ReduceOp op) noexcept {
-  switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAvg: return "avg";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
-  }
-  return "?";
-}
 
 namespace detail {
 namespace {
@@ -65,6 +33,10 @@ void check_type(const Caller& who, std::string_view op, std::size_t bytes, std::
     throw UsageError(where(who, op) + std::string(what) + " is " + std::to_string(bytes) +
                      " bytes, not a whole number of " + std::to_string(element_size(type)) +
                      "-byte " + std::string(element_type_name(type)) + " elements");
+  }
+  if (type == ElementType::kBF16 || type == ElementType::kF16) {
+    throw UsageError(where(who, op) + std::string(element_type_name(type)) +
+                     " is not reduced here; widen it to fp32 first");
   }
   const bool floating = type == ElementType::kF32 || type == ElementType::kF64;
   if (reduce == ReduceOp::kAvg && !floating) {

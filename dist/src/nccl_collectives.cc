@@ -19,27 +19,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-cuda::ElementType cuda_type(ElementType type) {
-  switch (type) {
-    case ElementType::kF32: return cuda::ElementType::kFloat32;
-    case ElementType::kF64: return cuda::ElementType::kFloat64;
-    case ElementType::kI32: return cuda::ElementType::kInt32;
-    case ElementType::kI64: return cuda::ElementType::kInt64;
-    case ElementType::kU8: return cuda::ElementType::kUInt8;
-  }
-  return cuda::ElementType::kUInt8;
-}
-
-cuda::ReduceOp cuda_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum: return cuda::ReduceOp::kSum;
-    case ReduceOp::kAvg: return cuda::ReduceOp::kAvg;
-    case ReduceOp::kMax: return cuda::ReduceOp::kMax;
-    case ReduceOp::kMin: return cuda::ReduceOp::kMin;
-  }
-  return cuda::ReduceOp::kSum;
-}
-
 class NcclCollectives final : public Collectives {
  public:
   NcclCollectives(cuda::Device& device, cuda::Communicator& communicator, cuda::StreamRef stream,
@@ -66,16 +45,14 @@ class NcclCollectives final : public Collectives {
                       ReduceOp op) override {
     failed_.throw_if_failed();
     detail::check_reduce_scatter(who(), send, recv, type, op);
-    run("reduce_scatter", send.size(), [&] {
-      comm_.reduce_scatter(stream_, adopt(send), adopt(recv), cuda_type(type), cuda_op(op));
-    });
+    run("reduce_scatter", send.size(),
+        [&] { comm_.reduce_scatter(stream_, adopt(send), adopt(recv), type, op); });
   }
 
   void all_reduce(std::span<std::byte> data, ElementType type, ReduceOp op) override {
     failed_.throw_if_failed();
     detail::check_all_reduce(who(), data, type, op);
-    run("all_reduce", data.size(),
-        [&] { comm_.all_reduce(stream_, adopt(data), cuda_type(type), cuda_op(op)); });
+    run("all_reduce", data.size(), [&] { comm_.all_reduce(stream_, adopt(data), type, op); });
   }
 
   void broadcast(std::span<std::byte> data, int root) override {
@@ -86,9 +63,8 @@ class NcclCollectives final : public Collectives {
 
   void barrier() override {
     failed_.throw_if_failed();
-    run("barrier", 0, [&] {
-      comm_.all_reduce(stream_, barrier_.span(), cuda::ElementType::kInt32, cuda::ReduceOp::kSum);
-    });
+    run("barrier", 0,
+        [&] { comm_.all_reduce(stream_, barrier_.span(), ElementType::kI32, ReduceOp::kSum); });
   }
 
  private:

@@ -77,6 +77,8 @@ DLDataType dl_type(ElementType type) {
     case ElementType::kI32: return {0, 32, 1};
     case ElementType::kI64: return {0, 64, 1};
     case ElementType::kU8: return {1, 8, 1};
+    case ElementType::kBF16: return {4, 16, 1};
+    case ElementType::kF16: return {2, 16, 1};
   }
   return {1, 8, 1};
 }

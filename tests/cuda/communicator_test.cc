@@ -44,13 +44,13 @@ TEST(Communicator, FactoryErrorWithoutNcclOrWithoutAGpu) {
 }
 
 TEST(Communicator, ElementSizes) {
-  EXPECT_EQ(element_size(ElementType::kFloat32), 4u);
-  EXPECT_EQ(element_size(ElementType::kFloat16), 2u);
-  EXPECT_EQ(element_size(ElementType::kBFloat16), 2u);
-  EXPECT_EQ(element_size(ElementType::kUInt8), 1u);
-  EXPECT_EQ(element_size(ElementType::kFloat64), 8u);
-  EXPECT_EQ(element_size(ElementType::kInt32), 4u);
-  EXPECT_EQ(element_size(ElementType::kInt64), 8u);
+  EXPECT_EQ(element_size(ElementType::kF32), 4u);
+  EXPECT_EQ(element_size(ElementType::kF16), 2u);
+  EXPECT_EQ(element_size(ElementType::kBF16), 2u);
+  EXPECT_EQ(element_size(ElementType::kU8), 1u);
+  EXPECT_EQ(element_size(ElementType::kF64), 8u);
+  EXPECT_EQ(element_size(ElementType::kI32), 4u);
+  EXPECT_EQ(element_size(ElementType::kI64), 8u);
 }
 
 #else  // ZINF_TEST_GPU
@@ -100,7 +100,7 @@ TEST_F(CommunicatorGpu, OneRankReduceScatterSumAndAverageAreIdentity) {
   DeviceBuffer send = device_->allocate(bytes), recv = device_->allocate(bytes);
   device_->copy_to_device(stream_, send.span(), std::as_bytes(std::span<const float>(host)));
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
-    comm_->reduce_scatter(stream_, send.span(), recv.span(), ElementType::kFloat32, op);
+    comm_->reduce_scatter(stream_, send.span(), recv.span(), ElementType::kF32, op);
     device_->copy_to_host(stream_, std::as_writable_bytes(std::span<float>(back)), recv.span());
     device_->synchronize(stream_);
     EXPECT_EQ(std::memcmp(host.data(), back.data(), bytes), 0);
@@ -114,23 +114,23 @@ TEST_F(CommunicatorGpu, OneRankAllReduceAndBroadcastLeaveTheDataAsItIs) {
   const std::size_t bytes = count * sizeof(double);
   DeviceBuffer data = device_->allocate(bytes);
   device_->copy_to_device(stream_, data.span(), std::as_bytes(std::span<const double>(host)));
-  comm_->all_reduce(stream_, data.span(), ElementType::kFloat64, ReduceOp::kSum);
-  comm_->all_reduce(stream_, data.span(), ElementType::kFloat64, ReduceOp::kMax);
+  comm_->all_reduce(stream_, data.span(), ElementType::kF64, ReduceOp::kSum);
+  comm_->all_reduce(stream_, data.span(), ElementType::kF64, ReduceOp::kMax);
   comm_->broadcast(stream_, data.span(), 0);
   device_->copy_to_host(stream_, std::as_writable_bytes(std::span<double>(back)), data.span());
   device_->synchronize(stream_);
   EXPECT_EQ(std::memcmp(host.data(), back.data(), bytes), 0);
   EXPECT_THROW(comm_->broadcast(stream_, data.span(), 1), UsageError);
-  EXPECT_THROW(comm_->all_reduce(stream_, data.span(0, 12), ElementType::kFloat64, ReduceOp::kSum),
+  EXPECT_THROW(comm_->all_reduce(stream_, data.span(0, 12), ElementType::kF64, ReduceOp::kSum),
                UsageError);
 }
 
 TEST_F(CommunicatorGpu, RefusesMismatchedSizes) {
   DeviceBuffer a = device_->allocate(4096), b = device_->allocate(8192);
   EXPECT_THROW(comm_->all_gather(stream_, a.span(), b.span()), UsageError);
-  EXPECT_THROW(comm_->reduce_scatter(stream_, a.span(), a.span(0, 4095), ElementType::kFloat32,
-                                     ReduceOp::kSum),
-               UsageError);
+  EXPECT_THROW(
+      comm_->reduce_scatter(stream_, a.span(), a.span(0, 4095), ElementType::kF32, ReduceOp::kSum),
+      UsageError);
 }
 
 #endif  // ZINF_TEST_GPU

@@ -176,6 +176,16 @@ inline void check_misuse(Collectives& c) {
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("avg of i32 would round"), std::string::npos) << e.what();
   }
+  // bf16 and fp16 are element types of zinf::cuda's Communicator too, but not reduced here.
+  std::vector<std::uint16_t> halves(4);
+  try {
+    c.all_reduce(std::as_writable_bytes(std::span<std::uint16_t>(halves)), ElementType::kBF16,
+                 ReduceOp::kSum);
+    ADD_FAILURE() << "a bf16 all_reduce did not throw";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("bf16 is not reduced here"), std::string::npos)
+        << e.what();
+  }
   EXPECT_THROW(c.all_reduce(std::as_writable_bytes(std::span<float>(a)).subspan(0, 7),
                             ElementType::kF32, ReduceOp::kSum),
                UsageError);

@@ -44,6 +44,8 @@ TEST(LocalCollectives, RefusesMisuseLikeEveryBackend) {
 
 TEST(Collectives, NamesAndSizes) {
   EXPECT_EQ(element_type_name(ElementType::kF64), "fp64");
+  EXPECT_EQ(element_type_name(ElementType::kBF16), "bf16");
+  EXPECT_EQ(element_size(ElementType::kBF16), 2u);
   EXPECT_EQ(element_size(ElementType::kF64), 8u);
   EXPECT_EQ(element_size(ElementType::kI32), 4u);
   EXPECT_EQ(element_size(ElementType::kU8), 1u);

@@ -172,6 +172,8 @@ class ThreadGroup {
         case ElementType::kI32: reduce_into<std::int32_t>(acc, in, op); break;
         case ElementType::kI64: reduce_into<std::int64_t>(acc, in, op); break;
         case ElementType::kU8: reduce_into<std::uint8_t>(acc, in, op); break;
+        case ElementType::kBF16:  // refused by the adapter's checks before any callback
+        case ElementType::kF16: break;
       }
     }
     // kAvg (device memory only): the sum divided as the host adapter divides it, bitwise.

@@ -52,6 +52,95 @@ double time_seconds(Fn&& fn) {
   return seconds_since(t0);
 }
 
+// What the timed steps (and the memory kernel's passes, with --reference) come to.
+struct AdamFigures {
+  std::size_t bytes_per_element = 0;
+  double sec = 0, eps = 0, gbps = 0, best_sec = 0;
+  double rmw_gbps = 0, bound_eps = 0, ratio = 0, ratio_best = 0;  // --reference only
+
+  AdamFigures(std::size_t n, std::size_t grad_bytes, bool copy_out,
+              const std::vector<double>& adam_s, const std::vector<double>& rmw_s) {
+    bytes_per_element = 24 + grad_bytes + (copy_out ? 2 : 0);
+    sec = median(adam_s);
+    eps = static_cast<double>(n) / sec;
+    gbps = eps * static_cast<double>(bytes_per_element) / 1e9;
+    best_sec = *std::min_element(adam_s.begin(), adam_s.end());
+    if (!rmw_s.empty()) {
+      rmw_gbps = static_cast<double>(n) * StreamRmw::kBytesPerElement / median(rmw_s) / 1e9;
+      bound_eps = rmw_gbps * 1e9 / kAdamFp32BytesPerElement;
+      ratio = eps / bound_eps;
+      // Fastest step against fastest pass: on a shared machine, preemption only ever adds
+      // time, so the minima show what the kernels can do when they have the cores.
+      const double rmw_best = *std::min_element(rmw_s.begin(), rmw_s.end());
+      ratio_best = (best_sec > 0 ? rmw_best / best_sec : 0) * kAdamFp32BytesPerElement /
+                   StreamRmw::kBytesPerElement;
+    }
+  }
+};
+
+// What was run, as the report names it.
+struct AdamRun {
+  const CpuAdam& adam;
+  std::size_t n;
+  DType grad_dtype;
+  const std::string& copy_text;
+  ArrayLayout layout;
+  std::uint64_t steps;
+  bool reference;
+};
+
+// The JSON object (--json) or the table.
+void report(const AdamRun& r, const AdamFigures& f, bool json) {
+  const std::string isa(adam::isa_name(r.adam.isa()));
+  const adam::PrefetchSetting prefetch = r.adam.prefetch();
+  const std::string gt(dtype_name(r.grad_dtype));
+  if (json) {
+    Json j;
+    j["bench"] = "adam";
+    j["isa"] = isa;
+    j["threads"] = std::uint64_t{r.adam.threads()};
+    j["prefetch_elements"] = std::uint64_t{prefetch.elements};
+    j["prefetch_source"] = std::string(prefetch.source);
+    j["numel"] = std::uint64_t{r.n};
+    j["grad_dtype"] = gt;
+    j["copy_out"] = r.copy_text;
+    j["layout"] = std::string(array_layout_name(r.layout));
+    j["steps"] = r.steps;
+    j["seconds_per_step"] = f.sec;
+    j["seconds_per_step_min"] = f.best_sec;
+    j["elements_per_s"] = f.eps;
+    j["bytes_per_element"] = std::uint64_t{f.bytes_per_element};
+    j["gbps"] = f.gbps;
+    if (r.reference) {
+      j["rmw_gbps"] = f.rmw_gbps;
+      j["rmw_bound_elements_per_s"] = f.bound_eps;
+      j["ratio_to_rmw_bound"] = f.ratio;
+      j["ratio_to_rmw_bound_best"] = f.ratio_best;
+    }
+    j["cpu"] = cpu_model();
+    std::printf("%s\n", json_text(j).c_str());
+    return;
+  }
+  std::printf(
+      "cpu adam  isa=%s threads=%zu numel=%zu grad=%s copy-out=%s layout=%s steps=%llu "
+      "(median)\n",
+      isa.c_str(), r.adam.threads(), r.n, gt.c_str(), r.copy_text.c_str(),
+      std::string(array_layout_name(r.layout)).c_str(), static_cast<unsigned long long>(r.steps));
+  std::printf("  %-28s %10zu elements (%.*s)\n", "prefetch distance", prefetch.elements,
+              static_cast<int>(prefetch.source.size()), prefetch.source.data());
+  std::printf("  %-28s %10.3f ms\n", "seconds per step", f.sec * 1e3);
+  std::printf("  %-28s %10.3f G/s\n", "elements per second", f.eps / 1e9);
+  std::printf("  %-28s %10.2f GB/s  (%zu B/element)\n", "bandwidth", f.gbps, f.bytes_per_element);
+  if (r.reference) {
+    std::printf("  %-28s %10.2f GB/s  (a[i] += s*b[i], 12 B/element)\n", "read-modify-write",
+                f.rmw_gbps);
+    std::printf("  %-28s %10.3f G/s   (rmw GB/s / 28 B)\n", "memory bound", f.bound_eps / 1e9);
+    std::printf("  %-28s %10.3f x\n", "adam / memory bound", f.ratio);
+    std::printf("  %-28s %10.3f x   (fastest step / fastest pass)\n", "  best / best",
+                f.ratio_best);
+  }
+}
+
 }  // namespace
 
 int bench_adam_main(const std::vector<std::string>& tokens) {
@@ -145,70 +234,8 @@ int bench_adam_main(const std::vector<std::string>& tokens) {
     if (rmw) rmw_s.push_back(r);
   }
 
-  const std::size_t bytes_per_element = 24 + grad_bytes + (copy_dtype ? 2 : 0);
-  const double sec = median(adam_s);
-  const double eps = static_cast<double>(n) / sec;
-  const double gbps = eps * static_cast<double>(bytes_per_element) / 1e9;
-  const double best_sec = *std::min_element(adam_s.begin(), adam_s.end());
-  double rmw_gbps = 0, bound_eps = 0, ratio = 0, ratio_best = 0;
-  if (rmw) {
-    rmw_gbps = static_cast<double>(n) * StreamRmw::kBytesPerElement / median(rmw_s) / 1e9;
-    bound_eps = rmw_gbps * 1e9 / kAdamFp32BytesPerElement;
-    ratio = eps / bound_eps;
-    // Fastest step against fastest pass: on a shared machine, preemption only ever adds time,
-    // so the minima show what the kernels can do when they have the cores.
-    const double rmw_best = *std::min_element(rmw_s.begin(), rmw_s.end());
-    ratio_best = (best_sec > 0 ? rmw_best / best_sec : 0) * kAdamFp32BytesPerElement /
-                 StreamRmw::kBytesPerElement;
-  }
-  const std::string isa(adam::isa_name(adam.isa()));
-  const adam::PrefetchSetting prefetch = adam.prefetch();
-  const std::string gt(dtype_name(grad_dtype));
-  if (json) {
-    Json j;
-    j["bench"] = "adam";
-    j["isa"] = isa;
-    j["threads"] = std::uint64_t{adam.threads()};
-    j["prefetch_elements"] = std::uint64_t{prefetch.elements};
-    j["prefetch_source"] = std::string(prefetch.source);
-    j["numel"] = std::uint64_t{n};
-    j["grad_dtype"] = gt;
-    j["copy_out"] = copy_text;
-    j["layout"] = std::string(array_layout_name(layout));
-    j["steps"] = steps;
-    j["seconds_per_step"] = sec;
-    j["seconds_per_step_min"] = best_sec;
-    j["elements_per_s"] = eps;
-    j["bytes_per_element"] = std::uint64_t{bytes_per_element};
-    j["gbps"] = gbps;
-    if (rmw) {
-      j["rmw_gbps"] = rmw_gbps;
-      j["rmw_bound_elements_per_s"] = bound_eps;
-      j["ratio_to_rmw_bound"] = ratio;
-      j["ratio_to_rmw_bound_best"] = ratio_best;
-    }
-    j["cpu"] = cpu_model();
-    std::printf("%s\n", json_text(j).c_str());
-  } else {
-    std::printf(
-        "cpu adam  isa=%s threads=%zu numel=%zu grad=%s copy-out=%s layout=%s steps=%llu "
-        "(median)\n",
-        isa.c_str(), adam.threads(), n, gt.c_str(), copy_text.c_str(),
-        std::string(array_layout_name(layout)).c_str(), static_cast<unsigned long long>(steps));
-    std::printf("  %-28s %10zu elements (%.*s)\n", "prefetch distance", prefetch.elements,
-                static_cast<int>(prefetch.source.size()), prefetch.source.data());
-    std::printf("  %-28s %10.3f ms\n", "seconds per step", sec * 1e3);
-    std::printf("  %-28s %10.3f G/s\n", "elements per second", eps / 1e9);
-    std::printf("  %-28s %10.2f GB/s  (%zu B/element)\n", "bandwidth", gbps, bytes_per_element);
-    if (rmw) {
-      std::printf("  %-28s %10.2f GB/s  (a[i] += s*b[i], 12 B/element)\n", "read-modify-write",
-                  rmw_gbps);
-      std::printf("  %-28s %10.3f G/s   (rmw GB/s / 28 B)\n", "memory bound", bound_eps / 1e9);
-      std::printf("  %-28s %10.3f x\n", "adam / memory bound", ratio);
-      std::printf("  %-28s %10.3f x   (fastest step / fastest pass)\n", "  best / best",
-                  ratio_best);
-    }
-  }
+  const AdamFigures figures(n, grad_bytes, copy_dtype.has_value(), adam_s, rmw_s);
+  report({adam, n, grad_dtype, copy_text, layout, steps, reference}, figures, json);
   return 0;
 }
 

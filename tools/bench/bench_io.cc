@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "bench_io_options.h"
 #include "scratch.h"
 #include "args.h"
 #include "commands.h"
@@ -30,56 +31,8 @@
 namespace zinf::tools {
 namespace {
 
-constexpr const char* kAbout = R"(
-Measures O_DIRECT read and write bandwidth through zinf's I/O engine, sequential or random, with
-every byte read back verified (a mismatch is an error, exit status 1). With --duration it keeps
-going over the files for that long and reports the throughput second by second: the steady
-state, and where the rate fell if it fell by more than its noise (a drive's write cache
-filling up).)";
-
-constexpr const char* kFooter = R"(
-Without --keep the data files have no name (O_TMPFILE, or a random name unlinked at once): they
-vanish when zinf exits however it exits, a link planted in DIR is never followed, and runs in
-one directory never share a file. SIGINT, SIGTERM and SIGHUP stop the run (exit status 128 +
-the signal's number, e.g. 130 for SIGINT).
-
-A cliff is a fall of the per-second rate that is (1) larger than 4 x the noise (the spread of
-the rate from one second to the next) and than 10% of the rate before it, (2) abrupt: at least
-half of it within 3 seconds either side, and (3) lasting: no later 3 seconds climb back above
-halfway; it needs 6 samples. The steady state is the median of the last third of the samples.
-
-fio's and ds_io's names are read as zinf's: --bs, --iodepth, --runtime, --directory/--folder,
---io_size, --read (ds_io). GB/s means 10^9 bytes per second.)";
-
-// What --op and --rw ask for: one job, or --op both's two (write, then read).
-struct Job {
-  std::string rw;         // fio's name for it: read, write, randread, randwrite, rw, randrw
-  double read_share = 0;  // 0 writes, 1 reads, between: a mix
-  bool random = false;
-};
-
-struct Config {
-  std::vector<std::string> dirs;
-  std::vector<Job> jobs;
-  std::uint64_t rwmixread = 50;  // percent, for rw and randrw
-  std::uint64_t seed = 1;
-  std::chrono::milliseconds duration{0};  // 0: --loops passes; else one time-based run per job
-  std::uint64_t size = 0;
-  std::uint32_t block_size = 0;
-  std::uint32_t queue_depth = 0;
-  std::uint64_t buffer_bytes = 0;  // 0: queue_depth * block_size
-  std::uint32_t threads = 0;
-  swap::IoEngineKind engine = swap::IoEngineKind::kAuto;
-  std::uint32_t loops = 3;
-  std::uint32_t repeat = 1;  // fresh benches (engine, buffers, files) run one after another
-  bool verify = true;
-  bool precondition = true;
-  bool huge_pages = true;
-  bool keep = false;
-  bool json = false;
-  bool json_lines = false;
-  std::string dist = "auto";  // --dist: one directory per rank under mpirun
-};
+using bench_io::Config;
+using bench_io::Job;
 
 struct OpSummary {
   std::string op;  // "read" or "write": a mixed job has one of each
@@ -105,131 +58,6 @@ std::pair<double, double> cpu_seconds() {
     return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6;
   };
   return {s(u.ru_utime), s(u.ru_stime)};
-}
-
-const std::vector<std::string> kRwModes = {"read",      "write", "randread",
-                                           "randwrite", "rw",    "randrw"};
-
-Job job_of(const std::string& rw, double read_share) {
-  Job j;
-  j.rw = rw;
-  j.random = rw.rfind("rand", 0) == 0;
-  const std::string kind = j.random ? rw.substr(4) : rw;
-  j.read_share = kind == "read" ? 1.0 : kind == "write" ? 0.0 : read_share;
-  return j;
-}
-
-Config parse(const std::vector<std::string>& tokens, bool* help) {
-  Config c;
-  // 0 for loops and UINT64_MAX for rwmixread mean "not given", for the checks below.
-  std::uint64_t block_size = 1u << 20, queue_depth = 16, threads = 0, loops = 0;
-  std::uint64_t rwmixread = UINT64_MAX;
-  std::string engine = "auto", op, rw;
-  bool no_verify = false, no_precondition = false, no_huge_pages = false;
-  Cli cli("bench io", kAbout, kFooter);
-  cli.texts("--dir", c.dirs, "DIR",
-            "directory to test (repeatable: blocks are striped over the files)",
-            "./zinf-scratch, created if missing");
-  c.size = 1ull << 30;
-  cli.size("--size", c.size, "total bytes over all files");
-  cli.size("--block-size", block_size,
-           "bytes per request; a multiple of the direct-I/O alignment (4096)");
-  cli.count("--queue-depth", queue_depth, "requests kept in flight");
-  cli.count("--threads", threads, "worker threads for --engine threads (0 = queue depth)", 0,
-            UINT32_MAX);
-  cli.text("--engine", engine, "KIND", "auto | uring | threads");
-  cli.choice("--op", op, {"read", "write", "both"}, "OP",
-             "sequential reads, writes, or both (writes first)", "both");
-  cli.choice("--rw", rw, kRwModes, "MODE",
-             "fio's modes: read | write | randread | randwrite (block-aligned offsets in a "
-             "seeded random order, each block once per lap) | rw | randrw (reads and writes "
-             "mixed, --rwmixread percent reads); instead of --op",
-             "--op");
-  cli.count("--rwmixread", rwmixread, "percent of requests that are reads, for --rw rw|randrw", 0,
-            100, "50");
-  cli.count("--seed", c.seed, "seeds the random order and the read/write mix");
-  cli.duration("--duration", c.duration,
-               "time-based: keep going over the files for this long (fio's --runtime), one "
-               "sample per second; instead of --loops",
-               "none: --loops passes");
-  cli.count("--loops", loops, "timed passes per op; the median is reported", 1, UINT32_MAX, "3");
-  std::uint64_t repeat = 1;
-  cli.count("--repeat", repeat,
-            "runs with a fresh engine, buffers and files each (precondition included), one after "
-            "another: each run's rate and the min, median and max over runs",
-            1, 1000);
-  cli.flag("--no-verify", no_verify, "do not check the data (faster, not recommended)");
-  cli.flag("--no-precondition", no_precondition,
-           "time writes into fresh (fallocated) space instead of overwrites");
-  cli.flag("--no-huge-pages", no_huge_pages, "do not ask for 2 MiB pages for the buffers");
-  cli.size("--buffer-bytes", c.buffer_bytes,
-           "pinned memory the requests rotate over; set it to a pipeline's buffer ring "
-           "(e.g. bench step's pinned_bytes_peak) to measure the drive with that footprint",
-           "queue depth x block size, as fio");
-  cli.flag("--keep", c.keep,
-           "keep the data files afterwards, under fresh names printed on stderr "
-           "(zinf-bench-io-<pid>-<random>.dat); an interrupted run removes them");
-  cli.flag("--json", c.json,
-           "one JSON document on stdout instead of the table: {\"jobs\": [one per op], "
-           "\"host\": {...}}, as fio's --output-format=json");
-  cli.flag("--json-lines", c.json_lines,
-           "one JSON object per op, one per line, each with the host fields (streaming)");
-  cli.text("--dist", c.dist, "M",
-           "auto | none | mpi: under mpirun each rank tests its own <dir>/rank<R> (auto: when "
-           "a launcher set OMPI_COMM_WORLD_SIZE or PMI_SIZE > 1) and rank 0 reports per-rank "
-           "and aggregate GB/s and the scaling efficiency",
-           "auto");
-  cli.alias_switch("--read", {"--op=read"});  // ds_io's read switch
-  cli.refuse("--numjobs",
-             "--numjobs: zinf bench io runs one job; set --queue-depth (requests in flight) and, "
-             "for --engine threads, --threads (worker threads)");
-  *help = !cli.parse(tokens);
-  if (*help) return c;
-  c.block_size = to_u32(block_size, "--block-size");
-  c.queue_depth = to_u32(queue_depth, "--queue-depth");
-  c.threads = static_cast<std::uint32_t>(threads);
-  c.engine = swap::parse_io_engine_kind(engine);
-  if (!op.empty() && !rw.empty()) {
-    throw UsageError(
-        "--op " + op + " and --rw " + rw +
-        ": give one of them (--rw takes all of fio's modes, --op the sequential ones)");
-  }
-  const bool mixed = rw == "rw" || rw == "randrw";
-  if (rwmixread != UINT64_MAX && !mixed) {
-    throw UsageError("--rwmixread applies to --rw rw or randrw (reads and writes mixed)");
-  }
-  c.rwmixread = rwmixread == UINT64_MAX ? 50 : rwmixread;
-  if (!rw.empty()) {
-    c.jobs.push_back(job_of(rw, static_cast<double>(c.rwmixread) / 100));
-  } else if (op == "read" || op == "write") {
-    c.jobs.push_back(job_of(op, 0));
-  } else {
-    c.jobs = {job_of("write", 0), job_of("read", 0)};
-  }
-  if (loops != 0 && c.duration.count() > 0) {
-    throw UsageError(
-        "--loops and --duration (fio's --runtime): a time-based run is one run per op; "
-        "give one of them");
-  }
-  c.loops = loops == 0 ? (c.duration.count() > 0 ? 1 : 3) : to_u32(loops, "--loops");
-  c.repeat = static_cast<std::uint32_t>(repeat);
-  c.verify = !no_verify;
-  c.precondition = !no_precondition;
-  c.huge_pages = !no_huge_pages;
-  check_scratch_dirs(c.dirs);
-  if (c.block_size % 4096 != 0) {
-    throw UsageError("invalid --block-size " + std::to_string(c.block_size) +
-                     ": must be a multiple of 4096 (the direct-I/O alignment zinf uses)");
-  }
-  const std::uint64_t window = std::uint64_t{c.queue_depth} * c.block_size;
-  if (c.buffer_bytes == 0) c.buffer_bytes = window;
-  if (c.buffer_bytes < window || c.buffer_bytes % c.block_size != 0) {
-    throw UsageError(
-        "invalid --buffer-bytes " + std::to_string(c.buffer_bytes) +
-        ": must be a multiple of --block-size and at least queue depth x block size (" +
-        std::to_string(window) + ")");
-  }
-  return c;  // IoBench checks the size against one block per file
 }
 
 double percentile(std::vector<double> v, double p) {
@@ -450,22 +278,140 @@ int run_distributed(const Config& cfg, IoBench& bench, dist::Collectives& comm) 
   return 0;
 }
 
-}  // namespace
+// The ops' figures of every run: each op's figures from its median run, and the spread.
+struct Figures {
+  std::vector<Spread> spreads;
+  std::vector<const OpSummary*> summaries;
+};
 
-int bench_io_main(const std::vector<std::string>& tokens) {
-  bool help = false;
-  Config cfg = parse(tokens, &help);
-  if (help) return 0;
-  DistJob ranks(parse_dist_mode(cfg.dist), std::chrono::minutes(10));
-  if (ranks.size() > 1) {
-    if (cfg.duration.count() > 0 || cfg.keep || cfg.json_lines || cfg.repeat > 1) {
-      throw UsageError(
-          "under mpirun bench io runs --loops passes with a table or --json; "
-          "--duration, --keep, --json-lines and --repeat are for one process");
+// --json and --json-lines: one object per op with the host fields (--json-lines: each on its
+// own line as it is made; --json: one document at the end).
+void report_json(const Config& cfg, const RunOutcome& first, const Figures& f,
+                 const std::string& fs) {
+  const std::vector<Spread>& spreads = f.spreads;
+  const std::vector<const OpSummary*>& summaries = f.summaries;
+  // What the machine has, for reading figures later; this benchmark never touches a GPU.
+  const cuda::CudaAvailability gpu = cuda::probe_cuda();
+  const std::string gpu_text = gpu.available()
+                                   ? std::to_string(gpu.device_count) + " CUDA device(s)"
+                                   : "none (" + gpu.reason + ")";
+  Json host;
+  host["files"] = first.file_count;
+  host["dirs"] = cfg.dirs;
+  host["file_system"] = fs;
+  host["kernel"] = kernel_release();
+  host["cpu"] = cpu_model();
+  host["gpu"] = gpu_text;
+  Json jobs = Json::array();
+  for (std::size_t i = 0; i < summaries.size(); ++i) {
+    const OpSummary& s = *summaries[i];
+    Json j;
+    j["op"] = s.op;
+    // A timed write overwrites the blocks the precondition pass wrote (as an optimizer's
+    // write-back does); a fresh-file write (fio's default) is slower on most drives.
+    if (s.op == "write") j["overwrite"] = cfg.precondition;
+    j["rw"] = s.job->rw;
+    j["random"] = s.job->random;
+    const bool mixed = s.job->read_share > 0 && s.job->read_share < 1;
+    if (mixed) j["rwmixread"] = cfg.rwmixread;
+    if (mixed || s.job->random) j["seed"] = cfg.seed;
+    j["engine"] = first.engine;
+    j["bytes"] = s.bytes;
+    j["seconds"] = s.seconds;
+    j["gbps"] = s.gbps;
+    j["iops"] = s.iops;
+    j["lat_p50_us"] = s.lat_p50_us;
+    j["lat_p99_us"] = s.lat_p99_us;
+    j["usr_s_per_gb"] = s.usr_s_per_gb;
+    j["sys_s_per_gb"] = s.sys_s_per_gb;
+    j["block_size"] = std::uint64_t{cfg.block_size};
+    j["queue_depth"] = std::uint64_t{cfg.queue_depth};
+    j["buffer_bytes"] = cfg.buffer_bytes;
+    j["threads"] = std::uint64_t{first.threads};
+    j["direct"] = first.direct;
+    j["huge_pages"] = first.huge_pages;
+    j["registered_buffers"] = first.registered;
+    j["verified"] = s.op == "read" ? cfg.verify : false;
+    j["precondition"] = cfg.precondition;
+    j["loops"] = std::uint64_t{cfg.loops};
+    j["gbps_loops"] = s.gbps_per_loop;
+    if (cfg.repeat > 1) {
+      j["repeat"] = std::uint64_t{cfg.repeat};
+      j["gbps_runs"] = spreads[i].gbps_runs;
+      j["gbps_min"] = spreads[i].min;
+      j["gbps_max"] = spreads[i].max;
     }
-    for (auto& d : cfg.dirs) d = dist::rank_directory(d, ranks.rank());
+    if (cfg.duration.count() > 0) {
+      j["duration_s"] = std::chrono::duration<double>(cfg.duration).count();
+      add_over_time(j, s.samples, s.profile);
+    }
+    if (cfg.json_lines) {
+      for (const auto& [k, v] : host.items()) j[k] = v;
+      std::printf("%s\n", json_text(j).c_str());
+    }
+    jobs.push_back(std::move(j));
   }
+  if (cfg.json) {
+    Json doc;
+    doc["jobs"] = std::move(jobs);
+    doc["host"] = std::move(host);
+    std::printf("%s\n", json_text(doc).c_str());
+  }
+}
 
+// The table, the spread over --repeat runs and the time-based runs' throughput over time.
+void report_text(const Config& cfg, const RunOutcome& first, const Figures& f,
+                 const std::string& fs) {
+  const std::vector<Spread>& spreads = f.spreads;
+  const std::vector<const OpSummary*>& summaries = f.summaries;
+  // How it ran, when not the default passes: the time and the seed that redraws the run.
+  std::string how;
+  if (cfg.duration.count() > 0) how += " duration=" + duration_text(cfg.duration);
+  for (const Job& j : cfg.jobs) {
+    if (j.random || (j.read_share > 0 && j.read_share < 1)) {
+      how += " rw=" + j.rw + " seed=" + std::to_string(cfg.seed);
+      if (j.read_share > 0 && j.read_share < 1)
+        how += " rwmixread=" + std::to_string(cfg.rwmixread);
+    }
+  }
+  if (cfg.repeat > 1) how += " repeat=" + std::to_string(cfg.repeat);
+  std::printf(
+      "zinf bench io: engine=%s files=%zu size=%.2f GiB block=%u KiB qd=%u direct=%s "
+      "huge_pages=%s registered=%s fs=%s verify=%s%s\n",
+      first.engine.c_str(), first.file_count,
+      static_cast<double>(first.file_size * first.file_count) / (1u << 30), cfg.block_size / 1024,
+      cfg.queue_depth, first.direct ? "yes" : "no", first.huge_pages ? "yes" : "no",
+      first.registered ? "yes" : "no", fs.c_str(), cfg.verify ? "every byte" : "off", how.c_str());
+  std::printf("%-17s %14s %10s %10s %10s %9s %9s   %s\n", "op", "GB/s (1e9B/s)", "IOPS", "p50 us",
+              "p99 us", "usr s/GB", "sys s/GB", "GB/s per loop");
+  for (const OpSummary* s : summaries) {
+    std::printf("%-17s %14.2f %10.0f %10.0f %10.0f %9.3f %9.3f   %s\n",
+                op_label(*s, cfg.precondition).c_str(), s->gbps, s->iops, s->lat_p50_us,
+                s->lat_p99_us, s->usr_s_per_gb, s->sys_s_per_gb,
+                figures_text(s->gbps_per_loop).c_str());
+  }
+  if (cfg.repeat > 1) {
+    // The spread over fresh engines: a process that lands in a slow mode shows up here,
+    // where a median alone would hide it.
+    std::printf(
+        "over %u runs (fresh engine, buffers and files each; the rows above are the "
+        "median run's):\n",
+        cfg.repeat);
+    for (std::size_t i = 0; i < summaries.size(); ++i) {
+      std::printf("  %-15s min %.2f  median %.2f  max %.2f GB/s   runs: %s\n",
+                  op_label(*summaries[i], cfg.precondition).c_str(), spreads[i].min,
+                  summaries[i]->gbps, spreads[i].max, figures_text(spreads[i].gbps_runs).c_str());
+    }
+  }
+  for (const OpSummary* s : summaries) {
+    std::printf(
+        "%s",
+        over_time_text(op_label(*s, cfg.precondition), s->samples, s->profile, "1 s").c_str());
+  }
+}
+
+// The settings of every bench the run makes.
+IoBenchOptions io_bench_options(const Config& cfg) {
   IoBenchOptions bo;
   bo.dirs = cfg.dirs;
   bo.size = cfg.size;
@@ -477,14 +423,12 @@ int bench_io_main(const std::vector<std::string>& tokens) {
   bo.huge_pages = cfg.huge_pages;
   bo.verify = cfg.verify;
   bo.keep = cfg.keep;
-  if (ranks.size() > 1) {
-    IoBench bench(bo);
-    const bool progress = ranks.rank() == 0 && !cfg.json;
-    bench.write(progress, "zinf bench io precondition");
-    return run_distributed(cfg, bench, ranks.comm());
-  }
+  return bo;
+}
 
-  for (const auto& d : cfg.dirs) {
+// Figures of memory, a container layer or a network say nothing about a drive.
+void warn_not_a_drive(const std::vector<std::string>& dirs) {
+  for (const auto& d : dirs) {
     const std::string t = fs_type_name(d);
     if (t == "tmpfs" || t == "overlayfs" || t == "nfs" || t == "fuse") {
       std::fprintf(stderr,
@@ -493,134 +437,48 @@ int bench_io_main(const std::vector<std::string>& tokens) {
                    d.c_str(), t.c_str());
     }
   }
+}
+
+}  // namespace
+
+int bench_io_main(const std::vector<std::string>& tokens) {
+  bool help = false;
+  Config cfg = bench_io::parse(tokens, &help);
+  if (help) return 0;
+  DistJob ranks(parse_dist_mode(cfg.dist), std::chrono::minutes(10));
+  if (ranks.size() > 1) {
+    if (cfg.duration.count() > 0 || cfg.keep || cfg.json_lines || cfg.repeat > 1) {
+      throw UsageError(
+          "under mpirun bench io runs --loops passes with a table or --json; "
+          "--duration, --keep, --json-lines and --repeat are for one process");
+    }
+    for (auto& d : cfg.dirs) d = dist::rank_directory(d, ranks.rank());
+  }
+
+  const IoBenchOptions bo = io_bench_options(cfg);
+  if (ranks.size() > 1) {
+    IoBench bench(bo);
+    const bool progress = ranks.rank() == 0 && !cfg.json;
+    bench.write(progress, "zinf bench io precondition");
+    return run_distributed(cfg, bench, ranks.comm());
+  }
+
+  warn_not_a_drive(cfg.dirs);
   const bool progress = !cfg.json && !cfg.json_lines;
   std::vector<RunOutcome> runs;
   for (std::uint32_t r = 1; r <= cfg.repeat; ++r)
     runs.push_back(run_once(cfg, bo, progress, r, cfg.repeat));
   // The ops are the same in every run; each op's figures come from its median run.
-  std::vector<Spread> spreads;
-  std::vector<const OpSummary*> summaries;
+  Figures f;
   for (std::size_t i = 0; i < runs[0].summaries.size(); ++i) {
-    spreads.push_back(spread_of(runs, i));
-    summaries.push_back(&runs[spreads.back().median_run].summaries[i]);
+    f.spreads.push_back(spread_of(runs, i));
+    f.summaries.push_back(&runs[f.spreads.back().median_run].summaries[i]);
   }
-  const RunOutcome& first = runs[0];
-
   const std::string fs = fs_type_name(cfg.dirs[0]);
   if (cfg.json || cfg.json_lines) {
-    // What the machine has, for reading figures later; this benchmark never touches a GPU.
-    const cuda::CudaAvailability gpu = cuda::probe_cuda();
-    const std::string gpu_text = gpu.available()
-                                     ? std::to_string(gpu.device_count) + " CUDA device(s)"
-                                     : "none (" + gpu.reason + ")";
-    Json host;
-    host["files"] = first.file_count;
-    host["dirs"] = cfg.dirs;
-    host["file_system"] = fs;
-    host["kernel"] = kernel_release();
-    host["cpu"] = cpu_model();
-    host["gpu"] = gpu_text;
-    Json jobs = Json::array();
-    for (std::size_t i = 0; i < summaries.size(); ++i) {
-      const OpSummary& s = *summaries[i];
-      Json j;
-      j["op"] = s.op;
-      // A timed write overwrites the blocks the precondition pass wrote (as an optimizer's
-      // write-back does); a fresh-file write (fio's default) is slower on most drives.
-      if (s.op == "write") j["overwrite"] = cfg.precondition;
-      j["rw"] = s.job->rw;
-      j["random"] = s.job->random;
-      const bool mixed = s.job->read_share > 0 && s.job->read_share < 1;
-      if (mixed) j["rwmixread"] = cfg.rwmixread;
-      if (mixed || s.job->random) j["seed"] = cfg.seed;
-      j["engine"] = first.engine;
-      j["bytes"] = s.bytes;
-      j["seconds"] = s.seconds;
-      j["gbps"] = s.gbps;
-      j["iops"] = s.iops;
-      j["lat_p50_us"] = s.lat_p50_us;
-      j["lat_p99_us"] = s.lat_p99_us;
-      j["usr_s_per_gb"] = s.usr_s_per_gb;
-      j["sys_s_per_gb"] = s.sys_s_per_gb;
-      j["block_size"] = std::uint64_t{cfg.block_size};
-      j["queue_depth"] = std::uint64_t{cfg.queue_depth};
-      j["buffer_bytes"] = cfg.buffer_bytes;
-      j["threads"] = std::uint64_t{first.threads};
-      j["direct"] = first.direct;
-      j["huge_pages"] = first.huge_pages;
-      j["registered_buffers"] = first.registered;
-      j["verified"] = s.op == "read" ? cfg.verify : false;
-      j["precondition"] = cfg.precondition;
-      j["loops"] = std::uint64_t{cfg.loops};
-      j["gbps_loops"] = s.gbps_per_loop;
-      if (cfg.repeat > 1) {
-        j["repeat"] = std::uint64_t{cfg.repeat};
-        j["gbps_runs"] = spreads[i].gbps_runs;
-        j["gbps_min"] = spreads[i].min;
-        j["gbps_max"] = spreads[i].max;
-      }
-      if (cfg.duration.count() > 0) {
-        j["duration_s"] = std::chrono::duration<double>(cfg.duration).count();
-        add_over_time(j, s.samples, s.profile);
-      }
-      if (cfg.json_lines) {
-        for (const auto& [k, v] : host.items()) j[k] = v;
-        std::printf("%s\n", json_text(j).c_str());
-      }
-      jobs.push_back(std::move(j));
-    }
-    if (cfg.json) {
-      Json doc;
-      doc["jobs"] = std::move(jobs);
-      doc["host"] = std::move(host);
-      std::printf("%s\n", json_text(doc).c_str());
-    }
+    report_json(cfg, runs[0], f, fs);
   } else {
-    // How it ran, when not the default passes: the time and the seed that redraws the run.
-    std::string how;
-    if (cfg.duration.count() > 0) how += " duration=" + duration_text(cfg.duration);
-    for (const Job& j : cfg.jobs) {
-      if (j.random || (j.read_share > 0 && j.read_share < 1)) {
-        how += " rw=" + j.rw + " seed=" + std::to_string(cfg.seed);
-        if (j.read_share > 0 && j.read_share < 1)
-          how += " rwmixread=" + std::to_string(cfg.rwmixread);
-      }
-    }
-    if (cfg.repeat > 1) how += " repeat=" + std::to_string(cfg.repeat);
-    std::printf(
-        "zinf bench io: engine=%s files=%zu size=%.2f GiB block=%u KiB qd=%u direct=%s "
-        "huge_pages=%s registered=%s fs=%s verify=%s%s\n",
-        first.engine.c_str(), first.file_count,
-        static_cast<double>(first.file_size * first.file_count) / (1u << 30), cfg.block_size / 1024,
-        cfg.queue_depth, first.direct ? "yes" : "no", first.huge_pages ? "yes" : "no",
-        first.registered ? "yes" : "no", fs.c_str(), cfg.verify ? "every byte" : "off",
-        how.c_str());
-    std::printf("%-17s %14s %10s %10s %10s %9s %9s   %s\n", "op", "GB/s (1e9B/s)", "IOPS", "p50 us",
-                "p99 us", "usr s/GB", "sys s/GB", "GB/s per loop");
-    for (const OpSummary* s : summaries) {
-      std::printf("%-17s %14.2f %10.0f %10.0f %10.0f %9.3f %9.3f   %s\n",
-                  op_label(*s, cfg.precondition).c_str(), s->gbps, s->iops, s->lat_p50_us,
-                  s->lat_p99_us, s->usr_s_per_gb, s->sys_s_per_gb,
-                  figures_text(s->gbps_per_loop).c_str());
-    }
-    if (cfg.repeat > 1) {
-      // The spread over fresh engines: a process that lands in a slow mode shows up here,
-      // where a median alone would hide it.
-      std::printf(
-          "over %u runs (fresh engine, buffers and files each; the rows above are the "
-          "median run's):\n",
-          cfg.repeat);
-      for (std::size_t i = 0; i < summaries.size(); ++i) {
-        std::printf("  %-15s min %.2f  median %.2f  max %.2f GB/s   runs: %s\n",
-                    op_label(*summaries[i], cfg.precondition).c_str(), spreads[i].min,
-                    summaries[i]->gbps, spreads[i].max, figures_text(spreads[i].gbps_runs).c_str());
-      }
-    }
-    for (const OpSummary* s : summaries) {
-      std::printf(
-          "%s",
-          over_time_text(op_label(*s, cfg.precondition), s->samples, s->profile, "1 s").c_str());
-    }
+    report_text(cfg, runs[0], f, fs);
   }
   return 0;
 }

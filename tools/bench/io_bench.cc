@@ -74,7 +74,6 @@ class IoBench::Runner {
       std::iota(order_.begin(), order_.end(), std::uint64_t{0});
       shuffle(rng);
     }
-    IoPassResult result;
     Direction dirs[2];  // [0] reads, [1] writes
     std::uint64_t issued = 0;
     std::uint64_t cursor = 0;  // position in the lap
@@ -191,26 +190,7 @@ class IoBench::Runner {
         }
       }
     }
-    const auto end = Clock::now();
-    if (timed) {
-      // The whole intervals up to the end (the last completions may precede it), then the
-      // part of one left, if it is long enough to stand for a rate.
-      for (; end >= next_sample; next_sample += spec.sample_interval) {
-        for (Direction& x : dirs) x.close_sample(next_sample - start, spec.sample_interval);
-      }
-      const auto open = next_sample - spec.sample_interval;
-      if (end - open >= spec.sample_interval / 2) {
-        for (Direction& x : dirs) x.close_sample(end - start, end - open);
-      }
-    }
-    result.seconds = std::chrono::duration<double>(end - start).count();
-    result.read_bytes = dirs[0].bytes;
-    result.write_bytes = dirs[1].bytes;
-    result.bytes = result.read_bytes + result.write_bytes;
-    result.read_latencies_us = std::move(dirs[0].latencies_us);
-    result.write_latencies_us = std::move(dirs[1].latencies_us);
-    if (spec.read_share > 0) result.read_samples = std::move(dirs[0].samples);
-    if (spec.read_share < 1) result.write_samples = std::move(dirs[1].samples);
+    IoPassResult result = collect(dirs, spec, start, next_sample);
     progress.finish();
     return result;
   }
@@ -256,6 +236,35 @@ class IoBench::Runner {
       sample_bytes = 0;
     }
   };
+
+  // The run's figures once its last request is done: the time-based run's last samples (the
+  // whole intervals up to now, then the part of one left if it is long enough to stand for a
+  // rate), the bytes, the latencies and the samples of each direction.
+  static IoPassResult collect(Direction (&dirs)[2], const IoRunSpec& spec, Clock::time_point start,
+                              Clock::time_point next_sample) {
+    const auto end = Clock::now();
+    IoPassResult r;
+    if (spec.duration.count() > 0) {
+      // The whole intervals up to the end (the last completions may precede it), then the
+      // part of one left, if it is long enough to stand for a rate.
+      for (; end >= next_sample; next_sample += spec.sample_interval) {
+        for (Direction& x : dirs) x.close_sample(next_sample - start, spec.sample_interval);
+      }
+      const auto open = next_sample - spec.sample_interval;
+      if (end - open >= spec.sample_interval / 2) {
+        for (Direction& x : dirs) x.close_sample(end - start, end - open);
+      }
+    }
+    r.seconds = std::chrono::duration<double>(end - start).count();
+    r.read_bytes = dirs[0].bytes;
+    r.write_bytes = dirs[1].bytes;
+    r.bytes = r.read_bytes + r.write_bytes;
+    r.read_latencies_us = std::move(dirs[0].latencies_us);
+    r.write_latencies_us = std::move(dirs[1].latencies_us);
+    if (spec.read_share > 0) r.read_samples = std::move(dirs[0].samples);
+    if (spec.read_share < 1) r.write_samples = std::move(dirs[1].samples);
+    return r;
+  }
   // A uniform double in [0, 1) from the top 53 bits: the same draws on every platform (the
   // standard distributions are not specified bit for bit).
   static double draw(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -137,89 +138,299 @@ std::vector<std::byte> weights_bytes(dist::ShardedEngine& engine) {
   return bytes;
 }
 
-}  // namespace
-
-int demo_main(const std::vector<std::string>& tokens) {
+// The command line, parsed and checked; the engine config is built from it later.
+struct DemoOptions {
+  // kUnset is outside --adam-threads' range, so no value given can be mistaken for it.
+  static constexpr std::uint64_t kUnset = ~std::uint64_t{0};
   std::string offload_text, dir_option, config_path, device_text = "host", dist_text = "auto";
   std::string weights_out, save_dir, resume_dir;
   std::uint64_t steps = 50, seed = 1, every_option = 0;
   demo::MlpShape shape;
   double lr = std::nan("");
-  constexpr std::uint64_t kUnset = ~std::uint64_t{0};
-  // kUnset is outside the range, so no value given can be mistaken for it.
   std::uint64_t adam_threads = kUnset;
   bool json = false;
+  DistMode dist_mode = DistMode::kAuto;  // --dist, parsed
+};
+
+// Parses and checks the options; nullopt when --help was given (and printed).
+std::optional<DemoOptions> parse_options(const std::vector<std::string>& tokens) {
+  DemoOptions o;
   Cli cli("demo", kAbout, kFooter);
-  cli.text("--offload", offload_text, "T", "none | cpu | nvme: parameters and optimizer state",
+  cli.text("--offload", o.offload_text, "T", "none | cpu | nvme: parameters and optimizer state",
            "nvme, or the config's");
-  cli.text("--dir", dir_option, "DIR", "directory for the NVMe swap files",
+  cli.text("--dir", o.dir_option, "DIR", "directory for the NVMe swap files",
            "./zinf-scratch, created if missing");
-  cli.text("--config", config_path, "FILE",
+  cli.text("--config", o.config_path, "FILE",
            "a DeepSpeed-style JSON config (docs/config.md); --offload and --dir "
            "override its offload devices and NVMe paths, --lr its learning rate");
-  cli.count("--steps", steps, "training steps");
-  cli.count("--layers", shape.layers, "dense layers");
-  cli.count("--hidden", shape.hidden,
+  cli.count("--steps", o.steps, "training steps");
+  cli.count("--layers", o.shape.layers, "dense layers");
+  cli.count("--hidden", o.shape.hidden,
             "layer width: hidden x hidden weights + hidden biases per "
             "layer");
-  cli.count("--batch", shape.batch, "training samples");
-  cli.number("--lr", lr, "Adam learning rate", "1e-3, or the config's");
-  cli.count("--seed", seed, "seed of the teacher, the inputs and the initial weights");
-  cli.count("--adam-threads", adam_threads, "CPU Adam threads, 0 = one per hardware thread", 0,
+  cli.count("--batch", o.shape.batch, "training samples");
+  cli.number("--lr", o.lr, "Adam learning rate", "1e-3, or the config's");
+  cli.count("--seed", o.seed, "seed of the teacher, the inputs and the initial weights");
+  cli.count("--adam-threads", o.adam_threads, "CPU Adam threads, 0 = one per hardware thread", 0,
             1024, "0, or the config's");
-  cli.count("--every", every_option, "print one line every N steps when not on a terminal", 0,
+  cli.count("--every", o.every_option, "print one line every N steps when not on a terminal", 0,
             UINT64_MAX, "steps / 10");
-  cli.text("--device", device_text, "D",
+  cli.text("--device", o.device_text, "D",
            "host (the only one: the compute is plain C++ over host memory)");
-  cli.flag("--json", json, "print a JSON summary on stdout (progress goes to stderr)");
-  cli.text("--dist", dist_text, "M",
+  cli.flag("--json", o.json, "print a JSON summary on stdout (progress goes to stderr)");
+  cli.text("--dist", o.dist_text, "M",
            "auto | none | mpi: data-parallel over the ranks of mpirun (auto: when a launcher "
            "set OMPI_COMM_WORLD_SIZE or PMI_SIZE > 1)",
            "auto");
-  cli.text("--weights-out", weights_out, "FILE",
+  cli.text("--weights-out", o.weights_out, "FILE",
            "write the final fp32 master weights (the bytes weights_sha256 hashes) to FILE");
-  cli.text("--save", save_dir, "DIR",
+  cli.text("--save", o.save_dir, "DIR",
            "after the last step, checkpoint the engine in DIR (every rank's slices under "
            "DIR/rank<R>; created if missing)");
-  cli.text("--resume", resume_dir, "DIR",
+  cli.text("--resume", o.resume_dir, "DIR",
            "start from the checkpoint in DIR (weights, Adam moments and step count) instead of "
            "the initial weights; one saved by another number of ranks is resharded");
-  if (!cli.parse(tokens)) return 0;
-  const DistMode dist_mode = parse_dist_mode(dist_text);
+  if (!cli.parse(tokens)) return std::nullopt;
+  o.dist_mode = parse_dist_mode(o.dist_text);
 
-  if (steps == 0 || steps > 1'000'000) throw UsageError("--steps must be in [1, 1000000]");
+  const demo::MlpShape& shape = o.shape;
+  if (o.steps == 0 || o.steps > 1'000'000) throw UsageError("--steps must be in [1, 1000000]");
   if (shape.layers == 0 || shape.layers > 4096) throw UsageError("--layers must be in [1, 4096]");
   if (shape.hidden == 0 || shape.hidden > 16384) throw UsageError("--hidden must be in [1, 16384]");
   if (shape.batch == 0 || shape.batch > 65536) throw UsageError("--batch must be in [1, 65536]");
-  if (!std::isnan(lr) && !(lr > 0 && std::isfinite(lr))) {
+  if (!std::isnan(o.lr) && !(o.lr > 0 && std::isfinite(o.lr))) {
     throw UsageError("--lr must be a finite number > 0");
   }
-  if (device_text == "cuda") {
+  if (o.device_text == "cuda") {
     throw UsageError(
         "--device cuda is not supported: the demo's forward and backward are plain "
         "C++ over host memory; use --device host");
   }
-  if (device_text != "host")
-    throw UsageError("invalid --device '" + device_text + "': expected host");
+  if (o.device_text != "host")
+    throw UsageError("invalid --device '" + o.device_text + "': expected host");
+  return o;
+}
+
+// "nvme", or "cpu/nvme" when the parameters and the optimizer state live apart.
+std::string offload_name(const EngineConfig& config) {
+  return config.offload_param.device == config.offload_optimizer.device
+             ? std::string(offload::offload_device_name(config.offload_param.device))
+             : std::string(offload::offload_device_name(config.offload_param.device)) + "/" +
+                   std::string(offload::offload_device_name(config.offload_optimizer.device));
+}
+
+// What a run says about itself before its first step (rank 0 only).
+void print_header(std::FILE* out, const DemoOptions& o, const EngineConfig& config,
+                  const std::string& dir_used, std::size_t numel, std::size_t local_batch,
+                  dist::Collectives& comm) {
+  const demo::MlpShape& shape = o.shape;
+  const int ranks = comm.size();
+  const double param_bytes = static_cast<double>(shape.layers * numel * 2);
+  std::fprintf(out,
+               "zinf demo: %zu layers x %zu (%zu parameters, %s bf16, %s fp32 master + Adam), "
+               "batch %zu, offload %s%s%s, lr %g\n",
+               shape.layers, shape.hidden, shape.layers * numel, decimal_bytes(param_bytes).c_str(),
+               decimal_bytes(param_bytes * 6).c_str(), shape.batch, offload_name(config).c_str(),
+               dir_used.empty() ? "" : " in ", dir_used.c_str(), config.optimizer.hyper.lr);
+  if (ranks > 1) {
+    std::fprintf(out,
+                 "zinf demo: data-parallel over %d ranks (%s): %zu samples and 1/%d of every "
+                 "layer each%s; figures below are rank 0's\n",
+                 ranks, std::string(comm.name()).c_str(), local_batch, ranks,
+                 dir_used.empty() ? "" : ", swap files in rank<R> folders");
+  }
+  if (!o.resume_dir.empty()) {
+    std::fprintf(out, "zinf demo: resumed from the checkpoint in %s\n", o.resume_dir.c_str());
+  }
+  if (!dir_used.empty()) {
+    // Which I/O settings are in use, so that a tuned config can be seen to take effect.
+    std::fprintf(out,
+                 "zinf demo: I/O backend %s, aio block_size %s, queue_depth %u, checksums %s, "
+                 "direct_io %s\n",
+                 std::string(swap::io_engine_kind_name(config.zinf.backend)).c_str(),
+                 human_bytes(config.aio.block_size).c_str(), config.aio.queue_depth,
+                 config.zinf.checksums ? "on" : "off", config.zinf.direct_io ? "on" : "off");
+  }
+}
+
+// What the training loop measured.
+struct TrainResult {
+  std::vector<double> losses, step_times;
+  double total_s = 0;
+};
+
+// The training loop over one rank's share of the batch, and its progress lines (rank 0's).
+struct Trainer {
+  dist::ShardedEngine& engine;
+  cuda::Device& device;
+  cuda::Stream& compute;
+  demo::Mlp& net;
+  std::span<const float> targets;
+  std::size_t layers;
+  std::size_t numel;
+  std::uint64_t steps;
+  dist::Collectives& comm;
+  std::FILE* out;
+  bool tty;
+  std::uint64_t every;
+
+  // One iteration: forward through every layer (the compute runs on the compute stream as
+  // host work, reading the fetched bf16 parameters), the loss, then backward in reverse; after
+  // each layer's backward the stream is synchronised so its gradients are complete before they
+  // go to the engine (whose update of that layer then overlaps the next layer's backward).
+  TrainResult run() {
+    const int ranks = comm.size();
+    const bool leader = comm.rank() == 0;
+    std::vector<std::vector<float>> grads(layers, std::vector<float>(numel));
+    TrainResult r;
+    const auto run_start = std::chrono::steady_clock::now();
+    double stall_before = 0;
+    for (std::uint64_t s = 0; s < steps; ++s) {
+      // Between steps nothing is half done; unwinding closes the engine (its requests drain
+      // and its swap files go).
+      throw_if_interrupted();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (std::size_t l = 0; l < layers; ++l) {
+        const cuda::DeviceSpan p = engine.fetch(l);
+        const std::span<const std::uint16_t> bits(reinterpret_cast<const std::uint16_t*>(p.data()),
+                                                  numel);
+        device.enqueue_host_work(compute, [this, l, bits] { net.forward_bf16(l, bits); });
+        engine.release(l);
+      }
+      device.synchronize(compute);
+      double loss = net.loss(targets);
+      // The global batch's loss: the mean of the ranks' means (equal shares).
+      if (ranks > 1)
+        dist::all_reduce<double>(comm, std::span<double>(&loss, 1), dist::ReduceOp::kAvg);
+      if (!std::isfinite(loss)) {
+        throw Error("training diverged: the loss is " + std::to_string(loss) + " at step " +
+                    std::to_string(s + 1) + "; try a smaller --lr");
+      }
+      for (std::size_t l = layers; l-- > 0;) {
+        const cuda::DeviceSpan p = engine.fetch(l);
+        const std::span<const std::uint16_t> bits(reinterpret_cast<const std::uint16_t*>(p.data()),
+                                                  numel);
+        std::span<float> g = grads[l];
+        device.enqueue_host_work(compute, [this, l, bits, g] { net.backward_bf16(l, bits, g); });
+        engine.release(l);
+        device.synchronize(compute);
+        engine.set_gradients(l, adam::GradView::f32(grads[l]));
+      }
+      engine.step();
+      const double step_s = seconds_since(t0);
+      r.losses.push_back(loss);
+      r.step_times.push_back(step_s);
+
+      const offload::EngineStats st = engine.stats();
+      const double stall_share = step_s > 0 ? (st.stall_seconds - stall_before) / step_s : 0;
+      stall_before = st.stall_seconds;
+      if (leader) progress_line(s, loss, step_s, st, stall_share);
+    }
+    r.total_s = seconds_since(run_start);
+    return r;
+  }
+
+  // The step's line: rewritten in place on a terminal, one in `every` otherwise.
+  void progress_line(std::uint64_t s, double loss, double step_s, const offload::EngineStats& st,
+                     double stall_share) const {
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "step %4llu/%llu  loss %.6f  step %.3f s  nvme read %.2f GB/s write %.2f GB/s  "
+                  "stall %4.1f%%",
+                  static_cast<unsigned long long>(s + 1), static_cast<unsigned long long>(steps),
+                  loss, step_s, st.nvme_read_gbps, st.nvme_write_gbps, 100.0 * stall_share);
+    if (tty) {
+      std::fprintf(out, "\r%s\x1b[K", line);  // clear what a longer line left
+      if (s + 1 == steps) std::fputc('\n', out);
+      std::fflush(out);
+    } else if (s == 0 || (s + 1) % every == 0 || s + 1 == steps) {
+      std::fprintf(out, "%s\n", line);
+      std::fflush(out);
+    }
+  }
+};
+
+// The summary after training (rank 0): the text, and with --json the JSON object on stdout.
+void report(std::FILE* out, const DemoOptions& o, const EngineConfig& config,
+            const std::string& dir_used, std::size_t numel, int ranks, const TrainResult& r,
+            const offload::EngineStats& st, const std::string& sha) {
+  const demo::MlpShape& shape = o.shape;
+  const std::vector<double>& losses = r.losses;
+  const double stall_share = r.total_s > 0 ? st.stall_seconds / r.total_s : 0;
+  const double step_median = median(r.step_times);
+  const std::uint64_t nvme_read = st.param_bytes_read + st.optimizer_bytes_read;
+  const std::uint64_t nvme_written = st.param_bytes_written + st.optimizer_bytes_written;
+
+  std::fprintf(out,
+               "loss %.6f -> %.6f (x%.3f) in %llu steps, %.1f s; median step %.3f s\n"
+               "nvme: read %s (optimizer state %.2f GB/s, parameters %.2f GB/s), written %s "
+               "(%.2f GB/s); prefetch stall %.1f%% "
+               "(%llu hits, %llu on demand); pinned peak %s\n"
+               "weights_sha256 %s\n",
+               losses.front(), losses.back(), losses.back() / losses.front(),
+               static_cast<unsigned long long>(o.steps), r.total_s, step_median,
+               decimal_bytes(static_cast<double>(nvme_read)).c_str(), st.nvme_read_gbps,
+               st.param_read_gbps, decimal_bytes(static_cast<double>(nvme_written)).c_str(),
+               st.nvme_write_gbps, 100.0 * stall_share,
+               static_cast<unsigned long long>(st.prefetch_hits),
+               static_cast<unsigned long long>(st.prefetch_on_demand),
+               decimal_bytes(static_cast<double>(st.pinned_bytes_peak)).c_str(), sha.c_str());
+  if (!o.json) return;
+  Json j;
+  j["command"] = "demo";
+  j["offload"] = offload_name(config);
+  j["layers"] = std::uint64_t{shape.layers};
+  j["hidden"] = std::uint64_t{shape.hidden};
+  j["batch"] = std::uint64_t{shape.batch};
+  j["seed"] = o.seed;
+  j["lr"] = config.optimizer.hyper.lr;
+  j["parameters"] = std::uint64_t{shape.layers * numel};
+  j["steps"] = o.steps;
+  j["initial_loss"] = losses.front();
+  j["final_loss"] = losses.back();
+  j["losses"] = losses;
+  j["step_seconds"] = step_median;
+  j["total_seconds"] = r.total_s;
+  j["nvme_bytes_read"] = nvme_read;
+  j["nvme_bytes_written"] = nvme_written;
+  j["nvme_read_gbps"] = st.nvme_read_gbps;
+  j["nvme_write_gbps"] = st.nvme_write_gbps;
+  j["param_read_gbps"] = st.param_read_gbps;
+  j["stall_seconds"] = st.stall_seconds;
+  j["stall_share"] = stall_share;
+  j["prefetch_hits"] = st.prefetch_hits;
+  j["prefetch_on_demand"] = st.prefetch_on_demand;
+  j["pinned_bytes_peak"] = st.pinned_bytes_peak;
+  j["dir"] = dir_used;
+  j["weights_sha256"] = sha;
+  j["ranks"] = ranks;
+  j["resumed_from"] = o.resume_dir;
+  j["saved_to"] = o.save_dir;
+  std::printf("%s\n", json_text(j).c_str());
+}
+
+}  // namespace
+
+int demo_main(const std::vector<std::string>& tokens) {
+  const std::optional<DemoOptions> parsed = parse_options(tokens);
+  if (!parsed) return 0;
+  const DemoOptions& o = *parsed;
+  const demo::MlpShape& shape = o.shape;
 
   std::string dir_used;
-  EngineConfig config = make_config(config_path, offload_text, dir_option, lr, adam_threads,
-                                    adam_threads != kUnset, dir_used);
-  if (!dir_used.empty() && dir_used == (dir_option.empty() ? kDefaultScratchDir : dir_option)) {
+  EngineConfig config =
+      make_config(o.config_path, o.offload_text, o.dir_option, o.lr, o.adam_threads,
+                  o.adam_threads != DemoOptions::kUnset, dir_used);
+  if (!dir_used.empty() && dir_used == (o.dir_option.empty() ? kDefaultScratchDir : o.dir_option)) {
     std::error_code ec;
     std::filesystem::create_directories(dir_used, ec);
     if (ec) throw UsageError("cannot create --dir " + dir_used + ": " + ec.message());
   }
-  const std::string offload_name =
-      config.offload_param.device == config.offload_optimizer.device
-          ? std::string(offload::offload_device_name(config.offload_param.device))
-          : std::string(offload::offload_device_name(config.offload_param.device)) + "/" +
-                std::string(offload::offload_device_name(config.offload_optimizer.device));
 
   // Data-parallel: the global batch is split across the ranks, each keeping 1/N of every
   // layer (ShardedEngine); one rank is the plain engine. A collective waits at most this long
   // for the other ranks (a step of the largest demo is far shorter).
-  DistJob job(dist_mode, std::chrono::seconds(120));
+  DistJob job(o.dist_mode, std::chrono::seconds(120));
   const int ranks = job.size();
   if (shape.batch % static_cast<std::size_t>(ranks) != 0) {
     throw UsageError("--batch " + std::to_string(shape.batch) + " does not split evenly over " +
@@ -240,127 +451,44 @@ int demo_main(const std::vector<std::string>& tokens) {
   cuda::Stream compute = device->create_stream();
   dist::ShardedEngine engine(config, specs, *device, compute, job.comm());
 
-  if (resume_dir.empty()) {
+  if (o.resume_dir.empty()) {
     std::vector<float> init(numel);
     for (std::size_t l = 0; l < shape.layers; ++l) {
-      demo::init_student_layer(init, shape.hidden, seed, l);
+      demo::init_student_layer(init, shape.hidden, o.seed, l);
       engine.set_master_weights(l, init);
     }
   } else {
     // Another model's checkpoint (other --layers or --hidden) is refused here, naming it.
-    engine.load(resume_dir);
+    engine.load(o.resume_dir);
   }
-  const demo::TrainingSet data = demo::make_training_set(shape, seed);
+  const demo::TrainingSet data = demo::make_training_set(shape, o.seed);
   demo::Mlp net(local_shape);
   // This rank's samples: rows [rank * local batch, (rank + 1) * local batch) of the set.
   const std::size_t rows = local_shape.batch * shape.hidden;
   const auto first_row = static_cast<std::ptrdiff_t>(rows * static_cast<std::size_t>(job.rank()));
   std::copy_n(data.inputs.begin() + first_row, rows, net.input().begin());
   const std::span<const float> targets(data.targets.data() + first_row, rows);
-  std::vector<std::vector<float>> grads(shape.layers, std::vector<float>(numel));
 
-  std::FILE* out = json ? stderr : stdout;
-  const bool tty = isatty(fileno(out)) != 0;
-  const std::uint64_t every =
-      every_option != 0 ? every_option : std::max<std::uint64_t>(1, steps / 10);
-  const double param_bytes = static_cast<double>(shape.layers * numel * 2);
-  if (leader) {
-    std::fprintf(out,
-                 "zinf demo: %zu layers x %zu (%zu parameters, %s bf16, %s fp32 master + Adam), "
-                 "batch %zu, offload %s%s%s, lr %g\n",
-                 shape.layers, shape.hidden, shape.layers * numel,
-                 decimal_bytes(param_bytes).c_str(), decimal_bytes(param_bytes * 6).c_str(),
-                 shape.batch, offload_name.c_str(), dir_used.empty() ? "" : " in ",
-                 dir_used.c_str(), config.optimizer.hyper.lr);
-    if (ranks > 1) {
-      std::fprintf(out,
-                   "zinf demo: data-parallel over %d ranks (%s): %zu samples and 1/%d of every "
-                   "layer each%s; figures below are rank 0's\n",
-                   ranks, std::string(job.comm().name()).c_str(), local_shape.batch, ranks,
-                   dir_used.empty() ? "" : ", swap files in rank<R> folders");
-    }
-  }
-  if (leader && !resume_dir.empty()) {
-    std::fprintf(out, "zinf demo: resumed from the checkpoint in %s\n", resume_dir.c_str());
-  }
-  if (leader && !dir_used.empty()) {
-    // Which I/O settings are in use, so that a tuned config can be seen to take effect.
-    std::fprintf(out,
-                 "zinf demo: I/O backend %s, aio block_size %s, queue_depth %u, checksums %s, "
-                 "direct_io %s\n",
-                 std::string(swap::io_engine_kind_name(config.zinf.backend)).c_str(),
-                 human_bytes(config.aio.block_size).c_str(), config.aio.queue_depth,
-                 config.zinf.checksums ? "on" : "off", config.zinf.direct_io ? "on" : "off");
-  }
+  std::FILE* out = o.json ? stderr : stdout;
+  if (leader) print_header(out, o, config, dir_used, numel, local_shape.batch, job.comm());
   std::fflush(out);
 
-  // One iteration: forward through every layer (the compute runs on the compute stream as host
-  // work, reading the fetched bf16 parameters), the loss, then backward in reverse; after each
-  // layer's backward the stream is synchronised so its gradients are complete before they go
-  // to the engine (whose update of that layer then overlaps the next layer's backward).
-  std::vector<double> losses, step_times;
-  const auto run_start = std::chrono::steady_clock::now();
-  double stall_before = 0;
-  for (std::uint64_t s = 0; s < steps; ++s) {
-    // Between steps nothing is half done; unwinding closes the engine (its requests drain and
-    // its swap files go).
-    throw_if_interrupted();
-    const auto t0 = std::chrono::steady_clock::now();
-    for (std::size_t l = 0; l < shape.layers; ++l) {
-      const cuda::DeviceSpan p = engine.fetch(l);
-      const std::span<const std::uint16_t> bits(reinterpret_cast<const std::uint16_t*>(p.data()),
-                                                numel);
-      device->enqueue_host_work(compute, [&net, l, bits] { net.forward_bf16(l, bits); });
-      engine.release(l);
-    }
-    device->synchronize(compute);
-    double loss = net.loss(targets);
-    // The global batch's loss: the mean of the ranks' means (equal shares).
-    if (ranks > 1)
-      dist::all_reduce<double>(job.comm(), std::span<double>(&loss, 1), dist::ReduceOp::kAvg);
-    if (!std::isfinite(loss)) {
-      throw Error("training diverged: the loss is " + std::to_string(loss) + " at step " +
-                  std::to_string(s + 1) + "; try a smaller --lr");
-    }
-    for (std::size_t l = shape.layers; l-- > 0;) {
-      const cuda::DeviceSpan p = engine.fetch(l);
-      const std::span<const std::uint16_t> bits(reinterpret_cast<const std::uint16_t*>(p.data()),
-                                                numel);
-      std::span<float> g = grads[l];
-      device->enqueue_host_work(compute, [&net, l, bits, g] { net.backward_bf16(l, bits, g); });
-      engine.release(l);
-      device->synchronize(compute);
-      engine.set_gradients(l, adam::GradView::f32(grads[l]));
-    }
-    engine.step();
-    const double step_s = seconds_since(t0);
-    losses.push_back(loss);
-    step_times.push_back(step_s);
-
-    const offload::EngineStats st = engine.stats();
-    const double stall_share = step_s > 0 ? (st.stall_seconds - stall_before) / step_s : 0;
-    stall_before = st.stall_seconds;
-    char line[256];
-    std::snprintf(line, sizeof line,
-                  "step %4llu/%llu  loss %.6f  step %.3f s  nvme read %.2f GB/s write %.2f GB/s  "
-                  "stall %4.1f%%",
-                  static_cast<unsigned long long>(s + 1), static_cast<unsigned long long>(steps),
-                  loss, step_s, st.nvme_read_gbps, st.nvme_write_gbps, 100.0 * stall_share);
-    if (!leader) {
-      // Only rank 0 reports.
-    } else if (tty) {
-      std::fprintf(out, "\r%s\x1b[K", line);  // clear what a longer line left
-      if (s + 1 == steps) std::fputc('\n', out);
-      std::fflush(out);
-    } else if (s == 0 || (s + 1) % every == 0 || s + 1 == steps) {
-      std::fprintf(out, "%s\n", line);
-      std::fflush(out);
-    }
-  }
-  const double total_s = seconds_since(run_start);
-  if (!save_dir.empty()) {
-    engine.save(save_dir);  // collective: every rank's slices, then rank 0's global manifest
-    if (leader) std::fprintf(out, "zinf demo: checkpoint saved in %s\n", save_dir.c_str());
+  Trainer trainer{engine,
+                  *device,
+                  compute,
+                  net,
+                  targets,
+                  shape.layers,
+                  numel,
+                  o.steps,
+                  job.comm(),
+                  out,
+                  isatty(fileno(out)) != 0,
+                  o.every_option != 0 ? o.every_option : std::max<std::uint64_t>(1, o.steps / 10)};
+  const TrainResult result = trainer.run();
+  if (!o.save_dir.empty()) {
+    engine.save(o.save_dir);  // collective: every rank's slices, then rank 0's global manifest
+    if (leader) std::fprintf(out, "zinf demo: checkpoint saved in %s\n", o.save_dir.c_str());
   }
 
   const offload::EngineStats st = engine.stats();
@@ -369,62 +497,11 @@ int demo_main(const std::vector<std::string>& tokens) {
   hash.update(weights);
   const std::string sha = to_hex(hash.finish());
   if (!leader) return 0;
-  if (!weights_out.empty()) {
-    write_output_file(weights_out, std::string_view(reinterpret_cast<const char*>(weights.data()),
-                                                    weights.size()));
+  if (!o.weights_out.empty()) {
+    write_output_file(o.weights_out, std::string_view(reinterpret_cast<const char*>(weights.data()),
+                                                      weights.size()));
   }
-  const double stall_share = total_s > 0 ? st.stall_seconds / total_s : 0;
-  const double step_median = median(step_times);
-  const std::uint64_t nvme_read = st.param_bytes_read + st.optimizer_bytes_read;
-  const std::uint64_t nvme_written = st.param_bytes_written + st.optimizer_bytes_written;
-
-  std::fprintf(out,
-               "loss %.6f -> %.6f (x%.3f) in %llu steps, %.1f s; median step %.3f s\n"
-               "nvme: read %s (optimizer state %.2f GB/s, parameters %.2f GB/s), written %s "
-               "(%.2f GB/s); prefetch stall %.1f%% "
-               "(%llu hits, %llu on demand); pinned peak %s\n"
-               "weights_sha256 %s\n",
-               losses.front(), losses.back(), losses.back() / losses.front(),
-               static_cast<unsigned long long>(steps), total_s, step_median,
-               decimal_bytes(static_cast<double>(nvme_read)).c_str(), st.nvme_read_gbps,
-               st.param_read_gbps, decimal_bytes(static_cast<double>(nvme_written)).c_str(),
-               st.nvme_write_gbps, 100.0 * stall_share,
-               static_cast<unsigned long long>(st.prefetch_hits),
-               static_cast<unsigned long long>(st.prefetch_on_demand),
-               decimal_bytes(static_cast<double>(st.pinned_bytes_peak)).c_str(), sha.c_str());
-  if (json) {
-    Json j;
-    j["command"] = "demo";
-    j["offload"] = offload_name;
-    j["layers"] = std::uint64_t{shape.layers};
-    j["hidden"] = std::uint64_t{shape.hidden};
-    j["batch"] = std::uint64_t{shape.batch};
-    j["seed"] = seed;
-    j["lr"] = config.optimizer.hyper.lr;
-    j["parameters"] = std::uint64_t{shape.layers * numel};
-    j["steps"] = steps;
-    j["initial_loss"] = losses.front();
-    j["final_loss"] = losses.back();
-    j["losses"] = losses;
-    j["step_seconds"] = step_median;
-    j["total_seconds"] = total_s;
-    j["nvme_bytes_read"] = nvme_read;
-    j["nvme_bytes_written"] = nvme_written;
-    j["nvme_read_gbps"] = st.nvme_read_gbps;
-    j["nvme_write_gbps"] = st.nvme_write_gbps;
-    j["param_read_gbps"] = st.param_read_gbps;
-    j["stall_seconds"] = st.stall_seconds;
-    j["stall_share"] = stall_share;
-    j["prefetch_hits"] = st.prefetch_hits;
-    j["prefetch_on_demand"] = st.prefetch_on_demand;
-    j["pinned_bytes_peak"] = st.pinned_bytes_peak;
-    j["dir"] = dir_used;
-    j["weights_sha256"] = sha;
-    j["ranks"] = ranks;
-    j["resumed_from"] = resume_dir;
-    j["saved_to"] = save_dir;
-    std::printf("%s\n", json_text(j).c_str());
-  }
+  report(out, o, config, dir_used, numel, ranks, result, st, sha);
   return 0;
 }
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Text of `zinf tune`'s setup warnings; tune.cc gathers the facts.
+// Text of `zinf tune`'s setup warnings; tune_setup.cc gathers the facts.
 #include "tune_checks.h"
 
 #include <cstdio>

@@ -14,25 +14,16 @@
 #include <string>
 #include <string_view>
 
+#include "zinf/common/element_type.h"
 #include "zinf/cuda/device.h"
 
 namespace zinf::cuda {
 
-/// Element type of a reduction. kFloat64 and the integers serve reductions of norms, counts and
-/// flags (zinf::dist); appended so that the earlier values keep their numbers.
-enum class ElementType : std::uint8_t {
-  kFloat32,
-  kFloat16,
-  kBFloat16,
-  kUInt8,
-  kFloat64,
-  kInt32,
-  kInt64
-};
-/// Bytes per element of `type`.
-std::size_t element_size(ElementType type) noexcept;
-
-enum class ReduceOp : std::uint8_t { kSum, kAvg, kMax, kMin };
+/// The element type and the operation of a reduction, and element_size: zinf::common's
+/// (element_type.h), shared with zinf::dist.
+using zinf::element_size;
+using zinf::ElementType;
+using zinf::ReduceOp;
 
 /// Names one communicator group: NCCL's unique id as opaque bytes. Rank 0 makes it with
 /// make_communicator_id() and sends it to every other rank out of band.

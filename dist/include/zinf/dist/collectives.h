@@ -14,25 +14,22 @@
 #include <type_traits>
 #include <utility>
 
+#include "zinf/common/element_type.h"
 #include "zinf/common/error.h"
 #include "zinf/common/status.h"
 
 namespace zinf::dist {
 
-/// Element type of a reduction. all_gather and broadcast move bytes and need none.
-enum class ElementType : std::uint8_t { kF32, kF64, kI32, kI64, kU8 };
-
-/// Returns "fp32", "fp64", "i32", "i64" or "u8" ("?" outside the enum).
-std::string_view element_type_name(ElementType type) noexcept;
-/// Bytes per element: 4, 8, 4, 8, 1.
-std::size_t element_size(ElementType type) noexcept;
-
-/// Elementwise reduction. kAvg is the sum divided by size(), for the floating types only (an
-/// integer average would round, so it is a UsageError).
-enum class ReduceOp : std::uint8_t { kSum, kAvg, kMax, kMin };
-
-/// Returns "sum", "avg", "max" or "min".
-std::string_view reduce_op_name(ReduceOp op) noexcept;
+/// The element type of a reduction (all_gather and broadcast move bytes and need none) and the
+/// reduction: zinf::common's (element_type.h), shared with zinf::cuda's Communicator. The
+/// collectives reduce kF32, kF64, kI32, kI64 and kU8 (bf16 and fp16 are a UsageError: widen
+/// them to fp32 first); kAvg is the sum divided by size(), for kF32 and kF64 only (an integer
+/// average would round, so it is a UsageError).
+using zinf::element_size;
+using zinf::element_type_name;
+using zinf::ElementType;
+using zinf::reduce_op_name;
+using zinf::ReduceOp;
 
 /// Where a backend's buffers live: host memory (LocalCollectives, MPI, callbacks by default) or
 /// device memory of one CUDA device (NCCL; the spans then hold device addresses, never read on

@@ -49,8 +49,8 @@ struct OffloadOptimizerConfig {
   double ratio = 1.0;              ///< accepted; must be 1.0 (partial offload not built)
 };
 
-/// The top-level "aio" block. Absent keys take zinf's measured defaults (IoOptions), not
-/// DeepSpeed's (queue_depth 8), because those are what the engine was measured with.
+/// The top-level "aio" block. Absent keys take zinf's defaults (IoOptions), not DeepSpeed's
+/// (queue_depth 8): the figures behind them are in docs/benchmarks.md.
 struct AioConfig {
   std::uint32_t block_size = 1u << 20;  ///< bytes per engine piece (multiple of 4096)
   std::uint32_t queue_depth = 16;       ///< pieces in flight per engine

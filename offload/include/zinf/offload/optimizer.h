@@ -54,10 +54,8 @@ struct OptimizerOptions {
   /// 1M elements of fp32 state. 1M fp32 elements (12 MiB of state, a 48 MiB ring at depth 4):
   /// each transfer (12 x 1 MiB engine pieces) still keeps the queue full, and filling and
   /// draining the pipeline costs 2/256 of a 256M-element step.
-  /// The ring's footprint itself sets the drive's rate on virtual disks: on the build VM
-  /// (bench/compare_step.sh, 256M elements, 3 rounds alternated per size) steps took 1.09-1.19x
-  /// the 16 MiB-footprint ideal with 1M elements against 1.29-1.31x with 4M (192 MiB ring);
-  /// 512K was no faster than 1M.
+  /// The ring's footprint itself sets the drive's rate on virtual disks (why 1M rather than
+  /// 512K or 4M: docs/benchmarks.md, "Figures behind the defaults").
   ///
   /// Unless fit_sub_groups_to_stripes is off (or store_copy_out is on), the records use
   /// effective_sub_group_elements(): this, or, where it splits a group, slightly fewer
@@ -67,17 +65,15 @@ struct OptimizerOptions {
   std::uint64_t sub_group_elements = 0;
   /// Round sub_group_elements down so that each record fills whole stripe units of the swap
   /// store (1 MiB). A record that ends part-way into a unit adds a short request to every read
-  /// and write of it, which costs the drive about as much as a full one: on the build VM the
-  /// int8 step at 256M elements took 0.87-0.97x the time with 6 MiB records (1,027,136
-  /// elements) against 6.125 MiB ones (1M), in each of 6 alternated rounds
-  /// (docs/benchmarks.md). fp32 and bf16 records of 1M elements are whole units already. The
-  /// size is part of a checkpoint's layout: false loads a compact checkpoint saved by a
-  /// build from before this rounding (it used sub_group_elements as given).
+  /// and write of it, which costs the drive about as much as a full one (the figure:
+  /// docs/benchmarks.md, "Figures behind the defaults"). fp32 and bf16 records of 1M elements
+  /// are whole units already. The size is part of a checkpoint's layout: false loads a compact
+  /// checkpoint saved by a build from before this rounding (it used sub_group_elements as
+  /// given).
   bool fit_sub_groups_to_stripes = true;
   /// Buffers in the kNvme ring, >= 3: one being updated, one being read ahead, one being
-  /// written back; more buffers read further ahead. 4: on the build VM (256M elements,
-  /// bench/compare_step.sh, 3 rounds each) depth 3 ran at 1.26x the ideal and depth 4 at
-  /// 1.02x; a spare buffer keeps a read queued while a write-back holds its slot.
+  /// written back; more buffers read further ahead. 4: a spare buffer keeps a read queued
+  /// while a write-back holds its slot (docs/benchmarks.md, "Figures behind the defaults").
   std::uint32_t pipeline_depth = 4;
   /// The most pinned host memory the optimizer may hold. kNvme: depth x padded sub-group
   /// bytes. kCpu: the whole padded state. Checked at construction (UsageError naming the
@@ -97,9 +93,9 @@ struct OptimizerOptions {
   /// IoError kCorrupt naming the file, offset, length and both CRCs before any of its bytes
   /// reach CpuAdam or a checkpoint; the failure then follows the read-failure rules (see
   /// Failures). The stripe is one padded record (at most 1 MiB), so each record is verified
-  /// as a whole. Cost: one CRC32C pass over each record read and written (measured with
-  /// `zinf bench step --checksums on|off`, docs/benchmarks.md). false opts out: a changed
-  /// byte is then trained on, and saved under a fresh checkpoint CRC.
+  /// as a whole. Cost: one CRC32C pass over each record read and written (`zinf bench step
+  /// --checksums on|off` measures it; docs/benchmarks.md, "Integrity cost"). false opts out: a
+  /// changed byte is then trained on, and saved under a fresh checkpoint CRC.
   bool swap_checksums = true;
   /// kNvme: open the swap files with O_DIRECT where the file system allows it.
   bool direct_io = true;
@@ -186,11 +182,9 @@ std::uint64_t store_copy_out_sub_group(std::uint64_t requested, const swap::Swap
 /// The sub-group of OptimizerOptions::sub_group_elements = 0: the elements whose record is
 /// fp32's at 1M elements, 12 MiB (whole 1 MiB stripe units), so that the ring and every
 /// transfer keep their bytes whatever the precision: fp32 1,048,576, bf16 1,572,864, int8
-/// 2,054,336. Measured for int8 at 256M elements on the build VM (docs/benchmarks.md), 8
-/// alternated rounds: 12 MiB records ran at a median 1.13 of the step's ideal against 1.25 for
-/// 6 MiB ones, and faster in 7 of the 8. A checkpoint names its sub-group size: one saved
-/// with another (an earlier build's 1M default for bf16 or int8, where a group was larger)
-/// loads with that size given explicitly.
+/// 2,054,336 (why 12 MiB: docs/benchmarks.md, "Figures behind the defaults"). A checkpoint
+/// names its sub-group size: one saved with another (an earlier build's 1M default for bf16 or
+/// int8, where a group was larger) loads with that size given explicitly.
 std::uint64_t default_sub_group_elements(adam::StatePrecision precision) noexcept;
 
 /// The elements per sub-group record the optimizer uses for `options` and `groups` (on both

@@ -22,8 +22,8 @@ struct BufferPoolOptions {
   std::uint32_t alignment = 4096;
   /// Ask for 2 MiB transparent huge pages (madvise); falls back quietly where refused.
   /// Why: a 1 MiB transfer from 4 KiB pages spans 256 memory segments and the block layer
-  /// splits it in two (254-segment limit); from 2 MiB pages it goes whole, and reads run
-  /// 1.3-2.6x faster (measured with fio on the build machines).
+  /// splits it in two (254-segment limit); from 2 MiB pages it goes whole (the figure:
+  /// docs/benchmarks.md, "Figures behind the defaults").
   bool huge_pages = true;
   /// Touch every page of the arena at construction (MADV_POPULATE_WRITE, else a write per
   /// page), so that the first I/O into a lease does not pay for page faults. Costs the time to

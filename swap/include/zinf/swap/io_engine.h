@@ -38,7 +38,7 @@ std::string_view io_engine_kind_name(IoEngineKind kind) noexcept;
 struct IoOptions {
   IoEngineKind kind = IoEngineKind::kAuto;
   /// Requests larger than this are split into pieces of this size (a multiple of 4096).
-  /// 1 MiB: the size at which the drives here reach their bandwidth (measured with fio on the build machines).
+  /// Why 1 MiB: docs/benchmarks.md, "Figures behind the defaults".
   std::uint32_t block_size = 1u << 20;
   /// Pieces kept in flight per engine (io_uring SQ depth; threads: in-flight bound).
   std::uint32_t queue_depth = 16;

@@ -25,28 +25,26 @@ struct SwapStoreOptions {
   /// (stripe_bytes x directories). Each file is capacity / directories, preallocated.
   std::uint64_t capacity_bytes = 0;
   /// Striping unit: consecutive stripe_bytes of the store's address space go to consecutive
-  /// files. A multiple of the store's alignment. 1 MiB: the transfer size at which the drives
-  /// here reach their bandwidth (measured with fio on the build machines), and IoOptions::block_size's default.
+  /// files. A multiple of the store's alignment. 1 MiB: IoOptions::block_size's default (why:
+  /// docs/benchmarks.md, "Figures behind the defaults").
   std::uint32_t stripe_bytes = 1u << 20;
   /// Keep a CRC32C per stripe unit of each tensor: computed on swap_out, verified when a
   /// swap_in (or swap_in_range) completes, before its ticket does. On by default: a byte that
   /// changed in the file (a drive's silent error, a stray write) then fails the swap_in with
   /// kCorrupt naming the key, file, offset, length and both CRCs, and is never returned as
-  /// data. Cost: ~1 CRC32C pass over the bytes each way (SSE4.2, ~12 GB/s per thread; swap_in
-  /// verification runs on the verify threads, overlapping the reads still in flight) and 4
-  /// bytes of memory per stripe unit. A caller that passes over the bytes anyway can take
-  /// both passes on itself (swap_in_unchecked / swap_out_summed; the optimizer does, inside
-  /// its Adam update). With it, ranges must cover whole stripe units (see swap_out_range).
+  /// data. Cost: ~1 CRC32C pass over the bytes each way (swap_in verification runs on the
+  /// verify threads, overlapping the reads still in flight) and 4 bytes of memory per stripe
+  /// unit. A caller that passes over the bytes anyway can take both passes on itself
+  /// (swap_in_unchecked / swap_out_summed; the optimizer does, inside its Adam update). With
+  /// it, ranges must cover whole stripe units (see swap_out_range).
   /// false opts out: the store then hands back whatever the file holds.
   bool checksums = true;
   /// Threads that verify swap_in checksums and compute swap_out ones (0: verify on the
   /// engine's completion thread, sum on the submitting thread). Off the engine's thread,
-  /// verification overlaps the reads still in flight; on it, it delays their reaping.
-  /// Measured on the build VM (1 GiB swap_in, uring qd 16, huge-page buffers, median of 4
-  /// alternating rounds): 3.1 GB/s verifying on the engine's thread, 4.0 with 2 verify
-  /// threads, 4.4 without checksums. One thread checks ~12 GB/s (SSE4.2 CRC32C). Summing a
-  /// swap_out here rather than on its submitter frees the submitter at once (the optimizer's
-  /// pipeline thread goes on to the next update; see docs/benchmarks.md).
+  /// verification overlaps the reads still in flight; on it, it delays their reaping. Summing
+  /// a swap_out here rather than on its submitter frees the submitter at once (the optimizer's
+  /// pipeline thread goes on to the next update). Why 2: docs/benchmarks.md, "Figures behind
+  /// the defaults".
   std::uint32_t verify_threads = 2;
   /// Open the files with O_DIRECT where the file system allows it (File falls back to
   /// buffered I/O, with one notice, where it does not, e.g. tmpfs).
@@ -209,7 +207,8 @@ class SwapStore {
   StoredTensor locate(const std::string& key) const;
 
   /// Writes every block of every file once (zeros), so that later swap_outs overwrite written
-  /// blocks rather than fill unwritten extents: ~5.6 GB/s vs ~3.1 here (measured with fio on the build machines).
+  /// blocks rather than fill unwritten extents (faster on most drives; docs/benchmarks.md,
+  /// "Figures behind the defaults").
   /// Blocks until done; throws IoError on failure. Call before the first swap_out (UsageError
   /// afterwards, or while any swap is in flight): it destroys stored data.
   void precondition();

@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: Apache-2.0
+// ElementType and ReduceOp: what a collective reduces and how, the one vocabulary of
+// zinf::cuda's Communicator and zinf::dist's Collectives. Part of zinf::common.
+//
+// kF32, kBF16 and kF16 keep DType's values (dtype.h, the C API's zinf_dtype), so that the two
+// enums can become one once every switch over DType handles the reduction types.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace zinf {
+
+/// Element type of a reduction's buffer. bf16 and fp16 travel as raw uint16 bits.
+enum class ElementType : std::uint8_t { kF32, kBF16, kF16, kF64, kI32, kI64, kU8 };
+
+/// Returns "fp32", "bf16", "fp16", "fp64", "i32", "i64" or "u8" ("?" outside the enum).
+constexpr std::string_view element_type_name(ElementType type) noexcept {
+  switch (type) {
+    case ElementType::kF32: return "fp32";
+    case ElementType::kBF16: return "bf16";
+    case ElementType::kF16: return "fp16";
+    case ElementType::kF64: return "fp64";
+    case ElementType::kI32: return "i32";
+    case ElementType::kI64: return "i64";
+    case ElementType::kU8: return "u8";
+  }
+  return "?";
+}
+
+/// Bytes per element: 4, 2, 2, 8, 4, 8, 1 (1 outside the enum).
+constexpr std::size_t element_size(ElementType type) noexcept {
+  switch (type) {
+    case ElementType::kF32: return 4;
+    case ElementType::kBF16: return 2;
+    case ElementType::kF16: return 2;
+    case ElementType::kF64: return 8;
+    case ElementType::kI32: return 4;
+    case ElementType::kI64: return 8;
+    case ElementType::kU8: return 1;
+  }
+  return 1;
+}
+
+/// Elementwise reduction. kAvg is the sum divided by the number of ranks.
+enum class ReduceOp : std::uint8_t { kSum, kAvg, kMax, kMin };
+
+/// Returns "sum", "avg", "max" or "min" ("?" outside the enum).
+constexpr std::string_view reduce_op_name(ReduceOp op) noexcept {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kMin: return "min";
+  }
+  return "?";
+}
+
+}  // namespace zinf
