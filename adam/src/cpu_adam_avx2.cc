@@ -7,10 +7,9 @@
 // back: a tail element gets exactly the arithmetic of a body one.
 //
 // The vectors are visited in one of two orders, chosen per call from the arrays' addresses so
-// that no load waits on a store it only seems to depend on (Avx2Kernel::loop says why).
+// that no load waits on a store it only seems to depend on (loop_order.h).
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -18,52 +17,18 @@
 #include "bf16_x86.h"
 #include "cpu_adam_kernel.h"
 #include "cpu_adam_x86_common.h"
+#include "loop_order.h"
 
 namespace zinf::adam::detail {
 namespace {
 
 constexpr std::size_t kLanes = 8;
-constexpr std::uint32_t kVectorBytes = kLanes * 4;
 
-// The windowed order (Avx2Kernel::loop): each window of 1024 elements, 4 KiB of an fp32 array,
-// is walked as 8 streams 128 elements (512 bytes) apart, one vector of each stream in turn.
-constexpr std::size_t kStreams = 8;
-constexpr std::size_t kStride = 128;
-constexpr std::size_t kWindow = kStreams * kStride;
-constexpr std::uint32_t kStrideBytes = kStride * 4;
-
-// A load waits for an older store still in flight whose address agrees with its own in the
-// low 12 bits (4K aliasing: the core compares only those bits at first), and a store here
-// leaves only after its vector's sqrt and divide. A load this many vectors or more after such a
-// store, in loop order, no longer slows the loop: in the offset sweep of docs/benchmarks.md
-// (issue #37) the sequential loop ran at 0.14x of its best with the nearest aliasing pair one
-// vector apart, 0.5x two, 0.73x three, 0.95x four and 0.96-1.0x five or more.
-constexpr std::size_t kSafeDistance = 5;
-
-// True if a 32-byte store `delta` bytes past a 32-byte load mod 4 KiB, taken `at` bytes
-// further on, shares bytes with it in the low 12 address bits.
-constexpr bool aliases(std::uint32_t delta, std::uint32_t at) {
-  const std::uint32_t d = (delta - at) & 4095u;
-  return d < kVectorBytes || d > 4096u - kVectorBytes;
-}
-
-// The nearest distance d, in vectors of loop order (1 to kSafeDistance), at which a load of
-// one array follows a store to another that lies `delta` bytes past it mod 4 KiB. Sequential
-// order: the vector d places on is 32 bytes per place further. Windowed order: the vector d
-// streams on in the same round is 512 bytes per stream further, and one that wraps into the
-// next round is 32 bytes beyond that (8 streams x 512 bytes = 4 KiB).
-constexpr std::size_t alias_distance(bool windowed, std::uint32_t delta) {
-  for (std::size_t d = 1; d < kSafeDistance; ++d) {
-    const auto u = static_cast<std::uint32_t>(d);
-    if (!windowed && aliases(delta, u * kVectorBytes)) return d;
-    if (windowed &&
-        (aliases(delta, u * kStrideBytes) || aliases(delta, u * kStrideBytes + kVectorBytes))) {
-      return d;
-    }
-  }
-  return kSafeDistance;
-}
-
+// A load this many vectors or more after a store it 4K-aliases, in loop order, no longer slows
+// this loop (loop_order.h): in the offset sweep of docs/benchmarks.md (one thread, state in
+// L2) the sequential loop ran at 0.14x of its best with the nearest aliasing pair one vector
+// apart, 0.5x two, 0.73x three, 0.95x four and 0.96-1.0x five or more.
+constexpr std::size_t kAvx2SafeDistance = 5;
 struct Consts {
   __m256 grad_scale, weight_decay, decay_factor, beta1, one_minus_beta1, beta2, one_minus_beta2,
       inv_sqrt_bc2, eps, neg_step_size;
@@ -145,30 +110,6 @@ void Avx2Kernel::run(const KernelArgs& a, std::size_t begin, std::size_t end) {
   loop<D, G, O, kOut, true>(a, begin, end);
 }
 
-// True if this call should walk its range in the windowed order: some array it reads lies a
-// few vectors before an array it writes mod 4 KiB, and the windowed order takes that pair
-// further apart. Narrow gradients (2 bytes an element) drift against the 4-byte arrays along
-// the loop, so no order keeps them clear and they are left out.
-template <ElemType G>
-bool use_windowed_order(const KernelArgs& a) {
-  const auto addr = [](const void* q) {
-    return static_cast<std::uint32_t>(reinterpret_cast<std::uintptr_t>(q));
-  };
-  const std::uint32_t stores[] = {addr(a.params), addr(a.m), addr(a.v)};
-  const std::uint32_t loads[] = {addr(a.params), addr(a.m), addr(a.v), addr(a.grads)};
-  std::size_t sequential = kSafeDistance;
-  std::size_t windowed = kSafeDistance;
-  for (std::size_t x = 0; x < (G == ElemType::kF32 ? 4 : 3); ++x) {
-    for (std::size_t y = 0; y < 3; ++y) {
-      if (x == y) continue;
-      const std::uint32_t delta = (stores[y] - loads[x]) & 4095u;
-      sequential = std::min(sequential, alias_distance(false, delta));
-      windowed = std::min(windowed, alias_distance(true, delta));
-    }
-  }
-  return windowed > sequential;
-}
-
 template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kPrefetch>
 void Avx2Kernel::loop(const KernelArgs& a, std::size_t begin, std::size_t end) {
   const Consts c(a);
@@ -179,14 +120,10 @@ void Avx2Kernel::loop(const KernelArgs& a, std::size_t begin, std::size_t end) {
                  kOut ? out + i : nullptr};
   };
   std::size_t i = begin;
-  // In sequential order the loads of vector j+1 follow the stores of vector j, so an array
-  // read 32 to ~150 bytes before one written, mod 4 KiB, makes almost every load wait on a
-  // store of the last few vectors (kSafeDistance). AVX-512's cure, loading a block ahead, needs
-  // more vectors held than AVX2's 16 registers have for the same reach in bytes. The windowed
-  // order instead puts 8 vectors of other streams between a vector and the next one of its
-  // stream; a load that now aliases a recent store is one a multiple of 512 bytes away, which
-  // the choice avoids. Both orders update every element once with the same operations.
-  if (use_windowed_order<G>(a)) {
+  // The order, sequential or windowed, that keeps loads clear of recent stores they 4K-alias
+  // (loop_order.h). The windowed order's piece is one vector.
+  static_assert(kPiece == kLanes);
+  if (use_windowed_order(a, kAvx2SafeDistance)) {
     for (; i + kWindow <= end; i += kWindow) {
       for (std::size_t k = 0; k < kStride; k += kLanes) {
         if constexpr (kPrefetch) {

@@ -368,11 +368,12 @@ TEST_P(CpuAdamIsa, EveryLengthAndCloseLayoutGivesTheScalarBits) {
   }
 }
 
-// The AVX2 path walks a range in windows of 1024 elements, 8 streams 512 bytes apart, when the
-// arrays lie a few vectors apart mod 4 KiB (issue #37), and in sequence otherwise: lengths of
-// one window and more with a ragged remainder, on layouts that take each order (lines apart,
-// descending, all equal, and one pair close while another is 512 bytes apart), with fp32 and
-// bf16 gradients and L2 decay, give the scalar path's bits on every path.
+// The AVX2 and portable paths walk a range in windows of 1024 elements, 8 streams 512 bytes
+// apart, when the arrays lie a few pieces apart mod 4 KiB (loop_order.h, issue #37), and in
+// sequence otherwise: lengths of one window and more with a ragged remainder, on layouts that
+// take each order (lines apart, descending, all equal, one pair close while another is 512
+// bytes apart, staggered), with fp32 and bf16 gradients and L2 decay, give the sequential
+// scalar path's bits on every path.
 TEST_P(CpuAdamIsa, WindowedAndSequentialOrdersGiveTheScalarBits) {
   CpuAdam scalar({.threads = 1, .isa = Isa::kScalar});
   CpuAdam adam({.threads = 1, .isa = GetParam()});
