@@ -420,11 +420,12 @@ BENCHMARK(BM_SimpleAdamLoopNativeLayout)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
-// Each array k moved by k * stagger bytes: 0 (all aligned), a quarter, half and one cache
-// line, two, three, four lines, 512 and 1088 bytes, and -16 (4080) mod 4 KiB.
+// Each array k moved by k * stagger bytes: 0 (all aligned), a quarter, half, three quarters
+// and one cache line, one and a half, two, three, four lines, 512 and 1088 bytes, and -16
+// (4080) mod 4 KiB. ZINF_CPU_ADAM_ISA picks the path.
 BENCHMARK(BM_CpuAdamStagger)
     ->ArgNames({"numel", "stagger"})
-    ->ArgsProduct({{kInL2}, {0, 16, 32, 64, 128, 192, 256, 512, 1088, 4080}})
+    ->ArgsProduct({{kInL2}, {0, 16, 32, 48, 64, 96, 128, 192, 256, 512, 1088, 4080}})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
