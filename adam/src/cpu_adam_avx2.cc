@@ -24,10 +24,10 @@ namespace {
 
 constexpr std::size_t kLanes = 8;
 
-// A load this many vectors or more after a store it 4K-aliases, in loop order, no longer slows
-// this loop (loop_order.h): in the offset sweep of docs/benchmarks.md (one thread, state in
-// L2) the sequential loop ran at 0.14x of its best with the nearest aliasing pair one vector
-// apart, 0.5x two, 0.73x three, 0.95x four and 0.96-1.0x five or more.
+// A load this many vectors or more after a store it may collide with, in loop order, no
+// longer slows this loop (loop_order.h): in the offset sweep of docs/benchmarks.md (one
+// thread, state in L2) the sequential loop ran at 0.14x of its best with the nearest colliding
+// pair one vector apart, 0.5x two, 0.73x three, 0.95x four and 0.96-1.0x five or more.
 constexpr std::size_t kAvx2SafeDistance = 5;
 struct Consts {
   __m256 grad_scale, weight_decay, decay_factor, beta1, one_minus_beta1, beta2, one_minus_beta2,
@@ -120,8 +120,8 @@ void Avx2Kernel::loop(const KernelArgs& a, std::size_t begin, std::size_t end) {
                  kOut ? out + i : nullptr};
   };
   std::size_t i = begin;
-  // The order, sequential or windowed, that keeps loads clear of recent stores they 4K-alias
-  // (loop_order.h). The windowed order's piece is one vector.
+  // The order, sequential or windowed, that keeps loads clear of recent stores they may
+  // collide with (loop_order.h). The windowed order's piece is one vector.
   static_assert(kPiece == kLanes);
   if (use_windowed_order(a, kAvx2SafeDistance)) {
     for (; i + kWindow <= end; i += kWindow) {

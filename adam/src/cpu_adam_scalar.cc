@@ -100,10 +100,11 @@ struct ScalarKernel {
   static void loop(const KernelArgs& a, std::size_t begin, std::size_t end);
 };
 
-// A load this many pieces (8 elements) or more after a store it 4K-aliases, in loop order, no
-// longer slows sequential() (loop_order.h): in the offset sweep of docs/benchmarks.md (one
-// thread, state in L2) it ran at 0.15-0.43x of its best with the nearest aliasing pair one
-// piece apart, 0.57x two, 0.55-0.84x three and 0.95-1.0x four or more.
+// A load this many pieces (8 elements) or more after a store it may collide with, in loop
+// order, no longer slows sequential() (loop_order.h): in the offset sweep of
+// docs/benchmarks.md (one thread, state in L2) it ran at 0.15-0.43x of its best with the
+// nearest colliding pair one piece apart, 0.57x two, 0.55-0.84x three and 0.95-1.0x four or
+// more.
 constexpr std::size_t kScalarSafeDistance = 4;
 
 // The sequential order. The scalars and arrays copied out of `a` into locals, the arrays
@@ -197,9 +198,9 @@ template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kScaled>
 }
 
 // The range in the order loop_order.h chooses for these arrays. The windowed order runs only
-// where the sequential one has a load within kScalarSafeDistance pieces of a store it
-// 4K-aliases: its piece-at-a-time code is slower than the compiler's loop over a clear layout
-// (0.85x with the state in L2), far faster over such a layout.
+// where the sequential one has a load within kScalarSafeDistance pieces of a store it may
+// collide with: its piece-at-a-time code is slower than the compiler's loop over a clear
+// layout (0.85x with the state in L2), far faster over such a layout.
 template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kScaled>
 void ScalarKernel::loop(const KernelArgs& a, std::size_t begin, std::size_t end) {
   std::size_t i = begin;

@@ -369,7 +369,7 @@ TEST_P(CpuAdamIsa, EveryLengthAndCloseLayoutGivesTheScalarBits) {
 }
 
 // The AVX2 and portable paths walk a range in windows of 1024 elements, 8 streams 512 bytes
-// apart, when the arrays lie a few pieces apart mod 4 KiB (loop_order.h, issue #37), and in
+// apart, when the arrays lie a few pieces apart mod 1 MiB (loop_order.h, issue #37), and in
 // sequence otherwise: lengths of one window and more with a ragged remainder, on layouts that
 // take each order (lines apart, descending, all equal, one pair close while another is 512
 // bytes apart, staggered), with fp32 and bf16 gradients and L2 decay, give the sequential
@@ -388,10 +388,12 @@ TEST_P(CpuAdamIsa, WindowedAndSequentialOrdersGiveTheScalarBits) {
                      " layout=" + std::to_string(lay[0]) + "," + std::to_string(lay[1]) + "," +
                      std::to_string(lay[2]) + "," + std::to_string(lay[3]));
         Problem a(n, 0, kSeed + static_cast<std::uint32_t>(n));
-        // Array k starts k regions of 5 pages in, plus its offset: never overlapping.
-        std::vector<float> buf(4 * 5 * page + page);
+        // Array k starts k MiB in, plus its offset: apart mod 1 MiB by the offsets only (the
+        // bits the choice compares), never overlapping.
+        constexpr std::size_t kMiB = 262144;  // elements
+        std::vector<float> buf(4 * kMiB + page);
         float* arr[4];
-        for (std::size_t k = 0; k < 4; ++k) arr[k] = buf.data() + k * 5 * page + lay[k];
+        for (std::size_t k = 0; k < 4; ++k) arr[k] = buf.data() + k * kMiB + lay[k];
         std::copy_n(a.p.cspan().data(), n, arr[0]);
         std::copy_n(a.m.cspan().data(), n, arr[1]);
         std::copy_n(a.v.cspan().data(), n, arr[2]);

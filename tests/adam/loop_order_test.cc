@@ -1,15 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // The loop order the AVX2 and portable paths choose from their arrays' addresses
-// (adam/src/loop_order.h, issue #37): sequential where no load follows a store it 4K-aliases
-// within the kernel's safe distance, windowed where arrays lie a few pieces apart, and on the
-// layouts zinf makes itself (the optimizer's [params | m | v] records of any length, their
-// gradients 4 KiB aligned) an order whose nearest aliasing pair is at the safe distance or
-// within one piece of it.
+// (adam/src/loop_order.h, issue #37): sequential where no load follows a store it may collide
+// with (equal addresses mod 1 MiB) within the kernel's safe distance, windowed where arrays lie
+// a few pieces apart mod 1 MiB, and on the layouts zinf makes itself (the optimizer's
+// [params | m | v] records of any length, their gradients 4 KiB aligned) an order with no such
+// pair nearer than the safe distance.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "cpu_adam_kernel.h"
 #include "loop_order.h"
@@ -39,7 +40,8 @@ std::size_t nearest(const KernelArgs& a, bool windowed, std::size_t safe) {
   std::size_t d = safe;
   for (std::size_t x = 0; x < 4; ++x) {
     for (std::size_t y = 0; y < 3; ++y) {
-      if (x != y) d = std::min(d, alias_distance(windowed, (arrays[y] - arrays[x]) & 4095u, safe));
+      if (x != y)
+        d = std::min(d, alias_distance(windowed, (arrays[y] - arrays[x]) & kAliasMask, safe));
     }
   }
   return d;
@@ -53,6 +55,10 @@ TEST(LoopOrder, EqualOffsetsAndWideStaggersStaySequential) {
     EXPECT_FALSE(use_windowed_order(args_at(0, 1 << 21, 2 << 21, 3 << 21), safe));
     EXPECT_FALSE(use_windowed_order(args_at(0, 1088, 2176, 3264), safe));
     EXPECT_FALSE(use_windowed_order(args_at(0, 4096 + 256, 8192 + 768, 1280), safe));
+    // A small gap plus a power of two from 4 KiB to 512 KiB: apart mod 1 MiB.
+    for (std::uintptr_t far = 4096; far < (1u << 20); far *= 2) {
+      EXPECT_FALSE(use_windowed_order(args_at(0, far + 16, 0, 0), safe));
+    }
   }
 }
 
@@ -65,7 +71,8 @@ TEST(LoopOrder, ArraysAFewPiecesApartTakeTheWindowedOrder) {
       // One array moved alone, each way round, and one page further.
       EXPECT_TRUE(use_windowed_order(args_at(0, gap, 0, 0), safe));
       EXPECT_TRUE(use_windowed_order(args_at(gap, 0, 0, 0), safe));
-      EXPECT_TRUE(use_windowed_order(args_at(0, 4096 - gap, 0, 0), safe));
+      EXPECT_TRUE(use_windowed_order(args_at(0, (1 << 20) - gap, 0, 0), safe));
+      EXPECT_TRUE(use_windowed_order(args_at(0, 0, (1 << 20) + gap, 0), safe));
       EXPECT_TRUE(use_windowed_order(args_at(0, 0, (1 << 21) + gap, 0), safe));
     }
   }
@@ -85,8 +92,8 @@ TEST(LoopOrder, GradientsCountOnlyAsALoadAndOnlyWhenFp32) {
 
 // Where both orders have an aliasing pair, the one whose pair is further away is taken.
 TEST(LoopOrder, TakesTheOrderWithTheFurtherPair) {
-  // Sequential: m 32 bytes past p (one piece). Windowed: v 2048 + 64 bytes past p (four).
-  const KernelArgs a = args_at(0, 32, 2048 + 64, 0);
+  // Sequential: m 32 bytes past p (one piece). Windowed: v 2048 + 16 bytes past p (four).
+  const KernelArgs a = args_at(0, 32, 2048 + 16, 0);
   EXPECT_EQ(nearest(a, false, 5), 1u);
   EXPECT_EQ(nearest(a, true, 5), 4u);
   EXPECT_TRUE(use_windowed_order(a, 5));
@@ -99,20 +106,20 @@ TEST(LoopOrder, TakesTheOrderWithTheFurtherPair) {
 
 // The optimizer's records hold [params | m | v] of n elements contiguously in 4 KiB-aligned
 // slots, and their gradients come 4 KiB aligned (offload/src/optimizer_impl.h, RecordLayout):
-// for every n, the order chosen keeps its nearest aliasing pair at the kernel's safe distance,
-// or one piece short of it (the AVX2 path, n within 16 elements of 512 mod 1024: there the
-// sequential order has a pair one to three pieces apart).
-TEST(LoopOrder, OptimizerRecordsOfEveryLengthAreWithinOnePieceOfSafe) {
+// for every n up to 4096 and within 2048 of each multiple of 256 Ki (where m and v come within
+// a few pieces of params mod 1 MiB), the order chosen has no colliding pair nearer than the
+// kernel's safe distance.
+TEST(LoopOrder, OptimizerRecordsOfEveryLengthAreClear) {
+  std::vector<std::uintptr_t> lengths;
+  for (std::uintptr_t n = 1; n <= 4096; ++n) lengths.push_back(n);
+  for (std::uintptr_t k = 1; k <= 4; ++k) {
+    for (std::uintptr_t n = k * 262144 - 2048; n <= k * 262144 + 2048; ++n) lengths.push_back(n);
+  }
   for (std::size_t safe : kSafe) {
-    for (std::uintptr_t n = 1; n <= 2048; ++n) {
+    for (std::uintptr_t n : lengths) {
       SCOPED_TRACE("n=" + std::to_string(n) + " safe=" + std::to_string(safe));
       const KernelArgs a = args_at(0, 4 * n, 8 * n, 1 << 30);
-      const bool windowed = use_windowed_order(a, safe);
-      const std::size_t d = nearest(a, windowed, safe);
-      EXPECT_GE(d + 1, safe);
-      if (safe == 4 || n % 1024 == 0) {
-        EXPECT_EQ(d, safe);
-      }
+      EXPECT_EQ(nearest(a, use_windowed_order(a, safe), safe), safe);
       if (HasFailure()) return;
     }
   }
