@@ -109,12 +109,13 @@ constexpr std::size_t kScalarSafeDistance = 4;
 
 // The sequential order. The scalars and arrays copied out of `a` into locals, the arrays
 // restrict-qualified (step() refuses overlapping arrays): a store through params could
-// otherwise alias a float member of `a` itself, and the compiler would have to reload the constants after every store or guard
-// the vector loop with run-time overlap checks. One plain loop, which the compiler vectorises
-// for the baseline ISA. There it is bound by the divider, one sqrt and one division per element,
-// not by memory (it runs as fast with its arrays in the caches), so a blocked loop with software
-// prefetch or a 2x unrolled one gained nothing measurable. Not inlined into loop(), so that
-// the compiler schedules it exactly as the loop it was measured as.
+// otherwise alias a float member of `a` itself, and the compiler would have to reload the
+// constants after every store or guard the vector loop with run-time overlap checks. One plain
+// loop, which the compiler vectorises for the baseline ISA. There it is bound by the divider,
+// one sqrt and one division per element, not by memory (it runs as fast with its arrays in the
+// caches), so a blocked loop with software prefetch or a 2x unrolled one gained nothing
+// measurable. Not inlined into loop(), so that the compiler schedules it exactly as the loop it
+// was measured as.
 template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kScaled>
 [[gnu::noinline]] void sequential(const KernelArgs& a, std::size_t begin, std::size_t end) {
   float* __restrict params = a.params;

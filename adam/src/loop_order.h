@@ -74,8 +74,9 @@ constexpr std::size_t alias_distance(bool windowed, std::uint32_t delta, std::si
 // True if this call should walk its range in the windowed order: some array it reads lies
 // fewer than `safe` pieces before an array it writes mod 1 MiB, and the windowed order takes
 // the nearest such pair further apart. `safe` is the kernel's own: the distance from which, in
-// its offset sweep (docs/benchmarks.md), a load after a store it 4K-aliases no longer slowed it. Narrow gradients (2 bytes an element) drift against the 4-byte
-// arrays along the loop, so no order keeps them clear and they are left out.
+// its offset sweep (docs/benchmarks.md), a load after a store it may collide with no longer
+// slowed it. Narrow gradients (2 bytes an element) drift against the 4-byte arrays along the
+// loop, so no order keeps them clear and they are left out.
 inline bool use_windowed_order(const KernelArgs& a, std::size_t safe) {
   const auto addr = [](const void* q) {
     return static_cast<std::uint32_t>(reinterpret_cast<std::uintptr_t>(q));
