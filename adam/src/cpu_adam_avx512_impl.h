@@ -122,7 +122,8 @@ template <DecayKind D, ElemType O, bool kOut, bool kMasked>
   if constexpr (D == DecayKind::kL2) g = _mm512_add_ps(g, _mm512_mul_ps(c.weight_decay, p));
   if constexpr (D == DecayKind::kDecoupled) p = _mm512_mul_ps(p, c.decay_factor);
   m = _mm512_add_ps(_mm512_mul_ps(c.beta1, m), _mm512_mul_ps(c.one_minus_beta1, g));
-  v = _mm512_add_ps(_mm512_mul_ps(c.beta2, v), _mm512_mul_ps(_mm512_mul_ps(c.one_minus_beta2, g), g));
+  v = _mm512_add_ps(_mm512_mul_ps(c.beta2, v),
+                    _mm512_mul_ps(_mm512_mul_ps(c.one_minus_beta2, g), g));
   const __m512 denom = _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(v), c.inv_sqrt_bc2), c.eps);
   p = _mm512_add_ps(p, _mm512_mul_ps(c.neg_step_size, _mm512_div_ps(m, denom)));
   store_f32<kMasked>(a.params + i, p, k);
@@ -156,14 +157,14 @@ void Avx512Kernel::loop(const KernelArgs& a, std::size_t begin, std::size_t end)
   std::size_t i = begin;
   // Blocks of two vectors (two cache lines of each fp32 array), with two independent chains
   // of sqrt and div in flight, software-pipelined: the next block's loads are issued before
-  // this block's stores. A load issued after a store whose address has the same low 12 bits
-  // waits for that store (4K aliasing: the core compares only those bits at first), and the
-  // store's data comes last, after the divide. When one array starts 1 to 127 bytes past
-  // another mod 4 KiB, loading vector j+1 of the first right after storing vector j of the
-  // second hit that in every vector and slowed the loop by up to 2.5x (docs/benchmarks.md,
-  // issue #37). With the loads a block ahead, every store older than a load is at least three
-  // vectors behind it. The order of loads and stores changes no value: the arrays never
-  // overlap.
+  // this block's stores. A load issued after a store whose address agrees with its own in the
+  // low 20 bits (of the physical address, on the core measured: "4K aliasing" with bits 12-19
+  // too, loop_order.h) waits for that store, and the store's data comes last, after the
+  // divide. When one array starts 1 to 127 bytes past another mod 1 MiB on huge pages,
+  // loading vector j+1 of the first right after storing vector j of the second hit that in
+  // every vector and slowed the loop by up to 2.5x (docs/benchmarks.md, issue #37). With the
+  // loads a block ahead, every store older than a load is at least three vectors behind it.
+  // The order of loads and stores changes no value: the arrays never overlap.
   constexpr std::size_t kBlock = 2 * kLanes;
   if (i + kBlock <= end) {
     In x0 = load_in<G, false>(a, i, 0);

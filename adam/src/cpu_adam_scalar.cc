@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "cpu_adam_kernel.h"
+#include "loop_order.h"
 
 namespace zinf::adam::detail {
 namespace {
@@ -99,15 +100,24 @@ struct ScalarKernel {
   static void loop(const KernelArgs& a, std::size_t begin, std::size_t end);
 };
 
-// The scalars and arrays copied out of `a` into locals, the arrays restrict-qualified (step()
-// refuses overlapping arrays): a store through params could otherwise alias a float member of
-// `a` itself, and the compiler would have to reload the constants after every store or guard
-// the vector loop with run-time overlap checks. One plain loop, which the compiler vectorises
-// for the baseline ISA. There it is bound by the divider, one sqrt and one division per element,
-// not by memory (it runs as fast with its arrays in the caches), so a blocked loop with software
-// prefetch or a 2x unrolled one gained nothing measurable.
+// A load this many pieces (8 elements) or more after a store it may collide with, in loop
+// order, no longer slows sequential() (loop_order.h): in the offset sweep of
+// docs/benchmarks.md (one thread, state in L2) it ran at 0.15-0.43x of its best with the
+// nearest colliding pair one piece apart, 0.57x two, 0.55-0.84x three and 0.95-1.0x four or
+// more.
+constexpr std::size_t kScalarSafeDistance = 4;
+
+// The sequential order. The scalars and arrays copied out of `a` into locals, the arrays
+// restrict-qualified (step() refuses overlapping arrays): a store through params could
+// otherwise alias a float member of `a` itself, and the compiler would have to reload the
+// constants after every store or guard the vector loop with run-time overlap checks. One plain
+// loop, which the compiler vectorises for the baseline ISA. There it is bound by the divider,
+// one sqrt and one division per element, not by memory (it runs as fast with its arrays in the
+// caches), so a blocked loop with software prefetch or a 2x unrolled one gained nothing
+// measurable. Not inlined into loop(), so that the compiler schedules it exactly as the loop it
+// was measured as.
 template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kScaled>
-void ScalarKernel::loop(const KernelArgs& a, std::size_t begin, std::size_t end) {
+[[gnu::noinline]] void sequential(const KernelArgs& a, std::size_t begin, std::size_t end) {
   float* __restrict params = a.params;
   float* __restrict ms = a.m;
   float* __restrict vs = a.v;
@@ -132,6 +142,80 @@ void ScalarKernel::loop(const KernelArgs& a, std::size_t begin, std::size_t end)
     vs[i] = v;
     if constexpr (kOut) out[i] = O == ElemType::kBF16 ? float_to_bf16(p) : float_to_f16(p);
   }
+}
+
+// The per-call scalars, copied out of `a` so that no store through an array can be taken to
+// change them.
+struct Scalars {
+  float grad_scale, weight_decay, decay_factor, beta1, one_minus_beta1, beta2, one_minus_beta2,
+      inv_sqrt_bc2, eps, neg_step_size;
+  explicit Scalars(const KernelArgs& a)
+      : grad_scale(a.grad_scale),
+        weight_decay(a.weight_decay),
+        decay_factor(a.decay_factor),
+        beta1(a.beta1),
+        one_minus_beta1(a.one_minus_beta1),
+        beta2(a.beta2),
+        one_minus_beta2(a.one_minus_beta2),
+        inv_sqrt_bc2(a.inv_sqrt_bc2),
+        eps(a.eps),
+        neg_step_size(a.neg_step_size) {}
+};
+
+// One piece of kPiece elements at `at`: every input loaded, then every result stored. The
+// arrays are not restrict-qualified here, so the compiler keeps that order (it may not move a
+// load past a store that could alias it), and the loop's loads follow its stores exactly as
+// loop_order.h models them, whatever the compiler's schedule would otherwise be.
+template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kScaled>
+[[gnu::always_inline]] inline void update_piece(const KernelArgs& a, const Scalars& c,
+                                                std::size_t at) {
+  float p[kPiece], g[kPiece], m[kPiece], v[kPiece];
+  for (std::size_t e = 0; e < kPiece; ++e) {
+    p[e] = a.params[at + e];
+    g[e] = load_grad<G>(a.grads, at + e);
+    m[e] = a.m[at + e];
+    v[e] = a.v[at + e];
+  }
+  for (std::size_t e = 0; e < kPiece; ++e) {
+    if constexpr (kScaled) g[e] = g[e] * c.grad_scale;
+    if constexpr (D == DecayKind::kL2) g[e] = g[e] + c.weight_decay * p[e];
+    if constexpr (D == DecayKind::kDecoupled) p[e] = p[e] * c.decay_factor;
+    m[e] = c.beta1 * m[e] + c.one_minus_beta1 * g[e];
+    v[e] = c.beta2 * v[e] + (c.one_minus_beta2 * g[e]) * g[e];
+    const float denom = std::sqrt(v[e]) * c.inv_sqrt_bc2 + c.eps;
+    p[e] = p[e] + c.neg_step_size * (m[e] / denom);
+  }
+  for (std::size_t e = 0; e < kPiece; ++e) {
+    a.params[at + e] = p[e];
+    a.m[at + e] = m[e];
+    a.v[at + e] = v[e];
+  }
+  if constexpr (kOut) {
+    auto* out = static_cast<std::uint16_t*>(a.out);
+    for (std::size_t e = 0; e < kPiece; ++e) {
+      out[at + e] = O == ElemType::kBF16 ? float_to_bf16(p[e]) : float_to_f16(p[e]);
+    }
+  }
+}
+
+// The range in the order loop_order.h chooses for these arrays. The windowed order runs only
+// where the sequential one has a load within kScalarSafeDistance pieces of a store it may
+// collide with: its piece-at-a-time code is slower than the compiler's loop over a clear
+// layout (0.85x with the state in L2), far faster over such a layout.
+template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kScaled>
+void ScalarKernel::loop(const KernelArgs& a, std::size_t begin, std::size_t end) {
+  std::size_t i = begin;
+  if (use_windowed_order(a, kScalarSafeDistance)) {
+    const Scalars c(a);
+    for (; i + kWindow <= end; i += kWindow) {
+      for (std::size_t k = 0; k < kStride; k += kPiece) {
+        for (std::size_t s = 0; s < kStreams; ++s) {
+          update_piece<D, G, O, kOut, kScaled>(a, c, i + s * kStride + k);
+        }
+      }
+    }
+  }
+  sequential<D, G, O, kOut, kScaled>(a, i, end);
 }
 
 // Unscaled gradients (grad_scale 1, every step without loss scaling) skip the multiply: g * 1
