@@ -2,8 +2,12 @@
 """Benchmarks of zinf from Python, each a ratio against a reference measured in the same run.
 
   python3 -m zinf.bench adam [--numel 100M] [--threads 2] [--rounds 5]
+                             [--layout torch|aligned|staggered]
       zinf.torch.AdamW against torch.optim.AdamW(foreach=True), alternated, on the same
-      parameters (100 tensors): elements per second of each and the median ratio.
+      parameters (100 tensors): elements per second of each and the median ratio. --layout
+      places every parameter and its gradient as torch.empty does (torch), on a 2 MiB
+      boundary (aligned, as `zinf bench adam`'s arrays), or on it plus 0 and 3 x 1088 bytes
+      (staggered); the moments are each optimizer's own.
   python3 -m zinf.bench step --dir D [--numel 256M] [--rounds 3] [--zinf PATH]
       zinf.torch.AdamW(state="nvme") against `zinf bench step` (the C++ pipeline) at the same
       size on the same directory, alternated: the binding's cost as the ratio of step times.
@@ -58,12 +62,34 @@ def count(text):
     return int(float(t) * mult)
 
 
-def make_params(numel, tensors):
+_HUGE = 2 << 20  # a 2 MiB page
+_STAGGER = 1088  # bytes between the arrays of one tensor under --layout staggered
+
+
+def placed(values, layout, index):
+    """`values` copied into a tensor laid out as `layout` says: "torch" (torch.empty's own
+    placement), "aligned" (starting on a 2 MiB boundary, as zinf bench adam's arrays) or
+    "staggered" (that boundary plus index x 1088 bytes, so that a parameter and its gradient
+    never share their offset mod 4 KiB)."""
+    if layout == "torch":
+        return values.clone()
+    shift = index * _STAGGER if layout == "staggered" else 0
+    nbytes = values.numel() * values.element_size()
+    raw = torch.empty(nbytes + _HUGE + shift, dtype=torch.uint8)
+    at = (-raw.data_ptr()) % _HUGE + shift
+    out = raw[at:at + nbytes].view(values.dtype).view(values.shape)  # keeps `raw` alive
+    out.copy_(values)
+    return out
+
+
+def make_params(numel, tensors, layout="torch"):
     each = numel // tensors
     torch.manual_seed(0)
-    ps = [torch.nn.Parameter(torch.randn(each)) for _ in range(tensors)]
-    for p in ps:
-        p.grad = torch.randn(each) * 1e-3
+    ps = []
+    for _ in range(tensors):
+        p = torch.nn.Parameter(placed(torch.randn(each), layout, 0))
+        p.grad = placed(torch.randn(each) * 1e-3, layout, 3)
+        ps.append(p)
     return ps
 
 
@@ -78,7 +104,7 @@ def time_steps(opt, steps):
 def bench_adam(a):
     torch.set_num_threads(a.threads)
     numel = count(a.numel)
-    ps = make_params(numel, 100)
+    ps = make_params(numel, 100, a.layout)
     n = sum(p.numel() for p in ps)
     rows = []
     for r in range(a.rounds):
@@ -86,7 +112,8 @@ def bench_adam(a):
         t = time_steps(torch.optim.AdamW(ps, lr=1e-3, foreach=True), a.steps)
         rows.append({"round": r + 1, "zinf_s": z, "torch_s": t, "ratio": t / z})
     ratio = statistics.median(r["ratio"] for r in rows)
-    return {"bench": "python-adam", "numel": n, "threads": a.threads, "rounds": rows,
+    return {"bench": "python-adam", "numel": n, "threads": a.threads, "layout": a.layout,
+            "rounds": rows,
             "zinf_elements_per_s": n / statistics.median(r["zinf_s"] for r in rows),
             "torch_elements_per_s": n / statistics.median(r["torch_s"] for r in rows),
             "median_speedup": ratio}
@@ -327,6 +354,8 @@ def main(argv=None):
     ad.add_argument("--threads", type=int, default=2)
     ad.add_argument("--rounds", type=int, default=5)
     ad.add_argument("--steps", type=int, default=3)
+    ad.add_argument("--layout", choices=("torch", "aligned", "staggered"), default="torch",
+                    help="where the parameters and gradients lie (zinf's moments are its own)")
     st = sub.add_parser("step", help="state='nvme' against `zinf bench step`")
     st.add_argument("--dir", required=True, help="a directory on the drive to measure")
     st.add_argument("--numel", default="256M")

@@ -25,6 +25,19 @@ def test_adam_compares_with_torch_in_the_same_run():
     assert len(doc["rounds"]) == 1
 
 
+@pytest.mark.parametrize("layout", ["aligned", "staggered"])
+def test_adam_layouts_place_every_parameter_and_gradient(layout):
+    from zinf.bench import make_params
+    ps = make_params(4096, 4, layout)
+    for p in ps:
+        for t, index in ((p, 0), (p.grad, 3)):
+            want = 1088 * index if layout == "staggered" else 0
+            assert t.data_ptr() % (2 << 20) == want
+    doc = run("adam", "--numel", "1M", "--rounds", "1", "--steps", "1", "--threads", "1",
+              "--layout", layout)
+    assert doc["layout"] == layout and doc["median_speedup"] > 0
+
+
 @pytest.mark.skipif(not os.environ.get("ZINF_BIN"), reason="ZINF_BIN (the zinf CLI) not set")
 def test_step_compares_with_the_cli_in_the_same_run(tmp_path):
     doc = run("step", "--dir", str(tmp_path), "--numel", "4M", "--rounds", "1", "--steps", "2")
