@@ -294,6 +294,25 @@ swap::File reopen_buffered_if_misaligned(swap::File file, const swap::Dir& vdir,
                                    swap::FileOptions{.read_only = read_only, .direct = false});
 }
 
+// A failed save's Status with the checkpoint directory the caller named in front of it: the
+// file, offset and length that failed belong to the version being written (a temporary name,
+// "<dir>/v<step>-<pid>-<hex>.tmp/state.bin"), which the caller never named. E.g. "save of
+// checkpoint /ck: write failed: /ck/v...tmp/state.bin offset=0 length=4096: No space left on
+// device (ENOSPC)". Code, errno, path and range stay as they were.
+Status naming_checkpoint(Status s, const std::string& dir) {
+  const std::string op = s.operation().empty() ? std::string("write") : s.operation();
+  return std::move(s).with_operation("save of checkpoint " + dir + ": " + op);
+}
+
+// Rethrows the exception being handled, an IoError with naming_checkpoint's text.
+[[noreturn]] void rethrow_naming_checkpoint(const swap::Dir& root) {
+  try {
+    throw;
+  } catch (const IoError& e) {
+    throw IoError(naming_checkpoint(e.status(), root.path()));
+  }
+}
+
 bool same_directory(const swap::Dir& a, const swap::Dir& b) {
   struct stat sa {
   }, sb{};
@@ -326,7 +345,11 @@ VersionWrite OffloadedOptimizer::Impl::begin_version(const CheckpointPlace& dir)
   std::snprintf(prefix, sizeof prefix, "v%012" PRIu64 "-", steps_done);
   v.name = swap::unique_name(prefix);
   v.tmp = v.name + std::string(kTmpSuffix);
-  v.vdir = root.create_child(v.tmp);
+  try {
+    v.vdir = root.create_child(v.tmp);
+  } catch (...) {
+    rethrow_naming_checkpoint(root);
+  }
   try {
     checkpoint_phase("created", 0);
     v.step = steps_done;
@@ -344,7 +367,7 @@ VersionWrite OffloadedOptimizer::Impl::begin_version(const CheckpointPlace& dir)
         v.vdir, alignment, /*read_only=*/false);
   } catch (...) {
     abandon_version(v);
-    throw;
+    rethrow_naming_checkpoint(root);  // e.g. its preallocation on a full drive
   }
   return v;
 }
@@ -454,7 +477,7 @@ void OffloadedOptimizer::Impl::save(const CheckpointPlace& dir) {
         });
   } catch (...) {
     abandon_version(v);
-    throw;
+    rethrow_naming_checkpoint(checkpoint_dir);
   }
   try {
     commit_version(v);
@@ -463,7 +486,7 @@ void OffloadedOptimizer::Impl::save(const CheckpointPlace& dir) {
     // complete (a failure to switch LATEST leaves the previous one current) and stays for the
     // next save's cleanup.
     if (!renamed_into_place(checkpoint_dir, v.name)) abandon_version(v);
-    throw;
+    rethrow_naming_checkpoint(checkpoint_dir);
   }
 }
 
@@ -777,8 +800,7 @@ class OffloadedOptimizer::Impl::AsyncSave {
       // between steps, so that a step overlaps at most one of them.
       opt_.commit_version(v_, [this] { wait_between_steps(); });
     } catch (...) {
-      error_ = status_from_current_exception();
-      if (error_.operation().empty()) error_.with_operation("asynchronous checkpoint");
+      error_ = naming_checkpoint(status_from_current_exception(), opt_.checkpoint_dir.path());
       if (!renamed_into_place(opt_.checkpoint_dir, v_.name)) opt_.abandon_version(v_);
     }
     std::lock_guard g(mu_);
@@ -836,7 +858,7 @@ void OffloadedOptimizer::Impl::save_async(const CheckpointPlace& dir) {
     cloned = nvme() && options.checkpoint_reflink && clone_records(v, sums, why);
   } catch (...) {
     abandon_version(v);
-    throw;
+    rethrow_naming_checkpoint(checkpoint_dir);
   }
   // A notice when the path (or the reason to stream) changes, not at every save: a run saving
   // every few steps would otherwise repeat the same line all along.
