@@ -524,21 +524,27 @@ std::string rank_directory(const std::string& dir, int rank) {
 
 }  // namespace zinf::dist
 
-namespace zinf::dist::detail {
+namespace zinf::dist {
+
+struct RankFolders::Impl {
+  std::vector<std::pair<swap::Dir, std::string>> folders;  // parent, name
+};
+
+RankFolders::RankFolders() : impl_(std::make_unique<Impl>()) {}
 
 std::string RankFolders::add(const std::string& dir, int rank) {
   const std::string name = "rank" + std::to_string(rank);
   swap::Dir parent = swap::Dir::open(dir);
-  (void)open_or_create_child(parent, name);
+  (void)detail::open_or_create_child(parent, name);
   std::string path = parent.path_of(name);
-  folders_.emplace_back(std::move(parent), name);
+  impl_->folders.emplace_back(std::move(parent), name);
   return path;
 }
 
 RankFolders::~RankFolders() {
   // rmdir of an empty folder only (ENOTEMPTY otherwise): whatever is in it stays. Never a
   // link's target: unlinkat refuses a link with AT_REMOVEDIR (ENOTDIR).
-  for (auto it = folders_.rbegin(); it != folders_.rend(); ++it) {
+  for (auto it = impl_->folders.rbegin(); it != impl_->folders.rend(); ++it) {
     const auto& [parent, name] = *it;
     if (::unlinkat(parent.fd(), name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOTEMPTY &&
         errno != EEXIST && errno != ENOENT) {
@@ -548,4 +554,4 @@ RankFolders::~RankFolders() {
   }
 }
 
-}  // namespace zinf::dist::detail
+}  // namespace zinf::dist

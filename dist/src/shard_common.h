@@ -131,23 +131,9 @@ swap::Dir open_rank_folder(const swap::Dir& top, std::string_view who,
                            const ShardManifest& manifest, int world, int rank, bool own,
                            const SaveIdentity& committed);
 
-/// The rank<R> folders a sharded engine or optimizer keeps its swap files in, under the NVMe
-/// directories it was given: each created (0700) or opened as rank_directory() does, and
-/// removed again when this is destroyed if it is empty by then (its swap files have no
-/// names, so a run that ends normally leaves none; one left empty by a killed run is removed
-/// by the next run that ends normally). A folder holding anything is left as it is.
-class RankFolders {
- public:
-  RankFolders() = default;
-  RankFolders(const RankFolders&) = delete;
-  RankFolders& operator=(const RankFolders&) = delete;
-  ~RankFolders();
-  /// `dir`/rank<R>, created if missing (rank_directory()'s errors).
-  std::string add(const std::string& dir, int rank);
-
- private:
-  std::vector<std::pair<swap::Dir, std::string>> folders_;  // parent, name
-};
+/// The rank<R> folders a sharded engine or optimizer keeps its swap files in
+/// (zinf/dist/rank_directory.h).
+using RankFolders = ::zinf::dist::RankFolders;
 
 /// What a resharding load needs of the object it loads into (ShardedOptimizer, ShardedEngine);
 /// its entries are the manifest's (groups or layers), in order.
