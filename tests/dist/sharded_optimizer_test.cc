@@ -633,9 +633,10 @@ void expect_refused(const std::string& ckpt, int world, int bad, const std::stri
   EXPECT_EQ(thrown.load(), world);
 }
 
-// A kill between two ranks' commits leaves one rank's folder from the earlier save: refused
-// at every world size, naming the folder, its save and the committed one. So is a kill between
-// a rank's state commit and its manifest. Put back whole, the checkpoint loads at every world
+// A kill between two ranks' commits leaves one rank's folder of another save than the commit
+// record's (the earlier one, or the new one while rank 0 had not committed): refused at every
+// world size, naming the folder, its save and the committed one. So is a kill between a rank's
+// state commit and its manifest. Put back whole, the checkpoint loads at every world
 // size and the next step is the uninterrupted run's, bitwise.
 TEST(ShardedCheckpoint, ATornSaveIsRefusedAtEveryWorldSizeBeforeLoadingAnything) {
   const auto want = test::reference();
@@ -669,6 +670,18 @@ TEST(ShardedCheckpoint, ATornSaveIsRefusedAtEveryWorldSizeBeforeLoadingAnything)
                    "ShardedOptimizer::load: checkpoint " + ckpt + " is torn: " + ckpt +
                        "/rank1 belongs to save " + a + " step 1, " + ckpt +
                        " (committed) is save " + b + " step 2");
+  }
+
+  // Killed between the ranks' commits as it happens: rank 1 has committed its folder to the
+  // second save, rank 0 (and so the commit record) is still the first's.
+  const std::string between = dir.file("between");
+  std::filesystem::copy(first, between, std::filesystem::copy_options::recursive);
+  replace_folder(second + "/rank1", between + "/rank1");
+  for (int world : {1, 2, 3}) {
+    expect_refused(between, world, 1,
+                   "ShardedOptimizer::load: checkpoint " + between + " is torn: " + between +
+                       "/rank1 belongs to save " + b + " step 2, " + between +
+                       " (committed) is save " + a + " step 1");
   }
 
   // The first save committed, and rank 1 killed after its state's LATEST switched to the
