@@ -939,9 +939,9 @@ void OffloadEngine::Impl::save(const std::string* path, const swap::Dir* given, 
   // The dynamic loss scale's state goes inside the optimizer's new version, committed with
   // the state it belongs to: a save that fails or is killed leaves both as they were.
   m.optimizer->set_checkpoint_file(
-      kLossScaleFile, m.scaler.dynamic()
-                          ? std::optional<std::string>(detail::LossScaler::to_text(m.scaler.state()))
-                          : std::nullopt);
+      kLossScaleFile,
+      m.scaler.dynamic() ? std::optional<std::string>(detail::LossScaler::to_text(m.scaler.state()))
+                         : std::nullopt);
   if (async) {
     m.optimizer->save_async(*path);
   } else if (path) {

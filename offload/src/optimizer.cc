@@ -1263,8 +1263,8 @@ void OffloadedOptimizer::set_checkpoint_file(const std::string& name,
 }
 
 std::optional<std::string> OffloadedOptimizer::read_checkpoint_file(const swap::Dir& dir,
-                                                                   const std::string& name,
-                                                                   std::string* path) const {
+                                                                    const std::string& name,
+                                                                    std::string* path) const {
   return impl_->read_checkpoint_file(dir, name, path);
 }
 

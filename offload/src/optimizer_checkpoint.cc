@@ -311,8 +311,8 @@ std::string without_crc_line(const std::string& file, const std::string& path) {
   std::string text = file.substr(0, at);
   const std::string stored = file.substr(at + 7, file.size() - at - 8);
   if (stored != hex32(text_crc(text))) {
-    throw corrupt(path, "bad checkpoint file: CRC32C mismatch (stored " + stored +
-                            ", computed " + hex32(text_crc(text)) + ")");
+    throw corrupt(path, "bad checkpoint file: CRC32C mismatch (stored " + stored + ", computed " +
+                            hex32(text_crc(text)) + ")");
   }
   return text;
 }
@@ -1084,8 +1084,9 @@ const swap::Dir& OffloadedOptimizer::Impl::open_checkpoint_dir(const CheckpointP
   return checkpoint_dir;
 }
 
-std::optional<std::string> OffloadedOptimizer::Impl::read_checkpoint_file(
-    const swap::Dir& root, const std::string& name, std::string* path) const {
+std::optional<std::string> OffloadedOptimizer::Impl::read_checkpoint_file(const swap::Dir& root,
+                                                                          const std::string& name,
+                                                                          std::string* path) const {
   const swap::Dir vdir = root.open_child(latest_version_name(root));
   if (path) *path = vdir.path_of(name);
   return read_version_file(vdir, name);
@@ -1193,9 +1194,9 @@ void OffloadedOptimizer::Impl::load(const CheckpointPlace& dir) {
   initialized.assign(groups.size(), true);
   // The resumed run goes on as the run that saved it: its next save is no other run's.
   if (!saved_by.empty()) run_id = saved_by;
-  log(LogLevel::kNotice,
-      "checkpoint: loaded " + vpath + ": step " + std::to_string(m.step) + " of run " +
-          (saved_by.empty() ? std::string("(not recorded)") : saved_by));
+  log(LogLevel::kNotice, "checkpoint: loaded " + vpath + ": step " + std::to_string(m.step) +
+                             " of run " +
+                             (saved_by.empty() ? std::string("(not recorded)") : saved_by));
   // Superseded by this optimizer's next save, which removes it.
   if (std::find(checkpoint_chain.begin(), checkpoint_chain.end(), name) == checkpoint_chain.end()) {
     checkpoint_chain.push_back(name);

@@ -772,12 +772,11 @@ TEST_F(CheckpointFiles, TwoRunsSavingIntoOneDirectoryAreToldApart) {
     from_b = latest_version(ckpt);
     run_b = run_of(ckpt, from_b);
     EXPECT_NE(run_b, run_a);
-    EXPECT_EQ(log.lines(),
-              std::vector<std::string>{"warning: checkpoint: " + ckpt + " held step 1 of run " +
-                                       run_a + " (" + ckpt + "/" + from_a +
-                                       "), which this run (" + run_b +
-                                       ") neither saved nor loaded; LATEST now names this run's "
-                                       "step 2, and that version is kept"});
+    EXPECT_EQ(log.lines(), std::vector<std::string>{
+                               "warning: checkpoint: " + ckpt + " held step 1 of run " + run_a +
+                               " (" + ckpt + "/" + from_a + "), which this run (" + run_b +
+                               ") neither saved nor loaded; LATEST now names this run's "
+                               "step 2, and that version is kept"});
     test::LogCapture again;
     b.save(ckpt);  // over its own: nothing to say
     EXPECT_EQ(joined(again), "");

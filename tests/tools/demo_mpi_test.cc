@@ -262,8 +262,7 @@ TEST(DemoMpi, ASaveKilledOnOneRankResumesOneCommittedStepOrIsRefused) {
       } else {
         ++refused;
         const bool torn = r.out.find("is torn: " + ck + "/rank") != std::string::npos;
-        if (ranks > 1 && !torn &&
-            r.out.find("ShardedEngine::load failed: ") != std::string::npos &&
+        if (ranks > 1 && !torn && r.out.find("ShardedEngine::load failed: ") != std::string::npos &&
             r.out.find(" ranks failed (rank") != std::string::npos) {
           peer_only = true;
           continue;
