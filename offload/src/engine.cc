@@ -1134,6 +1134,8 @@ class EngineSeamsAccess {
     return std::move(text->text);
   }
 
+  static OffloadedOptimizer& optimizer(OffloadEngine& engine) { return *engine.impl_->optimizer; }
+
   static void restore_loss_scale(OffloadEngine& engine, const std::string& text,
                                  const std::string& shown, std::string_view who) {
     OffloadEngine::Impl& m = *engine.impl_;
@@ -1172,6 +1174,14 @@ std::optional<std::string> saved_loss_scale(const OffloadEngine& engine, const s
 void restore_loss_scale(OffloadEngine& engine, const std::string& text, const std::string& shown,
                         std::string_view who) {
   EngineSeamsAccess::restore_loss_scale(engine, text, shown, who);
+}
+
+std::string checkpoint_run(OffloadEngine& engine) {
+  return EngineSeamsAccess::optimizer(engine).checkpoint_run();
+}
+
+void set_checkpoint_run(OffloadEngine& engine, const std::string& run) {
+  EngineSeamsAccess::optimizer(engine).set_checkpoint_run(run);
 }
 
 }  // namespace zinf::offload

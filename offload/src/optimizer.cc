@@ -1268,6 +1268,16 @@ std::optional<std::string> OffloadedOptimizer::read_checkpoint_file(const swap::
   return impl_->read_checkpoint_file(dir, name, path);
 }
 
+std::string OffloadedOptimizer::checkpoint_run() { return impl_->current_run(); }
+
+void OffloadedOptimizer::set_checkpoint_run(const std::string& run) {
+  if (run.size() != 32 || run.find_first_not_of("0123456789abcdef") != std::string::npos) {
+    throw UsageError("OffloadedOptimizer::set_checkpoint_run: '" + run.substr(0, 80) +
+                     "' is not a run (32 lowercase hex digits)");
+  }
+  impl_->run_id = run;
+}
+
 std::uint64_t OffloadedOptimizer::pinned_bytes() const noexcept {
   return impl_->pool->bytes_in_use();
 }

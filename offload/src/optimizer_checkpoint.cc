@@ -425,6 +425,11 @@ std::string superseded_by_save(const swap::Dir& root, const std::vector<std::str
 
 }  // namespace
 
+const std::string& OffloadedOptimizer::Impl::current_run() {
+  if (run_id.empty()) run_id = random_run_id();
+  return run_id;
+}
+
 std::string OffloadedOptimizer::Impl::superseded_run(const swap::Dir& root) const {
   return superseded_by_save(root, checkpoint_chain, run_id);
 }
@@ -452,8 +457,7 @@ VersionWrite OffloadedOptimizer::Impl::begin_version(const CheckpointPlace& dir)
   }
   try {
     checkpoint_phase("created", 0);
-    if (run_id.empty()) run_id = random_run_id();
-    v.files.emplace_back(kRunFile, "run " + run_id + "\n");
+    v.files.emplace_back(kRunFile, "run " + current_run() + "\n");
     for (const auto& [file, text] : checkpoint_files) v.files.emplace_back(file, text);
     v.superseded = superseded_run(root);
     v.step = steps_done;

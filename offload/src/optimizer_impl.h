@@ -271,6 +271,8 @@ struct OffloadedOptimizer::Impl {
   // checked), nullopt where that version has none.
   std::optional<std::string> read_checkpoint_file(const swap::Dir& root, const std::string& name,
                                                   std::string* path) const;
+  // run_id, drawn first if there is none yet.
+  const std::string& current_run();
   // "step N of run <id> (<version>)" where a save into `root` replaces another run's
   // checkpoint as the one LATEST names, "" otherwise.
   std::string superseded_run(const swap::Dir& root) const;

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "sharded_checks.h"
+#include "support/log_capture.h"
 #include "support/test_dir.h"
 #include "thread_group.h"
 #include "zinf/adam/compact_state.h"
@@ -712,6 +713,41 @@ TEST(ShardedCheckpoint, ATornSaveIsRefusedAtEveryWorldSizeBeforeLoadingAnything)
       test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 3, 3, ckpt, "");
     });
   }
+}
+
+// The run a rank folder's current version records (its "run <id>" line).
+std::string folder_run(const std::string& folder) {
+  std::string version, word, id;
+  std::getline(std::ifstream(folder + "/LATEST"), version);
+  std::ifstream(folder + "/" + version + "/run") >> word >> id;
+  EXPECT_EQ(word, "run") << folder;
+  return id;
+}
+
+// A sharded job is one run in every rank folder (rank 0's), and a resharding load goes on as the
+// run it loaded, as a load at the same world size does: 3 ranks resuming a 2-rank checkpoint
+// and saving into it again warn of no other run's checkpoint, and record the saved run.
+TEST(ShardedCheckpoint, AJobIsOneRunInEveryFolderAndAReshardedResumeGoesOnAsIt) {
+  const auto want = test::reference();
+  zinf::test::TestDir dir;
+  const std::string swap_dir = dir.subdir("nvme");
+  const std::string ckpt = dir.file("ckpt");
+  test::ThreadGroup two(2);
+  two.run(false, [&](Collectives& c) {
+    test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 1, 1, "", ckpt);
+  });
+  const std::string run = folder_run(ckpt + "/rank0");
+  ASSERT_EQ(run.size(), 32u);
+  EXPECT_EQ(folder_run(ckpt + "/rank1"), run);
+  zinf::test::LogCapture log;
+  test::ThreadGroup three(3);
+  three.run(false, [&](Collectives& c) {
+    test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 2, 2, ckpt, ckpt);
+  });
+  for (const std::string& line : log.lines()) {
+    EXPECT_EQ(line.rfind("warning:", 0), std::string::npos) << line;
+  }
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(folder_run(ckpt + "/rank" + std::to_string(r)), run) << r;
 }
 
 // A rank folder taken from another run (another step count; no file edited) is refused at

@@ -470,6 +470,14 @@ class OffloadedOptimizer {
   std::optional<std::string> read_checkpoint_file(const swap::Dir& dir, const std::string& name,
                                                   std::string* path = nullptr) const;
 
+  /// The run this optimizer's checkpoints record (`<version>/run`): 32 hex digits, drawn at
+  /// the first call or save, replaced by a load with the run of the checkpoint it loads.
+  std::string checkpoint_run();
+  /// Goes on as run `run` (32 lowercase hex digits, as checkpoint_run() returns), as a load
+  /// does: for the sharded classes, whose ranks record rank 0's run and adopt the saved run
+  /// when a resharding load moves the state in without load(). UsageError otherwise.
+  void set_checkpoint_run(const std::string& run);
+
   /// Pinned bytes the optimizer holds (ring or state) and the most ever held.
   std::uint64_t pinned_bytes() const noexcept;
   std::uint64_t pinned_bytes_peak() const noexcept;
