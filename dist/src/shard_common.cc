@@ -250,15 +250,21 @@ void all_reduce_failures(Collectives& comm, std::string_view what, std::exceptio
 
 void save_sharded(Collectives& comm, std::string_view who, const std::string& dir,
                   const ShardManifest& manifest, std::uint64_t step,
-                  const std::function<void(const swap::Dir& rank_dir)>& save_rank) {
+                  const std::function<void(const swap::Dir& rank_dir)>& save_rank,
+                  const JobRun& run) {
   if (dir.empty()) throw UsageError(std::string(who) + ": the checkpoint directory is empty");
-  // The save's id, drawn by rank 0 and the same on every rank (a failed draw is all-reduced
-  // first, so that no rank waits in the broadcast for ever).
-  std::string id(32, '0');
+  // The save's id, drawn by rank 0 and the same on every rank, and rank 0's run, which every
+  // rank records (a failure is all-reduced first, so that no rank waits in the broadcast for
+  // ever).
+  std::string id_and_run(64, '0');
   on_every_rank(comm, who, [&] {
-    if (comm.rank() == 0) id = random_save_id();
+    if (comm.rank() != 0) return;
+    const std::string mine = run.get();
+    if (mine.size() != 32) throw IoError(Status::error(ErrorCode::kInternal, "bad run " + mine));
+    id_and_run = random_save_id() + mine;
   });
-  comm.broadcast(std::as_writable_bytes(std::span<char>(id)), 0);
+  comm.broadcast(std::as_writable_bytes(std::span<char>(id_and_run)), 0);
+  const std::string id = id_and_run.substr(0, 32);
   const SaveIdentity save{id, step};
   std::optional<swap::Dir> top;
   on_every_rank(comm, who, [&] {
@@ -267,6 +273,7 @@ void save_sharded(Collectives& comm, std::string_view who, const std::string& di
     std::filesystem::create_directories(dir);
     top.emplace(swap::Dir::open(dir));
     const swap::Dir mine = open_or_create_child(*top, "rank" + std::to_string(comm.rank()));
+    run.set(id_and_run.substr(32));
     save_rank(mine);
     swap::replace_file_durably(mine, kManifest,
                                rank_manifest(manifest, comm.size(), comm.rank()) +
@@ -457,7 +464,9 @@ void reshard(Collectives& comm, std::string_view who, int saved_world,
   // Step count, hyper-parameters and the extra state, from rank 0 (which read saved rank 0).
   std::vector<adam::AdamParams> hypers(entries + 1);
   std::uint64_t head[3] = {0, 0, 0};  // steps, has extra, extra's bytes
+  std::string run(32, '0');           // the run that saved it (saved rank 0's)
   if (me == 0) {
+    run = sources.front().reader->checkpoint_run();
     const offload::OffloadedOptimizer& r = *sources.front().reader;
     head[0] = r.step_count();
     hypers[0] = r.hyper();
@@ -467,6 +476,7 @@ void reshard(Collectives& comm, std::string_view who, int saved_world,
   }
   comm.broadcast(std::as_writable_bytes(std::span<std::uint64_t>(head)), 0);
   comm.broadcast(std::as_writable_bytes(std::span<adam::AdamParams>(hypers)), 0);
+  comm.broadcast(std::as_writable_bytes(std::span<char>(run)), 0);
   if (head[1] != 0) {
     std::string text = me == 0 ? *extra : std::string(head[2], '\0');
     comm.broadcast(std::as_writable_bytes(std::span<char>(text)), 0);
@@ -482,7 +492,10 @@ void reshard(Collectives& comm, std::string_view who, int saved_world,
       failed = std::current_exception();
     }
   };
-  guarded([&] { target.progress(head[0], hypers, extra); });
+  guarded([&] {
+    target.progress(head[0], hypers, extra);
+    if (target.run) target.run(run);
+  });
   std::vector<float> old_p, old_m, old_v;
   std::vector<std::int32_t> send, mine;
   std::vector<float> p, m, v;
@@ -540,21 +553,27 @@ std::string rank_directory(const std::string& dir, int rank) {
 
 }  // namespace zinf::dist
 
-namespace zinf::dist::detail {
+namespace zinf::dist {
+
+struct RankFolders::Impl {
+  std::vector<std::pair<swap::Dir, std::string>> folders;  // parent, name
+};
+
+RankFolders::RankFolders() : impl_(std::make_unique<Impl>()) {}
 
 std::string RankFolders::add(const std::string& dir, int rank) {
   const std::string name = "rank" + std::to_string(rank);
   swap::Dir parent = swap::Dir::open(dir);
-  (void)open_or_create_child(parent, name);
+  (void)detail::open_or_create_child(parent, name);
   std::string path = parent.path_of(name);
-  folders_.emplace_back(std::move(parent), name);
+  impl_->folders.emplace_back(std::move(parent), name);
   return path;
 }
 
 RankFolders::~RankFolders() {
   // rmdir of an empty folder only (ENOTEMPTY otherwise): whatever is in it stays. Never a
   // link's target: unlinkat refuses a link with AT_REMOVEDIR (ENOTDIR).
-  for (auto it = folders_.rbegin(); it != folders_.rend(); ++it) {
+  for (auto it = impl_->folders.rbegin(); it != impl_->folders.rend(); ++it) {
     const auto& [parent, name] = *it;
     if (::unlinkat(parent.fd(), name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOTEMPTY &&
         errno != EEXIST && errno != ENOENT) {
@@ -564,4 +583,4 @@ RankFolders::~RankFolders() {
   }
 }
 
-}  // namespace zinf::dist::detail
+}  // namespace zinf::dist

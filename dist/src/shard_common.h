@@ -77,6 +77,14 @@ struct SaveIdentity {
   std::uint64_t step = 0;
 };
 
+/// The job's run, which every rank's folder of a sharded save records (OffloadedOptimizer::
+/// checkpoint_run): rank 0's (get), broadcast with the save's id and set on every rank before
+/// it saves (set), so that a sharded job is one run in every folder.
+struct JobRun {
+  std::function<std::string()> get;
+  std::function<void(const std::string&)> set;
+};
+
 /// Collective. Saves a sharded checkpoint in `dir` (created if missing) as one checkpoint:
 /// 1. rank 0 draws the save's id and broadcasts it;
 /// 2. every rank opens `dir`/rank<R> once (created 0700 if missing, never through a link) and
@@ -91,10 +99,11 @@ struct SaveIdentity {
 /// The save exists only once step 4 is done; a kill before leaves the previous commit record,
 /// which the rank folders already rewritten no longer match, so load_sharded refuses the
 /// checkpoint rather than mixing saves. UsageError "<who>: the checkpoint directory is empty"
-/// for an empty `dir`, before anything.
+/// for an empty `dir`, before anything. Every rank's folder records rank 0's run (`run`).
 void save_sharded(Collectives& comm, std::string_view who, const std::string& dir,
                   const ShardManifest& manifest, std::uint64_t step,
-                  const std::function<void(const swap::Dir& rank_dir)>& save_rank);
+                  const std::function<void(const swap::Dir& rank_dir)>& save_rank,
+                  const JobRun& run);
 
 /// A saved rank's folder, open (never through a link) and checked against the committed save.
 struct SavedRank {
@@ -131,23 +140,9 @@ swap::Dir open_rank_folder(const swap::Dir& top, std::string_view who,
                            const ShardManifest& manifest, int world, int rank, bool own,
                            const SaveIdentity& committed);
 
-/// The rank<R> folders a sharded engine or optimizer keeps its swap files in, under the NVMe
-/// directories it was given: each created (0700) or opened as rank_directory() does, and
-/// removed again when this is destroyed if it is empty by then (its swap files have no
-/// names, so a run that ends normally leaves none; one left empty by a killed run is removed
-/// by the next run that ends normally). A folder holding anything is left as it is.
-class RankFolders {
- public:
-  RankFolders() = default;
-  RankFolders(const RankFolders&) = delete;
-  RankFolders& operator=(const RankFolders&) = delete;
-  ~RankFolders();
-  /// `dir`/rank<R>, created if missing (rank_directory()'s errors).
-  std::string add(const std::string& dir, int rank);
-
- private:
-  std::vector<std::pair<swap::Dir, std::string>> folders_;  // parent, name
-};
+/// The rank<R> folders a sharded engine or optimizer keeps its swap files in
+/// (zinf/dist/rank_directory.h).
+using RankFolders = ::zinf::dist::RankFolders;
 
 /// What a resharding load needs of the object it loads into (ShardedOptimizer, ShardedEngine);
 /// its entries are the manifest's (groups or layers), in order.
@@ -173,6 +168,9 @@ struct ReshardTarget {
   std::function<void(std::size_t entry, std::span<const float> params, std::span<const float> m,
                      std::span<const float> v)>
       put;
+  /// On every rank: the run that saved the checkpoint (saved rank 0's), to go on as it, as a
+  /// load() does.
+  std::function<void(const std::string& run)> run;
 };
 
 /// Collective: loads a checkpoint saved by `saved_world` ranks (load_sharded has checked its

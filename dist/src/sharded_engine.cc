@@ -449,10 +449,13 @@ void ShardedEngine::set_hyper(std::size_t layer, const adam::AdamParams& hyper) 
 }
 
 void ShardedEngine::save(const std::string& dir) {
-  detail::save_sharded(impl_->host, "ShardedEngine::save", dir,
-                       detail::manifest_of("zinf-sharded-engine 1", "layer", impl_->layers),
-                       offload::step_count(*impl_->local),
-                       [this](const swap::Dir& mine) { impl_->local->save(mine); });
+  detail::save_sharded(
+      impl_->host, "ShardedEngine::save", dir,
+      detail::manifest_of("zinf-sharded-engine 1", "layer", impl_->layers),
+      offload::step_count(*impl_->local),
+      [this](const swap::Dir& mine) { impl_->local->save(mine); },
+      {[this] { return offload::checkpoint_run(*impl_->local); },
+       [this](const std::string& run) { offload::set_checkpoint_run(*impl_->local, run); }});
 }
 
 void ShardedEngine::load(const std::string& dir) {
@@ -491,6 +494,7 @@ void ShardedEngine::Impl::reshard(const std::string& dir, int saved_world,
   };
   t.put = [this](std::size_t l, std::span<const float> p, std::span<const float> m,
                  std::span<const float> v) { offload::set_layer_state(*local, l, p, m, v); };
+  t.run = [this](const std::string& run) { offload::set_checkpoint_run(*local, run); };
   detail::reshard(host, who, saved_world, folders, t);
 }
 

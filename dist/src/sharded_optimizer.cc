@@ -167,7 +167,9 @@ void ShardedOptimizer::save(const std::string& dir) {
   detail::save_sharded(impl_->comm, "ShardedOptimizer::save", dir,
                        detail::manifest_of("zinf-sharded-optimizer 1", "group", impl_->groups),
                        impl_->local->step_count(),
-                       [this](const swap::Dir& mine) { impl_->local->save(mine); });
+                       [this](const swap::Dir& mine) { impl_->local->save(mine); },
+                       {[this] { return impl_->local->checkpoint_run(); },
+                        [this](const std::string& run) { impl_->local->set_checkpoint_run(run); }});
 }
 
 void ShardedOptimizer::load(const std::string& dir) {
@@ -195,6 +197,7 @@ void ShardedOptimizer::Impl::reshard(int saved_world,
   };
   t.put = [&](std::size_t g, std::span<const float> p, std::span<const float> m,
               std::span<const float> v) { local->set_state(g, p, m, v); };
+  t.run = [&](const std::string& run) { local->set_checkpoint_run(run); };
   detail::reshard(comm, "ShardedOptimizer::load", saved_world, folders, t);
 }
 

@@ -41,7 +41,12 @@ constexpr const char* kManifestName = "zinf-engine-layers";
 constexpr const char* kManifestHeader = "zinf engine layers v1";
 // A line per layer; far more than any model's table, small enough to read whole.
 constexpr std::uint64_t kMaxLayerTableBytes = std::uint64_t{64} << 20;
-// The dynamic loss scale's state, next to the layer table (a few lines).
+// The dynamic loss scale's state (a few lines), inside each optimizer checkpoint version
+// (OffloadedOptimizer::set_checkpoint_file), committed with the state it belongs to.
+constexpr const char* kLossScaleFile = "loss_scale";
+// Where checkpoints saved before that kept it: next to the layer table, replaced before the
+// optimizer's checkpoint, so a save that failed or was killed in between left a scale one
+// save newer than the state. Read only for such checkpoints.
 constexpr const char* kLossScaleName = "zinf-engine-loss-scale";
 constexpr std::uint64_t kMaxLossScaleBytes = 4096;
 
@@ -931,12 +936,12 @@ void OffloadEngine::Impl::save(const std::string* path, const swap::Dir* given, 
   // The layer table first: it never changes for an engine, so a crash between it and the
   // optimizer's checkpoint leaves a table that matches the previous checkpoint too.
   swap::replace_file_durably(d, kManifestName, manifest_text(m.layers));
-  // The dynamic loss scale's state, under the same lock and also before the optimizer's
-  // checkpoint: a crash between the two leaves a scale one save newer than the state, which
-  // only shifts when the scale next moves.
-  if (m.scaler.dynamic()) {
-    swap::replace_file_durably(d, kLossScaleName, detail::LossScaler::to_text(m.scaler.state()));
-  }
+  // The dynamic loss scale's state goes inside the optimizer's new version, committed with
+  // the state it belongs to: a save that fails or is killed leaves both as they were.
+  m.optimizer->set_checkpoint_file(
+      kLossScaleFile,
+      m.scaler.dynamic() ? std::optional<std::string>(detail::LossScaler::to_text(m.scaler.state()))
+                         : std::nullopt);
   if (async) {
     m.optimizer->save_async(*path);
   } else if (path) {
@@ -948,20 +953,35 @@ void OffloadEngine::Impl::save(const std::string* path, const swap::Dir* given, 
 
 namespace {
 
-// The text of the dynamic loss scale's state saved in engine checkpoint `d`, or nullopt (with a
-// notice) where the checkpoint has none: one saved without dynamic loss scaling.
-std::optional<std::string> read_scale_text(const swap::Dir& d, const detail::LossScaler& scaler,
-                                           std::string_view who) {
-  try {
-    return swap::read_small_file(d, kLossScaleName, kMaxLossScaleBytes);
-  } catch (const IoError& e) {
-    if (e.code() != ErrorCode::kNotFound) throw;
-    log(LogLevel::kNotice, std::string(who) + ": " + d.path_of(kLossScaleName) +
-                               " is missing (a checkpoint without dynamic loss scaling); the "
-                               "loss scale stays " +
-                               std::to_string(scaler.scale()));
-    return std::nullopt;
+// The text of the dynamic loss scale's state saved in engine checkpoint `d` and where it was
+// read, or nullopt (with a notice) where the checkpoint has none: one saved without dynamic
+// loss scaling. The current version's own (`<d>/<version>/loss_scale`), else, for a
+// checkpoint saved before the scale moved into the version, `<d>/zinf-engine-loss-scale`.
+struct ScaleText {
+  std::string text;
+  std::string shown;
+};
+std::optional<ScaleText> read_scale_text(const OffloadedOptimizer& opt, const swap::Dir& d,
+                                         const detail::LossScaler& scaler, std::string_view who) {
+  std::string shown;
+  if (auto text = opt.read_checkpoint_file(d, kLossScaleFile, &shown)) {
+    return ScaleText{std::move(*text), shown};
   }
+  // A version that records its run was saved with the scale inside it, if with any: an old
+  // file beside it belongs to an earlier save and is not read.
+  if (!opt.read_checkpoint_file(d, "run")) {
+    shown = d.path_of(kLossScaleName);
+    try {
+      return ScaleText{swap::read_small_file(d, kLossScaleName, kMaxLossScaleBytes), shown};
+    } catch (const IoError& e) {
+      if (e.code() != ErrorCode::kNotFound) throw;
+    }
+  }
+  log(LogLevel::kNotice, std::string(who) + ": " + shown +
+                             " is missing (a checkpoint without dynamic loss scaling); the loss "
+                             "scale stays " +
+                             std::to_string(scaler.scale()));
+  return std::nullopt;
 }
 
 // `text` (read from `path`) as a loss scale state this engine's config can hold: IoError
@@ -1007,9 +1027,8 @@ void OffloadEngine::Impl::load(const std::string* path, const swap::Dir* given) 
   // The loss scale's state is read and checked before anything changes.
   std::optional<detail::LossScaleState> scale_state;
   if (m.scaler.dynamic()) {
-    if (const auto text = read_scale_text(d, m.scaler, "OffloadEngine::load")) {
-      scale_state =
-          check_scale_text(*text, d.path_of(kLossScaleName), m.scaler, "OffloadEngine::load");
+    if (const auto text = read_scale_text(*m.optimizer, d, m.scaler, "OffloadEngine::load")) {
+      scale_state = check_scale_text(text->text, text->shown, m.scaler, "OffloadEngine::load");
     }
   }
   if (path) {
@@ -1110,8 +1129,12 @@ class EngineSeamsAccess {
                                                      const swap::Dir& dir, std::string_view who) {
     const OffloadEngine::Impl& m = *engine.impl_;
     if (!m.scaler.dynamic()) return std::nullopt;
-    return read_scale_text(dir, m.scaler, who);
+    auto text = read_scale_text(*m.optimizer, dir, m.scaler, who);
+    if (!text) return std::nullopt;
+    return std::move(text->text);
   }
+
+  static OffloadedOptimizer& optimizer(OffloadEngine& engine) { return *engine.impl_->optimizer; }
 
   static void restore_loss_scale(OffloadEngine& engine, const std::string& text,
                                  const std::string& shown, std::string_view who) {
@@ -1151,6 +1174,14 @@ std::optional<std::string> saved_loss_scale(const OffloadEngine& engine, const s
 void restore_loss_scale(OffloadEngine& engine, const std::string& text, const std::string& shown,
                         std::string_view who) {
   EngineSeamsAccess::restore_loss_scale(engine, text, shown, who);
+}
+
+std::string checkpoint_run(OffloadEngine& engine) {
+  return EngineSeamsAccess::optimizer(engine).checkpoint_run();
+}
+
+void set_checkpoint_run(OffloadEngine& engine, const std::string& run) {
+  EngineSeamsAccess::optimizer(engine).set_checkpoint_run(run);
 }
 
 }  // namespace zinf::offload

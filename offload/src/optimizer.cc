@@ -9,6 +9,7 @@
 #include <cstring>
 #include <exception>
 #include <string>
+#include <string_view>
 #include <unordered_set>
 #include <utility>
 
@@ -1240,6 +1241,41 @@ const swap::Dir& OffloadedOptimizer::checkpoint_directory(const std::string& dir
 
 const swap::Dir& OffloadedOptimizer::checkpoint_directory(const swap::Dir& dir) {
   return impl_->open_checkpoint_dir(dir, /*create=*/false);
+}
+
+void OffloadedOptimizer::set_checkpoint_file(const std::string& name,
+                                             std::optional<std::string> text) {
+  const bool reserved = name == "state.bin" || name == "manifest" || name == "run";
+  if (name.empty() || name == "." || name == ".." || reserved ||
+      name.find_first_of(std::string_view("/\0", 2)) != std::string::npos) {
+    throw UsageError("OffloadedOptimizer::set_checkpoint_file: '" + name +
+                     "' is not a plain file name of its own");
+  }
+  if (text && text->size() > (60u << 10)) {
+    throw UsageError("OffloadedOptimizer::set_checkpoint_file: '" + name + "' holds " +
+                     std::to_string(text->size()) + " bytes, more than 60 KiB");
+  }
+  if (text) {
+    impl_->checkpoint_files[name] = std::move(*text);
+  } else {
+    impl_->checkpoint_files.erase(name);
+  }
+}
+
+std::optional<std::string> OffloadedOptimizer::read_checkpoint_file(const swap::Dir& dir,
+                                                                    const std::string& name,
+                                                                    std::string* path) const {
+  return impl_->read_checkpoint_file(dir, name, path);
+}
+
+std::string OffloadedOptimizer::checkpoint_run() { return impl_->current_run(); }
+
+void OffloadedOptimizer::set_checkpoint_run(const std::string& run) {
+  if (run.size() != 32 || run.find_first_not_of("0123456789abcdef") != std::string::npos) {
+    throw UsageError("OffloadedOptimizer::set_checkpoint_run: '" + run.substr(0, 80) +
+                     "' is not a run (32 lowercase hex digits)");
+  }
+  impl_->run_id = run;
 }
 
 std::uint64_t OffloadedOptimizer::pinned_bytes() const noexcept {

@@ -20,6 +20,7 @@
 // names carry 64 random bits, so nothing can be planted at them in advance.
 #include <linux/fs.h>
 #include <sys/ioctl.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 
 #include <fcntl.h>
@@ -35,6 +36,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -67,6 +69,11 @@ constexpr const char* kManifestFile = "manifest";
 constexpr std::uint64_t kMaxLatestBytes = 4096;
 constexpr std::uint64_t kMaxManifestBytes = std::uint64_t{64} << 20;
 constexpr std::string_view kTmpSuffix = ".tmp";
+// In each version beside state.bin and manifest (both optional on load: versions saved before
+// them have neither): the run that saved it, and the caller's set_checkpoint_file texts. Each
+// is its text and a "crc32c <hex>" line.
+constexpr const char* kRunFile = "run";
+constexpr std::uint64_t kMaxCheckpointFileBytes = 64 << 10;
 
 std::string hexfloat(double v) {
   char b[64];
@@ -272,6 +279,44 @@ Manifest parse(const std::string& text, const std::string& path) {
   return m;
 }
 
+// 128 random bits as 32 hex digits: a run's identity, which no other run draws again.
+std::string random_run_id() {
+  std::uint64_t bits[2] = {0, 0};
+  std::size_t got = 0;
+  while (got < sizeof bits) {
+    const ssize_t n = ::getrandom(reinterpret_cast<char*>(bits) + got, sizeof bits - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw IoError(Status::from_errno(errno, "getrandom", "a checkpoint's run id"));
+    }
+    got += static_cast<std::size_t>(n);
+  }
+  char text[33];
+  std::snprintf(text, sizeof text, "%016" PRIx64 "%016" PRIx64, bits[0], bits[1]);
+  return text;
+}
+
+// A small file of a version: its text and a line with the text's CRC32C.
+std::string with_crc_line(const std::string& text) {
+  return text + "crc32c " + hex32(text_crc(text)) + "\n";
+}
+
+// The text of with_crc_line's file `path` (IoError kCorrupt naming it if the line is missing
+// or does not match).
+std::string without_crc_line(const std::string& file, const std::string& path) {
+  const auto at = file.rfind("crc32c ");
+  if (at == std::string::npos || !file.ends_with("\n")) {
+    throw corrupt(path, "bad checkpoint file: no crc32c line");
+  }
+  std::string text = file.substr(0, at);
+  const std::string stored = file.substr(at + 7, file.size() - at - 8);
+  if (stored != hex32(text_crc(text))) {
+    throw corrupt(path, "bad checkpoint file: CRC32C mismatch (stored " + stored + ", computed " +
+                            hex32(text_crc(text)) + ")");
+  }
+  return text;
+}
+
 // True for names save() gives version directories ("v" + 12 digits + "-..."), with or without
 // ".tmp": only those (and replace_file_durably's temporaries) are ever removed from a
 // checkpoint directory.
@@ -294,6 +339,25 @@ swap::File reopen_buffered_if_misaligned(swap::File file, const swap::Dir& vdir,
                                    swap::FileOptions{.read_only = read_only, .direct = false});
 }
 
+// A failed save's Status with the checkpoint directory the caller named in front of it: the
+// file, offset and length that failed belong to the version being written (a temporary name,
+// "<dir>/v<step>-<pid>-<hex>.tmp/state.bin"), which the caller never named. E.g. "save of
+// checkpoint /ck: write failed: /ck/v...tmp/state.bin offset=0 length=4096: No space left on
+// device (ENOSPC)". Code, errno, path and range stay as they were.
+Status naming_checkpoint(Status s, const std::string& dir) {
+  const std::string op = s.operation().empty() ? std::string("write") : s.operation();
+  return std::move(s).with_operation("save of checkpoint " + dir + ": " + op);
+}
+
+// Rethrows the exception being handled, an IoError with naming_checkpoint's text.
+[[noreturn]] void rethrow_naming_checkpoint(const swap::Dir& root) {
+  try {
+    throw;
+  } catch (const IoError& e) {
+    throw IoError(naming_checkpoint(e.status(), root.path()));
+  }
+}
+
 bool same_directory(const swap::Dir& a, const swap::Dir& b) {
   struct stat sa {
   }, sb{};
@@ -308,7 +372,67 @@ bool renamed_into_place(const swap::Dir& root, const std::string& name) {
   return ::fstatat(root.fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
 }
 
+// The version directory LATEST names in `root` (IoError kNotFound naming LATEST if there is
+// none, kCorrupt if it names no version).
+std::string latest_version_name(const swap::Dir& root) {
+  std::string name = swap::read_small_file(root, kLatest, kMaxLatestBytes);
+  while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
+  if (!is_version_name(name) || name.find('/') != std::string::npos || name.ends_with(kTmpSuffix)) {
+    throw corrupt(root.path_of(kLatest), "LATEST does not name a version directory");
+  }
+  return name;
+}
+
+// File `name` of version directory `vdir` as with_crc_line wrote it, or nullopt if it has none.
+std::optional<std::string> read_version_file(const swap::Dir& vdir, const std::string& name) {
+  std::string file;
+  try {
+    file = swap::read_small_file(vdir, name, kMaxCheckpointFileBytes);
+  } catch (const IoError& e) {
+    if (e.code() == ErrorCode::kNotFound) return std::nullopt;
+    throw;
+  }
+  return without_crc_line(file, vdir.path_of(name));
+}
+
+// The run a version's kRunFile names ("run <id>" line), or "" where it has none.
+std::string version_run(const swap::Dir& vdir) {
+  const std::optional<std::string> text = read_version_file(vdir, kRunFile);
+  if (!text || !text->starts_with("run ") || !text->ends_with("\n")) return "";
+  return text->substr(4, text->size() - 5);
+}
+
+// What a save into `root` supersedes that is not the saving run's own: "step N of run <id>
+// (<version path>)" where LATEST names a version of another run that `chain` (the versions
+// this optimizer saved or loaded) does not hold, "" otherwise (no LATEST, or one of ours).
+// Best effort: what cannot be read is no other run's checkpoint to warn of.
+std::string superseded_by_save(const swap::Dir& root, const std::vector<std::string>& chain,
+                               const std::string& run) {
+  try {
+    const std::string name = latest_version_name(root);
+    if (std::find(chain.begin(), chain.end(), name) != chain.end()) return "";
+    const swap::Dir vdir = root.open_child(name);
+    const std::string other = version_run(vdir);
+    if (other == run) return "";
+    // The step, from the version's name ("v" + 12 digits + "-...").
+    const std::uint64_t step = std::strtoull(name.c_str() + 1, nullptr, 10);
+    return "step " + std::to_string(step) + " of run " +
+           (other.empty() ? std::string("(not recorded)") : other) + " (" + vdir.path() + ")";
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
 }  // namespace
+
+const std::string& OffloadedOptimizer::Impl::current_run() {
+  if (run_id.empty()) run_id = random_run_id();
+  return run_id;
+}
+
+std::string OffloadedOptimizer::Impl::superseded_run(const swap::Dir& root) const {
+  return superseded_by_save(root, checkpoint_chain, run_id);
+}
 
 VersionWrite OffloadedOptimizer::Impl::begin_version(const CheckpointPlace& dir) {
   for (std::size_t g = 0; g < groups.size(); ++g) {
@@ -326,9 +450,16 @@ VersionWrite OffloadedOptimizer::Impl::begin_version(const CheckpointPlace& dir)
   std::snprintf(prefix, sizeof prefix, "v%012" PRIu64 "-", steps_done);
   v.name = swap::unique_name(prefix);
   v.tmp = v.name + std::string(kTmpSuffix);
-  v.vdir = root.create_child(v.tmp);
+  try {
+    v.vdir = root.create_child(v.tmp);
+  } catch (...) {
+    rethrow_naming_checkpoint(root);
+  }
   try {
     checkpoint_phase("created", 0);
+    v.files.emplace_back(kRunFile, "run " + current_run() + "\n");
+    for (const auto& [file, text] : checkpoint_files) v.files.emplace_back(file, text);
+    v.superseded = superseded_run(root);
     v.step = steps_done;
     v.hp = hyper;
     v.groups = groups;
@@ -344,7 +475,7 @@ VersionWrite OffloadedOptimizer::Impl::begin_version(const CheckpointPlace& dir)
         v.vdir, alignment, /*read_only=*/false);
   } catch (...) {
     abandon_version(v);
-    throw;
+    rethrow_naming_checkpoint(root);  // e.g. its preallocation on a full drive
   }
   return v;
 }
@@ -379,6 +510,9 @@ void OffloadedOptimizer::Impl::commit_version(VersionWrite& v,
   throw_if_error(v.file.sync());
   throw_if_error(v.file.close());
   pause();
+  for (const auto& [file, text] : v.files) {
+    swap::create_file_durably(v.vdir, file, with_crc_line(text));
+  }
   swap::create_file_durably(v.vdir, kManifestFile,
                             render(m, std::string(state_tier_name(options.tier))));
   v.vdir.sync();
@@ -392,6 +526,12 @@ void OffloadedOptimizer::Impl::commit_version(VersionWrite& v,
   pause();
   swap::replace_file_durably(root, kLatest, v.name + "\n");
   checkpoint_phase("latest", v.total);
+  if (!v.superseded.empty()) {
+    log(LogLevel::kWarning, "checkpoint: " + root.path() + " held " + v.superseded +
+                                ", which this run (" + run_id +
+                                ") neither saved nor loaded; LATEST now names this run's step " +
+                                std::to_string(v.step) + ", and that version is kept");
+  }
   pause();
 
   // The new version is current and durable: remove this optimizer's older versions and what
@@ -454,7 +594,7 @@ void OffloadedOptimizer::Impl::save(const CheckpointPlace& dir) {
         });
   } catch (...) {
     abandon_version(v);
-    throw;
+    rethrow_naming_checkpoint(checkpoint_dir);
   }
   try {
     commit_version(v);
@@ -463,7 +603,7 @@ void OffloadedOptimizer::Impl::save(const CheckpointPlace& dir) {
     // complete (a failure to switch LATEST leaves the previous one current) and stays for the
     // next save's cleanup.
     if (!renamed_into_place(checkpoint_dir, v.name)) abandon_version(v);
-    throw;
+    rethrow_naming_checkpoint(checkpoint_dir);
   }
 }
 
@@ -777,8 +917,7 @@ class OffloadedOptimizer::Impl::AsyncSave {
       // between steps, so that a step overlaps at most one of them.
       opt_.commit_version(v_, [this] { wait_between_steps(); });
     } catch (...) {
-      error_ = status_from_current_exception();
-      if (error_.operation().empty()) error_.with_operation("asynchronous checkpoint");
+      error_ = naming_checkpoint(status_from_current_exception(), opt_.checkpoint_dir.path());
       if (!renamed_into_place(opt_.checkpoint_dir, v_.name)) opt_.abandon_version(v_);
     }
     std::lock_guard g(mu_);
@@ -836,7 +975,7 @@ void OffloadedOptimizer::Impl::save_async(const CheckpointPlace& dir) {
     cloned = nvme() && options.checkpoint_reflink && clone_records(v, sums, why);
   } catch (...) {
     abandon_version(v);
-    throw;
+    rethrow_naming_checkpoint(checkpoint_dir);
   }
   // A notice when the path (or the reason to stream) changes, not at every save: a run saving
   // every few steps would otherwise repeat the same line all along.
@@ -949,19 +1088,23 @@ const swap::Dir& OffloadedOptimizer::Impl::open_checkpoint_dir(const CheckpointP
   return checkpoint_dir;
 }
 
+std::optional<std::string> OffloadedOptimizer::Impl::read_checkpoint_file(const swap::Dir& root,
+                                                                          const std::string& name,
+                                                                          std::string* path) const {
+  const swap::Dir vdir = root.open_child(latest_version_name(root));
+  if (path) *path = vdir.path_of(name);
+  return read_version_file(vdir, name);
+}
+
 void OffloadedOptimizer::Impl::load(const CheckpointPlace& dir) {
   const swap::Dir& root = open_checkpoint_dir(dir, /*create=*/false);
-  const std::string latest_path = root.path_of(kLatest);
-  std::string name = swap::read_small_file(root, kLatest, kMaxLatestBytes);
-  while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
-  if (!is_version_name(name) || name.find('/') != std::string::npos || name.ends_with(kTmpSuffix)) {
-    throw corrupt(latest_path, "LATEST does not name a version directory");
-  }
+  const std::string name = latest_version_name(root);
   const swap::Dir vdir = root.open_child(name);
   const std::string& vpath = vdir.path();
   const std::string manifest_path = vdir.path_of(kManifestFile);
   const Manifest m =
       parse(swap::read_small_file(vdir, kManifestFile, kMaxManifestBytes), manifest_path);
+  const std::string saved_by = version_run(vdir);  // "": saved before versions recorded runs
 
   // The checkpoint must describe this optimizer's layout exactly.
   auto mismatch = [&](const std::string& why) {
@@ -1053,6 +1196,11 @@ void OffloadedOptimizer::Impl::load(const CheckpointPlace& dir) {
   hyper = m.hp;
   for (std::size_t g = 0; g < groups.size(); ++g) group_hyper[g] = *m.groups[g].hyper;
   initialized.assign(groups.size(), true);
+  // The resumed run goes on as the run that saved it: its next save is no other run's.
+  if (!saved_by.empty()) run_id = saved_by;
+  log(LogLevel::kNotice, "checkpoint: loaded " + vpath + ": step " + std::to_string(m.step) +
+                             " of run " +
+                             (saved_by.empty() ? std::string("(not recorded)") : saved_by));
   // Superseded by this optimizer's next save, which removes it.
   if (std::find(checkpoint_chain.begin(), checkpoint_chain.end(), name) == checkpoint_chain.end()) {
     checkpoint_chain.push_back(name);

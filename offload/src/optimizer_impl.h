@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -126,6 +127,11 @@ struct VersionWrite {
   std::vector<std::uint64_t> offsets;  // per record
   std::vector<std::uint32_t> crcs;     // per record, set as each is written
   std::uint64_t total = 0;             // bytes of state.bin
+  // Files written into the version beside the state, committed with it: the run's identity
+  // and the caller's (set_checkpoint_file), as they were at begin_version.
+  std::vector<std::pair<std::string, std::string>> files;
+  // Logged once the version is current: LATEST named another run's checkpoint before it.
+  std::string superseded;
 };
 
 struct OffloadedOptimizer::Impl {
@@ -162,6 +168,13 @@ struct OffloadedOptimizer::Impl {
   // in it that this optimizer wrote or loaded from, the only versions a save removes.
   swap::Dir checkpoint_dir;
   std::vector<std::string> checkpoint_chain;
+  // The run this optimizer's checkpoints belong to: 128 random bits drawn at construction,
+  // the loaded checkpoint's after a load (a resumed run goes on as the same run). Each
+  // version records it (file kRunFile), so that a save over another run's checkpoint and a
+  // load can say whose checkpoint it is.
+  std::string run_id;
+  // set_checkpoint_file's texts, by name: saved inside every later version.
+  std::map<std::string, std::string> checkpoint_files;
   // zinf/offload/testing.h's set_checkpoint_hook; empty outside tests.
   std::function<void(std::string_view phase, std::uint64_t bytes)> checkpoint_hook;
 
@@ -254,6 +267,15 @@ struct OffloadedOptimizer::Impl {
   const swap::Dir& open_checkpoint_dir(const CheckpointPlace& where, bool create);
   void save(const CheckpointPlace& where);
   void load(const CheckpointPlace& where);
+  // File `name` of the version LATEST names in `root` (set_checkpoint_file's text, its CRC32C
+  // checked), nullopt where that version has none.
+  std::optional<std::string> read_checkpoint_file(const swap::Dir& root, const std::string& name,
+                                                  std::string* path) const;
+  // run_id, drawn first if there is none yet.
+  const std::string& current_run();
+  // "step N of run <id> (<version>)" where a save into `root` replaces another run's
+  // checkpoint as the one LATEST names, "" otherwise.
+  std::string superseded_run(const swap::Dir& root) const;
   // The pieces of a save, shared by save() and save_async(). begin_version() opens (and
   // locks) `dir`, captures the step, hyper-parameters and layout, and creates the temporary
   // version with its state file. commit_version() syncs and closes the file, writes the

@@ -82,7 +82,10 @@ TEST(MpiShardedEngine, ACheckpointReloadsAcrossRanksAndReshardsIntoAWorldOfOne) 
       std::filesystem::exists(ckpt + "/rank" + std::to_string(comm().rank()) + "/zinf-sharded"));
   // Each process alone (a world of 1) reshards the whole checkpoint (every saved rank's
   // folder) and takes the last step as the 1-rank run did. One process at a time: a saved
-  // folder is locked by whoever loads it.
+  // folder is locked by whoever loads it, and by its own rank's engine until that is gone:
+  // the barrier waits for every rank's engine above to end (without it rank 0 could find
+  // rank 1's folder still locked by rank 1's engine, "in use by another zinf process").
+  comm().barrier();
   for (int turn = 0; turn < comm().size(); ++turn) {
     if (turn == comm().rank()) {
       auto alone = make_local_collectives();

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "sharded_checks.h"
+#include "support/log_capture.h"
 #include "support/test_dir.h"
 #include "thread_group.h"
 #include "zinf/adam/compact_state.h"
@@ -634,9 +635,10 @@ void expect_refused(const std::string& ckpt, int world, int bad, const std::stri
   EXPECT_EQ(thrown.load(), world);
 }
 
-// A kill between two ranks' commits leaves one rank's folder from the earlier save: refused
-// at every world size, naming the folder, its save and the committed one. So is a kill between
-// a rank's state commit and its manifest. Put back whole, the checkpoint loads at every world
+// A kill between two ranks' commits leaves one rank's folder of another save than the commit
+// record's (the earlier one, or the new one while rank 0 had not committed): refused at every
+// world size, naming the folder, its save and the committed one. So is a kill between a rank's
+// state commit and its manifest. Put back whole, the checkpoint loads at every world
 // size and the next step is the uninterrupted run's, bitwise.
 TEST(ShardedCheckpoint, ATornSaveIsRefusedAtEveryWorldSizeBeforeLoadingAnything) {
   const auto want = test::reference();
@@ -672,6 +674,18 @@ TEST(ShardedCheckpoint, ATornSaveIsRefusedAtEveryWorldSizeBeforeLoadingAnything)
                        " (committed) is save " + b + " step 2");
   }
 
+  // Killed between the ranks' commits as it happens: rank 1 has committed its folder to the
+  // second save, rank 0 (and so the commit record) is still the first's.
+  const std::string between = dir.file("between");
+  std::filesystem::copy(first, between, std::filesystem::copy_options::recursive);
+  replace_folder(second + "/rank1", between + "/rank1");
+  for (int world : {1, 2, 3}) {
+    expect_refused(between, world, 1,
+                   "ShardedOptimizer::load: checkpoint " + between + " is torn: " + between +
+                       "/rank1 belongs to save " + b + " step 2, " + between +
+                       " (committed) is save " + a + " step 1");
+  }
+
   // The first save committed, and rank 1 killed after its state's LATEST switched to the
   // second save's version but before its manifest was replaced.
   const std::string killed = dir.file("killed");
@@ -700,6 +714,41 @@ TEST(ShardedCheckpoint, ATornSaveIsRefusedAtEveryWorldSizeBeforeLoadingAnything)
       test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 3, 3, ckpt, "");
     });
   }
+}
+
+// The run a rank folder's current version records (its "run <id>" line).
+std::string folder_run(const std::string& folder) {
+  std::string version, word, id;
+  std::getline(std::ifstream(folder + "/LATEST"), version);
+  std::ifstream(folder + "/" + version + "/run") >> word >> id;
+  EXPECT_EQ(word, "run") << folder;
+  return id;
+}
+
+// A sharded job is one run in every rank folder (rank 0's), and a resharding load goes on as the
+// run it loaded, as a load at the same world size does: 3 ranks resuming a 2-rank checkpoint
+// and saving into it again warn of no other run's checkpoint, and record the saved run.
+TEST(ShardedCheckpoint, AJobIsOneRunInEveryFolderAndAReshardedResumeGoesOnAsIt) {
+  const auto want = test::reference();
+  zinf::test::TestDir dir;
+  const std::string swap_dir = dir.subdir("nvme");
+  const std::string ckpt = dir.file("ckpt");
+  test::ThreadGroup two(2);
+  two.run(false, [&](Collectives& c) {
+    test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 1, 1, "", ckpt);
+  });
+  const std::string run = folder_run(ckpt + "/rank0");
+  ASSERT_EQ(run.size(), 32u);
+  EXPECT_EQ(folder_run(ckpt + "/rank1"), run);
+  zinf::test::LogCapture log;
+  test::ThreadGroup three(3);
+  three.run(false, [&](Collectives& c) {
+    test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 2, 2, ckpt, ckpt);
+  });
+  for (const std::string& line : log.lines()) {
+    EXPECT_EQ(line.rfind("warning:", 0), std::string::npos) << line;
+  }
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(folder_run(ckpt + "/rank" + std::to_string(r)), run) << r;
 }
 
 // A rank folder taken from another run (another step count; no file edited) is refused at

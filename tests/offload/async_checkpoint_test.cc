@@ -25,6 +25,7 @@
 #include <gtest/gtest.h>
 
 #include "optimizer_test_util.h"
+#include "support/private_tmpfs.h"
 #include "support/test_dir.h"
 #include "zinf/common/error.h"
 #include "zinf/offload/optimizer.h"
@@ -287,9 +288,10 @@ INSTANTIATE_TEST_SUITE_P(Tiers, AsyncCheckpoint,
                          ::testing::Values(StateTier::kNvme, StateTier::kCpu),
                          [](const auto& p) { return std::string(state_tier_name(p.param)); });
 
-// A failed write of the checkpoint file: wait_save() throws it once, naming the file, offset
-// and length; the half-written version is gone and the previous checkpoint stays current;
-// the optimizer and its steps are untouched, and a later save works.
+// A failed write of the checkpoint file (the drive full): wait_save() throws it once, naming
+// the checkpoint asked for and then the file, offset and length that failed (the new version's
+// temporary state file); the half-written version is gone and the previous checkpoint stays
+// current; the optimizer and its steps are untouched, and a later save works.
 TEST(AsyncCheckpointFault, AFailedWriteIsReportedOnceAndLeavesThePreviousCheckpoint) {
   test::TestDir dir;
   const auto groups = test::odd_groups();
@@ -300,7 +302,7 @@ TEST(AsyncCheckpointFault, AFailedWriteIsReportedOnceAndLeavesThePreviousCheckpo
   rule.file = swap::FileId{1};  // the swap file is 0; the checkpoint file the next one
   rule.first_match = 8;         // the first save writes 8 records (one piece each); the next fails
   rule.times = 1;
-  rule.err = EIO;
+  rule.err = ENOSPC;
   auto plan = std::make_shared<swap::FaultPlan>(std::vector<swap::FaultRule>{rule}, 1);
   OptimizerOptions o = options_for(StateTier::kNvme, dir);
   o.swap_checksums = false;
@@ -318,7 +320,12 @@ TEST(AsyncCheckpointFault, AFailedWriteIsReportedOnceAndLeavesThePreviousCheckpo
     FAIL() << "no IoError";
   } catch (const IoError& e) {
     const std::string text = e.what();
-    EXPECT_EQ(e.status().path().substr(e.status().path().size() - 10), "/state.bin") << text;
+    EXPECT_EQ(e.code(), ErrorCode::kNoSpace) << text;
+    EXPECT_EQ(text.rfind("save of checkpoint " + ckpt + ": write failed: " + ckpt + "/v", 0), 0u)
+        << text;
+    EXPECT_NE(text.find(": No space left on device"), std::string::npos) << text;
+    EXPECT_TRUE(text.ends_with("(ENOSPC)")) << text;
+    EXPECT_EQ(e.status().path().substr(e.status().path().size() - 14), ".tmp/state.bin") << text;
     EXPECT_NE(e.status().offset(), Status::kUnset) << text;
     EXPECT_NE(e.status().length(), Status::kUnset) << text;
     EXPECT_NE(text.find(e.status().path()), std::string::npos) << text;
@@ -342,6 +349,49 @@ TEST(AsyncCheckpointFault, AFailedWriteIsReportedOnceAndLeavesThePreviousCheckpo
   a.load(ckpt);
   EXPECT_EQ(a.step_count(), 3u);
   EXPECT_EQ(test::diff(test::read_all(a), now), "");
+}
+
+// A real full drive (a private tmpfs with room for one checkpoint of odd_groups, about 300 KB,
+// and not two): save() and save_async() fail at the new version's preallocation, before a
+// record is written, with kNoSpace naming the checkpoint asked for, then the temporary state
+// file and the bytes it needed; nothing of theirs is left, and the previous checkpoint stays
+// current and loads with its step.
+TEST(AsyncCheckpointFault, AFullDriveNamesTheCheckpointAskedForAndKeepsThePreviousOne) {
+  test::TestDir dir;
+  const std::string mount = dir.subdir("small");
+  const std::string ckpt = mount + "/ckpt";
+  ZINF_EXPECT_IN_PRIVATE_TMPFS(mount, "448k", [&]() -> int {
+    OffloadedOptimizer a(options_for(StateTier::kCpu, dir), test::odd_groups());
+    test::init_all(a);
+    test::run_steps(a, 1, 1);
+    a.save(ckpt);
+    const std::string previous = latest_version(ckpt);
+    test::run_steps(a, 2, 2);
+    const std::string head = "save of checkpoint " + ckpt + ": preallocate failed: " + ckpt + "/v";
+    int code = 10;
+    for (const bool async : {false, true}) {
+      try {
+        if (async) {
+          a.save_async(ckpt);
+          a.wait_save();
+        } else {
+          a.save(ckpt);
+        }
+        return code + 1;
+      } catch (const IoError& e) {
+        const std::string text = e.what();
+        if (e.code() != ErrorCode::kNoSpace) return code + 2;
+        if (text.rfind(head, 0) != 0) return code + 3;
+        if (text.find(".tmp/state.bin offset=0 length=") == std::string::npos) return code + 4;
+        if (!text.ends_with("(ENOSPC)")) return code + 5;
+      }
+      if (entries(ckpt) != std::vector<std::string>{"LATEST", previous}) return code + 6;
+      code += 10;
+    }
+    a.load(ckpt);
+    if (a.step_count() != 1u) return 40;
+    return 0;
+  });
 }
 
 // A second save_async after a failed one throws that failure and starts nothing.

@@ -115,7 +115,8 @@ TEST_P(Checkpoint, ASaveReplacesThePreviousVersion) {
   const std::string second = latest_version(ckpt);
   EXPECT_NE(first, second);
   EXPECT_EQ(entries(ckpt), (std::vector<std::string>{"LATEST", second, "vacation.txt"}));
-  EXPECT_EQ(entries(ckpt + "/" + second), (std::vector<std::string>{"manifest", "state.bin"}));
+  EXPECT_EQ(entries(ckpt + "/" + second),
+            (std::vector<std::string>{"manifest", "run", "state.bin"}));
 }
 
 TEST_P(Checkpoint, CorruptStateIsDetectedNamingFileAndOffset) {
@@ -732,6 +733,71 @@ TEST_F(CheckpointFiles, ASaveRemovesOnlyVersionsOfItsOwnChain) {
   c.save(ckpt);
   EXPECT_EQ(entries(ckpt), sorted({"LATEST", from_a, latest_version(ckpt)}))
       << "the version c loaded is replaced; a's stays";
+}
+
+// The run a version records (its "run <id>" line), read as a test would.
+std::string run_of(const std::string& ckpt, const std::string& version) {
+  std::ifstream in(ckpt + "/" + version + "/run");
+  std::string word, id;
+  in >> word >> id;
+  EXPECT_EQ(word, "run") << version;
+  EXPECT_EQ(id.size(), 32u) << version;
+  return id;
+}
+
+// Every line the capture holds, one string.
+std::string joined(const test::LogCapture& log) {
+  std::string text;
+  for (const auto& l : log.lines()) text += l + "\n";
+  return text;
+}
+
+// Two runs saving into one directory one after the other: each version records the run that
+// saved it; a save that makes LATEST name its own checkpoint instead of another run's (one it
+// neither saved nor loaded) warns, naming that run, its step and its version, which is kept;
+// a load says whose checkpoint, and which step, it loads, and the loading run goes on as that
+// run (its save warns of nothing).
+TEST_F(CheckpointFiles, TwoRunsSavingIntoOneDirectoryAreToldApart) {
+  const std::string ckpt = dir_.file("ckpt");
+  save_one(ckpt);  // run a, step 1
+  const std::string from_a = latest_version(ckpt);
+  const std::string run_a = run_of(ckpt, from_a);
+  std::string run_b, from_b;
+  {
+    OffloadedOptimizer b(cpu_options(dir_), test::odd_groups());
+    test::init_all(b);
+    test::run_steps(b, 1, 2);
+    test::LogCapture log;
+    b.save(ckpt);
+    from_b = latest_version(ckpt);
+    run_b = run_of(ckpt, from_b);
+    EXPECT_NE(run_b, run_a);
+    EXPECT_EQ(log.lines(), std::vector<std::string>{
+                               "warning: checkpoint: " + ckpt + " held step 1 of run " + run_a +
+                               " (" + ckpt + "/" + from_a + "), which this run (" + run_b +
+                               ") neither saved nor loaded; LATEST now names this run's "
+                               "step 2, and that version is kept"});
+    test::LogCapture again;
+    b.save(ckpt);  // over its own: nothing to say
+    EXPECT_EQ(joined(again), "");
+    from_b = latest_version(ckpt);
+    EXPECT_EQ(run_of(ckpt, from_b), run_b);
+  }
+  EXPECT_EQ(entries(ckpt).size(), 3u) << "LATEST, a's version and b's last";
+
+  OffloadedOptimizer c(cpu_options(dir_), test::odd_groups());
+  {
+    test::LogCapture log;
+    c.load(ckpt);
+    EXPECT_EQ(log.lines(), std::vector<std::string>{"notice: checkpoint: loaded " + ckpt + "/" +
+                                                    from_b + ": step 2 of run " + run_b});
+  }
+  EXPECT_EQ(c.step_count(), 2u);
+  test::run_steps(c, 3, 3);
+  test::LogCapture log;
+  c.save(ckpt);
+  EXPECT_EQ(joined(log), "") << "c resumed b's run";
+  EXPECT_EQ(run_of(ckpt, latest_version(ckpt)), run_b);
 }
 
 // Leftovers of interrupted saves (.tmp versions, replace_file_durably's temporaries) are

@@ -11,7 +11,10 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <algorithm>
 #include <limits>
 #include <memory>
@@ -336,6 +339,86 @@ TEST(OffloadEngineStaged, DynamicLossScaleMovesWithOverflowsAndSurvivesACheckpoi
   OffloadEngine& f = other.make(c);
   f.load(ckpt);
   EXPECT_EQ(f.loss_scale(), 512.0);
+}
+
+// The dynamic loss scale is committed with the state it belongs to (inside the optimizer's
+// new version): a save that fails on a full drive after the scale moved leaves the previous
+// checkpoint whole, and a load gives its scale with its masters, never the newer scale with
+// the older masters (the scale once went into a file beside the checkpoint before the state).
+TEST(OffloadEngineStaged, TheLossScaleIsCommittedWithItsStateNeverOneSaveApart) {
+  test::TestDir dir;
+  EngineConfig c = test::engine_config(OffloadDevice::kNone, OffloadDevice::kCpu, dir);
+  c.loss_scaling.enabled = true;
+  c.loss_scaling.initial_scale_power = 10;
+  c.loss_scaling.hysteresis = 1;
+  c.loss_scaling.loss_scale_window = 2;
+  const auto layers = test::engine_layers();
+  auto latest = [](const std::string& ckpt) {
+    std::string name;
+    std::getline(std::ifstream(ckpt + "/LATEST"), name);
+    return name;
+  };
+  // The writes one save makes (a rule that counts them and fails nothing): the rule below
+  // fails the first write of the second save.
+  std::uint64_t writes = 0;
+  {
+    swap::FaultRule count;
+    count.kind = swap::FaultKind::kDelay;
+    count.op = swap::IoOp::kWrite;
+    count.times = ~std::uint64_t{0};
+    auto plan = std::make_shared<swap::FaultPlan>(std::vector<swap::FaultRule>{count});
+    EngineRig rig;
+    rig.make(c, {.param = nullptr, .optimizer = plan});
+    rig.init_weights();
+    rig.engine().save(dir.subdir("count"));
+    writes = plan->fired(0);
+  }
+  ASSERT_GT(writes, 0u);
+  swap::FaultRule full;
+  full.kind = swap::FaultKind::kError;
+  full.op = swap::IoOp::kWrite;
+  full.first_match = writes;
+  full.err = ENOSPC;
+  auto plan = std::make_shared<swap::FaultPlan>(std::vector<swap::FaultRule>{full});
+  EngineRig rig;
+  OffloadEngine& e = rig.make(c, {.param = nullptr, .optimizer = plan});
+  rig.init_weights();
+  auto run = [&](std::uint64_t t, bool poison) {
+    std::vector<std::vector<float>> g;
+    std::vector<adam::GradView> views;
+    for (std::size_t l = 0; l < layers.size(); ++l) {
+      g.push_back(grads_of(l, t, layers[l].numel));
+      for (float& x : g.back()) x *= static_cast<float>(e.loss_scale());
+    }
+    if (poison) g[0][3] = std::numeric_limits<float>::quiet_NaN();
+    for (const auto& x : g) views.push_back(adam::GradView::f32(x));
+    (void)iterate(rig, views);
+    return e.loss_scale();
+  };
+  EXPECT_EQ(run(1, true), 512.0);
+  const std::string ckpt = dir.subdir("ckpt");
+  e.save(ckpt);
+  const auto at_save = rig.masters();
+  const std::string version = latest(ckpt);
+  EXPECT_TRUE(std::filesystem::is_regular_file(ckpt + "/" + version + "/loss_scale"));
+  EXPECT_FALSE(std::filesystem::exists(ckpt + "/zinf-engine-loss-scale"));
+  EXPECT_EQ(run(2, false), 512.0);
+  EXPECT_EQ(run(3, false), 1024.0);  // a window of 2 good steps
+  try {
+    e.save(ckpt);
+    ADD_FAILURE() << "saved on a full drive";
+  } catch (const IoError& err) {
+    EXPECT_EQ(err.code(), ErrorCode::kNoSpace) << err.what();
+    EXPECT_EQ(std::string(err.what()).rfind("save of checkpoint " + ckpt + ": write failed: ", 0),
+              0u)
+        << err.what();
+  }
+  EXPECT_EQ(plan->injected_errors(), 1u);
+  EXPECT_EQ(latest(ckpt), version);
+  EXPECT_EQ(e.loss_scale(), 1024.0);
+  e.load(ckpt);
+  EXPECT_EQ(e.loss_scale(), 512.0) << "the scale of the state loaded";
+  EXPECT_EQ(test::master_diff(rig.masters(), at_save), "");
 }
 
 // Bytes of the smallest budget a refused engine names.

@@ -88,9 +88,11 @@ class OptimizerFault : public ::testing::TestWithParam<IoEngineKind> {
 
   // Checks that `e` is the swap store's corruption error for `key` caused by `flip`: kCorrupt,
   // naming the swap file, the offset and length of the stripe unit, and the CRC32C written and
-  // read, both recomputed here from the file's bytes.
+  // read, both recomputed here from the file's bytes. `prefix`: what the text starts with
+  // before the store's error ("save of checkpoint <dir>: " for a save).
   void expect_corrupt(const IoError& e, const std::string& path, const std::string& subdir,
-                      const std::string& key, const test::FlippedByte& flip) {
+                      const std::string& key, const test::FlippedByte& flip,
+                      const std::string& prefix = "") {
     EXPECT_EQ(e.code(), ErrorCode::kCorrupt) << e.what();
     EXPECT_EQ(e.status().path(), path);
     const std::uint64_t offset = e.status().offset();
@@ -104,7 +106,7 @@ class OptimizerFault : public ::testing::TestWithParam<IoEngineKind> {
     std::snprintf(crcs, sizeof crcs, "crc32c written 0x%08x, read 0x%08x", swap::crc32c(written),
                   swap::crc32c(read));
     const std::string text = e.what();
-    EXPECT_EQ(text.rfind("swap_in of key '" + key + "' failed: " + path +
+    EXPECT_EQ(text.rfind(prefix + "swap_in of key '" + key + "' failed: " + path +
                              " offset=" + std::to_string(offset) +
                              " length=" + std::to_string(length) + ": checksum mismatch",
                          0),
@@ -322,7 +324,7 @@ TEST_P(OptimizerFault, DefaultOptionsRefuseAStateByteFlippedBetweenSteps) {
     opt->save(ckpt);
     FAIL() << "a checkpoint was written from state that failed verification";
   } catch (const IoError& e) {
-    expect_corrupt(e, path, "nvme", "embed#0", flip);
+    expect_corrupt(e, path, "nvme", "embed#0", flip, "save of checkpoint " + ckpt + ": ");
   }
   EXPECT_EQ(latest(ckpt), good);
   opt.reset();  // it holds the checkpoint directory (one owner per directory) until destroyed

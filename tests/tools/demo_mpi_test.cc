@@ -244,6 +244,12 @@ TEST(DemoMpi, ASaveKilledOnOneRankResumesOneCommittedStepOrIsRefused) {
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
+    // The job's ranks first, then one: a checkpoint refused on N ranks must be refused on one
+    // too (the same check of the same folders), and one rank always prints its own reason. On
+    // N ranks the ranks that found the torn folder may be ended by another rank's MPI_Abort
+    // before they print: that rank says only "K of N ranks failed (...); this rank (R) did
+    // not", which is accepted there when the one-rank load names the torn folder.
+    bool peer_only = false;
     for (const int ranks : {np, 1}) {
       const std::string out = dir.file("w" + std::to_string(round) + "-" + std::to_string(ranks));
       r = one_more(ck, ranks, out);
@@ -252,10 +258,16 @@ TEST(DemoMpi, ASaveKilledOnOneRankResumesOneCommittedStepOrIsRefused) {
         const std::string got = file_bytes(out);
         EXPECT_TRUE(got == allowed[ranks][0] || got == allowed[ranks][1])
             << "resumed on " << ranks << " ranks with weights of neither committed step";
+        EXPECT_FALSE(peer_only) << "refused on " << np << " ranks, resumed on one";
       } else {
         ++refused;
-        EXPECT_NE(r.out.find("is torn: " + ck + "/rank"), std::string::npos)
-            << "on " << ranks << " ranks: " << r.out;
+        const bool torn = r.out.find("is torn: " + ck + "/rank") != std::string::npos;
+        if (ranks > 1 && !torn && r.out.find("ShardedEngine::load failed: ") != std::string::npos &&
+            r.out.find(" ranks failed (rank") != std::string::npos) {
+          peer_only = true;
+          continue;
+        }
+        EXPECT_TRUE(torn) << "on " << ranks << " ranks: " << r.out;
       }
     }
   }

@@ -446,13 +446,16 @@ int bench_io_main(const std::vector<std::string>& tokens) {
   Config cfg = bench_io::parse(tokens, &help);
   if (help) return 0;
   DistJob ranks(parse_dist_mode(cfg.dist), std::chrono::minutes(10));
+  // Under mpirun each rank's <dir>/rank<R>, removed again at the end (declared before the
+  // bench, so it goes after the bench's files): the run leaves nothing it made.
+  dist::RankFolders rank_folders;
   if (ranks.size() > 1) {
     if (cfg.duration.count() > 0 || cfg.keep || cfg.json_lines || cfg.repeat > 1) {
       throw UsageError(
           "under mpirun bench io runs --loops passes with a table or --json; "
           "--duration, --keep, --json-lines and --repeat are for one process");
     }
-    for (auto& d : cfg.dirs) d = dist::rank_directory(d, ranks.rank());
+    for (auto& d : cfg.dirs) d = rank_folders.add(d, ranks.rank());
   }
 
   const IoBenchOptions bo = io_bench_options(cfg);

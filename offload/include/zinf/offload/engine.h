@@ -219,9 +219,11 @@ class OffloadEngine {
 
   /// Checkpoint of the optimizer state (master weights, moments, step count, hyper-parameters:
   /// hyper() and every layer's) and the layer table under `dir`, atomically
-  /// (OffloadedOptimizer::save); with dynamic loss scaling also its state
-  /// (`dir/zinf-engine-loss-scale`, replaced atomically before the optimizer's checkpoint, like
-  /// the layer table). Outside a step.
+  /// (OffloadedOptimizer::save); with dynamic loss scaling also its state (`loss_scale` inside
+  /// the optimizer's new version, OffloadedOptimizer::set_checkpoint_file: committed with the
+  /// state, so a failed or killed save never pairs a new scale with old weights; a checkpoint
+  /// saved before keeps it in `dir/zinf-engine-loss-scale`, which load() still reads). Outside
+  /// a step.
   /// UsageError for an empty `dir` (before anything is written). The directory's rules are
   /// OffloadedOptimizer::save's: the first save or load locks it for this engine until it is
   /// destroyed (another engine or process fails at once, naming the directory and the

@@ -61,4 +61,9 @@ std::optional<std::string> saved_loss_scale(const OffloadEngine& engine, const s
 void restore_loss_scale(OffloadEngine& engine, const std::string& text, const std::string& shown,
                         std::string_view who);
 
+/// The run `engine`'s checkpoints record, and going on as another run: its optimizer's
+/// OffloadedOptimizer::checkpoint_run and set_checkpoint_run (same errors).
+std::string checkpoint_run(OffloadEngine& engine);
+void set_checkpoint_run(OffloadEngine& engine, const std::string& run);
+
 }  // namespace zinf::offload

@@ -448,6 +448,30 @@ class OffloadedOptimizer {
   /// As above for a directory the caller holds open (reopened through its descriptor).
   const swap::Dir& checkpoint_directory(const swap::Dir& dir);
 
+  /// Small text files saved inside every later checkpoint's version directory, beside its
+  /// state (OffloadEngine keeps its dynamic loss scale there): each written with a CRC32C line
+  /// and synced before the version is renamed into place, so it is committed with the state
+  /// and never pairs with the state of another save. save_async() takes the texts as they are
+  /// at its call. `name`: a plain file name, not "state.bin", "manifest" or "run" (the
+  /// checkpoint's own); `text` at most 60 KiB; nullopt stops saving it. UsageError otherwise.
+  void set_checkpoint_file(const std::string& name, std::optional<std::string> text);
+  /// The text of file `name` (set_checkpoint_file) in the version LATEST names in `dir`, a
+  /// directory checkpoint_directory() returned: what load() would restore beside the state
+  /// now. nullopt where that version has none (saved without it, or before zinf kept such
+  /// files in the version). IoError as load() for LATEST and the version directory, kCorrupt
+  /// naming the file if its CRC32C does not match. `path`, if given, is set to the file's path
+  /// (found or not), for messages. "run" reads the version's record of the run that saved it.
+  std::optional<std::string> read_checkpoint_file(const swap::Dir& dir, const std::string& name,
+                                                  std::string* path = nullptr) const;
+
+  /// The run this optimizer's checkpoints record (`<version>/run`): 32 hex digits, drawn at
+  /// the first call or save, replaced by a load with the run of the checkpoint it loads.
+  std::string checkpoint_run();
+  /// Goes on as run `run` (32 lowercase hex digits, as checkpoint_run() returns), as a load
+  /// does: for the sharded classes, whose ranks record rank 0's run and adopt the saved run
+  /// when a resharding load moves the state in without load(). UsageError otherwise.
+  void set_checkpoint_run(const std::string& run);
+
   /// Pinned bytes the optimizer holds (ring or state) and the most ever held.
   std::uint64_t pinned_bytes() const noexcept;
   std::uint64_t pinned_bytes_peak() const noexcept;
