@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <bit>
 #include <charconv>
-#include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -12,10 +11,10 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/random.h>
 #include <unistd.h>
 
 #include "zinf/common/error.h"
+#include "zinf/common/random_id.h"
 #include "zinf/common/log.h"
 #include "zinf/common/status.h"
 #include "zinf/swap/dir.h"
@@ -122,24 +121,6 @@ std::string latest_version(const swap::Dir& folder) {
   std::string name = swap::read_small_file(folder, kLatest, 4096);
   while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
   return name;
-}
-
-// 128 random bits as 32 hex digits (getrandom): a save's id, which no other save, run or
-// process picks again.
-std::string random_save_id() {
-  std::uint64_t bits[2] = {0, 0};
-  std::size_t got = 0;
-  while (got < sizeof bits) {
-    const ssize_t n = ::getrandom(reinterpret_cast<char*>(bits) + got, sizeof bits - got, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw IoError(Status::from_errno(errno, "getrandom", "a checkpoint's save id"));
-    }
-    got += static_cast<std::size_t>(n);
-  }
-  char text[33];
-  std::snprintf(text, sizeof text, "%016" PRIx64 "%016" PRIx64, bits[0], bits[1]);
-  return text;
 }
 
 // Subdirectory `name` of `parent`, created (0700) if missing, never through a link (IoError
@@ -261,7 +242,7 @@ void save_sharded(Collectives& comm, std::string_view who, const std::string& di
     if (comm.rank() != 0) return;
     const std::string mine = run.get();
     if (mine.size() != 32) throw IoError(Status::error(ErrorCode::kInternal, "bad run " + mine));
-    id_and_run = random_save_id() + mine;
+    id_and_run = random_id("a checkpoint's save id") + mine;
   });
   comm.broadcast(std::as_writable_bytes(std::span<char>(id_and_run)), 0);
   const std::string id = id_and_run.substr(0, 32);

@@ -20,18 +20,17 @@
 // names carry 64 random bits, so nothing can be planted at them in advance.
 #include <linux/fs.h>
 #include <sys/ioctl.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 
 #include <fcntl.h>
 
 #include <algorithm>
+#include <cinttypes>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
 #include <thread>
 #include <cerrno>
-#include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -43,6 +42,7 @@
 
 #include "optimizer_impl.h"
 #include "zinf/common/error.h"
+#include "zinf/common/random_id.h"
 #include "zinf/common/log.h"
 #include "zinf/swap/buffer_pool.h"
 #include "zinf/swap/crc32c.h"
@@ -279,23 +279,6 @@ Manifest parse(const std::string& text, const std::string& path) {
   return m;
 }
 
-// 128 random bits as 32 hex digits: a run's identity, which no other run draws again.
-std::string random_run_id() {
-  std::uint64_t bits[2] = {0, 0};
-  std::size_t got = 0;
-  while (got < sizeof bits) {
-    const ssize_t n = ::getrandom(reinterpret_cast<char*>(bits) + got, sizeof bits - got, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw IoError(Status::from_errno(errno, "getrandom", "a checkpoint's run id"));
-    }
-    got += static_cast<std::size_t>(n);
-  }
-  char text[33];
-  std::snprintf(text, sizeof text, "%016" PRIx64 "%016" PRIx64, bits[0], bits[1]);
-  return text;
-}
-
 // A small file of a version: its text and a line with the text's CRC32C.
 std::string with_crc_line(const std::string& text) {
   return text + "crc32c " + hex32(text_crc(text)) + "\n";
@@ -426,7 +409,7 @@ std::string superseded_by_save(const swap::Dir& root, const std::vector<std::str
 }  // namespace
 
 const std::string& OffloadedOptimizer::Impl::current_run() {
-  if (run_id.empty()) run_id = random_run_id();
+  if (run_id.empty()) run_id = random_id("a checkpoint's run id");
   return run_id;
 }
 
