@@ -7,12 +7,13 @@
 # also when the job fails or the script is interrupted.
 #
 # Usage: scripts/multinode.sh --nodes N [--drive DIR] [--drives-from DIR] [--keep-drives DIR]
-#                             -- PROGRAM [ARGS...]
+#                             [--timeout S] -- PROGRAM [ARGS...]
 #   N        2 or more nodes, one rank each
 #   DRIVE    the node-local folder, the same path on every node (default /tmp/zinf-node-drive)
 #   --drives-from DIR: node R's drive starts as a copy of DIR/node<R> (empty where missing)
 #   --keep-drives DIR: after the job, copy node R's drive to DIR/node<R> (a later run's
 #            --drives-from, or for inspection)
+#   --timeout S: end the job after S seconds (0, the default: no limit)
 # Needs root, `ip`, `unshare` and mpirun (Open MPI). Exit status: the job's; 77 where nodes
 # cannot be made here (not root, no ip or mpirun, namespaces refused), saying why.
 set -uo pipefail
@@ -36,12 +37,14 @@ nodes=0
 drive=/tmp/zinf-node-drive
 keep=""
 from=""
+limit=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --nodes) nodes=$2; shift 2 ;;
     --drive) drive=$2; shift 2 ;;
     --keep-drives) keep=$2; shift 2 ;;
     --drives-from) from=$2; shift 2 ;;
+    --timeout) limit=$2; shift 2 ;;
     --) shift; break ;;
     *) echo "multinode.sh: unknown option '$1'" >&2; exit 2 ;;
   esac
@@ -59,8 +62,13 @@ bridge="${tag}b"
 state=$(mktemp -d "${TMPDIR:-/tmp}/zinf-multinode.XXXXXX")
 made_ns=()
 job=""
+watchdog=""
 cleanup() {
   local rc=$?
+  # Nothing may cut the cleanup short: mpirun, ending an aborted job, signals its process
+  # group, and a second signal here would skip the deletions below.
+  trap '' INT TERM
+  if [ -n "$watchdog" ]; then pkill -P "$watchdog" 2>/dev/null; kill "$watchdog" 2>/dev/null; fi
   # The job first (an interrupted run): a namespace with processes in it outlives its name,
   # and its veth pair with it.
   if [ -n "$job" ] && kill -0 "$job" 2>/dev/null; then
@@ -114,6 +122,13 @@ mpirun --allow-run-as-root --oversubscribe -np "$nodes" --host "$host_list" \
   --mca btl tcp,self --mca btl_tcp_if_include "10.$net.0.0/24" \
   --mca oob_tcp_if_include "10.$net.0.0/24" "$@" 2> >(grep -v "setpgid" >&2) &
 job=$!
+if [ "$limit" -gt 0 ] 2>/dev/null; then
+  # A job past its time is ended (and reported) rather than left to whoever runs this to
+  # kill: a harness killed outright cannot remove its namespaces.
+  ( sleep "$limit"; echo "multinode.sh: the job ran past --timeout $limit s; ending it" >&2
+    kill -TERM "$job" 2>/dev/null ) &
+  watchdog=$!
+fi
 wait "$job"
 rc=$?
 job=""

@@ -26,7 +26,7 @@ ns_before=$(ip netns list | wc -l)
 nodes() {  # nodes N OUT [harness options...] -- demo args...
   local n=$1 out=$2
   shift 2
-  "$harness" --nodes "$n" "$@" >"$out" 2>&1
+  "$harness" --nodes "$n" --timeout 90 "$@" >"$out" 2>&1
 }
 one_node() {  # one_node N OUT demo args...
   local n=$1 out=$2
