@@ -50,7 +50,8 @@ std::unique_ptr<swap::SwapStore> make_store(swap::IoEngine& engine, const std::s
   swap::SwapStoreOptions so;
   so.directories = {scratch()};
   const std::vector<std::uint64_t> sizes(static_cast<std::size_t>(count), bytes);
-  so.capacity_bytes = swap::capacity_for(sizes, so.stripe_bytes, 4096);
+  so.capacity_bytes =
+      swap::capacity_for(sizes, so.stripe_bytes, swap::store_alignment(so.directories));
   auto store = std::make_unique<swap::SwapStore>(so, engine);
   for (int i = 0; i < count; ++i) store->allocate(prefix + std::to_string(i), bytes);
   return store;

@@ -36,6 +36,7 @@ class NvmeTier final : public ParamTier {
     o.directories = config.nvme_directories(config.offload_param.nvme_path);
     o.io = config.io_options();
     o.io.faults = c.faults;
+    o.alignment = c.plan.alignment;  // probed by plan_nvme_param_tier
     o.checksums = config.zinf.checksums;
     o.direct_io = config.zinf.direct_io;
     o.precondition = config.zinf.precondition;

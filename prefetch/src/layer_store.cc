@@ -59,7 +59,9 @@ LayerStore::LayerStore(const LayerStoreOptions& options, cuda::Device& device,
   so.directories = options.directories;
   so.checksums = options.checksums;
   so.direct_io = options.direct_io;
-  const std::uint32_t alignment = swap::store_alignment(so.directories, so.direct_io);
+  const std::uint32_t alignment = options.alignment != 0
+                                      ? options.alignment
+                                      : swap::store_alignment(so.directories, so.direct_io);
   so.capacity_bytes = swap::capacity_for(bytes_, so.stripe_bytes, alignment);
 
   engine_ = swap::make_io_engine(options.io);

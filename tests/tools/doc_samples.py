@@ -64,9 +64,9 @@ def expand(args, previous):
     return args[:at] + kept + rest
 
 
-def check(zinf, doc, fixtures, work):
+def check(zinf, doc, found, work):
     errors, previous = [], None
-    for line, args, shown in samples(doc):
+    for line, args, shown in found:
         args = expand(args, previous)
         previous = args
         r = subprocess.run([zinf] + args, cwd=work, capture_output=True, text=True, check=False)
@@ -98,8 +98,9 @@ def main(argv):
             shutil.copy(f, work)
         errors, count = [], 0
         for doc in sorted(docs.glob("*.md")):
-            count += len(samples(doc))
-            errors += check(str(zinf), doc, fixtures, work)
+            found = samples(doc)
+            count += len(found)
+            errors += check(str(zinf), doc, found, work)
     if count == 0:
         print("doc_samples: no `$ zinf plan` sample found under", docs, file=sys.stderr)
         return 1

@@ -28,6 +28,9 @@ struct LayerStoreOptions {
   std::vector<std::string> directories;
   /// The I/O engine's settings (block size, queue depth, threads, backend).
   swap::IoOptions io;
+  /// The directories' direct-I/O alignment, where the caller has probed it already
+  /// (swap::store_alignment); 0: probed here.
+  std::uint32_t alignment = 0;
   bool checksums = true;  ///< SwapStoreOptions::checksums
   bool direct_io = true;  ///< SwapStoreOptions::direct_io
   /// Write the whole swap space once before use (SwapStore::precondition).
