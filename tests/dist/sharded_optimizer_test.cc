@@ -608,6 +608,16 @@ void replace_folder(const std::string& from, const std::string& to) {
 
 // Loads `ckpt` on `world` ranks and expects every rank to refuse it before loading anything:
 // the rank that reads saved rank `bad` with `message`, the others naming that rank.
+// The refusal of a checkpoint whose rank<rank> folder is of save `save` at step `step` while
+// its commit record names save `committed` at `committed_step`.
+std::string belongs_to_other_save(const std::string& ckpt, int rank, const std::string& save,
+                                  int step, const std::string& committed, int committed_step) {
+  return "ShardedOptimizer::load: checkpoint " + ckpt + " is torn: " + ckpt + "/rank" +
+         std::to_string(rank) + " belongs to save " + save + " step " + std::to_string(step) +
+         ", " + ckpt + " (committed) is save " + committed + " step " +
+         std::to_string(committed_step);
+}
+
 void expect_refused(const std::string& ckpt, int world, int bad, const std::string& message) {
   SCOPED_TRACE("loaded by " + std::to_string(world) + " ranks");
   const int reader = bad % world;
@@ -669,9 +679,7 @@ TEST(ShardedCheckpoint, ATornSaveIsRefusedAtEveryWorldSizeBeforeLoadingAnything)
   replace_folder(first + "/rank1", ckpt + "/rank1");
   for (int world : {1, 2, 3}) {
     expect_refused(ckpt, world, 1,
-                   "ShardedOptimizer::load: checkpoint " + ckpt + " is torn: " + ckpt +
-                       "/rank1 belongs to save " + a + " step 1, " + ckpt +
-                       " (committed) is save " + b + " step 2");
+                   belongs_to_other_save(ckpt, 1, a, 1, b, 2));
   }
 
   // Killed between the ranks' commits as it happens: rank 1 has committed its folder to the
@@ -681,9 +689,7 @@ TEST(ShardedCheckpoint, ATornSaveIsRefusedAtEveryWorldSizeBeforeLoadingAnything)
   replace_folder(second + "/rank1", between + "/rank1");
   for (int world : {1, 2, 3}) {
     expect_refused(between, world, 1,
-                   "ShardedOptimizer::load: checkpoint " + between + " is torn: " + between +
-                       "/rank1 belongs to save " + b + " step 2, " + between +
-                       " (committed) is save " + a + " step 1");
+                   belongs_to_other_save(between, 1, b, 2, a, 1));
   }
 
   // The first save committed, and rank 1 killed after its state's LATEST switched to the
@@ -773,18 +779,14 @@ TEST(ShardedCheckpoint, ARankFolderFromAnotherRunIsRefused) {
   replace_folder(other + "/rank1", mine + "/rank1");
   for (int world : {1, 2, 3}) {
     expect_refused(mine, world, 1,
-                   "ShardedOptimizer::load: checkpoint " + mine + " is torn: " + mine +
-                       "/rank1 belongs to save " + b + " step 1, " + mine +
-                       " (committed) is save " + a + " step 2");
+                   belongs_to_other_save(mine, 1, b, 1, a, 2));
   }
   // And rank 0's, the other way round.
   replace_folder(kept + "/rank1", mine + "/rank1");
   replace_folder(other + "/rank0", mine + "/rank0");
   for (int world : {1, 2}) {
     expect_refused(mine, world, 0,
-                   "ShardedOptimizer::load: checkpoint " + mine + " is torn: " + mine +
-                       "/rank0 belongs to save " + b + " step 1, " + mine +
-                       " (committed) is save " + a + " step 2");
+                   belongs_to_other_save(mine, 0, b, 1, a, 2));
   }
 }
 
@@ -843,9 +845,7 @@ TEST(ShardedCheckpoint, ASaveThatFailsOnOneRankFailsOnEveryRank) {
   EXPECT_NE(failed, a);
   for (int world : {1, 2}) {
     expect_refused(ckpt, world, 0,
-                   "ShardedOptimizer::load: checkpoint " + ckpt + " is torn: " + ckpt +
-                       "/rank0 belongs to save " + failed + " step 0, " + ckpt +
-                       " (committed) is save " + a + " step 1");
+                   belongs_to_other_save(ckpt, 0, failed, 0, a, 1));
   }
 }
 
