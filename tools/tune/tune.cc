@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -166,8 +167,15 @@ class Tuner {
     throw_if_interrupted();
     if (!o_.out.empty()) write_output_file(o_.out, config_json(best, chosen.all_direct));
     if (!o_.report.empty()) write_output_file(o_.report, rep + "\n");
+    // The grids in the backends' fixed order (uring, then threads), not the ranking's, so that
+    // two runs' grids read alike whichever backend won.
+    std::vector<std::size_t> order(sw.points.size());
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return sw.points[a].kind < sw.points[b].kind;
+    });
     std::vector<tune::GridPoint> cells;
-    for (std::size_t i = 0; i < sw.points.size(); ++i) {
+    for (const std::size_t i : order) {
       cells.push_back({std::string(swap::io_engine_kind_name(sw.points[i].kind)),
                        sw.points[i].block, sw.points[i].depth, sw.points[i].score(),
                        i == sw.choice.chosen});
