@@ -422,13 +422,13 @@ BENCHMARK(BM_SimpleAdamLoopNativeLayout)
     ->Unit(benchmark::kMillisecond);
 
 // Each array k moved by k * stagger bytes: 0 (all aligned), a quarter, half, three quarters
-// and one cache line, one and a half, two, three, four lines, 512 and 1088 bytes, and -16
-// (4080) mod 4 KiB. ZINF_CPU_ADAM_ISA picks the path. Timed in the calling thread's CPU time,
+// and one cache line, one and a quarter, one and a half, one and three quarters, two, three,
+// four lines, 512 and 1088 bytes, and -16 (4080) mod 4 KiB. ZINF_CPU_ADAM_ISA picks the path. Timed in the calling thread's CPU time,
 // which at one thread is the whole step: on a shared machine another process's turn on the
 // core then costs the row nothing.
 BENCHMARK(BM_CpuAdamStagger)
     ->ArgNames({"numel", "stagger"})
-    ->ArgsProduct({{kInL2}, {0, 16, 32, 48, 64, 96, 128, 192, 256, 512, 1088, 4080}})
+    ->ArgsProduct({{kInL2}, {0, 16, 32, 48, 64, 80, 96, 112, 128, 192, 256, 512, 1088, 4080}})
     ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
