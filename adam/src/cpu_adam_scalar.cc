@@ -177,6 +177,14 @@ template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kScaled>
     for (std::size_t k = 0; k < kStride; k += kPiece) {
       for (std::size_t s = 0; s < kStreams; ++s) {
         const std::size_t at = w + s * kStride + k;
+        // 2-byte gradients widened first, and a 2-byte copy-out narrowed after, each in a
+        // loop over the whole piece: in the half-piece loop below they would take 8-byte
+        // vectors (4 x 16 bits), which made GCC build that whole loop of 2-lane vectors.
+        [[maybe_unused]] float gw[kPiece];
+        [[maybe_unused]] float pw[kPiece];
+        if constexpr (G != ElemType::kF32) {
+          for (std::size_t e = 0; e < kPiece; ++e) gw[e] = load_grad<G>(grads, at + e);
+        }
         // A piece as one loop of kHalf iterations over two elements kHalf apart, which the
         // compiler turns into one pass of 4-lane vectors (SSE2, NEON) that loads both halves of
         // the piece before storing either, as loop_order.h counts. An element a time, the
@@ -191,7 +199,14 @@ template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kScaled>
         for (std::size_t e = 0; e < kHalf; ++e) {
           const std::size_t i0 = at + e, i1 = at + kHalf + e;
           float p0 = params[i0], p1 = params[i1];
-          const float g0 = load_grad<G>(grads, i0), g1 = load_grad<G>(grads, i1);
+          float g0, g1;
+          if constexpr (G == ElemType::kF32) {
+            g0 = load_grad<G>(grads, i0);
+            g1 = load_grad<G>(grads, i1);
+          } else {
+            g0 = gw[e];
+            g1 = gw[kHalf + e];
+          }
           float m0 = ms[i0], m1 = ms[i1];
           float v0 = vs[i0], v1 = vs[i1];
           update(p0, m0, v0, g0);
@@ -203,8 +218,13 @@ template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kScaled>
           vs[i0] = v0;
           vs[i1] = v1;
           if constexpr (kOut) {
-            out[i0] = O == ElemType::kBF16 ? float_to_bf16(p0) : float_to_f16(p0);
-            out[i1] = O == ElemType::kBF16 ? float_to_bf16(p1) : float_to_f16(p1);
+            pw[e] = p0;
+            pw[kHalf + e] = p1;
+          }
+        }
+        if constexpr (kOut) {
+          for (std::size_t e = 0; e < kPiece; ++e) {
+            out[at + e] = O == ElemType::kBF16 ? float_to_bf16(pw[e]) : float_to_f16(pw[e]);
           }
         }
       }
