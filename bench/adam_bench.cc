@@ -12,6 +12,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -329,6 +330,35 @@ void BM_CpuAdamStagger(benchmark::State& state) {
   state.SetLabel(std::string(zinf::adam::isa_name(adam.isa())));
 }
 
+// Args: numel, stagger (bytes), gradient DType (bf16 or fp16). The offset sweep with 2-byte
+// gradients in the gradient array's place: they drift against the 4-byte arrays by 2 bytes an
+// element, so they lie close to the fp32 arrays mod 1 MiB only over short stretches, and the
+// loop-order choice leaves them out (adam/src/loop_order.h). These rows check that.
+void BM_CpuAdamStaggerNarrow(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const auto stagger = static_cast<std::size_t>(state.range(1));
+  const auto grad_dtype = static_cast<DType>(state.range(2));
+  CpuAdam adam({.threads = 1});
+  LayoutArena& a = layout_arena(n, kStaggered, stagger);
+  // The narrow copy of the gradients, written over the start of the gradient array (4n bytes
+  // hold 2n) before each timed loop and restored after, so that the arena stays fp32 for the
+  // other rows.
+  const std::vector<float> saved(a.g, a.g + n);
+  auto* narrow = reinterpret_cast<std::uint16_t*>(a.g);
+  const std::span<const std::uint16_t> src = arena(n).narrow(grad_dtype, n);
+  std::copy(src.begin(), src.end(), narrow);
+  std::int64_t step = 1;
+  for (auto _ : state) {
+    adam.step(bench_params(step++), {a.p, n}, {a.m, n}, {a.v, n},
+              GradView{narrow, n, grad_dtype});
+    benchmark::ClobberMemory();
+  }
+  std::copy(saved.begin(), saved.end(), a.g);
+  state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(n));
+  state.SetLabel(std::string(zinf::adam::isa_name(adam.isa())) + " " +
+                 std::string(zinf::dtype_name(grad_dtype)));
+}
+
 // Args: numel, layout. The 1-thread reference on the same layouts.
 void BM_SimpleAdamLoopNativeLayout(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));
@@ -422,13 +452,19 @@ BENCHMARK(BM_SimpleAdamLoopNativeLayout)
     ->Unit(benchmark::kMillisecond);
 
 // Each array k moved by k * stagger bytes: 0 (all aligned), a quarter, half, three quarters
-// and one cache line, one and a half, two, three, four lines, 512 and 1088 bytes, and -16
-// (4080) mod 4 KiB. ZINF_CPU_ADAM_ISA picks the path. Timed in the calling thread's CPU time,
+// and one cache line, one and a quarter, one and a half, one and three quarters, two, three,
+// four lines, 512 and 1088 bytes, and -16 (4080) mod 4 KiB. ZINF_CPU_ADAM_ISA picks the path. Timed in the calling thread's CPU time,
 // which at one thread is the whole step: on a shared machine another process's turn on the
 // core then costs the row nothing.
 BENCHMARK(BM_CpuAdamStagger)
     ->ArgNames({"numel", "stagger"})
-    ->ArgsProduct({{kInL2}, {0, 16, 32, 48, 64, 96, 128, 192, 256, 512, 1088, 4080}})
+    ->ArgsProduct({{kInL2}, {0, 16, 32, 48, 64, 80, 96, 112, 128, 192, 256, 512, 1088, 4080}})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_CpuAdamStaggerNarrow)
+    ->ArgNames({"numel", "stagger", "grad"})
+    ->ArgsProduct({{kInL2},
+                   {0, 16, 32, 48, 64, 96, 128, 1088},
+                   {static_cast<std::int64_t>(DType::kBF16), static_cast<std::int64_t>(DType::kF16)}})
     ->Unit(benchmark::kMicrosecond);
 
 }  // namespace

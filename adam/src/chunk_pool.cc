@@ -30,26 +30,43 @@ struct ChunkPool::Pool {
 
 namespace {
 
+// How a run of n elements after an unaligned head is cut: full chunks while more than two are
+// left, then the rest (one to two chunks' worth) in tail chunks; chunk 0 also takes the head.
+// A run of one chunk or less stays whole.
+struct Chunking {
+  Chunking(std::size_t n, std::size_t head) {
+    const std::size_t rest = n - head;
+    if (rest <= kChunkElems) return;
+    full = rest > 2 * kChunkElems ? (rest - kChunkElems) / kChunkElems : 0;
+    const std::size_t tail = rest - full * kChunkElems;
+    chunks = full + (tail + kTailChunkElems - 1) / kTailChunkElems;
+  }
+  // Chunk k's start past the head.
+  std::size_t start(std::size_t k) const {
+    return k <= full ? k * kChunkElems : full * kChunkElems + (k - full) * kTailChunkElems;
+  }
+  std::size_t full = 1;    // full-size chunks
+  std::size_t chunks = 1;  // all chunks
+};
+
 // One run(): the shared claim counter and the latch the caller waits on. Held by shared_ptr
 // so that a worker finishing after the caller has woken never touches freed memory.
 struct Job {
-  Job(std::size_t chunks_in, std::size_t n_in, std::size_t head_in, ChunkPool::ChunkFn fn_in,
+  Job(Chunking cut_in, std::size_t n_in, std::size_t head_in, ChunkPool::ChunkFn fn_in,
       const void* ctx_in, std::ptrdiff_t helpers)
-      : chunks(chunks_in), n(n_in), head(head_in), fn(fn_in), ctx(ctx_in), done(helpers) {}
+      : cut(cut_in), n(n_in), head(head_in), fn(fn_in), ctx(ctx_in), done(helpers) {}
 
-  // Chunk k is [head + k*kChunkElems, head + (k+1)*kChunkElems) clamped to [0, n); chunk 0
-  // also takes the unaligned head.
   void work() {
     for (;;) {
       const std::size_t k = next.fetch_add(1, std::memory_order_relaxed);
-      if (k >= chunks) return;
-      const std::size_t begin = k == 0 ? 0 : head + k * kChunkElems;
-      const std::size_t end = std::min(n, head + (k + 1) * kChunkElems);
+      if (k >= cut.chunks) return;
+      const std::size_t begin = k == 0 ? 0 : head + cut.start(k);
+      const std::size_t end = k + 1 == cut.chunks ? n : head + cut.start(k + 1);
       fn(ctx, begin, end);
     }
   }
 
-  const std::size_t chunks;
+  const Chunking cut;
   const std::size_t n;
   const std::size_t head;
   const ChunkPool::ChunkFn fn;
@@ -84,15 +101,14 @@ void ChunkPool::run(std::size_t n, const void* anchor, std::size_t elem_bytes, C
     head = ((64 - addr % 64) % 64) / elem_bytes;
   }
   head = std::min(head, n);
-  const std::size_t chunks =
-      n <= head + kChunkElems ? 1 : (n - head + kChunkElems - 1) / kChunkElems;
-  const std::size_t helpers = std::min(threads_, chunks) - 1;
+  const Chunking cut(n, head);
+  const std::size_t helpers = std::min(threads_, cut.chunks) - 1;
   if (helpers == 0) {
-    Job job(chunks, n, head, fn, ctx, 0);
+    Job job(cut, n, head, fn, ctx, 0);
     job.work();
     return;
   }
-  auto job = std::make_shared<Job>(chunks, n, head, fn, ctx, static_cast<std::ptrdiff_t>(helpers));
+  auto job = std::make_shared<Job>(cut, n, head, fn, ctx, static_cast<std::ptrdiff_t>(helpers));
   for (std::size_t t = 0; t < helpers; ++t) {
     boost::asio::post(pool_->pool, [job] {
       job->work();

@@ -16,6 +16,10 @@ namespace zinf::adam::detail {
 /// its ~50 us at memory speed, small enough that threads on noisy shared vCPUs stay balanced
 /// (claimed dynamically: a slow vCPU simply takes fewer chunks).
 inline constexpr std::size_t kChunkElems = std::size_t{1} << 16;
+/// The last one to two chunks' worth of a run is cut into chunks of this size instead, so that
+/// threads finish a run within a quarter chunk of each other: a run the optimizer makes per
+/// 1 Mi-element record otherwise left one thread idle for up to a whole chunk at its end.
+inline constexpr std::size_t kTailChunkElems = kChunkElems / 4;
 
 class ChunkPool {
  public:
@@ -32,10 +36,11 @@ class ChunkPool {
 
   std::size_t threads() const noexcept { return threads_; }
 
-  /// Calls fn(ctx, begin, end) once per chunk of [0, n) and returns when all are done. Chunk
-  /// boundaries fall where `anchor + index * elem_bytes` is 64-byte aligned (if it can be), so
-  /// that no two threads write the same cache line of an array aligned like the anchor. `fn`
-  /// must not throw. Safe to call from several threads at once.
+  /// Calls fn(ctx, begin, end) once per chunk of [0, n) and returns when all are done. Chunks
+  /// hold kChunkElems elements, the last ones kTailChunkElems, and their boundaries depend on
+  /// n and the anchor only; they fall where `anchor + index * elem_bytes` is 64-byte aligned
+  /// (if it can be), so that no two threads write the same cache line of an array aligned like
+  /// the anchor. `fn` must not throw. Safe to call from several threads at once.
   void run(std::size_t n, const void* anchor, std::size_t elem_bytes, ChunkFn fn, const void* ctx);
 
  private:

@@ -144,77 +144,102 @@ template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kScaled>
   }
 }
 
-// The per-call scalars, copied out of `a` so that no store through an array can be taken to
-// change them.
-struct Scalars {
-  float grad_scale, weight_decay, decay_factor, beta1, one_minus_beta1, beta2, one_minus_beta2,
-      inv_sqrt_bc2, eps, neg_step_size;
-  explicit Scalars(const KernelArgs& a)
-      : grad_scale(a.grad_scale),
-        weight_decay(a.weight_decay),
-        decay_factor(a.decay_factor),
-        beta1(a.beta1),
-        one_minus_beta1(a.one_minus_beta1),
-        beta2(a.beta2),
-        one_minus_beta2(a.one_minus_beta2),
-        inv_sqrt_bc2(a.inv_sqrt_bc2),
-        eps(a.eps),
-        neg_step_size(a.neg_step_size) {}
-};
-
-// One piece of kPiece elements at `at`: every input loaded, then every result stored. The
-// arrays are not restrict-qualified here, so the compiler keeps that order (it may not move a
-// load past a store that could alias it), and the loop's loads follow its stores exactly as
-// loop_order.h models them, whatever the compiler's schedule would otherwise be.
+// The windowed order (loop_order.h): each window of kWindow elements walked as kStreams
+// streams kStride elements apart, one piece of kPiece elements of each stream in turn. Set out
+// as sequential() is (locals, restrict-qualified arrays) so that the compiler vectorises every
+// piece for the baseline ISA with the same correctly rounded operations; the earlier version,
+// which went through `a` and local arrays, compiled to scalar sqrtss/divss and ran at ~0.65x
+// of sequential() (docs/benchmarks.md, issue #37). Returns where the windows end.
 template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kScaled>
-[[gnu::always_inline]] inline void update_piece(const KernelArgs& a, const Scalars& c,
-                                                std::size_t at) {
-  float p[kPiece], g[kPiece], m[kPiece], v[kPiece];
-  for (std::size_t e = 0; e < kPiece; ++e) {
-    p[e] = a.params[at + e];
-    g[e] = load_grad<G>(a.grads, at + e);
-    m[e] = a.m[at + e];
-    v[e] = a.v[at + e];
-  }
-  for (std::size_t e = 0; e < kPiece; ++e) {
-    if constexpr (kScaled) g[e] = g[e] * c.grad_scale;
-    if constexpr (D == DecayKind::kL2) g[e] = g[e] + c.weight_decay * p[e];
-    if constexpr (D == DecayKind::kDecoupled) p[e] = p[e] * c.decay_factor;
-    m[e] = c.beta1 * m[e] + c.one_minus_beta1 * g[e];
-    v[e] = c.beta2 * v[e] + (c.one_minus_beta2 * g[e]) * g[e];
-    const float denom = std::sqrt(v[e]) * c.inv_sqrt_bc2 + c.eps;
-    p[e] = p[e] + c.neg_step_size * (m[e] / denom);
-  }
-  for (std::size_t e = 0; e < kPiece; ++e) {
-    a.params[at + e] = p[e];
-    a.m[at + e] = m[e];
-    a.v[at + e] = v[e];
-  }
-  if constexpr (kOut) {
-    auto* out = static_cast<std::uint16_t*>(a.out);
-    for (std::size_t e = 0; e < kPiece; ++e) {
-      out[at + e] = O == ElemType::kBF16 ? float_to_bf16(p[e]) : float_to_f16(p[e]);
-    }
-  }
-}
-
-// The range in the order loop_order.h chooses for these arrays. The windowed order runs only
-// where the sequential one has a load within kScalarSafeDistance pieces of a store it may
-// collide with: its piece-at-a-time code is slower than the compiler's loop over a clear
-// layout (0.85x with the state in L2), far faster over such a layout.
-template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kScaled>
-void ScalarKernel::loop(const KernelArgs& a, std::size_t begin, std::size_t end) {
-  std::size_t i = begin;
-  if (use_windowed_order(a, kScalarSafeDistance)) {
-    const Scalars c(a);
-    for (; i + kWindow <= end; i += kWindow) {
-      for (std::size_t k = 0; k < kStride; k += kPiece) {
-        for (std::size_t s = 0; s < kStreams; ++s) {
-          update_piece<D, G, O, kOut, kScaled>(a, c, i + s * kStride + k);
+[[gnu::noinline]] std::size_t windowed(const KernelArgs& a, std::size_t begin, std::size_t end) {
+  float* __restrict params = a.params;
+  float* __restrict ms = a.m;
+  float* __restrict vs = a.v;
+  const void* __restrict grads = a.grads;
+  auto* __restrict out = static_cast<std::uint16_t*>(a.out);
+  const float grad_scale = a.grad_scale, weight_decay = a.weight_decay;
+  const float decay_factor = a.decay_factor, beta1 = a.beta1, one_minus_beta1 = a.one_minus_beta1;
+  const float beta2 = a.beta2, one_minus_beta2 = a.one_minus_beta2;
+  const float inv_sqrt_bc2 = a.inv_sqrt_bc2, eps = a.eps, neg_step_size = a.neg_step_size;
+  // One element's update, on values already loaded: the operations of sequential().
+  const auto update = [&](float& p, float& m, float& v, float g) {
+    if constexpr (kScaled) g = g * grad_scale;
+    if constexpr (D == DecayKind::kL2) g = g + weight_decay * p;
+    if constexpr (D == DecayKind::kDecoupled) p = p * decay_factor;
+    m = beta1 * m + one_minus_beta1 * g;
+    v = beta2 * v + (one_minus_beta2 * g) * g;
+    const float denom = std::sqrt(v) * inv_sqrt_bc2 + eps;
+    p = p + neg_step_size * (m / denom);
+  };
+  constexpr std::size_t kHalf = kPiece / 2;
+  std::size_t w = begin;
+  for (; w + kWindow <= end; w += kWindow) {
+    for (std::size_t k = 0; k < kStride; k += kPiece) {
+      for (std::size_t s = 0; s < kStreams; ++s) {
+        const std::size_t at = w + s * kStride + k;
+        // 2-byte gradients widened first, and a 2-byte copy-out narrowed after, each in a
+        // loop over the whole piece: in the half-piece loop below they would take 8-byte
+        // vectors (4 x 16 bits), which made GCC build that whole loop of 2-lane vectors.
+        [[maybe_unused]] float gw[kPiece];
+        [[maybe_unused]] float pw[kPiece];
+        if constexpr (G != ElemType::kF32) {
+          for (std::size_t e = 0; e < kPiece; ++e) gw[e] = load_grad<G>(grads, at + e);
+        }
+        // A piece as one loop of kHalf iterations over two elements kHalf apart, which the
+        // compiler turns into one pass of 4-lane vectors (SSE2, NEON) that loads both halves of
+        // the piece before storing either, as loop_order.h counts. An element a time, the
+        // second half's loads would follow the first half's stores, 16 bytes on, and collide
+        // with them where the arrays are 16 bytes apart. The arrays never overlap (step()
+        // refuses that), which ivdep tells the compiler so that no piece tests for overlap at
+        // run time; `unroll 1` keeps GCC from unrolling the loop whole before it vectorises,
+        // after which it left the piece scalar or vectorised across streams behind overlap
+        // tests (seen in objdump).
+#pragma GCC ivdep
+#pragma GCC unroll 1
+        for (std::size_t e = 0; e < kHalf; ++e) {
+          const std::size_t i0 = at + e, i1 = at + kHalf + e;
+          float p0 = params[i0], p1 = params[i1];
+          float g0, g1;
+          if constexpr (G == ElemType::kF32) {
+            g0 = load_grad<G>(grads, i0);
+            g1 = load_grad<G>(grads, i1);
+          } else {
+            g0 = gw[e];
+            g1 = gw[kHalf + e];
+          }
+          float m0 = ms[i0], m1 = ms[i1];
+          float v0 = vs[i0], v1 = vs[i1];
+          update(p0, m0, v0, g0);
+          update(p1, m1, v1, g1);
+          params[i0] = p0;
+          params[i1] = p1;
+          ms[i0] = m0;
+          ms[i1] = m1;
+          vs[i0] = v0;
+          vs[i1] = v1;
+          if constexpr (kOut) {
+            pw[e] = p0;
+            pw[kHalf + e] = p1;
+          }
+        }
+        if constexpr (kOut) {
+          for (std::size_t e = 0; e < kPiece; ++e) {
+            out[at + e] = O == ElemType::kBF16 ? float_to_bf16(pw[e]) : float_to_f16(pw[e]);
+          }
         }
       }
     }
   }
+  return w;
+}
+
+// The range in the order loop_order.h chooses for these arrays: windowed where the sequential
+// order has a load within kScalarSafeDistance pieces of a store it may collide with, then the
+// remainder (less than a window) in sequence.
+template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kScaled>
+void ScalarKernel::loop(const KernelArgs& a, std::size_t begin, std::size_t end) {
+  std::size_t i = begin;
+  if (use_windowed_order(a, kScalarSafeDistance)) i = windowed<D, G, O, kOut, kScaled>(a, i, end);
   sequential<D, G, O, kOut, kScaled>(a, i, end);
 }
 

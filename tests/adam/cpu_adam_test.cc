@@ -372,8 +372,8 @@ TEST_P(CpuAdamIsa, EveryLengthAndCloseLayoutGivesTheScalarBits) {
 // apart, when the arrays lie a few pieces apart mod 1 MiB (loop_order.h, issue #37), and in
 // sequence otherwise: lengths of one window and more with a ragged remainder, on layouts that
 // take each order (lines apart, descending, all equal, one pair close while another is 512
-// bytes apart, staggered), with fp32 and bf16 gradients and L2 decay, give the sequential
-// scalar path's bits on every path.
+// bytes apart, staggered), with fp32, bf16 and fp16 gradients, a bf16 or fp16 copy-out and L2
+// decay, give the sequential scalar path's bits on every path.
 TEST_P(CpuAdamIsa, WindowedAndSequentialOrdersGiveTheScalarBits) {
   CpuAdam scalar({.threads = 1, .isa = Isa::kScalar});
   CpuAdam adam({.threads = 1, .isa = GetParam()});
@@ -381,11 +381,14 @@ TEST_P(CpuAdamIsa, WindowedAndSequentialOrdersGiveTheScalarBits) {
   const std::size_t lengths[] = {1023, 1024, 1031, 2 * 1024 + 8 + 5, 3 * 1024 + 1000};
   const std::size_t layouts[][4] = {
       {0, 16, 32, 48}, {48, 32, 16, 0}, {0, 0, 0, 0}, {0, 8, 128, 256}, {0, 272, 544, 816}};
-  for (DType gt : {DType::kF32, DType::kBF16}) {
+  for (DType gt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    // Each gradient type with one copy-out type (bf16 for two of them), so that both copy-outs
+    // meet 2- and 4-byte gradients.
+    const DType ot = gt == DType::kBF16 ? DType::kF16 : DType::kBF16;
     for (const auto& lay : layouts) {
       for (std::size_t n : lengths) {
         SCOPED_TRACE("n=" + std::to_string(n) + " grad=" + std::string(dtype_name(gt)) +
-                     " layout=" + std::to_string(lay[0]) + "," + std::to_string(lay[1]) + "," +
+                     " out=" + std::string(dtype_name(ot)) + " layout=" + std::to_string(lay[0]) + "," + std::to_string(lay[1]) + "," +
                      std::to_string(lay[2]) + "," + std::to_string(lay[3]));
         Problem a(n, 0, kSeed + static_cast<std::uint32_t>(n));
         // Array k starts k MiB in, plus its offset: apart mod 1 MiB by the offsets only (the
@@ -398,19 +401,23 @@ TEST_P(CpuAdamIsa, WindowedAndSequentialOrdersGiveTheScalarBits) {
         std::copy_n(a.m.cspan().data(), n, arr[1]);
         std::copy_n(a.v.cspan().data(), n, arr[2]);
         std::copy_n(a.g32.cspan().data(), n, arr[3]);
-        // bf16 gradients at the gradient array's place, 2 bytes an element.
-        auto* gbf = reinterpret_cast<std::uint16_t*>(arr[3]);
-        if (gt == DType::kBF16) std::copy_n(a.gbf.cspan().data(), n, gbf);
+        // 2-byte gradients at the gradient array's place, 2 bytes an element.
+        auto* g16 = reinterpret_cast<std::uint16_t*>(arr[3]);
+        if (gt == DType::kBF16) std::copy_n(a.gbf.cspan().data(), n, g16);
+        if (gt == DType::kF16) std::copy_n(a.g16.cspan().data(), n, g16);
         const GradView g = gt == DType::kF32
                                ? GradView::f32({static_cast<const float*>(arr[3]), n})
-                               : GradView::bf16({static_cast<const std::uint16_t*>(gbf), n});
+                               : GradView{g16, n, gt};
         std::vector<std::uint16_t> out(n);
+        const auto copy_out = [ot](std::span<std::uint16_t> to) {
+          return ot == DType::kBF16 ? CopyOut::bf16(to) : CopyOut::f16(to);
+        };
         for (std::uint64_t t = 1; t <= 2; ++t) {
           AdamParams hp = typical(AdamMode::kAdam, 0.01, true);
           hp.step = t;
           scalar.step(hp, a.p.span(), a.m.span(), a.v.span(), a.grads(gt),
-                      CopyOut::bf16(a.out.span()));
-          adam.step(hp, {arr[0], n}, {arr[1], n}, {arr[2], n}, g, CopyOut::bf16(out));
+                      copy_out(a.out.span()));
+          adam.step(hp, {arr[0], n}, {arr[1], n}, {arr[2], n}, g, copy_out(out));
         }
         EXPECT_EQ(std::memcmp(arr[0], a.p.cspan().data(), n * 4), 0);
         EXPECT_EQ(std::memcmp(arr[1], a.m.cspan().data(), n * 4), 0);
