@@ -29,6 +29,39 @@ std::uint64_t shard_numel(std::uint64_t numel, int world) noexcept;
 /// Rank `rank`'s slice of `full`, padded with zeros past its end (`shard` elements).
 void copy_slice(std::span<const float> full, int rank, std::span<float> shard);
 
+/// The gradient and parameter collectives of one step on this rank, as StepStats reports them:
+/// the bytes a ring algorithm moves into each of `world` ranks, (world - 1) / world of the
+/// buffer (exact: every buffer counted is padded to a multiple of world), twice that for an
+/// all-reduce (a reduce-scatter then an all-gather). `zinf plan` counts the same way.
+struct CollectiveTally {
+  std::uint64_t all_gather = 0;
+  std::uint64_t reduce_scatter = 0;
+  std::uint64_t all_reduce = 0;
+
+  /// An all-gather into `full_bytes`, a reduce-scatter of `full_bytes`, an all-reduce of
+  /// `bytes`.
+  void gathered(std::uint64_t full_bytes, int world) noexcept {
+    all_gather += ring(full_bytes, world);
+  }
+  void scattered(std::uint64_t full_bytes, int world) noexcept {
+    reduce_scatter += ring(full_bytes, world);
+  }
+  void reduced(std::uint64_t bytes, int world) noexcept { all_reduce += 2 * ring(bytes, world); }
+  /// Writes the counts into `stats` and starts the next step's from 0.
+  void report(offload::StepStats& stats) noexcept {
+    stats.allgather_bytes = all_gather;
+    stats.reduce_scatter_bytes = reduce_scatter;
+    stats.all_reduce_bytes = all_reduce;
+    *this = CollectiveTally{};
+  }
+
+ private:
+  static std::uint64_t ring(std::uint64_t bytes, int world) noexcept {
+    const auto w = static_cast<std::uint64_t>(world);
+    return bytes / w * (w - 1);
+  }
+};
+
 /// Sum of the squares of the finite values of `values` into totals[0] (double: exact far
 /// longer than fp32) and the count of values that are not finite into totals[1].
 void add_squares(std::span<const float> values, double totals[2]);

@@ -84,6 +84,17 @@ struct ShardedEngine::Impl {
   detail::HostStaging host;
   std::vector<offload::LayerSpec> layers;  // full sizes
   std::vector<std::uint64_t> shard;        // elements per rank, per layer
+  // zero_optimization.stage: 3 partitions the parameters (fetch all-gathers a layer); 1 and 2
+  // keep every layer whole on every rank (`whole`), refreshed by one all-gather per step.
+  int stage = 3;
+  // Stages 1 and 2 on several ranks: each layer's full parameters, padded to a multiple of the
+  // world size (so that a device-memory backend all-gathers into it in place), in device
+  // memory of the engine. fetch hands them out as they are.
+  std::vector<cuda::DeviceBuffer> whole;
+  std::vector<bool> fetched_whole;
+  std::vector<std::byte> host_full;  // a host-memory backend's all-gather of one layer
+  // The gradient and parameter collectives since the last step (StepStats' counts).
+  detail::CollectiveTally tally;
   // Declared before `local`, so destroyed after it: an empty rank folder goes once the
   // engine's swap files are gone.
   detail::RankFolders rank_folders;
@@ -154,6 +165,11 @@ struct ShardedEngine::Impl {
   }
   void reshard(const std::string& dir, int saved_world,
                const std::vector<detail::SavedRank>& folders);
+  bool keeps_whole() const noexcept { return !whole.empty(); }
+  // Stages 1 and 2: all-gathers every rank's low-precision slice of layer l (its engine's
+  // parameters, as fetch reads them) into whole[l]. Collective; `what` names the operation in
+  // a rank's failure. Counted in `tally` if `count`.
+  void refresh_whole(std::size_t l, std::string_view what, bool count);
   void check_size(std::size_t l, std::size_t got, const char* op) const {
     if (got != layers[l].numel) {
       throw UsageError(std::string("ShardedEngine::") + op + ": layer '" + layers[l].name +
@@ -174,6 +190,23 @@ ShardedEngine::ShardedEngine(offload::EngineConfig config, std::vector<offload::
     : impl_(std::make_unique<Impl>(comm, device, compute_stream)) {
   Impl& s = *impl_;
   s.layers = std::move(layers);
+  s.stage = config.zero_stage;
+  if (comm.size() > 1 && s.stage == 0) {
+    // Plain data parallelism (every rank its whole optimizer state) is not built: say so
+    // rather than partition anyway.
+    throw UsageError("ShardedEngine: zero_optimization.stage 0 on " + std::to_string(comm.size()) +
+                     " ranks: plain data parallelism is not offered; set zero_optimization.stage "
+                     "to 1 or 2 (each rank keeps 1/N of the optimizer state) or 3 (and of the "
+                     "parameters)");
+  }
+  if (comm.size() > 1 && s.stage < 3 &&
+      config.offload_param.device != offload::OffloadDevice::kNone) {
+    // parse_config refuses this too; a config built in code reaches here.
+    throw UsageError("ShardedEngine: zero_optimization.offload_param (\"" +
+                     std::string(offload::offload_device_name(config.offload_param.device)) +
+                     "\") needs zero_optimization.stage 3, but stage is " +
+                     std::to_string(s.stage));
+  }
   std::vector<offload::LayerSpec> mine;
   std::uint64_t largest = 0;
   for (const auto& l : s.layers) {
@@ -199,7 +232,14 @@ ShardedEngine::ShardedEngine(offload::EngineConfig config, std::vector<offload::
   s.shard_grads.resize(s.staged ? 1 : s.layers.size());
   s.has_grads.assign(s.layers.size(), false);
   s.fetched_alone.assign(s.layers.size(), false);
+  s.fetched_whole.assign(s.layers.size(), false);
   s.padded.resize(largest);
+  if (comm.size() > 1 && s.stage < 3) {
+    // Written by set_master_weights or load, as the engine's parameters are.
+    for (std::size_t l = 0; l < s.layers.size(); ++l) {
+      s.whole.push_back(device.allocate(s.padded_numel(l) * dtype_size(s.layers[l].param_dtype)));
+    }
+  }
   if (comm.size() > 1 && s.staged) {
     offload::set_sum_of_squares_reducer(*s.local, [&s](double local_sum) {
       s.reduced_this_step = true;  // before the call: a failed all-reduce must not be retried
@@ -214,6 +254,7 @@ ShardedEngine::~ShardedEngine() = default;
 
 int ShardedEngine::rank() const noexcept { return impl_->comm.rank(); }
 int ShardedEngine::world_size() const noexcept { return impl_->comm.size(); }
+int ShardedEngine::zero_stage() const noexcept { return impl_->stage; }
 std::size_t ShardedEngine::layer_count() const noexcept { return impl_->layers.size(); }
 
 const offload::LayerSpec& ShardedEngine::layer(std::size_t index) const {
@@ -239,6 +280,7 @@ void ShardedEngine::set_master_weights(std::size_t layer, std::span<const float>
     detail::copy_slice(weights, s.comm.rank(), slice);
     s.local->set_master_weights(layer, slice);
   });
+  if (s.keeps_whole()) s.refresh_whole(layer, "ShardedEngine::set_master_weights", false);
 }
 
 void ShardedEngine::read_master_weights(std::size_t layer, std::span<float> out) {
@@ -256,7 +298,7 @@ void ShardedEngine::read_master_weights(std::size_t layer, std::span<float> out)
 cuda::DeviceSpan ShardedEngine::fetch(std::size_t layer) {
   Impl& s = *impl_;
   const offload::LayerSpec& spec = s.at(layer, "fetch");
-  bool fetched = s.fetched_alone[layer];
+  bool fetched = s.fetched_alone[layer] || s.fetched_whole[layer];
   for (const FetchSlot& slot : s.slots) fetched = fetched || slot.layer == layer;
   if (fetched) {
     throw UsageError("ShardedEngine::fetch: layer '" + spec.name +
@@ -267,6 +309,11 @@ cuda::DeviceSpan ShardedEngine::fetch(std::size_t layer) {
     const cuda::DeviceSpan own = s.local->fetch(layer);
     s.fetched_alone[layer] = true;
     return own;
+  }
+  if (s.keeps_whole()) {
+    // Stages 1 and 2: the layer is whole here already (refreshed after the last step).
+    s.fetched_whole[layer] = true;
+    return s.whole[layer].span(0, spec.numel * dtype_size(spec.param_dtype));
   }
   const std::size_t elem = dtype_size(spec.param_dtype);
   const std::size_t slice_bytes = s.shard[layer] * elem;
@@ -310,6 +357,7 @@ cuda::DeviceSpan ShardedEngine::fetch(std::size_t layer) {
     s.comm.all_gather(s.host_slice, slot->host);
     s.device.copy_to_device(s.compute, full, std::span(slot->host).first(spec.numel * elem));
   }
+  s.tally.gathered(full_bytes, s.comm.size());
   slot->layer = layer;
   return full;
 }
@@ -320,6 +368,10 @@ void ShardedEngine::release(std::size_t layer) {
   if (s.fetched_alone[layer]) {
     s.fetched_alone[layer] = false;
     s.local->release(layer);
+    return;
+  }
+  if (s.fetched_whole[layer]) {
+    s.fetched_whole[layer] = false;  // the next step's refresh waits for the compute stream
     return;
   }
   for (FetchSlot& f : s.slots) {
@@ -338,8 +390,53 @@ void ShardedEngine::Impl::average_host_grads(std::size_t l, adam::GradView grads
   widen(grads, full.first(n));
   std::fill(full.begin() + static_cast<std::ptrdiff_t>(n), full.end(), 0.0f);
   const std::span<float> slice = grad_slice(l);
-  reduce_scatter<float>(host, full, slice, ReduceOp::kAvg);
+  if (stage == 1) {
+    // Stage 1: the whole average on every rank, of which this rank keeps its slice.
+    all_reduce<float>(host, full, ReduceOp::kAvg);
+    detail::copy_slice(full, comm.rank(), slice);
+    tally.reduced(full.size_bytes(), comm.size());
+  } else {
+    reduce_scatter<float>(host, full, slice, ReduceOp::kAvg);
+    tally.scattered(full.size_bytes(), comm.size());
+  }
   hand_over(l, slice);
+}
+
+void ShardedEngine::Impl::refresh_whole(std::size_t l, std::string_view what, bool count) {
+  const offload::LayerSpec& spec = layers[l];
+  const std::size_t elem = dtype_size(spec.param_dtype);
+  const std::size_t slice_bytes = shard[l] * elem;
+  const std::size_t full_bytes = padded_numel(l) * elem;
+  const bool on_device = comm.memory() == MemoryKind::kDevice;
+  // The compute stream may still read whole[l] (work enqueued before release) and is idle
+  // once this rank's slice is on the host: the buffers are then free to overwrite.
+  if (!on_device) host_slice.resize(slice_bytes);
+  cuda::DeviceSpan own;
+  bool fetched = false;
+  try {
+    detail::on_every_rank(host, what, [&] {
+      own = local->fetch(l);
+      fetched = true;
+      if (!on_device) device.copy_to_host(compute, host_slice, own);
+      device.synchronize(compute);
+    });
+  } catch (...) {
+    if (fetched) local->release(l);
+    throw;
+  }
+  if (on_device) {
+    // In place on the device: the backend returns once the result is there.
+    comm.all_gather(std::span<const std::byte>(own.data(), own.size()),
+                    std::span(whole[l].data(), full_bytes));
+    local->release(l);
+  } else {
+    local->release(l);
+    host_full.resize(full_bytes);
+    comm.all_gather(host_slice, host_full);
+    device.copy_to_device(compute, whole[l].span(0, full_bytes), host_full);
+    device.synchronize(compute);  // host_full is reused by the next layer
+  }
+  if (count) tally.gathered(full_bytes, comm.size());
 }
 
 void ShardedEngine::set_gradients(std::size_t layer, adam::GradView grads) {
@@ -379,8 +476,9 @@ void ShardedEngine::set_gradients(std::size_t layer, cuda::DeviceSpan grads, DTy
   // to add: zinf::cuda has no device-side copy or conversion) is copied to the host whole and
   // takes the host path.
   const std::size_t slice_bytes = s.shard[layer] * sizeof(float);
+  // Stage 1 all-reduces the whole layer: the host path's.
   const bool in_place = s.comm.memory() == MemoryKind::kDevice && dtype == DType::kF32 &&
-                        s.padded_numel(layer) == spec.numel &&
+                        s.stage != 1 && s.padded_numel(layer) == spec.numel &&
                         reinterpret_cast<std::uintptr_t>(grads.data()) % alignof(float) == 0;
   // The gradients are read after the compute stream's work enqueued so far (which wrote them),
   // for which the host waits: the collective that follows blocks it anyway. A failed wait or
@@ -404,6 +502,7 @@ void ShardedEngine::set_gradients(std::size_t layer, cuda::DeviceSpan grads, DTy
   s.comm.reduce_scatter(std::span<const std::byte>(grads.data(), grads.size()),
                         std::span(s.slice_device.data(), slice_bytes), ElementType::kF32,
                         ReduceOp::kAvg);
+  s.tally.scattered(grads.size(), s.comm.size());
   // Only this rank's slice of the average crosses to the host (the backend's call returned
   // with it in place).
   const std::span<float> slice = s.grad_slice(layer);
@@ -436,6 +535,14 @@ offload::StepStats ShardedEngine::step() {
     }
   }
   detail::all_reduce_failures(s.host, "ShardedEngine::step", mine);
+  // Stages 1 and 2: the updated slices make every rank's layers whole again, once per step.
+  // A skipped step (every rank's verdict is the same) changed nothing.
+  if (s.keeps_whole() && !stats.skipped) {
+    for (std::size_t l = 0; l < s.layers.size(); ++l) {
+      s.refresh_whole(l, "ShardedEngine::step", true);
+    }
+  }
+  s.tally.report(stats);
   return stats;
 }
 
@@ -469,6 +576,13 @@ void ShardedEngine::load(const std::string& dir) {
            const std::vector<detail::SavedRank>& folders) {
         s.reshard(top, saved_world, folders);
       });
+  // Stages 1 and 2: the loaded parameters, whichever stage saved them (the checkpoint holds
+  // slices at every stage).
+  if (s.keeps_whole()) {
+    for (std::size_t l = 0; l < s.layers.size(); ++l) {
+      s.refresh_whole(l, "ShardedEngine::load", false);
+    }
+  }
 }
 
 // Another world size's checkpoint: the optimizer state moves as the ShardedOptimizer's does

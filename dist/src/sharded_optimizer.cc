@@ -28,6 +28,7 @@ struct ShardedOptimizer::Impl {
   std::vector<std::vector<float>> shard_grads, shard_out;
   std::vector<float> padded;  // one full padded group at a time
   offload::OptimizerOptions options;  // the local optimizer's (rank folders), for reshard()
+  int stage = 2;
 
   explicit Impl(Collectives& c) : comm(c) {}
   void reshard(int saved_world, const std::vector<detail::SavedRank>& folders);
@@ -41,9 +42,17 @@ struct ShardedOptimizer::Impl {
 };
 
 ShardedOptimizer::ShardedOptimizer(offload::OptimizerOptions options,
-                                   std::vector<offload::ParamGroupSpec> groups, Collectives& comm)
+                                   std::vector<offload::ParamGroupSpec> groups, Collectives& comm,
+                                   int stage)
     : impl_(std::make_unique<Impl>(comm)) {
   Impl& s = *impl_;
+  if (stage != 1 && stage != 2) {
+    throw UsageError("ShardedOptimizer: zero_optimization.stage " + std::to_string(stage) +
+                     " is not a stage of a sharded optimizer: 1 (all-reduced gradients) or 2 "
+                     "(reduce-scattered); stage 3 also partitions the parameters "
+                     "(ShardedEngine)");
+  }
+  s.stage = stage;
   if (comm.memory() != MemoryKind::kHost) {
     throw UsageError("ShardedOptimizer: the collectives '" + std::string(comm.name()) +
                      "' work on device memory; the optimizer's slices are in host memory");
@@ -75,6 +84,7 @@ ShardedOptimizer::ShardedOptimizer(offload::OptimizerOptions options,
 ShardedOptimizer::~ShardedOptimizer() = default;
 
 std::size_t ShardedOptimizer::group_count() const noexcept { return impl_->groups.size(); }
+int ShardedOptimizer::stage() const noexcept { return impl_->stage; }
 
 std::uint64_t ShardedOptimizer::shard_numel(std::size_t group) const {
   impl_->check_group(group, "shard_numel");
@@ -125,12 +135,22 @@ offload::StepStats ShardedOptimizer::step(std::span<const std::span<const float>
   // [0]: this rank's sum of squares (double: exact for the values training sees far longer
   // than fp32 would be), [1]: values that are not finite.
   double totals[2] = {0, 0};
+  detail::CollectiveTally tally;
+  const int world = s.comm.size();
   for (std::size_t g = 0; g < s.groups.size(); ++g) {
     const std::uint64_t n = s.groups[g].numel;
     const std::span<float> full(s.padded.data(), s.padded_numel(g));
     std::copy(grads[g].begin(), grads[g].end(), full.begin());
     std::fill(full.begin() + static_cast<std::ptrdiff_t>(n), full.end(), 0.0f);
-    reduce_scatter<float>(s.comm, full, s.shard_grads[g], ReduceOp::kAvg);
+    if (s.stage == 1) {
+      // Stage 1: the whole average on every rank, of which this rank keeps its slice.
+      all_reduce<float>(s.comm, full, ReduceOp::kAvg);
+      detail::copy_slice(full, s.comm.rank(), s.shard_grads[g]);
+      tally.reduced(full.size_bytes(), world);
+    } else {
+      reduce_scatter<float>(s.comm, full, s.shard_grads[g], ReduceOp::kAvg);
+      tally.scattered(full.size_bytes(), world);
+    }
     detail::add_squares(s.shard_grads[g], totals);
   }
   all_reduce<double>(s.comm, std::span<double>(totals, 2), ReduceOp::kSum);
@@ -141,6 +161,7 @@ offload::StepStats ShardedOptimizer::step(std::span<const std::span<const float>
     stats.skipped = true;
     stats.global_grad_norm = std::numeric_limits<double>::infinity();
     stats.grad_scale_applied = 0;
+    tally.report(stats);
     return stats;
   }
   const double norm = std::sqrt(totals[0]) / options.loss_scale;
@@ -158,8 +179,10 @@ offload::StepStats ShardedOptimizer::step(std::span<const std::span<const float>
   for (std::size_t g = 0; g < s.groups.size(); ++g) {
     const std::span<float> full(s.padded.data(), s.padded_numel(g));
     all_gather<float>(s.comm, s.shard_out[g], full);
+    tally.gathered(full.size_bytes(), world);
     std::copy_n(full.begin(), s.groups[g].numel, params[g].begin());
   }
+  tally.report(stats);
   return stats;
 }
 

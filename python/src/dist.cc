@@ -254,19 +254,21 @@ void bind_dist(py::module_& m) {
                        const std::string& tier, const std::vector<std::string>& directories,
                        std::uint64_t sub_group, std::uint32_t depth, std::uint64_t pinned_budget,
                        std::size_t threads, bool checksums, const std::string& state_precision,
-                       const swap::IoOptions& io) {
+                       const swap::IoOptions& io, int stage) {
              offload::OptimizerOptions o =
                  optimizer_options(tier, directories, sub_group, depth, pinned_budget, threads,
                                    checksums, state_precision, io);
              std::vector<offload::ParamGroupSpec> groups = numbered_groups(numels);
              // The constructor runs no collective, so the GIL may go.
              py::gil_scoped_release nogil;
-             return std::make_unique<dist::ShardedOptimizer>(std::move(o), std::move(groups), comm);
+             return std::make_unique<dist::ShardedOptimizer>(std::move(o), std::move(groups), comm,
+                                                             stage);
            }),
            // The optimizer keeps a reference to the collectives: they live as long as it.
            py::keep_alive<1, 3>(), "numels"_a, "collectives"_a, "tier"_a, "directories"_a,
            "sub_group_elements"_a, "pipeline_depth"_a, "pinned_budget_bytes"_a, "threads"_a,
-           "checksums"_a, "state_precision"_a = "fp32", "io"_a = swap::IoOptions{})
+           "checksums"_a, "state_precision"_a = "fp32", "io"_a = swap::IoOptions{}, "stage"_a = 2)
+      .def_property_readonly("stage", &dist::ShardedOptimizer::stage)
       .def("shard_numel", &dist::ShardedOptimizer::shard_numel)
       .def("shard_offset", &dist::ShardedOptimizer::shard_offset)
       .def("set_params",

@@ -36,6 +36,9 @@ py::dict stats_dict(const offload::StepStats& s) {
   d["global_grad_norm"] = s.global_grad_norm;
   d["grad_scale_applied"] = s.grad_scale_applied;
   d["loss_scale"] = s.loss_scale;
+  d["allgather_bytes"] = s.allgather_bytes;
+  d["reduce_scatter_bytes"] = s.reduce_scatter_bytes;
+  d["all_reduce_bytes"] = s.all_reduce_bytes;
   return d;
 }
 

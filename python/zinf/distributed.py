@@ -1,11 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """zinf over torch.distributed: data-parallel Adam/AdamW in which each rank keeps 1/N of the
-fp32 master weights and moments (ZeRO stage 1-2's way; zinf::dist::ShardedOptimizer).
+fp32 master weights and moments (ZeRO stage 1 or 2, as ``stage`` says, 2 by default as
+DeepSpeed's ZeRO-Offload; zinf::dist::ShardedOptimizer).
 
     torch.distributed.init_process_group("gloo")        # torchrun sets RANK, WORLD_SIZE, ...
     opt = zinf.distributed.ShardedAdamW(model.parameters(), lr=1e-3)
     loss.backward()                                     # this rank's gradients, not averaged
     opt.step()                                          # averages, updates 1/N, all-gathers
+    opt.last_step_stats["allgather_bytes"]              # what the step's collectives moved
 
 The collectives go through a process group of torch.distributed on CPU tensors (gloo, or mpi):
 zinf's callback adapter calls back into Python with its buffers (DLPack capsules that
@@ -109,10 +111,18 @@ class _ShardedAdamBase(torch.optim.Optimizer):
     Every rank builds it over the same parameters (the same shapes, the same initial values:
     rank 0's are broadcast at construction), and every rank calls ``step()`` together. Each
     parameter is one group of zinf::dist::ShardedOptimizer: padded to a multiple of N, rank r
-    keeps elements [r s, (r + 1) s). A step reduce-scatters the ranks' gradients with the
-    average (so do not average them first: DistributedDataParallel around the model would
-    give the same values for twice the traffic), updates this rank's slice with
-    zinf's CPU Adam, and all-gathers the updated slices into every rank's parameters. With
+    keeps elements [r s, (r + 1) s). A step averages the ranks' gradients (so do not average
+    them first: DistributedDataParallel around the model would give the same values for
+    twice the traffic), updates this rank's slice with zinf's CPU Adam, and all-gathers the
+    updated slices into every rank's parameters.
+
+    ``stage`` is DeepSpeed's zero_optimization.stage: 2 (the default) reduce-scatters the
+    gradients, so each rank receives only its slice of the average; 1 all-reduces them (every
+    rank receives the whole average, twice the bytes, and keeps its slice). Both keep the
+    model's parameters whole on every rank, as torch holds them; 3, which partitions the
+    parameters too, and 0, which keeps the whole optimizer state on every rank, are
+    ValueError. ``last_step_stats`` has the step's ``allgather_bytes``,
+    ``reduce_scatter_bytes`` and ``all_reduce_bytes`` (a ring's bytes into this rank). With
     the same gradient on every rank the result is bitwise that of zinf.torch.Adam(W) on one
     process; otherwise bitwise that of one process fed the average (where the average is
     exact in fp32).
@@ -142,8 +152,18 @@ class _ShardedAdamBase(torch.optim.Optimizer):
     def __init__(self, params, lr, betas, eps, weight_decay, amsgrad, adamw, threads,
                  process_group=None, state="cpu", nvme_path=None, sub_group_size=None,
                  pipeline_depth=4, pinned_budget=None, checksums=True, state_precision="fp32",
-                 aio=None):
+                 aio=None, stage=2):
         check_adam_arguments(lr, betas, eps, weight_decay, amsgrad, state, state_precision)
+        if stage == 0 and not isinstance(stage, bool):
+            raise ValueError("zinf: stage=0 keeps the whole optimizer state on every rank (plain "
+                             "data parallelism), which the sharded optimizer does not offer; "
+                             "give stage 1 or 2")
+        if stage == 3:
+            raise ValueError("zinf: stage=3 partitions the parameters too, but torch holds the "
+                             "model's parameters whole on every rank; the sharded optimizer "
+                             "runs stage 1 or 2")
+        if isinstance(stage, bool) or stage not in (1, 2):
+            raise ValueError(f"zinf: stage must be 1 or 2, got {stage!r}")
         io = io_options(aio)
         if state_precision != "fp32" and state != "nvme":
             raise ValueError(f"zinf: state_precision={state_precision!r} is for state='nvme'")
@@ -153,6 +173,7 @@ class _ShardedAdamBase(torch.optim.Optimizer):
                         bias_correction=True)
         super().__init__(params, defaults)
         self._adamw = adamw
+        self.stage = int(stage)
         self._flat = [p for g in self.param_groups for p in g["params"]]
         for p in self._flat:
             self._check_param(p)
@@ -177,7 +198,7 @@ class _ShardedAdamBase(torch.optim.Optimizer):
             self._sharded = _native.ShardedOptimizer(
                 [p.numel() for p in self._flat], self.collectives, state, dirs,
                 int(sub_group_size), int(pipeline_depth), int(budget), int(threads),
-                bool(checksums), str(state_precision), io)
+                bool(checksums), str(state_precision), io, int(stage))
         except ValueError as e:
             raise budget_error_in_python_terms(e) from None
         self._index = {id(p): i for i, p in enumerate(self._flat)}
@@ -325,12 +346,12 @@ class ShardedAdam(_ShardedAdamBase):
                  nvme_path: NvmePaths = None, sub_group_size: Optional[int] = None,
                  pipeline_depth: int = 4, pinned_budget: Optional[int] = None,
                  checksums: bool = True, state_precision: str = "fp32",
-                 aio: AioSettings = None) -> None:
+                 aio: AioSettings = None, stage: int = 2) -> None:
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, False, threads,
                          process_group, state=state, nvme_path=nvme_path,
                          sub_group_size=sub_group_size, pipeline_depth=pipeline_depth,
                          pinned_budget=pinned_budget, checksums=checksums,
-                         state_precision=state_precision, aio=aio)
+                         state_precision=state_precision, aio=aio, stage=stage)
 
 
 class ShardedAdamW(_ShardedAdamBase):
@@ -344,9 +365,9 @@ class ShardedAdamW(_ShardedAdamBase):
                  nvme_path: NvmePaths = None, sub_group_size: Optional[int] = None,
                  pipeline_depth: int = 4, pinned_budget: Optional[int] = None,
                  checksums: bool = True, state_precision: str = "fp32",
-                 aio: AioSettings = None) -> None:
+                 aio: AioSettings = None, stage: int = 2) -> None:
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, True, threads,
                          process_group, state=state, nvme_path=nvme_path,
                          sub_group_size=sub_group_size, pipeline_depth=pipeline_depth,
                          pinned_budget=pinned_budget, checksums=checksums,
-                         state_precision=state_precision, aio=aio)
+                         state_precision=state_precision, aio=aio, stage=stage)

@@ -2,9 +2,9 @@
 // ShardedEngine under mpirun (2 and 3 ranks, MPI collectives): the checks of sharded_engine_test
 // on real processes. Every rank fetches and ends bitwise as one OffloadEngine fed the averaged
 // gradients (cpu tiers on_arrival; nvme tiers staged, clipped, one overflow skipped by all; bf16
-// device gradients); a
-// checkpoint saved by every rank reloads, and a job of another world size refuses it; one rank's
-// failed parameter read fails every rank's fetch, naming it.
+// device gradients; stages 2 and 1, which keep the parameters whole, with their collective
+// byte counts); a checkpoint saved by every rank reloads, and a job of another world size
+// refuses it; one rank's failed parameter read fails every rank's fetch, naming it.
 #include <mpi.h>
 
 #include <array>
@@ -58,7 +58,13 @@ TEST(MpiShardedEngine, EveryRankFetchesAndEndsBitwiseAsOneEngine) {
   for (const ShardedCase c : {ShardedCase{OffloadDevice::kCpu, OffloadDevice::kCpu, false},
                               ShardedCase{OffloadDevice::kNvme, OffloadDevice::kNvme, true},
                               ShardedCase{OffloadDevice::kCpu, OffloadDevice::kCpu, true,
-                                          test::GradPlace::kDevice, DType::kBF16}}) {
+                                          test::GradPlace::kDevice, DType::kBF16},
+                              // Stages 2 and 1: whole parameters on every rank, gradients
+                              // reduce-scattered or all-reduced, one all-gather per step.
+                              ShardedCase{OffloadDevice::kNone, OffloadDevice::kCpu, true,
+                                          test::GradPlace::kHost, DType::kF32, false, 2},
+                              ShardedCase{OffloadDevice::kNone, OffloadDevice::kNvme, false,
+                                          test::GradPlace::kDevice, DType::kBF16, false, 1}}) {
     SCOPED_TRACE(::testing::PrintToString(c));
     zinf::test::TestDir dir;  // this rank's own
     const test::Trace want = test::reference_trace(c, dir.subdir("reference"));

@@ -79,13 +79,15 @@ inline std::vector<std::vector<std::vector<float>>> reference() {
 // Steps `from`..`to` of the same run on this rank of `c`: a new ShardedOptimizer starts from
 // the initial parameters (from == 1) or loads `load_from`; each step's parameters are checked
 // against `want`; with `save_to`, it saves there after step `to`. The world size of the run may
-// differ from the one that saved `load_from` (resharding).
+// differ from the one that saved `load_from` (resharding). `stage` 1 or 2: each step's
+// collective byte counts are checked too.
 inline void run_sharded_steps(Collectives& c, StateTier tier, const std::string& swap_dir,
                               const std::vector<std::vector<std::vector<float>>>& want,
                               std::uint64_t from, std::uint64_t to, const std::string& load_from,
-                              const std::string& save_to) {
+                              const std::string& save_to, int stage = 2) {
   const auto gs = groups();
-  ShardedOptimizer opt(options_for(tier, swap_dir), gs, c);
+  ShardedOptimizer opt(options_for(tier, swap_dir), gs, c, stage);
+  EXPECT_EQ(opt.stage(), stage);
   // Each rank's swap files in its own rank<R> folder.
   for (const std::string& path : opt.local().swap_file_paths()) {
     EXPECT_EQ(path.rfind(swap_dir + "/rank" + std::to_string(c.rank()) + "/", 0), 0u) << path;
@@ -119,6 +121,14 @@ inline void run_sharded_steps(Collectives& c, StateTier tier, const std::string&
     }
     const offload::StepStats st = opt.step(gv, pv);
     EXPECT_EQ(st.elements, owned);  // each rank updates only its slices
+    // A ring's bytes into this rank: (N - 1) / N of each padded fp32 group, gathered once,
+    // reduce-scattered (stage 2) or all-reduced (stage 1, twice).
+    const auto n = static_cast<std::uint64_t>(c.size());
+    std::uint64_t ring = 0;
+    for (const auto& g : gs) ring += (g.numel + n - 1) / n * n * 4 / n * (n - 1);
+    EXPECT_EQ(st.allgather_bytes, ring);
+    EXPECT_EQ(st.reduce_scatter_bytes, stage == 2 ? ring : 0);
+    EXPECT_EQ(st.all_reduce_bytes, stage == 1 ? 2 * ring : 0);
     for (std::size_t g = 0; g < gs.size(); ++g) {
       EXPECT_EQ(params[g], want[t - 1][g]) << "rank " << c.rank() << " of " << c.size()
                                            << ", group " << gs[g].name << ", step " << t;
@@ -132,13 +142,13 @@ inline void run_sharded_steps(Collectives& c, StateTier tier, const std::string&
 // destroyed, and a new one loads it and runs the last step.
 inline void check_sharded_parity(Collectives& c, StateTier tier, const std::string& swap_dir,
                                  const std::vector<std::vector<std::vector<float>>>& want,
-                                 const std::string& checkpoint = "") {
+                                 const std::string& checkpoint = "", int stage = 2) {
   if (checkpoint.empty()) {
-    run_sharded_steps(c, tier, swap_dir, want, 1, kSteps, "", "");
+    run_sharded_steps(c, tier, swap_dir, want, 1, kSteps, "", "", stage);
     return;
   }
-  run_sharded_steps(c, tier, swap_dir, want, 1, kSteps - 1, "", checkpoint);
-  run_sharded_steps(c, tier, swap_dir, want, kSteps, kSteps, checkpoint, "");
+  run_sharded_steps(c, tier, swap_dir, want, 1, kSteps - 1, "", checkpoint, stage);
+  run_sharded_steps(c, tier, swap_dir, want, kSteps, kSteps, checkpoint, "", stage);
 }
 
 }  // namespace zinf::dist::test

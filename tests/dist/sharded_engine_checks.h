@@ -7,6 +7,7 @@
 // any world size and the sum of squares exact in double (the clipped norm is then the same too).
 #pragma once
 
+#include <array>
 #include <bit>
 #include <chrono>
 #include <cmath>
@@ -54,6 +55,9 @@ struct ShardedCase {
   DType grad_dtype = DType::kF32;
   // Dynamic fp16 loss scaling from 2^4, halved at the first overflow (staged cases only).
   bool dynamic_scale = false;
+  // zero_optimization.stage: 3 partitions the parameters; 1 and 2 (resident parameters only)
+  // keep them whole on every rank.
+  int stage = 3;
 };
 
 /// The case as a test name's part: "cpu_cpu_on_arrival", "..._device_bf16_grads".
@@ -66,6 +70,7 @@ inline std::string case_name(const ShardedCase& c) {
             std::string(dtype_name(c.grad_dtype)) + "_grads";
   }
   if (c.dynamic_scale) name += "_dynamic_scale";
+  if (c.stage != 3) name += "_stage" + std::to_string(c.stage);
   return name;
 }
 
@@ -78,7 +83,7 @@ constexpr std::uint64_t kOverflowStep = 2;
 /// The engine config of a case, NVMe paths under `dir` (the sharded engine adds rank<R>).
 inline offload::EngineConfig sharded_config(const ShardedCase& c, const std::string& dir) {
   offload::EngineConfig cfg;
-  cfg.zero_stage = 3;
+  cfg.zero_stage = c.stage;
   cfg.offload_param.device = c.param;
   cfg.offload_param.buffer_count = 2;
   cfg.offload_param.buffer_size = 4096;
@@ -158,7 +163,31 @@ struct Trace {
   std::vector<std::vector<float>> masters;
   std::vector<bool> skipped;
   std::vector<double> grad_scale;  // each step's grad_scale_applied (the clipping factor)
+  // Each step's collective byte counts: all-gather, reduce-scatter, all-reduce.
+  std::vector<std::array<std::uint64_t, 3>> collective_bytes;
 };
+
+/// The collective byte counts a rank of `world` must report for a step of run_steps (every
+/// layer fetched once), `skipped` or not: a ring's (N - 1) / N of each padded buffer (the
+/// gradients fp32), twice that for an all-reduce; the parameters all-gathered at each fetch
+/// (stage 3) or once after a step that was not skipped (stages 1, 2).
+inline std::array<std::uint64_t, 3> expected_collective_bytes(const ShardedCase& c, int world,
+                                                              bool skipped) {
+  std::array<std::uint64_t, 3> want{0, 0, 0};
+  const auto n = static_cast<std::uint64_t>(world);
+  for (const auto& l : sharded_layers()) {
+    const std::uint64_t padded = (l.numel + n - 1) / n * n;
+    const std::uint64_t params = padded * dtype_size(l.param_dtype) / n * (n - 1);
+    const std::uint64_t grads = padded * sizeof(float) / n * (n - 1);
+    if (c.stage == 3 || !skipped) want[0] += params;
+    if (c.stage == 1) {
+      want[2] += 2 * grads;
+    } else {
+      want[1] += grads;
+    }
+  }
+  return want;
+}
 
 /// An engine of either kind behind the calls the loop makes.
 template <class Engine>
@@ -238,6 +267,8 @@ void run_steps(Engine& e, RankDevice& d, const ShardedCase& c, int rank, int wor
     const offload::StepStats st = e.step();
     trace.skipped.push_back(st.skipped);
     trace.grad_scale.push_back(st.grad_scale_applied);
+    trace.collective_bytes.push_back(
+        {st.allgather_bytes, st.reduce_scatter_bytes, st.all_reduce_bytes});
   }
 }
 
@@ -310,6 +341,12 @@ inline void check_sharded_engine(Collectives& comm, RankDevice& d, const Sharded
   }
   EXPECT_EQ(got.skipped, want.skipped) << "rank " << rank << " of " << world;
   EXPECT_EQ(got.grad_scale, want.grad_scale) << "rank " << rank << " of " << world;
+  for (std::size_t t = 0; t < got.collective_bytes.size(); ++t) {
+    // The plain engine moves none.
+    EXPECT_EQ(want.collective_bytes[t], (std::array<std::uint64_t, 3>{0, 0, 0}));
+    EXPECT_EQ(got.collective_bytes[t], expected_collective_bytes(c, world, got.skipped[t]))
+        << "rank " << rank << " of " << world << ": collective bytes of step " << t + 1;
+  }
   for (std::size_t l = 0; l < want.masters.size(); ++l) {
     EXPECT_TRUE(same_bits(got.masters[l], want.masters[l]))
         << "rank " << rank << " of " << world << ": master weights of layer " << l;

@@ -35,30 +35,32 @@ namespace {
 
 using offload::StateTier;
 
-class ShardedRanks : public ::testing::TestWithParam<std::tuple<int, StateTier>> {};
+class ShardedRanks : public ::testing::TestWithParam<std::tuple<int, StateTier, int>> {};
 
+// At stage 2 (reduce-scattered gradients) and stage 1 (all-reduced) alike.
 TEST_P(ShardedRanks, EveryRanksParametersAreBitwiseTheOneOptimizersRun) {
-  const auto [size, tier] = GetParam();
+  const auto [size, tier, stage] = GetParam();
   const auto want = test::reference();
   zinf::test::TestDir dir;
   const std::string swap_dir = dir.subdir("nvme");
   test::ThreadGroup group(size);
   group.run(/*native_reduce_scatter=*/false, [&](Collectives& c) {
-    test::check_sharded_parity(c, tier, swap_dir, want);
+    test::check_sharded_parity(c, tier, swap_dir, want, "", stage);
   });
   // The swap files were in rank<R> folders (run_sharded_steps checks), which go with the
   // optimizers once empty: nothing is left.
   EXPECT_TRUE(std::filesystem::is_empty(swap_dir));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    WorldSizes, ShardedRanks,
-    ::testing::Combine(::testing::Values(1, 2, 3, 4),
-                       ::testing::Values(StateTier::kCpu, StateTier::kNvme)),
-    [](const auto& p) {
-      return std::to_string(std::get<0>(p.param)) + "ranks_" +
-             std::string(offload::state_tier_name(std::get<1>(p.param)));
-    });
+INSTANTIATE_TEST_SUITE_P(WorldSizes, ShardedRanks,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                                            ::testing::Values(StateTier::kCpu, StateTier::kNvme),
+                                            ::testing::Values(2, 1)),
+                         [](const auto& p) {
+                           return std::to_string(std::get<0>(p.param)) + "ranks_" +
+                                  std::string(offload::state_tier_name(std::get<1>(p.param))) +
+                                  "_stage" + std::to_string(std::get<2>(p.param));
+                         });
 
 // Saved after two steps by three ranks and loaded by new optimizers: the third step is the
 // uninterrupted run's, bitwise.
@@ -236,6 +238,15 @@ TEST(ShardedOptimizer, MisuseIsUsageError) {
   std::vector<std::span<float>> one_p{p};
   expect_usage([&] { (void)opt.step(one, one_p); },
                "ShardedOptimizer::step: 1 gradient and 1 parameter spans for 3 groups");
+  for (const int stage : {0, 3}) {
+    expect_usage(
+        [&] {
+          ShardedOptimizer(test::options_for(StateTier::kCpu, ""), test::groups(), *local, stage);
+        },
+        "ShardedOptimizer: zero_optimization.stage " + std::to_string(stage) +
+            " is not a stage of a sharded optimizer: 1 (all-reduced gradients) or 2 "
+            "(reduce-scattered); stage 3 also partitions the parameters (ShardedEngine)");
+  }
 }
 
 // A link planted where a rank's folder goes is refused, never followed.

@@ -3,8 +3,10 @@
 # temp dir): ShardedAdam/ShardedAdamW on 2 and 3 ranks give every rank parameters bitwise
 # equal to one process's zinf.torch.Adam/AdamW fed the average gradient (gradients chosen so
 # that the average is exact in fp32), for the cpu and nvme tiers; a checkpoint saved by every
-# rank loads into a fresh optimizer and steps on bitwise; an inf on one rank skips the step
-# on all; the adapter's emulated
+# rank loads into a fresh optimizer and steps on bitwise; ZeRO stage 2 (the default,
+# reduce-scattered gradients) and 1 (all-reduced) alike, each step's collective byte counts
+# those of its stage, stages 0 and 3 refused; an inf on one rank skips the step on all; the
+# adapter's emulated
 # reduce-scatter and averaging all-reduce; a rank whose collective raises gets a clear error,
 # and no rank hangs (the process group's timeout and the harness's).
 import datetime
@@ -52,8 +54,20 @@ def rank_gradient(step, index, shape, rank, world, different):
     return base + (2 * rank - (world - 1)) * d
 
 
-CASES = [(cls, state, different) for cls in ("ShardedAdam", "ShardedAdamW")
+CASES = [(cls, state, different, 2) for cls in ("ShardedAdam", "ShardedAdamW")
          for state in ("cpu", "nvme") for different in (False, True)]
+# Stage 1 all-reduces the gradients instead: the same weights, bitwise.
+CASES += [("ShardedAdamW", "cpu", True, 1), ("ShardedAdam", "nvme", True, 1)]
+
+
+def collective_bytes(model, world, stage):
+    # A ring's bytes into each rank (StepStats): (N - 1) / N of each parameter's padded fp32
+    # buffer, for the gradients' reduce-scatter (stage 2) or twice for their all-reduce
+    # (stage 1), and for the parameters' all-gather.
+    ring = sum(-(-p.numel() // world) * world * 4 // world * (world - 1)
+               for p in model.parameters())
+    return {"allgather_bytes": ring, "reduce_scatter_bytes": ring if stage == 2 else 0,
+            "all_reduce_bytes": 2 * ring if stage == 1 else 0}
 
 
 def train(model, opt, grad_of):
@@ -90,18 +104,23 @@ def check_load(rank, world, ckpt, saved, stepped, lrs, cls):
 def run_parity(rank, world, tmp):
     import zinf.distributed as zd
     results = {}
-    for n, (cls, state, different) in enumerate(CASES):
+    for n, (cls, state, different, stage) in enumerate(CASES):
         model = make_model(seed=rank)  # other weights on each rank: rank 0's are broadcast
         tier = {"state": state}
         if state == "nvme":
             # One path for every rank (it must exist): the rank<R> subfolders separate them.
             os.makedirs(os.path.join(tmp, f"nvme{n}"), exist_ok=True)
             tier.update(nvme_path=os.path.join(tmp, f"nvme{n}"), sub_group_size=32768)
-        opt = getattr(zd, cls)(groups_of(model), lr=1e-2, weight_decay=0.05, **tier)
+        opt = getattr(zd, cls)(groups_of(model), lr=1e-2, weight_decay=0.05, stage=stage,
+                               **tier)
+        assert opt.stage == stage
         train(model, opt,
               lambda s, i, shape: rank_gradient(s, i, shape, rank, world, different))
         assert opt.last_step_stats["step"] == STEPS
         assert not opt.last_step_skipped
+        moved = {k: opt.last_step_stats[k] for k in
+                 ("allgather_bytes", "reduce_scatter_bytes", "all_reduce_bytes")}
+        assert moved == collective_bytes(model, world, stage), (cls, state, stage, moved)
         results[n] = [p.detach().clone().numpy().tobytes() for p in model.parameters()]
         if state == "nvme":
             assert os.path.isdir(os.path.join(tmp, f"nvme{n}", f"rank{rank}"))
@@ -266,14 +285,15 @@ def reference(cls):
 @pytest.mark.parametrize("world", [2, 3])
 def test_sharded_adam_is_bitwise_one_process_on_the_average(tmp_path, world):
     got = launch(world, tmp_path, "parity")
-    for n, (cls, state, different) in enumerate(CASES):
+    for n, (cls, state, different, stage) in enumerate(CASES):
         want = reference(cls)
         for rank in range(world):
             params = [torch.frombuffer(bytearray(b), dtype=torch.float32).view(w.shape)
                       for b, w in zip(got[rank][n], want)]
             for i, (p, w) in enumerate(zip(params, want)):
-                assert torch.equal(p, w), (f"{cls} state={state} different={different}: rank "
-                                           f"{rank} parameter {i} differs from one process")
+                assert torch.equal(p, w), (f"{cls} state={state} different={different} "
+                                           f"stage={stage}: rank {rank} parameter {i} differs "
+                                           "from one process")
         # And the step did move the weights from the seed-0 model's.
         assert not torch.equal(want[0], make_model(seed=0)[0].weight.detach())
 
@@ -312,3 +332,18 @@ def test_a_failing_collective_raises_on_every_rank_and_nobody_hangs(tmp_path):
     # Rank 0 waited in gloo's all_reduce until rank 1 went away or the 10 s timeout: a
     # CollectiveError on its own rank, not a hang.
     assert got[0]["first"] is not None and "rank 0 of 2" in got[0]["first"], got[0]["first"]
+
+
+@pytest.mark.parametrize("stage,why", [
+    (0, "zinf: stage=0 keeps the whole optimizer state on every rank (plain data parallelism), "
+        "which the sharded optimizer does not offer; give stage 1 or 2"),
+    (3, "zinf: stage=3 partitions the parameters too, but torch holds the model's parameters "
+        "whole on every rank; the sharded optimizer runs stage 1 or 2"),
+    (4, "zinf: stage must be 1 or 2, got 4"),
+    (True, "zinf: stage must be 1 or 2, got True")])
+def test_a_stage_the_sharded_optimizer_does_not_run_is_refused(stage, why):
+    # Refused before anything else (torch.distributed is not even initialised here).
+    import zinf.distributed as zd
+    with pytest.raises(ValueError) as e:
+        zd.ShardedAdamW(make_model(seed=0).parameters(), stage=stage)
+    assert str(e.value) == why

@@ -12,6 +12,8 @@
 // as any change of summation order does. The N comes from the command line (--np N).
 // A save killed on one rank at a random point resumes one committed step or is refused as
 // torn (docs/reliability.md, cross-rank checkpoints); an N-rank run leaves nothing in --dir.
+// ZeRO stages 2 and 3 (optimizer on cpu, a config file's) end with the same weights, bitwise,
+// and every stage's collective byte counts are `zinf plan`'s figures for the model.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -29,6 +31,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -138,6 +141,68 @@ TEST(DemoMpi, ACheckpointOfTheRanksResumesInOneProcess) {
 std::string on_ranks(int np, const std::string& args) {
   return std::string(ZINF_MPI_ENV) + " " + ZINF_MPIRUN_COMMAND + " -np " + std::to_string(np) +
          " " + ZINF_TOOL_PATH + " " + args;
+}
+
+// The last line of `out` that is a JSON object (the --json summary), parsed.
+nlohmann::json last_json(const std::string& out) {
+  const std::size_t at = out.rfind("\n{");
+  return nlohmann::json::parse(at == std::string::npos ? out : out.substr(at + 1));
+}
+
+// `mpirun -np N zinf demo --config C` at stages 1, 2 and 3 with the optimizer on cpu
+// (ZeRO-Offload's setting) and the parameters resident: stages 2 and 3 reduce-scatter the
+// same gradients and so end with the same weights, bitwise; stage 2 all-gathers the
+// parameters once per step, half of stage 3's two fetches; and each stage's counts are `zinf
+// plan`'s for the same model and world size (3 layers of 60 x 60 + 60 = 3660 parameters, which
+// 2 and 3 divide: no padding; bf16 parameters, fp32 gradients: --bytes-per-param 2,4,12).
+TEST(DemoMpi, EachStageMovesThePlansBytesAndStagesTwoAndThreeEndBitwiseAlike) {
+  const int np = zinf::test::mpi_np();
+  zinf::test::TestDir dir;
+  const zinf::test::ToolRun plan = zinf::test::run_zinf(
+      "plan --params 10980 --gpus " + std::to_string(np) + " --gpus-per-node " +
+          std::to_string(np) + " --bytes-per-param 2,4,12 --json",
+      false);
+  ASSERT_EQ(plan.status, 0) << plan.out;
+  const nlohmann::json setups = last_json(plan.out)["setups"];
+  std::map<int, nlohmann::json> runs;
+  for (const int stage : {1, 2, 3}) {
+    const std::string config = dir.file("stage" + std::to_string(stage) + ".json");
+    std::ofstream(config) << R"({"zero_optimization": {"stage": )" << stage
+                          << R"(, "offload_optimizer": {"device": "cpu"}}})";
+    const zinf::test::ToolRun job = zinf::test::run_shell(
+        on_ranks(np,
+                 "demo --config " + config + " --steps 4 --layers 3 --hidden 60 --batch 12 --json"),
+        false);
+    ASSERT_EQ(job.status, 0) << job.out;
+    const nlohmann::json j = last_json(job.out);
+    EXPECT_EQ(j["zero_stage"], stage);
+    EXPECT_EQ(j["parameters"], 10980);
+    const auto row = std::find_if(setups.begin(), setups.end(),
+                                  [stage](const nlohmann::json& r) { return r["stage"] == stage; });
+    ASSERT_NE(row, setups.end()) << "zinf plan has no stage " << stage << ": " << plan.out;
+    const auto gathered = j["allgather_bytes_per_step"].get<std::uint64_t>();
+    const auto reduced = j["reduce_scatter_bytes_per_step"].get<std::uint64_t>() +
+                         j["all_reduce_bytes_per_step"].get<std::uint64_t>();
+    std::printf(
+        "%d ranks, stage %d: all-gather %llu, reduce-scatter %llu, all-reduce %llu bytes "
+        "per step; plan %.0f and %.0f; weights_sha256 %s\n",
+        np, stage, static_cast<unsigned long long>(gathered),
+        j["reduce_scatter_bytes_per_step"].get<unsigned long long>(),
+        j["all_reduce_bytes_per_step"].get<unsigned long long>(),
+        (*row)["allgather_bytes_per_step_per_gpu"].get<double>(),
+        (*row)["grad_reduce_bytes_per_step_per_gpu"].get<double>(),
+        j["weights_sha256"].get<std::string>().c_str());
+    EXPECT_DOUBLE_EQ(static_cast<double>(gathered),
+                     (*row)["allgather_bytes_per_step_per_gpu"].get<double>());
+    EXPECT_DOUBLE_EQ(static_cast<double>(reduced),
+                     (*row)["grad_reduce_bytes_per_step_per_gpu"].get<double>());
+    runs[stage] = j;
+  }
+  EXPECT_EQ(runs[2]["weights_sha256"], runs[3]["weights_sha256"]);
+  EXPECT_EQ(2 * runs[2]["allgather_bytes_per_step"].get<std::uint64_t>(),
+            runs[3]["allgather_bytes_per_step"].get<std::uint64_t>());
+  EXPECT_EQ(runs[1]["all_reduce_bytes_per_step"].get<std::uint64_t>(),
+            2 * runs[2]["reduce_scatter_bytes_per_step"].get<std::uint64_t>());
 }
 
 std::string file_bytes(const std::string& path) {

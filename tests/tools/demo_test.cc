@@ -279,6 +279,16 @@ TEST(DemoCli, BadArgumentsAreOneLineErrors) {
   r = run_zinf("demo --hiden 8", true);
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.out.find("--hidden"), std::string::npos) << r.out;
+  // A stage below 3 asked for on the command line is not raised behind the user's back.
+  r = run_zinf("demo --zero-stage 2 --offload nvme", true);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out,
+            "zinf demo: error: --zero-stage 2 keeps the parameters whole on every rank, but "
+            "--offload nvme offloads them (parameter offload needs stage 3): give --zero-stage "
+            "3, or a config with offload_param none and --offload left out\n");
+  r = run_zinf("demo --zero-stage 4", true);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.out.find("--zero-stage"), std::string::npos) << r.out;
 }
 
 // The demo makes no file of its own (its swap files are the library's): a link at the write

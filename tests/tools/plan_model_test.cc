@@ -154,8 +154,9 @@ TEST(PlanModel, PlacesOffloadedStateOnHostAndNvme) {
 }
 
 // The data-parallel collectives each GPU receives per step (a ring: (DP - 1) / DP of the
-// buffer): the gradients' all-reduce up to stage 1, their reduce-scatter from stage 2, and at
-// stage 3 the parameters' all-gathers in forward and backward; a node's GPUs receive them all.
+// buffer): the gradients' all-reduce up to stage 1, their reduce-scatter from stage 2; the
+// parameters' all-gather once after the step at stages 1 and 2, in forward and backward at
+// stage 3; a node's GPUs receive them all.
 TEST(PlanModel, CollectivesPerStepByStage) {
   PlanInput in;
   in.params = 13e9;
@@ -165,9 +166,12 @@ TEST(PlanModel, CollectivesPerStepByStage) {
   const PlanRow s0 = evaluate_setup(in, {0, Tier::kGpu, Tier::kGpu}, 16);
   EXPECT_DOUBLE_EQ(s0.grad_reduce_per_step, 2 * 2 * 13e9 * ring);
   EXPECT_DOUBLE_EQ(s0.allgather_per_step, 0);
+  const PlanRow s1 = evaluate_setup(in, {1, Tier::kGpu, Tier::kGpu}, 16);
+  EXPECT_DOUBLE_EQ(s1.grad_reduce_per_step, 2 * 2 * 13e9 * ring);
+  EXPECT_DOUBLE_EQ(s1.allgather_per_step, 2 * 13e9 * ring);
   const PlanRow s2 = evaluate_setup(in, {2, Tier::kCpu, Tier::kGpu}, 16);
   EXPECT_DOUBLE_EQ(s2.grad_reduce_per_step, 2 * 13e9 * ring);
-  EXPECT_DOUBLE_EQ(s2.allgather_per_step, 0);
+  EXPECT_DOUBLE_EQ(s2.allgather_per_step, 2 * 13e9 * ring);
   const PlanRow s3 = evaluate_setup(in, {3, Tier::kNvme, Tier::kNvme}, 16);
   EXPECT_DOUBLE_EQ(s3.grad_reduce_per_step, 2 * 13e9 * ring);
   EXPECT_DOUBLE_EQ(s3.allgather_per_step, 2 * 2 * 13e9 * ring);

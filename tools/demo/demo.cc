@@ -58,8 +58,13 @@ SIGINT, SIGTERM and SIGHUP stop training between steps and remove the swap files
 // Builds the engine config: the file's (if any), then the command line on top.
 EngineConfig make_config(const std::string& config_path, const std::string& offload_text,
                          const std::string& dir_option, double lr, std::uint64_t adam_threads,
-                         bool adam_threads_given, std::string& dir_used) {
+                         bool adam_threads_given, std::optional<int> zero_stage,
+                         std::string& dir_used) {
   EngineConfig config = config_path.empty() ? EngineConfig{} : offload::load_config(config_path);
+  // Without a config the demo partitions as it always has (stage 3); with one, the config's
+  // stage; --zero-stage over both.
+  if (config_path.empty()) config.zero_stage = 3;
+  if (zero_stage) config.zero_stage = *zero_stage;
   const bool config_offloads = config.offload_param.device != OffloadDevice::kNone ||
                                config.offload_optimizer.device != OffloadDevice::kNone;
   if (offload_text.empty() && !config_offloads) {
@@ -89,8 +94,16 @@ EngineConfig make_config(const std::string& config_path, const std::string& offl
     config.offload_param.device = device;
     config.offload_optimizer.device = device;
   }
-  // Parameter offload is ZeRO stage 3 in DeepSpeed's terms.
+  // Parameter offload is ZeRO stage 3 in DeepSpeed's terms: --offload raises the config's
+  // stage, but a stage given on the command line is not overruled.
   if (config.offload_param.device != OffloadDevice::kNone && config.zero_stage < 3) {
+    if (zero_stage) {
+      throw UsageError("--zero-stage " + std::to_string(*zero_stage) +
+                       " keeps the parameters whole on every rank, but --offload " +
+                       std::string(offload::offload_device_name(config.offload_param.device)) +
+                       " offloads them (parameter offload needs stage 3): give --zero-stage 3, "
+                       "or a config with offload_param none and --offload left out");
+    }
     config.zero_stage = 3;
   }
   const bool nvme = config.offload_param.device == OffloadDevice::kNvme ||
@@ -148,6 +161,7 @@ struct DemoOptions {
   demo::MlpShape shape;
   double lr = std::nan("");
   std::uint64_t adam_threads = kUnset;
+  std::uint64_t zero_stage = kUnset;
   bool json = false;
   DistMode dist_mode = DistMode::kAuto;  // --dist, parsed
 };
@@ -177,6 +191,10 @@ std::optional<DemoOptions> parse_options(const std::vector<std::string>& tokens)
             UINT64_MAX, "steps / 10");
   cli.text("--device", o.device_text, "D",
            "host (the only one: the compute is plain C++ over host memory)");
+  cli.count("--zero-stage", o.zero_stage,
+            "zero_optimization.stage on several ranks: 1 or 2 keep every layer whole on every "
+            "rank, 3 keeps 1/N of it (0 is refused there)",
+            0, 3, "the config's, or 3 without one");
   cli.flag("--json", o.json, "print a JSON summary on stdout (progress goes to stderr)");
   cli.text("--dist", o.dist_text, "M",
            "auto | none | mpi: data-parallel over the ranks of mpirun (auto: when a launcher "
@@ -233,11 +251,15 @@ void print_header(std::FILE* out, const DemoOptions& o, const EngineConfig& conf
                decimal_bytes(param_bytes * 6).c_str(), shape.batch, offload_name(config).c_str(),
                dir_used.empty() ? "" : " in ", dir_used.c_str(), config.optimizer.hyper.lr);
   if (ranks > 1) {
+    const std::string share =
+        config.zero_stage >= 3
+            ? "1/" + std::to_string(ranks) + " of every layer"
+            : "every layer whole and 1/" + std::to_string(ranks) + " of its optimizer state";
     std::fprintf(out,
-                 "zinf demo: data-parallel over %d ranks (%s): %zu samples and 1/%d of every "
-                 "layer each%s; figures below are rank 0's\n",
-                 ranks, std::string(comm.name()).c_str(), local_batch, ranks,
-                 dir_used.empty() ? "" : ", swap files in rank<R> folders");
+                 "zinf demo: data-parallel over %d ranks (%s), ZeRO stage %d: %zu samples and "
+                 "%s each%s; figures below are rank 0's\n",
+                 ranks, std::string(comm.name()).c_str(), config.zero_stage, local_batch,
+                 share.c_str(), dir_used.empty() ? "" : ", swap files in rank<R> folders");
   }
   if (!o.resume_dir.empty()) {
     std::fprintf(out, "zinf demo: resumed from the checkpoint in %s\n", o.resume_dir.c_str());
@@ -257,6 +279,7 @@ void print_header(std::FILE* out, const DemoOptions& o, const EngineConfig& conf
 struct TrainResult {
   std::vector<double> losses, step_times;
   double total_s = 0;
+  offload::StepStats last_step;  // its collective byte counts are every step's
 };
 
 // The training loop over one rank's share of the batch, and its progress lines (rank 0's).
@@ -316,7 +339,7 @@ struct Trainer {
         device.synchronize(compute);
         engine.set_gradients(l, adam::GradView::f32(grads[l]));
       }
-      engine.step();
+      r.last_step = engine.step();
       const double step_s = seconds_since(t0);
       r.losses.push_back(loss);
       r.step_times.push_back(step_s);
@@ -375,6 +398,15 @@ void report(std::FILE* out, const DemoOptions& o, const EngineConfig& config,
                static_cast<unsigned long long>(st.prefetch_hits),
                static_cast<unsigned long long>(st.prefetch_on_demand),
                decimal_bytes(static_cast<double>(st.pinned_bytes_peak)).c_str(), sha.c_str());
+  const offload::StepStats& last = r.last_step;
+  if (ranks > 1) {
+    std::fprintf(out,
+                 "collectives per step, received by rank 0 (a ring's bytes): all-gather %s, "
+                 "reduce-scatter %s, all-reduce %s\n",
+                 decimal_bytes(static_cast<double>(last.allgather_bytes)).c_str(),
+                 decimal_bytes(static_cast<double>(last.reduce_scatter_bytes)).c_str(),
+                 decimal_bytes(static_cast<double>(last.all_reduce_bytes)).c_str());
+  }
   if (!o.json) return;
   Json j;
   j["command"] = "demo";
@@ -404,6 +436,11 @@ void report(std::FILE* out, const DemoOptions& o, const EngineConfig& config,
   j["dir"] = dir_used;
   j["weights_sha256"] = sha;
   j["ranks"] = ranks;
+  j["zero_stage"] = config.zero_stage;
+  // The last step's (every step moves the same; 0 on one rank).
+  j["allgather_bytes_per_step"] = last.allgather_bytes;
+  j["reduce_scatter_bytes_per_step"] = last.reduce_scatter_bytes;
+  j["all_reduce_bytes_per_step"] = last.all_reduce_bytes;
   j["resumed_from"] = o.resume_dir;
   j["saved_to"] = o.save_dir;
   std::printf("%s\n", json_text(j).c_str());
@@ -418,9 +455,12 @@ int demo_main(const std::vector<std::string>& tokens) {
   const demo::MlpShape& shape = o.shape;
 
   std::string dir_used;
-  EngineConfig config =
-      make_config(o.config_path, o.offload_text, o.dir_option, o.lr, o.adam_threads,
-                  o.adam_threads != DemoOptions::kUnset, dir_used);
+  EngineConfig config = make_config(o.config_path, o.offload_text, o.dir_option, o.lr,
+                                    o.adam_threads, o.adam_threads != DemoOptions::kUnset,
+                                    o.zero_stage == DemoOptions::kUnset
+                                        ? std::nullopt
+                                        : std::optional<int>(static_cast<int>(o.zero_stage)),
+                                    dir_used);
   if (!dir_used.empty() && dir_used == (o.dir_option.empty() ? kDefaultScratchDir : o.dir_option)) {
     std::error_code ec;
     std::filesystem::create_directories(dir_used, ec);
@@ -428,7 +468,8 @@ int demo_main(const std::vector<std::string>& tokens) {
   }
 
   // Data-parallel: the global batch is split across the ranks, each keeping 1/N of every
-  // layer (ShardedEngine); one rank is the plain engine. A collective waits at most this long
+  // layer (stage 3) or of its optimizer state (stages 1, 2) (ShardedEngine); one rank is the
+  // plain engine. A collective waits at most this long
   // for the other ranks (a step of the largest demo is far shorter).
   DistJob job(o.dist_mode, std::chrono::seconds(120));
   const int ranks = job.size();

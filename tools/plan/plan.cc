@@ -411,7 +411,7 @@ void print_collectives(const Plan& plan) {
     std::snprintf(cell, sizeof cell, "%sstage %d %.2f GB", line.empty() ? "" : "; ", st,
                   gb(it->grad_reduce_per_step + it->allgather_per_step));
     line += cell;
-    if (st == 3) {
+    if (it->allgather_per_step > 0) {
       std::snprintf(cell, sizeof cell, " (%.2f GB of it parameter all-gathers)",
                     gb(it->allgather_per_step));
       line += cell;

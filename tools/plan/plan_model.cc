@@ -193,11 +193,13 @@ PlanRow evaluate_setup(const PlanInput& in, const PlanSetup& setup, std::uint32_
 
   // Collectives of data parallelism, per GPU: a ring moves (DP - 1) / DP of the buffer into
   // each rank. Gradients: an all-reduce (twice that: reduce-scatter then all-gather) up to
-  // stage 1, a reduce-scatter from stage 2 on; stage 3 all-gathers each layer's parameters in
-  // forward and again in backward (the partitioned parameters never stay whole).
+  // stage 1, a reduce-scatter from stage 2 on. Parameters: stages 1 and 2 all-gather the
+  // updated slices once after the step (each rank updated only its own); stage 3 all-gathers
+  // each layer in forward and again in backward (the partitioned parameters never stay
+  // whole). zinf's ShardedEngine moves these bytes (StepStats' counts).
   const double ring = static_cast<double>(dp - 1) / dp;
   r.grad_reduce_per_step = (st >= 2 ? 1 : 2) * B.grads * slice * ring;
-  r.allgather_per_step = st == 3 ? 2 * B.params * slice * ring : 0;
+  r.allgather_per_step = (st == 3 ? 2 : st >= 1 ? 1 : 0) * B.params * slice * ring;
   r.collectives_per_node = (r.grad_reduce_per_step + r.allgather_per_step) * gpn;
 
   if (in.gpu_mem && r.gpu_total > *in.gpu_mem) {

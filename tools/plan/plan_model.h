@@ -131,8 +131,8 @@ struct PlanRow {
   std::optional<double> pcie_seconds;
   /// Data-parallel collectives per GPU per step, bytes each GPU receives (a ring's, (DP - 1)
   /// / DP of the buffer): the gradients' all-reduce (stages 0-1) or reduce-scatter (2-3), and
-  /// at stage 3 the parameter all-gathers that rebuild each layer for forward and backward
-  /// (zinf's ShardedEngine fetch). 0 with DP 1.
+  /// the parameter all-gathers: once after the step at stages 1-2 (the updated slices), in
+  /// forward and again in backward at stage 3 (zinf's ShardedEngine fetch). 0 with DP 1.
   double grad_reduce_per_step = 0;
   double allgather_per_step = 0;
   /// What a node's GPUs receive together (gpus per node x the two above): the upper bound of
@@ -154,8 +154,9 @@ struct Plan {
 
 /// Every setup considered, least costly first: no offload (stages 0, 1, 2, 3), optimizer->cpu
 /// (stages 2, 3), optimizer->nvme (3), optimizer->cpu + params->cpu (3), optimizer->nvme +
-/// params->cpu (3), optimizer->nvme + params->nvme (3). Within a level a lower stage
-/// communicates no more (stages 0-2 move 2Ψ per step, stage 3 3Ψ), so it comes first.
+/// params->cpu (3), optimizer->nvme + params->nvme (3). Within a level the stages go in
+/// order: a lower stage partitions less (with P = G: stages 0 and 2 move 2Ψ per step, stage 1
+/// 3Ψ, its all-reduce and the parameters' all-gather, stage 3 3Ψ).
 std::vector<PlanSetup> candidate_setups();
 
 /// Computes the needs of one setup for `dp` data-parallel ranks.

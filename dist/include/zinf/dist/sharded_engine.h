@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// ShardedEngine: the OffloadEngine of one data-parallel rank in a group of N, ZeRO-3's way:
-// each rank keeps 1/N of every layer (its low-precision slice in the parameter tier, its fp32
-// master weights and Adam moments in the optimizer tier, on its own rank<R> paths), rebuilds a
-// layer with an all-gather at fetch, and averages gradients with a reduce-scatter. Part of
-// zinf::dist (docs/distributed.md; the layering is in docs/design.md).
+// ShardedEngine: the OffloadEngine of one data-parallel rank in a group of N, at the ZeRO stage
+// the config names: each rank keeps 1/N of every layer's fp32 master weights and Adam moments
+// (in the optimizer tier, on its own rank<R> paths) and averages gradients into its slice;
+// stage 3 also keeps only 1/N of the parameters and rebuilds a layer with an all-gather at
+// fetch, stages 1 and 2 keep every layer whole and all-gather the updated slices once per
+// step. Part of zinf::dist (docs/distributed.md; the layering is in docs/design.md).
 #pragma once
 
 #include <cstdint>
@@ -30,6 +31,22 @@ class ShardedEngineAccess;  // zinf/dist/testing.h: a rank's engine with fault p
 
 /// One rank's share of a sharded OffloadEngine.
 ///
+/// Stage (config.zero_stage, zero_optimization.stage), with N > 1 ranks:
+/// - 3: as laid out below; fetch all-gathers the layer from every rank's slice (each fetch,
+///   forward and backward), set_gradients reduce-scatters.
+/// - 1 and 2: the parameters are not partitioned. Each rank also keeps every layer's full
+///   low-precision parameters in device memory of the engine (the layer padded as below: its
+///   parameter bytes x (1 + 1/N) with the slice), and fetch hands them out with no collective.
+///   set_gradients averages into this rank's slice with a reduce-scatter (2) or an all-reduce
+///   of the whole layer (1, twice the bytes), the update runs on the slice as at stage 3, and
+///   step all-gathers every layer's updated slices once (none for a skipped step).
+///   set_master_weights and load fill the full parameters too. Parameter offload needs stage 3
+///   (UsageError at construction, as parse_config refuses it).
+/// - 0: UsageError at construction (plain data parallelism is not offered).
+/// The updates, and so the weights, are the same bitwise at every stage (where the backend's
+/// average is: an exact one is, on every backend), and checkpoints are the same format: one
+/// saved at one stage loads at another.
+///
 /// Layout. Layer l (numel n) is padded with zeros to a multiple of size() elements; rank r owns
 /// elements [r * s, (r + 1) * s) of it, s = padded / size(). This rank's OffloadEngine (local())
 /// manages layers of s elements with the same names, dtypes and hyper-parameters: the parameter
@@ -41,7 +58,7 @@ class ShardedEngineAccess;  // zinf/dist/testing.h: a rank's engine with fault p
 /// as they are. The padding's master weights and
 /// gradients are 0 and stay 0 through every update. offload_param.buffer_size bounds the slice.
 ///
-/// One rank (size() 1) is an OffloadEngine over the whole layers, bitwise: the same updates,
+/// One rank (size() 1) is an OffloadEngine over the whole layers at every stage, bitwise: the same updates,
 /// fetched parameters, swap directories and checkpoints' contents (in `dir`/rank0, with the
 /// manifests).
 ///
@@ -90,6 +107,8 @@ class ShardedEngine {
 
   int rank() const noexcept;
   int world_size() const noexcept;
+  /// The config's zero_optimization.stage (see Stage above).
+  int zero_stage() const noexcept;
   std::size_t layer_count() const noexcept;
   /// The full layer as given at construction.
   const offload::LayerSpec& layer(std::size_t index) const;
@@ -103,18 +122,20 @@ class ShardedEngine {
   /// Collective: every rank's master slice, all-gathered into `out` (numel elements).
   void read_master_weights(std::size_t layer, std::span<float> out);
 
-  /// Collective: the full layer (numel elements of its param_dtype) in a device buffer of this
-  /// engine, written on the compute stream (with a device-memory backend: already written when
-  /// fetch returns), valid for work enqueued on it until release(layer). This rank's slice
-  /// comes from its OffloadEngine (prefetched as there) and the others' from the all-gather;
-  /// every rank gets the same bytes.
+  /// Collective at stage 3: the full layer (numel elements of its param_dtype) in a device
+  /// buffer of this engine, written on the compute stream (with a device-memory backend:
+  /// already written when fetch returns), valid for work enqueued on it until release(layer).
+  /// This rank's slice comes from its OffloadEngine (prefetched as there) and the others' from
+  /// the all-gather; every rank gets the same bytes. Stages 1 and 2: local, the layer's full
+  /// parameters this engine keeps (the same bytes), not written until the next step.
   cuda::DeviceSpan fetch(std::size_t layer);
   /// The compute stream is done with `layer` once it reaches this point. Local, non-blocking.
   void release(std::size_t layer);
   /// Collective: this rank's gradients of the full layer (numel elements in host memory, fp32,
   /// bf16 or fp16, the dtype the same on every rank). They are converted to fp32 and averaged
-  /// over the ranks (reduce-scatter; with a device-memory backend, of a device copy whose
-  /// slice comes back to the host); this rank's slice of the average goes to its OffloadEngine
+  /// over the ranks (reduce-scatter, stage 1 all-reduce; with a device-memory backend, of a
+  /// device copy whose slice comes back to the host); this rank's slice of the average goes to
+  /// its OffloadEngine
   /// (on_arrival: its update starts at once; staged: staged). `grads` may be reused once this
   /// returns (the engine keeps the averaged slice until step()).
   void set_gradients(std::size_t layer, adam::GradView grads);
@@ -122,7 +143,8 @@ class ShardedEngine {
   /// overload): numel elements of `dtype` (fp32, bf16 or fp16, the same on every rank) in
   /// memory of `device`, written by work enqueued on the compute stream before this call. The
   /// host waits for that work (the collective blocks it anyway), then:
-  /// - device-memory backend, fp32, numel a multiple of world_size() (no padding): the
+  /// - device-memory backend, fp32, numel a multiple of world_size() (no padding), stage 2 or 3:
+  ///   the
   ///   reduce-scatter reads `grads` where they are, into a device buffer of the engine (the
   ///   largest slice, kept), and only this rank's averaged slice (4 x shard_numel bytes) is
   ///   copied to the host;
@@ -143,6 +165,10 @@ class ShardedEngine {
   /// Collective: OffloadEngine::step on every rank. In the staged mode the sum of squares of the
   /// averaged gradients is all-reduced first (offload/engine_seams.h), so the global norm, the
   /// clipping factor, the overflow skip and the loss-scale update are the same on every rank.
+  /// Stages 1 and 2 then all-gather every layer's updated parameters (see Stage). The stats'
+  /// allgather_bytes, reduce_scatter_bytes and all_reduce_bytes count the gradient and
+  /// parameter collectives of fetch, set_gradients and step since the previous step (0 on one
+  /// rank).
   offload::StepStats step();
 
   /// Local: OffloadEngine's, for this rank (every rank sees the same values).

@@ -27,6 +27,13 @@ struct ShardedStepOptions {
 
 /// Adam over `groups` partitioned across the ranks of `comm` (ZeRO stage 1-2's way).
 ///
+/// Stage. Both stages keep 1/N of the optimizer state per rank and every parameter whole on
+/// every rank (the caller's `params`); they differ in how the gradients are averaged: stage 2
+/// reduce-scatters them (each rank receives only its slice of the average), stage 1
+/// all-reduces them (every rank receives the whole average, twice the bytes, and keeps its
+/// slice), as DeepSpeed's stage 1 does. Both then all-gather the updated parameters once. The
+/// updates are the same wherever the backend's sum is (an exact average is, on every backend).
+///
 /// Layout. Group g (numel n) is padded with zeros to a multiple of size() elements; rank r owns
 /// elements [r * s, (r + 1) * s) of it, s = padded / size(), in an OffloadedOptimizer of its
 /// own (the padding elements' gradients are 0 and stay 0 through every update). With the nvme
@@ -44,16 +51,19 @@ struct ShardedStepOptions {
 /// callbacks, local): UsageError at construction for a device-memory backend.
 class ShardedOptimizer {
  public:
-  /// Throws UsageError for groups the inner optimizer refuses, for a device-memory `comm`; and
+  /// `stage` is zero_optimization.stage: 1 or 2 (see Stage above). Throws UsageError for
+  /// another stage, for groups the inner optimizer refuses, for a device-memory `comm`; and
   /// whatever OffloadedOptimizer's constructor throws (budget, disk space), naming this rank's
   /// directories.
   ShardedOptimizer(offload::OptimizerOptions options, std::vector<offload::ParamGroupSpec> groups,
-                   Collectives& comm);
+                   Collectives& comm, int stage = 2);
   ~ShardedOptimizer();
   ShardedOptimizer(const ShardedOptimizer&) = delete;
   ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
 
   std::size_t group_count() const noexcept;
+  /// The ZeRO stage given at construction (1 or 2).
+  int stage() const noexcept;
   /// Elements of group g this rank owns (padding included), and where its slice starts.
   std::uint64_t shard_numel(std::size_t group) const;
   std::uint64_t shard_offset(std::size_t group) const;
@@ -62,14 +72,16 @@ class ShardedOptimizer {
   /// rank keeps its slice. UsageError for a size other than the group's numel.
   void set_params(std::size_t group, std::span<const float> full);
   /// Collective. One step over every group: `grads[g]` is this rank's fp32 gradient of group g
-  /// (full size); the ranks' gradients are averaged (reduce-scatter), the squared norm of each
+  /// (full size); the ranks' gradients are averaged (stage 2: reduce-scatter; stage 1:
+  /// all-reduce), the squared norm of each
   /// rank's slices and a count of values that are not finite are all-reduced, so every rank
   /// sees the same global norm and the same verdict: if any averaged gradient is inf or NaN,
   /// every rank skips the step (nothing updated, `params` untouched, StepStats::skipped);
   /// else this rank's slice is updated with grad_scale clip_coefficient(clip, norm) /
   /// loss_scale and `params[g]` (full size) receives the updated parameters of every rank
   /// (all-gather). Returns this rank's optimizer statistics, with global_grad_norm,
-  /// grad_scale_applied and loss_scale filled in.
+  /// grad_scale_applied, loss_scale and the collective byte counts (allgather_bytes 0 for a
+  /// skipped step) filled in.
   offload::StepStats step(std::span<const std::span<const float>> grads,
                           std::span<const std::span<float>> params,
                           const ShardedStepOptions& options = {});

@@ -158,6 +158,15 @@ struct StepStats {
   double grad_scale_applied = 1;
   /// The loss scale the step's gradients were scaled by (1 without fp16 loss scaling).
   double loss_scale = 1;
+  // zinf::dist's sharded engine and optimizer (0 elsewhere, and on one rank).
+  /// The data-parallel collectives of gradients and parameters since the previous step (the
+  /// sharded engine's fetches, set_gradients and step; the sharded optimizer's step): the bytes
+  /// a ring algorithm moves into this rank, (N - 1) / N of each padded buffer, twice that for
+  /// an all-reduce (a reduce-scatter then an all-gather), as `zinf plan` counts them. The few
+  /// bytes of agreement (failure flags, the staged norm) are not counted.
+  std::uint64_t allgather_bytes = 0;
+  std::uint64_t reduce_scatter_bytes = 0;
+  std::uint64_t all_reduce_bytes = 0;
 };
 
 /// A copy-out that goes straight into a parameter SwapStore key rather than a caller buffer:
