@@ -140,8 +140,8 @@ struct OffloadEngine::Impl {
   // The tier before the optimizer (destroyed after it): the optimizer's copy-out writes into
   // the tier's buffers or store.
   std::unique_ptr<detail::ParamTier> params;
-  std::unique_ptr<OffloadedOptimizer> optimizer;
-  OptimizerOptions optimizer_options;  // what it was built with (engine_seams.h reads them)
+  std::unique_ptr<optim::OffloadedOptimizer> optimizer;
+  optim::OptimizerOptions optimizer_options;  // what it was built with (engine_seams.h reads them)
   // Staged mode only (after the optimizer: destroyed first, while nothing reads it).
   StepMode mode = StepMode::kOnArrival;
   std::unique_ptr<detail::GradientStage> stage;
@@ -251,8 +251,8 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
   }
 
   const OffloadDevice otier = config.offload_optimizer.device;
-  OptimizerOptions oo;
-  oo.tier = otier == OffloadDevice::kNvme ? StateTier::kNvme : StateTier::kCpu;
+  optim::OptimizerOptions oo;
+  oo.tier = otier == OffloadDevice::kNvme ? optim::StateTier::kNvme : optim::StateTier::kCpu;
   oo.sub_group_elements = sub_group;
   oo.pipeline_depth = config.offload_optimizer.buffer_count;
   oo.hyper = config.optimizer.hyper;
@@ -276,7 +276,7 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
   oo.direct_io = config.zinf.direct_io;
   oo.precondition = config.zinf.precondition;
   oo.store_copy_out = plan.store_copy_out;
-  std::vector<ParamGroupSpec> groups;
+  std::vector<optim::ParamGroupSpec> groups;
   for (const auto& layer : layers) groups.push_back({layer.name, layer.numel, layer.hyper});
 
   // The pinned budget: the optimizer's ring (or state), the parameter tier's, the
@@ -287,7 +287,7 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
   for (const auto& layer : layers) largest = std::max(largest, layer.numel);
   grad_slot_bytes = align_up(largest * sizeof(float), detail::kHostAlign);
   const std::uint64_t grad_need = grad_slot_bytes * config.zinf.grad_staging_buffers;
-  const std::uint64_t opt_need = optimizer_pinned_bytes_needed(oo, groups);
+  const std::uint64_t opt_need = optim::optimizer_pinned_bytes_needed(oo, groups);
   const std::uint64_t budget = config.zinf.pinned_budget_bytes;
   mode = config.effective_step_mode();
   std::optional<detail::GradStageOptions> stage_options;
@@ -400,7 +400,7 @@ OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device
   params = detail::make_param_tier({plan, config, layers, device, compute, faults.param});
   optimizer_options = oo;
   optimizer_options.io.faults = nullptr;  // a checkpoint reader (engine_seams.h) injects none
-  optimizer = std::make_unique<OffloadedOptimizer>(oo, groups);
+  optimizer = std::make_unique<optim::OffloadedOptimizer>(oo, groups);
   if (stage_options) {
     stage = std::make_unique<detail::GradientStage>(std::move(*stage_options));
     scaler = detail::LossScaler(config.loss_scaling);
@@ -502,7 +502,7 @@ std::optional<StepStats> OffloadEngine::Impl::open_staged_step() {
   f.global_grad_norm = std::sqrt(sum_sq) / f.loss_scale;
   double coefficient = 1;
   if (config.gradient_clipping > 0) {
-    coefficient = clip_coefficient(config.gradient_clipping, f.global_grad_norm);
+    coefficient = optim::clip_coefficient(config.gradient_clipping, f.global_grad_norm);
   }
   f.grad_scale_applied = coefficient / f.loss_scale;
   // A norm so large that a layer's grad_scale times the factor is no longer a normal fp32
@@ -961,7 +961,7 @@ struct ScaleText {
   std::string text;
   std::string shown;
 };
-std::optional<ScaleText> read_scale_text(const OffloadedOptimizer& opt, const swap::Dir& d,
+std::optional<ScaleText> read_scale_text(const optim::OffloadedOptimizer& opt, const swap::Dir& d,
                                          const detail::LossScaler& scaler, std::string_view who) {
   std::string shown;
   if (auto text = opt.read_checkpoint_file(d, kLossScaleFile, &shown)) {
@@ -1097,7 +1097,7 @@ class EngineSeamsAccess {
     m.reduce_sum_of_squares = std::move(reduce);
   }
 
-  static OptimizerOptions optimizer_options(const OffloadEngine& engine) {
+  static optim::OptimizerOptions optimizer_options(const OffloadEngine& engine) {
     return engine.impl_->optimizer_options;
   }
 
@@ -1134,7 +1134,9 @@ class EngineSeamsAccess {
     return std::move(text->text);
   }
 
-  static OffloadedOptimizer& optimizer(OffloadEngine& engine) { return *engine.impl_->optimizer; }
+  static optim::OffloadedOptimizer& optimizer(OffloadEngine& engine) {
+    return *engine.impl_->optimizer;
+  }
 
   static void restore_loss_scale(OffloadEngine& engine, const std::string& text,
                                  const std::string& shown, std::string_view who) {
@@ -1149,7 +1151,7 @@ void set_sum_of_squares_reducer(OffloadEngine& engine, std::function<double(doub
   EngineSeamsAccess::set(engine, std::move(reduce));
 }
 
-OptimizerOptions optimizer_options(const OffloadEngine& engine) {
+optim::OptimizerOptions optimizer_options(const OffloadEngine& engine) {
   return EngineSeamsAccess::optimizer_options(engine);
 }
 

@@ -20,8 +20,8 @@ namespace {
 
 TEST(MpiShardedOptimizer, EveryRanksParametersAreBitwiseTheOneOptimizersRun) {
   const auto want = test::reference();
-  for (auto tier : {offload::StateTier::kCpu, offload::StateTier::kNvme}) {
-    SCOPED_TRACE(std::string(offload::state_tier_name(tier)));
+  for (auto tier : {optim::StateTier::kCpu, optim::StateTier::kNvme}) {
+    SCOPED_TRACE(std::string(optim::state_tier_name(tier)));
     zinf::test::TestDir dir;
     test::check_sharded_parity(*test::mpi_collectives(), tier, dir.subdir("nvme"), want);
   }

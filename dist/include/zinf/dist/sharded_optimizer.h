@@ -11,14 +11,14 @@
 #include <vector>
 
 #include "zinf/dist/collectives.h"
-#include "zinf/offload/optimizer.h"
+#include "zinf/optim/optimizer.h"
 
 namespace zinf::dist {
 
 /// What one ShardedOptimizer::step applies besides the update.
 struct ShardedStepOptions {
   /// Clip the global L2 norm of the averaged, unscaled gradients (all groups, all ranks) to
-  /// this, PyTorch's and DeepSpeed's way (offload::clip_coefficient); 0 = no clipping.
+  /// this, PyTorch's and DeepSpeed's way (optim::clip_coefficient); 0 = no clipping.
   double clip = 0;
   /// The gradients carry this factor (fp16 training's loss scale, > 0); the update divides it
   /// out and the norm is reported without it.
@@ -47,7 +47,7 @@ class ShardedOptimizer {
   /// Throws UsageError for groups the inner optimizer refuses, for a device-memory `comm`; and
   /// whatever OffloadedOptimizer's constructor throws (budget, disk space), naming this rank's
   /// directories.
-  ShardedOptimizer(offload::OptimizerOptions options, std::vector<offload::ParamGroupSpec> groups,
+  ShardedOptimizer(optim::OptimizerOptions options, std::vector<optim::ParamGroupSpec> groups,
                    Collectives& comm);
   ~ShardedOptimizer();
   ShardedOptimizer(const ShardedOptimizer&) = delete;
@@ -70,9 +70,9 @@ class ShardedOptimizer {
   /// loss_scale and `params[g]` (full size) receives the updated parameters of every rank
   /// (all-gather). Returns this rank's optimizer statistics, with global_grad_norm,
   /// grad_scale_applied and loss_scale filled in.
-  offload::StepStats step(std::span<const std::span<const float>> grads,
-                          std::span<const std::span<float>> params,
-                          const ShardedStepOptions& options = {});
+  optim::StepStats step(std::span<const std::span<const float>> grads,
+                        std::span<const std::span<float>> params,
+                        const ShardedStepOptions& options = {});
 
   /// Collective. Saves every rank's slices: rank R's optimizer checkpoint in `dir`/rank<R>
   /// (OffloadedOptimizer::save: versions, CRC32C, atomic switch), and in that folder a manifest
@@ -104,7 +104,7 @@ class ShardedOptimizer {
 
   /// This rank's optimizer over its slices (hyper-parameters, checkpoints of its own state,
   /// statistics).
-  offload::OffloadedOptimizer& local() noexcept;
+  optim::OffloadedOptimizer& local() noexcept;
 
  private:
   struct Impl;

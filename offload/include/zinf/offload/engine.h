@@ -16,7 +16,7 @@
 #include "zinf/common/dtype.h"
 #include "zinf/cuda/device.h"
 #include "zinf/offload/config.h"
-#include "zinf/offload/optimizer.h"
+#include "zinf/optim/optimizer.h"
 
 namespace zinf::offload {
 namespace test_hooks {
@@ -24,6 +24,11 @@ struct EngineFaults;
 class EngineAccess;  // zinf/offload/testing.h: an engine with fault plans installed
 }  // namespace test_hooks
 class EngineSeamsAccess;  // zinf/offload/engine_seams.h: what a layer above plugs in
+
+// The optimizer's vocabulary that the engine's API speaks (zinf/optim/optimizer.h).
+using optim::GradHooks;
+using optim::SaveSnapshot;
+using optim::StepStats;
 
 /// One layer (or parameter shard) the engine manages: its element count and the dtype of its
 /// parameters on the device, optionally hyper-parameters of its own. The fp32 master copy and

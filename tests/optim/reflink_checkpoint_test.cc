@@ -34,11 +34,14 @@
 #include "support/log_capture.h"
 #include "support/test_dir.h"
 #include "zinf/common/error.h"
-#include "zinf/offload/optimizer.h"
-#include "zinf/offload/testing.h"
+#include "zinf/optim/optimizer.h"
+#include "zinf/optim/testing.h"
 
-namespace zinf::offload {
+namespace zinf::optim {
 namespace {
+
+using offload::EngineConfig;
+using offload::OffloadDevice;
 
 using test::expect_same_checkpoint;
 using test::latest_version;
@@ -392,4 +395,4 @@ INSTANTIATE_TEST_SUITE_P(Phases, ReflinkCheckpointKill,
                          [](const auto& p) { return std::string(p.param.phase); });
 
 }  // namespace
-}  // namespace zinf::offload
+}  // namespace zinf::optim
