@@ -16,7 +16,7 @@
 #include "zinf/adam/cpu_adam.h"
 #include "zinf/cuda/device.h"
 #include "zinf/offload/config.h"
-#include "zinf/offload/engine.h"
+#include "zinf/offload/engine_types.h"
 #include "zinf/optim/optimizer.h"
 
 namespace zinf::offload::detail {
