@@ -28,7 +28,6 @@
 
 #include <gtest/gtest.h>
 
-#include "engine_test_util.h"
 #include "optimizer_test_util.h"
 #include "support/corrupt_swap_file.h"
 #include "support/log_capture.h"
@@ -39,9 +38,6 @@
 
 namespace zinf::optim {
 namespace {
-
-using offload::EngineConfig;
-using offload::OffloadDevice;
 
 using test::expect_same_checkpoint;
 using test::latest_version;
@@ -304,38 +300,6 @@ TEST(ReflinkCheckpoint, TheCpuTierStreamsAndSaysWhy) {
   EXPECT_EQ(std::count_if(lines.begin(), lines.end(),
                           [](const std::string& l) { return l.find("streamed") != l.npos; }),
             1);
-}
-
-// The engine (both tiers on NVMe): its save_async snapshots by reflink, says so, and writes
-// the bytes save() writes; "zinf": {"checkpoint_reflink": false} streams instead.
-TEST(ReflinkCheckpoint, TheEngineSnapshotsByReflinkUnlessConfiguredNotTo) {
-  ZINF_REFLINK_DIR_OR_SKIP(parent);
-  for (const bool reflink : {true, false}) {
-    SCOPED_TRACE(reflink ? "checkpoint_reflink" : "checkpoint_reflink false");
-    test::TestDir dir(parent);
-    const std::string sync_dir = dir.subdir("sync");
-    const std::string async_dir = dir.subdir("async");
-    {
-      test::EngineRig rig;
-      EngineConfig c = test::engine_config(OffloadDevice::kNvme, OffloadDevice::kNvme, dir);
-      c.zinf.checkpoint_reflink = reflink;
-      rig.make(c);
-      rig.init_weights();
-      rig.iteration(1);
-      rig.iteration(2);
-      EXPECT_EQ(rig.engine().last_save_snapshot(), SaveSnapshot::kNone);
-      rig.engine().save(sync_dir);
-      rig.engine().save_async(async_dir);
-      EXPECT_EQ(rig.engine().last_save_snapshot(),
-                reflink ? SaveSnapshot::kReflink : SaveSnapshot::kStreamed);
-      rig.iteration(3);
-      rig.iteration(4);
-      rig.engine().wait_save();
-    }
-    EXPECT_EQ(read_file(async_dir + "/zinf-engine-layers"),
-              read_file(sync_dir + "/zinf-engine-layers"));
-    expect_same_checkpoint(async_dir, sync_dir);
-  }
 }
 
 // A process killed during a save by reflink (SIGKILL from the save's hook, in a forked child
