@@ -3,8 +3,8 @@
 # zinf/config.h, so code tests a macro rather than guessing.
 find_package(Threads REQUIRED)
 find_package(Boost 1.74 REQUIRED)   # header-only parts: Asio thread pools
-# Header-only JSON reader for the engine config (offload/src/config.cc only; never in a public
-# header). Debian: nlohmann-json3-dev.
+# Header-only JSON reader for the engine config (offload/src/config_json.h, private to the
+# config reader; never in a public header). Debian: nlohmann-json3-dev.
 find_package(nlohmann_json 3 CONFIG REQUIRED)
 
 function(zinf_resolve_option opt found what)

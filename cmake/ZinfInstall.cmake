@@ -17,7 +17,7 @@ endif()
 
 # Public headers of every layer, the generated zinf/config.h and the C API. Raw CUDA handles
 # live only in zinf/cuda/cuda_interop.h (docs/style.md section 1), installed only with CUDA.
-foreach(layer common swap cuda prefetch adam offload)
+foreach(layer common swap cuda prefetch adam optim offload)
   set(exclude "")
   if(NOT ZINF_HAVE_CUDA)
     set(exclude PATTERN cuda_interop.h EXCLUDE)

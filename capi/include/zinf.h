@@ -128,7 +128,7 @@ typedef struct zinf_engine_options {
 #define ZINF_ENGINE_OPTIONS_SIZE_V2 \
   (offsetof(zinf_engine_options, state_precision) + sizeof(zinf_state_precision))
 
-/** The optimizer's figures for one step (zinf::offload::StepStats). */
+/** The optimizer's figures for one step (zinf::optim::StepStats). */
 typedef struct zinf_step_stats {
   uint64_t step;          /**< step number, from 1 */
   uint64_t sub_groups;    /**< sub-groups updated */

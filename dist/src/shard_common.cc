@@ -113,7 +113,7 @@ std::string describe(const SaveIdentity& save) {
   return "save " + save.id + " step " + std::to_string(save.step);
 }
 
-// The optimizer's LATEST in a rank folder (offload/src/optimizer_checkpoint.cc's layout): the
+// The optimizer's LATEST in a rank folder (optim/src/optimizer_checkpoint.cc's layout): the
 // name of the state version the folder's checkpoint consists of, which the rank manifest
 // records, so that a state committed after its manifest (a save killed in between) is seen.
 constexpr std::string_view kLatest = "LATEST";
@@ -392,12 +392,12 @@ void reshard(Collectives& comm, std::string_view who, int saved_world,
   const int world = comm.size();
   const std::size_t entries = target.groups.size();
   // Every saved rank's slices of the entries, and a reader's options over them.
-  std::vector<offload::ParamGroupSpec> saved_groups = target.groups;
+  std::vector<optim::ParamGroupSpec> saved_groups = target.groups;
   for (auto& g : saved_groups) g.numel = shard_numel(g.numel, saved_world);
-  offload::OptimizerOptions reader = target.options;
-  reader.tier = offload::StateTier::kNvme;
+  optim::OptimizerOptions reader = target.options;
+  reader.tier = optim::StateTier::kNvme;
   const bool own_folder =
-      target.options.tier == offload::StateTier::kNvme && !target.options.directories.empty();
+      target.options.tier == optim::StateTier::kNvme && !target.options.directories.empty();
   // This rank's scratch folder, held locked while it exists (a later load reclaims only those
   // whose lock is free) and removed when the load ends (after the readers below, declared
   // after it, are gone with their swap files).
@@ -419,7 +419,7 @@ void reshard(Collectives& comm, std::string_view who, int saved_world,
   scratch.who = std::string(who);
   struct Source {
     int rank;  // the saved rank it holds
-    std::unique_ptr<offload::OffloadedOptimizer> reader;
+    std::unique_ptr<optim::OffloadedOptimizer> reader;
   };
   std::vector<Source> sources;
   std::optional<std::string> extra;
@@ -433,10 +433,10 @@ void reshard(Collectives& comm, std::string_view who, int saved_world,
     scratch.area.emplace(scratch.parent->create_child(scratch.name));
     (void)scratch.area->try_lock();  // a fresh folder of ours: nobody else holds it
     for (const SavedRank& saved : folders) {
-      offload::OptimizerOptions o = reader;
+      optim::OptimizerOptions o = reader;
       o.directories = {scratch.area->create_child("rank" + std::to_string(saved.rank)).path()};
-      o.pinned_budget_bytes = offload::optimizer_pinned_bytes_needed(o, saved_groups);
-      auto opt = std::make_unique<offload::OffloadedOptimizer>(std::move(o), saved_groups);
+      o.pinned_budget_bytes = optim::optimizer_pinned_bytes_needed(o, saved_groups);
+      auto opt = std::make_unique<optim::OffloadedOptimizer>(std::move(o), saved_groups);
       opt->load(saved.folder);
       if (saved.rank == 0 && target.extra) extra = target.extra(saved.folder);
       sources.push_back({saved.rank, std::move(opt)});
@@ -448,7 +448,7 @@ void reshard(Collectives& comm, std::string_view who, int saved_world,
   std::string run(32, '0');           // the run that saved it (saved rank 0's)
   if (me == 0) {
     run = sources.front().reader->checkpoint_run();
-    const offload::OffloadedOptimizer& r = *sources.front().reader;
+    const optim::OffloadedOptimizer& r = *sources.front().reader;
     head[0] = r.step_count();
     hypers[0] = r.hyper();
     for (std::size_t i = 0; i < entries; ++i) hypers[i + 1] = r.hyper(i);

@@ -18,7 +18,7 @@
 
 #include "zinf/dist/collectives.h"
 #include "zinf/dist/rank_directory.h"
-#include "zinf/offload/optimizer.h"
+#include "zinf/optim/optimizer.h"
 #include "zinf/swap/dir.h"
 
 namespace zinf::dist::detail {
@@ -182,13 +182,13 @@ using RankFolders = ::zinf::dist::RankFolders;
 struct ReshardTarget {
   /// The entries as groups of the object's optimizer: names, full element counts and
   /// hyper-parameters, in manifest order.
-  std::vector<offload::ParamGroupSpec> groups;
+  std::vector<optim::ParamGroupSpec> groups;
   std::vector<std::uint64_t> shard;  ///< this rank's slice of each, in this world size
   /// The options of the object's own optimizer (this rank's folders). A saved rank is read by
   /// an optimizer of these options over the saved slices, on the nvme tier with its swap files
   /// in a scratch folder `zinf-reshard-<pid>-<random>` under the first of `directories` (the
   /// system's temporary directory for the cpu tier), and a pinned ring of its own.
-  offload::OptimizerOptions options;
+  optim::OptimizerOptions options;
   /// On rank 0, from saved rank 0's folder: state beside the optimizer's to hand to every rank
   /// as text (the engine's loss scale), or nullopt. May be empty.
   std::function<std::optional<std::string>(const swap::Dir& folder)> extra;

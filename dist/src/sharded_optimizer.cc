@@ -17,17 +17,17 @@ namespace zinf::dist {
 
 struct ShardedOptimizer::Impl {
   Collectives& comm;
-  std::vector<offload::ParamGroupSpec> groups;  // full sizes
+  std::vector<optim::ParamGroupSpec> groups;    // full sizes
   std::vector<std::uint64_t> shard;             // elements per rank, per group
   // Declared before `local`, so destroyed after it: an empty rank folder goes once the
   // optimizer's swap files are gone.
   detail::RankFolders rank_folders;
-  std::unique_ptr<offload::OffloadedOptimizer> local;
+  std::unique_ptr<optim::OffloadedOptimizer> local;
   // Per group, kept across steps: the inner optimizer reads the slice's gradients and writes
   // its copy-out asynchronously until end_step().
   std::vector<std::vector<float>> shard_grads, shard_out;
   std::vector<float> padded;  // one full padded group at a time
-  offload::OptimizerOptions options;  // the local optimizer's (rank folders), for reshard()
+  optim::OptimizerOptions options;  // the local optimizer's (rank folders), for reshard()
   int stage = 2;
 
   explicit Impl(Collectives& c) : comm(c) {}
@@ -41,8 +41,8 @@ struct ShardedOptimizer::Impl {
   }
 };
 
-ShardedOptimizer::ShardedOptimizer(offload::OptimizerOptions options,
-                                   std::vector<offload::ParamGroupSpec> groups, Collectives& comm,
+ShardedOptimizer::ShardedOptimizer(optim::OptimizerOptions options,
+                                   std::vector<optim::ParamGroupSpec> groups, Collectives& comm,
                                    int stage)
     : impl_(std::make_unique<Impl>(comm)) {
   Impl& s = *impl_;
@@ -58,18 +58,18 @@ ShardedOptimizer::ShardedOptimizer(offload::OptimizerOptions options,
                      "' work on device memory; the optimizer's slices are in host memory");
   }
   s.groups = std::move(groups);
-  std::vector<offload::ParamGroupSpec> mine;
+  std::vector<optim::ParamGroupSpec> mine;
   for (const auto& g : s.groups) {
     s.shard.push_back(detail::shard_numel(g.numel, comm.size()));
-    offload::ParamGroupSpec spec = g;
+    optim::ParamGroupSpec spec = g;
     spec.numel = s.shard.back();  // this rank's slice (0 only for an empty group: refused below)
     mine.push_back(std::move(spec));
   }
-  if (options.tier == offload::StateTier::kNvme) {
+  if (options.tier == optim::StateTier::kNvme) {
     for (auto& d : options.directories) d = s.rank_folders.add(d, comm.rank());
   }
   s.options = options;
-  s.local = std::make_unique<offload::OffloadedOptimizer>(std::move(options), std::move(mine));
+  s.local = std::make_unique<optim::OffloadedOptimizer>(std::move(options), std::move(mine));
   s.shard_grads.resize(s.groups.size());
   s.shard_out.resize(s.groups.size());
   std::uint64_t largest = 0;
@@ -109,9 +109,9 @@ void ShardedOptimizer::set_params(std::size_t group, std::span<const float> full
   s.local->set_params(group, slice);
 }
 
-offload::StepStats ShardedOptimizer::step(std::span<const std::span<const float>> grads,
-                                          std::span<const std::span<float>> params,
-                                          const ShardedStepOptions& options) {
+optim::StepStats ShardedOptimizer::step(std::span<const std::span<const float>> grads,
+                                        std::span<const std::span<float>> params,
+                                        const ShardedStepOptions& options) {
   Impl& s = *impl_;
   if (grads.size() != s.groups.size() || params.size() != s.groups.size()) {
     throw UsageError("ShardedOptimizer::step: " + std::to_string(grads.size()) +
@@ -154,7 +154,7 @@ offload::StepStats ShardedOptimizer::step(std::span<const std::span<const float>
     detail::add_squares(s.shard_grads[g], totals);
   }
   all_reduce<double>(s.comm, std::span<double>(totals, 2), ReduceOp::kSum);
-  offload::StepStats stats;
+  optim::StepStats stats;
   stats.loss_scale = options.loss_scale;
   if (totals[1] > 0) {
     // Every rank saw the same count: all skip together, and the state stays as it was.
@@ -165,7 +165,7 @@ offload::StepStats ShardedOptimizer::step(std::span<const std::span<const float>
     return stats;
   }
   const double norm = std::sqrt(totals[0]) / options.loss_scale;
-  const double scale = offload::clip_coefficient(options.clip, norm) / options.loss_scale;
+  const double scale = optim::clip_coefficient(options.clip, norm) / options.loss_scale;
   s.local->begin_step(scale);
   for (std::size_t g = 0; g < s.groups.size(); ++g) {
     s.local->step_group(g, adam::GradView::f32(s.shard_grads[g]),
@@ -224,6 +224,6 @@ void ShardedOptimizer::Impl::reshard(int saved_world,
   detail::reshard(comm, "ShardedOptimizer::load", saved_world, folders, t);
 }
 
-offload::OffloadedOptimizer& ShardedOptimizer::local() noexcept { return *impl_->local; }
+optim::OffloadedOptimizer& ShardedOptimizer::local() noexcept { return *impl_->local; }
 
 }  // namespace zinf::dist

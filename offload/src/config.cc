@@ -1,25 +1,21 @@
 // SPDX-License-Identifier: Apache-2.0
-// The DeepSpeed-style config reader behind zinf/offload/config.h: strict JSON parsing (line and
-// column for malformed input, duplicate keys refused), every key checked against the block it
-// sits in (unknown keys suggest the closest known one), typed values, and the cross-key checks
-// that must fail before any file is created. nlohmann::json stays private to this file.
+// The DeepSpeed-style config reader behind zinf/offload/config.h: the key tables, every key
+// checked against the block it sits in, the cross-key checks that must fail before any file is
+// created, and the config written back as JSON. The JSON itself (strict parsing, typed access
+// with errors naming the key's path) is config_json.h's.
 #include "zinf/offload/config.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <iterator>
-#include <limits>
 #include <memory>
-#include <set>
 #include <sstream>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "config_json.h"
 #include "zinf/common/error.h"
 #include "zinf/common/small_file.h"
 #include "zinf/common/status.h"
@@ -28,9 +24,10 @@
 namespace zinf::offload {
 namespace {
 
-// ordered_json keeps the file's key order, so the first error reported is the first in the file
-// and config_to_json writes keys in the order the docs list them.
-using Json = nlohmann::ordered_json;
+using detail::Block;
+using detail::Json;
+using detail::parse_json;
+using detail::shown;
 
 // ---------------------------------------------------------------------------------------------
 // Key tables. "with effect" keys are read below; "accepted" keys are DeepSpeed's (taken from
@@ -181,338 +178,6 @@ constexpr std::string_view kZinfKeys[] = {
     "step_mode",        "rate_notice_share",   "rate_notice_steps",
     "tuned_write_gbps", "tuned_read_gbps",     "tbw_tb",
     "state_precision",  "checkpoint_reflink"};
-
-bool contains(std::span<const std::string_view> keys, std::string_view key) {
-  return std::find(keys.begin(), keys.end(), key) != keys.end();
-}
-
-// Hostile-input bounds (config.h says why their values).
-constexpr std::size_t kMaxConfigBytes = kConfigMaxBytes;
-constexpr std::size_t kMaxDepth = kConfigMaxDepth;
-// The most characters of a value or key an error message quotes.
-constexpr std::size_t kMaxShown = 80;
-
-// `text`, cut to kMaxShown characters with "..." if longer: an error line stays one line of
-// readable size whatever the input holds.
-std::string clip(std::string_view text) {
-  if (text.size() <= kMaxShown) return std::string(text);
-  return std::string(text.substr(0, kMaxShown)) + "...";
-}
-
-// A value as JSON for an error message, clipped. Safe on any parsed value: parse_json refuses
-// nesting deeper than kMaxDepth, so dump()'s recursion is bounded.
-std::string shown(const Json& value) { return clip(value.dump()); }
-
-// ---------------------------------------------------------------------------------------------
-// Malformed JSON and duplicate keys.
-
-// nlohmann's parser reads through an iterator; this one records how far it got, so that the
-// duplicate-key callback (which nlohmann gives no position) can name a line and column. At a
-// key event the lexer has read exactly through the key's closing quote.
-class CountingIterator {
- public:
-  using iterator_category = std::input_iterator_tag;
-  using value_type = char;
-  using difference_type = std::ptrdiff_t;
-  using pointer = const char*;
-  using reference = const char&;
-
-  CountingIterator() = default;
-  CountingIterator(const char* p, const char* base, std::size_t* consumed)
-      : p_(p), base_(base), consumed_(consumed) {}
-  reference operator*() const { return *p_; }
-  CountingIterator& operator++() {
-    ++p_;
-    if (consumed_ != nullptr) *consumed_ = static_cast<std::size_t>(p_ - base_);
-    return *this;
-  }
-  CountingIterator operator++(int) {
-    CountingIterator before = *this;
-    ++*this;
-    return before;
-  }
-  friend bool operator==(const CountingIterator& a, const CountingIterator& b) {
-    return a.p_ == b.p_;
-  }
-
- private:
-  const char* p_ = nullptr;
-  const char* base_ = nullptr;
-  std::size_t* consumed_ = nullptr;
-};
-
-// "line L, column C" of the character before byte offset `end` (1-based, columns in bytes).
-std::string line_column(std::string_view text, std::size_t end) {
-  std::size_t line = 1;
-  std::size_t column = 0;
-  for (std::size_t i = 0; i < end && i < text.size(); ++i) {
-    if (text[i] == '\n') {
-      ++line;
-      column = 0;
-    } else {
-      ++column;
-    }
-  }
-  return "line " + std::to_string(line) + ", column " +
-         std::to_string(std::max<std::size_t>(column, 1));
-}
-
-// One open object or array while parsing: what it is, the keys seen so far (objects), and the
-// current key or element index, which together spell the JSON path of a duplicate key.
-struct Frame {
-  bool is_object = true;
-  std::set<std::string> keys;
-  std::string key;
-  std::size_t index = 0;
-};
-
-std::string frames_path(const std::vector<Frame>& frames, std::string_view last) {
-  std::string path;
-  // frames[0] is the root object; each deeper frame is named by its parent's current key/index.
-  for (std::size_t i = 0; i + 1 < frames.size(); ++i) {
-    const Frame& parent = frames[i];
-    if (parent.is_object) {
-      if (!path.empty()) path += '.';
-      path += clip(parent.key);
-    } else {
-      path += '[' + std::to_string(parent.index) + ']';
-    }
-  }
-  if (!path.empty()) path += '.';
-  path += clip(last);
-  return path;
-}
-
-// The JSON path of the value being read now: every open frame's current key or index
-// ("optimizer.params.lr", "optimizer.params.betas[1]"); "" at the top level.
-std::string current_path(const std::vector<Frame>& frames) {
-  std::string path;
-  for (const Frame& frame : frames) {
-    if (frame.is_object) {
-      if (!path.empty()) path += '.';
-      path += clip(frame.key);
-    } else {
-      path += '[' + std::to_string(frame.index) + ']';
-    }
-  }
-  return path;
-}
-
-Json parse_json(std::string_view text, std::string_view source) {
-  if (text.size() > kMaxConfigBytes) {
-    throw UsageError(std::string(source) + ": the config is larger than the limit of " +
-                     std::to_string(kMaxConfigBytes) + " bytes (16 MiB)");
-  }
-  std::size_t consumed = 0;
-  std::vector<Frame> frames;
-  const auto element_done = [&frames] {
-    if (!frames.empty() && !frames.back().is_object) ++frames.back().index;
-  };
-  const Json::parser_callback_t callback = [&](int /*depth*/, Json::parse_event_t event,
-                                               Json& parsed) -> bool {
-    using Event = Json::parse_event_t;
-    switch (event) {
-      case Event::object_start:
-      case Event::array_start:
-        // Refused as the level opens, so nothing (parser, value, destructor or error message)
-        // ever holds deeper input.
-        if (frames.size() >= kMaxDepth) {
-          throw UsageError(std::string(source) + ": " + line_column(text, consumed) +
-                           ": nesting deeper than " + std::to_string(kMaxDepth) +
-                           " levels of objects and arrays (the limit of a config)");
-        }
-        frames.push_back(Frame{event == Event::object_start, {}, {}, 0});
-        break;
-      case Event::key: {
-        Frame& top = frames.back();
-        std::string key = parsed.get<std::string>();
-        if (!top.keys.insert(key).second) {
-          throw UsageError(std::string(source) + ": " + line_column(text, consumed) + ": " +
-                           frames_path(frames, key) +
-                           ": duplicate key (DeepSpeed would silently keep the last value)");
-        }
-        top.key = std::move(key);
-        break;
-      }
-      case Event::object_end:
-      case Event::array_end:
-        frames.pop_back();
-        element_done();
-        break;
-      case Event::value: element_done(); break;
-    }
-    return true;
-  };
-  try {
-    return Json::parse(CountingIterator(text.data(), text.data(), &consumed),
-                       CountingIterator(text.data() + text.size(), text.data(), nullptr), callback,
-                       /*allow_exceptions=*/true, /*ignore_comments=*/false);
-  } catch (const Json::parse_error& e) {
-    // e.what(): "[json.exception.parse_error.101] parse error at line 3, column 5: syntax error
-    // while parsing object - unexpected '}'; expected string literal". Keep what follows the
-    // position; compute the position from e.byte so it does not depend on the message format.
-    std::string what = e.what();
-    const std::size_t column_at = what.find(", column ");
-    const std::size_t colon =
-        column_at == std::string::npos ? what.find(": ") : what.find(": ", column_at);
-    if (colon != std::string::npos) what = what.substr(colon + 2);
-    // The message quotes the last token read, which can be as long as the input.
-    if (what.size() > 2 * kMaxShown) what = what.substr(0, 2 * kMaxShown) + "...";
-    throw UsageError(std::string(source) + ": " + line_column(text, e.byte) + ": " + what);
-  } catch (const Json::out_of_range& e) {
-    // nlohmann throws this (406, "number overflow parsing '1e309'") for a number beyond a
-    // double's range, with no position; the frames still say which key it was read for.
-    // The number ends just before the lexer's position (which may be one lookahead past it).
-    const auto in_number = [&](std::size_t i) {
-      return std::string_view("0123456789+-.eE").find(text[i]) != std::string_view::npos;
-    };
-    std::size_t end = std::min(consumed, text.size());
-    if (end > 0 && !in_number(end - 1)) --end;
-    std::size_t begin = end;
-    while (begin > 0 && in_number(begin - 1)) --begin;
-    const std::string token = clip(text.substr(begin, end - begin));
-    const std::string path = current_path(frames);
-    throw UsageError(std::string(source) + ": " + line_column(text, begin + 1) + ": " +
-                     (path.empty() ? std::string() : path + ": ") + "number out of range (" +
-                     token + " is beyond a double's +-1.8e308)");
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Typed access to one block. Every error is "<source>: <path>.<key>: <what>".
-
-class Block {
- public:
-  Block(const Json& object, std::string path, std::string_view source,
-        std::vector<std::string>* notices)
-      : object_(object), path_(std::move(path)), source_(source), notices_(notices) {}
-
-  std::string key_path(std::string_view key) const {
-    return path_.empty() ? clip(key) : path_ + "." + clip(key);
-  }
-  [[noreturn]] void fail(std::string_view key, const std::string& what) const {
-    throw UsageError(std::string(source_) + ": " + key_path(key) + ": " + what);
-  }
-
-  // Refuses keys outside `known` and `accepted` (suggesting the closest of either), and records
-  // one notice listing the accepted keys present, which have no effect in zinf.
-  void check_keys(std::span<const std::string_view> known,
-                  std::span<const std::string_view> accepted = {}) const {
-    std::vector<std::string> without_effect;
-    for (const auto& item : object_.items()) {
-      const std::string& key = item.key();
-      if (contains(known, key)) continue;
-      if (contains(accepted, key)) {
-        without_effect.push_back(key);
-        continue;
-      }
-      // Close means a typo, not a different word: at most 2 edits, or one per 4 characters.
-      std::vector<std::string_view> candidates(known.begin(), known.end());
-      candidates.insert(candidates.end(), accepted.begin(), accepted.end());
-      const std::string_view best = closest_match(key, candidates, typo_distance(key, 4));
-      std::string what = "unknown key";
-      if (!best.empty()) what += "; did you mean '" + std::string(best) + "'?";
-      fail(key, what);
-    }
-    if (!without_effect.empty()) {
-      std::string line = (path_.empty() ? std::string("top level") : path_) +
-                         ": accepted without effect in zinf: ";
-      for (std::size_t i = 0; i < without_effect.size(); ++i) {
-        line += (i == 0 ? "" : ", ") + without_effect[i];
-      }
-      notice(line);
-    }
-  }
-
-  void notice(std::string line) const { notices_->push_back(std::move(line)); }
-
-  const Json* find(std::string_view key) const {
-    const auto it = object_.find(std::string(key));
-    return it == object_.end() ? nullptr : &*it;
-  }
-
-  // A nested block: nullptr if absent or JSON null (DeepSpeed's Optional blocks), else it must
-  // be an object.
-  std::optional<Block> child(std::string_view key) const {
-    const Json* v = find(key);
-    if (v == nullptr || v->is_null()) return std::nullopt;
-    if (!v->is_object()) fail(key, "expected an object {...}, got " + shown(*v));
-    return Block(*v, key_path(key), source_, notices_);
-  }
-
-  void read_bool(std::string_view key, bool& out) const {
-    const Json* v = find(key);
-    if (v == nullptr) return;
-    if (!v->is_boolean()) fail(key, "expected true or false, got " + shown(*v));
-    out = v->get<bool>();
-  }
-
-  template <typename T>
-  void read_uint(std::string_view key, T& out, T min = 0) const {
-    const Json* v = find(key);
-    if (v == nullptr) return;
-    out = to_uint<T>(key, *v, min);
-  }
-
-  // An unsigned integer; JSON floats such as 1e8 are accepted where integral (as DeepSpeed).
-  template <typename T>
-  T to_uint(std::string_view key, const Json& v, T min) const {
-    constexpr std::uint64_t kMax = std::numeric_limits<T>::max();
-    std::uint64_t value = 0;
-    if (v.is_number_unsigned()) {
-      value = v.get<std::uint64_t>();
-    } else if (v.is_number_integer()) {
-      fail(key, "expected a non-negative integer, got " + shown(v));
-    } else if (v.is_number_float()) {
-      const double d = v.get<double>();
-      if (!std::isfinite(d) || d != std::floor(d)) {
-        fail(key, "expected an integer, got " + shown(v));
-      }
-      if (d < 0) fail(key, "expected a non-negative integer, got " + shown(v));
-      // 2^64 is exactly representable; anything at or above it does not fit in uint64.
-      if (d >= 18446744073709551616.0) {
-        fail(key, shown(v) + " is out of range (at most " + std::to_string(kMax) + ")");
-      }
-      value = static_cast<std::uint64_t>(d);
-    } else {
-      fail(key, "expected an integer, got " + shown(v));
-    }
-    if (value > kMax) {
-      fail(key, shown(v) + " is out of range (at most " + std::to_string(kMax) + ")");
-    }
-    if (value < min) {
-      fail(key, shown(v) + " is too small (at least " + std::to_string(min) + ")");
-    }
-    return static_cast<T>(value);
-  }
-
-  double to_number(std::string_view key, const Json& v) const {
-    if (!v.is_number()) fail(key, "expected a number, got " + shown(v));
-    return v.get<double>();
-  }
-
-  void read_number(std::string_view key, double& out) const {
-    const Json* v = find(key);
-    if (v == nullptr) return;
-    out = to_number(key, *v);
-  }
-
-  // A string; `allow_null` for DeepSpeed's Optional[Path] (null means absent).
-  void read_string(std::string_view key, std::string& out, bool allow_null = false) const {
-    const Json* v = find(key);
-    if (v == nullptr || (allow_null && v->is_null())) return;
-    if (!v->is_string()) fail(key, "expected a string, got " + shown(*v));
-    out = v->get<std::string>();
-    // "\u0000" would cut a path where the OS stops reading it (a directory's parent).
-    if (out.find('\0') != std::string::npos) fail(key, "the string has a NUL byte (\\u0000)");
-  }
-
- private:
-  const Json& object_;
-  std::string path_;
-  std::string_view source_;
-  std::vector<std::string>* notices_;
-};
 
 OffloadDevice parse_device(const Block& block) {
   std::string text = "none";

@@ -7,19 +7,18 @@
 #include "zinf/offload/engine.h"
 
 #include <algorithm>
-#include <cfloat>
 #include <chrono>
+#include <cfloat>
 #include <cmath>
 #include <condition_variable>
-#include <cstdio>
 #include <functional>
 #include <limits>
 #include <mutex>
 #include <optional>
 #include <sstream>
-#include <unordered_set>
 #include <utility>
 
+#include "engine_plan.h"
 #include "grad_stage.h"
 #include "loss_scale.h"
 #include "param_tier.h"
@@ -115,7 +114,6 @@ struct OffloadEngine::Impl {
   std::vector<LayerSpec> layers;
   cuda::Device& device;
   cuda::StreamRef compute;
-  std::uint64_t sub_group = 0;
   std::vector<Layer> state;
 
   // Device gradients: zinf.grad_staging_buffers pinned buffers of grad_slot_bytes, the copy
@@ -140,8 +138,8 @@ struct OffloadEngine::Impl {
   // The tier before the optimizer (destroyed after it): the optimizer's copy-out writes into
   // the tier's buffers or store.
   std::unique_ptr<detail::ParamTier> params;
-  std::unique_ptr<OffloadedOptimizer> optimizer;
-  OptimizerOptions optimizer_options;  // what it was built with (engine_seams.h reads them)
+  std::unique_ptr<optim::OffloadedOptimizer> optimizer;
+  optim::OptimizerOptions optimizer_options;  // what it was built with (engine_seams.h reads them)
   // Staged mode only (after the optimizer: destroyed first, while nothing reads it).
   StepMode mode = StepMode::kOnArrival;
   std::unique_ptr<detail::GradientStage> stage;
@@ -164,12 +162,12 @@ struct OffloadEngine::Impl {
   // The drive-slowdown notice (zinf.rate_notice_*): the optimizer's NVMe writes and reads.
   std::optional<detail::RateWatch> write_watch;
   std::optional<detail::RateWatch> read_watch;
-  // Drive wear (zinf.tbw_tb): the NVMe directories written to, and the bytes written and the
-  // time at the end of the first step, from which the steps after it are measured.
-  std::string wear_where;
+  // Drive wear (zinf.tbw_tb): the plan's estimate until the measured notice is told, and the
+  // bytes written and the time at the end of the first step, from which the steps after it
+  // are measured.
+  std::optional<detail::WearEstimate> wear;
   std::optional<Clock::time_point> wear_since;
   std::uint64_t wear_bytes_since = 0;
-  bool wear_told = false;
   double step_seconds = 0;
   StepStats last_step;
 };
@@ -177,232 +175,47 @@ struct OffloadEngine::Impl {
 OffloadEngine::Impl::Impl(EngineConfig c, std::vector<LayerSpec> l, cuda::Device& d,
                           cuda::StreamRef s, const test_hooks::EngineFaults& faults)
     : config(std::move(c)), layers(std::move(l)), device(d), compute(s) {
-  // ---- Validation: everything the config and the layers can contradict, before any file.
-  check_config(config, "OffloadEngine");
-  if (layers.empty()) throw UsageError("OffloadEngine: no layers");
   if (compute.empty() || compute.device() != &device) {
     throw UsageError("OffloadEngine: the compute stream must be a stream of device " +
                      std::string(device.name()));
   }
-  // Tiers other than resident bring a layer into one of offload_param.buffer_count device
-  // buffers of offload_param.buffer_size elements.
-  const bool buffered = detail::tier_uses_param_buffers(config.offload_param.device);
-  std::unordered_set<std::string> names;
-  std::uint64_t total_elements = 0;
-  for (const auto& layer : layers) {
-    if (layer.name.empty() || layer.name.find_first_of(" \t\r\n#/") != std::string::npos) {
-      throw UsageError(
-          "OffloadEngine: layer names must be non-empty, without spaces, '#' or '/', got " +
-          in_quotes(layer.name));
-    }
-    if (!names.insert(layer.name).second) {
-      throw UsageError("OffloadEngine: duplicate layer name " + in_quotes(layer.name));
-    }
-    if (layer.numel == 0)
-      throw UsageError("OffloadEngine: layer " + in_quotes(layer.name) + " has 0 elements");
-    // Before any size arithmetic: the planning multiplies element counts by up to 16 bytes
-    // and sums them over layers, which must not wrap.
-    if (layer.numel > detail::kMaxLayerElements) {
-      throw UsageError("OffloadEngine: layer " + in_quotes(layer.name) + " has " +
-                       std::to_string(layer.numel) + " elements, more than zinf's limit of " +
-                       std::to_string(detail::kMaxLayerElements) + " (2^50) per layer");
-    }
-    total_elements += layer.numel;
-    if (total_elements > detail::kMaxModelElements) {
-      throw UsageError("OffloadEngine: the layers hold more than zinf's limit of " +
-                       std::to_string(detail::kMaxModelElements) + " (2^54) elements in all");
-    }
-    if (layer.param_dtype == DType::kF32) {
-      throw UsageError("OffloadEngine: layer " + in_quotes(layer.name) +
-                       " param_dtype must be bf16 or fp16");
-    }
-    if (auto bad = layer.hyper ? adam::check_adam_params(*layer.hyper) : std::nullopt) {
-      throw UsageError("OffloadEngine: layer " + in_quotes(layer.name) +
-                       " hyper: " + std::string(bad->field) + " " + bad->what);
-    }
-    if (buffered && layer.numel > config.offload_param.buffer_size) {
-      throw UsageError(
-          "OffloadEngine: layer " + in_quotes(layer.name) + " has " + std::to_string(layer.numel) +
-          " elements, more than offload_param.buffer_size " +
-          std::to_string(config.offload_param.buffer_size) +
-          "; raise offload_param.buffer_size to at least " + std::to_string(layer.numel));
-    }
-  }
-  if (buffered && config.offload_param.buffer_count == 0) {
-    throw UsageError("OffloadEngine: offload_param.buffer_count must be at least 1");
-  }
-  const detail::ParamTierPlan plan = detail::plan_param_tier(config, layers);
-
-  // The sub-group size: where the tier needs each sub-group's copy-out to be whole units of
-  // its store (a range write into the layer's key), config.sub_group_size rounded up so that
-  // 2 x sub_group is a multiple of that unit.
-  sub_group = std::clamp<std::uint64_t>(config.sub_group_size, 1, detail::kMaxLayerElements);
-  if (plan.copy_out_unit != 0) {
-    const std::uint64_t rounded = align_up(sub_group * 2, plan.copy_out_unit) / 2;
-    if (rounded != sub_group) {
-      // Info, not notice: the default 1e9 is rounded on every run, by a few thousand elements.
-      log(LogLevel::kInfo, "OffloadEngine: sub_group_size " + std::to_string(sub_group) +
-                               " rounded up to " + std::to_string(rounded) +
-                               " so that each sub-group's parameter copy-out is whole " +
-                               std::to_string(plan.copy_out_unit) +
-                               "-byte units of the parameter store");
-    }
-    sub_group = rounded;
-  }
-
-  const OffloadDevice otier = config.offload_optimizer.device;
-  OptimizerOptions oo;
-  oo.tier = otier == OffloadDevice::kNvme ? StateTier::kNvme : StateTier::kCpu;
-  oo.sub_group_elements = sub_group;
-  oo.pipeline_depth = config.offload_optimizer.buffer_count;
-  oo.hyper = config.optimizer.hyper;
-  oo.adam.threads = config.zinf.adam_threads;
-  oo.state_precision = config.zinf.state_precision;
-  if (otier == OffloadDevice::kNvme) {
-    oo.directories = config.nvme_directories(config.offload_optimizer.nvme_path);
-    if (config.zinf.rate_notice_share > 0) {
-      std::string where;
-      for (const auto& dir : oo.directories) where += (where.empty() ? "" : ", ") + dir;
-      write_watch.emplace("optimizer writes to " + where, config.zinf.rate_notice_share,
-                          config.zinf.rate_notice_steps, config.zinf.tuned_write_gbps);
-      read_watch.emplace("optimizer reads from " + where, config.zinf.rate_notice_share,
-                         config.zinf.rate_notice_steps, config.zinf.tuned_read_gbps);
-    }
-  }
-  oo.io = config.io_options();
-  oo.io.faults = faults.optimizer;
-  oo.swap_checksums = config.zinf.checksums;
-  oo.checkpoint_reflink = config.zinf.checkpoint_reflink;
-  oo.direct_io = config.zinf.direct_io;
-  oo.precondition = config.zinf.precondition;
-  oo.store_copy_out = plan.store_copy_out;
-  std::vector<ParamGroupSpec> groups;
-  for (const auto& layer : layers) groups.push_back({layer.name, layer.numel, layer.hyper});
-
-  // The pinned budget: the optimizer's ring (or state), the parameter tier's, the
-  // device-gradient staging (the largest layer's gradients in fp32, the widest dtype) and in
-  // the staged mode the gradient staging: the whole model's gradients if they fit, else the
-  // NVMe staging's ring.
-  std::uint64_t largest = 0;
-  for (const auto& layer : layers) largest = std::max(largest, layer.numel);
-  grad_slot_bytes = align_up(largest * sizeof(float), detail::kHostAlign);
-  const std::uint64_t grad_need = grad_slot_bytes * config.zinf.grad_staging_buffers;
-  const std::uint64_t opt_need = optimizer_pinned_bytes_needed(oo, groups);
-  const std::uint64_t budget = config.zinf.pinned_budget_bytes;
-  mode = config.effective_step_mode();
-  std::optional<detail::GradStageOptions> stage_options;
-  std::uint64_t stage_need = 0;
-  std::string stage_what;
-  std::string stage_note;  // after the smallest budget: what else would have worked
-  if (mode == StepMode::kStaged) {
-    stage_options.emplace();
-    for (const auto& layer : layers) stage_options->layers.push_back({layer.name, layer.numel});
-    // Staging on NVMe goes where the state already streams: the optimizer's directories, else
-    // the parameters', else zinf.nvme_paths.
-    std::vector<std::string> dirs;
-    if (otier == OffloadDevice::kNvme) {
-      dirs = config.nvme_directories(config.offload_optimizer.nvme_path);
-    } else if (config.offload_param.device == OffloadDevice::kNvme) {
-      dirs = config.nvme_directories(config.offload_param.nvme_path);
-    } else {
-      dirs = config.zinf.nvme_paths;
-    }
-    const std::uint64_t base = opt_need + plan.pinned_bytes + grad_need;
-    const std::uint64_t whole = detail::grad_stage_pinned_bytes(stage_options->layers);
-    stage_need = whole;
-    stage_what = "the gradient staging (the whole model's gradients as fp32)";
-    if (base + whole > budget && !dirs.empty()) {
-      stage_need = detail::grad_stage_ring_bytes(stage_options->layers, dirs);
-      stage_what = "the NVMe gradient staging's ring (" + std::to_string(detail::kStageRingSlots) +
-                   " fp32 buffers of the largest layer)";
-      stage_options->nvme = true;
-      stage_options->directories = dirs;
-      stage_options->io = config.io_options();
-      stage_options->io.faults = faults.grad_stage;
-      stage_options->checksums = config.zinf.checksums;
-      stage_options->direct_io = config.zinf.direct_io;
-    }
-    if (base + stage_need > budget && dirs.empty()) {
-      stage_note =
-          " (with an NVMe directory, offload_optimizer or offload_param nvme_path or "
-          "zinf.nvme_paths, the gradients could be staged on NVMe instead through a ring of " +
-          std::to_string(detail::kStageRingSlots) + " buffers of the largest layer)";
-    }
-  }
-  const std::uint64_t need = opt_need + plan.pinned_bytes + grad_need + stage_need;
-  if (need > budget) {
-    std::string what = "OffloadEngine: zinf.pinned_budget_bytes " + std::to_string(budget) +
-                       " cannot hold the optimizer's " + std::to_string(opt_need) +
-                       " bytes plus " + plan.pinned_what + "'s " +
-                       std::to_string(plan.pinned_bytes) + " bytes";
-    if (grad_need > 0) {
-      what += " plus the device-gradient staging's " + std::to_string(grad_need) +
-              " bytes (zinf.grad_staging_buffers " +
-              std::to_string(config.zinf.grad_staging_buffers) +
-              " x the largest layer's fp32 gradients; 0 if gradients always come from host "
-              "memory)";
-    }
-    if (stage_options) {
-      what += " plus " + stage_what + "'s " + std::to_string(stage_need) + " bytes";
-    }
-    throw UsageError(what + "; the smallest budget that works is " + std::to_string(need) +
-                     stage_note);
-  }
-  oo.pinned_budget_bytes = opt_need;
-
+  // ---- The plan: every check of the config against the layers, before any file.
+  detail::EnginePlan plan = detail::plan_engine(config, layers);
+  // Info, not notice: the default 1e9 is rounded on every run, by a few thousand elements.
+  if (!plan.sub_group_note.empty()) log(LogLevel::kInfo, plan.sub_group_note);
+  if (!plan.budget_error.empty()) throw UsageError(plan.budget_error);
   // Notice level, shown by default: a notice says the config means something other than what
   // it reads as (an old key name, a rounded size).
   for (const auto& notice : config.notices) log(LogLevel::kNotice, "config: " + notice);
-
-  // Drive wear, before the first step: every step rewrites the optimizer's whole state (12
-  // bytes per element with fp32 moments, fewer with zinf.state_precision) and, with nvme parameters, the updated parameters. Padding to the I/O
-  // alignment adds a little; the measured figure follows after the first steps.
-  if (config.zinf.tbw_tb > 0) {
-    std::uint64_t numel = 0, param_bytes = 0;
-    for (const auto& layer : layers) {
-      numel += layer.numel;
-      param_bytes += layer.numel * dtype_size(layer.param_dtype);
-    }
-    double per_step = 0;
-    std::vector<std::string> dirs;
-    if (otier == OffloadDevice::kNvme) {
-      per_step += static_cast<double>(4 * numel + adam::moment_bytes(config.zinf.state_precision, numel));
-      dirs = config.nvme_directories(config.offload_optimizer.nvme_path);
-    }
-    if (config.offload_param.device == OffloadDevice::kNvme) {
-      per_step += static_cast<double>(param_bytes);
-      for (auto& pdir : config.nvme_directories(config.offload_param.nvme_path)) {
-        if (std::find(dirs.begin(), dirs.end(), pdir) == dirs.end()) {
-          dirs.push_back(std::move(pdir));
-        }
-      }
-    }
-    for (const auto& dir : dirs) wear_where += (wear_where.empty() ? "" : ", ") + dir;
-    if (per_step > 0) {
-      const double tbw = config.zinf.tbw_tb * 1e12;
-      char line[512];
-      std::snprintf(line, sizeof line,
-                    "OffloadEngine: drive wear: each step writes about %.3g GB to %s; the rated "
-                    "%g TB of endurance lasts %.0f steps (1%% every %.0f steps); days at the "
-                    "step rate follow after the first steps",
-                    per_step / 1e9, wear_where.c_str(), config.zinf.tbw_tb, tbw / per_step,
-                    tbw / per_step / 100);
-      log(LogLevel::kNotice, line);
-    } else {
-      wear_told = true;  // nothing on NVMe: nothing to wear
-    }
+  // Drive wear, before the first step; the measured figure follows after the first steps.
+  wear = std::move(plan.wear);
+  if (wear && wear->bytes_per_step > 0) {
+    log(LogLevel::kNotice, detail::wear_notice(*wear, config.zinf.tbw_tb));
   } else {
-    wear_told = true;
+    wear.reset();  // nothing on NVMe (or no rating): nothing to tell
+  }
+  const std::vector<std::string>& dirs = plan.optimizer.directories;
+  if (!dirs.empty() && config.zinf.rate_notice_share > 0) {
+    std::string where;
+    for (const auto& dir : dirs) where += (where.empty() ? "" : ", ") + dir;
+    write_watch.emplace("optimizer writes to " + where, config.zinf.rate_notice_share,
+                        config.zinf.rate_notice_steps, config.zinf.tuned_write_gbps);
+    read_watch.emplace("optimizer reads from " + where, config.zinf.rate_notice_share,
+                       config.zinf.rate_notice_steps, config.zinf.tuned_read_gbps);
   }
 
   // ---- Construction: the tier first (its files, then the optimizer's).
+  grad_slot_bytes = plan.grad_slot_bytes;
+  mode = plan.mode;
   state.resize(layers.size());
-  params = detail::make_param_tier({plan, config, layers, device, compute, faults.param});
-  optimizer_options = oo;
-  optimizer_options.io.faults = nullptr;  // a checkpoint reader (engine_seams.h) injects none
-  optimizer = std::make_unique<OffloadedOptimizer>(oo, groups);
-  if (stage_options) {
-    stage = std::make_unique<detail::GradientStage>(std::move(*stage_options));
+  params = detail::make_param_tier({plan.params, config, layers, device, compute, faults.param});
+  optimizer_options = plan.optimizer;  // a checkpoint reader (engine_seams.h) injects no faults
+  optim::OptimizerOptions oo = plan.optimizer;
+  oo.io.faults = faults.optimizer;
+  optimizer = std::make_unique<optim::OffloadedOptimizer>(std::move(oo), plan.groups);
+  if (plan.stage) {
+    if (plan.stage->nvme) plan.stage->io.faults = faults.grad_stage;
+    stage = std::make_unique<detail::GradientStage>(std::move(*plan.stage));
     scaler = detail::LossScaler(config.loss_scaling);
   }
 }
@@ -451,7 +264,7 @@ void OffloadEngine::Impl::check_outside_step(const char* op) const {
 constexpr std::uint64_t kWearSteps = 3;
 
 void OffloadEngine::Impl::note_wear() {
-  if (wear_told) return;
+  if (!wear) return;
   const std::uint64_t written = opt_written + params->stats().bytes_written;
   if (steps == 1) {
     wear_since = Clock::now();
@@ -459,22 +272,14 @@ void OffloadEngine::Impl::note_wear() {
     return;
   }
   if (!wear_since || steps < 1 + kWearSteps) return;
-  wear_told = true;
   const double secs =
       std::chrono::duration<double>(Clock::now() - *wear_since).count() / kWearSteps;
   const double per_step = static_cast<double>(written - wear_bytes_since) / kWearSteps;
-  if (!(secs > 0) || !(per_step > 0)) return;
-  const double per_day = per_step * 86400 / secs;
-  const double tbw = config.zinf.tbw_tb * 1e12;
-  char line[512];
-  std::snprintf(line, sizeof line,
-                "OffloadEngine: drive wear: %.3g GB written per step to %s at %.3g s per step "
-                "(steps 2-%llu), %.3g TB a day: the rated %g TB lasts %.3g days of training "
-                "(1%% every %.3g hours)",
-                per_step / 1e9, wear_where.c_str(), secs,
-                static_cast<unsigned long long>(1 + kWearSteps), per_day / 1e12, config.zinf.tbw_tb,
-                tbw / per_day, tbw / per_day / 100 * 24);
-  log(LogLevel::kNotice, line);
+  if (secs > 0 && per_step > 0) {
+    log(LogLevel::kNotice,
+        detail::measured_wear_notice(*wear, config.zinf.tbw_tb, per_step, secs, 1 + kWearSteps));
+  }
+  wear.reset();  // told once
 }
 
 void OffloadEngine::Impl::fail(const Status& cause) {
@@ -502,7 +307,7 @@ std::optional<StepStats> OffloadEngine::Impl::open_staged_step() {
   f.global_grad_norm = std::sqrt(sum_sq) / f.loss_scale;
   double coefficient = 1;
   if (config.gradient_clipping > 0) {
-    coefficient = clip_coefficient(config.gradient_clipping, f.global_grad_norm);
+    coefficient = optim::clip_coefficient(config.gradient_clipping, f.global_grad_norm);
   }
   f.grad_scale_applied = coefficient / f.loss_scale;
   // A norm so large that a layer's grad_scale times the factor is no longer a normal fp32
@@ -961,7 +766,7 @@ struct ScaleText {
   std::string text;
   std::string shown;
 };
-std::optional<ScaleText> read_scale_text(const OffloadedOptimizer& opt, const swap::Dir& d,
+std::optional<ScaleText> read_scale_text(const optim::OffloadedOptimizer& opt, const swap::Dir& d,
                                          const detail::LossScaler& scaler, std::string_view who) {
   std::string shown;
   if (auto text = opt.read_checkpoint_file(d, kLossScaleFile, &shown)) {
@@ -1097,7 +902,7 @@ class EngineSeamsAccess {
     m.reduce_sum_of_squares = std::move(reduce);
   }
 
-  static OptimizerOptions optimizer_options(const OffloadEngine& engine) {
+  static optim::OptimizerOptions optimizer_options(const OffloadEngine& engine) {
     return engine.impl_->optimizer_options;
   }
 
@@ -1134,7 +939,9 @@ class EngineSeamsAccess {
     return std::move(text->text);
   }
 
-  static OffloadedOptimizer& optimizer(OffloadEngine& engine) { return *engine.impl_->optimizer; }
+  static optim::OffloadedOptimizer& optimizer(OffloadEngine& engine) {
+    return *engine.impl_->optimizer;
+  }
 
   static void restore_loss_scale(OffloadEngine& engine, const std::string& text,
                                  const std::string& shown, std::string_view who) {
@@ -1149,7 +956,7 @@ void set_sum_of_squares_reducer(OffloadEngine& engine, std::function<double(doub
   EngineSeamsAccess::set(engine, std::move(reduce));
 }
 
-OptimizerOptions optimizer_options(const OffloadEngine& engine) {
+optim::OptimizerOptions optimizer_options(const OffloadEngine& engine) {
   return EngineSeamsAccess::optimizer_options(engine);
 }
 

@@ -16,8 +16,8 @@
 #include "zinf/adam/cpu_adam.h"
 #include "zinf/cuda/device.h"
 #include "zinf/offload/config.h"
-#include "zinf/offload/engine.h"
-#include "zinf/offload/optimizer.h"
+#include "zinf/offload/engine_types.h"
+#include "zinf/optim/optimizer.h"
 
 namespace zinf::offload::detail {
 
@@ -86,7 +86,7 @@ class ParamTier {
   virtual void release(std::size_t layer) = 0;
   /// Queues `layer`'s update in `optimizer`'s open step with its copy-out into this tier
   /// (OffloadedOptimizer::step_group, `hooks` passed on).
-  virtual void queue_update(OffloadedOptimizer& optimizer, std::size_t layer,
+  virtual void queue_update(optim::OffloadedOptimizer& optimizer, std::size_t layer,
                             adam::GradView grads, GradHooks hooks) = 0;
   /// The step ended well: `updated` layers' new parameters become what the next fetch
   /// returns (for work enqueued on the compute stream from now on); `stats` is the step's.

@@ -50,14 +50,14 @@ class NvmeTier final : public ParamTier {
   cuda::DeviceSpan fetch(std::size_t layer) override { return layers_store_->acquire(layer); }
   void release(std::size_t layer) override { layers_store_->release(layer); }
 
-  void queue_update(OffloadedOptimizer& optimizer, std::size_t layer,
-                    adam::GradView grads, GradHooks hooks) override {
+  void queue_update(optim::OffloadedOptimizer& optimizer, std::size_t layer, adam::GradView grads,
+                    GradHooks hooks) override {
     const LayerSpec& spec = layers_[layer];
     layers_store_->suspend(layer);
     try {
-      optimizer.step_group(layer, grads,
-                           StoreCopyOut{&layers_store_->store(), spec.name, spec.param_dtype},
-                           std::move(hooks));
+      optimizer.step_group(
+          layer, grads, optim::StoreCopyOut{&layers_store_->store(), spec.name, spec.param_dtype},
+          std::move(hooks));
     } catch (...) {
       layers_store_->resume(layer);
       throw;

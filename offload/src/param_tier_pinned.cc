@@ -51,8 +51,8 @@ class PinnedTier final : public ParamTier {
   cuda::DeviceSpan fetch(std::size_t layer) override { return prefetcher_->acquire(layer); }
   void release(std::size_t layer) override { prefetcher_->release(layer); }
 
-  void queue_update(OffloadedOptimizer& optimizer, std::size_t layer,
-                    adam::GradView grads, GradHooks hooks) override {
+  void queue_update(optim::OffloadedOptimizer& optimizer, std::size_t layer, adam::GradView grads,
+                    GradHooks hooks) override {
     // The copy-out writes the pinned copy in place while the step runs: no copy may read it
     // meanwhile (suspend waits for one in flight), and none made before may be handed out.
     prefetcher_->suspend(layer);

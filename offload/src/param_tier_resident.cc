@@ -28,8 +28,8 @@ class ResidentTier final : public ParamTier {
   cuda::DeviceSpan fetch(std::size_t layer) override { return state_[layer].resident.span(); }
   void release(std::size_t) override {}
 
-  void queue_update(OffloadedOptimizer& optimizer, std::size_t layer,
-                    adam::GradView grads, GradHooks hooks) override {
+  void queue_update(optim::OffloadedOptimizer& optimizer, std::size_t layer, adam::GradView grads,
+                    GradHooks hooks) override {
     Layer& st = state_[layer];
     st.host_read.synchronize();  // the last refresh has read the host copy
     optimizer.step_group(layer, grads,

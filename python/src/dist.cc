@@ -21,7 +21,7 @@
 #include "zinf/dist/callback_collectives.h"
 #include "zinf/dist/collectives.h"
 #include "zinf/dist/sharded_optimizer.h"
-#include "zinf/offload/optimizer.h"
+#include "zinf/optim/optimizer.h"
 
 namespace zinf::python {
 namespace {
@@ -255,10 +255,10 @@ void bind_dist(py::module_& m) {
                        std::uint64_t sub_group, std::uint32_t depth, std::uint64_t pinned_budget,
                        std::size_t threads, bool checksums, const std::string& state_precision,
                        const swap::IoOptions& io, int stage) {
-             offload::OptimizerOptions o =
+             optim::OptimizerOptions o =
                  optimizer_options(tier, directories, sub_group, depth, pinned_budget, threads,
                                    checksums, state_precision, io);
-             std::vector<offload::ParamGroupSpec> groups = numbered_groups(numels);
+             std::vector<optim::ParamGroupSpec> groups = numbered_groups(numels);
              // The constructor runs no collective, so the GIL may go.
              py::gil_scoped_release nogil;
              return std::make_unique<dist::ShardedOptimizer>(std::move(o), std::move(groups), comm,
@@ -301,7 +301,7 @@ void bind_dist(py::module_& m) {
               g.emplace_back(reinterpret_cast<const float*>(grads[i]), numels[i]);
               p.emplace_back(reinterpret_cast<float*>(params[i]), numels[i]);
             }
-            offload::StepStats s;
+            optim::StepStats s;
             {
               py::gil_scoped_release nogil;
               s = o.step(g, p, dist::ShardedStepOptions{clip, loss_scale});

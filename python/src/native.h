@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "zinf/adam/cpu_adam.h"
-#include "zinf/offload/optimizer.h"
+#include "zinf/optim/optimizer.h"
 #include "zinf/swap/io_engine.h"
 
 namespace zinf::python {
@@ -42,19 +42,19 @@ void bind_optimizer(py::module_& m);
 /// The optimizer options both optimizers' constructors take from Python (zinf.torch.AdamW's
 /// and zinf.distributed.ShardedAdam's storage arguments). UsageError for a bad tier or
 /// precision name.
-offload::OptimizerOptions optimizer_options(const std::string& tier,
-                                            const std::vector<std::string>& directories,
-                                            std::uint64_t sub_group, std::uint32_t depth,
-                                            std::uint64_t pinned_budget, std::size_t threads,
-                                            bool checksums, const std::string& state_precision,
-                                            const swap::IoOptions& io);
+optim::OptimizerOptions optimizer_options(const std::string& tier,
+                                          const std::vector<std::string>& directories,
+                                          std::uint64_t sub_group, std::uint32_t depth,
+                                          std::uint64_t pinned_budget, std::size_t threads,
+                                          bool checksums, const std::string& state_precision,
+                                          const swap::IoOptions& io);
 /// An I/O engine's name and settings as a dict (engine, block_size, queue_depth, threads): what
 /// the stores report so that a caller can see its aio settings arrived.
 py::dict io_dict(std::string_view engine, const swap::IoOptions& io);
 /// One group per parameter tensor, named p0, p1, ... in the order Python gives them.
-std::vector<offload::ParamGroupSpec> numbered_groups(const std::vector<std::uint64_t>& numels);
+std::vector<optim::ParamGroupSpec> numbered_groups(const std::vector<std::uint64_t>& numels);
 /// A step's statistics as a dict (the StepStats field names), for both optimizers.
-py::dict stats_dict(const offload::StepStats& s);
+py::dict stats_dict(const optim::StepStats& s);
 /// zinf::dist: Collectives over Python callables, ShardedOptimizer (zinf.distributed).
 void bind_dist(py::module_& m);
 /// LayerStore: units of parameters on NVMe, read ahead onto the host or a CUDA device

@@ -14,13 +14,13 @@
 #include "native.h"
 #include "zinf/offload/config.h"
 #include "zinf/common/error.h"
-#include "zinf/offload/optimizer.h"
+#include "zinf/optim/optimizer.h"
 
 namespace zinf::python {
 
-using offload::OffloadedOptimizer;
+using optim::OffloadedOptimizer;
 
-py::dict stats_dict(const offload::StepStats& s) {
+py::dict stats_dict(const optim::StepStats& s) {
   py::dict d;
   d["step"] = s.step;
   d["sub_groups"] = s.sub_groups;
@@ -42,15 +42,15 @@ py::dict stats_dict(const offload::StepStats& s) {
   return d;
 }
 
-offload::OptimizerOptions optimizer_options(const std::string& tier,
-                                            const std::vector<std::string>& directories,
-                                            std::uint64_t sub_group, std::uint32_t depth,
-                                            std::uint64_t pinned_budget, std::size_t threads,
-                                            bool checksums, const std::string& state_precision,
-                                            const swap::IoOptions& io) {
-  offload::OptimizerOptions o;
+optim::OptimizerOptions optimizer_options(const std::string& tier,
+                                          const std::vector<std::string>& directories,
+                                          std::uint64_t sub_group, std::uint32_t depth,
+                                          std::uint64_t pinned_budget, std::size_t threads,
+                                          bool checksums, const std::string& state_precision,
+                                          const swap::IoOptions& io) {
+  optim::OptimizerOptions o;
   o.io = io;
-  o.tier = offload::parse_state_tier(tier, "state");
+  o.tier = optim::parse_state_tier(tier, "state");
   o.directories = directories;
   o.sub_group_elements = sub_group;
   o.pipeline_depth = depth;
@@ -61,8 +61,8 @@ offload::OptimizerOptions optimizer_options(const std::string& tier,
   return o;
 }
 
-std::vector<offload::ParamGroupSpec> numbered_groups(const std::vector<std::uint64_t>& numels) {
-  std::vector<offload::ParamGroupSpec> groups;
+std::vector<optim::ParamGroupSpec> numbered_groups(const std::vector<std::uint64_t>& numels) {
+  std::vector<optim::ParamGroupSpec> groups;
   groups.reserve(numels.size());
   for (std::size_t i = 0; i < numels.size(); ++i) {
     groups.push_back({"p" + std::to_string(i), numels[i]});
@@ -102,7 +102,7 @@ void bind_optimizer(py::module_& m) {
   m.def(
       "default_sub_group_elements",
       [](const std::string& precision) {
-        return offload::default_sub_group_elements(
+        return optim::default_sub_group_elements(
             adam::parse_state_precision(precision, "state_precision"));
       },
       "precision"_a,
@@ -115,10 +115,10 @@ void bind_optimizer(py::module_& m) {
                        std::uint32_t depth, std::uint64_t pinned_budget, std::size_t threads,
                        bool checksums, const std::string& state_precision,
                        const swap::IoOptions& io) {
-             offload::OptimizerOptions o =
+             optim::OptimizerOptions o =
                  optimizer_options(tier, directories, sub_group, depth, pinned_budget, threads,
                                    checksums, state_precision, io);
-             std::vector<offload::ParamGroupSpec> groups = numbered_groups(numels);
+             std::vector<optim::ParamGroupSpec> groups = numbered_groups(numels);
              py::gil_scoped_release nogil;
              return std::make_unique<OffloadedOptimizer>(std::move(o), std::move(groups));
            }),
@@ -150,7 +150,7 @@ void bind_optimizer(py::module_& m) {
            })
       .def("end_step",
            [](OffloadedOptimizer& o) {
-             offload::StepStats s;
+             optim::StepStats s;
              {
                py::gil_scoped_release nogil;
                s = o.end_step();
@@ -195,7 +195,7 @@ void bind_optimizer(py::module_& m) {
       .def("save_in_flight", &OffloadedOptimizer::save_in_flight)
       .def("last_save_snapshot",
            [](const OffloadedOptimizer& o) {
-             return std::string(offload::save_snapshot_name(o.last_save_snapshot()));
+             return std::string(optim::save_snapshot_name(o.last_save_snapshot()));
            })
       .def("load",
            [](OffloadedOptimizer& o, const std::string& dir) {
@@ -205,7 +205,8 @@ void bind_optimizer(py::module_& m) {
       .def("step_count", &OffloadedOptimizer::step_count)
       .def("pinned_bytes", &OffloadedOptimizer::pinned_bytes)
       .def("engine_name", [](const OffloadedOptimizer& o) { return std::string(o.engine_name()); })
-      .def("io", [](const OffloadedOptimizer& o) { return io_dict(o.engine_name(), o.io_options()); });
+      .def("io",
+           [](const OffloadedOptimizer& o) { return io_dict(o.engine_name(), o.io_options()); });
 }
 
 }  // namespace zinf::python

@@ -105,7 +105,7 @@ TEST(LoopOrder, TakesTheOrderWithTheFurtherPair) {
 }
 
 // The optimizer's records hold [params | m | v] of n elements contiguously in 4 KiB-aligned
-// slots, and their gradients come 4 KiB aligned (offload/src/optimizer_impl.h, RecordLayout):
+// slots, and their gradients come 4 KiB aligned (optim/src/optimizer_impl.h, RecordLayout):
 // for every n up to 4096 and within 2048 of each multiple of 256 Ki (where m and v come within
 // a few pieces of params mod 1 MiB), the order chosen has no colliding pair nearer than the
 // kernel's safe distance.

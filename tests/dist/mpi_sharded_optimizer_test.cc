@@ -22,9 +22,9 @@ namespace {
 
 TEST(MpiShardedOptimizer, EveryRanksParametersAreBitwiseTheOneOptimizersRun) {
   const auto want = test::reference();
-  for (auto tier : {offload::StateTier::kCpu, offload::StateTier::kNvme}) {
+  for (auto tier : {optim::StateTier::kCpu, optim::StateTier::kNvme}) {
     for (const int stage : {2, 1}) {
-      SCOPED_TRACE(std::string(offload::state_tier_name(tier)) + " stage " + std::to_string(stage));
+      SCOPED_TRACE(std::string(optim::state_tier_name(tier)) + " stage " + std::to_string(stage));
       zinf::test::TestDir dir;
       test::check_sharded_parity(*test::mpi_collectives(), tier, dir.subdir("nvme"), want, "",
                                  stage);

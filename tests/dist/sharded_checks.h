@@ -11,14 +11,14 @@
 
 #include <gtest/gtest.h>
 
-#include "offload/optimizer_test_util.h"
+#include "optim/optimizer_test_util.h"
 #include "zinf/dist/sharded_optimizer.h"
 
 namespace zinf::dist::test {
 
-using offload::OptimizerOptions;
-using offload::ParamGroupSpec;
-using offload::StateTier;
+using optim::OptimizerOptions;
+using optim::ParamGroupSpec;
+using optim::StateTier;
 
 // Odd sizes: a group smaller than some worlds (7 elements over 4 ranks), one that spans several
 // sub-groups per slice, and uneven padding.
@@ -51,18 +51,18 @@ constexpr std::uint64_t kSteps = 3;
 // The full parameters after each step of one optimizer over the whole groups (cpu tier).
 inline std::vector<std::vector<std::vector<float>>> reference() {
   const auto gs = groups();
-  offload::OffloadedOptimizer opt(options_for(StateTier::kCpu, ""), gs);
+  optim::OffloadedOptimizer opt(options_for(StateTier::kCpu, ""), gs);
   std::vector<std::vector<std::vector<float>>> out;
   for (std::size_t g = 0; g < gs.size(); ++g) opt.set_params(g, zinf::test::initial_params(g, gs[g].numel));
   for (std::uint64_t t = 1; t <= kSteps; ++t) {
     std::vector<std::vector<float>> grads(gs.size());
-    std::vector<offload::GroupGrads> views;
+    std::vector<optim::GroupGrads> views;
     for (std::size_t g = 0; g < gs.size(); ++g) {
       grads[g].resize(gs[g].numel);
       for (std::size_t i = 0; i < gs[g].numel; ++i) grads[g][i] = base_grad(g, i, t);
     }
     for (std::size_t g = 0; g < gs.size(); ++g) {
-      views.push_back(offload::GroupGrads{g, adam::GradView::f32(grads[g])});
+      views.push_back(optim::GroupGrads{g, adam::GradView::f32(grads[g])});
     }
     (void)opt.step(views);
     std::vector<std::vector<float>> params(gs.size());
@@ -119,7 +119,7 @@ inline void run_sharded_steps(Collectives& c, StateTier tier, const std::string&
       gv.emplace_back(grads[g]);
       pv.emplace_back(params[g]);
     }
-    const offload::StepStats st = opt.step(gv, pv);
+    const optim::StepStats st = opt.step(gv, pv);
     EXPECT_EQ(st.elements, owned);  // each rank updates only its slices
     // A ring's bytes into this rank: (N - 1) / N of each padded fp32 group, gathered once,
     // reduce-scattered (stage 2) or all-reduced (stage 1, twice).

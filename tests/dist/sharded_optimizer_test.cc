@@ -28,12 +28,12 @@
 #include "thread_group.h"
 #include "zinf/adam/compact_state.h"
 #include "zinf/common/error.h"
-#include "zinf/offload/testing.h"
+#include "zinf/optim/testing.h"
 
 namespace zinf::dist {
 namespace {
 
-using offload::StateTier;
+using optim::StateTier;
 
 class ShardedRanks : public ::testing::TestWithParam<std::tuple<int, StateTier, int>> {};
 
@@ -58,7 +58,7 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, ShardedRanks,
                                             ::testing::Values(2, 1)),
                          [](const auto& p) {
                            return std::to_string(std::get<0>(p.param)) + "ranks_" +
-                                  std::string(offload::state_tier_name(std::get<1>(p.param))) +
+                                  std::string(optim::state_tier_name(std::get<1>(p.param))) +
                                   "_stage" + std::to_string(std::get<2>(p.param));
                          });
 
@@ -112,7 +112,7 @@ TEST(ShardedOptimizer, ACheckpointReloadsOnTheSameWorldSize) {
 std::vector<std::vector<std::vector<float>>> clipped_reference(
     const std::vector<std::uint64_t>& grad_steps, double clip) {
   const auto gs = test::groups();
-  offload::OffloadedOptimizer opt(test::options_for(StateTier::kCpu, ""), gs);
+  optim::OffloadedOptimizer opt(test::options_for(StateTier::kCpu, ""), gs);
   for (std::size_t g = 0; g < gs.size(); ++g) {
     opt.set_params(g, zinf::test::initial_params(g, gs[g].numel));
   }
@@ -126,7 +126,7 @@ std::vector<std::vector<std::vector<float>>> clipped_reference(
         sum_sq += static_cast<double>(grads[g].back()) * grads[g].back();
       }
     }
-    opt.begin_step(offload::clip_coefficient(clip, std::sqrt(sum_sq)));
+    opt.begin_step(optim::clip_coefficient(clip, std::sqrt(sum_sq)));
     for (std::size_t g = 0; g < gs.size(); ++g) opt.step_group(g, adam::GradView::f32(grads[g]));
     (void)opt.end_step();
     std::vector<std::vector<float>> params(gs.size());
@@ -175,10 +175,10 @@ TEST(ShardedOptimizer, ClippingAndLossScaleUseTheGlobalNormOnEveryRank) {
     }
     for (std::uint64_t t = 1; t <= 3; ++t) {
       RankStep step(c.rank(), c.size(), t, 4.0f);
-      const offload::StepStats st = opt.step(step.gv, step.pv, {.clip = 1.0, .loss_scale = 4.0});
+      const optim::StepStats st = opt.step(step.gv, step.pv, {.clip = 1.0, .loss_scale = 4.0});
       EXPECT_FALSE(st.skipped);
       EXPECT_GT(st.global_grad_norm, 1.0);
-      EXPECT_EQ(st.grad_scale_applied, offload::clip_coefficient(1.0, st.global_grad_norm) / 4);
+      EXPECT_EQ(st.grad_scale_applied, optim::clip_coefficient(1.0, st.global_grad_norm) / 4);
       for (std::size_t g = 0; g < gs.size(); ++g) {
         EXPECT_EQ(step.params[g], want[t - 1][g]) << "rank " << c.rank() << " step " << t;
       }
@@ -201,7 +201,7 @@ TEST(ShardedOptimizer, AnOverflowOnOneRankSkipsTheStepOnEveryRank) {
     for (std::uint64_t t = 1; t <= 3; ++t) {
       RankStep step(c.rank(), c.size(), t, 1.0f);
       if (t == 2 && c.rank() == 1) step.grads[1][3] = std::numeric_limits<float>::infinity();
-      const offload::StepStats st = opt.step(step.gv, step.pv);
+      const optim::StepStats st = opt.step(step.gv, step.pv);
       if (t == 2) {
         EXPECT_TRUE(st.skipped) << "rank " << c.rank();
         if (st.skipped) ++skipped;
@@ -317,7 +317,7 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, Reshard,
                          [](const auto& p) {
                            return std::to_string(std::get<0>(p.param)) + "to" +
                                   std::to_string(std::get<1>(p.param)) + "_" +
-                                  std::string(offload::state_tier_name(std::get<2>(p.param)));
+                                  std::string(optim::state_tier_name(std::get<2>(p.param)));
                          });
 
 // Compact moments resharded: bf16 arrives bitwise; int8 is decoded and quantised again over
@@ -333,7 +333,7 @@ TEST_P(ReshardCompact, MomentsArriveBitwiseInBf16AndWithinACodeStepInInt8) {
   const std::string swap_dir = dir.subdir("nvme");
   const std::string ckpt = dir.file("ckpt");
   auto options = [&] {
-    offload::OptimizerOptions o = test::options_for(StateTier::kNvme, swap_dir);
+    optim::OptimizerOptions o = test::options_for(StateTier::kNvme, swap_dir);
     o.state_precision = precision;
     return o;
   };
@@ -531,7 +531,7 @@ TEST(ShardedOptimizer, AReshardingLoadThatCannotReadASavedRankFailsOnEveryRank) 
   // Other groups: refused by every rank from the global manifest, before any folder is read.
   thrown = 0;
   two.run(false, [&](Collectives& c) {
-    std::vector<offload::ParamGroupSpec> other = test::groups();
+    std::vector<optim::ParamGroupSpec> other = test::groups();
     other[1].numel += 1;
     ShardedOptimizer opt(test::options_for(StateTier::kCpu, ""), other, c);
     try {
@@ -873,13 +873,12 @@ TEST(ShardedCheckpoint, ALinkSwappedInAtTheRankFolderDuringASaveRedirectsNothing
     opt.set_params(g, zinf::test::initial_params(g, gs[g].numel));
   }
   bool swapped = false;
-  offload::test_hooks::set_checkpoint_hook(
-      opt.local(), [&](std::string_view phase, std::uint64_t) {
-        if (phase != "created" || swapped) return;
-        swapped = true;
-        std::filesystem::rename(ckpt + "/rank0", dir.file("rank0-real"));
-        std::filesystem::create_directory_symlink(victim, ckpt + "/rank0");
-      });
+  optim::test_hooks::set_checkpoint_hook(opt.local(), [&](std::string_view phase, std::uint64_t) {
+    if (phase != "created" || swapped) return;
+    swapped = true;
+    std::filesystem::rename(ckpt + "/rank0", dir.file("rank0-real"));
+    std::filesystem::create_directory_symlink(victim, ckpt + "/rank0");
+  });
   opt.save(ckpt);
   EXPECT_TRUE(swapped);
   EXPECT_TRUE(std::filesystem::is_empty(victim));

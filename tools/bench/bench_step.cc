@@ -36,14 +36,14 @@
 #include "zinf/common/error.h"
 #include "zinf/dist/collectives.h"
 #include "zinf/offload/config.h"
-#include "zinf/offload/optimizer.h"
+#include "zinf/optim/optimizer.h"
 
 namespace zinf::tools {
 namespace {
 
 using adam::GradView;
-using offload::OffloadedOptimizer;
-using offload::StateTier;
+using optim::OffloadedOptimizer;
+using optim::StateTier;
 
 constexpr const char* kAbout = R"(
 Times steps of zinf's offloaded optimizer: the fp32 parameters and Adam moments (12 bytes per
@@ -168,7 +168,7 @@ std::optional<StepOptions> parse_options(const std::vector<std::string>& tokens)
   Cli cli("bench step", kAbout, kFooter);
   declare_options(cli, o);
   if (!cli.parse(tokens)) return std::nullopt;
-  o.tier = offload::parse_state_tier(o.tier_text, "--tier");
+  o.tier = optim::parse_state_tier(o.tier_text, "--tier");
   o.engine_kind = swap::parse_io_engine_kind(o.engine_text);
   o.grad_dtype = parse_dtype(o.grad_text, "--grad-dtype");
   o.checksums = parse_on_off(o.checksums_text, "--checksums");
@@ -200,8 +200,8 @@ std::optional<StepOptions> parse_options(const std::vector<std::string>& tokens)
 }
 
 // The optimizer the options describe. Sets o.sub_group to the sub-group the records will use.
-offload::OptimizerOptions optimizer_options(StepOptions& so) {
-  offload::OptimizerOptions o;
+optim::OptimizerOptions optimizer_options(StepOptions& so) {
+  optim::OptimizerOptions o;
   o.tier = so.tier;
   if (so.sub_group != 0 && so.sub_group < offload::kConfigMinSubGroupSize) {
     // The ds_config's limit on every door: a record per sub-group padded to 4 KiB.
@@ -223,7 +223,7 @@ offload::OptimizerOptions optimizer_options(StepOptions& so) {
   // What the records will use (0: the precision's default; a size that splits the group may be
   // cut to fill whole stripe units, e.g. int8's 1M), so that the budget below and the report
   // say what ran.
-  o.sub_group_elements = offload::effective_sub_group_elements(o, {{"bench", so.numel}});
+  o.sub_group_elements = optim::effective_sub_group_elements(o, {{"bench", so.numel}});
   so.sub_group = o.sub_group_elements;
   const std::uint64_t sub_group = so.sub_group, numel = so.numel;
   // Unless told, the budget is exactly what the tier needs (the optimizer checks it).
@@ -262,7 +262,7 @@ void refuse_one_process_options(const StepOptions& o) {
 
 // What the one-process run measured.
 struct StepRun {
-  std::vector<offload::StepStats> all;  // the timed steps'
+  std::vector<optim::StepStats> all;  // the timed steps'
   std::vector<StepReference::Figures> refs;
   std::vector<double> ideal_s, ratio;
   std::vector<double> iteration_s;  // step() plus the checkpoint call, per timed step
@@ -273,7 +273,7 @@ struct StepRun {
 
 // The timed steps: one untimed warm-up, then --steps steps with the checkpoints, the idle time
 // and the references (--reference) between them.
-StepRun run_steps(OffloadedOptimizer& opt, const offload::OptimizerOptions& o,
+StepRun run_steps(OffloadedOptimizer& opt, const optim::OptimizerOptions& o,
                   const StepOptions& so) {
   const std::size_t n = so.numel;
   const std::size_t grad_bytes = so.grad_dtype == DType::kF32 ? 4 : 2;
@@ -292,7 +292,7 @@ StepRun run_steps(OffloadedOptimizer& opt, const offload::OptimizerOptions& o,
     out_mem = std::make_unique<HostArray>(n * 2, "bench step");
     out = adam::CopyOut{out_mem->as<std::uint16_t>(n).data(), n, *so.copy_dtype, true};
   }
-  const offload::GroupGrads gg{0, grads, out};
+  const optim::GroupGrads gg{0, grads, out};
 
   StepRun r;
   std::unique_ptr<StepReference> ref;
@@ -308,7 +308,7 @@ StepRun run_steps(OffloadedOptimizer& opt, const offload::OptimizerOptions& o,
     }
     if (ref && (s - 1) % so.reference_every == 0) r.refs.push_back(ref->measure(o.hyper));
     const auto it0 = std::chrono::steady_clock::now();
-    r.all.push_back(opt.step(std::span<const offload::GroupGrads>(&gg, 1)));
+    r.all.push_back(opt.step(std::span<const optim::GroupGrads>(&gg, 1)));
     // After timed steps 1, 1 + N, 1 + 2N, ...: each checkpoint has N - 1 steps of the run
     // after it to overlap (and the final wait_save is counted below).
     if (so.checkpoint_every > 0 && s > 0 && (s - 1) % so.checkpoint_every == 0) {
@@ -316,7 +316,7 @@ StepRun run_steps(OffloadedOptimizer& opt, const offload::OptimizerOptions& o,
         opt.save_async(so.checkpoint_dir);  // waits for the previous one first
         // Cloned from the swap files (XFS, btrfs) or streamed: the two cost the steps
         // differently, so a result says which it measured.
-        if (opt.last_save_snapshot() == offload::SaveSnapshot::kReflink) ++r.reflinked;
+        if (opt.last_save_snapshot() == optim::SaveSnapshot::kReflink) ++r.reflinked;
       } else {
         opt.save(so.checkpoint_dir);
       }
@@ -373,7 +373,7 @@ struct StepSummary {
 };
 
 // --json: one object on stdout.
-void report_json(const StepOptions& so, const offload::OptimizerOptions& o,
+void report_json(const StepOptions& so, const optim::OptimizerOptions& o,
                  const OffloadedOptimizer& opt, const StepRun& r) {
   const StepSummary sum(r);
   const Stages stages(r.all);
@@ -426,7 +426,7 @@ void report_text(const StepOptions& so, const OffloadedOptimizer& opt, const Ste
   std::printf(
       "zinf bench step: tier=%s engine=%.*s numel=%llu sub-group=%llu (%llu) depth=%llu "
       "grad=%s copy-out=%s checksums=%s state=%s steps=%llu (median)\n",
-      std::string(offload::state_tier_name(so.tier)).c_str(),
+      std::string(optim::state_tier_name(so.tier)).c_str(),
       static_cast<int>(opt.engine_name().size()), opt.engine_name().data(),
       static_cast<unsigned long long>(so.numel), static_cast<unsigned long long>(so.sub_group),
       static_cast<unsigned long long>(r.all.front().sub_groups),
@@ -467,7 +467,7 @@ int bench_step_main(const std::vector<std::string>& tokens) {
   std::optional<StepOptions> parsed = parse_options(tokens);
   if (!parsed) return 0;
   StepOptions& so = *parsed;
-  const offload::OptimizerOptions o = optimizer_options(so);
+  const optim::OptimizerOptions o = optimizer_options(so);
 
   DistJob job(parse_dist_mode(so.dist_text), std::chrono::minutes(10));
   if (job.size() > 1) {

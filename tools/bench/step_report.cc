@@ -9,7 +9,7 @@
 
 namespace zinf::tools {
 
-Stages::Stages(const std::vector<offload::StepStats>& all) {
+Stages::Stages(const std::vector<optim::StepStats>& all) {
   std::vector<double> step_s, read_s, write_s, compute_s, wait_s;
   for (const auto& st : all) {
     step_s.push_back(st.seconds);
@@ -49,11 +49,11 @@ void Stages::print(const char* indent) const {
 }
 
 // The --json fields that say what was run, for both modes.
-Json setup_json(const offload::OptimizerOptions& o, std::uint64_t numel, std::string_view engine,
+Json setup_json(const optim::OptimizerOptions& o, std::uint64_t numel, std::string_view engine,
                 std::uint64_t steps) {
   Json j;
   j["bench"] = "step";
-  j["tier"] = std::string(offload::state_tier_name(o.tier));
+  j["tier"] = std::string(optim::state_tier_name(o.tier));
   j["engine"] = std::string(engine);
   j["numel"] = numel;
   j["sub_group"] = o.sub_group_elements;

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "json_out.h"
-#include "zinf/offload/optimizer.h"
+#include "zinf/optim/optimizer.h"
 
 namespace zinf::tools {
 
@@ -24,7 +24,7 @@ struct Stages {
   std::uint64_t bytes_written = 0;
 
   // `all`: at least one step's.
-  explicit Stages(const std::vector<offload::StepStats>& all);
+  explicit Stages(const std::vector<optim::StepStats>& all);
 
   // The stage medians as --json names them (step_seconds is the caller's: its step differs).
   void put(Json& j) const;
@@ -34,7 +34,7 @@ struct Stages {
 };
 
 // The --json fields that say what was run, for both modes.
-Json setup_json(const offload::OptimizerOptions& o, std::uint64_t numel, std::string_view engine,
+Json setup_json(const optim::OptimizerOptions& o, std::uint64_t numel, std::string_view engine,
                 std::uint64_t steps);
 
 }  // namespace zinf::tools

@@ -22,15 +22,15 @@
 namespace zinf::tools {
 
 using adam::GradView;
-using offload::OffloadedOptimizer;
-using offload::StateTier;
+using optim::OffloadedOptimizer;
+using optim::StateTier;
 
 // Weak scaling under mpirun: one group of N x numel parameters, sharded over the N ranks (each
 // updates numel of them in its own <dir>/rank<R>), against rank 0 stepping an optimizer of
 // numel parameters alone. Rounds alternate the two: a barrier, rank 0's step alone (the
 // others wait at the next barrier), then every rank's sharded step; round 0 warms both up and
 // is not counted. A round's sharded time is its slowest rank's (all-gathered).
-int run_weak_scaling(const offload::OptimizerOptions& o, std::uint64_t numel, std::uint64_t steps,
+int run_weak_scaling(const optim::OptimizerOptions& o, std::uint64_t numel, std::uint64_t steps,
                      bool json, dist::Collectives& comm) {
   const int n = comm.size();
   const bool leader = comm.rank() == 0;
@@ -51,19 +51,19 @@ int run_weak_scaling(const offload::OptimizerOptions& o, std::uint64_t numel, st
   // gradients, its files beside its shard's in <dir>/rank0 (unnamed: the two never meet).
   std::unique_ptr<OffloadedOptimizer> alone;
   if (leader) {
-    offload::OptimizerOptions ao = o;
+    optim::OptimizerOptions ao = o;
     if (ao.tier == StateTier::kNvme) {
       for (auto& d : ao.directories) d = dist::rank_directory(d, 0);
     }
     alone = std::make_unique<OffloadedOptimizer>(
-        ao, std::vector<offload::ParamGroupSpec>{{"params", per_rank}});
+        ao, std::vector<optim::ParamGroupSpec>{{"params", per_rank}});
     alone->set_params(0, params.first(per_rank));
   }
-  const offload::GroupGrads alone_grads{0, GradView{grads.data(), per_rank, DType::kF32}, {}};
+  const optim::GroupGrads alone_grads{0, GradView{grads.data(), per_rank, DType::kF32}, {}};
   const std::span<const float> grad_spans[1] = {grads};
   const std::span<float> param_spans[1] = {params};
 
-  std::vector<offload::StepStats> alone_stats, sharded_stats;  // this rank's optimizer's
+  std::vector<optim::StepStats> alone_stats, sharded_stats;  // this rank's optimizer's
   std::vector<double> alone_s, mine_s, slowest_s, exchange_s;
   std::vector<double> round_s(static_cast<std::size_t>(n));
   Progress progress("zinf bench step", static_cast<double>(steps + 1), "rounds", leader && !json);
@@ -73,8 +73,7 @@ int run_weak_scaling(const offload::OptimizerOptions& o, std::uint64_t numel, st
     comm.barrier();
     if (leader) {
       const auto t0 = std::chrono::steady_clock::now();
-      const offload::StepStats st =
-          alone->step(std::span<const offload::GroupGrads>(&alone_grads, 1));
+      const optim::StepStats st = alone->step(std::span<const optim::GroupGrads>(&alone_grads, 1));
       const double t = seconds_since(t0);
       if (s > 0) {
         alone_stats.push_back(st);
@@ -83,7 +82,7 @@ int run_weak_scaling(const offload::OptimizerOptions& o, std::uint64_t numel, st
     }
     comm.barrier();
     const auto t0 = std::chrono::steady_clock::now();
-    const offload::StepStats st = sharded.step(grad_spans, param_spans);
+    const optim::StepStats st = sharded.step(grad_spans, param_spans);
     const double t = seconds_since(t0);
     dist::all_gather<double>(comm, std::span<const double>(&t, 1), round_s);
     if (s == 0) continue;
@@ -140,8 +139,7 @@ int run_weak_scaling(const offload::OptimizerOptions& o, std::uint64_t numel, st
       "rank<R> folders), tier=%s engine=%.*s sub-group=%llu depth=%u state=%s steps=%llu "
       "(median)\n",
       n, std::string(comm.name()).c_str(), static_cast<unsigned long long>(per_rank),
-      static_cast<unsigned long long>(global),
-      std::string(offload::state_tier_name(o.tier)).c_str(),
+      static_cast<unsigned long long>(global), std::string(optim::state_tier_name(o.tier)).c_str(),
       static_cast<int>(alone->engine_name().size()), alone->engine_name().data(),
       static_cast<unsigned long long>(o.sub_group_elements), o.pipeline_depth,
       std::string(adam::state_precision_name(o.state_precision)).c_str(),

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "zinf/dist/collectives.h"
-#include "zinf/offload/optimizer.h"
+#include "zinf/optim/optimizer.h"
 
 namespace zinf::tools {
 
@@ -13,7 +13,7 @@ namespace zinf::tools {
 // updates numel of them in its own <dir>/rank<R>), against rank 0 stepping an optimizer of
 // numel parameters alone. Rank 0 prints the report (--json: one object); returns the exit
 // status (0). Collective: every rank of `comm` calls it.
-int run_weak_scaling(const offload::OptimizerOptions& o, std::uint64_t numel, std::uint64_t steps,
+int run_weak_scaling(const optim::OptimizerOptions& o, std::uint64_t numel, std::uint64_t steps,
                      bool json, dist::Collectives& comm);
 
 }  // namespace zinf::tools

@@ -10,7 +10,7 @@
 #include "zinf/adam/cpu_adam.h"
 #include "zinf/common/error.h"
 #include "zinf/cuda/device.h"
-#include "zinf/offload/optimizer.h"
+#include "zinf/optim/optimizer.h"
 
 namespace zinf::tools::stress {
 
@@ -33,7 +33,7 @@ class OptimizerWorker::Impl {
     specs_.push_back({"g0", 40000 + 2 * (rng_() % 10000) + 1});
     specs_.push_back({"g1", 20000 + 2 * (rng_() % 10000) + 1});
     static_assert(kMaxNumel[0] >= 40000 + 2 * 9999 + 1 && kMaxNumel[1] >= 20000 + 2 * 9999 + 1);
-    opts_.tier = offload::StateTier::kNvme;
+    opts_.tier = optim::StateTier::kNvme;
     opts_.sub_group_elements = kSubGroup;
     opts_.pipeline_depth = kDepth;
     opts_.pinned_budget_bytes = sh.opt_budget;
@@ -90,7 +90,7 @@ class OptimizerWorker::Impl {
       if (interrupted()) return;  // run() stops too; no report follows
       note_peak();
       opt_.reset();
-      opt_ = std::make_unique<offload::OffloadedOptimizer>(opts_, specs_);
+      opt_ = std::make_unique<optim::OffloadedOptimizer>(opts_, specs_);
       ref_steps_ = 0;
       bool ok = true;
       for (std::size_t g = 0; g < specs_.size() && ok; ++g) {
@@ -149,7 +149,7 @@ class OptimizerWorker::Impl {
   }
 
   void step() {
-    std::vector<offload::GroupGrads> grads;
+    std::vector<optim::GroupGrads> grads;
     for (std::size_t g = 0; g < specs_.size(); ++g) {
       for (auto& x : g_[g]) x = random_float(-0.05f, 0.05f);
       grads.push_back({g, adam::GradView::f32(g_[g])});
@@ -235,13 +235,13 @@ class OptimizerWorker::Impl {
   const Shared& sh_;
   std::mt19937_64 rng_;
   std::shared_ptr<swap::FaultPlan> plan_;
-  std::vector<offload::ParamGroupSpec> specs_;
-  offload::OptimizerOptions opts_;
+  std::vector<optim::ParamGroupSpec> specs_;
+  optim::OptimizerOptions opts_;
   std::unique_ptr<adam::CpuAdam> ref_adam_;
   std::vector<std::vector<float>> p_, m_, v_, g_;
   std::vector<float> sp_, sm_, sv_;  // read-back scratch, the largest group's size
   std::uint64_t ref_steps_ = 0;
-  std::unique_ptr<offload::OffloadedOptimizer> opt_;
+  std::unique_ptr<optim::OffloadedOptimizer> opt_;
   cuda::Stream stream_;
   std::vector<cuda::DeviceBuffer> dev_grads_;
   std::uint64_t pinned_peak_ = 0;

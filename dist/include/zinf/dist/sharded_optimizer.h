@@ -11,14 +11,14 @@
 #include <vector>
 
 #include "zinf/dist/collectives.h"
-#include "zinf/offload/optimizer.h"
+#include "zinf/optim/optimizer.h"
 
 namespace zinf::dist {
 
 /// What one ShardedOptimizer::step applies besides the update.
 struct ShardedStepOptions {
   /// Clip the global L2 norm of the averaged, unscaled gradients (all groups, all ranks) to
-  /// this, PyTorch's and DeepSpeed's way (offload::clip_coefficient); 0 = no clipping.
+  /// this, PyTorch's and DeepSpeed's way (optim::clip_coefficient); 0 = no clipping.
   double clip = 0;
   /// The gradients carry this factor (fp16 training's loss scale, > 0); the update divides it
   /// out and the norm is reported without it.
@@ -55,7 +55,7 @@ class ShardedOptimizer {
   /// another stage, for groups the inner optimizer refuses, for a device-memory `comm`; and
   /// whatever OffloadedOptimizer's constructor throws (budget, disk space), naming this rank's
   /// directories.
-  ShardedOptimizer(offload::OptimizerOptions options, std::vector<offload::ParamGroupSpec> groups,
+  ShardedOptimizer(optim::OptimizerOptions options, std::vector<optim::ParamGroupSpec> groups,
                    Collectives& comm, int stage = 2);
   ~ShardedOptimizer();
   ShardedOptimizer(const ShardedOptimizer&) = delete;
@@ -82,7 +82,7 @@ class ShardedOptimizer {
   /// (all-gather). Returns this rank's optimizer statistics, with global_grad_norm,
   /// grad_scale_applied, loss_scale and the collective byte counts (allgather_bytes 0 for a
   /// skipped step) filled in.
-  offload::StepStats step(std::span<const std::span<const float>> grads,
+  optim::StepStats step(std::span<const std::span<const float>> grads,
                           std::span<const std::span<float>> params,
                           const ShardedStepOptions& options = {});
 
@@ -116,7 +116,7 @@ class ShardedOptimizer {
 
   /// This rank's optimizer over its slices (hyper-parameters, checkpoints of its own state,
   /// statistics).
-  offload::OffloadedOptimizer& local() noexcept;
+  optim::OffloadedOptimizer& local() noexcept;
 
  private:
   struct Impl;

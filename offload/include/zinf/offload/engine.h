@@ -16,7 +16,7 @@
 #include "zinf/common/dtype.h"
 #include "zinf/cuda/device.h"
 #include "zinf/offload/config.h"
-#include "zinf/offload/optimizer.h"
+#include "zinf/offload/engine_types.h"
 
 namespace zinf::offload {
 namespace test_hooks {
@@ -24,20 +24,6 @@ struct EngineFaults;
 class EngineAccess;  // zinf/offload/testing.h: an engine with fault plans installed
 }  // namespace test_hooks
 class EngineSeamsAccess;  // zinf/offload/engine_seams.h: what a layer above plugs in
-
-/// One layer (or parameter shard) the engine manages: its element count and the dtype of its
-/// parameters on the device, optionally hyper-parameters of its own. The fp32 master copy and
-/// both moments live in the optimizer tier.
-struct LayerSpec {
-  std::string name;                  ///< for messages and checkpoints; unique, not empty
-  std::uint64_t numel = 0;           ///< > 0, at most 2^50; 2^54 over all layers (UsageError)
-  DType param_dtype = DType::kBF16;  ///< kBF16 or kF16 (the device copy; fp32 is the master)
-  /// This layer's hyper-parameters from construction on, instead of config.optimizer.hyper
-  /// (the usual case: weight_decay 0 for biases and norms); `step` is ignored. Checked at
-  /// construction (UsageError naming the layer). Initial values only: set_hyper(hyper) for
-  /// all layers replaces them too, and so does load().
-  std::optional<adam::AdamParams> hyper = std::nullopt;
-};
 
 /// Counters since construction (bytes, seconds) and the last step's figures.
 struct EngineStats {

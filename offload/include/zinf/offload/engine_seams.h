@@ -13,7 +13,7 @@
 #include <string_view>
 
 #include "zinf/offload/engine.h"
-#include "zinf/offload/optimizer.h"
+#include "zinf/optim/optimizer.h"
 
 namespace zinf::offload {
 
@@ -34,7 +34,7 @@ void set_sum_of_squares_reducer(OffloadEngine& engine, std::function<double(doub
 /// The options `engine` built its optimizer with (one group per layer, in layer order, named
 /// and with the hyper-parameters of its LayerSpec), without test fault plans: what a reader of
 /// the optimizer state in its checkpoints needs.
-OptimizerOptions optimizer_options(const OffloadEngine& engine);
+optim::OptimizerOptions optimizer_options(const OffloadEngine& engine);
 
 /// Sets layer `layer`'s fp32 master weights and both moments (OffloadedOptimizer::set_state)
 /// and writes its low-precision copy from the masters, as load() does. Blocks; UsageError

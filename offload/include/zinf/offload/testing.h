@@ -1,22 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
-// Test hooks of the offload layer, kept out of the public option structs (EngineConfig,
-// OptimizerOptions) so that what a trainer configures is only what a trainer should: fault
-// plans for an OffloadEngine's I/O engines, and a progress hook inside OffloadedOptimizer's
-// checkpoint save. For tests and fault drills; nothing here is read from or written to a config.
+// Test hooks of the offload layer, kept out of EngineConfig so that what a trainer configures
+// is only what a trainer should: fault plans for an OffloadEngine's I/O engines (the
+// optimizer's own checkpoint hook is zinf/optim/testing.h's). For tests and fault drills;
+// nothing here is read from or written to a config.
 // The namespace is test_hooks, not testing: inside zinf::offload a nested `testing` would hide
 // GoogleTest's ::testing from the tests that use both.
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
-#include <string_view>
 #include <vector>
 
 #include "zinf/cuda/device.h"
 #include "zinf/offload/config.h"
 #include "zinf/offload/engine.h"
-#include "zinf/offload/optimizer.h"
 #include "zinf/swap/fault_injection.h"
 
 namespace zinf::offload::test_hooks {
@@ -41,15 +38,5 @@ std::unique_ptr<OffloadEngine> make_engine_with_faults(EngineConfig config,
                                                        cuda::Device& device,
                                                        cuda::StreamRef compute_stream,
                                                        EngineFaults faults);
-
-/// Called on the saving thread as an OffloadedOptimizer checkpoint progresses, with the phase
-/// ("created" once the new version's directory exists, empty; "data" after each record is
-/// written, with the data bytes written so far; "synced", "committed", "latest", "done"), so
-/// that a test can kill the process, or plant files, at a chosen point.
-using CheckpointHook = std::function<void(std::string_view phase, std::uint64_t bytes)>;
-
-/// Installs `hook` on `optimizer` for its later saves (replacing any; an empty function
-/// removes it). Not while a save of it is running (the optimizer's one controlling thread).
-void set_checkpoint_hook(OffloadedOptimizer& optimizer, CheckpointHook hook);
 
 }  // namespace zinf::offload::test_hooks

@@ -11,11 +11,11 @@
 #include "optimizer_test_util.h"
 #include "support/test_dir.h"
 #include "zinf/common/error.h"
-#include "zinf/offload/optimizer.h"
+#include "zinf/optim/optimizer.h"
 #include "zinf/swap/fault_injection.h"
 #include "zinf/swap/swap_store.h"
 
-namespace zinf::offload {
+namespace zinf::optim {
 namespace {
 
 class StoreCopyOutFault : public ::testing::TestWithParam<StateTier> {};
@@ -76,4 +76,4 @@ INSTANTIATE_TEST_SUITE_P(Tiers, StoreCopyOutFault,
                          [](const auto& p) { return std::string(state_tier_name(p.param)); });
 
 }  // namespace
-}  // namespace zinf::offload
+}  // namespace zinf::optim

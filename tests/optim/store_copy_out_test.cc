@@ -13,11 +13,11 @@
 #include "optimizer_test_util.h"
 #include "support/test_dir.h"
 #include "zinf/common/error.h"
-#include "zinf/offload/optimizer.h"
+#include "zinf/optim/optimizer.h"
 #include "zinf/swap/buffer_pool.h"
 #include "zinf/swap/swap_store.h"
 
-namespace zinf::offload {
+namespace zinf::optim {
 namespace {
 
 constexpr std::uint64_t kSub = 2048;  // 4096 bytes of bf16: one alignment unit
@@ -214,4 +214,4 @@ INSTANTIATE_TEST_SUITE_P(Tiers, StoreCopyOutTest,
                          [](const auto& p) { return std::string(state_tier_name(p.param)); });
 
 }  // namespace
-}  // namespace zinf::offload
+}  // namespace zinf::optim

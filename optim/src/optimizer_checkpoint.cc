@@ -49,7 +49,7 @@
 #include "zinf/swap/dir.h"
 #include "zinf/swap/file.h"
 
-namespace zinf::offload {
+namespace zinf::optim {
 namespace {
 
 namespace fs = std::filesystem;
@@ -1190,4 +1190,4 @@ void OffloadedOptimizer::Impl::load(const CheckpointPlace& dir) {
   }
 }
 
-}  // namespace zinf::offload
+}  // namespace zinf::optim

@@ -28,16 +28,15 @@
 
 #include <gtest/gtest.h>
 
-#include "engine_test_util.h"
 #include "optimizer_test_util.h"
 #include "support/corrupt_swap_file.h"
 #include "support/log_capture.h"
 #include "support/test_dir.h"
 #include "zinf/common/error.h"
-#include "zinf/offload/optimizer.h"
-#include "zinf/offload/testing.h"
+#include "zinf/optim/optimizer.h"
+#include "zinf/optim/testing.h"
 
-namespace zinf::offload {
+namespace zinf::optim {
 namespace {
 
 using test::expect_same_checkpoint;
@@ -303,38 +302,6 @@ TEST(ReflinkCheckpoint, TheCpuTierStreamsAndSaysWhy) {
             1);
 }
 
-// The engine (both tiers on NVMe): its save_async snapshots by reflink, says so, and writes
-// the bytes save() writes; "zinf": {"checkpoint_reflink": false} streams instead.
-TEST(ReflinkCheckpoint, TheEngineSnapshotsByReflinkUnlessConfiguredNotTo) {
-  ZINF_REFLINK_DIR_OR_SKIP(parent);
-  for (const bool reflink : {true, false}) {
-    SCOPED_TRACE(reflink ? "checkpoint_reflink" : "checkpoint_reflink false");
-    test::TestDir dir(parent);
-    const std::string sync_dir = dir.subdir("sync");
-    const std::string async_dir = dir.subdir("async");
-    {
-      test::EngineRig rig;
-      EngineConfig c = test::engine_config(OffloadDevice::kNvme, OffloadDevice::kNvme, dir);
-      c.zinf.checkpoint_reflink = reflink;
-      rig.make(c);
-      rig.init_weights();
-      rig.iteration(1);
-      rig.iteration(2);
-      EXPECT_EQ(rig.engine().last_save_snapshot(), SaveSnapshot::kNone);
-      rig.engine().save(sync_dir);
-      rig.engine().save_async(async_dir);
-      EXPECT_EQ(rig.engine().last_save_snapshot(),
-                reflink ? SaveSnapshot::kReflink : SaveSnapshot::kStreamed);
-      rig.iteration(3);
-      rig.iteration(4);
-      rig.engine().wait_save();
-    }
-    EXPECT_EQ(read_file(async_dir + "/zinf-engine-layers"),
-              read_file(sync_dir + "/zinf-engine-layers"));
-    expect_same_checkpoint(async_dir, sync_dir);
-  }
-}
-
 // A process killed during a save by reflink (SIGKILL from the save's hook, in a forked child
 // that keeps stepping) leaves the previous checkpoint loadable byte for byte; one killed
 // after the LATEST switch the new one. As async_checkpoint_test's kill tests, with the
@@ -392,4 +359,4 @@ INSTANTIATE_TEST_SUITE_P(Phases, ReflinkCheckpointKill,
                          [](const auto& p) { return std::string(p.param.phase); });
 
 }  // namespace
-}  // namespace zinf::offload
+}  // namespace zinf::optim

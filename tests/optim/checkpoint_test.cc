@@ -33,11 +33,11 @@
 #include "support/child_process.h"
 #include "support/test_dir.h"
 #include "zinf/common/error.h"
-#include "zinf/offload/optimizer.h"
+#include "zinf/optim/optimizer.h"
 #include "zinf/swap/crc32c.h"
-#include "zinf/offload/testing.h"
+#include "zinf/optim/testing.h"
 
-namespace zinf::offload {
+namespace zinf::optim {
 namespace {
 
 namespace fs = std::filesystem;
@@ -899,4 +899,4 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 }  // namespace
-}  // namespace zinf::offload
+}  // namespace zinf::optim

@@ -19,9 +19,9 @@
 #include "zinf/adam/compact_state.h"
 #include "zinf/common/align.h"
 #include "zinf/common/error.h"
-#include "zinf/offload/optimizer.h"
+#include "zinf/optim/optimizer.h"
 
-namespace zinf::offload {
+namespace zinf::optim {
 namespace {
 
 using adam::StatePrecision;
@@ -437,4 +437,4 @@ TEST(CompactOptimizerLayout, ACheckpointOfUnfittedRecordsNeedsTheFittingOff) {
 }
 
 }  // namespace
-}  // namespace zinf::offload
+}  // namespace zinf::optim

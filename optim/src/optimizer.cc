@@ -2,7 +2,7 @@
 // OffloadedOptimizer: construction (records, budget check, engine, pool, swap store), the
 // pipelined step on its own thread, and parameter access (set_params, read_state).
 // Checkpoints are in optimizer_checkpoint.cc.
-#include "zinf/offload/optimizer.h"
+#include "zinf/optim/optimizer.h"
 
 #include <algorithm>
 #include <cmath>
@@ -20,7 +20,7 @@
 #include "zinf/common/log.h"
 #include "zinf/swap/file.h"
 
-namespace zinf::offload {
+namespace zinf::optim {
 namespace {
 
 // Ring buffers used by set_params/read_state/save/load on the kCpu tier, where there is no
@@ -1294,4 +1294,4 @@ std::vector<std::string> OffloadedOptimizer::swap_file_paths() const {
 }
 bool OffloadedOptimizer::failed() const noexcept { return impl_->failure.has_value(); }
 
-}  // namespace zinf::offload
+}  // namespace zinf::optim

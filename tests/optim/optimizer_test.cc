@@ -4,7 +4,7 @@
 // groups and sub-groups); per-group stepping; hyper-parameters per group (each as the plain
 // kernel with its set, set for one or all groups, refused values); copy-out; construction
 // checks (budget, depth, disk too small); usage errors; step statistics.
-#include "zinf/offload/optimizer.h"
+#include "zinf/optim/optimizer.h"
 
 #include <cstdint>
 #include <functional>
@@ -22,7 +22,7 @@
 #include "zinf/common/error.h"
 #include "zinf/swap/io_engine.h"
 
-namespace zinf::offload {
+namespace zinf::optim {
 namespace {
 
 using test::odd_groups;
@@ -556,4 +556,4 @@ TEST(OffloadedOptimizer, ParsesTierNames) {
 }
 
 }  // namespace
-}  // namespace zinf::offload
+}  // namespace zinf::optim

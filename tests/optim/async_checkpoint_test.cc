@@ -28,11 +28,11 @@
 #include "support/private_tmpfs.h"
 #include "support/test_dir.h"
 #include "zinf/common/error.h"
-#include "zinf/offload/optimizer.h"
-#include "zinf/offload/testing.h"
+#include "zinf/optim/optimizer.h"
+#include "zinf/optim/testing.h"
 #include "zinf/swap/fault_injection.h"
 
-namespace zinf::offload {
+namespace zinf::optim {
 namespace {
 
 namespace fs = std::filesystem;
@@ -470,4 +470,4 @@ INSTANTIATE_TEST_SUITE_P(Phases, AsyncCheckpointKill,
                          [](const auto& p) { return std::string(p.param.phase); });
 
 }  // namespace
-}  // namespace zinf::offload
+}  // namespace zinf::optim

@@ -20,12 +20,12 @@
 #include "support/corrupt_swap_file.h"
 #include "support/test_dir.h"
 #include "zinf/common/error.h"
-#include "zinf/offload/optimizer.h"
+#include "zinf/optim/optimizer.h"
 #include "zinf/swap/crc32c.h"
 #include "zinf/swap/fault_injection.h"
 #include "zinf/swap/io_engine.h"
 
-namespace zinf::offload {
+namespace zinf::optim {
 namespace {
 
 using swap::FaultKind;
@@ -428,4 +428,4 @@ INSTANTIATE_TEST_SUITE_P(Backends, OptimizerFault,
                          });
 
 }  // namespace
-}  // namespace zinf::offload
+}  // namespace zinf::optim

@@ -19,9 +19,9 @@
 #include "zinf/swap/io_engine.h"
 #include "zinf/swap/swap_store.h"
 
-namespace zinf::offload {
+namespace zinf::optim {
 namespace test_hooks {
-class OptimizerAccess;  // zinf/offload/testing.h: the checkpoint hook
+class OptimizerAccess;  // zinf/optim/testing.h: the checkpoint hook
 }  // namespace test_hooks
 
 /// Where the optimizer state lives between steps.
@@ -503,4 +503,4 @@ class OffloadedOptimizer {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace zinf::offload
+}  // namespace zinf::optim

@@ -24,14 +24,14 @@
 
 #include "support/test_dir.h"
 #include "zinf/adam/cpu_adam.h"
-#include "zinf/offload/optimizer.h"
+#include "zinf/optim/optimizer.h"
 #include "zinf/swap/io_engine.h"
 
 namespace zinf::test {
 
 /// Odd sizes over several groups: sub-groups of 4099 elements cut the first two into 3 and 4
 /// pieces (the last ones short) and leave the third a single short one.
-inline std::vector<offload::ParamGroupSpec> odd_groups() {
+inline std::vector<optim::ParamGroupSpec> odd_groups() {
   return {{"embed", 10007}, {"w1", 3 * 4099 + 5}, {"bias", 3}};
 }
 constexpr std::uint64_t kOddSubGroup = 4099;
@@ -46,7 +46,7 @@ inline adam::AdamParams test_hyper() {
 
 /// odd_groups() as a trainer declares them: "w1" with a stronger weight decay of its own, the
 /// "bias" without decay, "embed" on test_hyper().
-inline std::vector<offload::ParamGroupSpec> groups_with_own_hyper() {
+inline std::vector<optim::ParamGroupSpec> groups_with_own_hyper() {
   auto groups = odd_groups();
   adam::AdamParams w1 = test_hyper();
   w1.weight_decay = 0.1;
@@ -100,7 +100,7 @@ struct State {
   std::vector<std::vector<float>> p, m, v;
 };
 
-inline State read_all(offload::OffloadedOptimizer& opt) {
+inline State read_all(optim::OffloadedOptimizer& opt) {
   State s;
   for (std::size_t g = 0; g < opt.group_count(); ++g) {
     const auto n = opt.group(g).numel;
@@ -140,9 +140,9 @@ inline std::string diff(const State& a, const State& b) {
 struct StepGrads {
   std::vector<std::vector<float>> f32;
   std::vector<std::vector<std::uint16_t>> bf16;
-  std::vector<offload::GroupGrads> views;
+  std::vector<optim::GroupGrads> views;
 
-  StepGrads(const std::vector<offload::ParamGroupSpec>& groups, std::uint64_t step, DType dtype) {
+  StepGrads(const std::vector<optim::ParamGroupSpec>& groups, std::uint64_t step, DType dtype) {
     for (std::size_t g = 0; g < groups.size(); ++g) {
       if (dtype == DType::kF32) {
         f32.push_back(grads_f32(g, step, groups[g].numel));
@@ -160,7 +160,7 @@ struct StepGrads {
 /// The reference: CpuAdam on whole in-memory arrays, `steps` steps from the initial state,
 /// group g's step t with hyper_of(g, t) (its `step` replaced by t).
 inline State reference_run_with(
-    const std::vector<offload::ParamGroupSpec>& groups,
+    const std::vector<optim::ParamGroupSpec>& groups,
     const std::function<adam::AdamParams(std::size_t group, std::uint64_t step)>& hyper_of,
     std::uint64_t steps, DType dtype) {
   adam::CpuAdam adam;
@@ -183,7 +183,7 @@ inline State reference_run_with(
 
 /// The reference with fixed hyper-parameters: each group's own (ParamGroupSpec::hyper) where it
 /// has them, else `hyper`.
-inline State reference_run(const std::vector<offload::ParamGroupSpec>& groups,
+inline State reference_run(const std::vector<optim::ParamGroupSpec>& groups,
                            const adam::AdamParams& hyper, std::uint64_t steps, DType dtype) {
   return reference_run_with(
       groups, [&](std::size_t g, std::uint64_t) { return groups[g].hyper.value_or(hyper); }, steps,
@@ -199,7 +199,7 @@ inline bool same_hyper(const adam::AdamParams& a, const adam::AdamParams& b) {
 }
 
 /// Sets every group's initial parameters.
-inline void init_all(offload::OffloadedOptimizer& opt) {
+inline void init_all(optim::OffloadedOptimizer& opt) {
   for (std::size_t g = 0; g < opt.group_count(); ++g) {
     opt.set_params(g, initial_params(g, opt.group(g).numel));
   }
@@ -207,15 +207,15 @@ inline void init_all(offload::OffloadedOptimizer& opt) {
 
 /// The checkpoint tests' optimizer: odd_groups()' sub-group size, the threads engine, and on
 /// the nvme tier one directory `nvme` under `dir`.
-inline offload::OptimizerOptions checkpoint_options(offload::StateTier tier, const TestDir& dir,
+inline optim::OptimizerOptions checkpoint_options(optim::StateTier tier, const TestDir& dir,
                                                     const std::string& nvme = "nvme") {
-  offload::OptimizerOptions o;
+  optim::OptimizerOptions o;
   o.tier = tier;
   o.sub_group_elements = kOddSubGroup;
   o.hyper = test_hyper();
   o.io.kind = swap::IoEngineKind::kThreads;
   o.io.queue_depth = 8;
-  if (tier == offload::StateTier::kNvme) o.directories = {dir.subdir(nvme)};
+  if (tier == optim::StateTier::kNvme) o.directories = {dir.subdir(nvme)};
   return o;
 }
 
@@ -262,8 +262,8 @@ inline void expect_same_checkpoint(const std::string& got, const std::string& wa
 struct SavedAndNext {
   State saved, next;
 };
-SavedAndNext checkpoint_then_step(const offload::OptimizerOptions& o,
-                                  const std::vector<offload::ParamGroupSpec>& groups,
+SavedAndNext checkpoint_then_step(const optim::OptimizerOptions& o,
+                                  const std::vector<optim::ParamGroupSpec>& groups,
                                   const std::string& ckpt);
 
 /// Forks; the child runs `body` and exits 0 (3 if it throws), unless `body` kills it first.
@@ -286,9 +286,9 @@ inline int wait_status_of_child(const std::function<void()>& body) {
 }
 
 /// Runs steps [from, to] with the deterministic gradients.
-inline void run_steps(offload::OffloadedOptimizer& opt, std::uint64_t from, std::uint64_t to,
+inline void run_steps(optim::OffloadedOptimizer& opt, std::uint64_t from, std::uint64_t to,
                       DType dtype = DType::kF32) {
-  std::vector<offload::ParamGroupSpec> groups;
+  std::vector<optim::ParamGroupSpec> groups;
   for (std::size_t g = 0; g < opt.group_count(); ++g) groups.push_back(opt.group(g));
   for (std::uint64_t t = from; t <= to; ++t) {
     StepGrads sg(groups, t, dtype);
@@ -297,11 +297,11 @@ inline void run_steps(offload::OffloadedOptimizer& opt, std::uint64_t from, std:
   }
 }
 
-inline SavedAndNext checkpoint_then_step(const offload::OptimizerOptions& o,
-                                         const std::vector<offload::ParamGroupSpec>& groups,
+inline SavedAndNext checkpoint_then_step(const optim::OptimizerOptions& o,
+                                         const std::vector<optim::ParamGroupSpec>& groups,
                                          const std::string& ckpt) {
   SavedAndNext out;
-  offload::OffloadedOptimizer a(o, groups);
+  optim::OffloadedOptimizer a(o, groups);
   init_all(a);
   run_steps(a, 1, 2);
   a.save(ckpt);
@@ -317,9 +317,9 @@ inline SavedAndNext checkpoint_then_step(const offload::OptimizerOptions& o,
 namespace zinf::swap {
 inline void PrintTo(IoEngineKind kind, std::ostream* os) { *os << io_engine_kind_name(kind); }
 }  // namespace zinf::swap
-namespace zinf::offload {
+namespace zinf::optim {
 inline void PrintTo(StateTier tier, std::ostream* os) { *os << state_tier_name(tier); }
-}  // namespace zinf::offload
+}  // namespace zinf::optim
 namespace zinf {
 inline void PrintTo(DType dtype, std::ostream* os) { *os << dtype_name(dtype); }
 }  // namespace zinf

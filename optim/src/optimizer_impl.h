@@ -21,7 +21,7 @@
 #include "zinf/adam/compact_state.h"
 #include "zinf/adam/cpu_adam.h"
 #include "zinf/common/status.h"
-#include "zinf/offload/optimizer.h"
+#include "zinf/optim/optimizer.h"
 #include "zinf/swap/buffer_pool.h"
 #include "zinf/swap/dir.h"
 #include "zinf/swap/file.h"
@@ -29,7 +29,7 @@
 #include "zinf/swap/swap_store.h"
 #include "zinf/swap/unit_sums.h"
 
-namespace zinf::offload {
+namespace zinf::optim {
 
 using OptClock = std::chrono::steady_clock;
 
@@ -175,7 +175,7 @@ struct OffloadedOptimizer::Impl {
   std::string run_id;
   // set_checkpoint_file's texts, by name: saved inside every later version.
   std::map<std::string, std::string> checkpoint_files;
-  // zinf/offload/testing.h's set_checkpoint_hook; empty outside tests.
+  // zinf/optim/testing.h's set_checkpoint_hook; empty outside tests.
   std::function<void(std::string_view phase, std::uint64_t bytes)> checkpoint_hook;
 
   // The buffers of asynchronous saves, made at the first save_async and kept (host memory,
@@ -316,4 +316,4 @@ std::uint32_t copy_out_buffer_count(const OptimizerOptions& options);
 /// whose set it is in the message.
 void validate_hyper(const adam::AdamParams& hp, const std::string& group = {});
 
-}  // namespace zinf::offload
+}  // namespace zinf::optim
