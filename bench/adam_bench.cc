@@ -349,8 +349,7 @@ void BM_CpuAdamStaggerNarrow(benchmark::State& state) {
   std::copy(src.begin(), src.end(), narrow);
   std::int64_t step = 1;
   for (auto _ : state) {
-    adam.step(bench_params(step++), {a.p, n}, {a.m, n}, {a.v, n},
-              GradView{narrow, n, grad_dtype});
+    adam.step(bench_params(step++), {a.p, n}, {a.m, n}, {a.v, n}, GradView{narrow, n, grad_dtype});
     benchmark::ClobberMemory();
   }
   std::copy(saved.begin(), saved.end(), a.g);
@@ -453,9 +452,9 @@ BENCHMARK(BM_SimpleAdamLoopNativeLayout)
 
 // Each array k moved by k * stagger bytes: 0 (all aligned), a quarter, half, three quarters
 // and one cache line, one and a quarter, one and a half, one and three quarters, two, three,
-// four lines, 512 and 1088 bytes, and -16 (4080) mod 4 KiB. ZINF_CPU_ADAM_ISA picks the path. Timed in the calling thread's CPU time,
-// which at one thread is the whole step: on a shared machine another process's turn on the
-// core then costs the row nothing.
+// four lines, 512 and 1088 bytes, and -16 (4080) mod 4 KiB. ZINF_CPU_ADAM_ISA picks the path.
+// Timed in the calling thread's CPU time, which at one thread is the whole step: on a shared
+// machine another process's turn on the core then costs the row nothing.
 BENCHMARK(BM_CpuAdamStagger)
     ->ArgNames({"numel", "stagger"})
     ->ArgsProduct({{kInL2}, {0, 16, 32, 48, 64, 80, 96, 112, 128, 192, 256, 512, 1088, 4080}})
@@ -464,7 +463,8 @@ BENCHMARK(BM_CpuAdamStaggerNarrow)
     ->ArgNames({"numel", "stagger", "grad"})
     ->ArgsProduct({{kInL2},
                    {0, 16, 32, 48, 64, 96, 128, 1088},
-                   {static_cast<std::int64_t>(DType::kBF16), static_cast<std::int64_t>(DType::kF16)}})
+                   {static_cast<std::int64_t>(DType::kBF16),
+                    static_cast<std::int64_t>(DType::kF16)}})
     ->Unit(benchmark::kMicrosecond);
 
 }  // namespace

@@ -388,8 +388,9 @@ TEST_P(CpuAdamIsa, WindowedAndSequentialOrdersGiveTheScalarBits) {
     for (const auto& lay : layouts) {
       for (std::size_t n : lengths) {
         SCOPED_TRACE("n=" + std::to_string(n) + " grad=" + std::string(dtype_name(gt)) +
-                     " out=" + std::string(dtype_name(ot)) + " layout=" + std::to_string(lay[0]) + "," + std::to_string(lay[1]) + "," +
-                     std::to_string(lay[2]) + "," + std::to_string(lay[3]));
+                     " out=" + std::string(dtype_name(ot)) + " layout=" + std::to_string(lay[0]) +
+                     "," + std::to_string(lay[1]) + "," + std::to_string(lay[2]) + "," +
+                     std::to_string(lay[3]));
         Problem a(n, 0, kSeed + static_cast<std::uint32_t>(n));
         // Array k starts k MiB in, plus its offset: apart mod 1 MiB by the offsets only (the
         // bits the choice compares), never overlapping.
@@ -405,9 +406,8 @@ TEST_P(CpuAdamIsa, WindowedAndSequentialOrdersGiveTheScalarBits) {
         auto* g16 = reinterpret_cast<std::uint16_t*>(arr[3]);
         if (gt == DType::kBF16) std::copy_n(a.gbf.cspan().data(), n, g16);
         if (gt == DType::kF16) std::copy_n(a.g16.cspan().data(), n, g16);
-        const GradView g = gt == DType::kF32
-                               ? GradView::f32({static_cast<const float*>(arr[3]), n})
-                               : GradView{g16, n, gt};
+        const GradView g = gt == DType::kF32 ? GradView::f32({static_cast<const float*>(arr[3]), n})
+                                             : GradView{g16, n, gt};
         std::vector<std::uint16_t> out(n);
         const auto copy_out = [ot](std::span<std::uint16_t> to) {
           return ot == DType::kBF16 ? CopyOut::bf16(to) : CopyOut::f16(to);
@@ -415,8 +415,7 @@ TEST_P(CpuAdamIsa, WindowedAndSequentialOrdersGiveTheScalarBits) {
         for (std::uint64_t t = 1; t <= 2; ++t) {
           AdamParams hp = typical(AdamMode::kAdam, 0.01, true);
           hp.step = t;
-          scalar.step(hp, a.p.span(), a.m.span(), a.v.span(), a.grads(gt),
-                      copy_out(a.out.span()));
+          scalar.step(hp, a.p.span(), a.m.span(), a.v.span(), a.grads(gt), copy_out(a.out.span()));
           adam.step(hp, {arr[0], n}, {arr[1], n}, {arr[2], n}, g, copy_out(out));
         }
         EXPECT_EQ(std::memcmp(arr[0], a.p.cspan().data(), n * 4), 0);
