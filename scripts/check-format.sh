@@ -1,31 +1,40 @@
 #!/usr/bin/env bash
-# Checks that every tracked C, C++ and CUDA file is laid out as .clang-format says (the whole
-# tree, so a change cannot move the layout of the lines around it either). Fails listing the
-# files that differ and the command that fixes them; --fix rewrites them in place.
-# Usage: scripts/check-format.sh [--fix]
+# Checks that the C, C++ and CUDA lines changed since a base commit are laid out as
+# .clang-format says (git clang-format: only those lines, so older code is reformatted when it
+# is next touched, not in one sweep). The base is .ci/format-base unless given; it stays fixed,
+# so the check covers every change made after it. Fails showing the layout it wants; --fix
+# applies it to the working tree.
+# Usage: scripts/check-format.sh [--fix] [BASE]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! command -v clang-format >/dev/null; then
-  echo "check-format.sh: clang-format not found (Debian package clang-format;" \
-       "scripts/install-deps.sh installs it)" >&2
-  exit 1
-fi
-mapfile -t files < <(git ls-files '*.c' '*.cc' '*.h' '*.cu' '*.cuh')
-if [ "${1:-}" = "--fix" ]; then
-  clang-format -i "${files[@]}"
-  exit 0
-fi
-bad=()
-for f in "${files[@]}"; do
-  if ! clang-format --dry-run --Werror "$f" >/dev/null 2>&1; then
-    bad+=("$f")
+fix=0
+if [ "${1:-}" = "--fix" ]; then fix=1; shift; fi
+base=${1:-$(tr -d '[:space:]' < .ci/format-base)}
+for tool in clang-format git-clang-format; do
+  if ! command -v "$tool" >/dev/null; then
+    echo "check-format.sh: $tool not found (Debian package clang-format;" \
+         "scripts/install-deps.sh installs it)" >&2
+    exit 1
   fi
 done
-if [ "${#bad[@]}" -gt 0 ]; then
-  echo "check-format.sh: ${#bad[@]} file(s) not laid out as .clang-format says" \
-       "($(clang-format --version | head -1)):" >&2
-  printf '  %s\n' "${bad[@]}" >&2
-  echo "fix with: scripts/check-format.sh --fix (or clang-format -i FILE)" >&2
+if ! git cat-file -e "$base^{commit}" 2>/dev/null; then
+  echo "check-format.sh: the base commit $base is not in this clone (a shallow clone?):" \
+       "fetch the history (git fetch --unshallow) to check the changed lines" >&2
   exit 1
 fi
-echo "check-format.sh: ${#files[@]} files laid out as .clang-format says"
+exts=c,cc,h,cu,cuh
+if [ "$fix" = 1 ]; then
+  git clang-format --force --extensions "$exts" "$base" -- . || true
+  exit 0
+fi
+# --diff prints the wanted layout as a patch, or a line saying there is nothing to change.
+out=$(git clang-format --diff --extensions "$exts" "$base" -- . 2>&1 || true)
+if grep -q '^diff ' <<<"$out"; then
+  echo "check-format.sh: lines changed since $base are not laid out as .clang-format says" \
+       "($(clang-format --version | head -1)); the layout it wants:" >&2
+  echo "$out" >&2
+  echo "fix with: scripts/check-format.sh --fix" >&2
+  exit 1
+fi
+echo "check-format.sh: the C/C++/CUDA lines changed since ${base:0:12} are laid out as" \
+     ".clang-format says"

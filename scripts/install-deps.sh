@@ -18,7 +18,7 @@ set -euo pipefail
 packages=(build-essential cmake ninja-build pkg-config liburing-dev libboost-dev
           libgtest-dev libbenchmark-dev nlohmann-json3-dev nettle-dev libcli11-dev fio python3
           python3-dev pybind11-dev python3-torch python3-pytest python3-venv python3-setuptools
-          python3-mypy libopenmpi-dev openmpi-bin xfsprogs)
+          python3-mypy libopenmpi-dev openmpi-bin xfsprogs clang-format)
 aarch64_packages=(g++-aarch64-linux-gnu qemu-user googletest)
 case "${1:-}" in
   "") ;;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Sets up and runs zinf's test suite: installs the Debian packages, then runs the CMake
-# workflows: `ci` (release build, public-header check, every label but python, whose tests run
+# Sets up and runs zinf's test suite: installs the Debian packages, checks the layout of the
+# changed lines (scripts/check-format.sh), then runs the CMake workflows: `ci` (release build,
+# public-header check, every label but python, whose tests run
 # once, against the package pip installs, below), `ci-asan` (address +
 # undefined sanitizers) and `ci-tsan` (thread sanitizer), the sanitizer ones on the unit,
 # contract and fault labels (without the Python module and MPI, whose labels run in the release
@@ -61,6 +62,17 @@ setup_reflink() {
   echo "test.sh: reflink tests run in $mnt (XFS, loop-mounted)"
 }
 setup_reflink
+
+# The layout of the lines changed since .ci/format-base (seconds; before any build). It needs
+# the history back to that commit: a clone without it (shallow, or no git) says so and goes on.
+echo "== format of the changed lines"
+if git rev-parse --git-dir >/dev/null 2>&1 &&
+   git cat-file -e "$(tr -d '[:space:]' < .ci/format-base)^{commit}" 2>/dev/null; then
+  scripts/check-format.sh
+else
+  echo "test.sh: NOT CHECKED: the format of the changed lines (no git history back to" \
+       ".ci/format-base in this checkout)" >&2
+fi
 
 workflows=(ci ci-asan ci-tsan)
 [ "$quick" = 1 ] && workflows=(ci)

@@ -48,7 +48,7 @@ struct CollectiveTally {
   }
   void reduced(std::uint64_t bytes, int world) noexcept { all_reduce += 2 * ring(bytes, world); }
   /// Writes the counts into `stats` and starts the next step's from 0.
-  void report(offload::StepStats& stats) noexcept {
+  void report(optim::StepStats& stats) noexcept {
     stats.allgather_bytes = all_gather;
     stats.reduce_scatter_bytes = reduce_scatter;
     stats.all_reduce_bytes = all_reduce;

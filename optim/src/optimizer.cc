@@ -52,7 +52,6 @@ double union_seconds(std::vector<std::pair<OptClock::time_point, OptClock::time_
   return total;
 }
 
-
 adam::GradView slice(const adam::GradView& g, std::uint64_t offset, std::uint64_t n) {
   const auto* base = static_cast<const std::byte*>(g.data);
   return {base + offset * dtype_size(g.dtype), n, g.dtype};
@@ -95,14 +94,12 @@ PinnedPlan plan_pinned(const OptimizerOptions& o, std::uint64_t sub, std::uint64
                 std::to_string(max_record_bytes) + "-byte sub-group buffers (" +
                 std::to_string(std::min(sub, max_group_numel)) + " elements x " +
                 bytes_per_element_text(o.state_precision) + " bytes, padded to " +
-                std::to_string(alignment) +
-                ") = " + std::to_string(plan.need) + " bytes";
+                std::to_string(alignment) + ") = " + std::to_string(plan.need) + " bytes";
   } else {
     plan.need = state_bytes;
-    plan.what = "the cpu-tier state: " + std::to_string(record_count) +
-                " sub-groups of " + bytes_per_element_text(o.state_precision) +
-                " bytes per element, each padded to " + std::to_string(alignment) +
-                ", = " + std::to_string(plan.need) + " bytes";
+    plan.what = "the cpu-tier state: " + std::to_string(record_count) + " sub-groups of " +
+                bytes_per_element_text(o.state_precision) + " bytes per element, each padded to " +
+                std::to_string(alignment) + ", = " + std::to_string(plan.need) + " bytes";
   }
   if (o.store_copy_out) {
     const std::uint64_t staging = copy_out_staging_bytes(sub, max_group_numel, alignment);
@@ -274,12 +271,9 @@ std::string_view state_tier_name(StateTier tier) noexcept {
 
 std::string_view save_snapshot_name(SaveSnapshot snapshot) noexcept {
   switch (snapshot) {
-    case SaveSnapshot::kReflink:
-      return "reflink";
-    case SaveSnapshot::kStreamed:
-      return "streamed";
-    case SaveSnapshot::kNone:
-      break;
+    case SaveSnapshot::kReflink: return "reflink";
+    case SaveSnapshot::kStreamed: return "streamed";
+    case SaveSnapshot::kNone: break;
   }
   return "none";
 }
@@ -455,7 +449,6 @@ void OffloadedOptimizer::Impl::fail(const Status& cause) {
     log(LogLevel::kError, "OffloadedOptimizer failed, refusing further work: " + cause.to_string());
   }
 }
-
 
 void OffloadedOptimizer::Impl::ring_pipeline(
     std::size_t count, const std::function<swap::IoTicket(std::size_t, swap::BufferLease&)>& start,
@@ -706,10 +699,10 @@ void OffloadedOptimizer::Impl::pipeline_main() {
       std::optional<Status> err;
       try {
         if (folded_sums()) slot_expected[si].resize(store->unit_count(rec.key));
-        t = folded_sums() ? store->swap_in_unchecked(rec.key, ring[si].span(), slot_expected[si],
-                                                     on_done(si, false, rec.padded, at))
-                          : store->swap_in(rec.key, ring[si].span(),
-                                           on_done(si, false, rec.padded, at));
+        t = folded_sums()
+                ? store->swap_in_unchecked(rec.key, ring[si].span(), slot_expected[si],
+                                           on_done(si, false, rec.padded, at))
+                : store->swap_in(rec.key, ring[si].span(), on_done(si, false, rec.padded, at));
       } catch (...) {
         err = current_exception_status();
       }
@@ -990,8 +983,7 @@ void OffloadedOptimizer::read_state(std::size_t group_index, std::span<float> pa
         std::byte* base = im.nvme() ? buf.data() : rec.state.data();
         const RecordLayout lay = im.layout(rec);
         if (!params.empty()) std::ranges::copy(lay.params(base), params.data() + rec.offset);
-        adam::decode_moments(lay.moments(base),
-                             m.empty() ? m : m.subspan(rec.offset, rec.numel),
+        adam::decode_moments(lay.moments(base), m.empty() ? m : m.subspan(rec.offset, rec.numel),
                              v.empty() ? v : v.subspan(rec.offset, rec.numel));
         return {};
       });
@@ -1061,8 +1053,8 @@ void OffloadedOptimizer::Impl::validate_group_grads(std::size_t group_index,
   }
   if (out.enabled && (out.size != g.numel || out.data == nullptr)) {
     throw UsageError("OffloadedOptimizer::step_group: group '" + g.name +
-                     "' copy-out must be a non-null buffer of " +
-                     std::to_string(g.numel) + " elements");
+                     "' copy-out must be a non-null buffer of " + std::to_string(g.numel) +
+                     " elements");
   }
   if (!initialized[group_index]) {
     throw UsageError("OffloadedOptimizer::step_group: group '" + g.name +
@@ -1104,8 +1096,8 @@ void OffloadedOptimizer::Impl::queue_group(std::size_t group_index, const adam::
   const std::size_t first = run.tasks.size();
   for (std::size_t ri : group_records[group_index]) {
     const Record& rec = records[ri];
-    run.tasks.push_back({ri, slice(grads, rec.offset, rec.numel),
-                         slice(out, rec.offset, rec.numel), target, nullptr, nullptr});
+    run.tasks.push_back({ri, slice(grads, rec.offset, rec.numel), slice(out, rec.offset, rec.numel),
+                         target, nullptr, nullptr});
   }
   run.tasks[first].ready = std::move(hooks.ready);
   run.tasks.back().consumed = std::move(hooks.consumed);

@@ -566,8 +566,7 @@ void OffloadedOptimizer::Impl::save(const CheckpointPlace& dir) {
         [&](std::size_t i, swap::BufferLease& buf) -> swap::IoTicket {
           Record& rec = records[i];
           std::byte* base = nvme() ? buf.data() : rec.state.data();
-          v.crcs[i] =
-              swap::crc32c(std::span<const std::byte>(base, rec.bytes));
+          v.crcs[i] = swap::crc32c(std::span<const std::byte>(base, rec.bytes));
           swap::IoRequest req{swap::IoOp::kWrite, att.id(), v.offsets[i],
                               std::span<std::byte>(base, rec.padded)};
           swap::IoTicket t = engine->submit(std::span<const swap::IoRequest>(&req, 1));
@@ -644,7 +643,8 @@ class OffloadedOptimizer::Impl::AsyncSave {
         last_idle_(opt.last_between_steps),
         cloned_(!cloned_sums.empty()),
         cloned_sums_(std::move(cloned_sums)) {
-    for (std::size_t b = 0; b < kBuffers; ++b) buffers_.push_back(pool.acquire(opt.max_record_bytes));
+    for (std::size_t b = 0; b < kBuffers; ++b)
+      buffers_.push_back(pool.acquire(opt.max_record_bytes));
     free_.assign(kCopyBuffers, true);
     thread_ = std::thread([this] { run(); });
   }
@@ -699,8 +699,8 @@ class OffloadedOptimizer::Impl::AsyncSave {
     std::memcpy(buffers_[static_cast<std::size_t>(b)].data(), base, rec.padded);
     copied += rec.padded;
     lk.lock();
-    queue_.push_back({r, static_cast<std::size_t>(b),
-                      expected ? *expected : std::vector<std::uint32_t>{}});
+    queue_.push_back(
+        {r, static_cast<std::size_t>(b), expected ? *expected : std::vector<std::uint32_t>{}});
     cv_.notify_all();
   }
 
@@ -923,7 +923,7 @@ class OffloadedOptimizer::Impl::AsyncSave {
   std::uint64_t closes_ = 0;
   OptClock::time_point last_close_;
   OptClock::duration last_idle_;
-  const bool cloned_;         // the reflink path: see check_clones
+  const bool cloned_;                                          // the reflink path: see check_clones
   const std::vector<std::vector<std::uint32_t>> cloned_sums_;  // per record, at the clone
   std::vector<swap::BufferLease> buffers_;
   std::uint64_t written_ = 0;  // saver thread only
@@ -1109,8 +1109,8 @@ void OffloadedOptimizer::Impl::load(const CheckpointPlace& dir) {
   // silently; a user who wants it loads into an optimizer of the checkpoint's precision and
   // moves the state with read_state/set_state.
   if (m.precision != options.state_precision) {
-    mismatch("state_precision " + std::string(adam::state_precision_name(m.precision)) +
-             ", here " + std::string(adam::state_precision_name(options.state_precision)));
+    mismatch("state_precision " + std::string(adam::state_precision_name(m.precision)) + ", here " +
+             std::string(adam::state_precision_name(options.state_precision)));
   }
   if (m.sub_group_elements != options.sub_group_elements) {
     mismatch("sub_group_elements " + std::to_string(m.sub_group_elements) + ", here " +

@@ -196,7 +196,7 @@ struct OffloadedOptimizer::Impl {
 
   std::mutex mu;
   std::condition_variable cv;
-  StepRun run;                     // guarded by mu
+  StepRun run;  // guarded by mu
   // The save whose snapshot the open step must not overwrite: async_save at begin_step, null
   // after end_step (guarded by mu).
   std::shared_ptr<AsyncSave> step_snapshot;
@@ -212,8 +212,8 @@ struct OffloadedOptimizer::Impl {
   // only once the record's checksums held (grown to the largest record's copy-out on first
   // use; pipeline thread only).
   std::vector<std::byte> copy_out_hold;
-  bool stop = false;               // guarded by mu
-  std::jthread pipeline;           // last: joined first
+  bool stop = false;      // guarded by mu
+  std::jthread pipeline;  // last: joined first
 
   bool nvme() const noexcept { return options.tier == StateTier::kNvme; }
   bool io_idle() const;  // no read, write-back or copy-out write in flight (mu held)
@@ -222,9 +222,7 @@ struct OffloadedOptimizer::Impl {
   void check_idle(const char* what) const;  // UsageError inside a step
   void fail(const Status& cause);
 
-  RecordLayout layout(const Record& r) const noexcept {
-    return {options.state_precision, r.numel};
-  }
+  RecordLayout layout(const Record& r) const noexcept { return {options.state_precision, r.numel}; }
 
   // Runs `count` items through the ring on the calling thread (no step open): start(i, buf)
   // submits item i's first I/O into ring buffer `buf` and returns its ticket; once that has

@@ -204,8 +204,7 @@ TEST_P(CompactOptimizer, CheckpointRoundTripsAndNamesItsPrecision) {
   text << in.rdbuf();
   EXPECT_EQ(text.str().rfind("zinf-optimizer-checkpoint 3\n", 0), 0u) << text.str();
   EXPECT_NE(text.str().find("\nstate_precision " +
-                            std::string(adam::state_precision_name(GetParam().precision)) +
-                            "\n"),
+                            std::string(adam::state_precision_name(GetParam().precision)) + "\n"),
             std::string::npos)
       << text.str();
 }
@@ -232,8 +231,8 @@ TEST_P(CompactOptimizer, CheckpointOfAnotherPrecisionIsRefusedNamingBoth) {
     FAIL() << "a " << name << " checkpoint loaded into an fp32 optimizer";
   } catch (const UsageError& e) {
     EXPECT_EQ(std::string(e.what()), "OffloadedOptimizer::load: checkpoint " + ckpt + "/" +
-                                         latest(ckpt) + " does not match: state_precision " +
-                                         name + ", here fp32");
+                                         latest(ckpt) + " does not match: state_precision " + name +
+                                         ", here fp32");
   }
   EXPECT_FALSE(f.failed());
   EXPECT_EQ(f.step_count(), 0u);
@@ -288,9 +287,9 @@ TEST_P(CompactOptimizer, CorruptCompactCheckpointIsDetectedNamingFileAndOffset) 
     FAIL() << "a corrupt checkpoint loaded";
   } catch (const IoError& e) {
     EXPECT_EQ(e.code(), ErrorCode::kCorrupt);
-    EXPECT_EQ(std::string(e.what()).rfind("checkpoint load failed: " + state + " offset=" +
-                                              std::to_string(second) + " length=" +
-                                              std::to_string(state_bytes) +
+    EXPECT_EQ(std::string(e.what()).rfind("checkpoint load failed: " + state +
+                                              " offset=" + std::to_string(second) +
+                                              " length=" + std::to_string(state_bytes) +
                                               ": CRC32C mismatch in group 'embed' sub-group 1",
                                           0),
               0u)

@@ -380,16 +380,16 @@ TEST_P(OptimizerFault, ChecksumsFoldedIntoTheUpdateCatchAFlipInAnyStripeUnit) {
   constexpr std::uint64_t kMiB = 1 << 20;
   struct Case {
     const char* name;
-    std::uint64_t flip;      // file offset (one directory: file offsets are store addresses)
+    std::uint64_t flip;  // file offset (one directory: file offsets are store addresses)
     const char* key;
     std::uint64_t unit_offset;
     std::uint64_t unit_length;
     bool fails_optimizer;
   };
   // big#0 takes [0, 3600384) (3600084 bytes of state, padded); big#1 follows it at once.
-  const Case cases[] = {{"padding", 3600100, "big#0", 3 * kMiB, 3600384 - 3 * kMiB, false},
-                        {"moments", 3600384 + 2 * kMiB + 100, "big#1", 3600384 + 2 * kMiB, kMiB,
-                         true}};
+  const Case cases[] = {
+      {"padding", 3600100, "big#0", 3 * kMiB, 3600384 - 3 * kMiB, false},
+      {"moments", 3600384 + 2 * kMiB + 100, "big#1", 3600384 + 2 * kMiB, kMiB, true}};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const std::string subdir = std::string("nvme-") + c.name;

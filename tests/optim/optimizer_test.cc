@@ -108,8 +108,8 @@ TEST(OffloadedOptimizer, ChecksumsFoldedIntoTheUpdateOverManyStripeUnitsChangeNo
   OffloadedOptimizer opt(o, groups);
   test::init_all(opt);
   test::run_steps(opt, 1, 3);
-  EXPECT_EQ(test::diff(test::read_all(opt), test::reference_run(groups, test::test_hyper(), 3,
-                                                                DType::kF32)),
+  EXPECT_EQ(test::diff(test::read_all(opt),
+                       test::reference_run(groups, test::test_hyper(), 3, DType::kF32)),
             "");
 }
 

@@ -208,7 +208,7 @@ inline void init_all(optim::OffloadedOptimizer& opt) {
 /// The checkpoint tests' optimizer: odd_groups()' sub-group size, the threads engine, and on
 /// the nvme tier one directory `nvme` under `dir`.
 inline optim::OptimizerOptions checkpoint_options(optim::StateTier tier, const TestDir& dir,
-                                                    const std::string& nvme = "nvme") {
+                                                  const std::string& nvme = "nvme") {
   optim::OptimizerOptions o;
   o.tier = tier;
   o.sub_group_elements = kOddSubGroup;

@@ -83,8 +83,8 @@ class ShardedOptimizer {
   /// grad_scale_applied, loss_scale and the collective byte counts (allgather_bytes 0 for a
   /// skipped step) filled in.
   optim::StepStats step(std::span<const std::span<const float>> grads,
-                          std::span<const std::span<float>> params,
-                          const ShardedStepOptions& options = {});
+                        std::span<const std::span<float>> params,
+                        const ShardedStepOptions& options = {});
 
   /// Collective. Saves every rank's slices: rank R's optimizer checkpoint in `dir`/rank<R>
   /// (OffloadedOptimizer::save: versions, CRC32C, atomic switch), and in that folder a manifest

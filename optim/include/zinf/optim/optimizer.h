@@ -131,13 +131,13 @@ std::string_view save_snapshot_name(SaveSnapshot snapshot) noexcept;
 
 /// What one step did, measured between begin_step() and the end of end_step().
 struct StepStats {
-  std::uint64_t step = 0;            ///< the step number (from 1)
-  std::uint64_t sub_groups = 0;      ///< sub-groups updated
-  std::uint64_t elements = 0;        ///< elements updated
-  double seconds = 0;                ///< wall time of the step
-  double read_seconds = 0;           ///< time with at least one state read in flight
-  double write_seconds = 0;          ///< time with at least one write-back in flight
-  double compute_seconds = 0;        ///< time inside CpuAdam
+  std::uint64_t step = 0;        ///< the step number (from 1)
+  std::uint64_t sub_groups = 0;  ///< sub-groups updated
+  std::uint64_t elements = 0;    ///< elements updated
+  double seconds = 0;            ///< wall time of the step
+  double read_seconds = 0;       ///< time with at least one state read in flight
+  double write_seconds = 0;      ///< time with at least one write-back in flight
+  double compute_seconds = 0;    ///< time inside CpuAdam
   /// Time the pipeline waited for a read, a free buffer or a group's gradients (GradHooks).
   double wait_seconds = 0;
   std::uint64_t bytes_read = 0;      ///< state bytes read (padded records)
