@@ -122,7 +122,8 @@ TEST(ZinfCli, PlanNodesCountGpusAndShowTheCollectives) {
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("collectives per step, received per GPU (x8 per node): stage 0 48.75 GB; "
-                       "stage 1 48.75 GB; stage 2 24.38 GB; stage 3 73.12 GB (48.75 GB of it "
+                       "stage 1 73.12 GB (24.38 GB of it parameter all-gathers); stage 2 48.75 GB "
+                       "(24.38 GB of it parameter all-gathers); stage 3 73.12 GB (48.75 GB of it "
                        "parameter all-gathers)"),
             std::string::npos)
       << r.out;
