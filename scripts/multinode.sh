@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Several "nodes" on one machine: each a network namespace with its own address on a private
-# bridge, and its own mount namespace in which DRIVE is a private tmpfs (a node-local drive at
-# the same path on every node, invisible to the others). Runs an MPI job with one rank per
+# bridge, its own host name (the namespace's name), and its own mount namespace in which DRIVE
+# is the node's own folder (a node-local drive at the same path on every node, invisible to
+# the others). Runs an MPI job with one rank per
 # node (TCP only: no shared-memory transport), launched into the namespaces through mpirun's
 # rsh agent (this script again), and removes every namespace, link and mount it made on exit,
 # also when the job fails or the script is interrupted.
@@ -26,11 +27,14 @@ if [ "${1:-}" = "--rsh" ]; then
   ns=""
   for pair in $node; do [ "${pair%%=*}" = "$host" ] && ns=${pair#*=}; done
   [ -n "$ns" ] || { echo "multinode.sh: no node has address $host" >&2; exit 1; }
-  # The daemon and every rank it starts live in the node's network namespace and in a mount
-  # namespace of their own, where DRIVE is this node's tmpfs (made once per node, kept in
-  # ZT_STATE so that a later command for the node sees the same files).
-  exec ip netns exec "$ns" unshare --mount --propagation private /bin/sh -c \
-    "mount --bind \"$ZT_STATE/$ns\" \"$ZT_DRIVE\" && exec $*"
+  # The daemon and every rank it starts live in the node's network namespace and in mount and
+  # UTS namespaces of their own: DRIVE is this node's folder (kept in ZT_STATE so that a later
+  # command for the node sees the same files) and the host name is the node's. Open MPI keys
+  # its per-node session directory by host name (<tmpdir>/ompi.<host>.<uid>/jf.<job>); nodes
+  # that shared one name shared that directory, and one daemon removing it at startup while
+  # another was creating its own below it killed the second (mkdir: ENOENT).
+  exec ip netns exec "$ns" unshare --mount --uts --propagation private /bin/sh -c \
+    "hostname \"$ns\" && mount --bind \"$ZT_STATE/$ns\" \"$ZT_DRIVE\" && exec $*"
 fi
 
 nodes=0
@@ -68,7 +72,12 @@ cleanup() {
   # Nothing may cut the cleanup short: mpirun, ending an aborted job, signals its process
   # group, and a second signal here would skip the deletions below.
   trap '' INT TERM
-  if [ -n "$watchdog" ]; then pkill -P "$watchdog" 2>/dev/null; kill "$watchdog" 2>/dev/null; fi
+  # The watchdog before its sleep: with the sleep gone first it would go on to report a
+  # timeout that never happened and signal a job that has ended.
+  if [ -n "$watchdog" ]; then
+    kill "$watchdog" 2>/dev/null
+    pkill -P "$watchdog" 2>/dev/null
+  fi
   # The job first (an interrupted run): a namespace with processes in it outlives its name,
   # and its veth pair with it.
   if [ -n "$job" ] && kill -0 "$job" 2>/dev/null; then
@@ -110,15 +119,21 @@ for ((r = 0; r < nodes; ++r)); do
   hosts+=("$addr")
   by_addr+="$addr=$ns "
 done
-mkdir -p "$drive"
+mkdir -p "$drive" "$state/tmp"
 
 export ZT_NODES_BY_ADDR="$by_addr" ZT_STATE="$state" ZT_DRIVE="$drive"
 host_list=$(IFS=,; echo "${hosts[*]}")
 self=$(realpath "$0")
 # One rank per node; TCP between them on the bridge's subnet only (the rsh launch's own
 # connections too). --mca plm_rsh_no_tree_spawn: every daemon is started from here.
+# --leave-session-attached: a daemon stays the child of its rsh agent, so one that fails is
+# an agent exiting non-zero, which mpirun reports (with the daemon's own error) and ends the
+# job on, where a daemonized one (stderr closed) vanished and left mpirun waiting forever.
+# Open MPI's session directories (mpirun's and every node's, passed on to the daemons) go
+# to the run's state folder, removed with it also after a kill.
 mpirun --allow-run-as-root --oversubscribe -np "$nodes" --host "$host_list" \
-  --mca plm_rsh_agent "$self --rsh" --mca plm_rsh_no_tree_spawn 1 \
+  --mca plm_rsh_agent "$self --rsh" --mca plm_rsh_no_tree_spawn 1 --leave-session-attached \
+  --mca orte_tmpdir_base "$state/tmp" \
   --mca btl tcp,self --mca btl_tcp_if_include "10.$net.0.0/24" \
   --mca oob_tcp_if_include "10.$net.0.0/24" "$@" 2> >(grep -v "setpgid" >&2) &
 job=$!
