@@ -85,10 +85,20 @@ cleanup() {
     for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$job" 2>/dev/null || break; sleep 0.5; done
     kill -KILL "$job" 2>/dev/null
   fi
-  for ns in "${made_ns[@]}"; do
-    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
+  # Then whatever is left in the namespaces, until nothing is (bounded: a process in
+  # uninterruptible sleep may take a while to die).
+  for _ in $(seq 50); do
+    local left=0
+    for ns in "${made_ns[@]}"; do
+      for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; left=1; done
+    done
+    [ "$left" -eq 0 ] && break
+    sleep 0.1
   done
-  sleep 0.2
+  # Each veth pair by its end here, which removes both ends at once: a namespace's own devices
+  # go only when the kernel gets to destroying it, after `ip netns del` has returned, and a
+  # caller checking for leftovers at once would still see its pair.
+  for ((r = 0; r < ${#made_ns[@]}; ++r)); do ip link del "${tag}v$r" 2>/dev/null; done
   for ns in "${made_ns[@]}"; do ip netns del "$ns" 2>/dev/null; done
   ip link del "$bridge" 2>/dev/null
   # The drives are folders of this run's state directory, bind-mounted inside the namespaces
