@@ -12,9 +12,13 @@
 #   N        2 or more nodes, one rank each
 #   DRIVE    the node-local folder, the same path on every node (default /tmp/zinf-node-drive)
 #   --drives-from DIR: node R's drive starts as a copy of DIR/node<R> (empty where missing)
-#   --keep-drives DIR: after the job, copy node R's drive to DIR/node<R> (a later run's
-#            --drives-from, or for inspection)
+#   --keep-drives DIR: after the job (also one that failed or was ended), copy node R's
+#            drive to DIR/node<R> (a later run's --drives-from, or for inspection)
 #   --timeout S: end the job after S seconds (0, the default: no limit)
+# Node R's network namespace is zt<PID>n<R>, its host name the same, and its link to the bridge
+# zt<PID>v<R> (PID: this script's). To lose node R mid-job as a machine that vanishes, set
+# that link down (`ip link set zt<PID>v<R> down`) and kill the processes of its namespace
+# (`ip netns pids zt<PID>n<R>`): mpirun hears of it as it would across a network (not at all).
 # Needs root, `ip`, `unshare` and mpirun (Open MPI). Exit status: the job's; 77 where nodes
 # cannot be made here (not root, no ip or mpirun, namespaces refused), saying why.
 set -uo pipefail
@@ -33,8 +37,22 @@ if [ "${1:-}" = "--rsh" ]; then
   # its per-node session directory by host name (<tmpdir>/ompi.<host>.<uid>/jf.<job>); nodes
   # that shared one name shared that directory, and one daemon removing it at startup while
   # another was creating its own below it killed the second (mkdir: ENOENT).
-  exec ip netns exec "$ns" unshare --mount --uts --propagation private /bin/sh -c \
-    "hostname \"$ns\" && mount --bind \"$ZT_STATE/$ns\" \"$ZT_DRIVE\" && exec $*"
+  ip netns exec "$ns" unshare --mount --uts --propagation private /bin/sh -c \
+    "hostname \"$ns\" && mount --bind \"$ZT_STATE/$ns\" \"$ZT_DRIVE\" && exec $*" <&0 &
+  daemon=$!
+  echo $$ >"$ZT_STATE/$ns.agent"
+  trap 'kill -TERM $daemon 2>/dev/null' TERM INT HUP
+  wait $daemon
+  rc=$?
+  # This agent stands for an ssh session and stays outside the node, so a lost node (its link
+  # down, its processes killed) looks to mpirun as one across a network does: the session to
+  # it neither ends nor answers, and only the job's own timeouts can end the job. (An agent
+  # that ended with its daemon would let mpirun abort the job at once.) Bounded by the run:
+  # its state folder goes at the end.
+  if ! ip -o link show "${ns%n*}v${ns##*n}" 2>/dev/null | grep -q "state UP"; then
+    while [ -d "$ZT_STATE" ]; do sleep 1; done
+  fi
+  exit $rc
 fi
 
 nodes=0
@@ -95,6 +113,15 @@ cleanup() {
     [ "$left" -eq 0 ] && break
     sleep 0.1
   done
+  # The drives once nothing writes to them any more: also those of a job that was ended.
+  if [ -n "$keep" ]; then
+    for ((r = 0; r < ${#made_ns[@]}; ++r)); do
+      rm -rf "$keep/node$r" && mkdir -p "$keep/node$r" &&
+        cp -a "$state/${tag}n$r/." "$keep/node$r/"
+    done
+  fi
+  # The rsh agents of lost nodes, still standing in for their sessions.
+  for f in "$state"/*.agent; do [ -f "$f" ] && kill -KILL "$(cat "$f")" 2>/dev/null; done
   # Each veth pair by its end here, which removes both ends at once: a namespace's own devices
   # go only when the kernel gets to destroying it, after `ip netns del` has returned, and a
   # caller checking for leftovers at once would still see its pair.
@@ -145,7 +172,7 @@ mpirun --allow-run-as-root --oversubscribe -np "$nodes" --host "$host_list" \
   --mca plm_rsh_agent "$self --rsh" --mca plm_rsh_no_tree_spawn 1 --leave-session-attached \
   --mca orte_tmpdir_base "$state/tmp" \
   --mca btl tcp,self --mca btl_tcp_if_include "10.$net.0.0/24" \
-  --mca oob_tcp_if_include "10.$net.0.0/24" "$@" 2> >(grep -v "setpgid" >&2) &
+  --mca oob_tcp_if_include "10.$net.0.0/24" "$@" 2> >(grep --line-buffered -v "setpgid" >&2) &
 job=$!
 if [ "$limit" -gt 0 ] 2>/dev/null; then
   # A job past its time is ended (and reported) rather than left to whoever runs this to
@@ -157,9 +184,4 @@ fi
 wait "$job"
 rc=$?
 job=""
-if [ -n "$keep" ]; then
-  for ((r = 0; r < nodes; ++r)); do
-    rm -rf "$keep/node$r" && mkdir -p "$keep/node$r" && cp -a "$state/${tag}n$r/." "$keep/node$r/"
-  done
-fi
 exit $rc
