@@ -2,13 +2,13 @@
 # Several "nodes" on one machine: each a network namespace with its own address on a private
 # bridge, its own host name (the namespace's name), and its own mount namespace in which DRIVE
 # is the node's own folder (a node-local drive at the same path on every node, invisible to
-# the others). Runs an MPI job with one rank per
-# node (TCP only: no shared-memory transport), launched into the namespaces through mpirun's
-# rsh agent (this script again), and removes every namespace, link and mount it made on exit,
-# also when the job fails or the script is interrupted.
+# the others). Runs an MPI job with one rank per node (TCP only: no shared-memory transport),
+# launched into the namespaces through mpirun's rsh agent (this script again), and removes
+# every namespace, link, mount and file it made on exit, also when the job fails or the script
+# is interrupted.
 #
 # Usage: scripts/multinode.sh --nodes N [--drive DIR] [--drives-from DIR] [--keep-drives DIR]
-#                             [--timeout S] -- PROGRAM [ARGS...]
+#                             [--timeout S] -- [MPIRUN OPTIONS] PROGRAM [ARGS...]
 #   N        2 or more nodes, one rank each
 #   DRIVE    the node-local folder, the same path on every node (default /tmp/zinf-node-drive)
 #   --drives-from DIR: node R's drive starts as a copy of DIR/node<R> (empty where missing)
@@ -19,6 +19,8 @@
 # zt<PID>v<R> (PID: this script's). To lose node R mid-job as a machine that vanishes, set
 # that link down (`ip link set zt<PID>v<R> down`) and kill the processes of its namespace
 # (`ip netns pids zt<PID>n<R>`): mpirun hears of it as it would across a network (not at all).
+# Every rank sees ZT_NODE_ADDRS, the nodes' addresses in rank order (where a program that is
+# not an MPI one, torch.distributed's, meets: node 0's).
 # Needs root, `ip`, `unshare` and mpirun (Open MPI). Exit status: the job's; 77 where nodes
 # cannot be made here (not root, no ip or mpirun, namespaces refused), saying why.
 set -uo pipefail
@@ -90,12 +92,10 @@ cleanup() {
   # Nothing may cut the cleanup short: mpirun, ending an aborted job, signals its process
   # group, and a second signal here would skip the deletions below.
   trap '' INT TERM
-  # The watchdog before its sleep: with the sleep gone first it would go on to report a
-  # timeout that never happened and signal a job that has ended.
-  if [ -n "$watchdog" ]; then
-    kill "$watchdog" 2>/dev/null
-    pkill -P "$watchdog" 2>/dev/null
-  fi
+  # The watchdog ends its sleep itself (below): killing the sleep from here let it go on to
+  # report a timeout that never happened, killing only the watchdog left the sleep running,
+  # holding the caller's output open until its time was up.
+  [ -n "$watchdog" ] && kill -TERM "$watchdog" 2>/dev/null
   # The job first (an interrupted run): a namespace with processes in it outlives its name,
   # and its veth pair with it.
   if [ -n "$job" ] && kill -0 "$job" 2>/dev/null; then
@@ -170,15 +170,21 @@ self=$(realpath "$0")
 # to the run's state folder, removed with it also after a kill.
 mpirun --allow-run-as-root --oversubscribe -np "$nodes" --host "$host_list" \
   --mca plm_rsh_agent "$self --rsh" --mca plm_rsh_no_tree_spawn 1 --leave-session-attached \
-  --mca orte_tmpdir_base "$state/tmp" \
+  --mca orte_tmpdir_base "$state/tmp" -x ZT_NODE_ADDRS="$host_list" \
   --mca btl tcp,self --mca btl_tcp_if_include "10.$net.0.0/24" \
   --mca oob_tcp_if_include "10.$net.0.0/24" "$@" 2> >(grep --line-buffered -v "setpgid" >&2) &
 job=$!
 if [ "$limit" -gt 0 ] 2>/dev/null; then
   # A job past its time is ended (and reported) rather than left to whoever runs this to
   # kill: a harness killed outright cannot remove its namespaces.
-  ( sleep "$limit"; echo "multinode.sh: the job ran past --timeout $limit s; ending it" >&2
-    kill -TERM "$job" 2>/dev/null ) &
+  (
+    trap 'kill "$sleeper" 2>/dev/null; exit 0' TERM
+    sleep "$limit" &
+    sleeper=$!
+    wait "$sleeper"
+    echo "multinode.sh: the job ran past --timeout $limit s; ending it" >&2
+    kill -TERM "$job" 2>/dev/null
+  ) &
   watchdog=$!
 fi
 wait "$job"
