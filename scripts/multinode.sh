@@ -10,7 +10,8 @@
 # Usage: scripts/multinode.sh --nodes N [--drive DIR] [--drives-from DIR] [--keep-drives DIR]
 #                             [--timeout S] -- [MPIRUN OPTIONS] PROGRAM [ARGS...]
 #   N        2 or more nodes, one rank each
-#   DRIVE    the node-local folder, the same path on every node (default /tmp/zinf-node-drive)
+#   DRIVE    the node-local folder, the same path on every node (default /tmp/zinf-node-drive;
+#            made if missing and removed at the end: runs at once need different ones)
 #   --drives-from DIR: node R's drive starts as a copy of DIR/node<R> (empty where missing)
 #   --keep-drives DIR: after the job (also one that failed or was ended), copy node R's
 #            drive to DIR/node<R> (a later run's --drives-from, or for inspection)
@@ -82,9 +83,14 @@ for tool in ip unshare mpirun; do command -v "$tool" >/dev/null || skip "no '$to
 # Names unique to this run, so that concurrent runs never touch each other's.
 tag="zt$$"
 net=$(( ($$ % 200) + 20 ))
+for _ in $(seq 200); do
+  [ -z "$(ip -o addr show to "10.$net.0.0/24" 2>/dev/null)" ] && break
+  net=$(( (net - 20 + 1) % 200 + 20 ))
+done
 bridge="${tag}b"
 state=$(mktemp -d "${TMPDIR:-/tmp}/zinf-multinode.XXXXXX")
 made_ns=()
+made_drive=""
 job=""
 watchdog=""
 cleanup() {
@@ -131,6 +137,7 @@ cleanup() {
   # The drives are folders of this run's state directory, bind-mounted inside the namespaces
   # only: nothing is mounted in the caller's namespace.
   rm -rf "$state"
+  [ -n "$made_drive" ] && rmdir "$drive" 2>/dev/null
   exit "$rc"
 }
 trap cleanup EXIT
@@ -156,6 +163,9 @@ for ((r = 0; r < nodes; ++r)); do
   hosts+=("$addr")
   by_addr+="$addr=$ns "
 done
+# DRIVE is only a mount point here (each node mounts its own folder on it); made if missing and
+# then removed at the end, so that it is not left behind either.
+[ -d "$drive" ] || made_drive=1
 mkdir -p "$drive" "$state/tmp"
 
 export ZT_NODES_BY_ADDR="$by_addr" ZT_STATE="$state" ZT_DRIVE="$drive"

@@ -28,8 +28,9 @@ hash_of() { grep -m1 '^weights_sha256 ' "$1" | cut -d' ' -f2; }
 links_before=$(ip -o link show | wc -l)
 ns_before=$(ip netns list | wc -l)
 state_before=$(ls -d "${TMPDIR:-/tmp}"/zinf-multinode.* 2>/dev/null | wc -l)
+drive_before=$([ -e "$drive" ] && echo yes)
 
-# bytes_match OUT N: the demo's --json summary in OUT (rank 0's stdout) gives every rank's NVMe
+# bytes_match JSON N: the demo's --json summary in JSON (rank 0's stdout) gives every rank's NVMe
 # bytes in its last step; each rank must move what `zinf plan` gives one node of N with one
 # rank (stage 3, parameters and optimizer state on NVMe), which is 1/N of one rank's: writes
 # W = (P + O) x params / N within 1% (the stores pad each slice to their alignment); reads at
@@ -73,6 +74,14 @@ nodes() {  # nodes N OUT [harness options...] -- demo args...
   shift 2
   "$harness" --nodes "$n" --timeout 90 "$@" >"$out" 2>&1
 }
+# The same with stdout (the demo's --json summary) in a file of its own: mpirun forwards the
+# ranks' stdout and stderr separately, and in one file a long JSON line could be cut by
+# another stream's output (seen once in 22 runs).
+nodes_json() {  # nodes_json N OUT JSON [harness options...] -- demo args...
+  local n=$1 out=$2 json=$3
+  shift 3
+  "$harness" --nodes "$n" --timeout 90 "$@" >"$json" 2>"$out"
+}
 one_node() {  # one_node N OUT demo args...
   local n=$1 out=$2
   shift 2
@@ -80,8 +89,8 @@ one_node() {  # one_node N OUT demo args...
 }
 
 # 1. Two nodes against two ranks on one node, saving a checkpoint; then a resume of each.
-nodes 2 n2.txt --keep-drives kept -- "$zinf" demo --offload nvme --dir "$drive" --steps 4 \
-  --save "$drive/ck" --json
+nodes_json 2 n2.txt n2.json --keep-drives kept -- "$zinf" demo --offload nvme --dir "$drive" \
+  --steps 4 --save "$drive/ck" --json
 rc=$?
 [ $rc -eq 77 ] && { cat n2.txt >&2; exit 77; }
 [ $rc -eq 0 ] || { cat n2.txt >&2; fail "the 2-node demo exited $rc"; }
@@ -90,7 +99,7 @@ one_node 2 o2.txt --offload nvme --dir shared --steps 4 --save shared/ck ||
   { cat o2.txt >&2; fail "the 1-node 2-rank demo failed"; }
 [ -n "$(hash_of n2.txt)" ] && [ "$(hash_of n2.txt)" = "$(hash_of o2.txt)" ] ||
   fail "2 nodes ended with $(hash_of n2.txt), 2 ranks on one node with $(hash_of o2.txt)"
-why=$(bytes_match n2.txt 2) || fail "2 nodes: $why"
+why=$(bytes_match n2.json 2) || fail "2 nodes: $why"
 # Each rank's folder on its own node only; the commit record on rank 0's.
 [ -d kept/node0/ck/rank0 ] && [ -f kept/node0/ck/zinf-sharded ] && [ ! -e kept/node0/ck/rank1 ] &&
   [ -d kept/node1/ck/rank1 ] && [ ! -e kept/node1/ck/rank0 ] && [ ! -e kept/node1/ck/zinf-sharded ] ||
@@ -104,13 +113,13 @@ grep -q "resumed from the checkpoint" r2.txt || fail "the 2-node run did not res
   fail "resumed on 2 nodes: $(hash_of r2.txt), on one node: $(hash_of ro2.txt)"
 
 # 2. Three nodes against three ranks on one node, saving a checkpoint for case 5.
-nodes 3 n3.txt --keep-drives kept3 -- "$zinf" demo --offload nvme --dir "$drive" --steps 3 \
+nodes_json 3 n3.txt n3.json --keep-drives kept3 -- "$zinf" demo --offload nvme --dir "$drive" --steps 3 \
   --batch 24 --save "$drive/ck" --json || { cat n3.txt >&2; fail "the 3-node demo failed"; }
 one_node 3 o3.txt --offload nvme --dir shared --steps 3 --batch 24 ||
   { cat o3.txt >&2; fail "the 1-node 3-rank demo failed"; }
 [ "$(hash_of n3.txt)" = "$(hash_of o3.txt)" ] ||
   fail "3 nodes ended with $(hash_of n3.txt), 3 ranks on one node with $(hash_of o3.txt)"
-why=$(bytes_match n3.txt 3) || fail "3 nodes: $why"
+why=$(bytes_match n3.json 3) || fail "3 nodes: $why"
 
 # 3. The 2-node checkpoint loaded by 3 nodes: node 2 has no copy. Every rank fails before
 # loading; the rank that lacks it names the folder.
@@ -210,4 +219,5 @@ wait $pid
   { ip -o link show >&2; ip netns list >&2; fail "namespaces or links were left behind"; }
 [ "$(ls -d "${TMPDIR:-/tmp}"/zinf-multinode.* 2>/dev/null | wc -l)" = "$state_before" ] ||
   fail "a run left its state folder (${TMPDIR:-/tmp}/zinf-multinode.*)"
+[ -n "$drive_before" ] || [ ! -e "$drive" ] || fail "the runs left the drive's mount point $drive"
 echo "multinode_test: 2 and 3 nodes match one node and move 1/N of the bytes each, as zinf plan says; node-local checkpoints resume; bad loads refused; a lost node fails the others naming it and damages no checkpoint; gloo across nodes is one process; nothing left"
