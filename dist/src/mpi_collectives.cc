@@ -10,6 +10,7 @@
 #include <climits>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "collectives_check.h"
 #include "zinf/common/error.h"
@@ -57,8 +58,10 @@ MPI_Op mpi_op(ReduceOp op) {
 // MPI_ERR_PENDING for the deadline, or MPI_Test's error. The first polls spin (a collective
 // between live ranks usually completes within microseconds), then the pause doubles up to 1 ms
 // so that a rank waiting on a slow peer does not take a core from it; MPI progresses only
-// inside MPI calls, so the pause is also the most a completion can be noticed late.
-int poll_until(MPI_Request& request, Clock::time_point deadline) {
+// inside MPI calls, so the pause is also the most a completion can be noticed late. `between`
+// (if any) runs before each pause: the adapter answers its peers' liveness probes there.
+template <class Between>
+int poll_until(MPI_Request& request, Clock::time_point deadline, Between&& between) {
   constexpr int kSpinPolls = 64;
   constexpr auto kMaxPause = std::chrono::microseconds(1000);
   auto pause = std::chrono::microseconds(1);
@@ -70,22 +73,48 @@ int poll_until(MPI_Request& request, Clock::time_point deadline) {
     const auto now = Clock::now();
     if (now >= deadline) return MPI_ERR_PENDING;
     if (polls < kSpinPolls) continue;
+    between();
     std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - now));
     pause = std::min(pause * 2, kMaxPause);
   }
 }
 
-std::string timeout_text(std::string_view op, std::chrono::milliseconds timeout) {
+int poll_until(MPI_Request& request, Clock::time_point deadline) {
+  return poll_until(request, deadline, [] {});
+}
+
+// The liveness probe's messages, on a communicator of their own (never matched by a
+// collective's traffic): a rank whose collective timed out sends kPing to every other rank,
+// and every rank polling a collective answers kPong.
+constexpr int kPingTag = 1;
+constexpr int kPongTag = 2;
+// How long a timed-out rank waits for the answers: ranks that are alive and inside a
+// collective answer within a poll (at most 1 ms late); this leaves room for a loaded machine.
+constexpr auto kProbeGrace = std::chrono::milliseconds(2000);
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string text;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    text += (i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ") + std::to_string(ranks[i]);
+  }
+  return text;
+}
+
+// `peers`: what the liveness probe found (MpiCollectives::probe_peers), or "" without one.
+std::string timeout_text(std::string_view op, std::chrono::milliseconds timeout,
+                         const std::string& peers = {}) {
   return "timed out after " + std::to_string(timeout.count()) + " ms waiting for the other ranks" +
          " in " + std::string(op) +
-         " (a peer died, hangs, or called another collective); MPI cannot cancel it: the "
-         "communicator is unusable and the job must abort (MPI_Abort)";
+         (peers.empty() ? " (a peer died, hangs, or called another collective)" : "; " + peers) +
+         "; MPI cannot cancel it: the communicator is unusable and the job must abort "
+         "(MPI_Abort)";
 }
 
 class MpiCollectives final : public Collectives {
  public:
-  MpiCollectives(MPI_Comm comm, int rank, int size, std::chrono::milliseconds timeout)
-      : comm_(comm), rank_(rank), size_(size), timeout_(timeout) {}
+  MpiCollectives(MPI_Comm comm, MPI_Comm probe, int rank, int size,
+                 std::chrono::milliseconds timeout)
+      : comm_(comm), probe_(probe), rank_(rank), size_(size), timeout_(timeout) {}
 
   ~MpiCollectives() override {
     // A failed communicator may still have a collective in flight, and freeing it then is
@@ -93,8 +122,10 @@ class MpiCollectives final : public Collectives {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (failed_.failed() || finalized) return;
-    if (const int rc = MPI_Comm_free(&comm_); rc != MPI_SUCCESS) {
-      log(LogLevel::kWarning, "mpi collectives: MPI_Comm_free failed: " + mpi_error_text(rc));
+    for (MPI_Comm* c : {&comm_, &probe_}) {
+      if (const int rc = MPI_Comm_free(c); rc != MPI_SUCCESS) {
+        log(LogLevel::kWarning, "mpi collectives: MPI_Comm_free failed: " + mpi_error_text(rc));
+      }
     }
   }
 
@@ -174,11 +205,86 @@ class MpiCollectives final : public Collectives {
     if (start_rc != MPI_SUCCESS) {
       fail(op, bytes, ErrorCode::kIo, std::string(start_call) + ": " + mpi_error_text(start_rc));
     }
-    const int rc = poll_until(request, Clock::now() + timeout_);
-    if (rc == MPI_ERR_PENDING) fail(op, bytes, ErrorCode::kTimedOut, timeout_text(op, timeout_));
+    const int rc = poll_until(request, Clock::now() + timeout_, [this] { answer_probes(); });
+    if (rc == MPI_ERR_PENDING) {
+      fail(op, bytes, ErrorCode::kTimedOut, timeout_text(op, timeout_, probe_peers()));
+    }
     if (rc != MPI_SUCCESS) {
       fail(op, bytes, ErrorCode::kIo, std::string("MPI_Test: ") + mpi_error_text(rc));
     }
+  }
+
+  // Answers every liveness probe that has arrived. Best effort: an error here (a peer gone
+  // while its probe was in flight) only means one answer fewer.
+  void answer_probes() {
+    for (;;) {
+      int arrived = 0;
+      MPI_Status status;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, kPingTag, probe_, &arrived, &status) != MPI_SUCCESS ||
+          !arrived) {
+        return;
+      }
+      unsigned char ping = 0;
+      if (MPI_Recv(&ping, 1, MPI_BYTE, status.MPI_SOURCE, kPingTag, probe_, MPI_STATUS_IGNORE) !=
+          MPI_SUCCESS) {
+        return;
+      }
+      // One byte goes out eagerly; the request is released at once and MPI completes it.
+      MPI_Request request = MPI_REQUEST_NULL;
+      if (MPI_Isend(&kProbeByte, 1, MPI_BYTE, status.MPI_SOURCE, kPongTag, probe_, &request) ==
+          MPI_SUCCESS) {
+        MPI_Request_free(&request);
+      }
+    }
+  }
+
+  // After a timeout: which peers are still there? Sends a probe to every other rank and waits
+  // up to kProbeGrace for the answers, which ranks inside a collective (their own, or the
+  // same one timing out) give as they poll. Returns the sentence for the error: the ranks that
+  // did not answer (a lost node, a killed process, or a rank busy outside any collective) or,
+  // if all did, that the cause is a rank in another collective or one slower than the timeout.
+  std::string probe_peers() {
+    std::vector<bool> answered(static_cast<std::size_t>(size_), false);
+    answered[static_cast<std::size_t>(rank_)] = true;
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      MPI_Request request = MPI_REQUEST_NULL;
+      if (MPI_Isend(&kProbeByte, 1, MPI_BYTE, peer, kPingTag, probe_, &request) == MPI_SUCCESS) {
+        MPI_Request_free(&request);
+      }
+    }
+    const auto deadline = Clock::now() + kProbeGrace;
+    int missing = size_ - 1;
+    while (missing > 0 && Clock::now() < deadline) {
+      answer_probes();
+      int arrived = 0;
+      MPI_Status status;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, kPongTag, probe_, &arrived, &status) != MPI_SUCCESS) break;
+      if (!arrived) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
+      }
+      unsigned char pong = 0;
+      if (MPI_Recv(&pong, 1, MPI_BYTE, status.MPI_SOURCE, kPongTag, probe_, MPI_STATUS_IGNORE) !=
+          MPI_SUCCESS) {
+        break;
+      }
+      auto seen = answered.begin() + status.MPI_SOURCE;
+      if (!*seen) --missing;
+      *seen = true;
+    }
+    std::vector<int> silent;
+    for (int peer = 0; peer < size_; ++peer) {
+      if (!answered[static_cast<std::size_t>(peer)]) silent.push_back(peer);
+    }
+    const std::string grace = std::to_string(kProbeGrace.count()) + " ms";
+    if (silent.empty()) {
+      return "every other rank answered a liveness probe, so one of them is in another "
+             "collective or slower than the timeout";
+    }
+    return std::string(silent.size() == 1 ? "rank " : "ranks ") + rank_list(silent) +
+           " did not answer a liveness probe within " + grace +
+           " (lost: its node or process is gone, or it is busy outside any collective)";
   }
 
   [[noreturn]] void fail(std::string_view op, std::size_t bytes, ErrorCode code,
@@ -188,7 +294,10 @@ class MpiCollectives final : public Collectives {
     throw error;
   }
 
+  static constexpr unsigned char kProbeByte = 0;
+
   MPI_Comm comm_;
+  MPI_Comm probe_;  // the liveness probes' (answer_probes, probe_peers)
   const int rank_;
   const int size_;
   const std::chrono::milliseconds timeout_;
@@ -228,21 +337,25 @@ std::unique_ptr<Collectives> make_mpi_collectives(const MpiCollectivesOptions& o
   // A duplicate, so that the error handler set below and zinf's traffic never touch the
   // caller's communicator. MPI_Comm_idup rather than MPI_Comm_dup: it is collective too, and a
   // rank that never arrives must fail it within the timeout like any other collective.
+  // Two: one for the collectives, one for the liveness probes that name a lost peer.
   const detail::Caller who{"mpi", rank, size};
-  MPI_Comm comm = MPI_COMM_NULL;
-  MPI_Request request = MPI_REQUEST_NULL;
-  int rc = MPI_Comm_idup(parent, &comm, &request);
-  if (rc == MPI_SUCCESS) rc = poll_until(request, Clock::now() + options.timeout);
-  if (rc == MPI_ERR_PENDING) {
-    throw detail::collective_error(who, "comm_dup", 0, ErrorCode::kTimedOut,
-                                   timeout_text("comm_dup", options.timeout));
+  const auto deadline = Clock::now() + options.timeout;
+  MPI_Comm comms[2] = {MPI_COMM_NULL, MPI_COMM_NULL};
+  for (MPI_Comm& comm : comms) {
+    MPI_Request request = MPI_REQUEST_NULL;
+    int rc = MPI_Comm_idup(parent, &comm, &request);
+    if (rc == MPI_SUCCESS) rc = poll_until(request, deadline);
+    if (rc == MPI_ERR_PENDING) {
+      throw detail::collective_error(who, "comm_dup", 0, ErrorCode::kTimedOut,
+                                     timeout_text("comm_dup", options.timeout));
+    }
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    if (rc != MPI_SUCCESS) {
+      throw detail::collective_error(who, "comm_dup", 0, ErrorCode::kIo,
+                                     "duplicating the communicator: " + mpi_error_text(rc));
+    }
   }
-  if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
-  if (rc != MPI_SUCCESS) {
-    throw detail::collective_error(who, "comm_dup", 0, ErrorCode::kIo,
-                                   "duplicating the communicator: " + mpi_error_text(rc));
-  }
-  return std::make_unique<MpiCollectives>(comm, rank, size, options.timeout);
+  return std::make_unique<MpiCollectives>(comms[0], comms[1], rank, size, options.timeout);
 }
 
 }  // namespace zinf::dist

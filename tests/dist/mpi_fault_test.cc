@@ -226,6 +226,10 @@ void run_job(const std::string& scenario, const std::string& op) {
     if (report.find("code=timed_out") != std::string::npos) {
       EXPECT_NE(report.find("timed out after 2000 ms"), std::string::npos);
       EXPECT_GE(ms, kTimeout.count() - 50);
+      // The liveness probe names the rank that is gone (every survivor answers the others').
+      EXPECT_NE(report.find("; rank " + std::to_string(kDyingRank) +
+                            " did not answer a liveness probe within 2000 ms (lost"),
+                std::string::npos);
     }
   }
   std::filesystem::remove_all(dir);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <chrono>
 #include <cmath>
@@ -164,6 +165,9 @@ struct DemoOptions {
   std::uint64_t zero_stage = kUnset;
   bool json = false;
   DistMode dist_mode = DistMode::kAuto;  // --dist, parsed
+  // How long a collective waits for the other ranks (a step of the largest demo is far
+  // shorter); a test of a lost node shortens it.
+  std::chrono::milliseconds collective_timeout{std::chrono::seconds(120)};
 };
 
 // Parses and checks the options; nullopt when --help was given (and printed).
@@ -208,6 +212,10 @@ std::optional<DemoOptions> parse_options(const std::vector<std::string>& tokens)
   cli.text("--resume", o.resume_dir, "DIR",
            "start from the checkpoint in DIR (weights, Adam moments and step count) instead of "
            "the initial weights; one saved by another number of ranks is resharded");
+  cli.duration("--collective-timeout", o.collective_timeout,
+               "how long a collective waits for the other ranks before every rank still "
+               "running fails (a lost peer): 250ms, 30s, 2m",
+               "2m");
   if (!cli.parse(tokens)) return std::nullopt;
   o.dist_mode = parse_dist_mode(o.dist_text);
 
@@ -278,9 +286,18 @@ void print_header(std::FILE* out, const DemoOptions& o, const EngineConfig& conf
 // What the training loop measured.
 struct TrainResult {
   std::vector<double> losses, step_times;
+  // This rank's NVMe bytes (parameters and optimizer state) in each step.
+  std::vector<std::uint64_t> step_bytes_read, step_bytes_written;
   double total_s = 0;
   offload::StepStats last_step;  // its collective byte counts are every step's
 };
+
+std::uint64_t nvme_bytes_read(const offload::EngineStats& st) {
+  return st.param_bytes_read + st.optimizer_bytes_read;
+}
+std::uint64_t nvme_bytes_written(const offload::EngineStats& st) {
+  return st.param_bytes_written + st.optimizer_bytes_written;
+}
 
 // The training loop over one rank's share of the batch, and its progress lines (rank 0's).
 struct Trainer {
@@ -308,6 +325,7 @@ struct Trainer {
     TrainResult r;
     const auto run_start = std::chrono::steady_clock::now();
     double stall_before = 0;
+    offload::EngineStats before = engine.stats();
     for (std::uint64_t s = 0; s < steps; ++s) {
       // Between steps nothing is half done; unwinding closes the engine (its requests drain
       // and its swap files go).
@@ -347,6 +365,9 @@ struct Trainer {
       const offload::EngineStats st = engine.stats();
       const double stall_share = step_s > 0 ? (st.stall_seconds - stall_before) / step_s : 0;
       stall_before = st.stall_seconds;
+      r.step_bytes_read.push_back(nvme_bytes_read(st) - nvme_bytes_read(before));
+      r.step_bytes_written.push_back(nvme_bytes_written(st) - nvme_bytes_written(before));
+      before = st;
       if (leader) progress_line(s, loss, step_s, st, stall_share);
     }
     r.total_s = seconds_since(run_start);
@@ -373,16 +394,44 @@ struct Trainer {
   }
 };
 
+// One rank's own NVMe bytes: in all (including a load and a save), and in the last step.
+struct RankBytes {
+  std::uint64_t read = 0, written = 0, step_read = 0, step_written = 0;
+};
+
+// Every rank's RankBytes, in rank order (collective where there are several ranks).
+std::vector<RankBytes> gather_rank_bytes(dist::Collectives& comm, const offload::EngineStats& st,
+                                         const TrainResult& r) {
+  const std::array<std::int64_t, 4> mine = {
+      static_cast<std::int64_t>(nvme_bytes_read(st)),
+      static_cast<std::int64_t>(nvme_bytes_written(st)),
+      static_cast<std::int64_t>(r.step_bytes_read.back()),
+      static_cast<std::int64_t>(r.step_bytes_written.back())};
+  std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(comm.size()));
+  if (comm.size() > 1) {
+    dist::all_gather<std::int64_t>(comm, mine, all);
+  } else {
+    std::copy(mine.begin(), mine.end(), all.begin());
+  }
+  std::vector<RankBytes> out;
+  for (std::size_t i = 0; i < all.size(); i += mine.size()) {
+    out.push_back({static_cast<std::uint64_t>(all[i]), static_cast<std::uint64_t>(all[i + 1]),
+                   static_cast<std::uint64_t>(all[i + 2]), static_cast<std::uint64_t>(all[i + 3])});
+  }
+  return out;
+}
+
 // The summary after training (rank 0): the text, and with --json the JSON object on stdout.
 void report(std::FILE* out, const DemoOptions& o, const EngineConfig& config,
             const std::string& dir_used, std::size_t numel, int ranks, const TrainResult& r,
-            const offload::EngineStats& st, const std::string& sha) {
+            const offload::EngineStats& st, const std::vector<RankBytes>& per_rank,
+            const std::string& sha) {
   const demo::MlpShape& shape = o.shape;
   const std::vector<double>& losses = r.losses;
   const double stall_share = r.total_s > 0 ? st.stall_seconds / r.total_s : 0;
   const double step_median = median(r.step_times);
-  const std::uint64_t nvme_read = st.param_bytes_read + st.optimizer_bytes_read;
-  const std::uint64_t nvme_written = st.param_bytes_written + st.optimizer_bytes_written;
+  const std::uint64_t nvme_read = nvme_bytes_read(st);
+  const std::uint64_t nvme_written = nvme_bytes_written(st);
 
   std::fprintf(out,
                "loss %.6f -> %.6f (x%.3f) in %llu steps, %.1f s; median step %.3f s\n"
@@ -406,6 +455,14 @@ void report(std::FILE* out, const DemoOptions& o, const EngineConfig& config,
                  decimal_bytes(static_cast<double>(last.allgather_bytes)).c_str(),
                  decimal_bytes(static_cast<double>(last.reduce_scatter_bytes)).c_str(),
                  decimal_bytes(static_cast<double>(last.all_reduce_bytes)).c_str());
+    // Each rank moves its own slices only, on its own drive: N shares of about the same size.
+    std::fprintf(out, "nvme per rank, last step (read / written):");
+    for (std::size_t k = 0; k < per_rank.size(); ++k) {
+      std::fprintf(out, "%s rank %zu %s / %s", k == 0 ? "" : ",", k,
+                   decimal_bytes(static_cast<double>(per_rank[k].step_read)).c_str(),
+                   decimal_bytes(static_cast<double>(per_rank[k].step_written)).c_str());
+    }
+    std::fputc('\n', out);
   }
   if (!o.json) return;
   Json j;
@@ -425,6 +482,20 @@ void report(std::FILE* out, const DemoOptions& o, const EngineConfig& config,
   j["total_seconds"] = r.total_s;
   j["nvme_bytes_read"] = nvme_read;
   j["nvme_bytes_written"] = nvme_written;
+  j["step_nvme_bytes_read"] = r.step_bytes_read;
+  j["step_nvme_bytes_written"] = r.step_bytes_written;
+  Json read = Json::array(), written = Json::array(), step_read = Json::array(),
+       step_written = Json::array();
+  for (const RankBytes& b : per_rank) {
+    read.push_back(b.read);
+    written.push_back(b.written);
+    step_read.push_back(b.step_read);
+    step_written.push_back(b.step_written);
+  }
+  j["rank_nvme_bytes_read"] = read;
+  j["rank_nvme_bytes_written"] = written;
+  j["rank_step_nvme_bytes_read"] = step_read;
+  j["rank_step_nvme_bytes_written"] = step_written;
   j["nvme_read_gbps"] = st.nvme_read_gbps;
   j["nvme_write_gbps"] = st.nvme_write_gbps;
   j["param_read_gbps"] = st.param_read_gbps;
@@ -469,9 +540,8 @@ int demo_main(const std::vector<std::string>& tokens) {
 
   // Data-parallel: the global batch is split across the ranks, each keeping 1/N of every
   // layer (stage 3) or of its optimizer state (stages 1, 2) (ShardedEngine); one rank is the
-  // plain engine. A collective waits at most this long
-  // for the other ranks (a step of the largest demo is far shorter).
-  DistJob job(o.dist_mode, std::chrono::seconds(120));
+  // plain engine.
+  DistJob job(o.dist_mode, o.collective_timeout);
   const int ranks = job.size();
   if (shape.batch % static_cast<std::size_t>(ranks) != 0) {
     throw UsageError("--batch " + std::to_string(shape.batch) + " does not split evenly over " +
@@ -533,6 +603,7 @@ int demo_main(const std::vector<std::string>& tokens) {
   }
 
   const offload::EngineStats st = engine.stats();
+  const std::vector<RankBytes> per_rank = gather_rank_bytes(job.comm(), st, result);
   const std::vector<std::byte> weights = weights_bytes(engine);
   Sha256 hash;
   hash.update(weights);
@@ -542,7 +613,7 @@ int demo_main(const std::vector<std::string>& tokens) {
     write_output_file(o.weights_out, std::string_view(reinterpret_cast<const char*>(weights.data()),
                                                       weights.size()));
   }
-  report(out, o, config, dir_used, numel, ranks, result, st, sha);
+  report(out, o, config, dir_used, numel, ranks, result, st, per_rank, sha);
   return 0;
 }
 

@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "launch.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <exception>
+#include <thread>
 
 #if ZINF_TOOLS_HAVE_MPI
 #include <mpi.h>
@@ -12,6 +14,12 @@
 #include "zinf/dist/mpi_collectives.h"
 
 namespace zinf::tools {
+
+#if ZINF_TOOLS_HAVE_MPI
+namespace {
+constexpr auto kAbortGrace = std::chrono::seconds(2);
+}  // namespace
+#endif
 
 DistMode parse_dist_mode(const std::string& text) {
   if (text == "auto") return DistMode::kAuto;
@@ -61,7 +69,15 @@ DistJob::~DistJob() {
   if (!mpi_) return;
   if (std::uncaught_exceptions() > 0) {
     // The command failed on this rank: main prints its error, then the job ends at exit.
-    std::atexit([] { MPI_Abort(MPI_COMM_WORLD, 1); });
+    // MPI_Abort ends every rank within milliseconds, and ranks that fail together (a lost
+    // peer times out the same collective on every survivor, a refused load fails all) would
+    // lose their own errors to the first one's abort: each waits kAbortGrace first, so that
+    // every rank's error reaches the log. (The MPI adapter's liveness probe after a timeout
+    // takes 2 s as well, so this covers survivors timing out up to that much apart.)
+    std::atexit([] {
+      std::this_thread::sleep_for(kAbortGrace);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    });
     return;
   }
   MPI_Finalize();

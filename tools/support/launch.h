@@ -27,8 +27,9 @@ int launcher_world_size();
 /// collective; UsageError in a build without MPI (saying so, and naming the launcher's
 /// variable when one is set). The destructor ends MPI (MPI_Finalize) after the adapter, unless
 /// an exception is leaving the command: then the process ends the whole job with MPI_Abort
-/// (exit status 1) once the command's error is printed (at exit), rather than leaving the other
-/// ranks in their next collective until the timeout. One per process, on the main thread.
+/// (exit status 1) once the command's error is printed (at exit) and 2 s more have passed for
+/// ranks failing at the same time to print theirs, rather than leaving the other ranks in their
+/// next collective until the timeout. One per process, on the main thread.
 class DistJob {
  public:
   DistJob(DistMode mode, std::chrono::milliseconds timeout);

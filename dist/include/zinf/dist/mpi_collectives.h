@@ -33,14 +33,17 @@ std::string mpi_unavailable_reason();
 /// Preconditions: MPI is initialized and not finalized (the caller owns MPI_Init/MPI_Finalize;
 /// finalize only after destroying the adapter); a thread level of at least MPI_THREAD_SERIALIZED
 /// if the collectives are issued from a thread other than the one that initialized MPI.
-/// Collective: every rank of the communicator calls it (it duplicates the communicator, bounded
-/// by the timeout).
+/// Collective: every rank of the communicator calls it (it duplicates the communicator twice,
+/// bounded by the timeout).
 ///
 /// Errors and timeouts: the duplicate's error handler is MPI_ERRORS_RETURN, so an MPI error
 /// code comes back and is thrown as CollectiveError (code kIo) with MPI's error text. Each
 /// collective is started nonblocking and polled with MPI_Test, sleeping at most 1 ms between
-/// polls, until `timeout`; then it throws CollectiveError with code kTimedOut naming the
-/// operation, the rank and the timeout. After either, the adapter is failed and the process
+/// polls, until `timeout`; then it sends a liveness probe to every other rank, waits up to 2 s
+/// for the answers (every rank polling one of this adapter's collectives answers) and throws
+/// CollectiveError with code kTimedOut naming the operation, the rank, the timeout and the
+/// ranks that did not answer (the lost peer: a node or process gone, or a rank busy outside
+/// any collective). The probes travel on a second duplicate of the communicator. After either, the adapter is failed and the process
 /// must end the job (MPI_Abort): MPI cannot cancel a started collective, so the buffers of the
 /// timed-out call may still be written, and the communicator cannot be used again.
 ///
