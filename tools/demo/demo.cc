@@ -402,11 +402,10 @@ struct RankBytes {
 // Every rank's RankBytes, in rank order (collective where there are several ranks).
 std::vector<RankBytes> gather_rank_bytes(dist::Collectives& comm, const offload::EngineStats& st,
                                          const TrainResult& r) {
-  const std::array<std::int64_t, 4> mine = {
-      static_cast<std::int64_t>(nvme_bytes_read(st)),
-      static_cast<std::int64_t>(nvme_bytes_written(st)),
-      static_cast<std::int64_t>(r.step_bytes_read.back()),
-      static_cast<std::int64_t>(r.step_bytes_written.back())};
+  const std::array<std::int64_t, 4> mine = {static_cast<std::int64_t>(nvme_bytes_read(st)),
+                                            static_cast<std::int64_t>(nvme_bytes_written(st)),
+                                            static_cast<std::int64_t>(r.step_bytes_read.back()),
+                                            static_cast<std::int64_t>(r.step_bytes_written.back())};
   std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(comm.size()));
   if (comm.size() > 1) {
     dist::all_gather<std::int64_t>(comm, mine, all);
