@@ -364,17 +364,20 @@ void auto_fallback_child() {
     if (e.sys_errno() != EPERM) child_fail(std::string("errno in ") + e.what());
     if (std::string(e.what()).find("EPERM") == std::string::npos) child_fail(e.what());
   }
-  // The fallback engine works.
-  test::TestDir dir;
-  File file = File::open(dir.file("fallback.dat"), FileOptions{.create = true});
-  const FileId id = engine->attach(file);
-  AlignedBuffer out(kBlock), in(kBlock);
-  fill_pattern(out.span(), id.index, 0, 1);
-  IoRequest w{IoOp::kWrite, id, 0, out.span()};
-  engine->submit({&w, 1}).wait();
-  IoRequest r{IoOp::kRead, id, 0, in.span()};
-  engine->submit({&r, 1}).wait();
-  if (std::string e = check_pattern(in.span(), id.index, 0, 1); !e.empty()) child_fail(e);
+  // The fallback engine works. In a scope of its own: _exit runs no destructor, and the
+  // folder must go before it.
+  {
+    test::TestDir dir;
+    File file = File::open(dir.file("fallback.dat"), FileOptions{.create = true});
+    const FileId id = engine->attach(file);
+    AlignedBuffer out(kBlock), in(kBlock);
+    fill_pattern(out.span(), id.index, 0, 1);
+    IoRequest w{IoOp::kWrite, id, 0, out.span()};
+    engine->submit({&w, 1}).wait();
+    IoRequest r{IoOp::kRead, id, 0, in.span()};
+    engine->submit({&r, 1}).wait();
+    if (std::string e = check_pattern(in.span(), id.index, 0, 1); !e.empty()) child_fail(e);
+  }
   set_log_sink({});
   ::_exit(0);
 }
@@ -417,17 +420,19 @@ void refused_registration_child() {
     if (logs.lines.size() != 1) child_fail(std::to_string(logs.lines.size()) + " log lines");
     if (logs.lines[0].find("ENOMEM") == std::string::npos) child_fail(logs.lines[0]);
   }
-  test::TestDir dir;
-  File file = File::open(dir.file("unregistered.dat"), FileOptions{.create = true});
-  const FileId id = engine->attach(file);
-  auto out = arena.span().first(2 * kBlock);
-  auto in = arena.span().subspan(4 * kBlock, 2 * kBlock);
-  fill_pattern(out, id.index, 0, 1);
-  IoRequest w{IoOp::kWrite, id, 0, out};
-  engine->submit({&w, 1}).wait();
-  IoRequest r{IoOp::kRead, id, 0, in};
-  engine->submit({&r, 1}).wait();
-  if (std::string e = check_pattern(in, id.index, 0, 1); !e.empty()) child_fail(e);
+  {  // a scope of its own, so that the folder goes before _exit (which runs no destructor)
+    test::TestDir dir;
+    File file = File::open(dir.file("unregistered.dat"), FileOptions{.create = true});
+    const FileId id = engine->attach(file);
+    auto out = arena.span().first(2 * kBlock);
+    auto in = arena.span().subspan(4 * kBlock, 2 * kBlock);
+    fill_pattern(out, id.index, 0, 1);
+    IoRequest w{IoOp::kWrite, id, 0, out};
+    engine->submit({&w, 1}).wait();
+    IoRequest r{IoOp::kRead, id, 0, in};
+    engine->submit({&r, 1}).wait();
+    if (std::string e = check_pattern(in, id.index, 0, 1); !e.empty()) child_fail(e);
+  }
   set_log_sink({});
   ::_exit(0);
 }
