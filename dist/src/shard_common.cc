@@ -176,6 +176,18 @@ std::uint64_t shard_numel(std::uint64_t numel, int world) noexcept {
   return (numel + w - 1) / w;
 }
 
+void average_into_slice(Collectives& comm, int stage, std::span<float> full, std::span<float> slice,
+                        CollectiveTally& tally) {
+  if (stage == 1) {
+    all_reduce<float>(comm, full, ReduceOp::kAvg);
+    copy_slice(full, comm.rank(), slice);
+    tally.reduced(full.size_bytes(), comm.size());
+  } else {
+    reduce_scatter<float>(comm, full, slice, ReduceOp::kAvg);
+    tally.scattered(full.size_bytes(), comm.size());
+  }
+}
+
 void copy_slice(std::span<const float> full, int rank, std::span<float> shard) {
   const std::uint64_t begin = shard.size() * static_cast<std::uint64_t>(rank);
   const std::uint64_t end = std::min<std::uint64_t>(full.size(), begin + shard.size());

@@ -62,6 +62,12 @@ struct CollectiveTally {
   }
 };
 
+/// Collective: the ranks' `full` (padded to a multiple of the world size) averaged into this
+/// rank's `slice`: a reduce-scatter, or at ZeRO stage 1 an all-reduce of the whole (`full`
+/// then holds the average) of which the slice is kept. Counted in `tally`.
+void average_into_slice(Collectives& comm, int stage, std::span<float> full, std::span<float> slice,
+                        CollectiveTally& tally);
+
 /// Sum of the squares of the finite values of `values` into totals[0] (double: exact far
 /// longer than fp32) and the count of values that are not finite into totals[1].
 void add_squares(std::span<const float> values, double totals[2]);

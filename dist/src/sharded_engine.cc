@@ -390,15 +390,7 @@ void ShardedEngine::Impl::average_host_grads(std::size_t l, adam::GradView grads
   widen(grads, full.first(n));
   std::fill(full.begin() + static_cast<std::ptrdiff_t>(n), full.end(), 0.0f);
   const std::span<float> slice = grad_slice(l);
-  if (stage == 1) {
-    // Stage 1: the whole average on every rank, of which this rank keeps its slice.
-    all_reduce<float>(host, full, ReduceOp::kAvg);
-    detail::copy_slice(full, comm.rank(), slice);
-    tally.reduced(full.size_bytes(), comm.size());
-  } else {
-    reduce_scatter<float>(host, full, slice, ReduceOp::kAvg);
-    tally.scattered(full.size_bytes(), comm.size());
-  }
+  detail::average_into_slice(host, stage, full, slice, tally);
   hand_over(l, slice);
 }
 

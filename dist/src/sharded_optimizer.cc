@@ -142,15 +142,7 @@ optim::StepStats ShardedOptimizer::step(std::span<const std::span<const float>> 
     const std::span<float> full(s.padded.data(), s.padded_numel(g));
     std::copy(grads[g].begin(), grads[g].end(), full.begin());
     std::fill(full.begin() + static_cast<std::ptrdiff_t>(n), full.end(), 0.0f);
-    if (s.stage == 1) {
-      // Stage 1: the whole average on every rank, of which this rank keeps its slice.
-      all_reduce<float>(s.comm, full, ReduceOp::kAvg);
-      detail::copy_slice(full, s.comm.rank(), s.shard_grads[g]);
-      tally.reduced(full.size_bytes(), world);
-    } else {
-      reduce_scatter<float>(s.comm, full, s.shard_grads[g], ReduceOp::kAvg);
-      tally.scattered(full.size_bytes(), world);
-    }
+    detail::average_into_slice(s.comm, s.stage, full, s.shard_grads[g], tally);
     detail::add_squares(s.shard_grads[g], totals);
   }
   all_reduce<double>(s.comm, std::span<double>(totals, 2), ReduceOp::kSum);
