@@ -32,7 +32,7 @@
 namespace {
 
 using zinf::align_up;
-using zinf::DType;
+using zinf::ElementType;
 using zinf::adam::AdamParams;
 using zinf::adam::CopyOut;
 using zinf::adam::CpuAdam;
@@ -87,8 +87,8 @@ struct Arena {
       gh[i] = static_cast<std::uint16_t>(0x1400u | (h & 0x83ffu));  // +-2^-10 * (1 + f)
     }
   }
-  std::span<const std::uint16_t> narrow(DType t, std::size_t count) {
-    return (t == DType::kBF16 ? gbf : g16).as<const std::uint16_t>(count);
+  std::span<const std::uint16_t> narrow(ElementType t, std::size_t count) {
+    return (t == ElementType::kBF16 ? gbf : g16).as<const std::uint16_t>(count);
   }
   std::size_t n;
   Array p, m, v, g, gbf, g16, out;
@@ -206,7 +206,7 @@ AdamParams bench_params(std::int64_t step) {
   return hp;  // no weight decay: the same arithmetic as BM_NativeAdamLoop
 }
 
-// Args: numel, threads, isa (Isa enumerator), grad dtype, copy-out (-1 none, else DType).
+// Args: numel, threads, isa (Isa enumerator), grad dtype, copy-out (-1 none, else ElementType).
 void BM_CpuAdam(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));
   const auto isa = static_cast<Isa>(state.range(2));
@@ -214,23 +214,24 @@ void BM_CpuAdam(benchmark::State& state) {
     state.SkipWithError("isa not supported on this machine");
     return;
   }
-  const auto grad_dtype = static_cast<DType>(state.range(3));
+  const auto grad_dtype = static_cast<ElementType>(state.range(3));
   const std::int64_t out_code = state.range(4);
   CpuAdam adam({.threads = static_cast<std::size_t>(state.range(1)), .isa = isa});
   Arena& a = arena(n);
-  const GradView grads = grad_dtype == DType::kF32
+  const GradView grads = grad_dtype == ElementType::kF32
                              ? GradView::f32(a.g.as<const float>(n))
                              : GradView{a.narrow(grad_dtype, n).data(), n, grad_dtype};
   CopyOut out;
   if (out_code >= 0)
-    out = {a.out.as<std::uint16_t>(n).data(), n, static_cast<DType>(out_code), true};
+    out = {a.out.as<std::uint16_t>(n).data(), n, static_cast<ElementType>(out_code), true};
   std::int64_t step = 1;
   for (auto _ : state) {
     adam.step(bench_params(step++), a.p.as<float>(n), a.m.as<float>(n), a.v.as<float>(n), grads,
               out);
     benchmark::ClobberMemory();
   }
-  const std::int64_t bytes = 24 + (grad_dtype == DType::kF32 ? 4 : 2) + (out_code >= 0 ? 2 : 0);
+  const std::int64_t bytes =
+      24 + (grad_dtype == ElementType::kF32 ? 4 : 2) + (out_code >= 0 ? 2 : 0);
   state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(n));
   state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(n) * bytes);
   state.SetLabel(std::string(zinf::adam::isa_name(isa)));
@@ -330,14 +331,14 @@ void BM_CpuAdamStagger(benchmark::State& state) {
   state.SetLabel(std::string(zinf::adam::isa_name(adam.isa())));
 }
 
-// Args: numel, stagger (bytes), gradient DType (bf16 or fp16). The offset sweep with 2-byte
+// Args: numel, stagger (bytes), gradient ElementType (bf16 or fp16). The offset sweep with 2-byte
 // gradients in the gradient array's place: they drift against the 4-byte arrays by 2 bytes an
 // element, so they lie close to the fp32 arrays mod 1 MiB only over short stretches, and the
 // loop-order choice leaves them out (adam/src/loop_order.h). These rows check that.
 void BM_CpuAdamStaggerNarrow(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));
   const auto stagger = static_cast<std::size_t>(state.range(1));
-  const auto grad_dtype = static_cast<DType>(state.range(2));
+  const auto grad_dtype = static_cast<ElementType>(state.range(2));
   CpuAdam adam({.threads = 1});
   LayoutArena& a = layout_arena(n, kStaggered, stagger);
   // The narrow copy of the gradients, written over the start of the gradient array (4n bytes
@@ -355,7 +356,7 @@ void BM_CpuAdamStaggerNarrow(benchmark::State& state) {
   std::copy(saved.begin(), saved.end(), a.g);
   state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(n));
   state.SetLabel(std::string(zinf::adam::isa_name(adam.isa())) + " " +
-                 std::string(zinf::dtype_name(grad_dtype)));
+                 std::string(zinf::element_type_name(grad_dtype)));
 }
 
 // Args: numel, layout. The 1-thread reference on the same layouts.
@@ -377,9 +378,9 @@ void BM_SimpleAdamLoopNativeLayout(benchmark::State& state) {
 }
 
 constexpr std::int64_t kNone = -1;
-constexpr auto kF32 = static_cast<std::int64_t>(DType::kF32);
-constexpr auto kBF16 = static_cast<std::int64_t>(DType::kBF16);
-constexpr auto kF16 = static_cast<std::int64_t>(DType::kF16);
+constexpr auto kF32 = static_cast<std::int64_t>(ElementType::kF32);
+constexpr auto kBF16 = static_cast<std::int64_t>(ElementType::kBF16);
+constexpr auto kF16 = static_cast<std::int64_t>(ElementType::kF16);
 constexpr auto kBest = static_cast<std::int64_t>(Isa::kAvx512Bf16);
 
 // The comparisons: 100M fp32 elements on 1 and 2 threads, every ISA.
@@ -463,8 +464,8 @@ BENCHMARK(BM_CpuAdamStaggerNarrow)
     ->ArgNames({"numel", "stagger", "grad"})
     ->ArgsProduct({{kInL2},
                    {0, 16, 32, 48, 64, 96, 128, 1088},
-                   {static_cast<std::int64_t>(DType::kBF16),
-                    static_cast<std::int64_t>(DType::kF16)}})
+                   {static_cast<std::int64_t>(ElementType::kBF16),
+                    static_cast<std::int64_t>(ElementType::kF16)}})
     ->Unit(benchmark::kMicrosecond);
 
 }  // namespace

@@ -71,7 +71,7 @@ void BM_DeviceGradientsBehindBackward(benchmark::State& state) {
       const auto t0 = Clock::now();
       for (std::size_t l = layers; l-- > 0;) {
         device->enqueue_busy(compute, per_layer);  // this layer's backward
-        engine.set_gradients(l, grads[l].span(), zinf::DType::kF32);
+        engine.set_gradients(l, grads[l].span(), zinf::ElementType::kF32);
       }
       (void)engine.step();
       const double wall = std::chrono::duration<double>(Clock::now() - t0).count();

@@ -37,7 +37,6 @@ namespace zinf::adam {
 namespace {
 
 using detail::ChunkPool;
-using detail::ElemType;
 using detail::KernelArgs;
 using detail::KernelFn;
 
@@ -186,16 +185,6 @@ Isa choose_isa(const std::optional<Isa>& requested) {
   }
   return *isa;
 }
-
-ElemType elem_type(DType d) {
-  switch (d) {
-    case DType::kF32: return ElemType::kF32;
-    case DType::kBF16: return ElemType::kBF16;
-    case DType::kF16: return ElemType::kF16;
-  }
-  return ElemType::kF32;
-}
-
 
 struct Range {
   const char* name;
@@ -496,25 +485,29 @@ void CpuAdam::step(const AdamParams& hp, std::span<float> params, std::span<floa
   check_array("m", m.data(), m.size(), n);
   check_array("v", v.data(), v.size(), n);
   check_array("grads", grads.data, grads.size, n);
-  if (out.enabled) check_array("copy-out", out.data, out.size, n);
+  check_buffer_type(grads.dtype, "cpu adam: grads");
+  if (out.enabled) {
+    check_array("copy-out", out.data, out.size, n);
+    check_buffer_type(out.dtype, "cpu adam: copy-out");
+  }
   check_hyper(hp);
   if (n == 0) return;
 
   check_no_overlap({{"params", params.data(), n * 4},
-                     {"m", m.data(), n * 4},
-                     {"v", v.data(), n * 4},
-                     {"grads", grads.data, n * dtype_size(grads.dtype)},
-                     {"copy-out", out.data, out.enabled ? n * dtype_size(out.dtype) : 0}});
+                    {"m", m.data(), n * 4},
+                    {"v", v.data(), n * 4},
+                    {"grads", grads.data, n * element_size(grads.dtype)},
+                    {"copy-out", out.data, out.enabled ? n * element_size(out.dtype) : 0}});
 
   AdamJob job{impl_->kernel, make_args(hp)};
   job.args.params = params.data();
   job.args.m = m.data();
   job.args.v = v.data();
   job.args.grads = grads.data;
-  job.args.grad_type = elem_type(grads.dtype);
-  const bool f32_out = out.enabled && out.dtype == DType::kF32;
+  job.args.grad_type = grads.dtype;
+  const bool f32_out = out.enabled && out.dtype == ElementType::kF32;
   job.args.out = out.enabled && !f32_out ? out.data : nullptr;
-  job.args.out_type = elem_type(out.dtype);
+  job.args.out_type = out.dtype;
   job.out_f32 = f32_out ? static_cast<float*>(out.data) : nullptr;
   job.hooks = hooks;
   job.args.prefetch_elems = impl_->prefetch_elems();
@@ -540,17 +533,21 @@ void CpuAdam::step(const AdamParams& hp, std::span<float> params, const CompactM
     check_array("v scales", moments.v_scale, blocks, blocks);
   }
   check_array("grads", grads.data, grads.size, n);
-  if (out.enabled) check_array("copy-out", out.data, out.size, n);
+  check_buffer_type(grads.dtype, "cpu adam: grads");
+  if (out.enabled) {
+    check_array("copy-out", out.data, out.size, n);
+    check_buffer_type(out.dtype, "cpu adam: copy-out");
+  }
   check_hyper(hp);
   if (n == 0) return;
   const std::size_t moment = int8 ? 1 : 2;
   check_no_overlap({{"params", params.data(), n * 4},
-                     {"m", moments.m, n * moment},
-                     {"v", moments.v, n * moment},
-                     {"m scales", moments.m_scale, blocks * 4},
-                     {"v scales", moments.v_scale, blocks * 4},
-                     {"grads", grads.data, n * dtype_size(grads.dtype)},
-                     {"copy-out", out.data, out.enabled ? n * dtype_size(out.dtype) : 0}});
+                    {"m", moments.m, n * moment},
+                    {"v", moments.v, n * moment},
+                    {"m scales", moments.m_scale, blocks * 4},
+                    {"v scales", moments.v_scale, blocks * 4},
+                    {"grads", grads.data, n * element_size(grads.dtype)},
+                    {"copy-out", out.data, out.enabled ? n * element_size(out.dtype) : 0}});
 
   detail::CompactJob job{impl_->kernel, make_args(hp)};
   // The fp32 kernel runs there on decoded pieces in L1, so it is never timed for calibration:
@@ -558,12 +555,12 @@ void CpuAdam::step(const AdamParams& hp, std::span<float> params, const CompactM
   job.args.prefetch_elems = impl_->prefetch_elems();
   job.args.params = params.data();
   job.args.grads = grads.data;
-  job.args.grad_type = elem_type(grads.dtype);
-  job.grad_bytes = dtype_size(grads.dtype);
-  const bool f32_out = out.enabled && out.dtype == DType::kF32;
+  job.args.grad_type = grads.dtype;
+  job.grad_bytes = element_size(grads.dtype);
+  const bool f32_out = out.enabled && out.dtype == ElementType::kF32;
   job.args.out = out.enabled && !f32_out ? out.data : nullptr;
-  job.args.out_type = elem_type(out.dtype);
-  job.out_bytes = dtype_size(out.dtype);
+  job.args.out_type = out.dtype;
+  job.out_bytes = element_size(out.dtype);
   job.out_f32 = f32_out ? static_cast<float*>(out.data) : nullptr;
   job.moments = moments;
   job.codec = detail::codec_for(impl_->isa);
@@ -576,7 +573,7 @@ void CpuAdam::step(const AdamParams& hp, std::span<float> params, const CompactM
 void CpuAdam::copy_out(std::span<const float> params, CopyOut out) {
   const std::size_t n = params.size();
   check_array("params", params.data(), n, n);
-  if (!out.enabled || out.dtype == DType::kF32) {
+  if (!out.enabled || (out.dtype != ElementType::kBF16 && out.dtype != ElementType::kF16)) {
     throw UsageError("cpu adam: copy_out needs a bf16 or fp16 copy-out");
   }
   check_array("copy-out", out.data, out.size, n);
@@ -588,8 +585,8 @@ void CpuAdam::copy_out(std::span<const float> params, CopyOut out) {
   const std::size_t c = std::min(n, kChunk);
   std::vector<float> p(c), zeros(c * 3, 0.0f);
   detail::KernelArgs a{};
-  a.grad_type = detail::ElemType::kF32;
-  a.out_type = elem_type(out.dtype);
+  a.grad_type = ElementType::kF32;
+  a.out_type = out.dtype;
   a.decay_kind = detail::DecayKind::kNone;
   a.grad_scale = 1.0f;
   a.weight_decay = 0.0f;
@@ -601,7 +598,7 @@ void CpuAdam::copy_out(std::span<const float> params, CopyOut out) {
   a.inv_sqrt_bc2 = 1.0f;
   a.eps = 1.0f;
   a.neg_step_size = -0.0f;
-  const std::size_t elem = dtype_size(out.dtype);
+  const std::size_t elem = element_size(out.dtype);
   for (std::size_t begin = 0; begin < n; begin += kChunk) {
     const std::size_t len = std::min(kChunk, n - begin);
     std::copy_n(params.data() + begin, len, p.data());

@@ -55,13 +55,13 @@ struct Lanes {
   std::uint16_t* out;
 };
 
-template <ElemType G>
+template <ElementType G>
 inline __m256 load_grad(const void* g) {
-  if constexpr (G == ElemType::kF32) {
+  if constexpr (G == ElementType::kF32) {
     return _mm256_loadu_ps(static_cast<const float*>(g));
   } else {
     const __m128i h = _mm_loadu_si128(static_cast<const __m128i*>(g));
-    if constexpr (G == ElemType::kBF16) {
+    if constexpr (G == ElementType::kBF16) {
       return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
     } else {
       return _mm256_cvtph_ps(h);
@@ -69,7 +69,7 @@ inline __m256 load_grad(const void* g) {
   }
 }
 
-template <DecayKind D, ElemType G, ElemType O, bool kOut>
+template <DecayKind D, ElementType G, ElementType O, bool kOut>
 inline void update(const Consts& c, const Lanes& l) {
   __m256 g = _mm256_mul_ps(load_grad<G>(l.g), c.grad_scale);
   __m256 p = _mm256_loadu_ps(l.p);
@@ -87,7 +87,7 @@ inline void update(const Consts& c, const Lanes& l) {
   _mm256_storeu_ps(l.v, v);
   if constexpr (kOut) {
     __m128i h;
-    if constexpr (O == ElemType::kBF16) {
+    if constexpr (O == ElementType::kBF16) {
       h = bf16_round_256(p);
     } else {
       h = _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -98,19 +98,19 @@ inline void update(const Consts& c, const Lanes& l) {
 
 // The loop dispatch() instantiates (cpu_adam_kernel.h), one per combination of choices.
 struct Avx2Kernel {
-  template <DecayKind D, ElemType G, ElemType O, bool kOut>
+  template <DecayKind D, ElementType G, ElementType O, bool kOut>
   static void run(const KernelArgs& a, std::size_t begin, std::size_t end);
-  template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kPrefetch>
+  template <DecayKind D, ElementType G, ElementType O, bool kOut, bool kPrefetch>
   static void loop(const KernelArgs& a, std::size_t begin, std::size_t end);
 };
 
-template <DecayKind D, ElemType G, ElemType O, bool kOut>
+template <DecayKind D, ElementType G, ElementType O, bool kOut>
 void Avx2Kernel::run(const KernelArgs& a, std::size_t begin, std::size_t end) {
   if (a.prefetch_elems == 0) return loop<D, G, O, kOut, false>(a, begin, end);
   loop<D, G, O, kOut, true>(a, begin, end);
 }
 
-template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kPrefetch>
+template <DecayKind D, ElementType G, ElementType O, bool kOut, bool kPrefetch>
 void Avx2Kernel::loop(const KernelArgs& a, std::size_t begin, std::size_t end) {
   const Consts c(a);
   const auto* grads = static_cast<const unsigned char*>(a.grads);

@@ -67,11 +67,11 @@ inline void store_u16(std::uint16_t* p, __m256i x, __mmask16 k) {
   }
 }
 
-template <ElemType G, bool kMasked>
+template <ElementType G, bool kMasked>
 inline __m512 load_grad(const void* grads, std::size_t i, __mmask16 k) {
-  if constexpr (G == ElemType::kF32) {
+  if constexpr (G == ElementType::kF32) {
     return load_f32<kMasked>(static_cast<const float*>(grads) + i, k);
-  } else if constexpr (G == ElemType::kBF16) {
+  } else if constexpr (G == ElementType::kBF16) {
     const __m256i h = load_u16<kMasked>(static_cast<const std::uint16_t*>(grads) + i, k);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   } else {
@@ -88,10 +88,10 @@ inline __m256i to_bf16(__m512 x) {
 #endif
 }
 
-template <ElemType O, bool kMasked>
+template <ElementType O, bool kMasked>
 inline void store_out(void* out, std::size_t i, __m512 p, __mmask16 k) {
   auto* dst = static_cast<std::uint16_t*>(out) + i;
-  if constexpr (O == ElemType::kBF16) {
+  if constexpr (O == ElementType::kBF16) {
     store_u16<kMasked>(dst, to_bf16(p), k);
   } else {
     store_u16<kMasked>(dst, _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), k);
@@ -106,13 +106,13 @@ struct In {
 
 // Forced inline: out of line, GCC 12 warns (-Wuninitialized) about the intrinsics' own
 // self-initialised "undefined" vectors, and a call per vector would cost the loop anyway.
-template <ElemType G, bool kMasked>
+template <ElementType G, bool kMasked>
 [[gnu::always_inline]] inline In load_in(const KernelArgs& a, std::size_t i, __mmask16 k) {
   return {load_grad<G, kMasked>(a.grads, i, k), load_f32<kMasked>(a.params + i, k),
           load_f32<kMasked>(a.m + i, k), load_f32<kMasked>(a.v + i, k)};
 }
 
-template <DecayKind D, ElemType O, bool kOut, bool kMasked>
+template <DecayKind D, ElementType O, bool kOut, bool kMasked>
 [[gnu::always_inline]] inline void finish(const KernelArgs& a, const Consts& c, In x, std::size_t i,
                                           __mmask16 k) {
   __m512 g = _mm512_mul_ps(x.g, c.grad_scale);
@@ -132,26 +132,26 @@ template <DecayKind D, ElemType O, bool kOut, bool kMasked>
   if constexpr (kOut) store_out<O, kMasked>(a.out, i, p, k);
 }
 
-template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kMasked>
+template <DecayKind D, ElementType G, ElementType O, bool kOut, bool kMasked>
 inline void update(const KernelArgs& a, const Consts& c, std::size_t i, __mmask16 k) {
   finish<D, O, kOut, kMasked>(a, c, load_in<G, kMasked>(a, i, k), i, k);
 }
 
 // The loop dispatch() instantiates (cpu_adam_kernel.h), one per combination of choices.
 struct Avx512Kernel {
-  template <DecayKind D, ElemType G, ElemType O, bool kOut>
+  template <DecayKind D, ElementType G, ElementType O, bool kOut>
   static void run(const KernelArgs& a, std::size_t begin, std::size_t end);
-  template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kPrefetch>
+  template <DecayKind D, ElementType G, ElementType O, bool kOut, bool kPrefetch>
   static void loop(const KernelArgs& a, std::size_t begin, std::size_t end);
 };
 
-template <DecayKind D, ElemType G, ElemType O, bool kOut>
+template <DecayKind D, ElementType G, ElementType O, bool kOut>
 void Avx512Kernel::run(const KernelArgs& a, std::size_t begin, std::size_t end) {
   if (a.prefetch_elems == 0) return loop<D, G, O, kOut, false>(a, begin, end);
   loop<D, G, O, kOut, true>(a, begin, end);
 }
 
-template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kPrefetch>
+template <DecayKind D, ElementType G, ElementType O, bool kOut, bool kPrefetch>
 void Avx512Kernel::loop(const KernelArgs& a, std::size_t begin, std::size_t end) {
   const Consts c(a);
   std::size_t i = begin;
@@ -179,7 +179,7 @@ void Avx512Kernel::loop(const KernelArgs& a, std::size_t begin, std::size_t end)
         prefetch(a.v, ahead * 4);
         prefetch(a.v, ahead * 4 + 64);
         prefetch(a.grads, ahead * grad_bytes<G>());
-        if constexpr (G == ElemType::kF32) prefetch(a.grads, ahead * 4 + 64);
+        if constexpr (G == ElementType::kF32) prefetch(a.grads, ahead * 4 + 64);
       }
       const In y0 = load_in<G, false>(a, i + kBlock, 0);
       const In y1 = load_in<G, false>(a, i + kBlock + kLanes, 0);

@@ -8,9 +8,12 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "zinf/common/element_type.h"
+
 namespace zinf::adam::detail {
 
-enum class ElemType : std::uint8_t { kF32, kBF16, kF16 };
+// Buffers reach the kernels as kF32, kBF16 or kF16 (zinf::ElementType, found from this
+// namespace); CpuAdam refuses the reduction-only types before any kernel runs.
 
 // How decay enters: none (weight_decay == 0, Adam and AdamW coincide), L2 into the gradient,
 // or decoupled multiplication of the parameter.
@@ -22,10 +25,10 @@ struct KernelArgs {
   float* params;
   float* m;
   float* v;
-  const void* grads;  // ElemType grad_type
-  void* out;          // ElemType out_type, or nullptr for no copy-out
-  ElemType grad_type;
-  ElemType out_type;  // kBF16 or kF16 when out != nullptr
+  const void* grads;  // ElementType grad_type
+  void* out;          // ElementType out_type, or nullptr for no copy-out
+  ElementType grad_type;
+  ElementType out_type;  // kBF16 or kF16 when out != nullptr
   DecayKind decay_kind;
   float grad_scale;    // g = grad * grad_scale
   float weight_decay;  // kL2: g = g + weight_decay * p
@@ -62,22 +65,25 @@ using KernelFn = void (*)(const KernelArgs& args, std::size_t begin, std::size_t
 // `Kernel` must be declared in the calling kernel TU's unnamed namespace: every instantiation
 // then has internal linkage, so no copy built with one TU's -m flags can be merged by the
 // linker into another (the hazard described at the top of this file).
-template <class Kernel, DecayKind D, ElemType G>
+template <class Kernel, DecayKind D, ElementType G>
 void dispatch_out(const KernelArgs& a, std::size_t begin, std::size_t end) {
-  if (a.out == nullptr) return Kernel::template run<D, G, ElemType::kF32, false>(a, begin, end);
-  if (a.out_type == ElemType::kBF16) {
-    return Kernel::template run<D, G, ElemType::kBF16, true>(a, begin, end);
+  if (a.out == nullptr) return Kernel::template run<D, G, ElementType::kF32, false>(a, begin, end);
+  if (a.out_type == ElementType::kBF16) {
+    return Kernel::template run<D, G, ElementType::kBF16, true>(a, begin, end);
   }
-  return Kernel::template run<D, G, ElemType::kF16, true>(a, begin, end);
+  return Kernel::template run<D, G, ElementType::kF16, true>(a, begin, end);
 }
 
 template <class Kernel, DecayKind D>
 void dispatch_grad(const KernelArgs& a, std::size_t begin, std::size_t end) {
-  switch (a.grad_type) {
-    case ElemType::kF32: return dispatch_out<Kernel, D, ElemType::kF32>(a, begin, end);
-    case ElemType::kBF16: return dispatch_out<Kernel, D, ElemType::kBF16>(a, begin, end);
-    case ElemType::kF16: return dispatch_out<Kernel, D, ElemType::kF16>(a, begin, end);
+  // CpuAdam::step lets only fp32, bf16 and fp16 through (check_buffer_type).
+  if (a.grad_type == ElementType::kBF16) {
+    return dispatch_out<Kernel, D, ElementType::kBF16>(a, begin, end);
   }
+  if (a.grad_type == ElementType::kF16) {
+    return dispatch_out<Kernel, D, ElementType::kF16>(a, begin, end);
+  }
+  return dispatch_out<Kernel, D, ElementType::kF32>(a, begin, end);
 }
 
 template <class Kernel>

@@ -63,18 +63,18 @@ struct Lanes {
   std::uint16_t* out;
 };
 
-template <ElemType G>
+template <ElementType G>
 constexpr std::size_t grad_bytes() {
-  return G == ElemType::kF32 ? 4 : 2;
+  return G == ElementType::kF32 ? 4 : 2;
 }
 
-template <ElemType G>
+template <ElementType G>
 inline float32x4_t load_grad(const void* g) {
-  if constexpr (G == ElemType::kF32) {
+  if constexpr (G == ElementType::kF32) {
     return vld1q_f32(static_cast<const float*>(g));
   } else {
     const uint16x4_t h = vld1_u16(static_cast<const std::uint16_t*>(g));
-    if constexpr (G == ElemType::kBF16) {
+    if constexpr (G == ElementType::kBF16) {
       return vreinterpretq_f32_u32(vshll_n_u16(h, 16));
     } else {
       return vcvt_f32_f16(vreinterpret_f16_u16(h));
@@ -94,7 +94,7 @@ inline uint16x4_t to_bf16(float32x4_t x) {
   return vmovn_u32(vbslq_u32(is_num, rounded, quiet));
 }
 
-template <DecayKind D, ElemType G, ElemType O, bool kOut>
+template <DecayKind D, ElementType G, ElementType O, bool kOut>
 inline void update(const Consts& c, const Lanes& l) {
   float32x4_t g = vmulq_f32(load_grad<G>(l.g), c.grad_scale);
   float32x4_t p = vld1q_f32(l.p);
@@ -111,7 +111,7 @@ inline void update(const Consts& c, const Lanes& l) {
   vst1q_f32(l.v, v);
   if constexpr (kOut) {
     uint16x4_t h;
-    if constexpr (O == ElemType::kBF16) {
+    if constexpr (O == ElementType::kBF16) {
       h = to_bf16(p);
     } else {
       h = vreinterpret_u16_f16(vcvt_f16_f32(p));
@@ -122,11 +122,11 @@ inline void update(const Consts& c, const Lanes& l) {
 
 // The loop dispatch() instantiates (cpu_adam_kernel.h), one per combination of choices.
 struct NeonKernel {
-  template <DecayKind D, ElemType G, ElemType O, bool kOut>
+  template <DecayKind D, ElementType G, ElementType O, bool kOut>
   static void run(const KernelArgs& a, std::size_t begin, std::size_t end);
 };
 
-template <DecayKind D, ElemType G, ElemType O, bool kOut>
+template <DecayKind D, ElementType G, ElementType O, bool kOut>
 void NeonKernel::run(const KernelArgs& a, std::size_t begin, std::size_t end) {
   const Consts c(a);
   const auto* grads = static_cast<const unsigned char*>(a.grads);

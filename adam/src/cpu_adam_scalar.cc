@@ -81,11 +81,11 @@ std::uint16_t float_to_f16(float f) {
   return static_cast<std::uint16_t>(sign | r);
 }
 
-template <ElemType G>
+template <ElementType G>
 float load_grad(const void* grads, std::size_t i) {
-  if constexpr (G == ElemType::kF32) {
+  if constexpr (G == ElementType::kF32) {
     return static_cast<const float*>(grads)[i];
-  } else if constexpr (G == ElemType::kBF16) {
+  } else if constexpr (G == ElementType::kBF16) {
     return bf16_to_float(static_cast<const std::uint16_t*>(grads)[i]);
   } else {
     return f16_to_float(static_cast<const std::uint16_t*>(grads)[i]);
@@ -94,9 +94,9 @@ float load_grad(const void* grads, std::size_t i) {
 
 // The loop dispatch() instantiates (cpu_adam_kernel.h), one per combination of choices.
 struct ScalarKernel {
-  template <DecayKind D, ElemType G, ElemType O, bool kOut>
+  template <DecayKind D, ElementType G, ElementType O, bool kOut>
   static void run(const KernelArgs& a, std::size_t begin, std::size_t end);
-  template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kScaled>
+  template <DecayKind D, ElementType G, ElementType O, bool kOut, bool kScaled>
   static void loop(const KernelArgs& a, std::size_t begin, std::size_t end);
 };
 
@@ -116,7 +116,7 @@ constexpr std::size_t kScalarSafeDistance = 4;
 // caches), so a blocked loop with software prefetch or a 2x unrolled one gained nothing
 // measurable. Not inlined into loop(), so that the compiler schedules it exactly as the loop it
 // was measured as.
-template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kScaled>
+template <DecayKind D, ElementType G, ElementType O, bool kOut, bool kScaled>
 [[gnu::noinline]] void sequential(const KernelArgs& a, std::size_t begin, std::size_t end) {
   float* __restrict params = a.params;
   float* __restrict ms = a.m;
@@ -140,7 +140,7 @@ template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kScaled>
     params[i] = p;
     ms[i] = m;
     vs[i] = v;
-    if constexpr (kOut) out[i] = O == ElemType::kBF16 ? float_to_bf16(p) : float_to_f16(p);
+    if constexpr (kOut) out[i] = O == ElementType::kBF16 ? float_to_bf16(p) : float_to_f16(p);
   }
 }
 
@@ -150,7 +150,7 @@ template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kScaled>
 // piece for the baseline ISA with the same correctly rounded operations; the earlier version,
 // which went through `a` and local arrays, compiled to scalar sqrtss/divss and ran at ~0.65x
 // of sequential() (docs/benchmarks.md, issue #37). Returns where the windows end.
-template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kScaled>
+template <DecayKind D, ElementType G, ElementType O, bool kOut, bool kScaled>
 [[gnu::noinline]] std::size_t windowed(const KernelArgs& a, std::size_t begin, std::size_t end) {
   float* __restrict params = a.params;
   float* __restrict ms = a.m;
@@ -182,7 +182,7 @@ template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kScaled>
         // vectors (4 x 16 bits), which made GCC build that whole loop of 2-lane vectors.
         [[maybe_unused]] float gw[kPiece];
         [[maybe_unused]] float pw[kPiece];
-        if constexpr (G != ElemType::kF32) {
+        if constexpr (G != ElementType::kF32) {
           for (std::size_t e = 0; e < kPiece; ++e) gw[e] = load_grad<G>(grads, at + e);
         }
         // A piece as one loop of kHalf iterations over two elements kHalf apart, which the
@@ -200,7 +200,7 @@ template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kScaled>
           const std::size_t i0 = at + e, i1 = at + kHalf + e;
           float p0 = params[i0], p1 = params[i1];
           float g0, g1;
-          if constexpr (G == ElemType::kF32) {
+          if constexpr (G == ElementType::kF32) {
             g0 = load_grad<G>(grads, i0);
             g1 = load_grad<G>(grads, i1);
           } else {
@@ -224,7 +224,7 @@ template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kScaled>
         }
         if constexpr (kOut) {
           for (std::size_t e = 0; e < kPiece; ++e) {
-            out[at + e] = O == ElemType::kBF16 ? float_to_bf16(pw[e]) : float_to_f16(pw[e]);
+            out[at + e] = O == ElementType::kBF16 ? float_to_bf16(pw[e]) : float_to_f16(pw[e]);
           }
         }
       }
@@ -236,7 +236,7 @@ template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kScaled>
 // The range in the order loop_order.h chooses for these arrays: windowed where the sequential
 // order has a load within kScalarSafeDistance pieces of a store it may collide with, then the
 // remainder (less than a window) in sequence.
-template <DecayKind D, ElemType G, ElemType O, bool kOut, bool kScaled>
+template <DecayKind D, ElementType G, ElementType O, bool kOut, bool kScaled>
 void ScalarKernel::loop(const KernelArgs& a, std::size_t begin, std::size_t end) {
   std::size_t i = begin;
   if (use_windowed_order(a, kScalarSafeDistance)) i = windowed<D, G, O, kOut, kScaled>(a, i, end);
@@ -247,7 +247,7 @@ void ScalarKernel::loop(const KernelArgs& a, std::size_t begin, std::size_t end)
 // is g bit for bit (a NaN keeps its payload and is made quiet by the next operation either
 // way). Bound by the divider, the loop gains from each instruction it saves beside it: with the
 // arrays in the caches, 0.96 of the baseline-ISA loop's rate with the multiply, 1.01 without.
-template <DecayKind D, ElemType G, ElemType O, bool kOut>
+template <DecayKind D, ElementType G, ElementType O, bool kOut>
 void ScalarKernel::run(const KernelArgs& a, std::size_t begin, std::size_t end) {
   if (a.grad_scale == 1.0f) return loop<D, G, O, kOut, false>(a, begin, end);
   loop<D, G, O, kOut, true>(a, begin, end);

@@ -42,13 +42,13 @@
 namespace zinf::adam::detail {
 namespace {
 
-template <ElemType G>
+template <ElementType G>
 inline svfloat32_t load_grad(svbool_t pg, const void* grads, std::size_t i) {
-  if constexpr (G == ElemType::kF32) {
+  if constexpr (G == ElementType::kF32) {
     return svld1_f32(pg, static_cast<const float*>(grads) + i);
   } else {
     const svuint32_t h = svld1uh_u32(pg, static_cast<const std::uint16_t*>(grads) + i);
-    if constexpr (G == ElemType::kBF16) {
+    if constexpr (G == ElementType::kBF16) {
       return svreinterpret_f32_u32(svlsl_n_u32_x(pg, h, 16));
     } else {
       return svcvt_f32_f16_x(pg, svreinterpret_f16_u32(h));
@@ -71,11 +71,11 @@ inline svuint32_t to_bf16(svbool_t pg, svfloat32_t x) {
 
 // The loop dispatch() instantiates (cpu_adam_kernel.h), one per combination of choices.
 struct SveKernel {
-  template <DecayKind D, ElemType G, ElemType O, bool kOut>
+  template <DecayKind D, ElementType G, ElementType O, bool kOut>
   static void run(const KernelArgs& a, std::size_t begin, std::size_t end);
 };
 
-template <DecayKind D, ElemType G, ElemType O, bool kOut>
+template <DecayKind D, ElementType G, ElementType O, bool kOut>
 void SveKernel::run(const KernelArgs& a, std::size_t begin, std::size_t end) {
   // SVE vector types are sizeless: they cannot be members of a struct, so the broadcast
   // constants are locals, which the compiler keeps in registers across the loop.
@@ -112,7 +112,7 @@ void SveKernel::run(const KernelArgs& a, std::size_t begin, std::size_t end) {
     svst1_f32(pg, a.v + i, v);
     if constexpr (kOut) {
       svuint32_t h;
-      if constexpr (O == ElemType::kBF16) {
+      if constexpr (O == ElementType::kBF16) {
         h = to_bf16(pg, p);
       } else {
         h = svreinterpret_u32_f16(svcvt_f16_f32_x(pg, p));

@@ -22,9 +22,9 @@ inline void prefetch(const void* base, std::size_t byte_offset) {
   _mm_prefetch(reinterpret_cast<const char*>(addr), _MM_HINT_T0);
 }
 
-template <ElemType G>
+template <ElementType G>
 constexpr std::size_t grad_bytes() {
-  return G == ElemType::kF32 ? 4 : 2;
+  return G == ElementType::kF32 ? 4 : 2;
 }
 
 }  // namespace

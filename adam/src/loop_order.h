@@ -83,7 +83,7 @@ inline bool use_windowed_order(const KernelArgs& a, std::size_t safe) {
   };
   const std::uint32_t stores[] = {addr(a.params), addr(a.m), addr(a.v)};
   const std::uint32_t loads[] = {addr(a.params), addr(a.m), addr(a.v), addr(a.grads)};
-  const std::size_t n_loads = a.grad_type == ElemType::kF32 ? 4 : 3;
+  const std::size_t n_loads = a.grad_type == ElementType::kF32 ? 4 : 3;
   std::size_t sequential = safe;
   std::size_t windowed = safe;
   for (std::size_t x = 0; x < n_loads; ++x) {

@@ -116,11 +116,11 @@ off::OffloadEngine& engine_of(zinf_engine* engine, const char* function) {
   return *engine->engine;
 }
 
-zinf::DType dtype_of(zinf_dtype dtype, const char* function) {
+zinf::ElementType dtype_of(zinf_dtype dtype, const char* function) {
   switch (dtype) {
-    case ZINF_DTYPE_F32: return zinf::DType::kF32;
-    case ZINF_DTYPE_BF16: return zinf::DType::kBF16;
-    case ZINF_DTYPE_F16: return zinf::DType::kF16;
+    case ZINF_DTYPE_F32: return zinf::ElementType::kF32;
+    case ZINF_DTYPE_BF16: return zinf::ElementType::kBF16;
+    case ZINF_DTYPE_F16: return zinf::ElementType::kF16;
   }
   throw zinf::UsageError(std::string(function) + ": unknown dtype " +
                          std::to_string(static_cast<int>(dtype)));
@@ -409,7 +409,7 @@ zinf_status zinf_engine_set_gradients(zinf_engine* engine, size_t layer, const v
     const char* fn = "zinf_engine_set_gradients";
     off::OffloadEngine& e = engine_of(engine, fn);
     require(grads != nullptr, fn, "grads is NULL");
-    const zinf::DType type = dtype_of(dtype, fn);
+    const zinf::ElementType type = dtype_of(dtype, fn);
     checked_numel(e, layer, count, fn);
     e.set_gradients(layer, adam::GradView{grads, count, type});
   });
@@ -429,10 +429,10 @@ zinf_status zinf_engine_set_gradients_device(zinf_engine* engine, size_t layer,
     const char* fn = "zinf_engine_set_gradients_device";
     off::OffloadEngine& e = engine_of(engine, fn);
     require(device_grads != nullptr, fn, "device_grads is NULL");
-    const zinf::DType type = dtype_of(dtype, fn);
+    const zinf::ElementType type = dtype_of(dtype, fn);
     checked_numel(e, layer, count, fn);
     const zinf::cuda::DeviceSpan span = zinf::cuda::adopt_device_memory(
-        *engine->device, const_cast<void*>(device_grads), count * zinf::dtype_size(type));
+        *engine->device, const_cast<void*>(device_grads), count * zinf::element_size(type));
     e.set_gradients(layer, span, type);
   });
 }

@@ -50,21 +50,22 @@ using Half = _Float16;
 // widens exactly through the compiler's IEEE half type.
 void widen(adam::GradView grads, std::span<float> out) {
   switch (grads.dtype) {
-    case DType::kF32: std::memcpy(out.data(), grads.data, grads.size * sizeof(float)); return;
-    case DType::kBF16: {
+    case ElementType::kF32: std::memcpy(out.data(), grads.data, grads.size * sizeof(float)); return;
+    case ElementType::kBF16: {
       const auto* in = static_cast<const std::uint16_t*>(grads.data);
       for (std::size_t i = 0; i < grads.size; ++i) {
         out[i] = std::bit_cast<float>(static_cast<std::uint32_t>(in[i]) << 16);
       }
       return;
     }
-    case DType::kF16: {
+    case ElementType::kF16: {
       const auto* in = static_cast<const std::uint16_t*>(grads.data);
       for (std::size_t i = 0; i < grads.size; ++i) {
         out[i] = static_cast<float>(std::bit_cast<Half>(in[i]));
       }
       return;
     }
+    default: break;
   }
   throw UsageError("ShardedEngine::set_gradients: unknown gradient dtype");
 }
@@ -237,7 +238,7 @@ ShardedEngine::ShardedEngine(offload::EngineConfig config, std::vector<offload::
   if (comm.size() > 1 && s.stage < 3) {
     // Written by set_master_weights or load, as the engine's parameters are.
     for (std::size_t l = 0; l < s.layers.size(); ++l) {
-      s.whole.push_back(device.allocate(s.padded_numel(l) * dtype_size(s.layers[l].param_dtype)));
+      s.whole.push_back(device.allocate(s.padded_numel(l) * element_size(s.layers[l].param_dtype)));
     }
   }
   if (comm.size() > 1 && s.staged) {
@@ -313,9 +314,9 @@ cuda::DeviceSpan ShardedEngine::fetch(std::size_t layer) {
   if (s.keeps_whole()) {
     // Stages 1 and 2: the layer is whole here already (refreshed after the last step).
     s.fetched_whole[layer] = true;
-    return s.whole[layer].span(0, spec.numel * dtype_size(spec.param_dtype));
+    return s.whole[layer].span(0, spec.numel * element_size(spec.param_dtype));
   }
-  const std::size_t elem = dtype_size(spec.param_dtype);
+  const std::size_t elem = element_size(spec.param_dtype);
   const std::size_t slice_bytes = s.shard[layer] * elem;
   const std::size_t full_bytes = s.padded_numel(layer) * elem;
   // This rank's slice is read after the compute stream's earlier work, for which the host
@@ -396,7 +397,7 @@ void ShardedEngine::Impl::average_host_grads(std::size_t l, adam::GradView grads
 
 void ShardedEngine::Impl::refresh_whole(std::size_t l, std::string_view what, bool count) {
   const offload::LayerSpec& spec = layers[l];
-  const std::size_t elem = dtype_size(spec.param_dtype);
+  const std::size_t elem = element_size(spec.param_dtype);
   const std::size_t slice_bytes = shard[l] * elem;
   const std::size_t full_bytes = padded_numel(l) * elem;
   const bool on_device = comm.memory() == MemoryKind::kDevice;
@@ -443,24 +444,24 @@ void ShardedEngine::set_gradients(std::size_t layer, adam::GradView grads) {
   s.average_host_grads(layer, grads);
 }
 
-void ShardedEngine::set_gradients(std::size_t layer, cuda::DeviceSpan grads, DType dtype) {
+void ShardedEngine::set_gradients(std::size_t layer, cuda::DeviceSpan grads, ElementType dtype) {
   Impl& s = *impl_;
   const offload::LayerSpec& spec = s.at(layer, "set_gradients");
   const std::string rank = " (rank " + std::to_string(s.comm.rank()) + ")";
-  if (grads.size() != spec.numel * dtype_size(dtype)) {
+  if (!is_buffer_type(dtype)) {
+    throw UsageError("ShardedEngine::set_gradients: unknown gradient dtype for layer '" +
+                     spec.name + "'" + rank);
+  }
+  if (grads.size() != spec.numel * element_size(dtype)) {
     throw UsageError("ShardedEngine::set_gradients: layer '" + spec.name + "' has " +
-                     std::to_string(spec.numel) + " elements, got " +
-                     std::to_string(grads.size()) + " bytes of " + std::string(dtype_name(dtype)) +
+                     std::to_string(spec.numel) + " elements, got " + std::to_string(grads.size()) +
+                     " bytes of " + std::string(element_type_name(dtype)) +
                      " gradients in device memory" + rank);
   }
   if (grads.device() != &s.device) {
     throw UsageError("ShardedEngine::set_gradients: layer '" + spec.name +
                      "': the gradients are not in the memory of device " +
                      std::string(s.device.name()) + rank);
-  }
-  if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16) {
-    throw UsageError("ShardedEngine::set_gradients: unknown gradient dtype for layer '" +
-                     spec.name + "'" + rank);
   }
   s.check_no_grads(layer);
   // fp32 gradients of a layer that needs no padding are reduce-scattered where they are, by a
@@ -469,7 +470,7 @@ void ShardedEngine::set_gradients(std::size_t layer, cuda::DeviceSpan grads, DTy
   // takes the host path.
   const std::size_t slice_bytes = s.shard[layer] * sizeof(float);
   // Stage 1 all-reduces the whole layer: the host path's.
-  const bool in_place = s.comm.memory() == MemoryKind::kDevice && dtype == DType::kF32 &&
+  const bool in_place = s.comm.memory() == MemoryKind::kDevice && dtype == ElementType::kF32 &&
                         s.stage != 1 && s.padded_numel(layer) == spec.numel &&
                         reinterpret_cast<std::uintptr_t>(grads.data()) % alignof(float) == 0;
   // The gradients are read after the compute stream's work enqueued so far (which wrote them),

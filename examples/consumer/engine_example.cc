@@ -34,8 +34,8 @@ int run() {
     "optimizer": {"type": "Adam", "params": {"lr": 0.01}}
   })";
   const double lr = 0.01;
-  std::vector<off::LayerSpec> layers = {{"embed", 1000, zinf::DType::kBF16},
-                                        {"head", 300, zinf::DType::kBF16}};
+  std::vector<off::LayerSpec> layers = {{"embed", 1000, zinf::ElementType::kBF16},
+                                        {"head", 300, zinf::ElementType::kBF16}};
   auto device = zinf::cuda::make_device({.kind = zinf::cuda::DeviceKind::kHost});
   // The trainer's own stream: a cudaStream_t on a GPU; on the host device a host stream stands
   // in for it. zinf adopts it (never destroys it), so fetch's copies are ordered into it.

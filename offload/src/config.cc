@@ -647,7 +647,7 @@ EngineConfig parse_config(std::string_view json, std::string_view source) {
   if (bf16 && fp16) {
     top.fail("fp16", "bf16.enabled and fp16.enabled are both true; enable one of them");
   }
-  config.param_dtype = fp16 ? DType::kF16 : DType::kBF16;
+  config.param_dtype = fp16 ? ElementType::kF16 : ElementType::kBF16;
 
   if (const auto z = top.child("zinf")) parse_zinf(*z, config.zinf);
   check_config(config, source);
@@ -660,7 +660,7 @@ EngineConfig load_config(const std::string& path) {
 }
 
 std::string config_to_json(const EngineConfig& c) {
-  if (c.param_dtype == DType::kF32) {
+  if (c.param_dtype == ElementType::kF32) {
     throw UsageError(
         "config_to_json: param_dtype fp32 has no DeepSpeed form (parameters are "
         "bf16 or fp16)");
@@ -713,15 +713,15 @@ std::string config_to_json(const EngineConfig& c) {
   params["bias_correction"] = hp.bias_correction;
   params["adam_w_mode"] = hp.mode == adam::AdamMode::kAdamW;
 
-  if (c.loss_scaling.enabled != (c.param_dtype == DType::kF16)) {
+  if (c.loss_scaling.enabled != (c.param_dtype == ElementType::kF16)) {
     throw UsageError(
         "config_to_json: loss_scaling.enabled and param_dtype fp16 are both fp16.enabled in a "
         "config; they must agree");
   }
   root["gradient_clipping"] = c.gradient_clipping;
-  root["bf16"]["enabled"] = c.param_dtype == DType::kBF16;
+  root["bf16"]["enabled"] = c.param_dtype == ElementType::kBF16;
   Json& fp16 = root["fp16"];
-  fp16["enabled"] = c.param_dtype == DType::kF16;
+  fp16["enabled"] = c.param_dtype == ElementType::kF16;
   if (c.loss_scaling.enabled) {
     const LossScaleConfig& ls = c.loss_scaling;
     fp16["loss_scale"] = ls.loss_scale;

@@ -64,7 +64,7 @@ std::string manifest_text(const std::vector<LayerSpec>& layers) {
   std::ostringstream os;
   os << kManifestHeader << "\n" << layers.size() << "\n";
   for (const auto& l : layers)
-    os << l.numel << " " << dtype_name(l.param_dtype) << " " << l.name << "\n";
+    os << l.numel << " " << element_type_name(l.param_dtype) << " " << l.name << "\n";
   return os.str();
 }
 
@@ -539,16 +539,16 @@ void OffloadEngine::set_gradients(std::size_t index, adam::GradView grads) {
   m.queue_update(index, grads, {});
 }
 
-void OffloadEngine::set_gradients(std::size_t index, cuda::DeviceSpan grads, DType dtype) {
+void OffloadEngine::set_gradients(std::size_t index, cuda::DeviceSpan grads, ElementType dtype) {
   Impl& m = *impl_;
-  const std::size_t elem = dtype_size(dtype);
+  const std::size_t elem = element_size(dtype);
   Impl::Layer& st = m.check_gradients(index, grads.size() / elem, " gradients in device memory");
   const LayerSpec& spec = m.layers[index];
   if (grads.size() % elem != 0 || grads.empty()) {
     throw UsageError("OffloadEngine::set_gradients: layer " + in_quotes(spec.name) + " has " +
-                     std::to_string(spec.numel) + " elements, got " +
-                     std::to_string(grads.size()) + " bytes of " +
-                     std::string(dtype_name(dtype)) + " gradients in device memory");
+                     std::to_string(spec.numel) + " elements, got " + std::to_string(grads.size()) +
+                     " bytes of " + std::string(element_type_name(dtype)) +
+                     " gradients in device memory");
   }
   if (grads.device() != &m.device) {
     throw UsageError("OffloadEngine::set_gradients: layer " + in_quotes(spec.name) +

@@ -63,7 +63,7 @@ void check_layers(const EngineConfig& config, const std::vector<LayerSpec>& laye
       throw UsageError("OffloadEngine: the layers hold more than zinf's limit of " +
                        std::to_string(kMaxModelElements) + " (2^54) elements in all");
     }
-    if (layer.param_dtype == DType::kF32) {
+    if (layer.param_dtype == ElementType::kF32) {
       throw UsageError("OffloadEngine: layer " + in_quotes(layer.name) +
                        " param_dtype must be bf16 or fp16");
     }
@@ -193,7 +193,7 @@ WearEstimate plan_wear(const EngineConfig& config, const std::vector<LayerSpec>&
   std::uint64_t numel = 0, param_bytes = 0;
   for (const auto& layer : layers) {
     numel += layer.numel;
-    param_bytes += layer.numel * dtype_size(layer.param_dtype);
+    param_bytes += layer.numel * element_size(layer.param_dtype);
   }
   std::vector<std::string> dirs;
   if (config.offload_optimizer.device == OffloadDevice::kNvme) {

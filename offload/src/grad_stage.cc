@@ -68,19 +68,21 @@ double widen(const Convert& convert, std::size_t n, float* out) {
 }
 
 double widen(const adam::GradView& g, float* out) {
+  check_buffer_type(g.dtype, "GradientStage: gradients");
   switch (g.dtype) {
-    case DType::kF32: {
+    case ElementType::kF32: {
       const auto* p = static_cast<const float*>(g.data);
       return widen([p](std::size_t i) { return p[i]; }, g.size, out);
     }
-    case DType::kBF16: {
+    case ElementType::kBF16: {
       const auto* p = static_cast<const std::uint16_t*>(g.data);
       return widen([p](std::size_t i) { return bf16_to_f32(p[i]); }, g.size, out);
     }
-    case DType::kF16: {
+    case ElementType::kF16: {
       const auto* p = static_cast<const std::uint16_t*>(g.data);
       return widen([p](std::size_t i) { return f16_to_f32(p[i]); }, g.size, out);
     }
+    default: break;
   }
   throw UsageError("GradientStage: unknown gradient dtype");
 }
@@ -208,7 +210,7 @@ void GradientStage::replay(
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       const Layer& l = layers_[i];
       if (!l.staged) continue;
-      use(i, {l.pinned.data(), static_cast<std::size_t>(l.spec.numel), DType::kF32}, {});
+      use(i, {l.pinned.data(), static_cast<std::size_t>(l.spec.numel), ElementType::kF32}, {});
     }
     return;
   }
@@ -240,7 +242,8 @@ void GradientStage::replay(
       cv_.notify_all();
     };
     try {
-      use(i, {slot.buffer.data(), static_cast<std::size_t>(l.spec.numel), DType::kF32}, consumed);
+      use(i, {slot.buffer.data(), static_cast<std::size_t>(l.spec.numel), ElementType::kF32},
+          consumed);
     } catch (...) {
       consumed();  // `use` threw: it will never call it
       throw;

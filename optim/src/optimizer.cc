@@ -54,13 +54,13 @@ double union_seconds(std::vector<std::pair<OptClock::time_point, OptClock::time_
 
 adam::GradView slice(const adam::GradView& g, std::uint64_t offset, std::uint64_t n) {
   const auto* base = static_cast<const std::byte*>(g.data);
-  return {base + offset * dtype_size(g.dtype), n, g.dtype};
+  return {base + offset * element_size(g.dtype), n, g.dtype};
 }
 
 adam::CopyOut slice(const adam::CopyOut& o, std::uint64_t offset, std::uint64_t n) {
   if (!o.enabled) return adam::CopyOut::none();
   auto* base = static_cast<std::byte*>(o.data);
-  return {base + offset * dtype_size(o.dtype), n, o.dtype, true};
+  return {base + offset * element_size(o.dtype), n, o.dtype, true};
 }
 
 // What the pinned budget must hold, and how to say it in an error.
@@ -605,7 +605,7 @@ void OffloadedOptimizer::Impl::compute(const adam::AdamParams& hp, const Task& t
   // back after this returns) must not see an update made from bytes that fail the check.
   adam::CopyOut out = t.out;
   const bool hold = out.enabled && !t.store_out;
-  const std::size_t out_bytes = hold ? out.size * dtype_size(out.dtype) : 0;
+  const std::size_t out_bytes = hold ? out.size * element_size(out.dtype) : 0;
   if (hold) {
     if (copy_out_hold.size() < out_bytes) copy_out_hold.resize(out_bytes);
     out.data = copy_out_hold.data();
@@ -1113,7 +1113,7 @@ void OffloadedOptimizer::Impl::validate_store_out(std::size_t group_index,
     throw UsageError(where + " into a swap store needs OptimizerOptions::store_copy_out");
   }
   if (out.store == nullptr) throw UsageError(where + ": no swap store");
-  if (out.dtype == DType::kF32) throw UsageError(where + ": dtype must be bf16 or fp16");
+  if (out.dtype == ElementType::kF32) throw UsageError(where + ": dtype must be bf16 or fp16");
   if (!out.store->contains(out.key)) throw UsageError(where + ": unknown key '" + out.key + "'");
   if (out.store->size_of(out.key) != g.numel * 2) {
     throw UsageError(where + ": key '" + out.key + "' holds " +

@@ -20,10 +20,10 @@ std::span<T> span_at(std::uintptr_t address, std::size_t n) {
 
 }  // namespace
 
-DType parse_dtype(const std::string& name, const char* what) {
-  if (name == "fp32" || name == "float32") return DType::kF32;
-  if (name == "bf16" || name == "bfloat16") return DType::kBF16;
-  if (name == "fp16" || name == "float16") return DType::kF16;
+ElementType parse_dtype(const std::string& name, const char* what) {
+  if (name == "fp32" || name == "float32") return ElementType::kF32;
+  if (name == "bf16" || name == "bfloat16") return ElementType::kBF16;
+  if (name == "fp16" || name == "float16") return ElementType::kF16;
   throw UsageError(std::string(what) + ": dtype must be fp32, bf16 or fp16, got '" + name + "'");
 }
 

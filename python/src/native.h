@@ -29,7 +29,7 @@ void bind_aio(py::module_& m);
 void bind_pinned(py::module_& m);
 /// A dtype as zinf.torch names it ("fp32", "bf16", "fp16"; torch's "float32", "bfloat16",
 /// "float16" too). UsageError (ValueError in Python) naming `what` for anything else.
-DType parse_dtype(const std::string& name, const char* what);
+ElementType parse_dtype(const std::string& name, const char* what);
 /// The hyper-parameters of one update as Python passes them (mode: adamw or L2 Adam).
 adam::AdamParams make_hyper(double lr, double beta1, double beta2, double eps, double weight_decay,
                             bool bias_correction, bool adamw, double grad_scale = 1.0,

@@ -145,8 +145,9 @@ void bind_optimizer(py::module_& m) {
               const std::string& grad_dtype, std::uintptr_t params, std::size_t n) {
              const adam::GradView g{reinterpret_cast<const void*>(grads), n,
                                     parse_dtype(grad_dtype, "OffloadedOptimizer.step_group grads")};
-             o.step_group(group, g,
-                          adam::CopyOut{reinterpret_cast<void*>(params), n, DType::kF32, true});
+             o.step_group(
+                 group, g,
+                 adam::CopyOut{reinterpret_cast<void*>(params), n, ElementType::kF32, true});
            })
       .def("end_step",
            [](OffloadedOptimizer& o) {

@@ -236,22 +236,23 @@ TEST_P(CompactIsa, StepIsDecodeThenFp32StepThenEncode) {
   CpuAdam adam({.threads = 2, .isa = GetParam()});
   const std::size_t n = 2 * kChunk + 101;
   for (StatePrecision prec : kCompact) {
-    for (DType gt : {DType::kF32, DType::kBF16}) {
-      for (std::optional<DType> ot : {std::optional<DType>{}, std::optional<DType>{DType::kBF16},
-                                      std::optional<DType>{DType::kF32}}) {
+    for (ElementType gt : {ElementType::kF32, ElementType::kBF16}) {
+      for (std::optional<ElementType> ot :
+           {std::optional<ElementType>{}, std::optional<ElementType>{ElementType::kBF16},
+            std::optional<ElementType>{ElementType::kF32}}) {
         for (AdamMode mode : {AdamMode::kAdam, AdamMode::kAdamW}) {
-          SCOPED_TRACE(std::string(state_precision_name(prec)) + " grad=" +
-                       std::string(dtype_name(gt)) + " out=" +
-                       (ot ? std::string(dtype_name(*ot)) : "none") +
+          SCOPED_TRACE(std::string(state_precision_name(prec)) +
+                       " grad=" + std::string(element_type_name(gt)) +
+                       " out=" + (ot ? std::string(element_type_name(*ot)) : "none") +
                        (mode == AdamMode::kAdam ? " adam" : " adamw"));
           Problem a(n, kSeed), b(n, kSeed);
           std::vector<std::uint16_t> g16(n), out16a(n), out16b(n);
           std::vector<float> out32a(n), out32b(n);
           for (std::size_t i = 0; i < n; ++i) g16[i] = ref_bf16(a.g[i]);
-          const GradView grads = gt == DType::kF32 ? GradView::f32(a.g) : GradView::bf16(g16);
+          const GradView grads = gt == ElementType::kF32 ? GradView::f32(a.g) : GradView::bf16(g16);
           auto out_of = [&](std::vector<std::uint16_t>& o16, std::vector<float>& o32) {
             if (!ot) return CopyOut::none();
-            return *ot == DType::kBF16 ? CopyOut::bf16(o16) : CopyOut::f32(o32);
+            return *ot == ElementType::kBF16 ? CopyOut::bf16(o16) : CopyOut::f32(o32);
           };
           Store sa(prec, n), sb(prec, n);
           encode_moments(a.m, a.v, sa.view());

@@ -142,19 +142,21 @@ struct Problem {
       g16[i] = static_cast<std::uint16_t>((r & 0x8000u) | ((r >> 16) % 13u) << 10 | (r & 0x3ffu));
     }
   }
-  GradView grads(DType t) const {
+  GradView grads(ElementType t) const {
     switch (t) {
-      case DType::kF32: return GradView::f32(g32.cspan());
-      case DType::kBF16: return GradView::bf16(gbf.cspan());
-      case DType::kF16: return GradView::f16(g16.cspan());
+      case ElementType::kF32: return GradView::f32(g32.cspan());
+      case ElementType::kBF16: return GradView::bf16(gbf.cspan());
+      case ElementType::kF16: return GradView::f16(g16.cspan());
+      default: break;  // the problems hold buffer types only
     }
     return {};
   }
-  double grad_value(DType t, std::size_t i) const {
+  double grad_value(ElementType t, std::size_t i) const {
     switch (t) {
-      case DType::kF32: return g32[i];
-      case DType::kBF16: return bf16_value(gbf[i]);
-      case DType::kF16: return f16_value(g16[i]);
+      case ElementType::kF32: return g32[i];
+      case ElementType::kBF16: return bf16_value(gbf[i]);
+      case ElementType::kF16: return f16_value(g16[i]);
+      default: break;
     }
     return 0;
   }
@@ -162,8 +164,8 @@ struct Problem {
   Buffer<std::uint16_t> g16, gbf, out;
 };
 
-CopyOut copy_out(DType t, Buffer<std::uint16_t>& out) {
-  return t == DType::kBF16 ? CopyOut::bf16(out.span()) : CopyOut::f16(out.span());
+CopyOut copy_out(ElementType t, Buffer<std::uint16_t>& out) {
+  return t == ElementType::kBF16 ? CopyOut::bf16(out.span()) : CopyOut::f16(out.span());
 }
 
 // The fp64 reference of one element and a bound on the fp32 error, from the magnitudes of the
@@ -233,15 +235,16 @@ TEST_P(CpuAdamIsa, MatchesFp64ReferenceForEveryTypeAndMode) {
   CpuAdam adam({.threads = 2, .isa = GetParam()});
   ASSERT_EQ(adam.isa(), GetParam());
   const std::size_t sizes[] = {1, 7, 15, 16, 17, 33, 100, 257};
-  const DType grad_types[] = {DType::kF32, DType::kBF16, DType::kF16};
-  const std::optional<DType> out_types[] = {std::nullopt, DType::kBF16, DType::kF16};
+  const ElementType grad_types[] = {ElementType::kF32, ElementType::kBF16, ElementType::kF16};
+  const std::optional<ElementType> out_types[] = {std::nullopt, ElementType::kBF16,
+                                                  ElementType::kF16};
   struct Mode {
     AdamMode mode;
     double wd;
   };
   const Mode modes[] = {{AdamMode::kAdam, 0.0}, {AdamMode::kAdam, 0.1}, {AdamMode::kAdamW, 0.1}};
   std::uint32_t seed = kSeed;
-  for (DType gt : grad_types) {
+  for (ElementType gt : grad_types) {
     for (const auto& ot : out_types) {
       for (const Mode& mode : modes) {
         for (bool bc : {true, false}) {
@@ -250,8 +253,8 @@ TEST_P(CpuAdamIsa, MatchesFp64ReferenceForEveryTypeAndMode) {
           for (std::size_t n : ns) {
             ++seed;
             const std::size_t offset = n % 3 + 1;
-            SCOPED_TRACE("grad=" + std::string(dtype_name(gt)) +
-                         " out=" + (ot ? std::string(dtype_name(*ot)) : "none") +
+            SCOPED_TRACE("grad=" + std::string(element_type_name(gt)) +
+                         " out=" + (ot ? std::string(element_type_name(*ot)) : "none") +
                          " mode=" + (mode.mode == AdamMode::kAdam ? "adam" : "adamw") +
                          " wd=" + std::to_string(mode.wd) + " bc=" + std::to_string(bc) +
                          " n=" + std::to_string(n) + " offset=" + std::to_string(offset) +
@@ -276,7 +279,7 @@ TEST_P(CpuAdamIsa, MatchesFp64ReferenceForEveryTypeAndMode) {
               }
               if (ot) {
                 const std::uint16_t want =
-                    *ot == DType::kBF16 ? ref_bf16(pr.p[i]) : ref_f16(pr.p[i]);
+                    *ot == ElementType::kBF16 ? ref_bf16(pr.p[i]) : ref_f16(pr.p[i]);
                 if (pr.out[i] != want) {
                   ++failures;
                   ADD_FAILURE() << "copy-out i=" << i << " of " << pr.p[i] << " is 0x" << std::hex
@@ -295,10 +298,11 @@ TEST_P(CpuAdamIsa, AgreesBitwiseWithScalarPath) {
   CpuAdam scalar({.threads = 1, .isa = Isa::kScalar});
   CpuAdam adam({.threads = 3, .isa = GetParam()});
   const std::size_t n = 2 * kChunk + 29;
-  for (DType gt : {DType::kF32, DType::kBF16, DType::kF16}) {
-    for (DType ot : {DType::kBF16, DType::kF16}) {
+  for (ElementType gt : {ElementType::kF32, ElementType::kBF16, ElementType::kF16}) {
+    for (ElementType ot : {ElementType::kBF16, ElementType::kF16}) {
       for (AdamMode mode : {AdamMode::kAdam, AdamMode::kAdamW}) {
-        SCOPED_TRACE("grad=" + std::string(dtype_name(gt)) + " out=" + std::string(dtype_name(ot)) +
+        SCOPED_TRACE("grad=" + std::string(element_type_name(gt)) +
+                     " out=" + std::string(element_type_name(ot)) +
                      " mode=" + (mode == AdamMode::kAdam ? "adam" : "adamw"));
         Problem a(n, 3, kSeed);
         Problem b(n, 1, kSeed);
@@ -355,7 +359,7 @@ TEST_P(CpuAdamIsa, EveryLengthAndCloseLayoutGivesTheScalarBits) {
       std::copy_n(a.g32.cspan().data(), n, arr[3]);
       std::vector<std::uint16_t> out(n);
       AdamParams hp = typical(AdamMode::kAdamW, 0.01, true);
-      scalar.step(hp, a.p.span(), a.m.span(), a.v.span(), a.grads(DType::kF32),
+      scalar.step(hp, a.p.span(), a.m.span(), a.v.span(), a.grads(ElementType::kF32),
                   CopyOut::bf16(a.out.span()));
       adam.step(hp, {arr[0], n}, {arr[1], n}, {arr[2], n},
                 GradView::f32({static_cast<const float*>(arr[3]), n}), CopyOut::bf16(out));
@@ -381,16 +385,16 @@ TEST_P(CpuAdamIsa, WindowedAndSequentialOrdersGiveTheScalarBits) {
   const std::size_t lengths[] = {1023, 1024, 1031, 2 * 1024 + 8 + 5, 3 * 1024 + 1000};
   const std::size_t layouts[][4] = {
       {0, 16, 32, 48}, {48, 32, 16, 0}, {0, 0, 0, 0}, {0, 8, 128, 256}, {0, 272, 544, 816}};
-  for (DType gt : {DType::kF32, DType::kBF16, DType::kF16}) {
+  for (ElementType gt : {ElementType::kF32, ElementType::kBF16, ElementType::kF16}) {
     // Each gradient type with one copy-out type (bf16 for two of them), so that both copy-outs
     // meet 2- and 4-byte gradients.
-    const DType ot = gt == DType::kBF16 ? DType::kF16 : DType::kBF16;
+    const ElementType ot = gt == ElementType::kBF16 ? ElementType::kF16 : ElementType::kBF16;
     for (const auto& lay : layouts) {
       for (std::size_t n : lengths) {
-        SCOPED_TRACE("n=" + std::to_string(n) + " grad=" + std::string(dtype_name(gt)) +
-                     " out=" + std::string(dtype_name(ot)) + " layout=" + std::to_string(lay[0]) +
-                     "," + std::to_string(lay[1]) + "," + std::to_string(lay[2]) + "," +
-                     std::to_string(lay[3]));
+        SCOPED_TRACE("n=" + std::to_string(n) + " grad=" + std::string(element_type_name(gt)) +
+                     " out=" + std::string(element_type_name(ot)) +
+                     " layout=" + std::to_string(lay[0]) + "," + std::to_string(lay[1]) + "," +
+                     std::to_string(lay[2]) + "," + std::to_string(lay[3]));
         Problem a(n, 0, kSeed + static_cast<std::uint32_t>(n));
         // Array k starts k MiB in, plus its offset: apart mod 1 MiB by the offsets only (the
         // bits the choice compares), never overlapping.
@@ -404,13 +408,14 @@ TEST_P(CpuAdamIsa, WindowedAndSequentialOrdersGiveTheScalarBits) {
         std::copy_n(a.g32.cspan().data(), n, arr[3]);
         // 2-byte gradients at the gradient array's place, 2 bytes an element.
         auto* g16 = reinterpret_cast<std::uint16_t*>(arr[3]);
-        if (gt == DType::kBF16) std::copy_n(a.gbf.cspan().data(), n, g16);
-        if (gt == DType::kF16) std::copy_n(a.g16.cspan().data(), n, g16);
-        const GradView g = gt == DType::kF32 ? GradView::f32({static_cast<const float*>(arr[3]), n})
-                                             : GradView{g16, n, gt};
+        if (gt == ElementType::kBF16) std::copy_n(a.gbf.cspan().data(), n, g16);
+        if (gt == ElementType::kF16) std::copy_n(a.g16.cspan().data(), n, g16);
+        const GradView g = gt == ElementType::kF32
+                               ? GradView::f32({static_cast<const float*>(arr[3]), n})
+                               : GradView{g16, n, gt};
         std::vector<std::uint16_t> out(n);
         const auto copy_out = [ot](std::span<std::uint16_t> to) {
-          return ot == DType::kBF16 ? CopyOut::bf16(to) : CopyOut::f16(to);
+          return ot == ElementType::kBF16 ? CopyOut::bf16(to) : CopyOut::f16(to);
         };
         for (std::uint64_t t = 1; t <= 2; ++t) {
           AdamParams hp = typical(AdamMode::kAdam, 0.01, true);
@@ -444,7 +449,7 @@ TEST_P(CpuAdamIsa, BitwiseIdenticalAcrossThreadCountsAndAlignments) {
       for (std::uint64_t t = 1; t <= 2; ++t) {
         AdamParams hp = typical(AdamMode::kAdamW, 0.01, true);
         hp.step = t;
-        adam.step(hp, pr.p.span(), pr.m.span(), pr.v.span(), pr.grads(DType::kBF16),
+        adam.step(hp, pr.p.span(), pr.m.span(), pr.v.span(), pr.grads(ElementType::kBF16),
                   CopyOut::bf16(pr.out.span()));
       }
       if (!first) {
@@ -472,7 +477,7 @@ TEST_P(CpuAdamIsa, HooksSeeEachPieceBeforeAndAfterItsUpdateAndChangeNoBit) {
   CpuAdam adam({.threads = 3, .isa = GetParam()});
   AdamParams hp = typical(AdamMode::kAdamW, 0.01, true);
   Problem plain(n, 1, kSeed);
-  adam.step(hp, plain.p.span(), plain.m.span(), plain.v.span(), plain.grads(DType::kBF16),
+  adam.step(hp, plain.p.span(), plain.m.span(), plain.v.span(), plain.grads(ElementType::kBF16),
             CopyOut::bf16(plain.out.span()));
 
   Problem hooked(n, 1, kSeed);
@@ -507,7 +512,7 @@ TEST_P(CpuAdamIsa, HooksSeeEachPieceBeforeAndAfterItsUpdateAndChangeNoBit) {
     std::lock_guard lock(s.mu);
     s.after.emplace_back(b, e);
   };
-  adam.step(hp, hooked.p.span(), hooked.m.span(), hooked.v.span(), hooked.grads(DType::kBF16),
+  adam.step(hp, hooked.p.span(), hooked.m.span(), hooked.v.span(), hooked.grads(ElementType::kBF16),
             CopyOut::bf16(hooked.out.span()), &hooks);
   EXPECT_EQ(seen.wrong.load(), 0);
   EXPECT_EQ(std::memcmp(hooked.p.cspan().data(), plain.p.cspan().data(), n * 4), 0);
@@ -537,7 +542,7 @@ TEST_P(CpuAdamIsa, Fp32CopyOutIsTheUpdatedParameters) {
     for (std::uint64_t t = 1; t <= 2; ++t) {
       AdamParams hp = typical(AdamMode::kAdamW, 0.01, true);
       hp.step = t;
-      adam.step(hp, pr.p.span(), pr.m.span(), pr.v.span(), pr.grads(DType::kF32),
+      adam.step(hp, pr.p.span(), pr.m.span(), pr.v.span(), pr.grads(ElementType::kF32),
                 CopyOut::f32(out));
     }
     EXPECT_EQ(std::memcmp(out.data(), pr.p.cspan().data(), n * 4), 0) << "threads " << threads;
@@ -559,8 +564,8 @@ TEST_P(CpuAdamIsa, CopyOutRoundsToNearestEvenOnEveryBitPattern) {
   for (std::uint32_t e = 0x33000000; e < 0x38800000; e += 0x1237) bits.push_back(e);
   for (std::uint32_t e = 0x477f0000; e < 0x47810000; e += 0x11) bits.push_back(e);
   const std::size_t n = bits.size();
-  for (DType ot : {DType::kBF16, DType::kF16}) {
-    SCOPED_TRACE("out=" + std::string(dtype_name(ot)));
+  for (ElementType ot : {ElementType::kBF16, ElementType::kF16}) {
+    SCOPED_TRACE("out=" + std::string(element_type_name(ot)));
     Buffer<float> p(n, 1), m(n, 1), v(n, 1), g(n, 1);
     Buffer<std::uint16_t> out(n, 1);
     for (std::size_t i = 0; i < n; ++i) p[i] = std::bit_cast<float>(bits[i]);
@@ -569,22 +574,22 @@ TEST_P(CpuAdamIsa, CopyOutRoundsToNearestEvenOnEveryBitPattern) {
     hp.lr = 0;
     hp.eps = 1;
     adam.step(hp, p.span(), m.span(), v.span(), GradView::f32(g.cspan()),
-              ot == DType::kBF16 ? CopyOut::bf16(out.span()) : CopyOut::f16(out.span()));
+              ot == ElementType::kBF16 ? CopyOut::bf16(out.span()) : CopyOut::f16(out.span()));
     int failures = 0;
     for (std::size_t i = 0; i < n && failures < 5; ++i) {
       const float x = std::bit_cast<float>(bits[i]);
       if (std::isnan(x)) {
         ASSERT_TRUE(std::isnan(p[i]));
-        const bool nan_out = ot == DType::kBF16 ? is_nan_bf16(out[i]) : is_nan_f16(out[i]);
+        const bool nan_out = ot == ElementType::kBF16 ? is_nan_bf16(out[i]) : is_nan_f16(out[i]);
         if (!nan_out) ++failures;
         EXPECT_TRUE(nan_out) << "NaN 0x" << std::hex << bits[i] << " -> 0x" << out[i];
         continue;
       }
       ASSERT_EQ(std::bit_cast<std::uint32_t>(p[i]), bits[i]) << "lr=0 changed a parameter";
-      const std::uint16_t want = ot == DType::kBF16 ? ref_bf16(x) : ref_f16(x);
+      const std::uint16_t want = ot == ElementType::kBF16 ? ref_bf16(x) : ref_f16(x);
       std::uint16_t got = out[i];
       // VCVTNEPS2BF16 flushes subnormal inputs and results to zero (documented in cpu_adam.h).
-      const bool flushes = GetParam() == Isa::kAvx512Bf16 && ot == DType::kBF16 &&
+      const bool flushes = GetParam() == Isa::kAvx512Bf16 && ot == ElementType::kBF16 &&
                            std::fpclassify(x) == FP_SUBNORMAL;
       if (flushes && (got & 0x7fff) == 0) got = want;
       if (got != want) {
@@ -600,8 +605,8 @@ TEST_P(CpuAdamIsa, CopyOutRoundsToNearestEvenOnEveryBitPattern) {
 // decoding is checked.
 TEST_P(CpuAdamIsa, WidensEveryLowPrecisionGradientExactly) {
   const std::size_t n = 65536;
-  for (DType gt : {DType::kBF16, DType::kF16}) {
-    SCOPED_TRACE("grad=" + std::string(dtype_name(gt)));
+  for (ElementType gt : {ElementType::kBF16, ElementType::kF16}) {
+    SCOPED_TRACE("grad=" + std::string(element_type_name(gt)));
     Buffer<float> p(n, 2), m(n, 2), v(n, 2);
     Buffer<std::uint16_t> g(n, 2);
     for (std::size_t i = 0; i < n; ++i) {
@@ -612,11 +617,11 @@ TEST_P(CpuAdamIsa, WidensEveryLowPrecisionGradientExactly) {
     AdamParams hp;
     hp.beta1 = 0;
     adam.step(hp, p.span(), m.span(), v.span(),
-              gt == DType::kBF16 ? GradView::bf16(g.cspan()) : GradView::f16(g.cspan()));
+              gt == ElementType::kBF16 ? GradView::bf16(g.cspan()) : GradView::f16(g.cspan()));
     int failures = 0;
     for (std::size_t i = 0; i < n && failures < 5; ++i) {
       const auto h = static_cast<std::uint16_t>(i);
-      const double want = gt == DType::kBF16 ? bf16_value(h) : f16_value(h);
+      const double want = gt == ElementType::kBF16 ? bf16_value(h) : f16_value(h);
       const bool ok = std::isnan(want) ? std::isnan(m[i])
                                        : static_cast<double>(m[i]) == want &&
                                              std::signbit(m[i]) == std::signbit(want);
@@ -729,13 +734,13 @@ TEST(CpuAdam, RejectsNullPointersAndOverlaps) {
   CpuAdam adam({.threads = 1, .isa = Isa::kScalar});
   std::vector<float> p(8), m(8), v(8), g(8);
   try {
-    adam.step({}, p, m, v, GradView{nullptr, 8, DType::kF32});
+    adam.step({}, p, m, v, GradView{nullptr, 8, ElementType::kF32});
     FAIL();
   } catch (const UsageError& e) {
     EXPECT_STREQ(e.what(), "cpu adam: grads is null with 8 elements");
   }
   try {
-    adam.step({}, p, m, v, GradView::f32(g), CopyOut{nullptr, 8, DType::kF16, true});
+    adam.step({}, p, m, v, GradView::f32(g), CopyOut{nullptr, 8, ElementType::kF16, true});
     FAIL();
   } catch (const UsageError& e) {
     EXPECT_STREQ(e.what(), "cpu adam: copy-out is null with 8 elements");
@@ -756,8 +761,9 @@ TEST(CpuAdam, RejectsNullPointersAndOverlaps) {
     EXPECT_STREQ(e.what(), "cpu adam: v and copy-out overlap");
   }
   // An fp32 copy-out is 4 bytes per element: 8 uint16 hold only 4 of them.
-  EXPECT_THROW(adam.step({}, p, m, v, GradView::f32(g), CopyOut{g16.data(), 4, DType::kF32, true}),
-               UsageError);
+  EXPECT_THROW(
+      adam.step({}, p, m, v, GradView::f32(g), CopyOut{g16.data(), 4, ElementType::kF32, true}),
+      UsageError);
   // Empty arrays are a no-op, null or not.
   EXPECT_NO_THROW(adam.step({}, {}, {}, {}, GradView{}));
 }
@@ -948,9 +954,38 @@ TEST(CpuAdam, NamesAndParsing) {
   EXPECT_EQ(isa_name(Isa::kSve), "sve");
   EXPECT_EQ(parse_isa("auto", "--isa"), std::nullopt);
   EXPECT_THROW(parse_isa("AVX2", "--isa"), UsageError);
-  EXPECT_EQ(dtype_name(DType::kBF16), "bf16");
+  EXPECT_EQ(element_type_name(ElementType::kBF16), "bf16");
   EXPECT_THROW(CpuAdam({.threads = 5000, .isa = std::nullopt}), UsageError);
   EXPECT_GE(CpuAdam({.threads = 0, .isa = std::nullopt}).threads(), 1u);
+}
+
+// ElementType also names the collectives' wider types; a buffer of one is refused before any
+// memory is touched, with the argument named.
+TEST(CpuAdam, AReductionOnlyElementTypeIsRefusedAndChangesNothing) {
+  CpuAdam adam({.threads = 1, .isa = std::nullopt});
+  const std::size_t n = 40;
+  Problem pr(n, 0, kSeed);
+  const Problem init(n, 0, kSeed);
+  GradView wide = pr.grads(ElementType::kF32);
+  wide.dtype = ElementType::kF64;
+  const AdamParams hp = typical(AdamMode::kAdamW, 0.1, true);
+  try {
+    adam.step(hp, pr.p.span(), pr.m.span(), pr.v.span(), wide, CopyOut::none());
+    ADD_FAILURE() << "fp64 gradients were accepted";
+  } catch (const UsageError& e) {
+    EXPECT_STREQ(e.what(),
+                 "cpu adam: grads: element type fp64 is not a buffer type (fp32, bf16 or fp16)");
+  }
+  CopyOut out = copy_out(ElementType::kBF16, pr.out);
+  out.dtype = ElementType::kU8;
+  EXPECT_THROW(
+      adam.step(hp, pr.p.span(), pr.m.span(), pr.v.span(), pr.grads(ElementType::kF32), out),
+      UsageError);
+  EXPECT_THROW(adam.copy_out(pr.p.cspan(), out), UsageError);
+  for (std::size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(pr.p[i]), std::bit_cast<std::uint32_t>(init.p[i]));
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(pr.m[i]), std::bit_cast<std::uint32_t>(init.m[i]));
+  }
 }
 
 TEST(CpuAdam, ConcurrentStepsShareThePool) {
@@ -961,19 +996,19 @@ TEST(CpuAdam, ConcurrentStepsShareThePool) {
   const AdamParams hp = typical(AdamMode::kAdamW, 0.01, true);
   std::thread ta([&] {
     for (int i = 0; i < 3; ++i) {
-      shared.step(hp, a.p.span(), a.m.span(), a.v.span(), a.grads(DType::kF32));
+      shared.step(hp, a.p.span(), a.m.span(), a.v.span(), a.grads(ElementType::kF32));
     }
   });
   std::thread tb([&] {
     for (int i = 0; i < 3; ++i) {
-      shared.step(hp, b.p.span(), b.m.span(), b.v.span(), b.grads(DType::kF16));
+      shared.step(hp, b.p.span(), b.m.span(), b.v.span(), b.grads(ElementType::kF16));
     }
   });
   ta.join();
   tb.join();
   for (int i = 0; i < 3; ++i) {
-    alone.step(hp, ra.p.span(), ra.m.span(), ra.v.span(), ra.grads(DType::kF32));
-    alone.step(hp, rb.p.span(), rb.m.span(), rb.v.span(), rb.grads(DType::kF16));
+    alone.step(hp, ra.p.span(), ra.m.span(), ra.v.span(), ra.grads(ElementType::kF32));
+    alone.step(hp, rb.p.span(), rb.m.span(), rb.v.span(), rb.grads(ElementType::kF16));
   }
   EXPECT_EQ(std::memcmp(a.p.cspan().data(), ra.p.cspan().data(), n * 4), 0);
   EXPECT_EQ(std::memcmp(b.p.cspan().data(), rb.p.cspan().data(), n * 4), 0);

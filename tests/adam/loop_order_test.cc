@@ -27,7 +27,7 @@ KernelArgs args_at(std::uintptr_t p, std::uintptr_t m, std::uintptr_t v, std::ui
   a.m = reinterpret_cast<float*>(kBase + m);
   a.v = reinterpret_cast<float*>(kBase + v);
   a.grads = reinterpret_cast<const void*>(kBase + g);
-  a.grad_type = ElemType::kF32;
+  a.grad_type = ElementType::kF32;
   return a;
 }
 
@@ -85,7 +85,7 @@ TEST(LoopOrder, GradientsCountOnlyAsALoadAndOnlyWhenFp32) {
     EXPECT_FALSE(use_windowed_order(args_at(64, 64, 64, 128), safe));
     EXPECT_TRUE(use_windowed_order(args_at(64, 64, 64, 0), safe));
     KernelArgs narrow = args_at(64, 64, 64, 0);
-    narrow.grad_type = ElemType::kBF16;
+    narrow.grad_type = ElementType::kBF16;
     EXPECT_FALSE(use_windowed_order(narrow, safe));
   }
 }

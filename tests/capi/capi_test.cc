@@ -347,8 +347,8 @@ TEST(CApi, EngineErrorsCarryTheEnginesText) {
   ASSERT_NE(h.e, nullptr);
   // Releasing a layer that was never fetched, and a fetch out of range: whatever the engine
   // throws reaches the caller as usage with the same text.
-  std::vector<off::LayerSpec> specs = {{"a", 1000, zinf::DType::kBF16},
-                                       {"b", 257, zinf::DType::kF16}};
+  std::vector<off::LayerSpec> specs = {{"a", 1000, zinf::ElementType::kBF16},
+                                       {"b", 257, zinf::ElementType::kF16}};
   auto device = zinf::cuda::make_device({.kind = zinf::cuda::DeviceKind::kHost});
   zinf::cuda::Stream stream = device->create_stream();
   off::OffloadEngine cpp(off::parse_config(kConfig), specs, *device, stream);
@@ -387,8 +387,8 @@ TEST(CApi, MessagesArePerThreadAndPerEngine) {
 TEST(CApi, RoundTripMatchesTheCppEngine) {
   Engine h;
   ASSERT_NE(h.e, nullptr);
-  std::vector<off::LayerSpec> specs = {{"a", 1000, zinf::DType::kBF16},
-                                       {"b", 257, zinf::DType::kF16}};
+  std::vector<off::LayerSpec> specs = {{"a", 1000, zinf::ElementType::kBF16},
+                                       {"b", 257, zinf::ElementType::kF16}};
   auto device = zinf::cuda::make_device({.kind = zinf::cuda::DeviceKind::kHost});
   zinf::cuda::Stream stream = device->create_stream();
   off::OffloadEngine cpp(off::parse_config(kConfig), specs, *device, stream);
@@ -643,8 +643,8 @@ TEST(CApi, LayerHyperParametersAreTheLayersOwn) {
             std::string::npos)
       << zinf_last_error();
 
-  std::vector<off::LayerSpec> specs = {{"a", 1000, zinf::DType::kBF16},
-                                       {"b", 257, zinf::DType::kF16}};
+  std::vector<off::LayerSpec> specs = {{"a", 1000, zinf::ElementType::kBF16},
+                                       {"b", 257, zinf::ElementType::kF16}};
   auto device = zinf::cuda::make_device({.kind = zinf::cuda::DeviceKind::kHost});
   zinf::cuda::Stream stream = device->create_stream();
   off::OffloadEngine cpp(off::parse_config(kConfig), specs, *device, stream);
@@ -872,9 +872,10 @@ TEST(CApi, EmptyCheckpointDirectoryIsUsage) {
     zinf::test::TestDir dir;
     auto device = zinf::cuda::make_device({.kind = zinf::cuda::DeviceKind::kHost});
     zinf::cuda::Stream compute = device->create_stream();
-    off::OffloadEngine engine(off::parse_config(kConfig),
-                              {{"a", 1000, zinf::DType::kBF16}, {"b", 257, zinf::DType::kF16}},
-                              *device, compute.ref());
+    off::OffloadEngine engine(
+        off::parse_config(kConfig),
+        {{"a", 1000, zinf::ElementType::kBF16}, {"b", 257, zinf::ElementType::kF16}}, *device,
+        compute.ref());
     engine.load("");
   });
   EXPECT_EQ(want,

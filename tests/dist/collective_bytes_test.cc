@@ -106,8 +106,9 @@ class CollectiveBytes : public ::testing::TestWithParam<std::tuple<int, int>> {}
 TEST_P(CollectiveBytes, EqualThePlansFiguresWithoutPadding) {
   const auto [world, stage] = GetParam();
   // Every size a multiple of 6: no padding at 2 or 3 ranks.
-  const std::vector<offload::LayerSpec> layers = {
-      {"embed", 6000, DType::kBF16}, {"bias", 6, DType::kBF16}, {"proj", 1206, DType::kBF16}};
+  const std::vector<offload::LayerSpec> layers = {{"embed", 6000, ElementType::kBF16},
+                                                  {"bias", 6, ElementType::kBF16},
+                                                  {"proj", 1206, ElementType::kBF16}};
   const Counts got = run_step(world, stage, layers);
   const PlanRow plan = plan_row(world, stage, layers);
   EXPECT_DOUBLE_EQ(got.all_gather, plan.allgather_per_step);
@@ -118,8 +119,9 @@ TEST_P(CollectiveBytes, EqualThePlansFiguresWithoutPadding) {
 
 TEST_P(CollectiveBytes, ExceedThePlansFiguresByThePaddingAtMost) {
   const auto [world, stage] = GetParam();
-  const std::vector<offload::LayerSpec> layers = {
-      {"embed", 1001, DType::kBF16}, {"bias", 5, DType::kBF16}, {"proj", 2048, DType::kBF16}};
+  const std::vector<offload::LayerSpec> layers = {{"embed", 1001, ElementType::kBF16},
+                                                  {"bias", 5, ElementType::kBF16},
+                                                  {"proj", 2048, ElementType::kBF16}};
   const Counts got = run_step(world, stage, layers);
   const PlanRow plan = plan_row(world, stage, layers);
   // At most world - 1 padding elements per layer, gathered (2 bytes each, twice at stage 3)
@@ -142,8 +144,8 @@ INSTANTIATE_TEST_SUITE_P(WorldsAndStages, CollectiveBytes,
 // Stage 2 gathers half the parameter bytes of stage 3 (once per step, not at each of the two
 // fetches), and moves the same gradient bytes.
 TEST(CollectiveBytesStages, StageTwoGathersHalfOfStageThree) {
-  const std::vector<offload::LayerSpec> layers = {{"embed", 6000, DType::kBF16},
-                                                  {"proj", 1206, DType::kBF16}};
+  const std::vector<offload::LayerSpec> layers = {{"embed", 6000, ElementType::kBF16},
+                                                  {"proj", 1206, ElementType::kBF16}};
   for (const int world : {2, 3}) {
     const Counts two = run_step(world, 2, layers);
     const Counts three = run_step(world, 3, layers);

@@ -55,16 +55,17 @@ class SharedDir {
 
 TEST(MpiShardedEngine, EveryRankFetchesAndEndsBitwiseAsOneEngine) {
   // The third: bf16 gradients in device memory, copied to the host for MPI.
-  for (const ShardedCase c : {ShardedCase{OffloadDevice::kCpu, OffloadDevice::kCpu, false},
-                              ShardedCase{OffloadDevice::kNvme, OffloadDevice::kNvme, true},
-                              ShardedCase{OffloadDevice::kCpu, OffloadDevice::kCpu, true,
-                                          test::GradPlace::kDevice, DType::kBF16},
-                              // Stages 2 and 1: whole parameters on every rank, gradients
-                              // reduce-scattered or all-reduced, one all-gather per step.
-                              ShardedCase{OffloadDevice::kNone, OffloadDevice::kCpu, true,
-                                          test::GradPlace::kHost, DType::kF32, false, 2},
-                              ShardedCase{OffloadDevice::kNone, OffloadDevice::kNvme, false,
-                                          test::GradPlace::kDevice, DType::kBF16, false, 1}}) {
+  for (const ShardedCase c :
+       {ShardedCase{OffloadDevice::kCpu, OffloadDevice::kCpu, false},
+        ShardedCase{OffloadDevice::kNvme, OffloadDevice::kNvme, true},
+        ShardedCase{OffloadDevice::kCpu, OffloadDevice::kCpu, true, test::GradPlace::kDevice,
+                    ElementType::kBF16},
+        // Stages 2 and 1: whole parameters on every rank, gradients
+        // reduce-scattered or all-reduced, one all-gather per step.
+        ShardedCase{OffloadDevice::kNone, OffloadDevice::kCpu, true, test::GradPlace::kHost,
+                    ElementType::kF32, false, 2},
+        ShardedCase{OffloadDevice::kNone, OffloadDevice::kNvme, false, test::GradPlace::kDevice,
+                    ElementType::kBF16, false, 1}}) {
     SCOPED_TRACE(::testing::PrintToString(c));
     zinf::test::TestDir dir;  // this rank's own
     const test::Trace want = test::reference_trace(c, dir.subdir("reference"));

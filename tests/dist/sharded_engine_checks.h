@@ -37,7 +37,9 @@ using offload::OffloadDevice;
 // Odd sizes: one smaller than some worlds (5 elements over 3 ranks pads to 6), one that no
 // world size divides, one of each parameter dtype.
 inline std::vector<offload::LayerSpec> sharded_layers() {
-  return {{"embed", 1001, DType::kBF16}, {"bias", 5, DType::kF16}, {"proj", 2048, DType::kBF16}};
+  return {{"embed", 1001, ElementType::kBF16},
+          {"bias", 5, ElementType::kF16},
+          {"proj", 2048, ElementType::kBF16}};
 }
 
 /// Where a rank's gradients are handed in: host memory, or a device buffer of its device
@@ -52,7 +54,7 @@ struct ShardedCase {
   OffloadDevice optimizer = OffloadDevice::kCpu;
   bool staged = false;  // staged, clipped (the coefficient < 1), an inf in step kOverflowStep
   GradPlace grads = GradPlace::kHost;
-  DType grad_dtype = DType::kF32;
+  ElementType grad_dtype = ElementType::kF32;
   // Dynamic fp16 loss scaling from 2^4, halved at the first overflow (staged cases only).
   bool dynamic_scale = false;
   // zero_optimization.stage: 3 partitions the parameters; 1 and 2 (resident parameters only)
@@ -65,9 +67,9 @@ inline std::string case_name(const ShardedCase& c) {
   std::string name = std::string(offload::offload_device_name(c.param)) + "_" +
                      std::string(offload::offload_device_name(c.optimizer)) +
                      (c.staged ? "_staged" : "_on_arrival");
-  if (c.grads == GradPlace::kDevice || c.grad_dtype != DType::kF32) {
+  if (c.grads == GradPlace::kDevice || c.grad_dtype != ElementType::kF32) {
     name += std::string(c.grads == GradPlace::kDevice ? "_device_" : "_host_") +
-            std::string(dtype_name(c.grad_dtype)) + "_grads";
+            std::string(element_type_name(c.grad_dtype)) + "_grads";
   }
   if (c.dynamic_scale) name += "_dynamic_scale";
   if (c.stage != 3) name += "_stage" + std::to_string(c.stage);
@@ -177,7 +179,7 @@ inline std::array<std::uint64_t, 3> expected_collective_bytes(const ShardedCase&
   const auto n = static_cast<std::uint64_t>(world);
   for (const auto& l : sharded_layers()) {
     const std::uint64_t padded = (l.numel + n - 1) / n * n;
-    const std::uint64_t params = padded * dtype_size(l.param_dtype) / n * (n - 1);
+    const std::uint64_t params = padded * element_size(l.param_dtype) / n * (n - 1);
     const std::uint64_t grads = padded * sizeof(float) / n * (n - 1);
     if (c.stage == 3 || !skipped) want[0] += params;
     if (c.stage == 1) {
@@ -193,7 +195,7 @@ inline std::array<std::uint64_t, 3> expected_collective_bytes(const ShardedCase&
 template <class Engine>
 std::vector<std::byte> fetch_bytes(Engine& e, RankDevice& d, std::size_t layer,
                                    const offload::LayerSpec& spec) {
-  std::vector<std::byte> host(spec.numel * dtype_size(spec.param_dtype));
+  std::vector<std::byte> host(spec.numel * element_size(spec.param_dtype));
   const cuda::DeviceSpan span = e.fetch(layer);
   EXPECT_EQ(span.size(), host.size()) << spec.name;
   d.device->copy_to_host(d.compute.ref(), host, span);
@@ -219,10 +221,10 @@ void hand_in(Engine& e, RankDevice& d, const ShardedCase& c, std::size_t l,
              const std::vector<float>& g, std::vector<std::uint16_t>& narrow,
              cuda::DeviceBuffer& dev) {
   std::span<const std::byte> bytes = std::as_bytes(std::span(g));
-  if (c.grad_dtype != DType::kF32) {
+  if (c.grad_dtype != ElementType::kF32) {
     narrow.resize(g.size());
     for (std::size_t i = 0; i < g.size(); ++i) {
-      narrow[i] = c.grad_dtype == DType::kBF16
+      narrow[i] = c.grad_dtype == ElementType::kBF16
                       ? static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(g[i]) >> 16)
                       : std::bit_cast<std::uint16_t>(static_cast<Half>(g[i]));
     }

@@ -59,9 +59,9 @@ INSTANTIATE_TEST_SUITE_P(
                       // Device gradients: fp32 reduce-scattered by NCCL where they are; fp16
                       // widened on the host.
                       ShardedCase{OffloadDevice::kCpu, OffloadDevice::kCpu, false,
-                                  test::GradPlace::kDevice, DType::kF32},
+                                  test::GradPlace::kDevice, ElementType::kF32},
                       ShardedCase{OffloadDevice::kNvme, OffloadDevice::kNvme, true,
-                                  test::GradPlace::kDevice, DType::kF16}),
+                                  test::GradPlace::kDevice, ElementType::kF16}),
     [](const auto& p) { return test::case_name(p.param); });
 
 }  // namespace

@@ -84,30 +84,30 @@ INSTANTIATE_TEST_SUITE_P(
                           // device-memory backend where the layer needs no padding), and
                           // bf16/fp16, widened on the host, in both step modes.
                           ShardedCase{OffloadDevice::kCpu, OffloadDevice::kCpu, false,
-                                      GradPlace::kDevice, DType::kF32},
+                                      GradPlace::kDevice, ElementType::kF32},
                           ShardedCase{OffloadDevice::kNone, OffloadDevice::kCpu, true,
-                                      GradPlace::kDevice, DType::kF32},
+                                      GradPlace::kDevice, ElementType::kF32},
                           ShardedCase{OffloadDevice::kCpu, OffloadDevice::kCpu, false,
-                                      GradPlace::kDevice, DType::kBF16},
+                                      GradPlace::kDevice, ElementType::kBF16},
                           ShardedCase{OffloadDevice::kNvme, OffloadDevice::kNvme, true,
-                                      GradPlace::kDevice, DType::kF16},
+                                      GradPlace::kDevice, ElementType::kF16},
                           ShardedCase{OffloadDevice::kCpu, OffloadDevice::kCpu, true,
-                                      GradPlace::kHost, DType::kBF16},
+                                      GradPlace::kHost, ElementType::kBF16},
                           // Stages 1 and 2: whole parameters on every rank, refreshed once a
                           // step; gradients all-reduced (1) or reduce-scattered (2), from the
                           // host or the device (fp32 in place over device collectives at stage
                           // 2; stage 1 takes the host path), with either optimizer tier, the
                           // staged overflow skipped by all and dynamic loss scaling.
                           ShardedCase{OffloadDevice::kNone, OffloadDevice::kCpu, false,
-                                      GradPlace::kHost, DType::kF32, false, 2},
+                                      GradPlace::kHost, ElementType::kF32, false, 2},
                           ShardedCase{OffloadDevice::kNone, OffloadDevice::kCpu, true,
-                                      GradPlace::kHost, DType::kF32, false, 1},
+                                      GradPlace::kHost, ElementType::kF32, false, 1},
                           ShardedCase{OffloadDevice::kNone, OffloadDevice::kCpu, true,
-                                      GradPlace::kDevice, DType::kF32, true, 2},
+                                      GradPlace::kDevice, ElementType::kF32, true, 2},
                           ShardedCase{OffloadDevice::kNone, OffloadDevice::kNvme, false,
-                                      GradPlace::kDevice, DType::kF32, false, 1},
+                                      GradPlace::kDevice, ElementType::kF32, false, 1},
                           ShardedCase{OffloadDevice::kNone, OffloadDevice::kNvme, true,
-                                      GradPlace::kHost, DType::kBF16, false, 2})),
+                                      GradPlace::kHost, ElementType::kBF16, false, 2})),
     [](const auto& p) {
       return ::testing::PrintToString(std::get<0>(p.param)) + "_" + std::to_string(std::get<1>(p.param)) +
              "ranks_" + test::case_name(std::get<2>(p.param));
@@ -180,11 +180,11 @@ TEST_P(ShardedEngineReshard, TheNextStepIsBitwiseTheUninterruptedRun) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, ShardedEngineReshard,
-    ::testing::Combine(kMemoryKinds, ::testing::Values(3), ::testing::Values(2),
-                       ::testing::Values(ShardedCase{OffloadDevice::kCpu, OffloadDevice::kCpu,
-                                                     false},
-                                         ShardedCase{OffloadDevice::kNvme, OffloadDevice::kNvme,
-                                                     true, GradPlace::kHost, DType::kF32, true})),
+    ::testing::Combine(
+        kMemoryKinds, ::testing::Values(3), ::testing::Values(2),
+        ::testing::Values(ShardedCase{OffloadDevice::kCpu, OffloadDevice::kCpu, false},
+                          ShardedCase{OffloadDevice::kNvme, OffloadDevice::kNvme, true,
+                                      GradPlace::kHost, ElementType::kF32, true})),
     [](const auto& p) {
       return ::testing::PrintToString(std::get<0>(p.param)) + "_" +
              std::to_string(std::get<1>(p.param)) + "to" + std::to_string(std::get<2>(p.param)) +
@@ -197,7 +197,7 @@ INSTANTIATE_TEST_SUITE_P(
         ::testing::Values(MemoryKind::kHost), ::testing::Values(1, 2), ::testing::Values(3),
         ::testing::Values(ShardedCase{OffloadDevice::kNone, OffloadDevice::kCpu, true},
                           ShardedCase{OffloadDevice::kNvme, OffloadDevice::kNvme, true,
-                                      GradPlace::kHost, DType::kF32, true})),
+                                      GradPlace::kHost, ElementType::kF32, true})),
     [](const auto& p) {
       return ::testing::PrintToString(std::get<0>(p.param)) + "_" +
              std::to_string(std::get<1>(p.param)) + "to" + std::to_string(std::get<2>(p.param)) +
@@ -216,7 +216,7 @@ class ShardedEngineStageChange : public ::testing::TestWithParam<StageChange> {}
 
 TEST_P(ShardedEngineStageChange, TheNextStepIsBitwiseTheUninterruptedRun) {
   const StageChange p = GetParam();
-  ShardedCase saved{p.saved_param, OffloadDevice::kCpu, true, GradPlace::kHost, DType::kF32,
+  ShardedCase saved{p.saved_param, OffloadDevice::kCpu, true, GradPlace::kHost, ElementType::kF32,
                     true,          p.saved_stage};
   ShardedCase loaded = saved;
   loaded.param = OffloadDevice::kNone;
@@ -451,7 +451,7 @@ TEST_P(ShardedEngineGroup, DeviceGradientsMoveOnlyTheSliceOverADeviceBackend) {
     cuda::DeviceBuffer buf = d.device->allocate(numel * sizeof(float));
     d.device->copy_to_device(d.compute.ref(), buf.span(), std::as_bytes(std::span(g)));
     const cuda::DeviceStats before = d.device->stats();
-    e.set_gradients(kProj, buf.span(), DType::kF32);
+    e.set_gradients(kProj, buf.span(), ElementType::kF32);
     const cuda::DeviceStats after = d.device->stats();
     const std::uint64_t flags = 2 * sizeof(std::int32_t);
     if (GetParam() == MemoryKind::kDevice) {
@@ -507,18 +507,18 @@ TEST_P(ShardedEngineGroup, MisusedDeviceGradientsAreRefusedOnTheirRankBeforeAnyC
       const cuda::DeviceSpan span = bufs.back().span();
       if (comm.rank() == kMisusing && l == 0) {
         const std::string at = "ShardedEngine::set_gradients: layer 'embed' ";
-        EXPECT_EQ(refusal([&] { e.set_gradients(0, span.subspan(0, 4000), DType::kF32); }),
+        EXPECT_EQ(refusal([&] { e.set_gradients(0, span.subspan(0, 4000), ElementType::kF32); }),
                   at + "has 1001 elements, got 4000 bytes of fp32 gradients in device memory "
                        "(rank 1)");
-        EXPECT_EQ(refusal([&] { e.set_gradients(0, span, DType::kBF16); }),
+        EXPECT_EQ(refusal([&] { e.set_gradients(0, span, ElementType::kBF16); }),
                   at + "has 1001 elements, got 4004 bytes of bf16 gradients in device memory "
                        "(rank 1)");
-        EXPECT_EQ(refusal([&] { e.set_gradients(0, cuda::DeviceSpan(), DType::kF32); }),
+        EXPECT_EQ(refusal([&] { e.set_gradients(0, cuda::DeviceSpan(), ElementType::kF32); }),
                   at + "has 1001 elements, got 0 bytes of fp32 gradients in device memory "
                        "(rank 1)");
-        // A value outside DType, sized as a 2-byte type: past the size check, refused by name.
+        // A value outside ElementType, sized as a 2-byte type: past the size check, refused by name.
         EXPECT_EQ(refusal([&] {
-                    e.set_gradients(0, span.subspan(0, 2002), static_cast<DType>(99));
+                    e.set_gradients(0, span.subspan(0, 2002), static_cast<ElementType>(99));
                   }),
                   "ShardedEngine::set_gradients: unknown gradient dtype for layer 'embed' (rank "
                   "1)");
@@ -526,14 +526,14 @@ TEST_P(ShardedEngineGroup, MisusedDeviceGradientsAreRefusedOnTheirRankBeforeAnyC
         o.kind = cuda::DeviceKind::kHost;
         auto other = cuda::make_device(o);
         cuda::DeviceBuffer foreign = other->allocate(span.size());
-        EXPECT_EQ(refusal([&] { e.set_gradients(0, foreign.span(), DType::kF32); }),
+        EXPECT_EQ(refusal([&] { e.set_gradients(0, foreign.span(), ElementType::kF32); }),
                   "ShardedEngine::set_gradients: layer 'embed': the gradients are not in the "
                   "memory of device " +
                       std::string(d.device->name()) + " (rank 1)");
       }
-      e.set_gradients(l, span, DType::kF32);
+      e.set_gradients(l, span, ElementType::kF32);
       if (comm.rank() == kMisusing && l == 0) {
-        EXPECT_EQ(refusal([&] { e.set_gradients(0, span, DType::kF32); }),
+        EXPECT_EQ(refusal([&] { e.set_gradients(0, span, ElementType::kF32); }),
                   "ShardedEngine::set_gradients: layer 'embed' already has gradients for this "
                   "step");
       }

@@ -107,7 +107,7 @@ TEST(Config, EmptyObjectGivesDefaults) {
   EXPECT_TRUE(c.zinf.checksums);  // integrity unless the config opts out
   EXPECT_TRUE(c.zinf.checkpoint_reflink);
   EXPECT_EQ(c.optimizer.hyper.mode, adam::AdamMode::kAdam);
-  EXPECT_EQ(c.param_dtype, DType::kBF16);
+  EXPECT_EQ(c.param_dtype, ElementType::kBF16);
 }
 
 TEST(Config, ReadsEveryZeroOptimizationKey) {
@@ -220,14 +220,14 @@ TEST(Config, AdamMeansAdamWUnlessAdamWModeIsFalseAsInDeepSpeed) {
 }
 
 TEST(Config, PrecisionBlocksSetTheParameterDtype) {
-  EXPECT_EQ(parse_config(R"({"bf16": {"enabled": true}})").param_dtype, DType::kBF16);
+  EXPECT_EQ(parse_config(R"({"bf16": {"enabled": true}})").param_dtype, ElementType::kBF16);
   EXPECT_EQ(parse_config(R"({"fp16": {"enabled": true, "loss_scale": 0,
                                       "initial_scale_power": 16}})")
                 .param_dtype,
-            DType::kF16);
-  EXPECT_EQ(parse_config(R"({"fp16": {"enabled": false}})").param_dtype, DType::kBF16);
+            ElementType::kF16);
+  EXPECT_EQ(parse_config(R"({"fp16": {"enabled": false}})").param_dtype, ElementType::kBF16);
   const EngineConfig old = parse_config(R"({"bfloat16": {"enabled": true}})");
-  EXPECT_EQ(old.param_dtype, DType::kBF16);
+  EXPECT_EQ(old.param_dtype, ElementType::kBF16);
   EXPECT_TRUE(has_notice(old, "bfloat16: older name of bf16"));
   EXPECT_EQ(error_of(R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})"),
             "cfg.json: fp16: bf16.enabled and fp16.enabled are both true; enable one of them");
@@ -541,7 +541,7 @@ TEST(Config, ParsesARealZeroInfinityConfig) {
   EXPECT_EQ(c.optimizer.hyper.lr, 3e-4);
   EXPECT_EQ(c.optimizer.hyper.beta2, 0.95);
   EXPECT_EQ(c.optimizer.hyper.weight_decay, 0.1);
-  EXPECT_EQ(c.param_dtype, DType::kBF16);
+  EXPECT_EQ(c.param_dtype, ElementType::kBF16);
   EXPECT_EQ(c.gradient_clipping, 1.0);  // takes effect: the staged step mode
   EXPECT_EQ(c.effective_step_mode(), StepMode::kStaged);
   EXPECT_EQ(c.nvme_directories(c.offload_param.nvme_path),
@@ -839,7 +839,7 @@ TEST(Config, RoundTripsAConfigWithEveryFieldChanged) {
   c.zinf.precondition = true;
   c.zinf.prefetch_depth = 5;
   c.zinf.adam_threads = 3;
-  c.param_dtype = DType::kF16;
+  c.param_dtype = ElementType::kF16;
   c.gradient_clipping = 0.1 / 3;
   c.loss_scaling = {true, 0, 20, 7, 3, true, 0.25};
   c.zinf.step_mode = StepMode::kStaged;
@@ -849,7 +849,7 @@ TEST(Config, RoundTripsAConfigWithEveryFieldChanged) {
 
   // The other values of the enums and of the optimizer's mode.
   c.optimizer.hyper.mode = adam::AdamMode::kAdam;
-  c.param_dtype = DType::kBF16;
+  c.param_dtype = ElementType::kBF16;
   c.loss_scaling = {};
   c.zinf.step_mode = StepMode::kOnArrival;
   c.zinf.state_precision = adam::StatePrecision::kBF16;
@@ -861,11 +861,11 @@ TEST(Config, RoundTripsAConfigWithEveryFieldChanged) {
   c.zinf.step_mode = StepMode::kAuto;
   c.loss_scaling.loss_scale = 512;  // static
   c.loss_scaling.enabled = true;
-  c.param_dtype = DType::kF16;
+  c.param_dtype = ElementType::kF16;
   expect_same(parse_config(config_to_json(c)), c);
-  c.param_dtype = DType::kBF16;  // loss scaling without fp16: no config spells it
+  c.param_dtype = ElementType::kBF16;  // loss scaling without fp16: no config spells it
   EXPECT_THROW((void)config_to_json(c), UsageError);
-  c.param_dtype = DType::kF32;
+  c.param_dtype = ElementType::kF32;
   EXPECT_THROW((void)config_to_json(c), UsageError);
 }
 

@@ -97,7 +97,7 @@ TEST(DeviceGradients, SetGradientsReturnsWhileTheComputeWritingThemRuns) {
   cuda::Event after = dev.create_event();
   dev.record(after, rig.compute());
 
-  rig.engine().set_gradients(0, d.span(), DType::kF32);
+  rig.engine().set_gradients(0, d.span(), ElementType::kF32);
   EXPECT_FALSE(after.query()) << "set_gradients waited for the compute stream";
   (void)rig.engine().step();
 
@@ -119,7 +119,7 @@ TEST(DeviceGradients, StagingIsCountedInThePinnedBudgetAndNamedInItsError) {
   c.zinf.prefetch_depth = 2;
   c.zinf.grad_staging_buffers = 2;
   c.zinf.pinned_budget_bytes = 1000;
-  const std::vector<LayerSpec> one = {{"w", 2048, DType::kBF16}};
+  const std::vector<LayerSpec> one = {{"w", 2048, ElementType::kBF16}};
   // As PinnedBudgetTooSmallNamesTheSmallestThatWorks (40960 + 16384), plus 2 x 2048 x 4 bytes.
   try {
     rig.make(c, one);
@@ -141,7 +141,7 @@ TEST(DeviceGradients, StagingIsCountedInThePinnedBudgetAndNamedInItsError) {
   cuda::DeviceBuffer d = rig.device().allocate(2048 * 4);
   const std::vector<float> ones(2048, 1.0f);  // alive until step() has read the copy
   rig.device().copy_to_device(rig.compute(), d.span(), std::as_bytes(std::span<const float>(ones)));
-  rig.engine().set_gradients(0, d.span(), DType::kF32);
+  rig.engine().set_gradients(0, d.span(), ElementType::kF32);
   (void)rig.engine().step();
   EXPECT_EQ(rig.engine().stats().pinned_bytes, 73728u);
   EXPECT_EQ(rig.engine().stats().pinned_bytes_peak, 73728u);
@@ -163,10 +163,10 @@ TEST(DeviceGradients, MisuseIsRefusedWithItsText) {
     }
     return std::string("no UsageError");
   };
-  EXPECT_EQ(text([&] { e.set_gradients(0, d.span(0, 4999 * 4), DType::kF32); }),
+  EXPECT_EQ(text([&] { e.set_gradients(0, d.span(0, 4999 * 4), ElementType::kF32); }),
             "OffloadEngine::set_gradients: layer 'l0' has 5000 elements, got 4999 gradients in "
             "device memory");
-  EXPECT_EQ(text([&] { e.set_gradients(0, d.span(0, 5000 * 2 + 1), DType::kBF16); }),
+  EXPECT_EQ(text([&] { e.set_gradients(0, d.span(0, 5000 * 2 + 1), ElementType::kBF16); }),
             "OffloadEngine::set_gradients: layer 'l0' has 5000 elements, got 10001 bytes of bf16 "
             "gradients in device memory");
   {
@@ -174,19 +174,19 @@ TEST(DeviceGradients, MisuseIsRefusedWithItsText) {
     o.kind = cuda::DeviceKind::kHost;
     auto other = cuda::make_device(o);
     cuda::DeviceBuffer foreign = other->allocate(5000 * 4);
-    EXPECT_EQ(text([&] { e.set_gradients(0, foreign.span(), DType::kF32); }),
+    EXPECT_EQ(text([&] { e.set_gradients(0, foreign.span(), ElementType::kF32); }),
               "OffloadEngine::set_gradients: layer 'l0': the gradients are not in the memory of "
               "device host");
   }
   // Nothing was queued by the refusals: a normal step works.
-  e.set_gradients(0, d.span(), DType::kF32);
+  e.set_gradients(0, d.span(), ElementType::kF32);
   (void)e.step();
   EXPECT_EQ(e.stats().steps, 1u);
 
   c.zinf.grad_staging_buffers = 0;
   rig.make(c);
   rig.init_weights();
-  EXPECT_EQ(text([&] { rig.engine().set_gradients(0, d.span(), DType::kF32); }),
+  EXPECT_EQ(text([&] { rig.engine().set_gradients(0, d.span(), ElementType::kF32); }),
             "OffloadEngine::set_gradients: gradients in device memory need "
             "zinf.grad_staging_buffers >= 1 (it is 0: host gradients only)");
 }
@@ -208,7 +208,7 @@ TEST(DeviceGradients, AFailedCopyFailsTheStepAndLeavesTheStateAsItWas) {
   cuda::Event failed = dev.create_event();
   dev.record(failed, bad);
   dev.wait(rig.compute(), failed);
-  rig.engine().set_gradients(0, d.span(), DType::kF32);
+  rig.engine().set_gradients(0, d.span(), ElementType::kF32);
   try {
     (void)rig.engine().step();
     ADD_FAILURE() << "no throw";

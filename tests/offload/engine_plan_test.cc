@@ -32,7 +32,9 @@ EngineConfig memory_config() {
 }
 
 std::vector<LayerSpec> layers() {
-  return {{"a", 5000, DType::kBF16}, {"b", 300, DType::kF16}, {"c", 4096, DType::kBF16}};
+  return {{"a", 5000, ElementType::kBF16},
+          {"b", 300, ElementType::kF16},
+          {"c", 4096, ElementType::kBF16}};
 }
 
 TEST(EnginePlan, TranslatesTheConfigIntoTheOptimizersOptions) {
@@ -163,9 +165,9 @@ TEST(EnginePlan, WearEstimateCountsWhatEachStepWritesAndWhere) {
 TEST(EnginePlan, RefusesLayersTheConfigCannotHold) {
   EngineConfig c = memory_config();
   EXPECT_THROW(plan_engine(c, {}), UsageError);
-  std::vector<LayerSpec> dup = {{"a", 10, DType::kBF16}, {"a", 10, DType::kBF16}};
+  std::vector<LayerSpec> dup = {{"a", 10, ElementType::kBF16}, {"a", 10, ElementType::kBF16}};
   EXPECT_THROW(plan_engine(c, dup), UsageError);
-  std::vector<LayerSpec> fp32 = {{"a", 10, DType::kF32}};
+  std::vector<LayerSpec> fp32 = {{"a", 10, ElementType::kF32}};
   EXPECT_THROW(plan_engine(c, fp32), UsageError);
   c.offload_param.device = OffloadDevice::kCpu;
   c.offload_param.buffer_size = 4096;

@@ -97,7 +97,7 @@ StepStats iterate(EngineRig& rig, const std::vector<adam::GradView>& grads) {
   std::vector<std::byte> reused;
   for (std::size_t l = e.layer_count(); l-- > 0;) {
     (void)rig.fetch_bits(l);
-    const std::size_t bytes = grads[l].size * (grads[l].dtype == DType::kF32 ? 4 : 2);
+    const std::size_t bytes = grads[l].size * (grads[l].dtype == ElementType::kF32 ? 4 : 2);
     reused.assign(bytes, std::byte{0});
     std::memcpy(reused.data(), grads[l].data, bytes);
     e.set_gradients(l, {reused.data(), grads[l].size, grads[l].dtype});
@@ -244,7 +244,7 @@ TEST(OffloadEngineStaged, ClippingCombinesWithPerLayerHyperParameters) {
 TEST(OffloadEngineStaged, Bf16AndFp16GradientsAreStagedExactly) {
   test::TestDir dir;
   const auto layers = test::engine_layers();
-  for (DType dtype : {DType::kBF16, DType::kF16}) {
+  for (ElementType dtype : {ElementType::kBF16, ElementType::kF16}) {
     EngineRig rig;
     OffloadEngine& e =
         rig.make(staged_config(OffloadDevice::kCpu, OffloadDevice::kCpu, dir, 0.5, 8.0));
@@ -266,7 +266,8 @@ TEST(OffloadEngineStaged, Bf16AndFp16GradientsAreStagedExactly) {
       const StepStats st = iterate(rig, views);
       ASSERT_FALSE(st.skipped);
       ref.step(e.hyper(), t, st.grad_scale_applied, views);
-      EXPECT_EQ(test::master_diff(rig.masters(), ref.p), "") << dtype_name(dtype) << " step " << t;
+      EXPECT_EQ(test::master_diff(rig.masters(), ref.p), "")
+          << element_type_name(dtype) << " step " << t;
     }
   }
 }

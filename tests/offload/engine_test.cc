@@ -459,7 +459,7 @@ TEST(OffloadEngine, PinnedBudgetTooSmallNamesTheSmallestThatWorks) {
   c.zinf.prefetch_depth = 2;
   c.zinf.pinned_budget_bytes = 1000;
   c.zinf.grad_staging_buffers = 0;  // host gradients only (DeviceGradients tests the staging)
-  const std::vector<LayerSpec> one = {{"w", 2048, DType::kBF16}};
+  const std::vector<LayerSpec> one = {{"w", 2048, ElementType::kBF16}};
   // Optimizer (cpu tier): 2048 x 12 bytes of state + 4 copy-out staging buffers of 4096;
   // parameters: (depth 2 + 2) x 4096 bytes of staging.
   try {
@@ -794,13 +794,25 @@ TEST(OffloadEngine, EmptyCheckpointDirectoryIsRefused) {
   EXPECT_EQ(rig.engine().stats().steps, 1u);
 }
 
-// The drive-slowdown notice (zinf.rate_notice_*). The optimizer's NVMe writes are slowed from
-// steps 4 to 7 by the fault plan's delay rule (20 ms per write piece: the healthy writes of these
-// small layers take well under a millisecond, so the slowed rate is far below the share); the
-// reference is the median of the first 3 steps. Counts, never timings, are asserted: exactly
-// one slowdown notice naming the directory, one recovery notice once the delay stops (the
-// watch is silent after it), and none at all without the delay.
+// The drive-slowdown notice (zinf.rate_notice_*). The drive is the fault plan's: every piece
+// waits kPieceDelay, so a step's rate is set by those waits and not by the test machine's disk
+// (a shared disk once took 10x longer for three steps in a row and the watch, rightly, spoke);
+// from step 4 to 7 the optimizer's writes wait 15 times longer. The reference is the median of
+// the first 3 steps. Counts, never timings, are asserted: exactly one slowdown notice naming
+// the directory, one recovery notice once the slow writes stop (the watch is silent after
+// it), and none at all without them.
 namespace {
+
+constexpr auto kPieceDelay = std::chrono::milliseconds(4);
+
+// A delay of kPieceDelay on every read and write piece.
+swap::FaultRule every_piece_waits() {
+  swap::FaultRule wait;
+  wait.kind = swap::FaultKind::kDelay;
+  wait.times = ~std::uint64_t{0};
+  wait.delay = kPieceDelay;
+  return wait;
+}
 
 // The lines of the notice about `what`: "writes", "reads", or "" for both.
 std::vector<std::string> rate_notices(const std::vector<std::string>& lines,
@@ -853,10 +865,12 @@ TEST(OffloadEngine, SlowDriveGivesOneNoticeAndOneOnRecovery) {
   swap::FaultRule slow;
   slow.kind = swap::FaultKind::kDelay;
   slow.op = swap::IoOp::kWrite;
-  slow.delay = std::chrono::milliseconds(20);
+  slow.delay = 15 * kPieceDelay;
   slow.first_match = w.init + 3 * w.per_step;  // steps 4, 5, 6, 7 are slow
   slow.times = 4 * w.per_step;
-  auto plan = std::make_shared<swap::FaultPlan>(std::vector<swap::FaultRule>{slow});
+  // The first rule that fires decides a piece: the slow one, else the wait every piece has.
+  auto plan =
+      std::make_shared<swap::FaultPlan>(std::vector<swap::FaultRule>{slow, every_piece_waits()});
   test::LogCapture log;
   EngineRig rig;
   rig.make(c, {.param = nullptr, .optimizer = plan});
@@ -890,11 +904,13 @@ TEST(OffloadEngine, HealthyDriveGivesNoRateNotice) {
   test::TestDir dir;
   EngineConfig c = test::engine_config(OffloadDevice::kCpu, OffloadDevice::kNvme, dir);
   c.zinf.rate_notice_share = 0.25;
+  auto plan = std::make_shared<swap::FaultPlan>(std::vector<swap::FaultRule>{every_piece_waits()});
   test::LogCapture log;
   EngineRig rig;
-  rig.make(c);
+  rig.make(c, {.param = nullptr, .optimizer = plan});
   rig.init_weights();
   for (std::uint64_t t = 1; t <= 10; ++t) rig.iteration(t);
+  EXPECT_GT(plan->fired(0), 0u);
   EXPECT_TRUE(rate_notices(log.lines(), "").empty()) << ::testing::PrintToString(log.lines());
 }
 

@@ -32,10 +32,10 @@ inline void PrintTo(OffloadDevice device, std::ostream* os) { *os << offload_dev
 namespace zinf::test {
 
 inline std::vector<offload::LayerSpec> engine_layers() {
-  return {{"l0", 5000, DType::kBF16},
-          {"l1", 2 * 2048 + 7, DType::kBF16},
-          {"l2", 300, DType::kF16},
-          {"l3", 4096, DType::kBF16}};
+  return {{"l0", 5000, ElementType::kBF16},
+          {"l1", 2 * 2048 + 7, ElementType::kBF16},
+          {"l2", 300, ElementType::kF16},
+          {"l3", 4096, ElementType::kBF16}};
 }
 
 inline offload::EngineConfig engine_config(offload::OffloadDevice param, offload::OffloadDevice opt,
@@ -216,7 +216,7 @@ class EngineRig {
         if (dev_grads_[l].empty()) dev_grads_[l] = device_->allocate(g.size() * sizeof(float));
         device_->copy_to_device(compute_, dev_grads_[l].span(),
                                 std::as_bytes(std::span<const float>(g)));
-        engine_->set_gradients(l, dev_grads_[l].span(), DType::kF32);
+        engine_->set_gradients(l, dev_grads_[l].span(), ElementType::kF32);
       } else {
         engine_->set_gradients(l, adam::GradView::f32(g));
       }

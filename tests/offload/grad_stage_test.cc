@@ -63,7 +63,7 @@ Replayed replay_all(GradientStage& stage, std::size_t layers) {
   Replayed r;
   r.grads.resize(layers);
   stage.replay([&](std::size_t l, adam::GradView g, const std::function<void()>& consumed) {
-    EXPECT_EQ(g.dtype, DType::kF32);
+    EXPECT_EQ(g.dtype, ElementType::kF32);
     const auto* p = static_cast<const float*>(g.data);
     r.grads[l].assign(p, p + g.size);
     r.order.push_back(l);

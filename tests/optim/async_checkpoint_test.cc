@@ -79,8 +79,8 @@ TEST_P(AsyncCheckpoint, WritesTheStateAtTheCallWhileStepsGoOnBytewiseAsSave) {
   const std::string sync_dir = dir_.file("sync");
   const std::string async_dir = dir_.file("async");
   test::State at_save, after;
-  test::StepGrads sg3(groups, 3, DType::kF32);
-  test::StepGrads sg4(groups, 4, DType::kF32);
+  test::StepGrads sg3(groups, 3, ElementType::kF32);
+  test::StepGrads sg4(groups, 4, ElementType::kF32);
   {  // the checkpoint directories are locked for `a` until it is gone
     OffloadedOptimizer a(options_for(GetParam(), dir_), groups);
     test::init_all(a);
@@ -201,7 +201,7 @@ TEST_P(AsyncCheckpoint, RecordsInFlightWhileStepsUpdateThemAreSavedAsSaveWritesT
   std::uint64_t step = 1;
   auto full_steps = [&](int count) {  // back to back, while the save may still be writing
     for (int i = 0; i < count; ++i) {
-      test::StepGrads sg(groups, ++step, DType::kF32);
+      test::StepGrads sg(groups, ++step, ElementType::kF32);
       (void)a.step(sg.views);
     }
   };
@@ -233,14 +233,14 @@ TEST_P(AsyncCheckpoint, RecordsInFlightWhileStepsUpdateThemAreSavedAsSaveWritesT
     }
     a.save_async(async_dir);
     if (round == 0) {
-      test::StepGrads head(groups, ++step, DType::kF32);
+      test::StepGrads head(groups, ++step, ElementType::kF32);
       const std::uint64_t copied = a.step(std::span(&head.views[0], 1)).snapshot_copy_bytes;
       EXPECT_GT(copied, 0u);
       EXPECT_EQ(copied % 4096, 0u);
       gate.release();
     } else {
       entered.get_future().wait();  // "tail", the last record, is written and not yet done
-      test::StepGrads tail(groups, ++step, DType::kF32);
+      test::StepGrads tail(groups, ++step, ElementType::kF32);
       const StepStats st = a.step(std::span(&tail.views[2], 1));
       EXPECT_GT(st.snapshot_wait_seconds, 0.0);
       EXPECT_EQ(st.snapshot_copy_bytes, 0u);
@@ -445,11 +445,11 @@ TEST_P(AsyncCheckpointKill, LeavesALoadableCheckpoint) {
       if (phase == kp.phase) ::raise(SIGKILL);
     });
     b.load(ckpt);
-    test::StepGrads sg(groups, 3, DType::kF32);
+    test::StepGrads sg(groups, 3, ElementType::kF32);
     (void)b.step(sg.views);
     b.save_async(ckpt);
     for (std::uint64_t t = 4; t < 8; ++t) {
-      test::StepGrads more(groups, t, DType::kF32);
+      test::StepGrads more(groups, t, ElementType::kF32);
       (void)b.step(more.views);
     }
     b.wait_save();

@@ -84,9 +84,9 @@ TEST_P(Checkpoint, ResumingContinuesBitwiseIdenticalToAnUninterruptedRun) {
   const std::string ckpt = dir_.file("ckpt");
   OffloadedOptimizer a(options_for(GetParam(), dir_), groups);
   test::init_all(a);
-  test::run_steps(a, 1, 2, DType::kBF16);
+  test::run_steps(a, 1, 2, ElementType::kBF16);
   a.save(ckpt);
-  test::run_steps(a, 3, 5, DType::kBF16);
+  test::run_steps(a, 3, 5, ElementType::kBF16);
 
   // `a` holds ckpt (one owner per directory): b resumes from a copy, which loads as well.
   const std::string copy = dir_.file("copy");
@@ -94,10 +94,10 @@ TEST_P(Checkpoint, ResumingContinuesBitwiseIdenticalToAnUninterruptedRun) {
   OffloadedOptimizer b(options_for(GetParam(), dir_), groups);
   b.load(copy);
   EXPECT_EQ(b.step_count(), 2u);
-  test::run_steps(b, 3, 5, DType::kBF16);
+  test::run_steps(b, 3, 5, ElementType::kBF16);
   EXPECT_EQ(test::diff(test::read_all(b), test::read_all(a)), "");
   EXPECT_EQ(test::diff(test::read_all(b),
-                       test::reference_run(groups, test::test_hyper(), 5, DType::kBF16)),
+                       test::reference_run(groups, test::test_hyper(), 5, ElementType::kBF16)),
             "");
 }
 
@@ -263,7 +263,7 @@ TEST_P(Checkpoint, PerGroupHyperParametersRoundTripAndResumeBitwise) {
                                                                         : groups[g].hyper.value_or(
                                                                               test::test_hyper());
                                               },
-                                              4, DType::kF32)),
+                                              4, ElementType::kF32)),
             "");
 }
 
@@ -369,7 +369,7 @@ TEST_P(Checkpoint, AFormat1CheckpointLoadsWithItsOneSetForEveryGroup) {
   // The next step is step 8 of the plain kernel with that set, from that state.
   test::run_steps(b, 8, 8);
   adam::CpuAdam adam;
-  test::StepGrads sg(groups, 8, DType::kF32);
+  test::StepGrads sg(groups, 8, ElementType::kF32);
   adam::AdamParams hp8 = hp;
   hp8.step = 8;
   for (std::size_t g = 0; g < groups.size(); ++g) {
@@ -862,7 +862,7 @@ TEST_P(CheckpointKill, LeavesALoadableCheckpoint) {
       if (phase == kp.phase && bytes >= kp.after_bytes) ::raise(SIGKILL);
     });
     b.load(ckpt);
-    test::StepGrads sg(groups, 3, DType::kF32);
+    test::StepGrads sg(groups, 3, ElementType::kF32);
     (void)b.step(sg.views);
     b.save(ckpt);
   });

@@ -60,7 +60,7 @@ test::State compact_reference(const std::vector<ParamGroupSpec>& groups, StatePr
     }
   }
   for (std::uint64_t t = 1; t <= steps; ++t) {
-    test::StepGrads sg(groups, t, DType::kF32);
+    test::StepGrads sg(groups, t, ElementType::kF32);
     for (std::size_t g = 0; g < groups.size(); ++g) {
       adam::AdamParams hp = test::test_hyper();
       hp.step = t;
@@ -120,7 +120,7 @@ TEST_P(CompactOptimizer, RecordsAndStepsMoveTheModesBytes) {
   EXPECT_EQ(opt.record_bytes(), record_bytes(test::kOddSubGroup, alignment));
   const std::uint64_t per_element = GetParam().precision == StatePrecision::kBF16 ? 8 : 6;
   EXPECT_LE(opt.record_bytes(), align_up(per_element * test::kOddSubGroup + 8 * 65, alignment));
-  test::StepGrads sg(test::odd_groups(), 1, DType::kF32);
+  test::StepGrads sg(test::odd_groups(), 1, ElementType::kF32);
   const StepStats st = opt.step(sg.views);
   if (GetParam().tier == StateTier::kNvme) {
     std::uint64_t want = 0;
@@ -327,7 +327,7 @@ TEST(CompactOptimizerIntegrity, AFlippedByteOfCompactStateFailsTheNextStep) {
     // or (int8) the m scales.
     const std::uint64_t offset = 4 * test::kOddSubGroup + 2;
     (void)test::flip_swap_file_byte(dir.file(name), offset);
-    test::StepGrads sg(test::odd_groups(), 2, DType::kF32);
+    test::StepGrads sg(test::odd_groups(), 2, ElementType::kF32);
     try {
       (void)opt.step(sg.views);
       ADD_FAILURE() << "step 2 trained on a corrupt " << name << " record";

@@ -143,7 +143,7 @@ TEST_P(OptimizerFault, FailedWriteBackThrowsOnceThenRefusesEveryCall) {
   auto opt = make({on_record(IoOp::kWrite, kW1Sub1Offset, 1)});
   const std::string path = opt->swap_file_paths()[0];
   const auto groups = test::odd_groups();
-  test::StepGrads sg(groups, 1, DType::kF32);
+  test::StepGrads sg(groups, 1, ElementType::kF32);
   std::string text;
   try {
     (void)opt->step(sg.views);
@@ -186,7 +186,7 @@ TEST_P(OptimizerFault, ZeroByteWriteIsAShortTransferThatFailsTheOptimizer) {
   r.kind = FaultKind::kShort;
   r.short_bytes = 0;
   auto opt = make({r});
-  test::StepGrads sg(test::odd_groups(), 1, DType::kF32);
+  test::StepGrads sg(test::odd_groups(), 1, ElementType::kF32);
   try {
     (void)opt->step(sg.views);
     FAIL() << "a zero-byte write was not reported";
@@ -211,16 +211,17 @@ TEST_P(OptimizerFault, ShortWritesAreResubmittedAndNothingIsLost) {
   auto opt = make({r});
   test::run_steps(*opt, 1, 2);
   EXPECT_GT(plan_->injected(), 0u);
-  EXPECT_EQ(test::diff(test::read_all(*opt),
-                       test::reference_run(test::odd_groups(), test::test_hyper(), 2, DType::kF32)),
-            "");
+  EXPECT_EQ(
+      test::diff(test::read_all(*opt),
+                 test::reference_run(test::odd_groups(), test::test_hyper(), 2, ElementType::kF32)),
+      "");
 }
 
 TEST_P(OptimizerFault, FailedReadBeforeAnyWriteBackUndoesTheStep) {
   // Match 0 is step 1's read of embed#0, the first read of the step: nothing written yet.
   auto opt = make({on_record(IoOp::kRead, 0, 0)});
   const auto groups = test::odd_groups();
-  test::StepGrads sg(groups, 1, DType::kF32);
+  test::StepGrads sg(groups, 1, ElementType::kF32);
   try {
     (void)opt->step(sg.views);
     FAIL() << "a failed read was not reported";
@@ -236,18 +237,18 @@ TEST_P(OptimizerFault, FailedReadBeforeAnyWriteBackUndoesTheStep) {
   EXPECT_EQ(opt->step_count(), 0u);
   // The state is the initial one, and training goes on as if the failed step never happened.
   EXPECT_EQ(test::diff(test::read_all(*opt),
-                       test::reference_run(groups, test::test_hyper(), 0, DType::kF32)),
+                       test::reference_run(groups, test::test_hyper(), 0, ElementType::kF32)),
             "");
   test::run_steps(*opt, 1, 2);
   EXPECT_EQ(test::diff(test::read_all(*opt),
-                       test::reference_run(groups, test::test_hyper(), 2, DType::kF32)),
+                       test::reference_run(groups, test::test_hyper(), 2, ElementType::kF32)),
             "");
 }
 
 TEST_P(OptimizerFault, FailedReadAfterWriteBacksFailsTheOptimizer) {
   // w1#1 is the fifth record: by the time it is read, earlier records have been written back.
   auto opt = make({on_record(IoOp::kRead, kW1Sub1Offset, 0)});
-  test::StepGrads sg(test::odd_groups(), 1, DType::kF32);
+  test::StepGrads sg(test::odd_groups(), 1, ElementType::kF32);
   try {
     (void)opt->step(sg.views);
     FAIL() << "a failed read was not reported";
@@ -281,9 +282,10 @@ TEST_P(OptimizerFault, FailedCheckpointSaveLeavesTheOptimizerUsable) {
   test::run_steps(*opt, 2, 2);
   opt->load(ckpt);
   EXPECT_EQ(opt->step_count(), 1u);
-  EXPECT_EQ(test::diff(test::read_all(*opt),
-                       test::reference_run(test::odd_groups(), test::test_hyper(), 1, DType::kF32)),
-            "");
+  EXPECT_EQ(
+      test::diff(test::read_all(*opt),
+                 test::reference_run(test::odd_groups(), test::test_hyper(), 1, ElementType::kF32)),
+      "");
 }
 
 // The default options keep CRC32C over the state: a byte flipped in the swap file between two
@@ -308,7 +310,7 @@ TEST_P(OptimizerFault, DefaultOptionsRefuseAStateByteFlippedBetweenSteps) {
   std::memcpy(&bits, &after1.p[0][0], 4);
   ASSERT_EQ(static_cast<std::uint32_t>(flip.before), bits >> 24) << "the flip missed the state";
 
-  test::StepGrads sg(groups, 2, DType::kF32);
+  test::StepGrads sg(groups, 2, ElementType::kF32);
   for (int attempt = 0; attempt < 2; ++attempt) {
     SCOPED_TRACE("attempt " + std::to_string(attempt));
     try {
@@ -332,8 +334,9 @@ TEST_P(OptimizerFault, DefaultOptionsRefuseAStateByteFlippedBetweenSteps) {
   fresh->load(ckpt);
   EXPECT_EQ(fresh->step_count(), 1u);
   EXPECT_EQ(test::diff(test::read_all(*fresh), after1), "");
-  EXPECT_EQ(test::diff(after1, test::reference_run(groups, test::test_hyper(), 1, DType::kF32)),
-            "");
+  EXPECT_EQ(
+      test::diff(after1, test::reference_run(groups, test::test_hyper(), 1, ElementType::kF32)),
+      "");
 }
 
 // A corrupt record read after earlier records were written back (w1#1, the fifth record with a
@@ -344,7 +347,7 @@ TEST_P(OptimizerFault, DefaultOptionsFailTheOptimizerOnACorruptRecordAfterWriteB
   const std::string path = opt->swap_file_paths()[0];
   test::run_steps(*opt, 1, 1);
   const auto flip = test::flip_swap_file_byte(dir_.file("nvme"), kW1Sub1OffsetWithChecksums + 7);
-  test::StepGrads sg(test::odd_groups(), 2, DType::kF32);
+  test::StepGrads sg(test::odd_groups(), 2, ElementType::kF32);
   std::string text;
   try {
     (void)opt->step(sg.views);
@@ -405,7 +408,7 @@ TEST_P(OptimizerFault, ChecksumsFoldedIntoTheUpdateCatchAFlipInAnyStripeUnit) {
     test::run_steps(opt, 1, 1);
     const std::string path = opt.swap_file_paths()[0];
     const auto flip = test::flip_swap_file_byte(dir_.file(subdir), c.flip);
-    test::StepGrads sg(groups, 2, DType::kF32);
+    test::StepGrads sg(groups, 2, ElementType::kF32);
     try {
       (void)opt.step(sg.views);
       ADD_FAILURE() << "step 2 trained on a corrupt swap file";

@@ -47,7 +47,7 @@ std::string skip_reason(swap::IoEngineKind kind) {
 }
 
 // (tier, engine, gradient type)
-using ParityParam = std::tuple<StateTier, swap::IoEngineKind, DType>;
+using ParityParam = std::tuple<StateTier, swap::IoEngineKind, ElementType>;
 
 class OptimizerParity : public ::testing::TestWithParam<ParityParam> {};
 
@@ -67,17 +67,18 @@ TEST_P(OptimizerParity, MatchesThePlainKernelBitwise) {
 std::string parity_name(const ::testing::TestParamInfo<ParityParam>& info) {
   const auto [tier, kind, dtype] = info.param;
   return std::string(state_tier_name(tier)) + "_" + std::string(swap::io_engine_kind_name(kind)) +
-         "_" + std::string(dtype_name(dtype));
+         "_" + std::string(element_type_name(dtype));
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Tiers, OptimizerParity,
-    ::testing::Values(ParityParam{StateTier::kNvme, swap::IoEngineKind::kThreads, DType::kF32},
-                      ParityParam{StateTier::kNvme, swap::IoEngineKind::kThreads, DType::kBF16},
-                      ParityParam{StateTier::kNvme, swap::IoEngineKind::kUring, DType::kF32},
-                      ParityParam{StateTier::kNvme, swap::IoEngineKind::kUring, DType::kBF16},
-                      ParityParam{StateTier::kCpu, swap::IoEngineKind::kThreads, DType::kF32},
-                      ParityParam{StateTier::kCpu, swap::IoEngineKind::kThreads, DType::kBF16}),
+    ::testing::Values(
+        ParityParam{StateTier::kNvme, swap::IoEngineKind::kThreads, ElementType::kF32},
+        ParityParam{StateTier::kNvme, swap::IoEngineKind::kThreads, ElementType::kBF16},
+        ParityParam{StateTier::kNvme, swap::IoEngineKind::kUring, ElementType::kF32},
+        ParityParam{StateTier::kNvme, swap::IoEngineKind::kUring, ElementType::kBF16},
+        ParityParam{StateTier::kCpu, swap::IoEngineKind::kThreads, ElementType::kF32},
+        ParityParam{StateTier::kCpu, swap::IoEngineKind::kThreads, ElementType::kBF16}),
     parity_name);
 
 TEST(OffloadedOptimizer, NvmeAndCpuTiersAgreeBitwiseWithDeepRing) {
@@ -109,7 +110,7 @@ TEST(OffloadedOptimizer, ChecksumsFoldedIntoTheUpdateOverManyStripeUnitsChangeNo
   test::init_all(opt);
   test::run_steps(opt, 1, 3);
   EXPECT_EQ(test::diff(test::read_all(opt),
-                       test::reference_run(groups, test::test_hyper(), 3, DType::kF32)),
+                       test::reference_run(groups, test::test_hyper(), 3, ElementType::kF32)),
             "");
 }
 
@@ -122,14 +123,14 @@ TEST(OffloadedOptimizer, PerGroupSteppingInAnyOrderMatchesStep) {
                             groups);
   test::init_all(staged);
   for (std::uint64_t t = 1; t <= 3; ++t) {
-    test::StepGrads sg(groups, t, DType::kF32);
+    test::StepGrads sg(groups, t, ElementType::kF32);
     staged.begin_step();
     for (std::size_t g = groups.size(); g-- > 0;) staged.step_group(g, sg.views[g].grads);
     const StepStats st = staged.end_step();
     EXPECT_EQ(st.step, t);
     EXPECT_EQ(st.sub_groups, 3u + 4u + 1u);
   }
-  const test::State want = test::reference_run(groups, test::test_hyper(), 3, DType::kF32);
+  const test::State want = test::reference_run(groups, test::test_hyper(), 3, ElementType::kF32);
   EXPECT_EQ(test::diff(test::read_all(staged), want), "");
 }
 
@@ -146,7 +147,7 @@ TEST(OffloadedOptimizer, AStepsGradScaleMultipliesTheHyperParametersForThatStepO
     own.grad_scale = 0.5;
     opt.set_hyper(1, own);
     const double factor = 0.37 / 1024.0;
-    test::StepGrads sg1(groups, 1, DType::kF32);
+    test::StepGrads sg1(groups, 1, ElementType::kF32);
     opt.begin_step(factor);
     for (const auto& g : sg1.views) opt.step_group(g.group, g.grads);
     (void)opt.end_step();
@@ -162,7 +163,7 @@ TEST(OffloadedOptimizer, AStepsGradScaleMultipliesTheHyperParametersForThatStepO
       want.v.emplace_back(groups[g].numel, 0.0f);
     }
     for (std::uint64_t t = 1; t <= 2; ++t) {
-      test::StepGrads sg(groups, t, DType::kF32);
+      test::StepGrads sg(groups, t, ElementType::kF32);
       for (std::size_t g = 0; g < groups.size(); ++g) {
         adam::AdamParams hp = g == 1 ? own : test::test_hyper();
         hp.step = t;
@@ -186,7 +187,7 @@ TEST(OffloadedOptimizer, GroupsLeftOutOfAStepAreNotUpdated) {
   OffloadedOptimizer opt(options_for(StateTier::kNvme, swap::IoEngineKind::kThreads, dir), groups);
   test::init_all(opt);
   const test::State before = test::read_all(opt);
-  test::StepGrads sg(groups, 1, DType::kF32);
+  test::StepGrads sg(groups, 1, ElementType::kF32);
   opt.begin_step();
   opt.step_group(1, sg.views[1].grads);
   (void)opt.end_step();
@@ -203,10 +204,11 @@ TEST(OffloadedOptimizer, EachGroupStepsWithItsOwnHyperParameters) {
   // gives with that group's set, in both tiers.
   test::TestDir dir;
   const auto groups = test::groups_with_own_hyper();
-  const test::State want = test::reference_run(groups, test::test_hyper(), 3, DType::kF32);
+  const test::State want = test::reference_run(groups, test::test_hyper(), 3, ElementType::kF32);
   // The sets matter: one set for every group gives other weights.
-  ASSERT_NE(test::diff(want, test::reference_run(odd_groups(), test::test_hyper(), 3, DType::kF32)),
-            "");
+  ASSERT_NE(
+      test::diff(want, test::reference_run(odd_groups(), test::test_hyper(), 3, ElementType::kF32)),
+      "");
   for (StateTier tier : {StateTier::kNvme, StateTier::kCpu}) {
     OffloadedOptimizer opt(options_for(tier, swap::IoEngineKind::kThreads, dir), groups);
     EXPECT_TRUE(test::same_hyper(opt.hyper(), test::test_hyper()));
@@ -238,7 +240,7 @@ TEST(OffloadedOptimizer, SetHyperOfOneGroupChangesOnlyThatGroupFromTheNextStep) 
 
   // An open step has fixed its sets: neither form of set_hyper reaches it.
   {
-    test::StepGrads sg(groups, 2, DType::kF32);
+    test::StepGrads sg(groups, 2, ElementType::kF32);
     opt.begin_step();
     EXPECT_THROW(opt.set_hyper(0, changed), UsageError);
     EXPECT_THROW(opt.set_hyper(changed), UsageError);
@@ -250,7 +252,7 @@ TEST(OffloadedOptimizer, SetHyperOfOneGroupChangesOnlyThatGroupFromTheNextStep) 
     return g == 1 && t >= 2 ? changed : test::test_hyper();
   };
   EXPECT_EQ(test::diff(test::read_all(opt),
-                       test::reference_run_with(groups, changed_from_2, 3, DType::kF32)),
+                       test::reference_run_with(groups, changed_from_2, 3, ElementType::kF32)),
             "");
 
   // set_hyper for all groups replaces every group's set, group 1's included.
@@ -267,7 +269,7 @@ TEST(OffloadedOptimizer, SetHyperOfOneGroupChangesOnlyThatGroupFromTheNextStep) 
                                                 [&](std::size_t g, std::uint64_t t) {
                                                   return t == 4 ? all : changed_from_2(g, t);
                                                 },
-                                                4, DType::kF32)),
+                                                4, ElementType::kF32)),
             "");
 }
 
@@ -308,7 +310,7 @@ TEST(OffloadedOptimizer, RefusedHyperParametersChangeNothing) {
   }
   test::run_steps(opt, 1, 2);
   EXPECT_EQ(test::diff(test::read_all(opt),
-                       test::reference_run(groups, test::test_hyper(), 2, DType::kF32)),
+                       test::reference_run(groups, test::test_hyper(), 2, ElementType::kF32)),
             "");
 
   // A group's own set is checked at construction too, and the message names the group.
@@ -331,7 +333,7 @@ TEST(OffloadedOptimizer, CopyOutMatchesTheKernelsFusedCopy) {
   const auto groups = odd_groups();
   OffloadedOptimizer opt(options_for(StateTier::kNvme, swap::IoEngineKind::kThreads, dir), groups);
   test::init_all(opt);
-  test::StepGrads sg(groups, 1, DType::kF32);
+  test::StepGrads sg(groups, 1, ElementType::kF32);
   std::vector<std::vector<std::uint16_t>> out;
   for (const auto& g : groups) out.emplace_back(g.numel, 0);
   std::vector<GroupGrads> views = sg.views;
@@ -355,7 +357,7 @@ TEST(OffloadedOptimizer, StepStatsCountEveryRecordOnce) {
   const auto groups = odd_groups();
   OffloadedOptimizer opt(options_for(StateTier::kNvme, swap::IoEngineKind::kThreads, dir), groups);
   test::init_all(opt);
-  test::StepGrads sg(groups, 1, DType::kF32);
+  test::StepGrads sg(groups, 1, ElementType::kF32);
   const StepStats st = opt.step(sg.views);
   // 12 bytes per element, each sub-group padded to 4096: 5 full records of 4099 elements
   // (49188 -> 53248 bytes) and the short ones (1809, 5 and 3 elements).
@@ -447,7 +449,7 @@ TEST(OffloadedOptimizer, UsageErrorsLeaveTheOptimizerUsable) {
   test::TestDir dir;
   const auto groups = odd_groups();
   OffloadedOptimizer opt(options_for(StateTier::kNvme, swap::IoEngineKind::kThreads, dir), groups);
-  test::StepGrads sg(groups, 1, DType::kF32);
+  test::StepGrads sg(groups, 1, ElementType::kF32);
   // No parameters yet.
   EXPECT_THROW((void)opt.step(sg.views), UsageError);
   EXPECT_EQ(opt.step_count(), 0u);
@@ -475,7 +477,7 @@ TEST(OffloadedOptimizer, UsageErrorsLeaveTheOptimizerUsable) {
   (void)opt.end_step();
   EXPECT_EQ(opt.step_count(), 1u);
   EXPECT_FALSE(opt.failed());
-  const test::State want = test::reference_run(groups, test::test_hyper(), 1, DType::kF32);
+  const test::State want = test::reference_run(groups, test::test_hyper(), 1, ElementType::kF32);
   EXPECT_EQ(test::diff(test::read_all(opt), want), "");
 }
 
@@ -506,7 +508,7 @@ TEST(OffloadedOptimizer, SetStateAndStepCountResumeAnotherOptimizerBitwise) {
   EXPECT_THROW(
       opt.set_state(0, std::vector<float>(n), std::vector<float>(n), std::vector<float>(n - 1)),
       UsageError);
-  test::StepGrads sg(groups, 1, DType::kF32);
+  test::StepGrads sg(groups, 1, ElementType::kF32);
   opt.begin_step();
   EXPECT_THROW(opt.set_step_count(4), UsageError);
   EXPECT_THROW(
@@ -520,7 +522,7 @@ TEST(OffloadedOptimizer, SetStateAndStepCountResumeAnotherOptimizerBitwise) {
 TEST(OffloadedOptimizer, DestroyedInsideAStepFinishesItsWork) {
   test::TestDir dir;
   const auto groups = odd_groups();
-  test::StepGrads sg(groups, 1, DType::kF32);
+  test::StepGrads sg(groups, 1, ElementType::kF32);
   // The copy-outs outlive the optimizer: they show that every queued update ran to the end.
   std::vector<std::vector<std::uint16_t>> outs;
   for (const auto& g : groups) outs.emplace_back(g.numel, std::uint16_t{0xffff});
@@ -535,7 +537,7 @@ TEST(OffloadedOptimizer, DestroyedInsideAStepFinishesItsWork) {
     }
   }  // no end_step: the destructor drains the pipeline before the buffers go
   EXPECT_TRUE(log.lines().empty()) << log.lines().front();
-  const test::State want = test::reference_run(groups, test::test_hyper(), 1, DType::kF32);
+  const test::State want = test::reference_run(groups, test::test_hyper(), 1, ElementType::kF32);
   adam::CpuAdam adam;
   for (std::size_t g = 0; g < groups.size(); ++g) {
     std::vector<std::uint16_t> expected(groups[g].numel);

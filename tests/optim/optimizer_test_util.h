@@ -142,17 +142,18 @@ struct StepGrads {
   std::vector<std::vector<std::uint16_t>> bf16;
   std::vector<optim::GroupGrads> views;
 
-  StepGrads(const std::vector<optim::ParamGroupSpec>& groups, std::uint64_t step, DType dtype) {
+  StepGrads(const std::vector<optim::ParamGroupSpec>& groups, std::uint64_t step,
+            ElementType dtype) {
     for (std::size_t g = 0; g < groups.size(); ++g) {
-      if (dtype == DType::kF32) {
+      if (dtype == ElementType::kF32) {
         f32.push_back(grads_f32(g, step, groups[g].numel));
       } else {
         bf16.push_back(grads_bf16(g, step, groups[g].numel));
       }
     }
     for (std::size_t g = 0; g < groups.size(); ++g) {
-      views.push_back(
-          {g, dtype == DType::kF32 ? adam::GradView::f32(f32[g]) : adam::GradView::bf16(bf16[g])});
+      views.push_back({g, dtype == ElementType::kF32 ? adam::GradView::f32(f32[g])
+                                                     : adam::GradView::bf16(bf16[g])});
     }
   }
 };
@@ -162,7 +163,7 @@ struct StepGrads {
 inline State reference_run_with(
     const std::vector<optim::ParamGroupSpec>& groups,
     const std::function<adam::AdamParams(std::size_t group, std::uint64_t step)>& hyper_of,
-    std::uint64_t steps, DType dtype) {
+    std::uint64_t steps, ElementType dtype) {
   adam::CpuAdam adam;
   State s;
   for (std::size_t g = 0; g < groups.size(); ++g) {
@@ -184,7 +185,7 @@ inline State reference_run_with(
 /// The reference with fixed hyper-parameters: each group's own (ParamGroupSpec::hyper) where it
 /// has them, else `hyper`.
 inline State reference_run(const std::vector<optim::ParamGroupSpec>& groups,
-                           const adam::AdamParams& hyper, std::uint64_t steps, DType dtype) {
+                           const adam::AdamParams& hyper, std::uint64_t steps, ElementType dtype) {
   return reference_run_with(
       groups, [&](std::size_t g, std::uint64_t) { return groups[g].hyper.value_or(hyper); }, steps,
       dtype);
@@ -287,7 +288,7 @@ inline int wait_status_of_child(const std::function<void()>& body) {
 
 /// Runs steps [from, to] with the deterministic gradients.
 inline void run_steps(optim::OffloadedOptimizer& opt, std::uint64_t from, std::uint64_t to,
-                      DType dtype = DType::kF32) {
+                      ElementType dtype = ElementType::kF32) {
   std::vector<optim::ParamGroupSpec> groups;
   for (std::size_t g = 0; g < opt.group_count(); ++g) groups.push_back(opt.group(g));
   for (std::uint64_t t = from; t <= to; ++t) {
@@ -321,5 +322,5 @@ namespace zinf::optim {
 inline void PrintTo(StateTier tier, std::ostream* os) { *os << state_tier_name(tier); }
 }  // namespace zinf::optim
 namespace zinf {
-inline void PrintTo(DType dtype, std::ostream* os) { *os << dtype_name(dtype); }
+inline void PrintTo(ElementType dtype, std::ostream* os) { *os << element_type_name(dtype); }
 }  // namespace zinf

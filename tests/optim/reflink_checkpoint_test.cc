@@ -102,7 +102,7 @@ TEST(ReflinkCheckpoint, TheCloneIsTheStateAtTheCallAndStepsCopyNothing) {
     // Every record is overwritten in the swap files while the save has read one: the steps
     // neither copy nor wait, and the clone keeps the bytes of the call.
     for (std::uint64_t t = 3; t <= 5; ++t) {
-      test::StepGrads sg(groups, t, DType::kF32);
+      test::StepGrads sg(groups, t, ElementType::kF32);
       const StepStats s = a.step(sg.views);
       EXPECT_EQ(s.snapshot_copy_bytes, 0u) << "step " << t;
       EXPECT_EQ(s.snapshot_wait_seconds, 0.0) << "step " << t;
@@ -220,7 +220,7 @@ TEST(ReflinkCheckpoint, TakesThePathTheFileSystemAllows) {
                                             "reflink: FICLONERANGE from "));
     // The first group only: streaming goes from the last record down, and the gate holds
     // it on the last record, which a step would wait for.
-    test::StepGrads sg(groups, 3, DType::kF32);
+    test::StepGrads sg(groups, 3, ElementType::kF32);
     const StepStats s = a.step(std::span(&sg.views[0], 1));
     // Streaming: the records the save has not read yet are copied before the step updates
     // them.
@@ -331,12 +331,12 @@ TEST_P(ReflinkCheckpointKill, LeavesALoadableCheckpoint) {
       if (phase == kp.phase) ::raise(SIGKILL);
     });
     b.load(ckpt);
-    test::StepGrads sg(groups, 3, DType::kF32);
+    test::StepGrads sg(groups, 3, ElementType::kF32);
     (void)b.step(sg.views);
     b.save_async(ckpt);
     if (b.last_save_snapshot() != SaveSnapshot::kReflink) ::_exit(kNotReflinked);
     for (std::uint64_t t = 4; t < 8; ++t) {
-      test::StepGrads more(groups, t, DType::kF32);
+      test::StepGrads more(groups, t, ElementType::kF32);
       (void)b.step(more.views);
     }
     b.wait_save();

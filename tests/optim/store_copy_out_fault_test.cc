@@ -55,7 +55,7 @@ TEST_P(StoreCopyOutFault, FailedCopyOutWriteFailsTheStep) {
   test::init_all(opt);
   std::vector<float> g(gs[0].numel, 0.01f);
   opt.begin_step();
-  opt.step_group(0, adam::GradView::f32(g), StoreCopyOut{&store, "w", DType::kBF16});
+  opt.step_group(0, adam::GradView::f32(g), StoreCopyOut{&store, "w", ElementType::kBF16});
   try {
     (void)opt.end_step();
     ADD_FAILURE() << "no throw";

@@ -79,15 +79,15 @@ TEST_P(StoreCopyOutTest, StoreBytesEqualTheCallerBufferCopyOut) {
   OffloadedOptimizer with_store(o2, gs);
   test::init_all(with_buffer);
   test::init_all(with_store);
-  for (DType dtype : {DType::kBF16, DType::kF16, DType::kBF16}) {
-    test::StepGrads sg(gs, with_buffer.step_count() + 1, DType::kF32);
+  for (ElementType dtype : {ElementType::kBF16, ElementType::kF16, ElementType::kBF16}) {
+    test::StepGrads sg(gs, with_buffer.step_count() + 1, ElementType::kF32);
     std::vector<std::vector<std::uint16_t>> outs;
     for (const auto& g : gs) outs.emplace_back(g.numel, 0xdead);
     with_buffer.begin_step();
     with_store.begin_step();
     for (std::size_t g = 0; g < gs.size(); ++g) {
       adam::CopyOut out =
-          dtype == DType::kBF16 ? adam::CopyOut::bf16(outs[g]) : adam::CopyOut::f16(outs[g]);
+          dtype == ElementType::kBF16 ? adam::CopyOut::bf16(outs[g]) : adam::CopyOut::f16(outs[g]);
       with_buffer.step_group(g, sg.views[g].grads, out);
       with_store.step_group(g, sg.views[g].grads, StoreCopyOut{ps.store.get(), gs[g].name, dtype});
     }
@@ -152,24 +152,24 @@ TEST_P(StoreCopyOutTest, RefusesRangesTheStoreCannotWrite) {
       EXPECT_EQ(std::string(e.what()), want);
     }
   };
-  expect_usage({ps.store.get(), "a", DType::kBF16},
+  expect_usage({ps.store.get(), "a", ElementType::kBF16},
                "OffloadedOptimizer::step_group: group 'a' copy-out into key 'a': sub-group bytes "
                "(2 x 3000 = 6000) must be a multiple of 4096 (the store's alignment); "
                "sub_group_elements 4096 works");
-  expect_usage({sums.store.get(), "a", DType::kBF16},
+  expect_usage({sums.store.get(), "a", ElementType::kBF16},
                "OffloadedOptimizer::step_group: group 'a' copy-out into key 'a': sub-group bytes "
                "(2 x 3000 = 6000) must be a multiple of 65536 (the store's stripe_bytes, with "
                "checksums); sub_group_elements 32768 works");
-  expect_usage({ps.store.get(), "b", DType::kBF16},
+  expect_usage({ps.store.get(), "b", ElementType::kBF16},
                "OffloadedOptimizer::step_group: group 'a' copy-out: key 'b' holds 200 bytes, the "
                "group needs 12298");
-  expect_usage({ps.store.get(), "a", DType::kF32},
+  expect_usage({ps.store.get(), "a", ElementType::kF32},
                "OffloadedOptimizer::step_group: group 'a' copy-out: dtype must be bf16 or fp16");
   EXPECT_EQ(store_copy_out_sub_group(3000, *ps.store), 4096u);
   EXPECT_EQ(store_copy_out_sub_group(3000, *sums.store), 32768u);
   // A single-sub-group group has no inner range boundary: any size works.
   std::vector<float> gb(gs[1].numel, 0.0f);
-  opt.step_group(1, adam::GradView::f32(gb), StoreCopyOut{ps.store.get(), "b", DType::kBF16});
+  opt.step_group(1, adam::GradView::f32(gb), StoreCopyOut{ps.store.get(), "b", ElementType::kBF16});
   (void)opt.end_step();
   OptimizerOptions plain = options(GetParam(), dir);
   plain.store_copy_out = false;
@@ -178,7 +178,7 @@ TEST_P(StoreCopyOutTest, RefusesRangesTheStoreCannotWrite) {
   no_staging.begin_step();
   try {
     no_staging.step_group(1, adam::GradView::f32(gb),
-                          StoreCopyOut{ps.store.get(), "b", DType::kBF16});
+                          StoreCopyOut{ps.store.get(), "b", ElementType::kBF16});
     ADD_FAILURE() << "no throw";
   } catch (const UsageError& e) {
     EXPECT_EQ(std::string(e.what()),
@@ -197,7 +197,7 @@ TEST(CpuAdamCopyOut, IsBitwiseTheStepsCopyOut) {
   p[1] = -0.0f;
   const std::vector<float> g = test::grads_f32(0, 1, n);
   adam::CpuAdam adam;
-  for (DType dtype : {DType::kBF16, DType::kF16}) {
+  for (ElementType dtype : {ElementType::kBF16, ElementType::kF16}) {
     std::vector<std::uint16_t> fused(n), again(n);
     adam::AdamParams hp = test::test_hyper();
     hp.lr = 0;  // keeps p[0], p[1] as they are

@@ -82,7 +82,7 @@ struct AdamFigures {
 struct AdamRun {
   const CpuAdam& adam;
   std::size_t n;
-  DType grad_dtype;
+  ElementType grad_dtype;
   const std::string& copy_text;
   ArrayLayout layout;
   std::uint64_t steps;
@@ -93,7 +93,7 @@ struct AdamRun {
 void report(const AdamRun& r, const AdamFigures& f, bool json) {
   const std::string isa(adam::isa_name(r.adam.isa()));
   const adam::PrefetchSetting prefetch = r.adam.prefetch();
-  const std::string gt(dtype_name(r.grad_dtype));
+  const std::string gt(element_type_name(r.grad_dtype));
   if (json) {
     Json j;
     j["bench"] = "adam";
@@ -166,19 +166,19 @@ int bench_adam_main(const std::vector<std::string>& tokens) {
   cli.flag("--reference", reference, "alternate each step with the memory kernel (see above)");
   cli.flag("--json", json, "one JSON object on stdout instead of the table");
   if (!cli.parse(tokens)) return 0;
-  const DType grad_dtype = parse_dtype(grad_text, "--grad-dtype");
+  const ElementType grad_dtype = parse_dtype(grad_text, "--grad-dtype");
   const ArrayLayout layout = parse_array_layout(layout_text, "--layout");
 
   // 2^36 elements is ~2 TB of state: far beyond any host, and keeps every byte count in range.
   check_numel(numel);
   if (steps == 0) throw UsageError("--steps must be at least 1");
-  const std::optional<DType> copy_dtype = parse_copy_out(copy_text);
+  const std::optional<ElementType> copy_dtype = parse_copy_out(copy_text);
   CpuAdam adam({.threads = threads,
                 .isa = adam::parse_isa(isa_text, "--isa"),
                 .prefetch_elements = adam::parse_prefetch(prefetch_text, "--prefetch")});
 
   const std::size_t n = numel;
-  const std::size_t grad_bytes = grad_dtype == DType::kF32 ? 4 : 2;
+  const std::size_t grad_bytes = grad_dtype == ElementType::kF32 ? 4 : 2;
   HostArray p_mem(n * 4, "bench adam", layout, 0), m_mem(n * 4, "bench adam", layout, 1),
       v_mem(n * 4, "bench adam", layout, 2), g_mem(n * grad_bytes, "bench adam", layout, 3);
   std::optional<HostArray> out_mem;
@@ -192,7 +192,7 @@ int bench_adam_main(const std::vector<std::string>& tokens) {
     v[i] = 0.0f;
   }
   fill_bench_grads(g_mem.as<std::byte>(n * grad_bytes).data(), n, grad_dtype);
-  const GradView grads = grad_dtype == DType::kF32
+  const GradView grads = grad_dtype == ElementType::kF32
                              ? GradView::f32(g_mem.as<const float>(n))
                              : GradView{g_mem.as<const std::uint16_t>(n).data(), n, grad_dtype};
   CopyOut out;

@@ -99,10 +99,10 @@ struct StepOptions {
   // Parsed from the texts above.
   StateTier tier = StateTier::kNvme;
   swap::IoEngineKind engine_kind = swap::IoEngineKind::kAuto;
-  DType grad_dtype = DType::kF32;
+  ElementType grad_dtype = ElementType::kF32;
   bool checksums = true;
   adam::StatePrecision precision = adam::StatePrecision::kF32;
-  std::optional<DType> copy_dtype;
+  std::optional<ElementType> copy_dtype;
   bool checkpoint_async = true;
 };
 
@@ -250,7 +250,7 @@ void refuse_one_process_options(const StepOptions& o) {
   refuse(o.checkpoint_every > 0, "--checkpoint-every");
   refuse(!o.checkpoint_dir.empty(), "--checkpoint-dir");
   refuse(o.idle_ms > 0, "--idle-ms");
-  refuse(o.grad_dtype != DType::kF32, "--grad-dtype");
+  refuse(o.grad_dtype != ElementType::kF32, "--grad-dtype");
   refuse(o.copy_dtype.has_value(), "--copy-out");
   if (!given.empty()) {
     throw UsageError(
@@ -276,7 +276,7 @@ struct StepRun {
 StepRun run_steps(OffloadedOptimizer& opt, const optim::OptimizerOptions& o,
                   const StepOptions& so) {
   const std::size_t n = so.numel;
-  const std::size_t grad_bytes = so.grad_dtype == DType::kF32 ? 4 : 2;
+  const std::size_t grad_bytes = so.grad_dtype == ElementType::kF32 ? 4 : 2;
   // One array serves first as the initial fp32 parameters, then as the gradients.
   HostArray mem(n * 4, "bench step");
   {
@@ -380,7 +380,7 @@ void report_json(const StepOptions& so, const optim::OptimizerOptions& o,
   const double step_med = stages.step;
   Json j = setup_json(o, so.numel, opt.engine_name(), so.steps);
   j["sub_groups"] = r.all.front().sub_groups;
-  j["grad_dtype"] = std::string(dtype_name(so.grad_dtype));
+  j["grad_dtype"] = std::string(element_type_name(so.grad_dtype));
   j["copy_out"] = so.copy_text;
   j["step_seconds"] = step_med;
   j["step_seconds_min"] = *std::min_element(sum.step_s.begin(), sum.step_s.end());
@@ -430,9 +430,9 @@ void report_text(const StepOptions& so, const OffloadedOptimizer& opt, const Ste
       static_cast<int>(opt.engine_name().size()), opt.engine_name().data(),
       static_cast<unsigned long long>(so.numel), static_cast<unsigned long long>(so.sub_group),
       static_cast<unsigned long long>(r.all.front().sub_groups),
-      static_cast<unsigned long long>(so.depth), std::string(dtype_name(so.grad_dtype)).c_str(),
-      so.copy_text.c_str(), so.checksums ? "on" : "off",
-      std::string(adam::state_precision_name(so.precision)).c_str(),
+      static_cast<unsigned long long>(so.depth),
+      std::string(element_type_name(so.grad_dtype)).c_str(), so.copy_text.c_str(),
+      so.checksums ? "on" : "off", std::string(adam::state_precision_name(so.precision)).c_str(),
       static_cast<unsigned long long>(so.steps));
   std::printf("  %-22s %10.3f s   (%.3f G elements/s)\n", "step", step_med,
               static_cast<double>(so.numel) / step_med / 1e9);

@@ -42,7 +42,7 @@ int run_weak_scaling(const optim::OptimizerOptions& o, std::uint64_t numel, std:
   const std::span<float> params = param_mem.as<float>(global);
   const std::span<float> grads = grad_mem.as<float>(global);
   for (std::size_t i = 0; i < global; ++i) params[i] = bench_param(i);
-  fill_bench_grads(grads.data(), global, DType::kF32,
+  fill_bench_grads(grads.data(), global, ElementType::kF32,
                    static_cast<std::size_t>(comm.rank()) * global);
 
   dist::ShardedOptimizer sharded(o, {{"params", global}}, comm);  // makes <dir>/rank<R>
@@ -59,7 +59,7 @@ int run_weak_scaling(const optim::OptimizerOptions& o, std::uint64_t numel, std:
         ao, std::vector<optim::ParamGroupSpec>{{"params", per_rank}});
     alone->set_params(0, params.first(per_rank));
   }
-  const optim::GroupGrads alone_grads{0, GradView{grads.data(), per_rank, DType::kF32}, {}};
+  const optim::GroupGrads alone_grads{0, GradView{grads.data(), per_rank, ElementType::kF32}, {}};
   const std::span<const float> grad_spans[1] = {grads};
   const std::span<float> param_spans[1] = {params};
 

@@ -124,7 +124,7 @@ EngineConfig make_config(const std::string& config_path, const std::string& offl
   if (nvme && !dir_option.empty()) config.zinf.nvme_paths.clear();
   if (!std::isnan(lr)) config.optimizer.hyper.lr = lr;
   if (adam_threads_given) config.zinf.adam_threads = static_cast<std::uint32_t>(adam_threads);
-  if (config.param_dtype != DType::kBF16) {
+  if (config.param_dtype != ElementType::kBF16) {
     throw UsageError(
         "zinf demo trains bf16 parameters, but the config enables fp16; remove "
         "\"fp16\" or enable \"bf16\"");
@@ -552,7 +552,7 @@ int demo_main(const std::vector<std::string>& tokens) {
   const std::size_t numel = demo::layer_numel(shape.hidden);
   std::vector<offload::LayerSpec> specs;
   for (std::size_t l = 0; l < shape.layers; ++l) {
-    specs.push_back({"dense" + std::to_string(l), numel, DType::kBF16});
+    specs.push_back({"dense" + std::to_string(l), numel, ElementType::kBF16});
   }
 
   cuda::DeviceOptions device_options;

@@ -74,24 +74,25 @@ float bench_param(std::size_t i) {
   return static_cast<float>(bench_hash(i) % 2001u) / 1000.0f - 1.0f;
 }
 
-void fill_bench_grads(void* out, std::size_t n, DType dtype, std::size_t first) {
+void fill_bench_grads(void* out, std::size_t n, ElementType dtype, std::size_t first) {
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint32_t h = bench_hash(first + i);
     const float g = (static_cast<float>((h >> 11) % 2001u) / 1000.0f - 1.0f) * 1e-3f + 1e-5f;
-    if (dtype == DType::kF32) {
+    if (dtype == ElementType::kF32) {
       static_cast<float*>(out)[i] = g;
     } else {
       static_cast<std::uint16_t*>(out)[i] =
-          dtype == DType::kBF16 ? static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(g) >> 16)
-                                : static_cast<std::uint16_t>(0x1400u | (h & 0x83ffu));
+          dtype == ElementType::kBF16
+              ? static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(g) >> 16)
+              : static_cast<std::uint16_t>(0x1400u | (h & 0x83ffu));
     }
   }
 }
 
-DType parse_dtype(const std::string& text, const char* what) {
-  if (text == "fp32") return DType::kF32;
-  if (text == "bf16") return DType::kBF16;
-  if (text == "fp16") return DType::kF16;
+ElementType parse_dtype(const std::string& text, const char* what) {
+  if (text == "fp32") return ElementType::kF32;
+  if (text == "bf16") return ElementType::kBF16;
+  if (text == "fp16") return ElementType::kF16;
   throw UsageError(std::string("invalid ") + what + " '" + text + "': expected fp32, bf16 or fp16");
 }
 
@@ -101,10 +102,10 @@ bool parse_on_off(const std::string& text, const char* what) {
   throw UsageError(std::string("invalid ") + what + " '" + text + "': expected on or off");
 }
 
-std::optional<DType> parse_copy_out(const std::string& text) {
+std::optional<ElementType> parse_copy_out(const std::string& text) {
   if (text == "none") return std::nullopt;
-  const DType dtype = parse_dtype(text, "--copy-out");
-  if (dtype == DType::kF32)
+  const ElementType dtype = parse_dtype(text, "--copy-out");
+  if (dtype == ElementType::kF32)
     throw UsageError("invalid --copy-out 'fp32': expected none, bf16 or fp16");
   return dtype;
 }

@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "zinf/common/dtype.h"
+#include "zinf/common/element_type.h"
 
 namespace zinf::tools {
 
@@ -65,14 +65,14 @@ float bench_param(std::size_t i);
 /// Writes gradients first..first+n-1 of one endless sequence (around 1e-3) into `out` (n
 /// elements of `dtype`): `first` gives each rank of a job gradients of its own. bf16 is
 /// truncated (any value near will do for timing); fp16 is 2^-10 with varying mantissa and sign.
-void fill_bench_grads(void* out, std::size_t n, DType dtype, std::size_t first = 0);
+void fill_bench_grads(void* out, std::size_t n, ElementType dtype, std::size_t first = 0);
 /// Parses fp32 | bf16 | fp16; UsageError naming `what` otherwise.
-DType parse_dtype(const std::string& text, const char* what);
+ElementType parse_dtype(const std::string& text, const char* what);
 /// Parses on | off; UsageError naming `what` otherwise.
 bool parse_on_off(const std::string& text, const char* what);
 /// Parses none | bf16 | fp16 (--copy-out: the low-precision parameters a step also writes);
 /// nullopt for none, UsageError otherwise.
-std::optional<DType> parse_copy_out(const std::string& text);
+std::optional<ElementType> parse_copy_out(const std::string& text);
 /// Checks --numel: 1 to 2^36 elements (~2 TB of state: far beyond any host, and every byte
 /// count stays in range); UsageError otherwise.
 void check_numel(std::uint64_t numel);

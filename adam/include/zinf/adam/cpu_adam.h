@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "zinf/adam/compact_state.h"
-#include "zinf/common/dtype.h"
+#include "zinf/common/element_type.h"
 
 namespace zinf::adam {
 
@@ -94,19 +94,19 @@ std::optional<AdamParamsError> check_adam_params(const AdamParams& hp);
 struct GradView {
   const void* data = nullptr;
   std::size_t size = 0;
-  DType dtype = DType::kF32;
+  ElementType dtype = ElementType::kF32;
 
   /// Views fp32 gradients.
   static GradView f32(std::span<const float> g) noexcept {
-    return {g.data(), g.size(), DType::kF32};
+    return {g.data(), g.size(), ElementType::kF32};
   }
   /// Views bf16 gradients given as their raw bits.
   static GradView bf16(std::span<const std::uint16_t> g) noexcept {
-    return {g.data(), g.size(), DType::kBF16};
+    return {g.data(), g.size(), ElementType::kBF16};
   }
   /// Views IEEE fp16 gradients given as their raw bits.
   static GradView f16(std::span<const std::uint16_t> g) noexcept {
-    return {g.data(), g.size(), DType::kF16};
+    return {g.data(), g.size(), ElementType::kF16};
   }
 };
 
@@ -116,22 +116,22 @@ struct GradView {
 struct CopyOut {
   void* data = nullptr;
   std::size_t size = 0;
-  DType dtype = DType::kBF16;
+  ElementType dtype = ElementType::kBF16;
   bool enabled = false;
 
   /// No copy-out.
   static CopyOut none() noexcept { return {}; }
   /// Writes bf16 bits (round to nearest even, as torch's .to(torch.bfloat16)).
   static CopyOut bf16(std::span<std::uint16_t> out) noexcept {
-    return {out.data(), out.size(), DType::kBF16, true};
+    return {out.data(), out.size(), ElementType::kBF16, true};
   }
   /// Writes IEEE fp16 bits (round to nearest even; overflow gives inf).
   static CopyOut f16(std::span<std::uint16_t> out) noexcept {
-    return {out.data(), out.size(), DType::kF16, true};
+    return {out.data(), out.size(), ElementType::kF16, true};
   }
   /// Writes the fp32 values themselves.
   static CopyOut f32(std::span<float> out) noexcept {
-    return {out.data(), out.size(), DType::kF32, true};
+    return {out.data(), out.size(), ElementType::kF32, true};
   }
 };
 

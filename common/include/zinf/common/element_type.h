@@ -1,9 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// ElementType and ReduceOp: what a collective reduces and how, the one vocabulary of
-// zinf::cuda's Communicator and zinf::dist's Collectives. Part of zinf::common.
+// ElementType and ReduceOp: the element type of every buffer zinf reads, writes or reduces
+// (gradients, parameters, copy-outs, collectives), and how a collective reduces. Part of
+// zinf::common.
 //
-// kF32, kBF16 and kF16 keep DType's values (dtype.h, the C API's zinf_dtype), so that the two
-// enums can become one once every switch over DType handles the reduction types.
+// One enum serves the engine's layer specs, the config reader (param_dtype), the optimizer's
+// copy-out, the CPU Adam kernels, the C API (zinf_dtype keeps the values of kF32, kBF16 and
+// kF16), zinf::cuda's Communicator and zinf::dist's Collectives. A layer's or a gradient's
+// buffer is fp32, bf16 or fp16; the wider types serve the collectives, and every function that
+// takes a buffer type refuses them with a usage error.
 #pragma once
 
 #include <cstddef>
@@ -12,7 +16,8 @@
 
 namespace zinf {
 
-/// Element type of a reduction's buffer. bf16 and fp16 travel as raw uint16 bits.
+/// Element type of a buffer. bf16 and fp16 travel as raw uint16 bits (the library never needs
+/// a C++ type for them).
 enum class ElementType : std::uint8_t { kF32, kBF16, kF16, kF64, kI32, kI64, kU8 };
 
 /// Returns "fp32", "bf16", "fp16", "fp64", "i32", "i64" or "u8" ("?" outside the enum).
@@ -42,6 +47,15 @@ constexpr std::size_t element_size(ElementType type) noexcept {
   }
   return 1;
 }
+
+/// True for the types a parameter, gradient or copy-out buffer may have: fp32, bf16, fp16.
+constexpr bool is_buffer_type(ElementType type) noexcept {
+  return type == ElementType::kF32 || type == ElementType::kBF16 || type == ElementType::kF16;
+}
+
+/// Throws UsageError("<where>: element type fp64 is not a buffer type (fp32, bf16 or fp16)")
+/// unless is_buffer_type(type). `where` names the call and the argument, as errors do.
+void check_buffer_type(ElementType type, std::string_view where);
 
 /// Elementwise reduction. kAvg is the sum divided by the number of ranks.
 enum class ReduceOp : std::uint8_t { kSum, kAvg, kMax, kMin };

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "zinf/adam/cpu_adam.h"
-#include "zinf/common/dtype.h"
+#include "zinf/common/element_type.h"
 #include "zinf/cuda/device.h"
 #include "zinf/dist/collectives.h"
 #include "zinf/offload/config.h"
@@ -161,7 +161,7 @@ class ShardedEngine {
   /// a layer that already has gradients this step. A failed wait for the compute stream or
   /// failed copy is this rank's failure, told to every rank before the reduce-scatter (see
   /// Errors).
-  void set_gradients(std::size_t layer, cuda::DeviceSpan grads, DType dtype);
+  void set_gradients(std::size_t layer, cuda::DeviceSpan grads, ElementType dtype);
   /// Collective: OffloadEngine::step on every rank. In the staged mode the sum of squares of the
   /// averaged gradients is all-reduced first (offload/engine_seams.h), so the global norm, the
   /// clipping factor, the overflow skip and the loss-scale update are the same on every rank.

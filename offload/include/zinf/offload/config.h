@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "zinf/adam/cpu_adam.h"
-#include "zinf/common/dtype.h"
+#include "zinf/common/element_type.h"
 #include "zinf/swap/io_engine.h"
 
 namespace zinf::offload {
@@ -162,7 +162,7 @@ struct EngineConfig {
   OptimizerConfig optimizer;
   ZinfSection zinf;
   /// The parameter dtype implied by "bf16"/"fp16" {"enabled": true}: kBF16 if neither.
-  DType param_dtype = DType::kBF16;
+  ElementType param_dtype = ElementType::kBF16;
   /// The top-level "gradient_clipping": > 0 clips the global L2 norm of each step's
   /// (unscaled) gradients to this value (staged mode); 0, or absent, does not clip.
   double gradient_clipping = 0;

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "zinf/adam/cpu_adam.h"
-#include "zinf/common/dtype.h"
+#include "zinf/common/element_type.h"
 #include "zinf/cuda/device.h"
 #include "zinf/offload/config.h"
 #include "zinf/offload/engine_types.h"
@@ -171,7 +171,7 @@ class OffloadEngine {
   /// allocated and pinned at the first call. In the staged step mode the host waits for the
   /// copy to land, stages it as host gradients are staged and frees the buffer: the copies do
   /// not overlap backward in that mode, and `grads` may be reused once this returns.
-  void set_gradients(std::size_t layer, cuda::DeviceSpan grads, DType dtype);
+  void set_gradients(std::size_t layer, cuda::DeviceSpan grads, ElementType dtype);
   /// Completes this step's updates (layers without gradients are not updated), makes every
   /// updated layer's new parameters what the next fetch returns, and ends the iteration for
   /// the prefetcher. Returns the optimizer's step figures, with the staged mode's norm, factor,

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "zinf/adam/cpu_adam.h"
-#include "zinf/common/dtype.h"
+#include "zinf/common/element_type.h"
 #include "zinf/optim/optimizer.h"
 
 namespace zinf::offload {
@@ -23,9 +23,10 @@ using optim::StepStats;
 /// parameters on the device, optionally hyper-parameters of its own. The fp32 master copy and
 /// both moments live in the optimizer tier.
 struct LayerSpec {
-  std::string name;                  ///< for messages and checkpoints; unique, not empty
-  std::uint64_t numel = 0;           ///< > 0, at most 2^50; 2^54 over all layers (UsageError)
-  DType param_dtype = DType::kBF16;  ///< kBF16 or kF16 (the device copy; fp32 is the master)
+  std::string name;         ///< for messages and checkpoints; unique, not empty
+  std::uint64_t numel = 0;  ///< > 0, at most 2^50; 2^54 over all layers (UsageError)
+  ElementType param_dtype =
+      ElementType::kBF16;  ///< kBF16 or kF16 (the device copy; fp32 is the master)
   /// This layer's hyper-parameters from construction on, instead of config.optimizer.hyper
   /// (the usual case: weight_decay 0 for biases and norms); `step` is ignored. Checked at
   /// construction (UsageError naming the layer). Initial values only: set_hyper(hyper) for

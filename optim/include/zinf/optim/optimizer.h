@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "zinf/adam/cpu_adam.h"
-#include "zinf/common/dtype.h"
+#include "zinf/common/element_type.h"
 #include "zinf/swap/dir.h"
 #include "zinf/swap/io_engine.h"
 #include "zinf/swap/swap_store.h"
@@ -180,7 +180,7 @@ struct StepStats {
 struct StoreCopyOut {
   swap::SwapStore* store = nullptr;
   std::string key;
-  DType dtype = DType::kBF16;  ///< kBF16 or kF16
+  ElementType dtype = ElementType::kBF16;  ///< kBF16 or kF16
 };
 
 /// The smallest sub-group size >= `requested` whose 2-byte copy-out ranges satisfy `store`'s
