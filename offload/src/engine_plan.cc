@@ -63,7 +63,7 @@ void check_layers(const EngineConfig& config, const std::vector<LayerSpec>& laye
       throw UsageError("OffloadEngine: the layers hold more than zinf's limit of " +
                        std::to_string(kMaxModelElements) + " (2^54) elements in all");
     }
-    if (layer.param_dtype == ElementType::kF32) {
+    if (layer.param_dtype != ElementType::kBF16 && layer.param_dtype != ElementType::kF16) {
       throw UsageError("OffloadEngine: layer " + in_quotes(layer.name) +
                        " param_dtype must be bf16 or fp16");
     }
@@ -211,6 +211,24 @@ WearEstimate plan_wear(const EngineConfig& config, const std::vector<LayerSpec>&
   return wear;
 }
 
+// The notices at construction, and the drive-slowdown watches over the optimizer's
+// directories.
+void plan_notices(const EngineConfig& config, EnginePlan& plan) {
+  for (const auto& notice : config.notices) plan.notices.push_back("config: " + notice);
+  // Nothing on NVMe (or no rating): nothing to tell.
+  if (plan.wear && plan.wear->bytes_per_step > 0) {
+    plan.notices.push_back(wear_notice(*plan.wear, config.zinf.tbw_tb));
+  }
+  const std::vector<std::string>& dirs = plan.optimizer.directories;
+  if (dirs.empty() || !(config.zinf.rate_notice_share > 0)) return;
+  std::string where;
+  for (const auto& dir : dirs) where += (where.empty() ? "" : ", ") + dir;
+  plan.write_notice = RateNoticePlan{"optimizer writes to " + where, config.zinf.rate_notice_share,
+                                     config.zinf.rate_notice_steps, config.zinf.tuned_write_gbps};
+  plan.read_notice = RateNoticePlan{"optimizer reads from " + where, config.zinf.rate_notice_share,
+                                    config.zinf.rate_notice_steps, config.zinf.tuned_read_gbps};
+}
+
 }  // namespace
 
 EnginePlan plan_engine(const EngineConfig& config, const std::vector<LayerSpec>& layers) {
@@ -241,6 +259,7 @@ EnginePlan plan_engine(const EngineConfig& config, const std::vector<LayerSpec>&
   plan.optimizer.pinned_budget_bytes = plan.pinned.optimizer;
 
   if (config.zinf.tbw_tb > 0) plan.wear = plan_wear(config, layers);
+  plan_notices(config, plan);
   return plan;
 }
 

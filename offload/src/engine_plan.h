@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // EnginePlan: what an OffloadEngine will be, decided from its config and layers before anything
 // is built: the checks, the sub-group, the optimizer's options, the staged mode's gradient
-// staging, the pinned budget's breakdown (and the error when it does not fit) and the drive-wear
-// estimate both wear notices use. OffloadEngine's constructor builds from it; the tests read it
+// staging, the pinned budget's breakdown (and the error when it does not fit), the drive-wear
+// estimate both wear notices use, the notices logged at construction and the drive-slowdown
+// watches. OffloadEngine's constructor builds from it; the tests read it
 // without creating an engine. Private to zinf::offload.
 #pragma once
 
@@ -38,6 +39,14 @@ struct WearEstimate {
   std::string where;
 };
 
+/// One drive-slowdown watch (zinf.rate_notice_*): RateWatch's arguments.
+struct RateNoticePlan {
+  std::string what;  ///< "optimizer writes to <dirs>" or "optimizer reads from <dirs>"
+  double share = 0;
+  std::uint32_t steps = 0;
+  double reference_gbps = 0;  ///< zinf.tuned_write_gbps or tuned_read_gbps; 0: measured
+};
+
 /// The engine's plan (see the file comment).
 struct EnginePlan {
   ParamTierPlan params;
@@ -61,6 +70,14 @@ struct EnginePlan {
   std::string budget_error;
   /// zinf.tbw_tb > 0 only.
   std::optional<WearEstimate> wear;
+  /// The notice-level lines the engine logs once the budget fits, in order: each of the
+  /// config's notices ("config: ..."), then the start-up wear notice where wear is set and a
+  /// step writes to NVMe.
+  std::vector<std::string> notices;
+  /// The watches of the optimizer's NVMe writes and reads; none where its state is not on NVMe
+  /// or zinf.rate_notice_share is 0.
+  std::optional<RateNoticePlan> write_notice;
+  std::optional<RateNoticePlan> read_notice;
 };
 
 /// Checks `config` (check_config) and `layers` against it (names, sizes, dtypes,

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // plan_engine (offload/src/engine_plan.h): the engine's plan from its config and layers alone,
 // with no engine, device or file (the nvme tiers only probe their directories): the sub-group, the optimizer's options, the staging choice,
-// the pinned budget's shares and its error, and the drive-wear estimate and notices.
+// the pinned budget's shares and its error, the drive-wear estimate and notices, the notices
+// at construction and the drive-slowdown watches.
 #include "engine_plan.h"
 
 #include <filesystem>
@@ -162,6 +163,52 @@ TEST(EnginePlan, WearEstimateCountsWhatEachStepWritesAndWhere) {
             "(1% every 0.000139 hours)");
 }
 
+// What the engine logs once built: the config's notices, then the start-up wear notice where
+// a step writes to NVMe. The drive-slowdown watches: the optimizer's NVMe writes and reads,
+// every directory named, each with its tuned reference; none off NVMe or with a share of 0.
+TEST(EnginePlan, NoticesAndDriveSlowdownWatches) {
+  EngineConfig c = memory_config();
+  c.notices = {"zinf.old_key is now zinf.new_key"};
+  c.zinf.tbw_tb = 1;
+  c.zinf.rate_notice_share = 0.4;
+  c.zinf.rate_notice_steps = 5;
+  c.zinf.tuned_write_gbps = 2;
+  c.zinf.tuned_read_gbps = 3;
+  const EnginePlan memory = plan_engine(c, layers());
+  EXPECT_EQ(memory.notices, std::vector<std::string>{"config: zinf.old_key is now zinf.new_key"});
+  EXPECT_FALSE(memory.write_notice);
+  EXPECT_FALSE(memory.read_notice);
+
+  test::TestDir dir;
+  c.offload_optimizer.device = OffloadDevice::kNvme;
+  c.offload_optimizer.nvme_path = dir.subdir("opt");
+  c.zinf.nvme_paths = {dir.subdir("more")};
+  const std::string where = c.offload_optimizer.nvme_path + ", " + c.zinf.nvme_paths[0];
+  const EnginePlan nvme = plan_engine(c, layers());
+  ASSERT_TRUE(nvme.wear);
+  ASSERT_EQ(nvme.notices.size(), 2u);
+  EXPECT_EQ(nvme.notices[0], "config: zinf.old_key is now zinf.new_key");
+  EXPECT_EQ(nvme.notices[1], wear_notice(*nvme.wear, 1));
+  ASSERT_TRUE(nvme.write_notice);
+  EXPECT_EQ(nvme.write_notice->what, "optimizer writes to " + where);
+  EXPECT_EQ(nvme.write_notice->share, 0.4);
+  EXPECT_EQ(nvme.write_notice->steps, 5u);
+  EXPECT_EQ(nvme.write_notice->reference_gbps, 2);
+  ASSERT_TRUE(nvme.read_notice);
+  EXPECT_EQ(nvme.read_notice->what, "optimizer reads from " + where);
+  EXPECT_EQ(nvme.read_notice->share, 0.4);
+  EXPECT_EQ(nvme.read_notice->steps, 5u);
+  EXPECT_EQ(nvme.read_notice->reference_gbps, 3);
+
+  c.zinf.rate_notice_share = 0;
+  c.zinf.tbw_tb = 0;
+  c.notices.clear();
+  const EnginePlan quiet = plan_engine(c, layers());
+  EXPECT_TRUE(quiet.notices.empty());
+  EXPECT_FALSE(quiet.write_notice);
+  EXPECT_FALSE(quiet.read_notice);
+}
+
 TEST(EnginePlan, RefusesLayersTheConfigCannotHold) {
   EngineConfig c = memory_config();
   EXPECT_THROW(plan_engine(c, {}), UsageError);
@@ -169,6 +216,14 @@ TEST(EnginePlan, RefusesLayersTheConfigCannotHold) {
   EXPECT_THROW(plan_engine(c, dup), UsageError);
   std::vector<LayerSpec> fp32 = {{"a", 10, ElementType::kF32}};
   EXPECT_THROW(plan_engine(c, fp32), UsageError);
+  for (ElementType wide : {ElementType::kF64, ElementType::kI32, ElementType::kU8}) {
+    try {
+      (void)plan_engine(c, {{"w", 10, wide}});
+      ADD_FAILURE() << element_type_name(wide) << " parameters were accepted";
+    } catch (const UsageError& e) {
+      EXPECT_STREQ(e.what(), "OffloadEngine: layer 'w' param_dtype must be bf16 or fp16");
+    }
+  }
   c.offload_param.device = OffloadDevice::kCpu;
   c.offload_param.buffer_size = 4096;
   try {

@@ -547,6 +547,11 @@ TEST(OffloadEngine, RefusesMisuse) {
   std::vector<float> short_g(3, 0.0f);
   expect_usage([&] { rig.engine().set_gradients(1, adam::GradView::f32(short_g)); },
                "OffloadEngine::set_gradients: layer 'l1' has 4103 elements, got 3 gradients");
+  adam::GradView wide = adam::GradView::f32(g);
+  wide.dtype = ElementType::kF64;
+  expect_usage([&] { rig.engine().set_gradients(1, wide); },
+               "OffloadEngine::set_gradients: gradients: element type fp64 is not a buffer type "
+               "(fp32, bf16 or fp16)");
   (void)rig.engine().step();
   EXPECT_EQ(rig.fetch_bits(0), rig.expected_bits(0));
   EXPECT_EQ(rig.fetch_bits(1), rig.expected_bits(1));
