@@ -11,8 +11,9 @@
  *   multiple of 6 elements, so neither 2 nor 3 ranks pad.
  * - A version-2 caller of zinf_engine_stats gets version 2's bytes only; a checkpoint saved at
  *   stage 2 loads at stage 3.
- * - The errors: MPI_COMM_NULL's handle, a handle that names no communicator (Open MPI), stage 0
- *   on several ranks, one rank's bad config (every rank fails), the ranks' models differing,
+ * - A group of one (MPI_COMM_SELF): no collective bytes, stage 0 accepted.
+ * - The errors: MPI_COMM_NULL's handle, a handle that names no communicator (Open MPI), an
+ *   intercommunicator, stage 0 on several ranks, one rank's bad config (every rank fails), the ranks' models differing,
  *   save_async; each with its exact message.
  * The ranks run the plan before MPI_Init (no fork inside MPI). A failed check aborts the job. */
 #define _POSIX_C_SOURCE 200809L /* popen, mkdtemp */
@@ -184,6 +185,7 @@ static float* read_weights(zinf_engine* e) {
 /* One training step on the sharded engine `e` and the reference `ref` (forward: fetch and
  * compare every layer; backward: fetch again, hand in the gradients; step). */
 static void train_step(zinf_engine* e, zinf_engine* ref, int step) {
+  float* mines[kLayers];
   float* averages[kLayers];
   int l;
   for (l = 0; l < kLayers; ++l) {
@@ -212,16 +214,18 @@ static void train_step(zinf_engine* e, zinf_engine* ref, int step) {
     }
     OK(zinf_engine_fetch(e, (size_t)l, &data, &bytes));
     OK(zinf_engine_release(e, (size_t)l));
-    /* The sharded engine keeps its averaged slice once set_gradients returns; the reference
-     * reads its gradients until its step. */
+    /* Valid until the steps return (zinf_engine_set_gradients' contract). */
     OK(zinf_engine_set_gradients(e, (size_t)l, mine, n, ZINF_DTYPE_F32));
-    free(mine);
     OK(zinf_engine_set_gradients(ref, (size_t)l, average, n, ZINF_DTYPE_F32));
+    mines[l] = mine;
     averages[l] = average;
   }
   OK(zinf_engine_step(e, NULL));
   OK(zinf_engine_step(ref, NULL));
-  for (l = 0; l < kLayers; ++l) free(averages[l]);
+  for (l = 0; l < kLayers; ++l) {
+    free(mines[l]);
+    free(averages[l]);
+  }
 }
 
 /* Trains stage `stage` for kSteps steps beside a one-rank reference; checks the counters
@@ -328,6 +332,26 @@ static void check_errors(void) {
   CHECK(e == NULL, "an engine after a failure");
 #endif
 
+  /* An intercommunicator (rank 0's group against the others'). */
+  {
+    MPI_Comm half = MPI_COMM_NULL;
+    MPI_Comm inter = MPI_COMM_NULL;
+    const int color = g_rank == 0 ? 0 : 1;
+    int handle;
+    MPI_Comm_split(MPI_COMM_WORLD, color, g_rank, &half);
+    MPI_Intercomm_create(half, 0, MPI_COMM_WORLD, color == 0 ? 1 : 0, 42, &inter);
+    handle = (int)MPI_Comm_c2f(inter);
+    snprintf(expected, sizeof expected,
+             "zinf_engine_create_mpi: mpi collectives: fortran_comm %d is an intercommunicator; "
+             "zinf's collectives need an intracommunicator",
+             handle);
+    FAILS(zinf_engine_create_mpi(config, kModel, kLayers, &kHost, handle, &e), ZINF_ERR_USAGE,
+          expected);
+    CHECK(e == NULL, "an engine after a failure");
+    MPI_Comm_free(&inter);
+    MPI_Comm_free(&half);
+  }
+
   /* Stage 0 on several ranks: refused on every rank, with the same message. */
   snprintf(expected, sizeof expected,
            "ShardedEngine: zero_optimization.stage 0 on %d ranks: plain data parallelism is not "
@@ -386,6 +410,43 @@ static void check_errors(void) {
   zinf_engine_destroy(e);
 }
 
+/* A group of one (MPI_COMM_SELF on each rank at once): the plain engine's behaviour, so no
+ * collective bytes, and stage 0 is accepted; the stage is reported as configured. */
+static void check_group_of_one(void) {
+  zinf_engine* e = NULL;
+  int stage;
+  for (stage = 0; stage <= 2; stage += 2) {
+    char config[1024];
+    zinf_stats s;
+    config_of(stage, config, sizeof config);
+    OK(zinf_engine_create_mpi(config, kModel, kLayers, &kHost, (int)MPI_Comm_c2f(MPI_COMM_SELF),
+                              &e));
+    set_weights(e);
+    {
+      float* grads[kLayers];
+      int l;
+      for (l = 0; l < kLayers; ++l) {
+        const size_t n = (size_t)kModel[l].numel;
+        size_t i;
+        grads[l] = malloc(n * sizeof *grads[l]);
+        for (i = 0; i < n; ++i) grads[l][i] = average_grad(l, i, 0);
+        OK(zinf_engine_set_gradients(e, (size_t)l, grads[l], n, ZINF_DTYPE_F32));
+      }
+      OK(zinf_engine_step(e, NULL));
+      for (l = 0; l < kLayers; ++l) free(grads[l]);
+    }
+    s = stats_of(e);
+    CHECK(s.steps == 1 && s.zero_stage == (uint64_t)stage && s.last_step_allgather_bytes == 0 &&
+              s.last_step_reduce_scatter_bytes == 0 && s.last_step_all_reduce_bytes == 0,
+          "one rank at stage %d: steps %llu, stage %llu, bytes %llu %llu %llu", stage,
+          (unsigned long long)s.steps, (unsigned long long)s.zero_stage,
+          (unsigned long long)s.last_step_allgather_bytes,
+          (unsigned long long)s.last_step_reduce_scatter_bytes,
+          (unsigned long long)s.last_step_all_reduce_bytes);
+    zinf_engine_destroy(e);
+  }
+}
+
 /* Stage 2's checkpoint, saved by `two` (then destroyed: a save locks its directory for the
  * engine's life), loads into a stage-3 engine with the same weights. */
 static void check_checkpoint_across_stages(zinf_engine* two, const float* weights) {
@@ -435,6 +496,7 @@ int main(int argc, char** argv) {
   CHECK(g_size == ranks && g_size > 1, "run on %d ranks, told %d", g_size, ranks);
 
   check_errors();
+  check_group_of_one();
   for (stage = 1; stage <= 3; ++stage) {
     weights[stage] = run_stage(stage, stage == 2 ? &two : NULL);
   }
