@@ -31,6 +31,12 @@
  *   options are accepted if the bytes this library does not know are all zero (else
  *   ZINF_ERR_USAGE: they ask for something it cannot do); stats past the library's fields
  *   are zeroed. Fields are only ever appended.
+ * - Several ranks. zinf_engine_create_mpi makes an engine that is one rank of a ZeRO-sharded
+ *   engine (zinf::dist::ShardedEngine) over the caller's MPI communicator. Every other function
+ *   takes it as it takes a one-rank engine, with the same meaning for the whole model: the
+ *   handle carries either engine, so the header grows by one function rather than a parallel
+ *   set (its comment says which calls are collective and what a sharded engine does not
+ *   offer). The header needs no mpi.h: the communicator travels as its Fortran handle.
  */
 #pragma once
 
@@ -176,6 +182,21 @@ typedef struct zinf_stats {
   double loss_scale;                /**< what to multiply the next loss by (1 without fp16) */
   uint64_t grad_bytes_to_host;      /**< device gradients copied to pinned staging */
   double grad_staging_wait_seconds; /**< set_gradients_device waiting for a staging buffer */
+  /* Version 3 (ZINF_STATS_SIZE_V3): */
+  /** The last zinf_engine_step's data-parallel collectives on this rank, in bytes: what a ring
+   *  algorithm moves into the rank, (N - 1) / N of each buffer padded to a multiple of the
+   *  world size N, twice that for an all-reduce; the figures `zinf plan` prints per step and
+   *  GPU (allgather_bytes_per_step_per_gpu; grad_reduce_bytes_per_step_per_gpu is
+   *  reduce-scatter + all-reduce). They count the fetches, set_gradients and step since the
+   *  step before it: parameters all-gathered (stage 3: at each fetch; 1 and 2: once in step),
+   *  gradients reduce-scattered (stages 2 and 3) or all-reduced (stage 1). 0 before the first
+   *  step, on one rank and for a zinf_engine_create engine, which has no collectives. */
+  uint64_t last_step_allgather_bytes;
+  uint64_t last_step_reduce_scatter_bytes;
+  uint64_t last_step_all_reduce_bytes;
+  /** The config's zero_optimization.stage (0 to 3), the one a sharded engine works at; a
+   *  zinf_engine_create engine reports it as configured (one rank: it changes nothing). */
+  uint64_t zero_stage;
   /* Later versions append fields here. */
 } zinf_stats;
 
@@ -183,6 +204,8 @@ typedef struct zinf_stats {
 #define ZINF_STATS_SIZE_V1 (offsetof(zinf_stats, param_read_gbps) + sizeof(double))
 /** The second: up to grad_staging_wait_seconds. */
 #define ZINF_STATS_SIZE_V2 (offsetof(zinf_stats, grad_staging_wait_seconds) + sizeof(double))
+/** The third: up to zero_stage. */
+#define ZINF_STATS_SIZE_V3 (offsetof(zinf_stats, zero_stage) + sizeof(uint64_t))
 
 /** Adam hyper-parameters (zinf::adam::AdamParams, less the step number the engine keeps).
  *  The kernel computes in fp32, so each value must be finite as an fp32 (FLT_MAX is
@@ -227,6 +250,61 @@ zinf_status zinf_engine_create(const char* config_json, const zinf_layer_spec* l
 zinf_status zinf_engine_create_from_file(const char* config_path, const zinf_layer_spec* layers,
                                          size_t layer_count, const zinf_engine_options* options,
                                          zinf_engine** out);
+/** As zinf_engine_create (the config as JSON text), for one rank of a data-parallel group: the
+ *  engine is this rank's share of a ZeRO-sharded engine (zinf::dist::ShardedEngine,
+ *  docs/distributed.md) over the MPI communicator whose Fortran handle is `mpi_comm`
+ *  (MPI_Comm_c2f(comm), an MPI_Fint; mpi4py: comm.py2f()), which libzinf turns back into the
+ *  communicator with MPI_Comm_f2c. It works on a duplicate; the caller's communicator and its
+ *  error handler are left alone.
+ *  - What it does. Every rank passes the same config and layer table (full sizes). Each rank
+ *    keeps 1/N of every layer's fp32 master weights and Adam moments (N the communicator's
+ *    size), in the config's optimizer tier under `rank<R>` folders of its NVMe paths, and
+ *    averages the ranks' gradients into its slice; zero_optimization.stage 3 also keeps 1/N
+ *    of the parameters and all-gathers a layer at each fetch, stages 1 and 2 keep every layer
+ *    whole and all-gather the updated slices once per step (stage 1 all-reduces gradients,
+ *    2 and 3 reduce-scatter them). The weights are the same bitwise at every stage and on one
+ *    rank (fed the average) where the average is exact. Stage 0 on several ranks is
+ *    ZINF_ERR_USAGE (plain data parallelism is not offered); parameter offload needs stage 3.
+ *    zinf_stats (version 3) reports each step's collective bytes and the stage.
+ *  - The other functions, on such an engine: the whole model's layers as with
+ *    zinf_engine_create (fetch returns the full layer, set_gradients takes this rank's
+ *    gradients of the full layer and master weights are read and set whole).
+ *    Collective, so every rank makes the same calls in the same order: set_master_weights,
+ *    read_master_weights, fetch (stage 3), set_gradients, set_gradients_device, step, save and
+ *    load (dir/rank<R> per rank and a manifest; a checkpoint saved at one stage or world size
+ *    loads at another). A rank's own I/O failure in these fails the call on every rank (the
+ *    others: ZINF_ERR_IO naming the ranks that failed); a refused argument (NULL, a wrong
+ *    count or layer) fails on its rank only, before any collective, and the job should then
+ *    end as after any divergence between the ranks. set_hyper and set_layer_hyper are
+ *    local: every rank must make the same ones. zinf_engine_save_async is ZINF_ERR_USAGE (a
+ *    sharded engine saves synchronously); wait_save then has nothing to wait for and
+ *    last_save_snapshot says ZINF_SAVE_SNAPSHOT_NONE. zinf_engine_stats: this rank's own
+ *    I/O, with the step's collectives.
+ *  - MPI. MPI is initialized by the caller (ZINF_ERR_USAGE if it is not, or is finalized) and
+ *    finalized only after every such engine is destroyed; zinf calls MPI from the thread
+ *    calling into the engine, so another thread than the one that initialized MPI needs
+ *    MPI_THREAD_SERIALIZED, and engines used from several threads at once (the Threads rule
+ *    above) MPI_THREAD_MULTIPLE. Each collective waits at most 10 minutes for the other ranks,
+ *    then fails with ZINF_ERR_IO naming the ranks that did not answer; the group is then
+ *    unusable and the job must end (MPI_Abort).
+ *  - Collective: every rank of the communicator calls it. A rank's own failure (the config,
+ *    the layers, the device, the swap files) fails the call on every rank: that rank returns
+ *    its own status and message, the others the first failed rank's status with
+ *    "zinf_engine_create_mpi failed: K of N ranks failed (rank R: <zinf_status_name>); this
+ *    rank (Q) did not". A config or layer table whose stage, layer count or element count
+ *    differs between ranks is ZINF_ERR_USAGE on every rank ("... the ranks' models differ").
+ *  - Errors before any collective, on the rank that makes them (ZINF_ERR_USAGE, the message
+ *    starting "zinf_engine_create_mpi: "): MPI not initialized; MPI_COMM_NULL's handle ("...
+ *    fortran_comm <h> is MPI_COMM_NULL ..."), a handle that names no communicator (Open MPI:
+ *    "... is not a valid communicator handle"; MPICH may abort through MPI_COMM_WORLD's error
+ *    handler instead), an intercommunicator; and, where libzinf was built without MPI,
+ *    "zinf_engine_create_mpi: zinf was built without MPI (ZINF_WITH_MPI=OFF, ...)" (never an
+ *    engine that pretends).
+ *  - Lifetime and threads as for any engine; zinf_engine_destroy frees the duplicates
+ *    (MPI_Comm_free, which MPI calls collective: every rank destroys its engine). */
+zinf_status zinf_engine_create_mpi(const char* config_json, const zinf_layer_spec* layers,
+                                   size_t layer_count, const zinf_engine_options* options,
+                                   int mpi_comm, zinf_engine** out);
 /** Waits for the engine's work in flight, removes its swap files, frees everything. Never
  *  fails; NULL is a no-op. The engine and every pointer it returned are invalid afterwards. */
 void zinf_engine_destroy(zinf_engine* engine);
@@ -346,7 +424,8 @@ zinf_status zinf_engine_last_save_snapshot(const zinf_engine* engine, zinf_save_
 zinf_status zinf_engine_load(zinf_engine* engine, const char* dir);
 
 /** Writes the engine's counters to *out, as far as out->struct_size covers them (set it
- *  first; ZINF_ERR_USAGE, writing nothing, for a size below ZINF_STATS_SIZE_V1). */
+ *  first; ZINF_ERR_USAGE, writing nothing, for a size below ZINF_STATS_SIZE_V1). A sharded
+ *  engine's (zinf_engine_create_mpi) are this rank's. */
 zinf_status zinf_engine_stats(const zinf_engine* engine, zinf_stats* out);
 
 #ifdef __cplusplus

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The C API (zinf.h) over zinf::offload::OffloadEngine. Every entry point runs its body inside
-// guarded(), which turns any exception into a zinf_status and records its what() text for
-// zinf_last_error() (per thread) and zinf_engine_last_error() (per engine), so no exception
-// crosses the C boundary.
+// The C API (zinf.h) over zinf::offload::OffloadEngine, and over zinf::dist::ShardedEngine for
+// an engine of zinf_engine_create_mpi. Every entry point runs its body inside guarded(), which
+// turns any exception into a zinf_status and records its what() text for zinf_last_error() (per
+// thread) and zinf_engine_last_error() (per engine), so no exception crosses the C boundary.
 #include "zinf.h"
 
 #include <algorithm>
@@ -22,20 +22,28 @@
 #include "zinf/config.h"
 #include "zinf/cuda/cuda_interop.h"
 #include "zinf/cuda/device.h"
+#include "zinf/dist/collectives.h"
+#include "zinf/dist/mpi_collectives.h"
+#include "zinf/dist/sharded_engine.h"
 #include "zinf/offload/config.h"
 #include "zinf/offload/engine.h"
 
 namespace adam = zinf::adam;
 namespace off = zinf::offload;
 
-/// The engine handle: the device and compute stream the engine runs on, declared before the
-/// engine so they are destroyed after it (the engine's contract). The compute stream is either
-/// the engine's own (`stream`) or the caller's (`adopted`), never both.
+/// The engine handle: the device and compute stream the engine runs on, and a sharded engine's
+/// collectives, declared before the engine so they are destroyed after it (the engines'
+/// contract). The compute stream is either the engine's own (`stream`) or the caller's
+/// (`adopted`), never both. The engine is either one rank's OffloadEngine (`engine`) or one
+/// rank of a ShardedEngine (`sharded`, zinf_engine_create_mpi), never both; visit() hands the
+/// one there is to a function that takes either.
 struct zinf_engine {
   std::unique_ptr<zinf::cuda::Device> device;
   zinf::cuda::Stream stream;
   zinf::cuda::AdoptedStream adopted;
+  std::unique_ptr<zinf::dist::Collectives> comm;
   std::unique_ptr<off::OffloadEngine> engine;
+  std::unique_ptr<zinf::dist::ShardedEngine> sharded;
   std::string last_error;  // zinf_engine_last_error
 
   bool has_callers_stream() const noexcept { return !adopted.empty(); }
@@ -111,9 +119,20 @@ void require(bool condition, const char* function, const char* what) {
   if (!condition) throw zinf::UsageError(std::string(function) + ": " + what);
 }
 
-off::OffloadEngine& engine_of(zinf_engine* engine, const char* function) {
+// Calls `body` with the handle's engine, an OffloadEngine or a ShardedEngine: their members of
+// the same name have the same meaning for the whole model (the sharded one's are collective).
+template <typename Body>
+decltype(auto) visit(zinf_engine* engine, const char* function, Body&& body) {
   require(engine != nullptr, function, "engine is NULL");
-  return *engine->engine;
+  if (engine->sharded) return body(*engine->sharded);
+  return body(*engine->engine);
+}
+
+// The one-rank engine, or the local engine of a sharded one's rank (its hyper-parameters are
+// every layer's: the slices keep their layer's).
+off::OffloadEngine& local_of(zinf_engine* engine, const char* function) {
+  require(engine != nullptr, function, "engine is NULL");
+  return engine->sharded ? engine->sharded->local() : *engine->engine;
 }
 
 zinf::ElementType dtype_of(zinf_dtype dtype, const char* function) {
@@ -128,7 +147,8 @@ zinf::ElementType dtype_of(zinf_dtype dtype, const char* function) {
 
 // The layer's element count, after checking the index, so a count mismatch is named here
 // rather than as a span out of bounds inside the engine.
-std::uint64_t checked_numel(off::OffloadEngine& engine, std::size_t layer, std::size_t count,
+template <typename Engine>
+std::uint64_t checked_numel(Engine& engine, std::size_t layer, std::size_t count,
                             const char* function) {
   if (layer >= engine.layer_count()) {
     throw zinf::UsageError(std::string(function) + ": layer " + std::to_string(layer) +
@@ -179,6 +199,69 @@ zinf_engine_options read_options(const zinf_engine_options* in, const char* func
   return o;
 }
 
+// An engine's handle before its engine: the caller's config parsed and its options applied,
+// the layers, the device and the compute stream.
+struct Prepared {
+  off::EngineConfig config;
+  std::vector<off::LayerSpec> specs;
+  std::unique_ptr<zinf_engine> handle;
+};
+
+Prepared prepare(off::EngineConfig (*read)(const char*), const char* config,
+                 const zinf_layer_spec* layers, std::size_t layer_count,
+                 const zinf_engine_options& opts, const char* function) {
+  off::EngineConfig parsed = read(config);
+  // Read as the integer a C caller stored: a value outside the enumerators may not be loaded
+  // as the C++ enum type (its range is only what its enumerators need).
+  std::underlying_type_t<zinf_state_precision> precision = 0;
+  std::memcpy(&precision, &opts.state_precision, sizeof precision);
+  switch (precision) {
+    case ZINF_STATE_PRECISION_CONFIG: break;
+    case ZINF_STATE_PRECISION_FP32:
+      parsed.zinf.state_precision = zinf::adam::StatePrecision::kF32;
+      break;
+    case ZINF_STATE_PRECISION_BF16:
+      parsed.zinf.state_precision = zinf::adam::StatePrecision::kBF16;
+      break;
+    case ZINF_STATE_PRECISION_INT8:
+      parsed.zinf.state_precision = zinf::adam::StatePrecision::kInt8;
+      break;
+    default:
+      throw zinf::UsageError(std::string(function) + ": unknown state_precision " +
+                             std::to_string(precision) +
+                             " (expected ZINF_STATE_PRECISION_CONFIG, _FP32, _BF16 or _INT8)");
+  }
+  std::vector<off::LayerSpec> specs;
+  specs.reserve(layer_count);
+  for (std::size_t i = 0; i < layer_count; ++i) {
+    if (layers[i].name == nullptr) {
+      throw zinf::UsageError(std::string(function) + ": layers[" + std::to_string(i) +
+                             "].name is NULL");
+    }
+    specs.push_back(
+        off::LayerSpec{layers[i].name, layers[i].numel, dtype_of(layers[i].param_dtype, function)});
+  }
+  zinf::cuda::DeviceOptions device_options;
+  switch (opts.device) {
+    case ZINF_DEVICE_HOST: device_options.kind = zinf::cuda::DeviceKind::kHost; break;
+    case ZINF_DEVICE_CUDA: device_options.kind = zinf::cuda::DeviceKind::kCuda; break;
+    case ZINF_DEVICE_AUTO: device_options.kind = zinf::cuda::DeviceKind::kAuto; break;
+    default:
+      throw zinf::UsageError(std::string(function) + ": unknown device kind " +
+                             std::to_string(static_cast<int>(opts.device)));
+  }
+  device_options.device_index = opts.device_index;
+
+  auto handle = std::make_unique<zinf_engine>();
+  handle->device = zinf::cuda::make_device(device_options);
+  if (opts.compute_stream != nullptr) {
+    handle->adopted = zinf::cuda::adopt_stream(*handle->device, opts.compute_stream);
+  } else {
+    handle->stream = handle->device->create_stream();
+  }
+  return Prepared{std::move(parsed), std::move(specs), std::move(handle)};
+}
+
 zinf_status create(off::EngineConfig (*read)(const char*), const char* config,
                    const zinf_layer_spec* layers, std::size_t layer_count,
                    const zinf_engine_options* options, zinf_engine** out, const char* function) {
@@ -187,57 +270,116 @@ zinf_status create(off::EngineConfig (*read)(const char*), const char* config,
     require(out != nullptr, function, "out is NULL");
     require(layers != nullptr || layer_count == 0, function, "layers is NULL");
     const zinf_engine_options opts = read_options(options, function);
-    off::EngineConfig parsed = read(config);
-    // Read as the integer a C caller stored: a value outside the enumerators may not be loaded
-    // as the C++ enum type (its range is only what its enumerators need).
-    std::underlying_type_t<zinf_state_precision> precision = 0;
-    std::memcpy(&precision, &opts.state_precision, sizeof precision);
-    switch (precision) {
-      case ZINF_STATE_PRECISION_CONFIG: break;
-      case ZINF_STATE_PRECISION_FP32:
-        parsed.zinf.state_precision = zinf::adam::StatePrecision::kF32;
-        break;
-      case ZINF_STATE_PRECISION_BF16:
-        parsed.zinf.state_precision = zinf::adam::StatePrecision::kBF16;
-        break;
-      case ZINF_STATE_PRECISION_INT8:
-        parsed.zinf.state_precision = zinf::adam::StatePrecision::kInt8;
-        break;
-      default:
-        throw zinf::UsageError(std::string(function) + ": unknown state_precision " +
-                               std::to_string(precision) +
-                               " (expected ZINF_STATE_PRECISION_CONFIG, _FP32, _BF16 or _INT8)");
-    }
-    std::vector<off::LayerSpec> specs;
-    specs.reserve(layer_count);
-    for (std::size_t i = 0; i < layer_count; ++i) {
-      if (layers[i].name == nullptr) {
-        throw zinf::UsageError(std::string(function) + ": layers[" + std::to_string(i) +
-                               "].name is NULL");
-      }
-      specs.push_back(off::LayerSpec{layers[i].name, layers[i].numel,
-                                     dtype_of(layers[i].param_dtype, function)});
-    }
-    zinf::cuda::DeviceOptions device_options;
-    switch (opts.device) {
-      case ZINF_DEVICE_HOST: device_options.kind = zinf::cuda::DeviceKind::kHost; break;
-      case ZINF_DEVICE_CUDA: device_options.kind = zinf::cuda::DeviceKind::kCuda; break;
-      case ZINF_DEVICE_AUTO: device_options.kind = zinf::cuda::DeviceKind::kAuto; break;
-      default:
-        throw zinf::UsageError(std::string(function) + ": unknown device kind " +
-                               std::to_string(static_cast<int>(opts.device)));
-    }
-    device_options.device_index = opts.device_index;
+    Prepared p = prepare(read, config, layers, layer_count, opts, function);
+    zinf_engine& h = *p.handle;
+    h.engine = std::make_unique<off::OffloadEngine>(std::move(p.config), std::move(p.specs),
+                                                    *h.device, h.compute());
+    *out = p.handle.release();
+  });
+}
 
-    auto handle = std::make_unique<zinf_engine>();
-    handle->device = zinf::cuda::make_device(device_options);
-    if (opts.compute_stream != nullptr) {
-      handle->adopted = zinf::cuda::adopt_stream(*handle->device, opts.compute_stream);
-    } else {
-      handle->stream = handle->device->create_stream();
+// What each rank of zinf_engine_create_mpi tells the others once it has built its engine (or
+// failed to): its ErrorCode (0: built), and the model as it sees it.
+struct RankReport {
+  std::int64_t code = 0;
+  std::int64_t stage = 0;
+  std::int64_t layers = 0;
+  std::int64_t elements = 0;
+};
+
+std::string describe(const RankReport& r) {
+  return "zero_optimization.stage " + std::to_string(r.stage) + ", " + std::to_string(r.layers) +
+         " layers of " + std::to_string(r.elements) + " elements";
+}
+
+// Collective: every rank's report, so that all of them fail if one did (none goes on into the
+// engine's first collective alone) or if their models differ. Rethrows this rank's own failure.
+void agree(zinf::dist::Collectives& comm, const RankReport& mine, std::exception_ptr failure,
+           const char* function) {
+  constexpr std::size_t kFields = sizeof(RankReport) / sizeof(std::int64_t);
+  const std::int64_t own[kFields] = {mine.code, mine.stage, mine.layers, mine.elements};
+  std::vector<std::int64_t> all(kFields * static_cast<std::size_t>(comm.size()));
+  try {
+    zinf::dist::all_gather<std::int64_t>(comm, own, all);
+  } catch (...) {
+    if (failure) std::rethrow_exception(failure);  // says more than the group's failure
+    throw;
+  }
+  if (failure) std::rethrow_exception(failure);
+  std::vector<RankReport> reports;
+  for (std::size_t r = 0; r < static_cast<std::size_t>(comm.size()); ++r) {
+    const std::int64_t* f = all.data() + r * kFields;
+    reports.push_back({f[0], f[1], f[2], f[3]});
+  }
+  std::string failed;
+  int count = 0;
+  zinf::ErrorCode first = zinf::ErrorCode::kOk;
+  for (std::size_t r = 0; r < reports.size(); ++r) {
+    if (reports[r].code == 0) continue;
+    const auto code = static_cast<zinf::ErrorCode>(reports[r].code);
+    if (count == 0) first = code;
+    failed +=
+        (count++ == 0 ? "" : ", ") + std::to_string(r) + ": " + zinf_status_name(status_of(code));
+  }
+  if (count > 0) {
+    throw zinf::IoError(
+        zinf::Status::error(first, std::to_string(count) + " of " + std::to_string(comm.size()) +
+                                       " ranks failed (rank" + (count > 1 ? "s " : " ") + failed +
+                                       "); this rank (" + std::to_string(comm.rank()) + ") did not")
+            .with_operation(function));
+  }
+  for (std::size_t r = 1; r < reports.size(); ++r) {
+    const RankReport& a = reports[0];
+    const RankReport& b = reports[r];
+    if (a.stage != b.stage || a.layers != b.layers || a.elements != b.elements) {
+      throw zinf::UsageError(std::string(function) + ": the ranks' models differ: rank 0 has " +
+                             describe(a) + ", rank " + std::to_string(r) + " " + describe(b) +
+                             " (every rank passes the same config and layers)");
     }
-    handle->engine = std::make_unique<off::OffloadEngine>(std::move(parsed), std::move(specs),
-                                                          *handle->device, handle->compute());
+  }
+}
+
+zinf_status create_mpi(const char* config, const zinf_layer_spec* layers, std::size_t layer_count,
+                       const zinf_engine_options* options, int mpi_comm, zinf_engine** out,
+                       const char* function) {
+  return guarded(nullptr, [&] {
+    require(config != nullptr, function, "config is NULL");
+    require(out != nullptr, function, "out is NULL");
+    require(layers != nullptr || layer_count == 0, function, "layers is NULL");
+    const zinf_engine_options opts = read_options(options, function);
+    if (const std::string why = zinf::dist::mpi_unavailable_reason(); !why.empty()) {
+      throw zinf::UsageError(std::string(function) + ": " + why);
+    }
+    // First the communicator (collective), so that a rank whose config or layers fail below
+    // still meets the others in agree() rather than leaving them in the duplication.
+    std::unique_ptr<zinf::dist::Collectives> comm;
+    try {
+      zinf::dist::MpiCollectivesOptions mpi;
+      mpi.fortran_comm = mpi_comm;
+      comm = zinf::dist::make_mpi_collectives(mpi);
+    } catch (const zinf::UsageError& e) {
+      throw zinf::UsageError(std::string(function) + ": " + e.what());
+    }
+    RankReport mine;
+    std::exception_ptr failure;
+    std::unique_ptr<zinf_engine> handle;
+    try {
+      Prepared p = prepare([](const char* json) { return off::parse_config(json); }, config, layers,
+                           layer_count, opts, function);
+      mine.stage = p.config.zero_stage;
+      mine.layers = static_cast<std::int64_t>(p.specs.size());
+      for (const off::LayerSpec& l : p.specs) mine.elements += static_cast<std::int64_t>(l.numel);
+      zinf_engine& h = *p.handle;
+      h.sharded = std::make_unique<zinf::dist::ShardedEngine>(
+          std::move(p.config), std::move(p.specs), *h.device, h.compute(), *comm);
+      handle = std::move(p.handle);
+    } catch (...) {
+      failure = std::current_exception();
+      mine.code = static_cast<std::int64_t>(zinf::status_from_current_exception().code());
+    }
+    agree(*comm, mine, failure, function);
+    // Destroyed after the engine (declared before it).
+    handle->comm = std::move(comm);
     *out = handle.release();
   });
 }
@@ -332,9 +474,16 @@ zinf_status zinf_engine_create_from_file(const char* config_path, const zinf_lay
                 layer_count, options, out, "zinf_engine_create_from_file");
 }
 
+zinf_status zinf_engine_create_mpi(const char* config_json, const zinf_layer_spec* layers,
+                                   size_t layer_count, const zinf_engine_options* options,
+                                   int mpi_comm, zinf_engine** out) {
+  return create_mpi(config_json, layers, layer_count, options, mpi_comm, out,
+                    "zinf_engine_create_mpi");
+}
+
 void zinf_engine_destroy(zinf_engine* engine) {
-  // ~OffloadEngine, ~Stream, ~AdoptedStream and ~Device never throw (their contracts); delete
-  // cannot either.
+  // ~OffloadEngine, ~ShardedEngine, ~Collectives, ~Stream, ~AdoptedStream and ~Device never
+  // throw (their contracts); delete cannot either.
   delete engine;
 }
 
@@ -343,18 +492,20 @@ const char* zinf_engine_last_error(const zinf_engine* engine) {
 }
 
 zinf_status zinf_engine_layer_count(const zinf_engine* engine, size_t* count) {
-  return guarded(const_cast<zinf_engine*>(engine), [&] {
+  zinf_engine* h = const_cast<zinf_engine*>(engine);
+  return guarded(h, [&] {
     const char* fn = "zinf_engine_layer_count";
-    off::OffloadEngine& e = engine_of(const_cast<zinf_engine*>(engine), fn);
-    require(count != nullptr, fn, "count is NULL");
-    *count = e.layer_count();
+    visit(h, fn, [&](auto& e) {
+      require(count != nullptr, fn, "count is NULL");
+      *count = e.layer_count();
+    });
   });
 }
 
 zinf_status zinf_engine_device_kind(const zinf_engine* engine, zinf_device_kind* kind) {
   return guarded(const_cast<zinf_engine*>(engine), [&] {
     const char* fn = "zinf_engine_device_kind";
-    (void)engine_of(const_cast<zinf_engine*>(engine), fn);
+    require(engine != nullptr, fn, "engine is NULL");
     require(kind != nullptr, fn, "kind is NULL");
     *kind = engine->device->kind() == zinf::cuda::DeviceKind::kCuda ? ZINF_DEVICE_CUDA
                                                                     : ZINF_DEVICE_HOST;
@@ -365,10 +516,11 @@ zinf_status zinf_engine_set_master_weights(zinf_engine* engine, size_t layer, co
                                            size_t count) {
   return guarded(engine, [&] {
     const char* fn = "zinf_engine_set_master_weights";
-    off::OffloadEngine& e = engine_of(engine, fn);
-    require(weights != nullptr, fn, "weights is NULL");
-    checked_numel(e, layer, count, fn);
-    e.set_master_weights(layer, std::span<const float>(weights, count));
+    visit(engine, fn, [&](auto& e) {
+      require(weights != nullptr, fn, "weights is NULL");
+      checked_numel(e, layer, count, fn);
+      e.set_master_weights(layer, std::span<const float>(weights, count));
+    });
   });
 }
 
@@ -376,48 +528,53 @@ zinf_status zinf_engine_read_master_weights(zinf_engine* engine, size_t layer, f
                                             size_t count) {
   return guarded(engine, [&] {
     const char* fn = "zinf_engine_read_master_weights";
-    off::OffloadEngine& e = engine_of(engine, fn);
-    require(out != nullptr, fn, "out is NULL");
-    checked_numel(e, layer, count, fn);
-    e.read_master_weights(layer, std::span<float>(out, count));
+    visit(engine, fn, [&](auto& e) {
+      require(out != nullptr, fn, "out is NULL");
+      checked_numel(e, layer, count, fn);
+      e.read_master_weights(layer, std::span<float>(out, count));
+    });
   });
 }
 
 zinf_status zinf_engine_fetch(zinf_engine* engine, size_t layer, void** data, size_t* bytes) {
   return guarded(engine, [&] {
     const char* fn = "zinf_engine_fetch";
-    off::OffloadEngine& e = engine_of(engine, fn);
-    require(data != nullptr, fn, "data is NULL");
-    require(bytes != nullptr, fn, "bytes is NULL");
-    const zinf::cuda::DeviceSpan span = e.fetch(layer);
-    // Without a stream of its own the caller cannot be ordered after the copy on the device,
-    // so the parameters must be in place when the call returns. With the caller's stream,
-    // fetch has already made that stream wait for them: returning now is the overlap.
-    if (!engine->has_callers_stream()) engine->device->synchronize(engine->stream.ref());
-    *data = span.data();
-    *bytes = span.size();
+    visit(engine, fn, [&](auto& e) {
+      require(data != nullptr, fn, "data is NULL");
+      require(bytes != nullptr, fn, "bytes is NULL");
+      const zinf::cuda::DeviceSpan span = e.fetch(layer);
+      // Without a stream of its own the caller cannot be ordered after the copy on the
+      // device, so the parameters must be in place when the call returns. With the caller's
+      // stream, fetch has already made that stream wait for them: returning now is the
+      // overlap.
+      if (!engine->has_callers_stream()) engine->device->synchronize(engine->stream.ref());
+      *data = span.data();
+      *bytes = span.size();
+    });
   });
 }
 
 zinf_status zinf_engine_release(zinf_engine* engine, size_t layer) {
-  return guarded(engine, [&] { engine_of(engine, "zinf_engine_release").release(layer); });
+  return guarded(engine,
+                 [&] { visit(engine, "zinf_engine_release", [&](auto& e) { e.release(layer); }); });
 }
 
 zinf_status zinf_engine_set_gradients(zinf_engine* engine, size_t layer, const void* grads,
                                       size_t count, zinf_dtype dtype) {
   return guarded(engine, [&] {
     const char* fn = "zinf_engine_set_gradients";
-    off::OffloadEngine& e = engine_of(engine, fn);
-    require(grads != nullptr, fn, "grads is NULL");
-    const zinf::ElementType type = dtype_of(dtype, fn);
-    checked_numel(e, layer, count, fn);
-    e.set_gradients(layer, adam::GradView{grads, count, type});
+    visit(engine, fn, [&](auto& e) {
+      require(grads != nullptr, fn, "grads is NULL");
+      const zinf::ElementType type = dtype_of(dtype, fn);
+      checked_numel(e, layer, count, fn);
+      e.set_gradients(layer, adam::GradView{grads, count, type});
+    });
   });
 }
 
 zinf_status zinf_engine_step(zinf_engine* engine, zinf_step_stats* out) {
   return guarded(engine, [&] {
-    const off::StepStats s = engine_of(engine, "zinf_engine_step").step();
+    const off::StepStats s = visit(engine, "zinf_engine_step", [](auto& e) { return e.step(); });
     if (out != nullptr) *out = to_c(s);
   });
 }
@@ -427,29 +584,32 @@ zinf_status zinf_engine_set_gradients_device(zinf_engine* engine, size_t layer,
                                              zinf_dtype dtype) {
   return guarded(engine, [&] {
     const char* fn = "zinf_engine_set_gradients_device";
-    off::OffloadEngine& e = engine_of(engine, fn);
-    require(device_grads != nullptr, fn, "device_grads is NULL");
-    const zinf::ElementType type = dtype_of(dtype, fn);
-    checked_numel(e, layer, count, fn);
-    const zinf::cuda::DeviceSpan span = zinf::cuda::adopt_device_memory(
-        *engine->device, const_cast<void*>(device_grads), count * zinf::element_size(type));
-    e.set_gradients(layer, span, type);
+    visit(engine, fn, [&](auto& e) {
+      require(device_grads != nullptr, fn, "device_grads is NULL");
+      const zinf::ElementType type = dtype_of(dtype, fn);
+      checked_numel(e, layer, count, fn);
+      const zinf::cuda::DeviceSpan span = zinf::cuda::adopt_device_memory(
+          *engine->device, const_cast<void*>(device_grads), count * zinf::element_size(type));
+      e.set_gradients(layer, span, type);
+    });
   });
 }
 
 zinf_status zinf_engine_get_hyper(const zinf_engine* engine, zinf_adam_params* out) {
-  return guarded(const_cast<zinf_engine*>(engine), [&] {
+  zinf_engine* h = const_cast<zinf_engine*>(engine);
+  return guarded(h, [&] {
     const char* fn = "zinf_engine_get_hyper";
-    const off::OffloadEngine& e = engine_of(const_cast<zinf_engine*>(engine), fn);
+    const off::OffloadEngine& e = local_of(h, fn);
     require(out != nullptr, fn, "out is NULL");
     *out = to_c(e.hyper());
   });
 }
 
 zinf_status zinf_engine_loss_scale(const zinf_engine* engine, double* out) {
-  return guarded(const_cast<zinf_engine*>(engine), [&] {
+  zinf_engine* h = const_cast<zinf_engine*>(engine);
+  return guarded(h, [&] {
     const char* fn = "zinf_engine_loss_scale";
-    const off::OffloadEngine& e = engine_of(const_cast<zinf_engine*>(engine), fn);
+    const off::OffloadEngine& e = local_of(h, fn);
     require(out != nullptr, fn, "out is NULL");
     *out = e.loss_scale();
   });
@@ -457,9 +617,10 @@ zinf_status zinf_engine_loss_scale(const zinf_engine* engine, double* out) {
 
 zinf_status zinf_engine_get_layer_hyper(const zinf_engine* engine, size_t layer,
                                         zinf_adam_params* out) {
-  return guarded(const_cast<zinf_engine*>(engine), [&] {
+  zinf_engine* h = const_cast<zinf_engine*>(engine);
+  return guarded(h, [&] {
     const char* fn = "zinf_engine_get_layer_hyper";
-    const off::OffloadEngine& e = engine_of(const_cast<zinf_engine*>(engine), fn);
+    const off::OffloadEngine& e = local_of(h, fn);
     require(out != nullptr, fn, "out is NULL");
     *out = to_c(e.hyper(layer));
   });
@@ -468,8 +629,8 @@ zinf_status zinf_engine_get_layer_hyper(const zinf_engine* engine, size_t layer,
 zinf_status zinf_engine_set_hyper(zinf_engine* engine, const zinf_adam_params* params) {
   return guarded(engine, [&] {
     const char* fn = "zinf_engine_set_hyper";
-    off::OffloadEngine& e = engine_of(engine, fn);
-    e.set_hyper(from_c(params, e.hyper(), fn));
+    const adam::AdamParams hyper = from_c(params, local_of(engine, fn).hyper(), fn);
+    visit(engine, fn, [&](auto& e) { e.set_hyper(hyper); });
   });
 }
 
@@ -477,25 +638,29 @@ zinf_status zinf_engine_set_layer_hyper(zinf_engine* engine, size_t layer,
                                         const zinf_adam_params* params) {
   return guarded(engine, [&] {
     const char* fn = "zinf_engine_set_layer_hyper";
-    off::OffloadEngine& e = engine_of(engine, fn);
-    e.set_hyper(layer, from_c(params, e.hyper(layer), fn));
+    const adam::AdamParams hyper = from_c(params, local_of(engine, fn).hyper(layer), fn);
+    visit(engine, fn, [&](auto& e) { e.set_hyper(layer, hyper); });
   });
 }
 
 zinf_status zinf_engine_save(zinf_engine* engine, const char* dir) {
   return guarded(engine, [&] {
     const char* fn = "zinf_engine_save";
-    off::OffloadEngine& e = engine_of(engine, fn);
-    require(dir != nullptr, fn, "dir is NULL");
-    require(dir[0] != '\0', fn, "dir is empty");
-    e.save(dir);
+    visit(engine, fn, [&](auto& e) {
+      require(dir != nullptr, fn, "dir is NULL");
+      require(dir[0] != '\0', fn, "dir is empty");
+      e.save(dir);
+    });
   });
 }
 
 zinf_status zinf_engine_save_async(zinf_engine* engine, const char* dir) {
   return guarded(engine, [&] {
     const char* fn = "zinf_engine_save_async";
-    off::OffloadEngine& e = engine_of(engine, fn);
+    off::OffloadEngine& e = local_of(engine, fn);
+    require(!engine->sharded, fn,
+            "a sharded engine (zinf_engine_create_mpi) has no asynchronous save; use "
+            "zinf_engine_save");
     require(dir != nullptr, fn, "dir is NULL");
     require(dir[0] != '\0', fn, "dir is empty");
     e.save_async(dir);
@@ -503,13 +668,15 @@ zinf_status zinf_engine_save_async(zinf_engine* engine, const char* dir) {
 }
 
 zinf_status zinf_engine_wait_save(zinf_engine* engine) {
-  return guarded(engine, [&] { engine_of(engine, "zinf_engine_wait_save").wait_save(); });
+  // A sharded engine never has a save in flight: its local engine's wait returns at once.
+  return guarded(engine, [&] { local_of(engine, "zinf_engine_wait_save").wait_save(); });
 }
 
 zinf_status zinf_engine_last_save_snapshot(const zinf_engine* engine, zinf_save_snapshot* out) {
-  return guarded(const_cast<zinf_engine*>(engine), [&] {
+  zinf_engine* h = const_cast<zinf_engine*>(engine);
+  return guarded(h, [&] {
     const char* fn = "zinf_engine_last_save_snapshot";
-    const off::OffloadEngine& e = engine_of(const_cast<zinf_engine*>(engine), fn);
+    const off::OffloadEngine& e = local_of(h, fn);
     require(out != nullptr, fn, "out is NULL");
     switch (e.last_save_snapshot()) {
       case off::SaveSnapshot::kNone:
@@ -528,20 +695,23 @@ zinf_status zinf_engine_last_save_snapshot(const zinf_engine* engine, zinf_save_
 zinf_status zinf_engine_load(zinf_engine* engine, const char* dir) {
   return guarded(engine, [&] {
     const char* fn = "zinf_engine_load";
-    off::OffloadEngine& e = engine_of(engine, fn);
-    require(dir != nullptr, fn, "dir is NULL");
-    require(dir[0] != '\0', fn, "dir is empty");
-    e.load(dir);
+    visit(engine, fn, [&](auto& e) {
+      require(dir != nullptr, fn, "dir is NULL");
+      require(dir[0] != '\0', fn, "dir is empty");
+      e.load(dir);
+    });
   });
 }
 
 zinf_status zinf_engine_stats(const zinf_engine* engine, zinf_stats* out) {
-  return guarded(const_cast<zinf_engine*>(engine), [&] {
+  zinf_engine* h = const_cast<zinf_engine*>(engine);
+  return guarded(h, [&] {
     const char* fn = "zinf_engine_stats";
-    const off::OffloadEngine& e = engine_of(const_cast<zinf_engine*>(engine), fn);
+    const off::OffloadEngine& local = local_of(h, fn);
     require(out != nullptr, fn, "out is NULL");
     const std::size_t size = declared_size(out->struct_size, ZINF_STATS_SIZE_V1, fn, "out");
-    const off::EngineStats s = e.stats();
+    // A sharded engine's: this rank's engine's, with the last step's collectives.
+    const off::EngineStats s = h->sharded ? h->sharded->stats() : local.stats();
     zinf_stats c{};
     c.struct_size = std::min(size, sizeof c);
     c.steps = s.steps;
@@ -564,9 +734,14 @@ zinf_status zinf_engine_stats(const zinf_engine* engine, zinf_stats* out) {
     c.last_step_skipped = s.last_step.skipped ? 1 : 0;
     c.last_global_grad_norm = s.last_step.global_grad_norm;
     c.last_grad_scale_applied = s.last_step.grad_scale_applied;
-    c.loss_scale = e.loss_scale();
+    c.loss_scale = local.loss_scale();
     c.grad_bytes_to_host = s.grad_bytes_to_host;
     c.grad_staging_wait_seconds = s.grad_staging_wait_seconds;
+    c.last_step_allgather_bytes = s.last_step.allgather_bytes;
+    c.last_step_reduce_scatter_bytes = s.last_step.reduce_scatter_bytes;
+    c.last_step_all_reduce_bytes = s.last_step.all_reduce_bytes;
+    c.zero_stage = static_cast<std::uint64_t>(h->sharded ? h->sharded->zero_stage()
+                                                         : local.config().zero_stage);
     // Only the caller's fields: an older caller's struct ends before ours does.
     std::memcpy(out, &c, c.struct_size);
     if (size > sizeof c)

@@ -10,6 +10,7 @@
 #include <climits>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "collectives_check.h"
@@ -326,13 +327,28 @@ std::unique_ptr<Collectives> make_mpi_collectives(const MpiCollectivesOptions& o
   const MPI_Comm parent = options.fortran_comm
                               ? MPI_Comm_f2c(static_cast<MPI_Fint>(*options.fortran_comm))
                               : MPI_COMM_WORLD;
+  const std::string handle =
+      "mpi collectives: fortran_comm " + std::to_string(options.fortran_comm.value_or(-1));
+  if (parent == MPI_COMM_NULL) {
+    throw UsageError(handle + " is MPI_COMM_NULL; pass a communicator of the ranks (e.g. " +
+                     "MPI_Comm_c2f(MPI_COMM_WORLD))");
+  }
+  // Where MPI_Comm is a pointer (Open MPI), MPI_Comm_f2c answers a handle that names no
+  // communicator with a null pointer, and passing that on would raise MPI_COMM_WORLD's error
+  // handler (by default: abort the job) instead of returning an error.
+  bool named = true;
+  if constexpr (std::is_pointer_v<MPI_Comm>) named = parent != nullptr;
   int rank = 0;
   int size = 0;
-  if (parent == MPI_COMM_NULL || MPI_Comm_rank(parent, &rank) != MPI_SUCCESS ||
-      MPI_Comm_size(parent, &size) != MPI_SUCCESS) {
-    throw UsageError("mpi collectives: fortran_comm " +
-                     std::to_string(options.fortran_comm.value_or(-1)) +
-                     " is not a valid communicator handle");
+  int inter = 0;
+  if (!named || MPI_Comm_rank(parent, &rank) != MPI_SUCCESS ||
+      MPI_Comm_size(parent, &size) != MPI_SUCCESS ||
+      MPI_Comm_test_inter(parent, &inter) != MPI_SUCCESS) {
+    throw UsageError(handle + " is not a valid communicator handle");
+  }
+  if (inter) {
+    throw UsageError(handle + " is an intercommunicator; zinf's collectives need an " +
+                     "intracommunicator");
   }
   // A duplicate, so that the error handler set below and zinf's traffic never touch the
   // caller's communicator. MPI_Comm_idup rather than MPI_Comm_dup: it is collective too, and a

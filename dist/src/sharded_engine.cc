@@ -94,8 +94,10 @@ struct ShardedEngine::Impl {
   std::vector<cuda::DeviceBuffer> whole;
   std::vector<bool> fetched_whole;
   std::vector<std::byte> host_full;  // a host-memory backend's all-gather of one layer
-  // The gradient and parameter collectives since the last step (StepStats' counts).
+  // The gradient and parameter collectives since the last step (StepStats' counts), and the
+  // last step's, which stats() reports in its last_step.
   detail::CollectiveTally tally;
+  offload::StepStats last_collectives;
   // Declared before `local`, so destroyed after it: an empty rank folder goes once the
   // engine's swap files are gone.
   detail::RankFolders rank_folders;
@@ -536,6 +538,7 @@ offload::StepStats ShardedEngine::step() {
     }
   }
   s.tally.report(stats);
+  s.last_collectives = stats;
   return stats;
 }
 
@@ -606,7 +609,13 @@ void ShardedEngine::Impl::reshard(const std::string& dir, int saved_world,
 }
 
 offload::OffloadEngine& ShardedEngine::local() noexcept { return *impl_->local; }
-offload::EngineStats ShardedEngine::stats() const { return impl_->local->stats(); }
+offload::EngineStats ShardedEngine::stats() const {
+  offload::EngineStats st = impl_->local->stats();
+  st.last_step.allgather_bytes = impl_->last_collectives.allgather_bytes;
+  st.last_step.reduce_scatter_bytes = impl_->last_collectives.reduce_scatter_bytes;
+  st.last_step.all_reduce_bytes = impl_->last_collectives.all_reduce_bytes;
+  return st;
+}
 
 }  // namespace zinf::dist
 

@@ -117,7 +117,8 @@ void OffloadEngine::set_gradients(std::size_t index, cuda::DeviceSpan grads, Ele
   if (grads.size() % elem != 0 || grads.empty()) {
     throw UsageError("OffloadEngine::set_gradients: layer " + in_quotes(spec.name) + " has " +
                      std::to_string(spec.numel) + " elements, got " + std::to_string(grads.size()) +
-                     " bytes of " + std::string(element_type_name(dtype)) + " gradients in device memory");
+                     " bytes of " + std::string(element_type_name(dtype)) +
+                     " gradients in device memory");
   }
   if (grads.device() != &m.device) {
     throw UsageError("OffloadEngine::set_gradients: layer " + in_quotes(spec.name) +

@@ -18,7 +18,8 @@ int zinf_capi_c_smoke(char* message, size_t capacity) {
   /* (The options' last field is an int-sized enum: the struct may end in padding.) */
   if (ZINF_ENGINE_OPTIONS_SIZE_V2 > sizeof(zinf_engine_options) ||
       ZINF_ENGINE_OPTIONS_SIZE_V1 >= ZINF_ENGINE_OPTIONS_SIZE_V2 ||
-      ZINF_STATS_SIZE_V2 != sizeof(zinf_stats) || ZINF_STATS_SIZE_V1 >= ZINF_STATS_SIZE_V2) {
+      ZINF_STATS_SIZE_V3 != sizeof(zinf_stats) || ZINF_STATS_SIZE_V1 >= ZINF_STATS_SIZE_V2 ||
+      ZINF_STATS_SIZE_V2 >= ZINF_STATS_SIZE_V3) {
     snprintf(message, capacity, "the versioned sizes are not today's struct sizes");
     return 1;
   }
@@ -46,6 +47,14 @@ int zinf_capi_c_smoke(char* message, size_t capacity) {
       snprintf(message, capacity, "last_save_snapshot(NULL) gave %s", zinf_status_name(status));
       return 1;
     }
+  }
+  /* The multi-rank door is C too: its argument checks name it. */
+  status = zinf_engine_create_mpi(NULL, &layer, 1, &options, 0, &engine);
+  if (status != ZINF_ERR_USAGE || engine != NULL ||
+      strcmp(zinf_last_error(), "zinf_engine_create_mpi: config is NULL")) {
+    snprintf(message, capacity, "create_mpi(NULL config) gave %s: '%s'", zinf_status_name(status),
+             zinf_last_error());
+    return 1;
   }
   zinf_engine_destroy(NULL);
   return 0;

@@ -712,7 +712,7 @@ TEST(CApi, DeviceGradientsGiveTheWeightsOfHostGradients) {
   zinf_stats stats{};
   stats.struct_size = sizeof stats;
   ASSERT_EQ(zinf_engine_stats(dev_side.e, &stats), ZINF_OK);
-  EXPECT_EQ(stats.struct_size, ZINF_STATS_SIZE_V2);
+  EXPECT_EQ(stats.struct_size, ZINF_STATS_SIZE_V3);
   EXPECT_EQ(stats.grad_bytes_to_host, 3u * (1000 + 257) * 4);
   EXPECT_EQ(stats.skipped_steps, 0u);
   EXPECT_EQ(stats.last_step_skipped, 0u);
@@ -1064,6 +1064,93 @@ TEST(CApi, StructSizeIsCheckedAndBoundsWhatIsReadAndWritten) {
   ASSERT_EQ(zinf_engine_stats(e.get(), &stats.v1), ZINF_OK) << zinf_last_error();
   EXPECT_EQ(stats.v1.struct_size, sizeof(zinf_stats));
   EXPECT_EQ(stats.unknown, 0u);
+}
+
+// Version 3 of zinf_stats: a one-rank engine has no collectives (0 bytes, also after a step)
+// and reports the configured stage; a version-2 caller gets version 2's bytes and nothing past
+// them, a version-1 caller version 1's.
+TEST(CApi, StatsVersionThreeCountsNoCollectivesOnOneRank) {
+  zinf_engine* raw = nullptr;
+  ASSERT_EQ(zinf_engine_create(kConfig, kLayers, 2, &kHost, &raw), ZINF_OK) << zinf_last_error();
+  std::unique_ptr<zinf_engine, void (*)(zinf_engine*)> e(raw, zinf_engine_destroy);
+  const std::size_t numel[] = {1000, 257};
+  for (std::size_t l = 0; l < 2; ++l) {
+    const std::vector<float> w = weights_of(numel[l], 0.01f);
+    ASSERT_EQ(zinf_engine_set_master_weights(e.get(), l, w.data(), numel[l]), ZINF_OK);
+  }
+  std::vector<std::vector<float>> g = {grads_of(numel[0]), grads_of(numel[1])};
+  for (std::size_t l = 0; l < 2; ++l) {
+    ASSERT_EQ(zinf_engine_set_gradients(e.get(), l, g[l].data(), numel[l], ZINF_DTYPE_F32),
+              ZINF_OK);
+  }
+  ASSERT_EQ(zinf_engine_step(e.get(), nullptr), ZINF_OK) << zinf_last_error();
+
+  zinf_stats v3{};
+  v3.struct_size = sizeof v3;
+  ASSERT_EQ(zinf_engine_stats(e.get(), &v3), ZINF_OK) << zinf_last_error();
+  EXPECT_EQ(v3.struct_size, ZINF_STATS_SIZE_V3);
+  EXPECT_EQ(v3.steps, 1u);
+  EXPECT_EQ(v3.zero_stage, 3u) << "kConfig's stage, as configured";
+  EXPECT_EQ(v3.last_step_allgather_bytes, 0u);
+  EXPECT_EQ(v3.last_step_reduce_scatter_bytes, 0u);
+  EXPECT_EQ(v3.last_step_all_reduce_bytes, 0u);
+
+  // A caller built against version 2: the fields past it stay as the caller left them.
+  zinf_stats v2;
+  std::memset(&v2, 0xab, sizeof v2);
+  v2.struct_size = ZINF_STATS_SIZE_V2;
+  ASSERT_EQ(zinf_engine_stats(e.get(), &v2), ZINF_OK) << zinf_last_error();
+  EXPECT_EQ(v2.struct_size, ZINF_STATS_SIZE_V2);
+  EXPECT_EQ(v2.steps, 1u);
+  EXPECT_EQ(v2.grad_staging_wait_seconds, v3.grad_staging_wait_seconds);
+  EXPECT_EQ(v2.last_step_allgather_bytes, 0xababababababababull) << "past version 2: untouched";
+  EXPECT_EQ(v2.zero_stage, 0xababababababababull);
+  zinf_stats v1;
+  std::memset(&v1, 0xab, sizeof v1);
+  v1.struct_size = ZINF_STATS_SIZE_V1;
+  ASSERT_EQ(zinf_engine_stats(e.get(), &v1), ZINF_OK) << zinf_last_error();
+  EXPECT_EQ(v1.struct_size, ZINF_STATS_SIZE_V1);
+  EXPECT_EQ(v1.param_read_gbps, v3.param_read_gbps);
+  EXPECT_EQ(v1.skipped_steps, 0xababababababababull) << "past version 1: untouched";
+
+  // A stage-2 config on one engine: reported as configured.
+  const char* stage2 = R"({"zero_optimization": {"stage": 2,
+    "offload_optimizer": {"device": "cpu"}}})";
+  zinf_engine* two = nullptr;
+  ASSERT_EQ(zinf_engine_create(stage2, kLayers, 2, &kHost, &two), ZINF_OK) << zinf_last_error();
+  zinf_stats s2{};
+  s2.struct_size = sizeof s2;
+  EXPECT_EQ(zinf_engine_stats(two, &s2), ZINF_OK);
+  EXPECT_EQ(s2.zero_stage, 2u);
+  zinf_engine_destroy(two);
+}
+
+// zinf_engine_create_mpi in a process without MPI_Init (this test's), or in a build without
+// MPI: a usage error that says which, and no engine. (The door itself: capi_mpi_test.c under
+// mpirun.)
+TEST(CApi, CreateMpiSaysWhyNotWithoutMpi) {
+  zinf_engine* out = nullptr;
+  EXPECT_EQ(zinf_engine_create_mpi(kConfig, kLayers, 2, &kHost, 0, &out), ZINF_ERR_USAGE);
+  EXPECT_EQ(out, nullptr);
+#if ZINF_HAVE_MPI
+  EXPECT_STREQ(zinf_last_error(),
+               "zinf_engine_create_mpi: mpi collectives: MPI is not initialized; call MPI_Init "
+               "before make_mpi_collectives and MPI_Finalize after destroying it");
+#else
+  EXPECT_STREQ(zinf_last_error(),
+               "zinf_engine_create_mpi: zinf was built without MPI (ZINF_WITH_MPI=OFF, or no MPI "
+               "C bindings found at configure time; Debian: libopenmpi-dev)");
+#endif
+  // The C API's own argument checks come first, as zinf_engine_create's.
+  EXPECT_EQ(zinf_engine_create_mpi(nullptr, kLayers, 2, &kHost, 0, &out), ZINF_ERR_USAGE);
+  EXPECT_STREQ(zinf_last_error(), "zinf_engine_create_mpi: config is NULL");
+  zinf_engine_options tiny = kHost;
+  tiny.struct_size = 4;
+  EXPECT_EQ(zinf_engine_create_mpi(kConfig, kLayers, 2, &tiny, 0, &out), ZINF_ERR_USAGE);
+  EXPECT_NE(std::string(zinf_last_error()).find("zinf_engine_create_mpi: options->struct_size 4"),
+            std::string::npos)
+      << zinf_last_error();
+  EXPECT_EQ(out, nullptr);
 }
 
 TEST(CApi, CallableFromC99) {

@@ -69,6 +69,11 @@ Counts run_step(int world, int stage, const std::vector<offload::LayerSpec>& lay
         e.set_gradients(l, adam::GradView::f32(g));
       }
       const offload::StepStats now = e.step();
+      // stats() reports the last step's counts as step() returned them.
+      const offload::EngineStats reported = e.stats();
+      EXPECT_EQ(reported.last_step.allgather_bytes, now.allgather_bytes);
+      EXPECT_EQ(reported.last_step.reduce_scatter_bytes, now.reduce_scatter_bytes);
+      EXPECT_EQ(reported.last_step.all_reduce_bytes, now.all_reduce_bytes);
       if (step == 1) {
         EXPECT_EQ(now.allgather_bytes, st.allgather_bytes);
         EXPECT_EQ(now.reduce_scatter_bytes, st.reduce_scatter_bytes);

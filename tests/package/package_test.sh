@@ -21,7 +21,7 @@ p=$tmp/prefix
 
 for f in bin/zinf lib/libzinf.so lib/libzinf.so.0 include/zinf.h include/zinf/config.h \
          include/zinf/offload/engine.h include/zinf/offload/config.h include/zinf/cuda/device.h \
-         include/zinf/adam/cpu_adam.h include/zinf/common/dtype.h \
+         include/zinf/adam/cpu_adam.h include/zinf/common/element_type.h \
          include/zinf/common/error.h lib/cmake/zinf/zinfConfig.cmake \
          lib/cmake/zinf/zinfConfigVersion.cmake lib/cmake/zinf/zinfTargets.cmake \
          lib/pkgconfig/zinf.pc; do

@@ -196,6 +196,8 @@ class ShardedEngine {
 
   /// This rank's engine over its slices: its statistics (this rank's I/O), hyper-parameters.
   offload::OffloadEngine& local() noexcept;
+  /// local()'s statistics, with last_step's allgather_bytes, reduce_scatter_bytes and
+  /// all_reduce_bytes those of the last step() (as it returned them; 0 before the first).
   offload::EngineStats stats() const;
 
  private:
