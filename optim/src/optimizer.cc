@@ -23,10 +23,6 @@
 namespace zinf::optim {
 namespace {
 
-// Ring buffers used by set_params/read_state/save/load on the kCpu tier, where there is no
-// ring: the records themselves are the buffers, and this many are in flight at once.
-constexpr std::size_t kCpuWindow = 4;
-
 // The Status behind the exception being handled, for the pipeline thread, which passes
 // errors as values (docs/style.md section 3); one that names no operation is the step's.
 Status current_exception_status() {
@@ -74,35 +70,13 @@ std::uint64_t copy_out_staging_bytes(std::uint64_t sub, std::uint64_t max_group_
   return align_up(std::min(sub, max_group_numel) * 2, alignment);
 }
 
-// "12", "8" or "6.125": a record's bytes per element, for the budget's error message.
-std::string bytes_per_element_text(adam::StatePrecision p) {
-  switch (p) {
-    case adam::StatePrecision::kF32: return "12";
-    case adam::StatePrecision::kBF16: return "8";
-    case adam::StatePrecision::kInt8: break;
-  }
-  return "6.125";
-}
-
-PinnedPlan plan_pinned(const OptimizerOptions& o, std::uint64_t sub, std::uint64_t max_record_bytes,
-                       std::uint64_t state_bytes, std::size_t record_count,
-                       std::uint64_t max_group_numel, std::uint32_t alignment) {
-  PinnedPlan plan;
-  if (o.tier == StateTier::kNvme) {
-    plan.need = std::uint64_t{o.pipeline_depth} * max_record_bytes;
-    plan.what = "the pipeline: depth " + std::to_string(o.pipeline_depth) + " x " +
-                std::to_string(max_record_bytes) + "-byte sub-group buffers (" +
-                std::to_string(std::min(sub, max_group_numel)) + " elements x " +
-                bytes_per_element_text(o.state_precision) + " bytes, padded to " +
-                std::to_string(alignment) + ") = " + std::to_string(plan.need) + " bytes";
-  } else {
-    plan.need = state_bytes;
-    plan.what = "the cpu-tier state: " + std::to_string(record_count) + " sub-groups of " +
-                bytes_per_element_text(o.state_precision) + " bytes per element, each padded to " +
-                std::to_string(alignment) + ", = " + std::to_string(plan.need) + " bytes";
-  }
+// The pinned budget's need: the store's (its plan) and the copy-out staging.
+PinnedPlan plan_pinned(const OptimizerOptions& o, const StateStorePlan& store,
+                       const RecordSizes& sizes) {
+  PinnedPlan plan{store.pinned_bytes, store.pinned_what};
   if (o.store_copy_out) {
-    const std::uint64_t staging = copy_out_staging_bytes(sub, max_group_numel, alignment);
+    const std::uint64_t staging =
+        copy_out_staging_bytes(sizes.sub, sizes.max_group_numel, store.alignment);
     const std::uint64_t count = copy_out_buffer_count(o);
     plan.need += count * staging;
     plan.what += ", plus the copy-out staging: " + std::to_string(count) + " x " +
@@ -154,17 +128,6 @@ std::uint64_t check_options(const OptimizerOptions& options,
   validate_hyper(options.hyper);
   for (const auto& grp : groups) {
     if (grp.hyper) validate_hyper(*grp.hyper, grp.name);
-  }
-  if (options.tier == StateTier::kNvme) {
-    if (options.pipeline_depth < 3) {
-      throw UsageError(
-          "OffloadedOptimizer: pipeline_depth must be at least 3 (read ahead, "
-          "update, write back), got " +
-          std::to_string(options.pipeline_depth));
-    }
-    if (options.directories.empty()) {
-      throw UsageError("OffloadedOptimizer: the nvme tier needs at least one directory");
-    }
   }
   const std::uint64_t sub = std::min(options.sub_group_elements, kMaxNumel);
   std::uint64_t record_count = 0;
@@ -226,47 +189,13 @@ std::uint64_t optimizer_pinned_bytes_needed(const OptimizerOptions& options,
   OptimizerOptions o = options;
   o.sub_group_elements = effective_sub_group_elements(options, groups);
   (void)check_options(o, groups);
-  std::uint32_t alignment = 4096;
-  if (options.tier == StateTier::kNvme) {
-    for (const auto& d : options.directories) {
-      alignment = std::max(alignment, swap::probe_direct_io_alignment(d));
-    }
-  }
-  const std::uint64_t sub = o.sub_group_elements;
-  std::uint64_t max_record = 0;
-  std::uint64_t state = 0;
-  std::uint64_t max_numel = 0;
-  std::size_t count = 0;
-  for (const auto& g : groups) {
-    max_numel = std::max(max_numel, g.numel);
-    const std::uint64_t full = g.numel / sub;
-    const std::uint64_t rest = g.numel % sub;
-    const std::uint64_t full_bytes =
-        align_up(record_state_bytes(options.state_precision, sub), alignment);
-    const std::uint64_t rest_bytes =
-        rest > 0 ? align_up(record_state_bytes(options.state_precision, rest), alignment) : 0;
-    if (full > 0) max_record = std::max(max_record, full_bytes);
-    if (rest > 0) max_record = std::max(max_record, rest_bytes);
-    state += full * full_bytes + rest_bytes;
-    count += static_cast<std::size_t>(full + (rest > 0 ? 1 : 0));
-  }
-  return plan_pinned(o, sub, max_record, state, count, max_numel, alignment).need;
+  const StateStorePlan store = plan_state_store(o, groups);
+  return plan_pinned(o, store, record_sizes(o, groups, store.alignment)).need;
 }
 
 double clip_coefficient(double clip, double norm) noexcept {
   constexpr double kClipEpsilon = 1e-6;
   return clip > 0 ? std::min(1.0, clip / (norm + kClipEpsilon)) : 1.0;
-}
-
-StateTier parse_state_tier(std::string_view text, std::string_view what) {
-  if (text == "cpu") return StateTier::kCpu;
-  if (text == "nvme") return StateTier::kNvme;
-  throw UsageError("invalid " + std::string(what) + " '" + std::string(text) +
-                   "': expected cpu or nvme");
-}
-
-std::string_view state_tier_name(StateTier tier) noexcept {
-  return tier == StateTier::kCpu ? "cpu" : "nvme";
 }
 
 std::string_view save_snapshot_name(SaveSnapshot snapshot) noexcept {
@@ -306,11 +235,8 @@ OffloadedOptimizer::Impl::Impl(OptimizerOptions o, std::vector<ParamGroupSpec> g
   // From here on options.sub_group_elements is what the records use (and checkpoints name).
   options.sub_group_elements = effective_sub_group_elements(options, groups);
   const std::uint64_t record_count = check_options(options, groups);
-  if (nvme()) {
-    for (const auto& d : options.directories) {
-      alignment = std::max(alignment, swap::probe_direct_io_alignment(d));
-    }
-  }
+  const StateStorePlan store_plan = plan_state_store(options, groups);
+  alignment = store_plan.alignment;
 
   // Records: each group cut into sub-groups, the last one possibly short.
   const std::uint64_t sub = std::min(options.sub_group_elements, kMaxNumel);
@@ -336,10 +262,8 @@ OffloadedOptimizer::Impl::Impl(OptimizerOptions o, std::vector<ParamGroupSpec> g
   for (const auto& grp : groups) group_hyper.push_back(grp.hyper.value_or(options.hyper));
 
   // The pinned-memory budget must hold the pipeline: checked before anything is created.
-  std::uint64_t max_group_numel = 0;
-  for (const auto& grp : groups) max_group_numel = std::max(max_group_numel, grp.numel);
-  const PinnedPlan plan = plan_pinned(options, sub, max_record_bytes, state_bytes, records.size(),
-                                      max_group_numel, alignment);
+  const RecordSizes sizes = record_sizes(options, groups, alignment);
+  const PinnedPlan plan = plan_pinned(options, store_plan, sizes);
   const std::uint64_t need = plan.need;
   const std::string& what = plan.what;
   if (options.pinned_budget_bytes < need) {
@@ -350,47 +274,19 @@ OffloadedOptimizer::Impl::Impl(OptimizerOptions o, std::vector<ParamGroupSpec> g
 
   engine = swap::make_io_engine(options.io);
   // The store first: a disk too small for the state is reported before any memory is mapped.
-  if (nvme()) {
-    swap::SwapStoreOptions so;
-    so.directories = options.directories;
-    so.capacity_bytes = state_bytes;
-    so.checksums = options.swap_checksums;
-    so.direct_io = options.direct_io;
-    if (options.swap_checksums) {
-      // Ranges are whole tensors here, so any stripe works; keep the 1 MiB default unless a
-      // record is smaller than a stripe (then checksums cover the record).
-      so.stripe_bytes = static_cast<std::uint32_t>(
-          std::min<std::uint64_t>(so.stripe_bytes, align_up(max_record_bytes, alignment)));
-    }
-    store = std::make_unique<swap::SwapStore>(so, *engine);  // IoError kNoSpace: disk too small
-    if (store->alignment() > alignment) {
-      throw Error("OffloadedOptimizer: swap store alignment " + std::to_string(store->alignment()) +
-                  " exceeds the probed direct-I/O alignment " + std::to_string(alignment));
-    }
-    if (options.precondition) store->precondition();
-    for (const auto& r : records) store->allocate(r.key, r.bytes);
-  }
+  store = store_plan.make({store_plan, options, records, *engine, max_record_bytes, state_bytes});
 
   swap::BufferPoolOptions po;
   po.budget_bytes = need;
   po.alignment = alignment;
   po.huge_pages = true;
-  // The ring is reused every step: fault it in now rather than in the first step.
-  po.prefault = nvme();
+  po.prefault = store_plan.prefault;
   pool = std::make_unique<swap::BufferPool>(po);
-  if (nvme()) {
-    for (std::uint32_t i = 0; i < options.pipeline_depth; ++i) {
-      ring.push_back(pool->acquire(max_record_bytes));
-    }
-    slots.resize(options.pipeline_depth);
-    slot_expected.resize(options.pipeline_depth);
-    std::span<std::byte> arena = pool->arena();
-    (void)engine->register_buffers(std::span<const std::span<std::byte>>(&arena, 1));
-  } else {
-    for (auto& r : records) r.state = pool->acquire(r.padded);
-  }
+  store->acquire(*pool);
+  slots.resize(store->depth());
+  slot_expected.resize(store->depth());
   if (options.store_copy_out) {
-    const std::uint64_t bytes = copy_out_staging_bytes(sub, max_group_numel, alignment);
+    const std::uint64_t bytes = copy_out_staging_bytes(sizes.sub, sizes.max_group_numel, alignment);
     for (std::uint32_t i = 0; i < copy_out_buffer_count(options); ++i) {
       out_staging.push_back(pool->acquire(bytes));
     }
@@ -429,7 +325,7 @@ OffloadedOptimizer::Impl::~Impl() {
   if (store) {
     Status s = store->close();
     if (!s.ok())
-      log(LogLevel::kWarning, "OffloadedOptimizer: closing the swap store: " + s.to_string());
+      log(LogLevel::kWarning, "OffloadedOptimizer: closing the state store: " + s.to_string());
   }
 }
 
@@ -450,13 +346,11 @@ void OffloadedOptimizer::Impl::fail(const Status& cause) {
   }
 }
 
-void OffloadedOptimizer::Impl::ring_pipeline(
-    std::size_t count, const std::function<swap::IoTicket(std::size_t, swap::BufferLease&)>& start,
-    const std::function<swap::IoTicket(std::size_t, swap::BufferLease&)>& finish) {
-  // Items go round `depth` buffers: item i uses buffer i % depth once item i - depth has left
-  // it (both of its tickets complete). Starts run up to depth items ahead of finishes.
-  const bool cpu = !nvme();
-  const std::size_t depth = cpu ? kCpuWindow : ring.size();
+void OffloadedOptimizer::Impl::ring_pipeline(std::size_t count, const SlotIo& start,
+                                             const SlotIo& finish) {
+  // Items go round the store's `depth` slots: item i uses slot i % depth once item i - depth
+  // has left it (both of its tickets complete). Starts run up to depth items ahead of finishes.
+  const std::size_t depth = store->depth();
   std::vector<swap::IoTicket> first(depth), second(depth);
   std::size_t next = 0;
   try {
@@ -464,18 +358,16 @@ void OffloadedOptimizer::Impl::ring_pipeline(
       while (next < count && next < i + depth) {
         const std::size_t s = next % depth;
         second[s].wait();
-        swap::BufferLease dummy;
-        first[s] = start(next, cpu ? dummy : ring[s]);
+        first[s] = start(next, s).value_or(swap::IoTicket{});
         ++next;
       }
       const std::size_t s = i % depth;
       first[s].wait();
-      swap::BufferLease dummy;
-      second[s] = finish(i, cpu ? dummy : ring[s]);
+      second[s] = finish(i, s).value_or(swap::IoTicket{});
     }
     for (auto& t : second) t.wait();
   } catch (...) {
-    // No I/O may outlive this call: its buffers are reused by the next one.
+    // No I/O may outlive this call: its slots are reused by the next one.
     for (auto& t : first) t.wait_status().ignore("draining after the first error");
     for (auto& t : second) t.wait_status().ignore("draining after the first error");
     throw;
@@ -486,16 +378,17 @@ void OffloadedOptimizer::Impl::ring_pipeline(
 // The step pipeline
 //
 // One thread (pipeline_main) drives every step's sub-group tasks in the order step_group()
-// queued them, over a ring of `depth` buffers (kNvme):
-//   read:    task r's record is swapped in to buffer r % depth as soon as that buffer is idle
+// queued them, over the state store's `depth` slots (state_store.h):
+//   read:    task r's record is brought into slot r % depth as soon as that slot is idle
 //            (no read or write-back in flight) and r < c + depth: up to depth - 1 reads ahead
 //            of the update.
-//   update:  task c runs CpuAdam on its buffer once its read is in (CpuAdam's own pool does
+//   update:  task c runs CpuAdam on its slot once its read is in (CpuAdam's own pool does
 //            the arithmetic; this thread waits for it).
-//   write:   the buffer is swapped out at once, asynchronously; the buffer is reused only after
+//   write:   the slot is written back at once, asynchronously; the slot is reused only after
 //            that write's completion callback has marked it idle.
-// With depth 3 the drive sees the read of c+1 and the write-back of c-1 while c is updated.
-// kCpu has no I/O: tasks are updated in place, in order.
+// With the nvme store's ring of depth 3 the drive sees the read of c+1 and the write-back of
+// c-1 while c is updated. The cpu store's slots are the records: its reads and write-backs
+// need no I/O (the store says so), so its tasks are updated in place, in order.
 //
 // Completions arrive as callbacks on engine threads that update the slot flags under `mu` and
 // notify `cv`; the thread sleeps on `cv` until some stage can move (pipeline_can_progress),
@@ -520,7 +413,6 @@ bool OffloadedOptimizer::Impl::pipeline_can_progress(std::size_t c, std::size_t 
   auto out_free = [&](std::size_t t) {
     return !run.tasks[t].store_out || !out_slots[t % out_slots.size()].writing;
   };
-  if (!nvme()) return c < n && out_free(c);
   const std::size_t depth = slots.size();
   if (r < n && r < c + depth) {
     const Slot& s = slots[r % depth];
@@ -591,10 +483,11 @@ void OffloadedOptimizer::Impl::compute(const adam::AdamParams& hp, const Task& t
   // The record's bytes as the store keeps them: the three arrays, then padding to the
   // store's alignment, which the update does not touch (summed once, for both sides).
   const std::uint64_t state = rec.bytes;
-  const std::uint64_t stored = store->padded_size(state);
+  swap::SwapStore& sw = *store->swap_store();  // folded sums: the records are in a swap store
+  const std::uint64_t stored = sw.padded_size(state);
   const std::size_t pieces = 5 * (rec.numel / adam::kHookPieceElements + 2);
-  sums_read.reset(stored, store->stripe_bytes(), pieces);
-  sums_written.reset(stored, store->stripe_bytes(), pieces);
+  sums_read.reset(stored, sw.stripe_bytes(), pieces);
+  sums_written.reset(stored, sw.stripe_bytes(), pieces);
   if (stored > state) {
     sums_read.add(base, state, stored - state);
     sums_written.add(base, state, stored - state);
@@ -619,53 +512,196 @@ void OffloadedOptimizer::Impl::compute(const adam::AdamParams& hp, const Task& t
   std::optional<Status> corrupt;
   for (std::size_t u = 0; u < found.size(); ++u) {
     if (found[u] == expected[u]) continue;
-    Status s = store->checksum_error(rec.key, u, expected[u], found[u]);  // counts each unit
+    Status s = sw.checksum_error(rec.key, u, expected[u], found[u]);  // counts each unit
     if (!corrupt) corrupt = std::move(s);
   }
   if (corrupt) throw IoError(*corrupt);
   if (hold && out_bytes > 0) std::memcpy(t.out.data, copy_out_hold.data(), out_bytes);
 }
 
+void OffloadedOptimizer::Impl::note_error(const Status& s) {
+  if (run.error.ok()) run.error = s;
+}
+
+swap::IoCallback OffloadedOptimizer::Impl::on_io_done(std::size_t slot, bool write,
+                                                      std::uint64_t bytes,
+                                                      OptClock::time_point at) {
+  // Notifies under the lock, so nothing of this object is touched once the lock is released.
+  return [this, slot, write, bytes, at](const Status& s) {
+    std::lock_guard g(mu);
+    const auto now = OptClock::now();
+    if (write) {
+      slots[slot].writing = false;
+      run.writes.emplace_back(at, now);
+      if (s.ok()) run.stats.bytes_written += bytes;
+    } else {
+      slots[slot].reading = false;
+      run.reads.emplace_back(at, now);
+      if (s.ok()) run.stats.bytes_read += bytes;
+    }
+    if (!s.ok() && run.error.ok()) run.error = s;
+    cv.notify_all();
+  };
+}
+
+swap::IoCallback OffloadedOptimizer::Impl::on_out_done(std::size_t out_slot, std::uint64_t bytes,
+                                                       OptClock::time_point at) {
+  return [this, out_slot, bytes, at](const Status& s) {
+    std::lock_guard g(mu);
+    out_slots[out_slot].writing = false;
+    run.writes.emplace_back(at, OptClock::now());
+    if (s.ok()) run.stats.copy_out_bytes += bytes;
+    if (!s.ok() && run.error.ok()) run.error = s;
+    cv.notify_all();
+  };
+}
+
+void OffloadedOptimizer::Impl::start_reads(std::unique_lock<std::mutex>& lk, std::size_t c,
+                                           std::size_t& r) {
+  const std::size_t n = run.tasks.size();
+  const std::size_t depth = slots.size();
+  while (run.error.ok() && r < n && r < c + depth) {
+    const std::size_t si = r % depth;
+    Slot& s = slots[si];
+    if (s.reading || s.writing) break;
+    const std::size_t ri = run.tasks[r].record;
+    s.reading = true;
+    ++r;
+    const auto at = OptClock::now();
+    lk.unlock();
+    std::optional<swap::IoTicket> t;
+    std::optional<Status> err;
+    try {
+      t = store->read(si, ri, on_io_done(si, false, records[ri].padded, at),
+                      folded_sums() ? &slot_expected[si] : nullptr);
+    } catch (...) {
+      err = current_exception_status();
+    }
+    lk.lock();
+    if (err) {
+      slots[si].reading = false;
+      note_error(*err);
+    } else if (!t) {
+      slots[si].reading = false;  // in place already: nothing to wait for
+    } else {
+      slots[si].read = std::move(*t);
+    }
+  }
+}
+
+bool OffloadedOptimizer::Impl::run_ready_hook(std::unique_lock<std::mutex>& lk, std::size_t c) {
+  if (!run.tasks[c].ready) return false;
+  // The group's gradients are still arriving: wait for them (reads ahead stay in flight), then
+  // look at the task again.
+  const std::function<void()> ready = std::move(run.tasks[c].ready);
+  run.tasks[c].ready = nullptr;
+  lk.unlock();
+  std::optional<Status> err;
+  const auto w0 = OptClock::now();
+  try {
+    ready();
+  } catch (...) {
+    err = current_exception_status();
+  }
+  lk.lock();
+  run.stats.wait_seconds += std::chrono::duration<double>(OptClock::now() - w0).count();
+  if (err) note_error(*err);
+  return true;
+}
+
+void OffloadedOptimizer::Impl::update_task(std::unique_lock<std::mutex>& lk, std::size_t& c) {
+  Task task = run.tasks[c];
+  const std::size_t oi = task.store_out ? c % out_slots.size() : 0;
+  if (task.store_out) {
+    out_slots[oi].writing = true;  // reserved until the copy-out write completes
+    task.out = {out_staging[oi].data(), static_cast<std::size_t>(records[task.record].numel),
+                task.store_out->dtype, true};
+  }
+  adam::AdamParams hp = run.hp[records[task.record].group];
+  hp.step = run.step;
+  const Record& rec = records[task.record];
+  const std::size_t si = c % slots.size();
+  ++c;
+  run.modified = run.modified || store->in_place();  // the update changes the stored state
+  slots[si].writing = true;                          // reserved until the write-back completes
+  std::byte* base = store->data(si, task.record);
+  const std::shared_ptr<AsyncSave> snapshot = step_snapshot;
+  lk.unlock();
+  std::optional<Status> err;
+  double snapshot_wait = 0;
+  std::uint64_t snapshot_copy = 0;
+  if (snapshot) {
+    // A save in flight may still need this record's bytes as they are: copied first.
+    try {
+      protect_snapshot(*snapshot, task.record, base, folded_sums() ? &slot_expected[si] : nullptr,
+                       snapshot_wait, snapshot_copy);
+    } catch (...) {
+      err = current_exception_status();
+    }
+  }
+  const auto t0 = OptClock::now();
+  try {
+    if (!err) compute(hp, task, base, si);
+  } catch (...) {
+    err = current_exception_status();
+  }
+  const auto t1 = OptClock::now();
+  std::optional<swap::IoTicket> ot;
+  if (!err && task.store_out) {
+    const StoreCopyOut& so = *task.store_out;
+    const std::uint64_t len = rec.numel * 2;
+    const std::uint64_t padded = so.store->padded_size(len);
+    // The range's padding (at the tensor's end) is written too: zero it, so that the stored
+    // bytes are deterministic.
+    std::memset(out_staging[oi].data() + len, 0, padded - len);
+    try {
+      ot = so.store->swap_out_range(so.key, rec.offset * 2, len,
+                                    out_staging[oi].span().first(padded), on_out_done(oi, len, t1));
+    } catch (...) {
+      err = current_exception_status();
+    }
+  }
+  std::optional<swap::IoTicket> wt;
+  if (!err) {
+    try {
+      wt = store->write_back(
+          si, task.record, on_io_done(si, true, rec.padded, t1),
+          folded_sums() ? sums_written.finish() : std::span<const std::uint32_t>{});
+    } catch (...) {
+      err = current_exception_status();
+    }
+  }
+  if (task.consumed) task.consumed();  // the kernel has read the gradients
+  lk.lock();
+  run.stats.compute_seconds += std::chrono::duration<double>(t1 - t0).count();
+  run.stats.snapshot_wait_seconds += snapshot_wait;
+  run.stats.snapshot_copy_bytes += snapshot_copy;
+  if (task.store_out) {
+    if (ot) {
+      run.modified = true;  // the parameter store's key changed
+      out_slots[oi].write = std::move(*ot);
+    } else {
+      out_slots[oi].writing = false;
+    }
+  }
+  if (wt) {
+    run.modified = true;
+    slots[si].write = std::move(*wt);
+  } else {
+    slots[si].writing = false;  // failed, or in place: nothing to write back
+  }
+  if (err) {
+    note_error(*err);
+  } else {
+    ++run.stats.sub_groups;
+    run.stats.elements += rec.numel;
+  }
+}
+
 void OffloadedOptimizer::Impl::pipeline_main() {
   std::unique_lock lk(mu);
   std::size_t c = 0;  // next task to update
-  std::size_t r = 0;  // next task to read (kNvme), r >= c
-  const std::size_t depth = slots.size();
-  auto note_error = [&](const Status& s) {
-    if (run.error.ok()) run.error = s;
-  };
-  // Completion callback of a read (write = false) or write-back: marks the slot idle and
-  // records the interval; runs on an engine thread, notifies under the lock so nothing of
-  // this object is touched once the lock is released.
-  auto on_done = [this](std::size_t si, bool write, std::uint64_t bytes, OptClock::time_point at) {
-    return [this, si, write, bytes, at](const Status& s) {
-      std::lock_guard g(mu);
-      const auto now = OptClock::now();
-      if (write) {
-        slots[si].writing = false;
-        run.writes.emplace_back(at, now);
-        if (s.ok()) run.stats.bytes_written += bytes;
-      } else {
-        slots[si].reading = false;
-        run.reads.emplace_back(at, now);
-        if (s.ok()) run.stats.bytes_read += bytes;
-      }
-      if (!s.ok() && run.error.ok()) run.error = s;
-      cv.notify_all();
-    };
-  };
-  // Completion callback of a copy-out write (runs on the parameter store's engine thread).
-  auto on_out_done = [this](std::size_t oi, std::uint64_t bytes, OptClock::time_point at) {
-    return [this, oi, bytes, at](const Status& s) {
-      std::lock_guard g(mu);
-      out_slots[oi].writing = false;
-      run.writes.emplace_back(at, OptClock::now());
-      if (s.ok()) run.stats.copy_out_bytes += bytes;
-      if (!s.ok() && run.error.ok()) run.error = s;
-      cv.notify_all();
-    };
-  };
-
+  std::size_t r = 0;  // next task to read, r >= c
   for (;;) {
     const bool waiting_for_io =
         run.active && !run.finished && run.error.ok() && c < run.tasks.size();
@@ -684,153 +720,12 @@ void OffloadedOptimizer::Impl::pipeline_main() {
       c = r = n;  // drop what is queued; I/O in flight drains through its callbacks
     }
 
-    // Read ahead.
-    if (!nvme()) r = n;
-    while (run.error.ok() && r < n && r < c + depth) {
-      const std::size_t si = r % depth;
-      Slot& s = slots[si];
-      if (s.reading || s.writing) break;
-      const Record& rec = records[run.tasks[r].record];
-      s.reading = true;
-      ++r;
-      const auto at = OptClock::now();
-      lk.unlock();
-      swap::IoTicket t;
-      std::optional<Status> err;
-      try {
-        if (folded_sums()) slot_expected[si].resize(store->unit_count(rec.key));
-        t = folded_sums()
-                ? store->swap_in_unchecked(rec.key, ring[si].span(), slot_expected[si],
-                                           on_done(si, false, rec.padded, at))
-                : store->swap_in(rec.key, ring[si].span(), on_done(si, false, rec.padded, at));
-      } catch (...) {
-        err = current_exception_status();
-      }
-      lk.lock();
-      if (err) {
-        slots[si].reading = false;
-        note_error(*err);
-      } else {
-        slots[si].read = std::move(t);
-      }
-    }
+    start_reads(lk, c, r);
 
     // Update the next task once its record is in, then write it back.
-    if (run.error.ok() && c < r && (!nvme() || !slots[c % depth].reading) &&
+    if (run.error.ok() && c < r && !slots[c % slots.size()].reading &&
         (!run.tasks[c].store_out || !out_slots[c % out_slots.size()].writing)) {
-      if (run.tasks[c].ready) {
-        // The group's gradients are still arriving: wait for them (reads ahead stay in
-        // flight), then look at the task again.
-        const std::function<void()> ready = std::move(run.tasks[c].ready);
-        run.tasks[c].ready = nullptr;
-        lk.unlock();
-        std::optional<Status> err;
-        const auto w0 = OptClock::now();
-        try {
-          ready();
-        } catch (...) {
-          err = current_exception_status();
-        }
-        lk.lock();
-        run.stats.wait_seconds += std::chrono::duration<double>(OptClock::now() - w0).count();
-        if (err) note_error(*err);
-        continue;
-      }
-      Task task = run.tasks[c];
-      const std::size_t oi = task.store_out ? c % out_slots.size() : 0;
-      if (task.store_out) {
-        out_slots[oi].writing = true;  // reserved until the copy-out write completes
-        task.out = {out_staging[oi].data(), static_cast<std::size_t>(records[task.record].numel),
-                    task.store_out->dtype, true};
-      }
-      adam::AdamParams hp = run.hp[records[task.record].group];
-      hp.step = run.step;
-      const Record& rec = records[task.record];
-      const std::size_t si = nvme() ? c % depth : 0;
-      ++c;
-      run.modified = run.modified || !nvme();  // kCpu updates the state in place
-      if (nvme()) slots[si].writing = true;    // reserved until the write-back completes
-      std::byte* base = nvme() ? ring[si].data() : records[task.record].state.data();
-      const std::shared_ptr<AsyncSave> snapshot = step_snapshot;
-      lk.unlock();
-      std::optional<Status> err;
-      double snapshot_wait = 0;
-      std::uint64_t snapshot_copy = 0;
-      if (snapshot) {
-        // A save in flight may still need this record's bytes as they are: copied first.
-        try {
-          protect_snapshot(*snapshot, task.record, base,
-                           folded_sums() ? &slot_expected[si] : nullptr, snapshot_wait,
-                           snapshot_copy);
-        } catch (...) {
-          err = current_exception_status();
-        }
-      }
-      const auto t0 = OptClock::now();
-      try {
-        if (!err) compute(hp, task, base, si);
-      } catch (...) {
-        err = current_exception_status();
-      }
-      const auto t1 = OptClock::now();
-      swap::IoTicket ot;
-      bool out_submitted = false;
-      if (!err && task.store_out) {
-        const StoreCopyOut& so = *task.store_out;
-        const std::uint64_t len = rec.numel * 2;
-        const std::uint64_t padded = so.store->padded_size(len);
-        // The range's padding (at the tensor's end) is written too: zero it, so that the
-        // stored bytes are deterministic.
-        std::memset(out_staging[oi].data() + len, 0, padded - len);
-        try {
-          ot = so.store->swap_out_range(so.key, rec.offset * 2, len,
-                                        out_staging[oi].span().first(padded),
-                                        on_out_done(oi, len, t1));
-          out_submitted = true;
-        } catch (...) {
-          err = current_exception_status();
-        }
-      }
-      swap::IoTicket wt;
-      bool submitted = false;
-      if (!err && nvme()) {
-        try {
-          wt = folded_sums()
-                   ? store->swap_out_summed(rec.key, ring[si].span(), sums_written.finish(),
-                                            on_done(si, true, rec.padded, t1))
-                   : store->swap_out(rec.key, ring[si].span(), on_done(si, true, rec.padded, t1));
-          submitted = true;
-        } catch (...) {
-          err = current_exception_status();
-        }
-      }
-      if (task.consumed) task.consumed();  // the kernel has read the gradients
-      lk.lock();
-      run.stats.compute_seconds += std::chrono::duration<double>(t1 - t0).count();
-      run.stats.snapshot_wait_seconds += snapshot_wait;
-      run.stats.snapshot_copy_bytes += snapshot_copy;
-      if (task.store_out) {
-        if (out_submitted) {
-          run.modified = true;  // the parameter store's key changed
-          out_slots[oi].write = std::move(ot);
-        } else {
-          out_slots[oi].writing = false;
-        }
-      }
-      if (nvme()) {
-        if (submitted) {
-          run.modified = true;
-          slots[si].write = std::move(wt);
-        } else {
-          slots[si].writing = false;
-        }
-      }
-      if (err) {
-        note_error(*err);
-      } else {
-        ++run.stats.sub_groups;
-        run.stats.elements += rec.numel;
-      }
+      if (!run_ready_hook(lk, c)) update_task(lk, c);
       continue;
     }
 
@@ -933,9 +828,9 @@ void OffloadedOptimizer::write_state(const char* what, std::size_t group_index,
   im.initialized[group_index] = false;
   im.ring_pipeline(
       recs.size(),
-      [&](std::size_t i, swap::BufferLease& buf) -> swap::IoTicket {
-        Record& rec = im.records[recs[i]];
-        std::byte* base = im.nvme() ? buf.data() : rec.state.data();
+      [&](std::size_t i, std::size_t slot) -> std::optional<swap::IoTicket> {
+        const Record& rec = im.records[recs[i]];
+        std::byte* base = im.store->data(slot, recs[i]);
         const RecordLayout lay = im.layout(rec);
         std::copy_n(params.data() + rec.offset, rec.numel, lay.params(base).data());
         if (moments) {
@@ -947,10 +842,9 @@ void OffloadedOptimizer::write_state(const char* what, std::size_t group_index,
         }
         // Zero the padding too, so that stored records (and checkpoints) are deterministic.
         std::memset(base + rec.bytes, 0, rec.padded - rec.bytes);
-        if (!im.nvme()) return {};
-        return im.store->swap_out(rec.key, buf.span());
+        return im.store->write_back(slot, recs[i]);
       },
-      [](std::size_t, swap::BufferLease&) -> swap::IoTicket { return {}; });
+      [](std::size_t, std::size_t) -> std::optional<swap::IoTicket> { return std::nullopt; });
   im.initialized[group_index] = true;
 }
 
@@ -974,18 +868,17 @@ void OffloadedOptimizer::read_state(std::size_t group_index, std::span<float> pa
   const auto& recs = im.group_records[group_index];
   im.ring_pipeline(
       recs.size(),
-      [&](std::size_t i, swap::BufferLease& buf) -> swap::IoTicket {
-        if (!im.nvme()) return {};
-        return im.store->swap_in(im.records[recs[i]].key, buf.span());
+      [&](std::size_t i, std::size_t slot) -> std::optional<swap::IoTicket> {
+        return im.store->read(slot, recs[i]);
       },
-      [&](std::size_t i, swap::BufferLease& buf) -> swap::IoTicket {
-        Record& rec = im.records[recs[i]];
-        std::byte* base = im.nvme() ? buf.data() : rec.state.data();
+      [&](std::size_t i, std::size_t slot) -> std::optional<swap::IoTicket> {
+        const Record& rec = im.records[recs[i]];
+        std::byte* base = im.store->data(slot, recs[i]);
         const RecordLayout lay = im.layout(rec);
         if (!params.empty()) std::ranges::copy(lay.params(base), params.data() + rec.offset);
         adam::decode_moments(lay.moments(base), m.empty() ? m : m.subspan(rec.offset, rec.numel),
                              v.empty() ? v : v.subspan(rec.offset, rec.numel));
-        return {};
+        return std::nullopt;
       });
 }
 

@@ -559,13 +559,12 @@ void OffloadedOptimizer::Impl::save(const CheckpointPlace& dir) {
     std::uint64_t written = 0;
     ring_pipeline(
         records.size(),
-        [&](std::size_t i, swap::BufferLease& buf) -> swap::IoTicket {
-          if (!nvme()) return {};
-          return store->swap_in(records[i].key, buf.span());
+        [&](std::size_t i, std::size_t slot) -> std::optional<swap::IoTicket> {
+          return store->read(slot, i);
         },
-        [&](std::size_t i, swap::BufferLease& buf) -> swap::IoTicket {
-          Record& rec = records[i];
-          std::byte* base = nvme() ? buf.data() : rec.state.data();
+        [&](std::size_t i, std::size_t slot) -> std::optional<swap::IoTicket> {
+          const Record& rec = records[i];
+          std::byte* base = store->data(slot, i);
           v.crcs[i] = swap::crc32c(std::span<const std::byte>(base, rec.bytes));
           swap::IoRequest req{swap::IoOp::kWrite, att.id(), v.offsets[i],
                               std::span<std::byte>(base, rec.padded)};
@@ -714,6 +713,7 @@ class OffloadedOptimizer::Impl::AsyncSave {
   struct InFlight {
     std::size_t record;
     std::size_t buffer;
+    std::byte* data;    // the record's bytes: in the buffer, or where the store keeps it
     swap::IoTicket io;  // the read, then the write
     bool writing = false;
   };
@@ -776,13 +776,14 @@ class OffloadedOptimizer::Impl::AsyncSave {
                     const std::vector<std::uint32_t>& expected) const {
     if (expected.empty()) return;
     const Record& rec = opt_.records[r];
-    const std::uint64_t unit = opt_.store->stripe_bytes();
+    swap::SwapStore& sw = *opt_.store->swap_store();  // unit sums come from a swap store
+    const std::uint64_t unit = sw.stripe_bytes();
     for (std::size_t u = 0; u < expected.size(); ++u) {
       const std::uint64_t begin = u * unit;
       const std::uint64_t len = std::min<std::uint64_t>(unit, rec.padded - begin);
       const std::uint32_t got = swap::crc32c(std::span<const std::byte>(base + begin, len));
       if (got != expected[u]) {
-        throw IoError(opt_.store->checksum_error(rec.key, u, expected[u], got));
+        throw IoError(sw.checksum_error(rec.key, u, expected[u], got));
       }
     }
   }
@@ -848,14 +849,13 @@ class OffloadedOptimizer::Impl::AsyncSave {
           lk.unlock();
           const std::size_t b = own_free.back();
           own_free.pop_back();
-          const Record& rec = opt_.records[r];
-          if (opt_.nvme()) {
-            // A checked read: with swap checksums a corrupt record fails at its wait, unsaved.
-            own.push_back({r, b, opt_.store->swap_in(rec.key, buffers_[b].span()), false});
+          // The store reads it into the buffer (checked: with swap checksums a corrupt
+          // record fails at its wait, unsaved), or it is in memory and written from there.
+          StateStore::Copy got = opt_.store->read_copy(r, buffers_[b].span());
+          if (got.io) {
+            own.push_back({r, b, got.data, std::move(*got.io), false});
           } else {
-            // kCpu: written from where it lives (its state is only updated by a step, which
-            // waits for a record the saver holds).
-            own.push_back({r, b, submit_write(id, r, rec.state.data()), true});
+            own.push_back({r, b, got.data, submit_write(id, r, got.data), true});
           }
           continue;
         }
@@ -864,7 +864,7 @@ class OffloadedOptimizer::Impl::AsyncSave {
           InFlight& f = own.front();
           f.io.wait();
           if (!f.writing) {
-            f.io = submit_write(id, f.record, buffers_[f.buffer].data());
+            f.io = submit_write(id, f.record, f.data);
             f.writing = true;
             continue;
           }
@@ -951,11 +951,12 @@ void OffloadedOptimizer::Impl::save_async(const CheckpointPlace& dir) {
   }
   VersionWrite v = begin_version(dir);
   std::vector<std::vector<std::uint32_t>> sums;
-  std::string why = !nvme() ? "the state is in memory (kCpu), not in swap files"
-                            : "OptimizerOptions::checkpoint_reflink is off";
+  std::string why;
   bool cloned = false;
   try {
-    cloned = nvme() && options.checkpoint_reflink && clone_records(v, sums, why);
+    cloned = store->clone_records(options.checkpoint_reflink, v.file, v.offsets, sums, why,
+                                  checkpoint_dir.path());
+    if (cloned) checkpoint_phase("cloned", v.total);
   } catch (...) {
     abandon_version(v);
     rethrow_naming_checkpoint(checkpoint_dir);
@@ -977,59 +978,6 @@ void OffloadedOptimizer::Impl::save_async(const CheckpointPlace& dir) {
   }
   last_snapshot = cloned ? SaveSnapshot::kReflink : SaveSnapshot::kStreamed;
   async_save = std::make_shared<AsyncSave>(*this, std::move(v), *save_pool, std::move(sums));
-}
-
-bool OffloadedOptimizer::Impl::clone_records(VersionWrite& v,
-                                             std::vector<std::vector<std::uint32_t>>& sums,
-                                             std::string& why) {
-  // FICLONERANGE takes offsets and lengths in whole blocks of the file system; the store's
-  // are multiples of its alignment (at least 4096), which covers the usual 4 KiB blocks, but
-  // a file system with larger blocks is checked rather than assumed.
-  struct stat st {};
-  if (::fstat(v.file.fd(), &st) != 0) {
-    why = std::string("fstat of the state file: ") + std::strerror(errno);
-    return false;
-  }
-  const std::uint64_t block = st.st_blksize > 0 ? static_cast<std::uint64_t>(st.st_blksize) : 1;
-  sums.clear();
-  sums.reserve(records.size());
-  for (std::size_t i = 0; i < records.size(); ++i) {
-    const Record& rec = records[i];
-    swap::StoredTensor where;
-    try {
-      where = store->locate(rec.key);
-    } catch (const std::exception& e) {
-      why = "cannot locate record '" + rec.key + "': " + e.what();
-      return false;
-    }
-    if (where.padded != rec.padded) {
-      why = "record '" + rec.key + "' is stored as " + std::to_string(where.padded) +
-            " bytes, the checkpoint's record is " + std::to_string(rec.padded);
-      return false;
-    }
-    for (const swap::StoredPiece& p : where.pieces) {
-      const std::uint64_t dest = v.offsets[i] + p.tensor_offset;
-      if (p.file_offset % block != 0 || p.length % block != 0 || dest % block != 0) {
-        why = "record '" + rec.key + "' is not aligned to the file system's " +
-              std::to_string(block) + "-byte blocks";
-        return false;
-      }
-      file_clone_range range{};
-      range.src_fd = store->file_descriptor(p.file);
-      range.src_offset = p.file_offset;
-      range.src_length = p.length;
-      range.dest_offset = dest;
-      if (::ioctl(v.file.fd(), FICLONERANGE, &range) != 0) {
-        const int err = errno;
-        why = "FICLONERANGE from " + store->file_paths()[p.file] + " to " + checkpoint_dir.path() +
-              ": " + std::strerror(err);
-        return false;
-      }
-    }
-    sums.push_back(std::move(where.unit_sums));
-  }
-  checkpoint_phase("cloned", v.total);
-  return true;
 }
 
 bool OffloadedOptimizer::Impl::save_running() const {
@@ -1144,16 +1092,16 @@ void OffloadedOptimizer::Impl::load(const CheckpointPlace& dir) {
     Attached att(*engine, file);
     ring_pipeline(
         records.size(),
-        [&](std::size_t i, swap::BufferLease& buf) -> swap::IoTicket {
-          Record& rec = records[i];
-          std::byte* base = nvme() ? buf.data() : rec.state.data();
+        [&](std::size_t i, std::size_t slot) -> std::optional<swap::IoTicket> {
+          const Record& rec = records[i];
+          std::byte* base = store->data(slot, i);
           swap::IoRequest req{swap::IoOp::kRead, att.id(), m.records[i].offset,
                               std::span<std::byte>(base, rec.padded)};
           return engine->submit(std::span<const swap::IoRequest>(&req, 1));
         },
-        [&](std::size_t i, swap::BufferLease& buf) -> swap::IoTicket {
-          Record& rec = records[i];
-          std::byte* base = nvme() ? buf.data() : rec.state.data();
+        [&](std::size_t i, std::size_t slot) -> std::optional<swap::IoTicket> {
+          const Record& rec = records[i];
+          std::byte* base = store->data(slot, i);
           const std::uint64_t bytes = rec.bytes;
           const std::uint32_t got = swap::crc32c(std::span<const std::byte>(base, bytes));
           if (got != m.records[i].crc) {
@@ -1163,8 +1111,7 @@ void OffloadedOptimizer::Impl::load(const CheckpointPlace& dir) {
                               ", computed " + hex32(got),
                           m.records[i].offset, bytes);
           }
-          if (!nvme()) return {};
-          return store->swap_out(rec.key, buf.span());
+          return store->write_back(slot, i);
         });
   } catch (const IoError& e) {
     fail(e.status());
