@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// OffloadedOptimizer's private state, shared by optimizer.cc (construction, the step pipeline,
-// parameter access) and optimizer_checkpoint.cc (save/load). Private to zinf::optim.
+// OffloadedOptimizer's private state, shared by optimizer.cc (construction, parameter access),
+// optimizer_plan.cc (checks and the budget), optimizer_step.cc and optimizer_pipeline.cc (the
+// step), and the checkpoint files. The records live in a StateStore (state_store.h). Private
+// to zinf::optim.
 #pragma once
 
 #include <chrono>
@@ -283,8 +285,31 @@ struct OffloadedOptimizer::Impl {
                                std::uint64_t& copied);
 };
 
-/// The copy-out staging buffers options.store_copy_out reserves.
+// Planning (optimizer_plan.cc).
+
+/// 2^40 elements (12 TiB of state) per group keeps every byte count far from overflow.
+inline constexpr std::uint64_t kMaxNumel = std::uint64_t{1} << 40;
+
+/// Every check of the options and groups that needs no file and no memory, in one place: the
+/// constructor runs it first, and optimizer_pinned_bytes_needed runs it too, so that a caller
+/// (OffloadEngine) learns of any refusal before it creates files of its own. Returns the
+/// number of sub-group records. The state store's own checks are its plan's.
+std::uint64_t check_options(const OptimizerOptions& options,
+                            const std::vector<ParamGroupSpec>& groups);
+
+/// What the pinned budget must hold, and how to say it in an error.
+struct PinnedPlan {
+  std::uint64_t need = 0;
+  std::string what;
+};
+/// The pinned budget's need: the store's (its plan) and the copy-out staging.
+PinnedPlan plan_pinned(const OptimizerOptions& options, const StateStorePlan& store,
+                       const RecordSizes& sizes);
+
+/// The copy-out staging buffers options.store_copy_out reserves, and the bytes of each.
 std::uint32_t copy_out_buffer_count(const OptimizerOptions& options);
+std::uint64_t copy_out_staging_bytes(std::uint64_t sub, std::uint64_t max_group_numel,
+                                     std::uint32_t alignment);
 
 /// Validates hyper-parameters as CpuAdam::step would, so that a bad value is a UsageError at
 /// the call that sets it, never inside the pipeline. `group`, if not empty, names the group
