@@ -195,7 +195,7 @@ class OffloadedOptimizer::Impl::AsyncSave {
     cv_.wait(lk, open_over);
   }
 
-  // A copy made from a ring buffer before the update verified it: check it against the
+  // A copy made from a store slot before the update verified it: check it against the
   // store's unit CRCs here, so that corrupt bytes are never saved.
   void verify_copy(const Copied& c) const {
     verify_units(c.record, buffers_[c.buffer].data(), c.expected);

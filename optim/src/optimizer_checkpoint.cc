@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// OffloadedOptimizer checkpoints: the state streamed record by record between the tier and
-// one checkpoint file through the ring (never the whole state in memory), a text manifest
-// with a CRC32C per record, fsync of files and directories, an atomic switch of the `LATEST`
-// pointer, and one owner per checkpoint directory.
+// OffloadedOptimizer checkpoints: the state streamed record by record between the state store
+// and one checkpoint file through the store's slots (never the whole state in memory), a text
+// manifest with a CRC32C per record (checkpoint_format.cc), fsync of files and directories, an
+// atomic switch of the `LATEST` pointer, and one owner per checkpoint directory. save_async is
+// in optimizer_async_save.cc.
 //
 // On-disk scheme, chosen so that a kill at any point leaves a loadable checkpoint:
 //   <dir>/LATEST            one line: the name of the current version directory

@@ -172,7 +172,7 @@ void OffloadedOptimizer::Impl::compute(const adam::AdamParams& hp, const Task& t
   adam.step(hp, p, moments, t.grads, out, &hooks);
   // Checked before the caller writes the record back or copies the parameters out: bytes that
   // differ from what was written are never handed on (the update made from them stays in the
-  // ring buffer, which the failed step drops).
+  // store's slot, which the failed step drops).
   const std::span<const std::uint32_t> found = sums_read.finish();
   const std::vector<std::uint32_t>& expected = slot_expected[slot];
   std::optional<Status> corrupt;
