@@ -4,7 +4,8 @@
 // record needs no I/O and calls no callback, the asynchronous save's read_copy, the plan's
 // share of the budget, a clone refused with its reason), and the OffloadedOptimizer behaviours
 // that are the same whichever store holds the state (a step's grad_scale factor, each group's
-// own hyper-parameters, the budget error naming the smallest budget that works).
+// own hyper-parameters, the budget error naming the smallest budget that works, int8 records
+// sized to whole stripe units).
 #include "state_store.h"
 
 #include <atomic>
@@ -296,6 +297,29 @@ TEST_P(StateStoreTest, BudgetTooSmallForTheStoreIsAnErrorAtConstruction) {
   o.pinned_budget_bytes = c.smallest;
   OffloadedOptimizer fits(o, c.groups);
   EXPECT_EQ(fits.pinned_bytes(), c.smallest);
+}
+
+TEST_P(StateStoreTest, Int8SubGroupsFillWholeStripeUnits) {
+  // compact_state_optimizer_test's SubGroupsFillWholeStripeUnits, as the optimizer's records
+  // come out: the same size and record bytes whichever store holds them.
+  constexpr std::uint64_t kM = 1 << 20;
+  OptimizerOptions o;
+  o.tier = GetParam();
+  o.state_precision = adam::StatePrecision::kInt8;
+  o.sub_group_elements = kM;
+  o.io.kind = swap::IoEngineKind::kThreads;
+  if (GetParam() == StateTier::kNvme) o.directories = {dir_.subdir("nvme")};
+  {
+    OffloadedOptimizer opt(o, {{"w", 3 * kM}});
+    EXPECT_EQ(opt.sub_group_elements(), 1027136u);
+    EXPECT_EQ(opt.record_bytes(), 6 * kM);  // padded to 4 KiB: exactly six stripe units
+  }
+  // The default (0): records of 12 MiB, fp32's at 1M elements.
+  o.sub_group_elements = 0;
+  OffloadedOptimizer opt(o, {{"w", 5 * kM}});
+  EXPECT_EQ(opt.sub_group_elements(), default_sub_group_elements(adam::StatePrecision::kInt8));
+  EXPECT_EQ(opt.sub_group_elements(), 2054336u);
+  EXPECT_EQ(opt.record_bytes(), 12 * kM);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, StateStoreTest,
