@@ -134,7 +134,7 @@ OffloadedOptimizer::Impl::~Impl() {
   if (store) {
     Status s = store->close();
     if (!s.ok())
-      log(LogLevel::kWarning, "OffloadedOptimizer: closing the state store: " + s.to_string());
+      log(LogLevel::kWarning, "OffloadedOptimizer: closing the swap store: " + s.to_string());
   }
 }
 
