@@ -15,8 +15,7 @@ void native_adam_loop(float* p, float* m, float* v, const float* g, std::size_t 
                       float bias_correction2);
 
 /// The same loop with restrict-qualified pointers, built with -O3 -march=native
-/// -fno-math-errno so that the compiler can vectorise sqrt: the stronger reference (what
-/// a plain -O3 -march=native loop measured on the build machines at 1.4-1.7 G elements/s).
+/// -fno-math-errno so that the compiler can vectorise sqrt: the stronger reference.
 void native_adam_loop_vectorized(float* p, float* m, float* v, const float* g, std::size_t n,
                                  float lr, float beta1, float beta2, float eps,
                                  float bias_correction1, float bias_correction2);

@@ -9,10 +9,9 @@
 namespace zinf::cuda::detail {
 
 /// Copies below this many bytes go through memcpy: source and destination fit in the caches,
-/// where ordinary stores are as fast and leave the data warm for the next reader. From
-/// `build/release/bench/dma_copy_bench` on the build VM (2 MiB L2 per core, CPU time): memcpy
-/// and the streaming copy were within 10% of each other from 256 KiB to 4 MiB (12-16 GB/s);
-/// from 8 MiB on, memcpy fell to 6.5-6.7 GB/s while the streaming copy held 11.3-11.8 GB/s.
+/// where ordinary stores are as fast and leave the data warm for the next reader. Above it,
+/// streaming stores keep their rate while memcpy falls (docs/benchmarks.md, "The host
+/// simulation's copy threshold", with its command).
 inline constexpr std::size_t kStreamingCopyThreshold = std::size_t{2} << 20;
 
 /// Copies n bytes from src to dst (which must not overlap), with streaming stores when n is at

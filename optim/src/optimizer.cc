@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// OffloadedOptimizer: construction (records, budget check, engine, pool, swap store), the
-// pipelined step on its own thread, and parameter access (set_params, read_state).
-// Checkpoints are in optimizer_checkpoint.cc.
+// OffloadedOptimizer: construction (records, budget check, engine, state store, pool), the
+// public calls outside a step (parameter access: set_params, read_state; the checkpoint calls,
+// which optimizer_checkpoint.cc carries out) and the ring that runs records through the
+// store's slots on the calling thread. Planning is in optimizer_plan.cc, the step in
+// optimizer_step.cc and optimizer_pipeline.cc.
 #include "zinf/optim/optimizer.h"
 
 #include <algorithm>
@@ -23,263 +25,6 @@
 namespace zinf::optim {
 namespace {
 
-// Ring buffers used by set_params/read_state/save/load on the kCpu tier, where there is no
-// ring: the records themselves are the buffers, and this many are in flight at once.
-constexpr std::size_t kCpuWindow = 4;
-
-// The Status behind the exception being handled, for the pipeline thread, which passes
-// errors as values (docs/style.md section 3); one that names no operation is the step's.
-Status current_exception_status() {
-  Status s = status_from_current_exception();
-  if (s.operation().empty()) s.with_operation("optimizer step");
-  return s;
-}
-
-// Seconds covered by the union of [begin, end) intervals.
-double union_seconds(std::vector<std::pair<OptClock::time_point, OptClock::time_point>> v) {
-  std::sort(v.begin(), v.end());
-  double total = 0;
-  std::optional<std::pair<OptClock::time_point, OptClock::time_point>> cur;
-  for (const auto& iv : v) {
-    if (cur && iv.first <= cur->second) {
-      cur->second = std::max(cur->second, iv.second);
-      continue;
-    }
-    if (cur) total += std::chrono::duration<double>(cur->second - cur->first).count();
-    cur = iv;
-  }
-  if (cur) total += std::chrono::duration<double>(cur->second - cur->first).count();
-  return total;
-}
-
-adam::GradView slice(const adam::GradView& g, std::uint64_t offset, std::uint64_t n) {
-  const auto* base = static_cast<const std::byte*>(g.data);
-  return {base + offset * element_size(g.dtype), n, g.dtype};
-}
-
-adam::CopyOut slice(const adam::CopyOut& o, std::uint64_t offset, std::uint64_t n) {
-  if (!o.enabled) return adam::CopyOut::none();
-  auto* base = static_cast<std::byte*>(o.data);
-  return {base + offset * element_size(o.dtype), n, o.dtype, true};
-}
-
-// What the pinned budget must hold, and how to say it in an error.
-struct PinnedPlan {
-  std::uint64_t need = 0;
-  std::string what;
-};
-
-std::uint64_t copy_out_staging_bytes(std::uint64_t sub, std::uint64_t max_group_numel,
-                                     std::uint32_t alignment) {
-  return align_up(std::min(sub, max_group_numel) * 2, alignment);
-}
-
-// "12", "8" or "6.125": a record's bytes per element, for the budget's error message.
-std::string bytes_per_element_text(adam::StatePrecision p) {
-  switch (p) {
-    case adam::StatePrecision::kF32: return "12";
-    case adam::StatePrecision::kBF16: return "8";
-    case adam::StatePrecision::kInt8: break;
-  }
-  return "6.125";
-}
-
-PinnedPlan plan_pinned(const OptimizerOptions& o, std::uint64_t sub, std::uint64_t max_record_bytes,
-                       std::uint64_t state_bytes, std::size_t record_count,
-                       std::uint64_t max_group_numel, std::uint32_t alignment) {
-  PinnedPlan plan;
-  if (o.tier == StateTier::kNvme) {
-    plan.need = std::uint64_t{o.pipeline_depth} * max_record_bytes;
-    plan.what = "the pipeline: depth " + std::to_string(o.pipeline_depth) + " x " +
-                std::to_string(max_record_bytes) + "-byte sub-group buffers (" +
-                std::to_string(std::min(sub, max_group_numel)) + " elements x " +
-                bytes_per_element_text(o.state_precision) + " bytes, padded to " +
-                std::to_string(alignment) + ") = " + std::to_string(plan.need) + " bytes";
-  } else {
-    plan.need = state_bytes;
-    plan.what = "the cpu-tier state: " + std::to_string(record_count) + " sub-groups of " +
-                bytes_per_element_text(o.state_precision) + " bytes per element, each padded to " +
-                std::to_string(alignment) + ", = " + std::to_string(plan.need) + " bytes";
-  }
-  if (o.store_copy_out) {
-    const std::uint64_t staging = copy_out_staging_bytes(sub, max_group_numel, alignment);
-    const std::uint64_t count = copy_out_buffer_count(o);
-    plan.need += count * staging;
-    plan.what += ", plus the copy-out staging: " + std::to_string(count) + " x " +
-                 std::to_string(staging) + " bytes";
-  }
-  return plan;
-}
-
-}  // namespace
-
-std::uint32_t copy_out_buffer_count(const OptimizerOptions& options) {
-  return std::max<std::uint32_t>(options.pipeline_depth, 2);
-}
-
-std::uint64_t store_copy_out_sub_group(std::uint64_t requested, const swap::SwapStore& store) {
-  const std::uint64_t unit = store.checksums()
-                                 ? std::max<std::uint64_t>(store.stripe_bytes(), store.alignment())
-                                 : store.alignment();
-  return align_up(std::max<std::uint64_t>(requested, 1) * 2, unit) / 2;
-}
-
-namespace {
-
-// 2^40 elements (12 TiB of state) per group keeps every byte count far from overflow.
-constexpr std::uint64_t kMaxNumel = std::uint64_t{1} << 40;
-// A bound on the bookkeeping (a key and a lease per sub-group): 2^22 sub-groups.
-constexpr std::uint64_t kMaxRecords = std::uint64_t{1} << 22;
-
-// Every check of the options and groups that needs no file and no memory, in one place: the
-// constructor runs it first, and optimizer_pinned_bytes_needed runs it too, so that a caller
-// (OffloadEngine) learns of any refusal before it creates files of its own. Returns the
-// number of sub-group records.
-std::uint64_t check_options(const OptimizerOptions& options,
-                            const std::vector<ParamGroupSpec>& groups) {
-  if (groups.empty()) throw UsageError("OffloadedOptimizer: no parameter groups");
-  std::unordered_set<std::string> names;
-  for (const auto& grp : groups) {
-    if (grp.numel == 0 || grp.numel > kMaxNumel) {
-      throw UsageError("OffloadedOptimizer: group '" + grp.name + "' numel " +
-                       std::to_string(grp.numel) + " is out of range [1, 2^40]");
-    }
-    if (grp.name.empty() || grp.name.find_first_of("\r\n") != std::string::npos) {
-      throw UsageError("OffloadedOptimizer: group names must be non-empty single lines");
-    }
-    if (!names.insert(grp.name).second) {
-      throw UsageError("OffloadedOptimizer: duplicate group name '" + grp.name + "'");
-    }
-  }
-  validate_hyper(options.hyper);
-  for (const auto& grp : groups) {
-    if (grp.hyper) validate_hyper(*grp.hyper, grp.name);
-  }
-  if (options.tier == StateTier::kNvme) {
-    if (options.pipeline_depth < 3) {
-      throw UsageError(
-          "OffloadedOptimizer: pipeline_depth must be at least 3 (read ahead, "
-          "update, write back), got " +
-          std::to_string(options.pipeline_depth));
-    }
-    if (options.directories.empty()) {
-      throw UsageError("OffloadedOptimizer: the nvme tier needs at least one directory");
-    }
-  }
-  const std::uint64_t sub = std::min(options.sub_group_elements, kMaxNumel);
-  std::uint64_t record_count = 0;
-  for (const auto& grp : groups) record_count += (grp.numel + sub - 1) / sub;
-  if (record_count > kMaxRecords) {
-    throw UsageError("OffloadedOptimizer: " + std::to_string(record_count) +
-                     " sub-groups exceed the limit of " + std::to_string(kMaxRecords) +
-                     "; raise sub_group_elements");
-  }
-  return record_count;
-}
-
-// The most elements, at most `most`, whose record in precision `p` takes at most `limit` bytes
-// (record bytes grow with the count); for int8 a multiple of its scale block where that is
-// possible, so that only a group's last record has a short block.
-std::uint64_t elements_within(adam::StatePrecision p, std::uint64_t limit, std::uint64_t most) {
-  std::uint64_t lo = 1, hi = most;
-  while (lo < hi) {
-    const std::uint64_t mid = hi - (hi - lo) / 2;
-    if (record_state_bytes(p, mid) <= limit) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  if (p == adam::StatePrecision::kInt8 && lo >= adam::kInt8Block) lo -= lo % adam::kInt8Block;
-  return lo;
-}
-
-}  // namespace
-
-std::uint64_t default_sub_group_elements(adam::StatePrecision precision) noexcept {
-  // fp32's record at 1M elements: 12 MiB (fp32 1,048,576, bf16 1,572,864, int8 2,054,336).
-  constexpr std::uint64_t kRecordBytes = std::uint64_t{12} << 20;
-  return elements_within(precision, kRecordBytes, kRecordBytes);
-}
-
-std::uint64_t effective_sub_group_elements(const OptimizerOptions& options,
-                                           const std::vector<ParamGroupSpec>& groups) {
-  const std::uint64_t want =
-      std::min(options.sub_group_elements == 0 ? default_sub_group_elements(options.state_precision)
-                                               : options.sub_group_elements,
-               kMaxNumel);
-  if (!options.fit_sub_groups_to_stripes || options.store_copy_out) return want;
-  bool splits = false;
-  for (const auto& g : groups) splits = splits || g.numel > want;
-  if (!splits) return want;
-  // The stripe unit of the store the optimizer makes (SwapStoreOptions' default); the records'
-  // 4 KiB padding is the smallest alignment a direct-I/O file system asks.
-  const std::uint64_t stripe = swap::SwapStoreOptions{}.stripe_bytes;
-  const adam::StatePrecision p = options.state_precision;
-  const std::uint64_t bytes = align_up(record_state_bytes(p, want), 4096);
-  if (bytes <= stripe || bytes % stripe == 0) return want;
-  return elements_within(p, bytes / stripe * stripe, want);
-}
-
-std::uint64_t optimizer_pinned_bytes_needed(const OptimizerOptions& options,
-                                            const std::vector<ParamGroupSpec>& groups) {
-  OptimizerOptions o = options;
-  o.sub_group_elements = effective_sub_group_elements(options, groups);
-  (void)check_options(o, groups);
-  std::uint32_t alignment = 4096;
-  if (options.tier == StateTier::kNvme) {
-    for (const auto& d : options.directories) {
-      alignment = std::max(alignment, swap::probe_direct_io_alignment(d));
-    }
-  }
-  const std::uint64_t sub = o.sub_group_elements;
-  std::uint64_t max_record = 0;
-  std::uint64_t state = 0;
-  std::uint64_t max_numel = 0;
-  std::size_t count = 0;
-  for (const auto& g : groups) {
-    max_numel = std::max(max_numel, g.numel);
-    const std::uint64_t full = g.numel / sub;
-    const std::uint64_t rest = g.numel % sub;
-    const std::uint64_t full_bytes =
-        align_up(record_state_bytes(options.state_precision, sub), alignment);
-    const std::uint64_t rest_bytes =
-        rest > 0 ? align_up(record_state_bytes(options.state_precision, rest), alignment) : 0;
-    if (full > 0) max_record = std::max(max_record, full_bytes);
-    if (rest > 0) max_record = std::max(max_record, rest_bytes);
-    state += full * full_bytes + rest_bytes;
-    count += static_cast<std::size_t>(full + (rest > 0 ? 1 : 0));
-  }
-  return plan_pinned(o, sub, max_record, state, count, max_numel, alignment).need;
-}
-
-double clip_coefficient(double clip, double norm) noexcept {
-  constexpr double kClipEpsilon = 1e-6;
-  return clip > 0 ? std::min(1.0, clip / (norm + kClipEpsilon)) : 1.0;
-}
-
-StateTier parse_state_tier(std::string_view text, std::string_view what) {
-  if (text == "cpu") return StateTier::kCpu;
-  if (text == "nvme") return StateTier::kNvme;
-  throw UsageError("invalid " + std::string(what) + " '" + std::string(text) +
-                   "': expected cpu or nvme");
-}
-
-std::string_view state_tier_name(StateTier tier) noexcept {
-  return tier == StateTier::kCpu ? "cpu" : "nvme";
-}
-
-std::string_view save_snapshot_name(SaveSnapshot snapshot) noexcept {
-  switch (snapshot) {
-    case SaveSnapshot::kReflink: return "reflink";
-    case SaveSnapshot::kStreamed: return "streamed";
-    case SaveSnapshot::kNone: break;
-  }
-  return "none";
-}
-
-namespace {
-
 // "" + "/LATEST" would be a path at the root of the file system, not a checkpoint.
 void check_checkpoint_dir(const std::string& dir, const char* function) {
   if (dir.empty()) {
@@ -291,13 +36,6 @@ void check_checkpoint_dir(const std::string& dir, const char* function) {
 
 }  // namespace
 
-void validate_hyper(const adam::AdamParams& hp, const std::string& group) {
-  if (auto bad = adam::check_adam_params(hp)) {
-    const std::string where = group.empty() ? "" : "group '" + group + "': ";
-    throw UsageError("OffloadedOptimizer: " + where + std::string(bad->field) + " " + bad->what);
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Construction
 
@@ -306,11 +44,8 @@ OffloadedOptimizer::Impl::Impl(OptimizerOptions o, std::vector<ParamGroupSpec> g
   // From here on options.sub_group_elements is what the records use (and checkpoints name).
   options.sub_group_elements = effective_sub_group_elements(options, groups);
   const std::uint64_t record_count = check_options(options, groups);
-  if (nvme()) {
-    for (const auto& d : options.directories) {
-      alignment = std::max(alignment, swap::probe_direct_io_alignment(d));
-    }
-  }
+  const StateStorePlan store_plan = plan_state_store(options, groups);
+  alignment = store_plan.alignment;
 
   // Records: each group cut into sub-groups, the last one possibly short.
   const std::uint64_t sub = std::min(options.sub_group_elements, kMaxNumel);
@@ -336,10 +71,8 @@ OffloadedOptimizer::Impl::Impl(OptimizerOptions o, std::vector<ParamGroupSpec> g
   for (const auto& grp : groups) group_hyper.push_back(grp.hyper.value_or(options.hyper));
 
   // The pinned-memory budget must hold the pipeline: checked before anything is created.
-  std::uint64_t max_group_numel = 0;
-  for (const auto& grp : groups) max_group_numel = std::max(max_group_numel, grp.numel);
-  const PinnedPlan plan = plan_pinned(options, sub, max_record_bytes, state_bytes, records.size(),
-                                      max_group_numel, alignment);
+  const RecordSizes sizes = record_sizes(options, groups, alignment);
+  const PinnedPlan plan = plan_pinned(options, store_plan, sizes);
   const std::uint64_t need = plan.need;
   const std::string& what = plan.what;
   if (options.pinned_budget_bytes < need) {
@@ -350,47 +83,19 @@ OffloadedOptimizer::Impl::Impl(OptimizerOptions o, std::vector<ParamGroupSpec> g
 
   engine = swap::make_io_engine(options.io);
   // The store first: a disk too small for the state is reported before any memory is mapped.
-  if (nvme()) {
-    swap::SwapStoreOptions so;
-    so.directories = options.directories;
-    so.capacity_bytes = state_bytes;
-    so.checksums = options.swap_checksums;
-    so.direct_io = options.direct_io;
-    if (options.swap_checksums) {
-      // Ranges are whole tensors here, so any stripe works; keep the 1 MiB default unless a
-      // record is smaller than a stripe (then checksums cover the record).
-      so.stripe_bytes = static_cast<std::uint32_t>(
-          std::min<std::uint64_t>(so.stripe_bytes, align_up(max_record_bytes, alignment)));
-    }
-    store = std::make_unique<swap::SwapStore>(so, *engine);  // IoError kNoSpace: disk too small
-    if (store->alignment() > alignment) {
-      throw Error("OffloadedOptimizer: swap store alignment " + std::to_string(store->alignment()) +
-                  " exceeds the probed direct-I/O alignment " + std::to_string(alignment));
-    }
-    if (options.precondition) store->precondition();
-    for (const auto& r : records) store->allocate(r.key, r.bytes);
-  }
+  store = store_plan.make({store_plan, options, records, *engine, max_record_bytes, state_bytes});
 
   swap::BufferPoolOptions po;
   po.budget_bytes = need;
   po.alignment = alignment;
   po.huge_pages = true;
-  // The ring is reused every step: fault it in now rather than in the first step.
-  po.prefault = nvme();
+  po.prefault = store_plan.prefault;
   pool = std::make_unique<swap::BufferPool>(po);
-  if (nvme()) {
-    for (std::uint32_t i = 0; i < options.pipeline_depth; ++i) {
-      ring.push_back(pool->acquire(max_record_bytes));
-    }
-    slots.resize(options.pipeline_depth);
-    slot_expected.resize(options.pipeline_depth);
-    std::span<std::byte> arena = pool->arena();
-    (void)engine->register_buffers(std::span<const std::span<std::byte>>(&arena, 1));
-  } else {
-    for (auto& r : records) r.state = pool->acquire(r.padded);
-  }
+  store->acquire(*pool);
+  slots.resize(store->depth());
+  slot_expected.resize(store->depth());
   if (options.store_copy_out) {
-    const std::uint64_t bytes = copy_out_staging_bytes(sub, max_group_numel, alignment);
+    const std::uint64_t bytes = copy_out_staging_bytes(sizes.sub, sizes.max_group_numel, alignment);
     for (std::uint32_t i = 0; i < copy_out_buffer_count(options); ++i) {
       out_staging.push_back(pool->acquire(bytes));
     }
@@ -450,13 +155,11 @@ void OffloadedOptimizer::Impl::fail(const Status& cause) {
   }
 }
 
-void OffloadedOptimizer::Impl::ring_pipeline(
-    std::size_t count, const std::function<swap::IoTicket(std::size_t, swap::BufferLease&)>& start,
-    const std::function<swap::IoTicket(std::size_t, swap::BufferLease&)>& finish) {
-  // Items go round `depth` buffers: item i uses buffer i % depth once item i - depth has left
-  // it (both of its tickets complete). Starts run up to depth items ahead of finishes.
-  const bool cpu = !nvme();
-  const std::size_t depth = cpu ? kCpuWindow : ring.size();
+void OffloadedOptimizer::Impl::ring_pipeline(std::size_t count, const SlotIo& start,
+                                             const SlotIo& finish) {
+  // Items go round the store's `depth` slots: item i uses slot i % depth once item i - depth
+  // has left it (both of its tickets complete). Starts run up to depth items ahead of finishes.
+  const std::size_t depth = store->depth();
   std::vector<swap::IoTicket> first(depth), second(depth);
   std::size_t next = 0;
   try {
@@ -464,388 +167,19 @@ void OffloadedOptimizer::Impl::ring_pipeline(
       while (next < count && next < i + depth) {
         const std::size_t s = next % depth;
         second[s].wait();
-        swap::BufferLease dummy;
-        first[s] = start(next, cpu ? dummy : ring[s]);
+        first[s] = start(next, s).value_or(swap::IoTicket{});
         ++next;
       }
       const std::size_t s = i % depth;
       first[s].wait();
-      swap::BufferLease dummy;
-      second[s] = finish(i, cpu ? dummy : ring[s]);
+      second[s] = finish(i, s).value_or(swap::IoTicket{});
     }
     for (auto& t : second) t.wait();
   } catch (...) {
-    // No I/O may outlive this call: its buffers are reused by the next one.
+    // No I/O may outlive this call: its slots are reused by the next one.
     for (auto& t : first) t.wait_status().ignore("draining after the first error");
     for (auto& t : second) t.wait_status().ignore("draining after the first error");
     throw;
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// The step pipeline
-//
-// One thread (pipeline_main) drives every step's sub-group tasks in the order step_group()
-// queued them, over a ring of `depth` buffers (kNvme):
-//   read:    task r's record is swapped in to buffer r % depth as soon as that buffer is idle
-//            (no read or write-back in flight) and r < c + depth: up to depth - 1 reads ahead
-//            of the update.
-//   update:  task c runs CpuAdam on its buffer once its read is in (CpuAdam's own pool does
-//            the arithmetic; this thread waits for it).
-//   write:   the buffer is swapped out at once, asynchronously; the buffer is reused only after
-//            that write's completion callback has marked it idle.
-// With depth 3 the drive sees the read of c+1 and the write-back of c-1 while c is updated.
-// kCpu has no I/O: tasks are updated in place, in order.
-//
-// Completions arrive as callbacks on engine threads that update the slot flags under `mu` and
-// notify `cv`; the thread sleeps on `cv` until some stage can move (pipeline_can_progress),
-// so it never polls. Bounds: depth buffers, depth reads plus depth writes in flight.
-//
-// Errors: the first failure (a callback's Status, or an exception from a submit or the
-// kernel) is kept in run.error; the remaining tasks are dropped, in-flight I/O drains, and
-// end_step() throws it. `run.modified` records whether any state may have changed (a
-// write-back submitted, or an in-place update): if so the optimizer fails for good (a mix of
-// old and new sub-groups must never be trained on); if not (a read failed before any
-// write-back), the step is undone and the optimizer stays usable.
-// Why a dedicated thread rather than the Asio pool: the driver spends its life waiting on I/O
-// completions and on CpuAdam (which has its own pool); one sequential loop keeps the ring's
-// invariants in one place.
-
-bool OffloadedOptimizer::Impl::pipeline_can_progress(std::size_t c, std::size_t r) const {
-  if (!run.active || run.finished) return false;
-  const std::size_t n = run.tasks.size();
-  if (run.closed && c >= n && io_idle()) return true;  // finish the step
-  if (!run.error.ok()) return c < n || r < n;          // drop queued tasks
-  // A task with a StoreCopyOut also needs its staging buffer's previous write to be over.
-  auto out_free = [&](std::size_t t) {
-    return !run.tasks[t].store_out || !out_slots[t % out_slots.size()].writing;
-  };
-  if (!nvme()) return c < n && out_free(c);
-  const std::size_t depth = slots.size();
-  if (r < n && r < c + depth) {
-    const Slot& s = slots[r % depth];
-    if (!s.reading && !s.writing) return true;  // start a read
-  }
-  return c < r && !slots[c % depth].reading && out_free(c);  // update the next task
-}
-
-bool OffloadedOptimizer::Impl::io_idle() const {
-  return std::none_of(slots.begin(), slots.end(),
-                      [](const Slot& s) { return s.reading || s.writing; }) &&
-         std::none_of(out_slots.begin(), out_slots.end(),
-                      [](const OutSlot& s) { return s.writing; });
-}
-
-namespace {
-
-// The update's hooks for folded checksums: each piece of params, m and v (and, int8, the
-// piece's scales) is summed right before the kernel reads it and right after it wrote it,
-// while it is in the core's cache. Pieces start on int8 blocks (CpuAdam's compact step), so
-// the scale ranges of different pieces never share a block.
-struct FoldedPass {
-  swap::UnitSums* read;
-  swap::UnitSums* written;
-  std::byte* base;
-  std::uint64_t numel;
-  adam::CompactMoments moments;  // pointers into base
-
-  std::uint64_t at(const void* p) const {
-    return static_cast<std::uint64_t>(static_cast<const std::byte*>(p) - base);
-  }
-  void add(swap::UnitSums& sums, std::size_t begin, std::size_t end) const {
-    sums.add(base, begin * sizeof(float), (end - begin) * sizeof(float));  // params
-    const std::uint64_t elem = moments.precision == adam::StatePrecision::kF32    ? 4
-                               : moments.precision == adam::StatePrecision::kBF16 ? 2
-                                                                                  : 1;
-    sums.add(base, at(moments.m) + begin * elem, (end - begin) * elem);
-    sums.add(base, at(moments.v) + begin * elem, (end - begin) * elem);
-    if (moments.precision == adam::StatePrecision::kInt8) {
-      const std::uint64_t b0 = begin / adam::kInt8Block;
-      const std::uint64_t b1 = (end + adam::kInt8Block - 1) / adam::kInt8Block;
-      sums.add(base, at(moments.m_scale) + b0 * 4, (b1 - b0) * 4);
-      sums.add(base, at(moments.v_scale) + b0 * 4, (b1 - b0) * 4);
-    }
-  }
-  static void before(void* ctx, std::size_t begin, std::size_t end) {
-    const auto* f = static_cast<const FoldedPass*>(ctx);
-    f->add(*f->read, begin, end);
-  }
-  static void after(void* ctx, std::size_t begin, std::size_t end) {
-    const auto* f = static_cast<const FoldedPass*>(ctx);
-    f->add(*f->written, begin, end);
-  }
-};
-
-}  // namespace
-
-void OffloadedOptimizer::Impl::compute(const adam::AdamParams& hp, const Task& t, std::byte* base,
-                                       std::size_t slot) {
-  const Record& rec = records[t.record];
-  const RecordLayout lay = layout(rec);
-  const auto p = lay.params(base);
-  const adam::CompactMoments moments = lay.moments(base);
-  if (!folded_sums()) {
-    adam.step(hp, p, moments, t.grads, t.out);
-    return;
-  }
-  // The record's bytes as the store keeps them: the three arrays, then padding to the
-  // store's alignment, which the update does not touch (summed once, for both sides).
-  const std::uint64_t state = rec.bytes;
-  const std::uint64_t stored = store->padded_size(state);
-  const std::size_t pieces = 5 * (rec.numel / adam::kHookPieceElements + 2);
-  sums_read.reset(stored, store->stripe_bytes(), pieces);
-  sums_written.reset(stored, store->stripe_bytes(), pieces);
-  if (stored > state) {
-    sums_read.add(base, state, stored - state);
-    sums_written.add(base, state, stored - state);
-  }
-  FoldedPass pass{&sums_read, &sums_written, base, rec.numel, moments};
-  const adam::ChunkHooks hooks{FoldedPass::before, FoldedPass::after, &pass};
-  // The caller's parameters (not a copy-out staging buffer of ours, which is only written
-  // back after this returns) must not see an update made from bytes that fail the check.
-  adam::CopyOut out = t.out;
-  const bool hold = out.enabled && !t.store_out;
-  const std::size_t out_bytes = hold ? out.size * element_size(out.dtype) : 0;
-  if (hold) {
-    if (copy_out_hold.size() < out_bytes) copy_out_hold.resize(out_bytes);
-    out.data = copy_out_hold.data();
-  }
-  adam.step(hp, p, moments, t.grads, out, &hooks);
-  // Checked before the caller writes the record back or copies the parameters out: bytes that
-  // differ from what was written are never handed on (the update made from them stays in the
-  // ring buffer, which the failed step drops).
-  const std::span<const std::uint32_t> found = sums_read.finish();
-  const std::vector<std::uint32_t>& expected = slot_expected[slot];
-  std::optional<Status> corrupt;
-  for (std::size_t u = 0; u < found.size(); ++u) {
-    if (found[u] == expected[u]) continue;
-    Status s = store->checksum_error(rec.key, u, expected[u], found[u]);  // counts each unit
-    if (!corrupt) corrupt = std::move(s);
-  }
-  if (corrupt) throw IoError(*corrupt);
-  if (hold && out_bytes > 0) std::memcpy(t.out.data, copy_out_hold.data(), out_bytes);
-}
-
-void OffloadedOptimizer::Impl::pipeline_main() {
-  std::unique_lock lk(mu);
-  std::size_t c = 0;  // next task to update
-  std::size_t r = 0;  // next task to read (kNvme), r >= c
-  const std::size_t depth = slots.size();
-  auto note_error = [&](const Status& s) {
-    if (run.error.ok()) run.error = s;
-  };
-  // Completion callback of a read (write = false) or write-back: marks the slot idle and
-  // records the interval; runs on an engine thread, notifies under the lock so nothing of
-  // this object is touched once the lock is released.
-  auto on_done = [this](std::size_t si, bool write, std::uint64_t bytes, OptClock::time_point at) {
-    return [this, si, write, bytes, at](const Status& s) {
-      std::lock_guard g(mu);
-      const auto now = OptClock::now();
-      if (write) {
-        slots[si].writing = false;
-        run.writes.emplace_back(at, now);
-        if (s.ok()) run.stats.bytes_written += bytes;
-      } else {
-        slots[si].reading = false;
-        run.reads.emplace_back(at, now);
-        if (s.ok()) run.stats.bytes_read += bytes;
-      }
-      if (!s.ok() && run.error.ok()) run.error = s;
-      cv.notify_all();
-    };
-  };
-  // Completion callback of a copy-out write (runs on the parameter store's engine thread).
-  auto on_out_done = [this](std::size_t oi, std::uint64_t bytes, OptClock::time_point at) {
-    return [this, oi, bytes, at](const Status& s) {
-      std::lock_guard g(mu);
-      out_slots[oi].writing = false;
-      run.writes.emplace_back(at, OptClock::now());
-      if (s.ok()) run.stats.copy_out_bytes += bytes;
-      if (!s.ok() && run.error.ok()) run.error = s;
-      cv.notify_all();
-    };
-  };
-
-  for (;;) {
-    const bool waiting_for_io =
-        run.active && !run.finished && run.error.ok() && c < run.tasks.size();
-    const auto wait_from = OptClock::now();
-    cv.wait(lk, [&] { return stop || pipeline_can_progress(c, r); });
-    if (waiting_for_io) {
-      run.stats.wait_seconds += std::chrono::duration<double>(OptClock::now() - wait_from).count();
-    }
-    if (!run.active || run.finished) {
-      if (stop) return;
-      continue;
-    }
-    const std::size_t n = run.tasks.size();
-    if (!run.error.ok()) {
-      drop_tasks(c, n);
-      c = r = n;  // drop what is queued; I/O in flight drains through its callbacks
-    }
-
-    // Read ahead.
-    if (!nvme()) r = n;
-    while (run.error.ok() && r < n && r < c + depth) {
-      const std::size_t si = r % depth;
-      Slot& s = slots[si];
-      if (s.reading || s.writing) break;
-      const Record& rec = records[run.tasks[r].record];
-      s.reading = true;
-      ++r;
-      const auto at = OptClock::now();
-      lk.unlock();
-      swap::IoTicket t;
-      std::optional<Status> err;
-      try {
-        if (folded_sums()) slot_expected[si].resize(store->unit_count(rec.key));
-        t = folded_sums()
-                ? store->swap_in_unchecked(rec.key, ring[si].span(), slot_expected[si],
-                                           on_done(si, false, rec.padded, at))
-                : store->swap_in(rec.key, ring[si].span(), on_done(si, false, rec.padded, at));
-      } catch (...) {
-        err = current_exception_status();
-      }
-      lk.lock();
-      if (err) {
-        slots[si].reading = false;
-        note_error(*err);
-      } else {
-        slots[si].read = std::move(t);
-      }
-    }
-
-    // Update the next task once its record is in, then write it back.
-    if (run.error.ok() && c < r && (!nvme() || !slots[c % depth].reading) &&
-        (!run.tasks[c].store_out || !out_slots[c % out_slots.size()].writing)) {
-      if (run.tasks[c].ready) {
-        // The group's gradients are still arriving: wait for them (reads ahead stay in
-        // flight), then look at the task again.
-        const std::function<void()> ready = std::move(run.tasks[c].ready);
-        run.tasks[c].ready = nullptr;
-        lk.unlock();
-        std::optional<Status> err;
-        const auto w0 = OptClock::now();
-        try {
-          ready();
-        } catch (...) {
-          err = current_exception_status();
-        }
-        lk.lock();
-        run.stats.wait_seconds += std::chrono::duration<double>(OptClock::now() - w0).count();
-        if (err) note_error(*err);
-        continue;
-      }
-      Task task = run.tasks[c];
-      const std::size_t oi = task.store_out ? c % out_slots.size() : 0;
-      if (task.store_out) {
-        out_slots[oi].writing = true;  // reserved until the copy-out write completes
-        task.out = {out_staging[oi].data(), static_cast<std::size_t>(records[task.record].numel),
-                    task.store_out->dtype, true};
-      }
-      adam::AdamParams hp = run.hp[records[task.record].group];
-      hp.step = run.step;
-      const Record& rec = records[task.record];
-      const std::size_t si = nvme() ? c % depth : 0;
-      ++c;
-      run.modified = run.modified || !nvme();  // kCpu updates the state in place
-      if (nvme()) slots[si].writing = true;    // reserved until the write-back completes
-      std::byte* base = nvme() ? ring[si].data() : records[task.record].state.data();
-      const std::shared_ptr<AsyncSave> snapshot = step_snapshot;
-      lk.unlock();
-      std::optional<Status> err;
-      double snapshot_wait = 0;
-      std::uint64_t snapshot_copy = 0;
-      if (snapshot) {
-        // A save in flight may still need this record's bytes as they are: copied first.
-        try {
-          protect_snapshot(*snapshot, task.record, base,
-                           folded_sums() ? &slot_expected[si] : nullptr, snapshot_wait,
-                           snapshot_copy);
-        } catch (...) {
-          err = current_exception_status();
-        }
-      }
-      const auto t0 = OptClock::now();
-      try {
-        if (!err) compute(hp, task, base, si);
-      } catch (...) {
-        err = current_exception_status();
-      }
-      const auto t1 = OptClock::now();
-      swap::IoTicket ot;
-      bool out_submitted = false;
-      if (!err && task.store_out) {
-        const StoreCopyOut& so = *task.store_out;
-        const std::uint64_t len = rec.numel * 2;
-        const std::uint64_t padded = so.store->padded_size(len);
-        // The range's padding (at the tensor's end) is written too: zero it, so that the
-        // stored bytes are deterministic.
-        std::memset(out_staging[oi].data() + len, 0, padded - len);
-        try {
-          ot = so.store->swap_out_range(so.key, rec.offset * 2, len,
-                                        out_staging[oi].span().first(padded),
-                                        on_out_done(oi, len, t1));
-          out_submitted = true;
-        } catch (...) {
-          err = current_exception_status();
-        }
-      }
-      swap::IoTicket wt;
-      bool submitted = false;
-      if (!err && nvme()) {
-        try {
-          wt = folded_sums()
-                   ? store->swap_out_summed(rec.key, ring[si].span(), sums_written.finish(),
-                                            on_done(si, true, rec.padded, t1))
-                   : store->swap_out(rec.key, ring[si].span(), on_done(si, true, rec.padded, t1));
-          submitted = true;
-        } catch (...) {
-          err = current_exception_status();
-        }
-      }
-      if (task.consumed) task.consumed();  // the kernel has read the gradients
-      lk.lock();
-      run.stats.compute_seconds += std::chrono::duration<double>(t1 - t0).count();
-      run.stats.snapshot_wait_seconds += snapshot_wait;
-      run.stats.snapshot_copy_bytes += snapshot_copy;
-      if (task.store_out) {
-        if (out_submitted) {
-          run.modified = true;  // the parameter store's key changed
-          out_slots[oi].write = std::move(ot);
-        } else {
-          out_slots[oi].writing = false;
-        }
-      }
-      if (nvme()) {
-        if (submitted) {
-          run.modified = true;
-          slots[si].write = std::move(wt);
-        } else {
-          slots[si].writing = false;
-        }
-      }
-      if (err) {
-        note_error(*err);
-      } else {
-        ++run.stats.sub_groups;
-        run.stats.elements += rec.numel;
-      }
-      continue;
-    }
-
-    // Close the step once end_step() asked, every task is done and no I/O is in flight.
-    if (run.closed && c >= run.tasks.size() && io_idle()) {
-      run.stats.seconds = std::chrono::duration<double>(OptClock::now() - run.began).count();
-      run.stats.read_seconds = union_seconds(run.reads);
-      run.stats.write_seconds = union_seconds(run.writes);
-      run.stats.step = run.step;
-      run.finished = true;
-      for (auto& s : slots) s = Slot{};  // drop the tickets
-      for (auto& s : out_slots) s = OutSlot{};
-      c = r = 0;
-      cv.notify_all();
-    }
   }
 }
 
@@ -933,9 +267,9 @@ void OffloadedOptimizer::write_state(const char* what, std::size_t group_index,
   im.initialized[group_index] = false;
   im.ring_pipeline(
       recs.size(),
-      [&](std::size_t i, swap::BufferLease& buf) -> swap::IoTicket {
-        Record& rec = im.records[recs[i]];
-        std::byte* base = im.nvme() ? buf.data() : rec.state.data();
+      [&](std::size_t i, std::size_t slot) -> std::optional<swap::IoTicket> {
+        const Record& rec = im.records[recs[i]];
+        std::byte* base = im.store->data(slot, recs[i]);
         const RecordLayout lay = im.layout(rec);
         std::copy_n(params.data() + rec.offset, rec.numel, lay.params(base).data());
         if (moments) {
@@ -947,10 +281,9 @@ void OffloadedOptimizer::write_state(const char* what, std::size_t group_index,
         }
         // Zero the padding too, so that stored records (and checkpoints) are deterministic.
         std::memset(base + rec.bytes, 0, rec.padded - rec.bytes);
-        if (!im.nvme()) return {};
-        return im.store->swap_out(rec.key, buf.span());
+        return im.store->write_back(slot, recs[i]);
       },
-      [](std::size_t, swap::BufferLease&) -> swap::IoTicket { return {}; });
+      [](std::size_t, std::size_t) -> std::optional<swap::IoTicket> { return std::nullopt; });
   im.initialized[group_index] = true;
 }
 
@@ -974,212 +307,18 @@ void OffloadedOptimizer::read_state(std::size_t group_index, std::span<float> pa
   const auto& recs = im.group_records[group_index];
   im.ring_pipeline(
       recs.size(),
-      [&](std::size_t i, swap::BufferLease& buf) -> swap::IoTicket {
-        if (!im.nvme()) return {};
-        return im.store->swap_in(im.records[recs[i]].key, buf.span());
+      [&](std::size_t i, std::size_t slot) -> std::optional<swap::IoTicket> {
+        return im.store->read(slot, recs[i]);
       },
-      [&](std::size_t i, swap::BufferLease& buf) -> swap::IoTicket {
-        Record& rec = im.records[recs[i]];
-        std::byte* base = im.nvme() ? buf.data() : rec.state.data();
+      [&](std::size_t i, std::size_t slot) -> std::optional<swap::IoTicket> {
+        const Record& rec = im.records[recs[i]];
+        std::byte* base = im.store->data(slot, recs[i]);
         const RecordLayout lay = im.layout(rec);
         if (!params.empty()) std::ranges::copy(lay.params(base), params.data() + rec.offset);
         adam::decode_moments(lay.moments(base), m.empty() ? m : m.subspan(rec.offset, rec.numel),
                              v.empty() ? v : v.subspan(rec.offset, rec.numel));
-        return {};
+        return std::nullopt;
       });
-}
-
-StepStats OffloadedOptimizer::step(std::span<const GroupGrads> grads) {
-  // Every argument is checked before the step opens, so a bad one changes nothing.
-  impl_->check_usable();
-  std::vector<bool> seen(impl_->groups.size(), false);
-  for (const auto& g : grads) {
-    impl_->validate_group_grads(g.group, g.grads, g.out);
-    if (seen[g.group]) {
-      throw UsageError("OffloadedOptimizer::step: group '" + impl_->groups[g.group].name +
-                       "' given twice");
-    }
-    seen[g.group] = true;
-  }
-  begin_step();
-  for (const auto& g : grads) step_group(g.group, g.grads, g.out);
-  return end_step();
-}
-
-void OffloadedOptimizer::begin_step() { begin_step(1.0); }
-
-void OffloadedOptimizer::begin_step(double grad_scale) {
-  Impl& im = *impl_;
-  im.check_usable();
-  std::lock_guard lk(im.mu);
-  if (im.run.active) throw UsageError("OffloadedOptimizer::begin_step: a step is already open");
-  // Every group's own hyper-parameters, with this step's factor; checked before anything
-  // opens, so a refused factor changes nothing.
-  std::vector<adam::AdamParams> hp = im.group_hyper;
-  for (std::size_t g = 0; g < hp.size(); ++g) {
-    hp[g].grad_scale *= grad_scale;  // x 1.0 is exact: the plain begin_step() is unchanged
-    if (auto bad = adam::check_adam_params(hp[g])) {
-      throw UsageError("OffloadedOptimizer::begin_step: group '" + im.groups[g].name +
-                       "': the step's grad_scale (" + std::to_string(im.group_hyper[g].grad_scale) +
-                       " x " + std::to_string(grad_scale) + ") " + bad->what);
-    }
-  }
-  im.run = StepRun{};
-  im.run.active = true;
-  im.run.given.assign(im.groups.size(), false);
-  im.run.step = im.steps_done + 1;
-  im.run.hp = std::move(hp);
-  im.run.began = OptClock::now();
-  if (im.last_step_end != OptClock::time_point{}) {
-    im.last_between_steps = im.run.began - im.last_step_end;
-  }
-  im.step_snapshot = im.async_save;
-  if (im.step_snapshot) Impl::snapshot_step(*im.step_snapshot, true);
-  ++im.steps_done;
-}
-
-void OffloadedOptimizer::Impl::validate_group_grads(std::size_t group_index,
-                                                    const adam::GradView& grads,
-                                                    const adam::CopyOut& out) const {
-  if (group_index >= groups.size()) {
-    throw UsageError("OffloadedOptimizer: group " + std::to_string(group_index) +
-                     " out of range (" + std::to_string(groups.size()) + " groups)");
-  }
-  const ParamGroupSpec& g = groups[group_index];
-  if (grads.size != g.numel || grads.data == nullptr) {
-    throw UsageError("OffloadedOptimizer::step_group: group '" + g.name + "' has " +
-                     std::to_string(g.numel) + " elements, got " + std::to_string(grads.size) +
-                     " gradients" + (grads.data == nullptr ? " (null)" : ""));
-  }
-  if (out.enabled && (out.size != g.numel || out.data == nullptr)) {
-    throw UsageError("OffloadedOptimizer::step_group: group '" + g.name +
-                     "' copy-out must be a non-null buffer of " + std::to_string(g.numel) +
-                     " elements");
-  }
-  if (!initialized[group_index]) {
-    throw UsageError("OffloadedOptimizer::step_group: group '" + g.name +
-                     "' has no state yet (call set_params first)");
-  }
-}
-
-void OffloadedOptimizer::step_group(std::size_t group_index, adam::GradView grads,
-                                    adam::CopyOut out, GradHooks hooks) {
-  Impl& im = *impl_;
-  im.check_usable();
-  im.validate_group_grads(group_index, grads, out);
-  im.queue_group(group_index, grads, out, nullptr, std::move(hooks));
-}
-
-void OffloadedOptimizer::Impl::drop_tasks(std::size_t from, std::size_t to) {
-  for (std::size_t i = from; i < to && i < run.tasks.size(); ++i) {
-    run.tasks[i].ready = nullptr;
-    if (run.tasks[i].consumed) {
-      const std::function<void()> consumed = std::move(run.tasks[i].consumed);
-      run.tasks[i].consumed = nullptr;
-      consumed();
-    }
-  }
-}
-
-void OffloadedOptimizer::Impl::queue_group(std::size_t group_index, const adam::GradView& grads,
-                                           const adam::CopyOut& out,
-                                           const std::shared_ptr<const StoreCopyOut>& target,
-                                           GradHooks hooks) {
-  const ParamGroupSpec& g = groups[group_index];
-  std::lock_guard lk(mu);
-  if (!run.active) throw UsageError("OffloadedOptimizer::step_group: no open step (begin_step)");
-  if (run.given[group_index]) {
-    throw UsageError("OffloadedOptimizer::step_group: group '" + g.name +
-                     "' was already given in this step");
-  }
-  run.given[group_index] = true;
-  const std::size_t first = run.tasks.size();
-  for (std::size_t ri : group_records[group_index]) {
-    const Record& rec = records[ri];
-    run.tasks.push_back({ri, slice(grads, rec.offset, rec.numel), slice(out, rec.offset, rec.numel),
-                         target, nullptr, nullptr});
-  }
-  run.tasks[first].ready = std::move(hooks.ready);
-  run.tasks.back().consumed = std::move(hooks.consumed);
-  if (!run.error.ok()) drop_tasks(first, run.tasks.size());  // never updated: done with now
-  cv.notify_all();
-}
-
-void OffloadedOptimizer::Impl::validate_store_out(std::size_t group_index,
-                                                  const StoreCopyOut& out) const {
-  const ParamGroupSpec& g = groups[group_index];
-  const std::string where = "OffloadedOptimizer::step_group: group '" + g.name + "' copy-out";
-  if (!options.store_copy_out) {
-    throw UsageError(where + " into a swap store needs OptimizerOptions::store_copy_out");
-  }
-  if (out.store == nullptr) throw UsageError(where + ": no swap store");
-  if (out.dtype == ElementType::kF32) throw UsageError(where + ": dtype must be bf16 or fp16");
-  if (!out.store->contains(out.key)) throw UsageError(where + ": unknown key '" + out.key + "'");
-  if (out.store->size_of(out.key) != g.numel * 2) {
-    throw UsageError(where + ": key '" + out.key + "' holds " +
-                     std::to_string(out.store->size_of(out.key)) + " bytes, the group needs " +
-                     std::to_string(g.numel * 2));
-  }
-  if (out.store->alignment() > alignment ||
-      out.store->padded_size(std::min(options.sub_group_elements, g.numel) * 2) >
-          out_staging.front().size()) {
-    throw UsageError(where + ": the store's alignment " + std::to_string(out.store->alignment()) +
-                     " exceeds the optimizer's " + std::to_string(alignment));
-  }
-  if (group_records[group_index].size() > 1) {
-    const bool sums = out.store->checksums();
-    const std::uint64_t unit =
-        sums ? std::max<std::uint64_t>(out.store->stripe_bytes(), out.store->alignment())
-             : out.store->alignment();
-    const std::uint64_t bytes = options.sub_group_elements * 2;
-    if (bytes % unit != 0) {
-      throw UsageError(
-          where + " into key '" + out.key + "': sub-group bytes (2 x " +
-          std::to_string(options.sub_group_elements) + " = " + std::to_string(bytes) +
-          ") must be a multiple of " + std::to_string(unit) +
-          (sums ? " (the store's stripe_bytes, with checksums)" : " (the store's alignment)") +
-          "; sub_group_elements " +
-          std::to_string(store_copy_out_sub_group(options.sub_group_elements, *out.store)) +
-          " works");
-    }
-  }
-}
-
-void OffloadedOptimizer::step_group(std::size_t group_index, adam::GradView grads,
-                                    const StoreCopyOut& out, GradHooks hooks) {
-  Impl& im = *impl_;
-  im.check_usable();
-  im.validate_group_grads(group_index, grads, adam::CopyOut::none());
-  im.validate_store_out(group_index, out);
-  im.queue_group(group_index, grads, adam::CopyOut::none(),
-                 std::make_shared<const StoreCopyOut>(out), std::move(hooks));
-}
-
-StepStats OffloadedOptimizer::end_step() {
-  Impl& im = *impl_;
-  std::unique_lock lk(im.mu);
-  if (!im.run.active) throw UsageError("OffloadedOptimizer::end_step: no open step");
-  im.run.closed = true;
-  im.cv.notify_all();
-  im.cv.wait(lk, [&] { return im.run.finished; });
-  im.run.active = false;
-  im.last_step_end = OptClock::now();
-  if (im.step_snapshot) Impl::snapshot_step(*im.step_snapshot, false);
-  im.step_snapshot.reset();
-  StepStats stats = im.run.stats;
-  const Status err = im.run.error;
-  const bool modified = im.run.modified;
-  im.run.tasks.clear();
-  lk.unlock();
-  if (!err.ok()) {
-    if (modified) {
-      im.fail(err);
-    } else {
-      --im.steps_done;  // nothing was written: the step never happened
-    }
-    throw IoError(err);
-  }
-  return stats;
 }
 
 void OffloadedOptimizer::save(const std::string& dir) {

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// OffloadedOptimizer's private state, shared by optimizer.cc (construction, the step pipeline,
-// parameter access) and optimizer_checkpoint.cc (save/load). Private to zinf::offload.
+// OffloadedOptimizer's private state, shared by optimizer.cc (construction, parameter access),
+// optimizer_plan.cc (checks and the budget), optimizer_step.cc and optimizer_pipeline.cc (the
+// step), and the checkpoint files. The records live in a StateStore (state_store.h). Private
+// to zinf::optim.
 #pragma once
 
 #include <chrono>
@@ -18,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "state_store.h"
 #include "zinf/adam/compact_state.h"
 #include "zinf/adam/cpu_adam.h"
 #include "zinf/common/status.h"
@@ -32,40 +35,6 @@
 namespace zinf::optim {
 
 using OptClock = std::chrono::steady_clock;
-
-/// Bytes of a record's state for `n` elements: the fp32 master parameters and Adam's m and v in
-/// `precision` (12n for fp32). Sizes every record, its I/O and its checkpoint CRC, so the step
-/// and the checkpoint agree by construction.
-inline std::uint64_t record_state_bytes(adam::StatePrecision precision, std::uint64_t n) {
-  return 4 * n + adam::moment_bytes(precision, n);
-}
-
-/// Where a record's arrays lie in its buffer: the fp32 parameters, then the moments as
-/// adam::compact_moments_at lays them out. fp32 and bf16: [params | m | v]; int8:
-/// [params | m scales | v scales | m codes | v codes].
-struct RecordLayout {
-  adam::StatePrecision precision;
-  std::uint64_t numel;
-  std::span<float> params(std::byte* base) const {
-    return {reinterpret_cast<float*>(base), static_cast<std::size_t>(numel)};
-  }
-  adam::CompactMoments moments(std::byte* base) const {
-    return adam::compact_moments_at(precision, static_cast<std::size_t>(numel), base + 4 * numel);
-  }
-};
-
-/// One sub-group: elements [offset, offset + numel) of a group, stored as one record
-/// (RecordLayout) of `bytes` = record_state_bytes() bytes padded to `padded` bytes.
-struct Record {
-  std::size_t group = 0;
-  std::uint64_t sub = 0;
-  std::uint64_t offset = 0;
-  std::uint64_t numel = 0;
-  std::uint64_t bytes = 0;
-  std::uint64_t padded = 0;
-  std::string key;          // kNvme: the SwapStore key
-  swap::BufferLease state;  // kCpu: the record itself
-};
 
 /// One sub-group's update in the open step: the record and its slices of the caller's arrays.
 struct Task {
@@ -87,7 +56,7 @@ struct OutSlot {
   swap::IoTicket write;
 };
 
-/// A ring buffer as the step pipeline sees it (guarded by Impl::mu).
+/// A store slot as the step pipeline sees it (guarded by Impl::mu).
 struct Slot {
   bool reading = false;  // a read into the slot is in flight
   bool writing = false;  // a write-back from the slot is in flight
@@ -141,20 +110,19 @@ struct OffloadedOptimizer::Impl {
   ~Impl();
 
   // Setup, in construction order (members below are declared so that teardown runs in
-  // reverse: the pipeline thread first, then the ring, the store, the pool, the engine).
+  // reverse: the pipeline thread first, then the staging, the store, the pool, the engine).
   OptimizerOptions options;
   std::vector<ParamGroupSpec> groups;
   std::uint32_t alignment = 4096;
-  std::uint64_t max_record_bytes = 0;  // the largest padded record: one ring buffer
+  std::uint64_t max_record_bytes = 0;  // the largest padded record: one ring buffer (nvme)
   std::uint64_t state_bytes = 0;       // sum of padded records
   std::vector<std::vector<std::size_t>> group_records;
   std::vector<bool> initialized;
 
   std::unique_ptr<swap::IoEngine> engine;
   std::unique_ptr<swap::BufferPool> pool;
-  std::unique_ptr<swap::SwapStore> store;
   std::vector<Record> records;
-  std::vector<swap::BufferLease> ring;         // kNvme
+  std::unique_ptr<StateStore> store;           // state_store.h: where the records live
   std::vector<swap::BufferLease> out_staging;  // options.store_copy_out
   adam::CpuAdam adam;
 
@@ -202,7 +170,7 @@ struct OffloadedOptimizer::Impl {
   std::shared_ptr<AsyncSave> step_snapshot;
   std::vector<Slot> slots;         // guarded by mu
   std::vector<OutSlot> out_slots;  // guarded by mu; one per out_staging buffer
-  // Checksums folded into the update (kNvme with swap checksums): per ring slot, the unit
+  // Checksums folded into the update (a swap store with checksums): per slot, the unit
   // CRCs its record was written with (from swap_in_unchecked); the sums of the bytes the
   // update read and of those it wrote. Only the pipeline thread touches these.
   std::vector<std::vector<std::uint32_t>> slot_expected;
@@ -215,7 +183,6 @@ struct OffloadedOptimizer::Impl {
   bool stop = false;      // guarded by mu
   std::jthread pipeline;  // last: joined first
 
-  bool nvme() const noexcept { return options.tier == StateTier::kNvme; }
   bool io_idle() const;  // no read, write-back or copy-out write in flight (mu held)
   void validate_store_out(std::size_t group, const StoreCopyOut& out) const;
   void check_usable() const;                // EngineFailed once failed
@@ -224,19 +191,35 @@ struct OffloadedOptimizer::Impl {
 
   RecordLayout layout(const Record& r) const noexcept { return {options.state_precision, r.numel}; }
 
-  // Runs `count` items through the ring on the calling thread (no step open): start(i, buf)
-  // submits item i's first I/O into ring buffer `buf` and returns its ticket; once that has
-  // completed, finish(i, buf) may submit a second I/O from the buffer (or return an empty
-  // ticket) that completes before the buffer is reused. Up to depth items are in flight.
-  // Every ticket is waited for before this returns or throws (the first error).
-  void ring_pipeline(std::size_t count,
-                     const std::function<swap::IoTicket(std::size_t, swap::BufferLease&)>& start,
-                     const std::function<swap::IoTicket(std::size_t, swap::BufferLease&)>& finish);
+  // Runs `count` items through the store's slots on the calling thread (no step open):
+  // start(i, slot) submits item i's first I/O into `slot` (store->data(slot, record)) and
+  // returns its ticket, or nullopt for none; once that has completed, finish(i, slot) may
+  // submit a second I/O from the slot that completes before the slot is reused. Up to
+  // store->depth() items are in flight. Every ticket is waited for before this returns or
+  // throws (the first error).
+  using SlotIo = std::function<std::optional<swap::IoTicket>(std::size_t, std::size_t)>;
+  void ring_pipeline(std::size_t count, const SlotIo& start, const SlotIo& finish);
 
+  // The step pipeline (optimizer_pipeline.cc); c is the next task to update, r the next to
+  // read (r >= c). Every piece but pipeline_main runs with `lk` (on mu) held on entry and exit.
   void pipeline_main();
   bool pipeline_can_progress(std::size_t c, std::size_t r) const;
-  bool folded_sums() const noexcept { return store && store->checksums(); }
-  // Runs the update of task t on `base`. With folded_sums(), `slot` is the ring slot it was
+  void note_error(const Status& s);  // keeps the step's first error (mu held)
+  // Completion callbacks of a slot's read (write = false) or write-back, and of a copy-out
+  // write: they mark the slot idle, count `bytes` and note the interval from `at`.
+  swap::IoCallback on_io_done(std::size_t slot, bool write, std::uint64_t bytes,
+                              OptClock::time_point at);
+  swap::IoCallback on_out_done(std::size_t out_slot, std::uint64_t bytes, OptClock::time_point at);
+  // Starts the reads of tasks r.. into idle slots, up to depth ahead of c.
+  void start_reads(std::unique_lock<std::mutex>& lk, std::size_t c, std::size_t& r);
+  // Runs task c's `ready` hook if it has one (then true: look at the task again).
+  bool run_ready_hook(std::unique_lock<std::mutex>& lk, std::size_t c);
+  // Updates task c (read in, its copy-out slot free), submits its copy-out and write-back, ++c.
+  void update_task(std::unique_lock<std::mutex>& lk, std::size_t& c);
+  bool folded_sums() const noexcept {
+    return store && store->swap_store() && store->swap_store()->checksums();
+  }
+  // Runs the update of task t on `base`. With folded_sums(), `slot` is the store slot it was
   // read into: the update sums what it reads and writes, and the record's bytes are checked
   // against slot_expected before this returns (IoError kCorrupt, nothing written anywhere: a
   // copy-out into the caller's memory waits in copy_out_hold until the check held).
@@ -288,16 +271,12 @@ struct OffloadedOptimizer::Impl {
     if (checkpoint_hook) checkpoint_hook(phase, bytes);
   }
   void save_async(const CheckpointPlace& dir);
-  // kNvme: clones every record's stored blocks into v's state file (FICLONERANGE) and puts
-  // each record's swap unit checksums in `sums`. False, with the reason in `why`, if any
-  // clone cannot be made; the state file then holds some clones, which streaming overwrites.
-  bool clone_records(VersionWrite& v, std::vector<std::vector<std::uint32_t>>& sums,
-                     std::string& why);
   // Waits for the asynchronous save (if any) and forgets it; throws its error.
   void wait_save();
   bool save_running() const;
-  // The step pipeline, right before record `record`'s update (bytes at `base`, read into ring
-  // slot `slot` on kNvme): returns once the snapshot no longer needs the bytes in place.
+  // The step pipeline, right before record `record`'s update (bytes at `base`; `expected`,
+  // with folded sums, the store's unit CRCs): returns once the snapshot no longer needs the
+  // bytes in place.
   // Returns the seconds it waited and the bytes it copied.
   // A step opened (begin_step) or closed (end_step) while `save` is in flight.
   static void snapshot_step(AsyncSave& save, bool open);
@@ -306,8 +285,31 @@ struct OffloadedOptimizer::Impl {
                                std::uint64_t& copied);
 };
 
-/// The copy-out staging buffers options.store_copy_out reserves.
+// Planning (optimizer_plan.cc).
+
+/// 2^40 elements (12 TiB of state) per group keeps every byte count far from overflow.
+inline constexpr std::uint64_t kMaxNumel = std::uint64_t{1} << 40;
+
+/// Every check of the options and groups that needs no file and no memory, in one place: the
+/// constructor runs it first, and optimizer_pinned_bytes_needed runs it too, so that a caller
+/// (OffloadEngine) learns of any refusal before it creates files of its own. Returns the
+/// number of sub-group records. The state store's own checks are its plan's.
+std::uint64_t check_options(const OptimizerOptions& options,
+                            const std::vector<ParamGroupSpec>& groups);
+
+/// What the pinned budget must hold, and how to say it in an error.
+struct PinnedPlan {
+  std::uint64_t need = 0;
+  std::string what;
+};
+/// The pinned budget's need: the store's (its plan) and the copy-out staging.
+PinnedPlan plan_pinned(const OptimizerOptions& options, const StateStorePlan& store,
+                       const RecordSizes& sizes);
+
+/// The copy-out staging buffers options.store_copy_out reserves, and the bytes of each.
 std::uint32_t copy_out_buffer_count(const OptimizerOptions& options);
+std::uint64_t copy_out_staging_bytes(std::uint64_t sub, std::uint64_t max_group_numel,
+                                     std::uint32_t alignment);
 
 /// Validates hyper-parameters as CpuAdam::step would, so that a bad value is a UsageError at
 /// the call that sets it, never inside the pipeline. `group`, if not empty, names the group

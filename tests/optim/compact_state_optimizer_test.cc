@@ -343,8 +343,9 @@ TEST(CompactOptimizerIntegrity, AFlippedByteOfCompactStateFailsTheNextStep) {
 
 // Sub-groups fitted to the swap store's 1 MiB stripe units: a record that would end part-way
 // into a unit is cut to fill whole units (int8's 1M elements: 6.125 MiB -> 1,027,136 elements
-// in exactly 6 MiB), on both tiers alike; records already whole (fp32, bf16 at 1M) or of one
-// unit or less stay; store_copy_out and fit_sub_groups_to_stripes = false keep the size given.
+// in exactly 6 MiB; state_store_test checks the optimizer's records on both stores alike);
+// records already whole (fp32, bf16 at 1M) or of one unit or less stay; store_copy_out and
+// fit_sub_groups_to_stripes = false keep the size given.
 TEST(CompactOptimizerLayout, SubGroupsFillWholeStripeUnits) {
   auto effective = [](StatePrecision p, std::uint64_t n, bool fit = true, bool copy = false) {
     OptimizerOptions o;
@@ -371,26 +372,6 @@ TEST(CompactOptimizerLayout, SubGroupsFillWholeStripeUnits) {
   whole.sub_group_elements = kM;
   EXPECT_EQ(effective_sub_group_elements(whole, {{"a", kM}, {"b", 5}}), kM);
 
-  zinf::test::TestDir dir;
-  for (const StateTier tier : {StateTier::kCpu, StateTier::kNvme}) {
-    OptimizerOptions o;
-    o.tier = tier;
-    o.state_precision = StatePrecision::kInt8;
-    o.sub_group_elements = kM;
-    o.io.kind = swap::IoEngineKind::kThreads;
-    if (tier == StateTier::kNvme) o.directories = {dir.subdir("nvme")};
-    {
-      OffloadedOptimizer opt(o, {{"w", 3 * kM}});
-      EXPECT_EQ(opt.sub_group_elements(), 1027136u);
-      EXPECT_EQ(opt.record_bytes(), 6 * kM);  // padded to 4 KiB: exactly six stripe units
-    }
-    // The default (0): records of 12 MiB, fp32's at 1M elements.
-    o.sub_group_elements = 0;
-    OffloadedOptimizer opt(o, {{"w", 5 * kM}});
-    EXPECT_EQ(opt.sub_group_elements(), default_sub_group_elements(StatePrecision::kInt8));
-    EXPECT_EQ(opt.sub_group_elements(), 2054336u);
-    EXPECT_EQ(opt.record_bytes(), 12 * kM);
-  }
   EXPECT_EQ(default_sub_group_elements(StatePrecision::kF32), kM);
   EXPECT_EQ(default_sub_group_elements(StatePrecision::kBF16), 3 * kM / 2);
 }

@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // OffloadedOptimizer: parity of the nvme tier (every I/O backend), the cpu tier and the plain
 // in-memory kernel over K steps (bitwise, fp32 and bf16 gradients, odd sizes over several
-// groups and sub-groups); per-group stepping; hyper-parameters per group (each as the plain
-// kernel with its set, set for one or all groups, refused values); copy-out; construction
-// checks (budget, depth, disk too small); usage errors; step statistics.
+// groups and sub-groups); per-group stepping; hyper-parameters per group (set for one or all
+// groups, refused values); copy-out; construction checks (depth, disk too small); usage
+// errors; step statistics. What is the same over both state stores (a step's grad_scale,
+// each group's own set, the budget error) is in state_store_test.cc.
 #include "zinf/optim/optimizer.h"
 
 #include <cstdint>
@@ -134,53 +135,6 @@ TEST(OffloadedOptimizer, PerGroupSteppingInAnyOrderMatchesStep) {
   EXPECT_EQ(test::diff(test::read_all(staged), want), "");
 }
 
-TEST(OffloadedOptimizer, AStepsGradScaleMultipliesTheHyperParametersForThatStepOnly) {
-  // The engine's clipped, loss-scaled step: begin_step(factor) must be the plain kernel with
-  // grad_scale x factor, and the next begin_step() the configured grad_scale again.
-  test::TestDir dir;
-  const auto groups = odd_groups();
-  for (StateTier tier : {StateTier::kNvme, StateTier::kCpu}) {
-    OffloadedOptimizer opt(options_for(tier, swap::IoEngineKind::kThreads, dir), groups);
-    test::init_all(opt);
-    // Group 1 has a grad_scale of its own: the step's factor multiplies it too.
-    adam::AdamParams own = test::test_hyper();
-    own.grad_scale = 0.5;
-    opt.set_hyper(1, own);
-    const double factor = 0.37 / 1024.0;
-    test::StepGrads sg1(groups, 1, ElementType::kF32);
-    opt.begin_step(factor);
-    for (const auto& g : sg1.views) opt.step_group(g.group, g.grads);
-    (void)opt.end_step();
-    EXPECT_EQ(opt.hyper().grad_scale, 1.0);
-    EXPECT_EQ(opt.hyper(1).grad_scale, 0.5);
-    test::run_steps(opt, 2, 2);
-
-    adam::CpuAdam adam;
-    test::State want;
-    for (std::size_t g = 0; g < groups.size(); ++g) {
-      want.p.push_back(test::initial_params(g, groups[g].numel));
-      want.m.emplace_back(groups[g].numel, 0.0f);
-      want.v.emplace_back(groups[g].numel, 0.0f);
-    }
-    for (std::uint64_t t = 1; t <= 2; ++t) {
-      test::StepGrads sg(groups, t, ElementType::kF32);
-      for (std::size_t g = 0; g < groups.size(); ++g) {
-        adam::AdamParams hp = g == 1 ? own : test::test_hyper();
-        hp.step = t;
-        if (t == 1) hp.grad_scale *= factor;
-        adam.step(hp, want.p[g], want.m[g], want.v[g], sg.views[g].grads);
-      }
-    }
-    EXPECT_EQ(test::diff(test::read_all(opt), want), "") << state_tier_name(tier);
-
-    // A factor the kernel would refuse opens nothing.
-    EXPECT_THROW(opt.begin_step(0.0), UsageError);
-    EXPECT_THROW(opt.begin_step(std::numeric_limits<double>::infinity()), UsageError);
-    EXPECT_EQ(opt.step_count(), 2u);
-    test::run_steps(opt, 3, 3);
-  }
-}
-
 TEST(OffloadedOptimizer, GroupsLeftOutOfAStepAreNotUpdated) {
   test::TestDir dir;
   const auto groups = odd_groups();
@@ -198,29 +152,6 @@ TEST(OffloadedOptimizer, GroupsLeftOutOfAStepAreNotUpdated) {
 }
 
 // ---- Hyper-parameters per group -------------------------------------------------------------
-
-TEST(OffloadedOptimizer, EachGroupStepsWithItsOwnHyperParameters) {
-  // Groups with different weight decay: each group's state is exactly what the plain kernel
-  // gives with that group's set, in both tiers.
-  test::TestDir dir;
-  const auto groups = test::groups_with_own_hyper();
-  const test::State want = test::reference_run(groups, test::test_hyper(), 3, ElementType::kF32);
-  // The sets matter: one set for every group gives other weights.
-  ASSERT_NE(
-      test::diff(want, test::reference_run(odd_groups(), test::test_hyper(), 3, ElementType::kF32)),
-      "");
-  for (StateTier tier : {StateTier::kNvme, StateTier::kCpu}) {
-    OffloadedOptimizer opt(options_for(tier, swap::IoEngineKind::kThreads, dir), groups);
-    EXPECT_TRUE(test::same_hyper(opt.hyper(), test::test_hyper()));
-    for (std::size_t g = 0; g < groups.size(); ++g) {
-      EXPECT_TRUE(test::same_hyper(opt.hyper(g), groups[g].hyper.value_or(test::test_hyper())))
-          << "group " << g;
-    }
-    test::init_all(opt);
-    test::run_steps(opt, 1, 3);
-    EXPECT_EQ(test::diff(test::read_all(opt), want), "") << state_tier_name(tier);
-  }
-}
 
 TEST(OffloadedOptimizer, SetHyperOfOneGroupChangesOnlyThatGroupFromTheNextStep) {
   test::TestDir dir;
@@ -373,39 +304,6 @@ TEST(OffloadedOptimizer, StepStatsCountEveryRecordOnce) {
   EXPECT_LE(st.read_seconds, st.seconds);
   EXPECT_EQ(opt.pinned_bytes_peak(), 3 * padded(4099));
   EXPECT_EQ(opt.record_bytes(), padded(4099));
-}
-
-TEST(OffloadedOptimizer, BudgetTooSmallForThePipelineIsAnErrorAtConstruction) {
-  test::TestDir dir;
-  auto o = options_for(StateTier::kNvme, swap::IoEngineKind::kThreads, dir);
-  o.pinned_budget_bytes = 100000;
-  try {
-    OffloadedOptimizer opt(o, odd_groups());
-    FAIL() << "constructed with a budget below the pipeline";
-  } catch (const UsageError& e) {
-    EXPECT_EQ(std::string(e.what()),
-              "OffloadedOptimizer: pinned_budget_bytes=100000 cannot hold the pipeline: depth 3 "
-              "x 53248-byte sub-group buffers (4099 elements x 12 bytes, padded to 4096) = "
-              "159744 bytes; the smallest budget that works is 159744");
-  }
-  o.pinned_budget_bytes = 159744;
-  OffloadedOptimizer fits(o, odd_groups());
-  EXPECT_EQ(fits.pinned_bytes(), 159744u);
-}
-
-TEST(OffloadedOptimizer, CpuTierBudgetMustHoldTheState) {
-  test::TestDir dir;
-  auto o = options_for(StateTier::kCpu, swap::IoEngineKind::kThreads, dir);
-  o.pinned_budget_bytes = 4096;
-  try {
-    OffloadedOptimizer opt(o, {{"a", 1000}});
-    FAIL() << "constructed with a budget below the state";
-  } catch (const UsageError& e) {
-    EXPECT_EQ(std::string(e.what()),
-              "OffloadedOptimizer: pinned_budget_bytes=4096 cannot hold the cpu-tier state: 1 "
-              "sub-groups of 12 bytes per element, each padded to 4096, = 12288 bytes; the "
-              "smallest budget that works is 12288");
-  }
 }
 
 TEST(OffloadedOptimizer, RejectsBadOptions) {
