@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # The committed type stubs of the native module (python/zinf/_native.pyi) are what the built
 # module has: regenerated with scripts/gen-stubs.sh (mypy's stubgen) and compared, and checked
-# by mypy itself, so an editor never shows a signature the binding no longer has.
+# by mypy itself, so an editor never shows a signature the binding no longer has. mypy writes
+# no cache (--cache-dir=/dev/null): it ran in the checkout and left .mypy_cache there.
 import os
 import pathlib
 import subprocess
@@ -33,7 +34,8 @@ def test_the_stubs_and_the_package_type_check(tmp_path):
                    "n: int = h.get_block_size()\n"
                    "o = _native.io_options('', 'aio', '')\n"
                    "b: int = o.block_size\n")
-    r = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "--follow-imports=skip",
+    r = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "--cache-dir=/dev/null",
+                        "--follow-imports=skip",
                         "--ignore-missing-imports", str(use)],
                        capture_output=True, text=True,
                        env=dict(os.environ, MYPYPATH=str(ROOT / "python")))
@@ -72,7 +74,7 @@ def test_every_public_function_and_constructor_names_its_argument_types():
 
 def test_mypy_finds_nothing_in_the_package():
     r = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental",
-                        "--ignore-missing-imports", "-p", "zinf"],
+                        "--cache-dir=/dev/null", "--ignore-missing-imports", "-p", "zinf"],
                        capture_output=True, text=True, cwd=str(ROOT),
                        env=dict(os.environ, MYPYPATH=str(ROOT / "python")))
     assert r.returncode == 0, r.stdout + r.stderr
