@@ -802,13 +802,13 @@ TEST(OffloadEngine, EmptyCheckpointDirectoryIsRefused) {
 // The drive-slowdown notice (zinf.rate_notice_*). The drive is the fault plan's: every piece
 // waits kPieceDelay, so a step's rate is set by those waits and not by the test machine's disk
 // (a shared disk once took 10x longer for three steps in a row and the watch, rightly, spoke);
-// from step 4 to 7 the optimizer's writes wait 15 times longer. The reference is the median of
+// from step 4 to 7 the optimizer's writes wait 10 times longer. The reference is the median of
 // the first 3 steps. Counts, never timings, are asserted: exactly one slowdown notice naming
 // the directory, one recovery notice once the slow writes stop (the watch is silent after
 // it), and none at all without them.
 namespace {
 
-constexpr auto kPieceDelay = std::chrono::milliseconds(4);
+constexpr auto kPieceDelay = std::chrono::milliseconds(8);
 
 // A delay of kPieceDelay on every read and write piece.
 swap::FaultRule every_piece_waits() {
@@ -870,7 +870,7 @@ TEST(OffloadEngine, SlowDriveGivesOneNoticeAndOneOnRecovery) {
   swap::FaultRule slow;
   slow.kind = swap::FaultKind::kDelay;
   slow.op = swap::IoOp::kWrite;
-  slow.delay = 15 * kPieceDelay;
+  slow.delay = 10 * kPieceDelay;
   slow.first_match = w.init + 3 * w.per_step;  // steps 4, 5, 6, 7 are slow
   slow.times = 4 * w.per_step;
   // The first rule that fires decides a piece: the slow one, else the wait every piece has.
