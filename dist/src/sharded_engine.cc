@@ -437,6 +437,7 @@ void ShardedEngine::Impl::refresh_whole(std::size_t l, std::string_view what, bo
 void ShardedEngine::set_gradients(std::size_t layer, adam::GradView grads) {
   Impl& s = *impl_;
   s.at(layer, "set_gradients");
+  check_buffer_type(grads.dtype, "ShardedEngine::set_gradients: gradients");
   s.check_size(layer, grads.size, "set_gradients");
   s.check_no_grads(layer);
   if (grads.data == nullptr) {

@@ -516,7 +516,13 @@ TEST_P(ShardedEngineGroup, MisusedDeviceGradientsAreRefusedOnTheirRankBeforeAnyC
         EXPECT_EQ(refusal([&] { e.set_gradients(0, cuda::DeviceSpan(), ElementType::kF32); }),
                   at + "has 1001 elements, got 0 bytes of fp32 gradients in device memory "
                        "(rank 1)");
-        // A value outside ElementType, sized as a 2-byte type: past the size check, refused by name.
+        // A value outside ElementType (sized as a 2-byte type), refused before the size check;
+        // a host view of a reduction-only type, by check_buffer_type's text.
+        adam::GradView wide = adam::GradView::f32(grads.back());
+        wide.dtype = ElementType::kF64;
+        EXPECT_EQ(refusal([&] { e.set_gradients(0, wide); }),
+                  "ShardedEngine::set_gradients: gradients: element type fp64 is not a buffer "
+                  "type (fp32, bf16 or fp16)");
         EXPECT_EQ(refusal([&] {
                     e.set_gradients(0, span.subspan(0, 2002), static_cast<ElementType>(99));
                   }),
@@ -545,7 +551,7 @@ TEST_P(ShardedEngineGroup, MisusedDeviceGradientsAreRefusedOnTheirRankBeforeAnyC
           << "rank " << comm.rank() << ": master weights of layer " << l;
     }
   });
-  EXPECT_EQ(refused.load(), 6);
+  EXPECT_EQ(refused.load(), 7);
 }
 
 INSTANTIATE_TEST_SUITE_P(Memory, ShardedEngineGroup, kMemoryKinds, memory_param_name);
