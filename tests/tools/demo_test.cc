@@ -211,6 +211,20 @@ TEST(DemoCli, ConfigFileIsReadAndTheCommandLineOverridesIt) {
   EXPECT_EQ(field(r.out, "nvme_bytes_read"), "0");
 }
 
+// A config key out of its range is exit 2 and one line naming the key, not an abort: a
+// buffer_size near 2^64 once died in align_up (SIGABRT) before the engine existed.
+TEST(DemoCli, AConfigSizeOutOfRangeIsExitTwoNamingTheKey) {
+  zinf::test::TestDir dir;
+  const std::string path = dir.file("huge.json");
+  std::ofstream(path) << R"({"zero_optimization": {"stage": 3, "offload_param": )"
+                         R"({"device": "cpu", "buffer_size": 18446744073709551615}}})";
+  const ToolRun r = run_zinf("demo --config " + path + " --layers 2 --hidden 16 --steps 1", true);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "zinf demo: error: " + path +
+                       ": zero_optimization.offload_param.buffer_size: at most 1125899906842624 "
+                       "(2^50 elements: the largest layer zinf takes), got 18446744073709551615\n");
+}
+
 // `zinf tune --out` writes I/O settings and no offload: `demo --config` with it used to train in
 // memory without a word. It keeps the demo's NVMe default, says so, and names the I/O settings.
 TEST(DemoCli, AConfigWithoutOffloadKeepsTheNvmeDefaultAndTheHeaderNamesTheIoSettings) {
