@@ -206,6 +206,49 @@ class _ShardedAdamBase(torch.optim.Optimizer):
                  process_group=None, state="cpu", nvme_path=None, sub_group_size=None,
                  pipeline_depth=4, pinned_budget=None, checksums=True, state_precision="fp32",
                  aio=None, stage=2):
+        # What this rank can check and set up alone (no collective runs there), then the
+        # ranks' agreement, then the first collective that depends on it: the parameters'
+        # broadcast. A rank whose arguments are refused, or whose setup fails (an nvme_path
+        # missing on its node), takes part in the agreement all the same and then raises its
+        # own error, so that the other ranks fail at once naming it instead of waiting in the
+        # broadcast for the group's timeout.
+        refused = None
+        try:
+            items = self._build(params, lr, betas, eps, weight_decay, amsgrad, adamw, threads,
+                                process_group, state, nvme_path, sub_group_size,
+                                pipeline_depth, pinned_budget, checksums, state_precision,
+                                aio, stage)
+            items.insert(0, ("arguments", "were accepted"))
+        except Exception as e:  # told to the other ranks, then raised as it is
+            if not (dist.is_available() and dist.is_initialized()):
+                raise
+            refused = e
+            why = " ".join(f"{type(e).__name__}: {e}".split())  # one line
+            items = [("arguments", f"were refused ({why})")]
+        try:
+            comm = self.__dict__.get("collectives") or collectives(process_group)
+        except Exception:
+            if refused is not None:
+                raise refused from None
+            raise
+        try:
+            # Ranks built over other parameters or settings are refused on every rank,
+            # naming the first difference, instead of aborting inside gloo, waiting for the
+            # group's timeout or training on silently with other updates.
+            _agree(comm, items)
+        except ValueError:
+            if refused is not None:
+                raise refused from None
+            self._sharded = None  # this rank's folders go with it
+            raise
+        if refused is not None:
+            raise refused
+        self.reload_parameters()
+
+    def _build(self, params, lr, betas, eps, weight_decay, amsgrad, adamw, threads,
+               process_group, state, nvme_path, sub_group_size, pipeline_depth, pinned_budget,
+               checksums, state_precision, aio, stage):
+        # Returns what the ranks must agree on (_description).
         check_adam_arguments(lr, betas, eps, weight_decay, amsgrad, state, state_precision)
         if stage == 0 and not isinstance(stage, bool):
             raise ValueError("zinf: stage=0 keeps the whole optimizer state on every rank (plain "
@@ -234,11 +277,6 @@ class _ShardedAdamBase(torch.optim.Optimizer):
                 raise ValueError("zinf: a parameter with no elements")
         sub_group_size, record = sub_group_and_record(sub_group_size, state_precision)
         self.collectives = collectives(process_group)
-        # Before the first collective that depends on them (the broadcast of the parameters):
-        # ranks built over other parameters or settings are refused on every rank, naming
-        # the first difference, instead of aborting inside gloo, waiting for the group's
-        # timeout or training on silently with other updates.
-        _agree(self.collectives, self._description(state, state_precision, sub_group_size))
         world = self.collectives.size
         if pinned_budget is not None:
             budget = pinned_budget
@@ -263,7 +301,7 @@ class _ShardedAdamBase(torch.optim.Optimizer):
         self._hyper_given = [None] * len(self._flat)
         self.last_step_stats = None
         self.last_step_skipped = False
-        self.reload_parameters()
+        return self._description(state, state_precision, sub_group_size)
 
     def _description(self, state, state_precision, sub_group_size):
         # What every rank must build alike, in order, as (what, value) pairs that read "rank
