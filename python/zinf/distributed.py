@@ -236,9 +236,9 @@ class _ShardedAdamBase(torch.optim.Optimizer):
             # naming the first difference, instead of aborting inside gloo, waiting for the
             # group's timeout or training on silently with other updates.
             _agree(comm, items)
-        except ValueError:
+        except Exception:  # the ranks differ, or the agreement's collective failed
             if refused is not None:
-                raise refused from None
+                raise refused from None  # this rank's own error says more
             self._sharded = None  # this rank's folders go with it
             raise
         if refused is not None:
