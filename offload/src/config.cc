@@ -446,15 +446,8 @@ void parse_zinf(const Block& block, ZinfSection& out) {
   block.read_bool("direct_io", out.direct_io);
   block.read_bool("precondition", out.precondition);
   block.read_uint("prefetch_depth", out.prefetch_depth);
-  block.read_uint("adam_threads", out.adam_threads);
-  if (out.adam_threads > 1024) {
-    block.fail("adam_threads", "at most 1024, got " + shown(*block.find("adam_threads")));
-  }
+  block.read_uint("adam_threads", out.adam_threads);  // bounded by check_config
   block.read_uint("grad_staging_buffers", out.grad_staging_buffers);
-  if (out.grad_staging_buffers > 64) {
-    block.fail("grad_staging_buffers",
-               "at most 64, got " + shown(*block.find("grad_staging_buffers")));
-  }
   block.read_number("rate_notice_share", out.rate_notice_share);
   if (!(out.rate_notice_share >= 0 && out.rate_notice_share < 1)) {
     block.fail("rate_notice_share", "expected a share in [0, 1) (0: no notice), got " +
@@ -518,6 +511,33 @@ void check_config(const EngineConfig& c, std::string_view source) {
   const auto fail = [source](const std::string& what) {
     throw UsageError(std::string(source) + ": " + what);
   };
+  // The sizes and counts the planning multiplies and rounds up (buffer_count x buffer_size x
+  // 2 bytes, aligned; depth x the largest record): bounded here, the one check that both the
+  // reader and a config built in code pass, so that no product or rounding leaves 64 bits
+  // (align_up would abort the process) and a count that could never be allocated is named.
+  struct Bound {
+    std::string_view key;
+    std::uint64_t value;
+    std::uint64_t max;
+    std::string_view why;
+  };
+  const Bound bounds[] = {
+      {"zero_optimization.offload_param.buffer_size", c.offload_param.buffer_size,
+       kConfigMaxBufferSize, " (2^50 elements: the largest layer zinf takes)"},
+      {"zero_optimization.offload_param.buffer_count", c.offload_param.buffer_count,
+       kConfigMaxCount, ""},
+      {"zero_optimization.offload_optimizer.buffer_count", c.offload_optimizer.buffer_count,
+       kConfigMaxCount, ""},
+      {"zinf.prefetch_depth", c.zinf.prefetch_depth, kConfigMaxCount, ""},
+      {"zinf.adam_threads", c.zinf.adam_threads, kConfigMaxCount, ""},
+      {"zinf.grad_staging_buffers", c.zinf.grad_staging_buffers, 64, ""},
+  };
+  for (const Bound& b : bounds) {
+    if (b.value > b.max) {
+      fail(std::string(b.key) + ": at most " + std::to_string(b.max) + std::string(b.why) +
+           ", got " + std::to_string(b.value));
+    }
+  }
   const auto check_nvme = [&](OffloadDevice device, const std::string& path,
                               const std::string& block) {
     if (device == OffloadDevice::kNvme && path.empty() && c.zinf.nvme_paths.empty()) {

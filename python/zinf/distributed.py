@@ -18,6 +18,7 @@ through this path (see docs/distributed.md).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from typing import Any, List, Optional, Tuple, Union
@@ -104,6 +105,58 @@ def collectives(process_group: Any = None, name: Optional[str] = None) -> "_nati
         g.all_gather, g.all_reduce, g.broadcast, g.barrier)
 
 
+def _shown(value):
+    # A setting as its rank's message shows it: floats as Python writes them (0.001), tuples
+    # of them alike; one line whatever it is.
+    if isinstance(value, (tuple, list)):
+        return "(" + ", ".join(_shown(v) for v in value) + ")"
+    try:
+        text = repr(float(value))
+    except (TypeError, ValueError):
+        text = repr(value)
+    return " ".join(text.split())
+
+
+def _agree(comm, items):
+    """Collective: refuses, on every rank with the same ValueError, ranks whose ``items``
+    ((what, value) pairs) differ, naming the lowest such rank and its first difference from
+    rank 0: "rank 1's parameter 3 has shape [4, 8], rank 0's [32]". One all-gather of a
+    40-byte digest (SHA-256 and length) when they agree; a second one, of the descriptions
+    themselves, only to name the difference."""
+    world = comm.size
+    if world == 1:
+        return
+    text = "\n".join(f"{what}\t{value}" for what, value in items).encode()
+    head = hashlib.sha256(text).digest() + len(text).to_bytes(8, "little")
+    heads = _all_gather_bytes(comm, head)
+    if all(h == heads[0] for h in heads):
+        return
+    longest = max(int.from_bytes(h[32:], "little") for h in heads)
+    texts = _all_gather_bytes(comm, text.ljust(longest, b"\0"))
+    ours = texts[0].rstrip(b"\0").decode().split("\n")
+    r = next(r for r in range(1, world) if heads[r] != heads[0])
+    theirs = texts[r].rstrip(b"\0").decode().split("\n")
+    # The counts (parameters, groups) come before what they count, so the first line that
+    # differs is one both ranks have.
+    i = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b),
+             min(len(ours), len(theirs)) - 1)
+    what, value = theirs[i].split("\t", 1)
+    ours_value = ours[i].split("\t", 1)[1]
+    raise ValueError(f"zinf: the ranks built different sharded optimizers: rank {r}'s {what} "
+                     f"{value}, rank 0's {ours_value} (every rank builds it over the same "
+                     f"parameters and settings)")
+
+
+def _all_gather_bytes(comm, data):
+    # Every rank's `data` (the same length on each), in rank order.
+    n = len(data)
+    send = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    recv = torch.empty(n * comm.size, dtype=torch.uint8)
+    comm.all_gather(send.data_ptr(), n, recv.data_ptr(), recv.numel())
+    out = recv.numpy().tobytes()
+    return [out[r * n:(r + 1) * n] for r in range(comm.size)]
+
+
 class _ShardedAdamBase(torch.optim.Optimizer):
     """Adam/AdamW across the ranks of a torch.distributed process group, each rank keeping 1/N
     of every parameter's fp32 master weights and moments.
@@ -153,6 +206,49 @@ class _ShardedAdamBase(torch.optim.Optimizer):
                  process_group=None, state="cpu", nvme_path=None, sub_group_size=None,
                  pipeline_depth=4, pinned_budget=None, checksums=True, state_precision="fp32",
                  aio=None, stage=2):
+        # What this rank can check and set up alone (no collective runs there), then the
+        # ranks' agreement, then the first collective that depends on it: the parameters'
+        # broadcast. A rank whose arguments are refused, or whose setup fails (an nvme_path
+        # missing on its node), takes part in the agreement all the same and then raises its
+        # own error, so that the other ranks fail at once naming it instead of waiting in the
+        # broadcast for the group's timeout.
+        refused = None
+        try:
+            items = self._build(params, lr, betas, eps, weight_decay, amsgrad, adamw, threads,
+                                process_group, state, nvme_path, sub_group_size,
+                                pipeline_depth, pinned_budget, checksums, state_precision,
+                                aio, stage)
+            items.insert(0, ("arguments", "were accepted"))
+        except Exception as e:  # told to the other ranks, then raised as it is
+            if not (dist.is_available() and dist.is_initialized()):
+                raise
+            refused = e
+            why = " ".join(f"{type(e).__name__}: {e}".split())  # one line
+            items = [("arguments", f"were refused ({why})")]
+        try:
+            comm = self.__dict__.get("collectives") or collectives(process_group)
+        except Exception:
+            if refused is not None:
+                raise refused from None
+            raise
+        try:
+            # Ranks built over other parameters or settings are refused on every rank,
+            # naming the first difference, instead of aborting inside gloo, waiting for the
+            # group's timeout or training on silently with other updates.
+            _agree(comm, items)
+        except Exception:  # the ranks differ, or the agreement's collective failed
+            if refused is not None:
+                raise refused from None  # this rank's own error says more
+            self._sharded = None  # this rank's folders go with it
+            raise
+        if refused is not None:
+            raise refused
+        self.reload_parameters()
+
+    def _build(self, params, lr, betas, eps, weight_decay, amsgrad, adamw, threads,
+               process_group, state, nvme_path, sub_group_size, pipeline_depth, pinned_budget,
+               checksums, state_precision, aio, stage):
+        # Returns what the ranks must agree on (_description).
         check_adam_arguments(lr, betas, eps, weight_decay, amsgrad, state, state_precision)
         if stage == 0 and not isinstance(stage, bool):
             raise ValueError("zinf: stage=0 keeps the whole optimizer state on every rank (plain "
@@ -205,7 +301,27 @@ class _ShardedAdamBase(torch.optim.Optimizer):
         self._hyper_given = [None] * len(self._flat)
         self.last_step_stats = None
         self.last_step_skipped = False
-        self.reload_parameters()
+        return self._description(state, state_precision, sub_group_size)
+
+    def _description(self, state, state_precision, sub_group_size):
+        # What every rank must build alike, in order, as (what, value) pairs that read "rank
+        # R's <what> <value>": whatever the ranks' updates or collectives depend on. Node-local
+        # settings (nvme_path, threads, pipeline_depth, pinned_budget, aio, checksums) may
+        # differ.
+        items = [("optimizer is", "Adam" if not self._adamw else "AdamW"),
+                 ("stage is", str(self.stage)), ("state is", state),
+                 ("state_precision is", state_precision),
+                 ("sub_group_size is", str(sub_group_size)),
+                 ("parameter count is", str(len(self._flat)))]
+        for i, p in enumerate(self._flat):
+            items.append((f"parameter {i} has shape", str(list(p.shape))))
+            items.append((f"parameter {i} has dtype", str(p.dtype)))
+        items.append(("param group count is", str(len(self.param_groups))))
+        for g, group in enumerate(self.param_groups):
+            items.append((f"param group {g} has", f"{len(group['params'])} parameters"))
+            for key in ("lr", "betas", "eps", "weight_decay"):
+                items.append((f"param group {g} has {key}", _shown(group[key])))
+        return items
 
     @staticmethod
     def _check_param(p):

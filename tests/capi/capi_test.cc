@@ -211,6 +211,25 @@ TEST(CApi, AHugeLayerIsAUsageErrorNotACrash) {
   EXPECT_NE(std::string(zinf_last_error()).find("in all"), std::string::npos) << zinf_last_error();
 }
 
+// A buffer_size whose bytes do not fit in 64 bits is a usage error naming the key (it once
+// aborted the process in align_up), and nothing is created.
+TEST(CApi, AHugeBufferSizeIsAUsageErrorNamingTheKey) {
+  for (const char* size : {"18446744073709551615", "9223372036854771713"}) {
+    const std::string json =
+        std::string(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", )"
+                    R"("buffer_size": )") +
+        size + "}}}";
+    zinf_engine* sentinel = reinterpret_cast<zinf_engine*>(0x1);
+    zinf_engine* out = sentinel;
+    EXPECT_EQ(zinf_engine_create(json.c_str(), kLayers, 2, &kHost, &out), ZINF_ERR_USAGE);
+    EXPECT_EQ(std::string(zinf_last_error()),
+              std::string("<string>: zero_optimization.offload_param.buffer_size: at most "
+                          "1125899906842624 (2^50 elements: the largest layer zinf takes), got ") +
+                  size);
+    EXPECT_EQ(out, sentinel);
+  }
+}
+
 TEST(CApi, CreateArgumentErrors) {
   zinf_engine* out = nullptr;
   EXPECT_EQ(zinf_engine_create(nullptr, kLayers, 2, nullptr, &out), ZINF_ERR_USAGE);

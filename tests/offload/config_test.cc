@@ -38,6 +38,16 @@ std::string error_of(const std::string& json) {
   return "(no error)";
 }
 
+// The exact one-line message check_config throws for `c` (its default source).
+std::string what_of_check(const EngineConfig& c) {
+  try {
+    check_config(c);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
 bool has_notice(const EngineConfig& c, const std::string& part) {
   for (const std::string& n : c.notices) {
     if (n.find(part) != std::string::npos) return true;
@@ -385,6 +395,48 @@ TEST(Config, RejectsNonIntegralNegativeStringAndOutOfRangeIntegers) {
             "cfg.json: zero_optimization.sub_group_size: 0 is too small: the smallest accepted "
             "is 32768 (each sub-group's 12-byte-per-element record is padded to the 4096-byte "
             "I/O alignment; from 32768 elements on the padding is at most ~1% of the state)");
+}
+
+// Sizes and counts the planning multiplies and rounds up are bounded by check_config, naming
+// the key, for a config read and one built in code: a buffer_size near 2^64 once aborted the
+// process in align_up (its bytes, 2 x buffer_size, wrapped) instead of being refused.
+TEST(Config, SizesAndCountsAboveTheirBoundsAreRefusedNamingTheKey) {
+  for (const char* size : {"18446744073709551615", "9223372036854771713", "1125899906842625"}) {
+    EXPECT_EQ(error_of(std::string(R"({"zero_optimization": {"offload_param": {"buffer_size": )") +
+                       size + "}}}"),
+              std::string("cfg.json: zero_optimization.offload_param.buffer_size: at most "
+                          "1125899906842624 (2^50 elements: the largest layer zinf takes), got ") +
+                  size);
+  }
+  EXPECT_EQ(
+      parse_config(R"({"zero_optimization": {"offload_param": {"buffer_size": 1125899906842624}}})")
+          .offload_param.buffer_size,
+      kConfigMaxBufferSize);
+  EXPECT_EQ(error_of(R"({"zero_optimization": {"offload_param": {"buffer_count": 4294967295}}})"),
+            "cfg.json: zero_optimization.offload_param.buffer_count: at most 1024, got 4294967295");
+  EXPECT_EQ(error_of(R"({"zero_optimization": {"offload_optimizer": {"buffer_count": 1025}}})"),
+            "cfg.json: zero_optimization.offload_optimizer.buffer_count: at most 1024, got 1025");
+  EXPECT_EQ(error_of(R"({"zinf": {"prefetch_depth": 4294967295}})"),
+            "cfg.json: zinf.prefetch_depth: at most 1024, got 4294967295");
+  EXPECT_EQ(error_of(R"({"zinf": {"grad_staging_buffers": 65}})"),
+            "cfg.json: zinf.grad_staging_buffers: at most 64, got 65");
+  const EngineConfig top = parse_config(
+      R"({"zero_optimization": {"offload_param": {"buffer_count": 1024},
+          "offload_optimizer": {"buffer_count": 1024}},
+          "zinf": {"prefetch_depth": 1024, "adam_threads": 1024, "grad_staging_buffers": 64}})");
+  EXPECT_EQ(top.offload_param.buffer_count, kConfigMaxCount);
+  EXPECT_EQ(top.zinf.prefetch_depth, kConfigMaxCount);
+  // The same check for a config built in code.
+  EngineConfig c;
+  c.offload_param.buffer_size = ~std::uint64_t{0};
+  EXPECT_EQ(what_of_check(c),
+            "EngineConfig: zero_optimization.offload_param.buffer_size: at most 1125899906842624 "
+            "(2^50 elements: the largest layer zinf takes), got 18446744073709551615");
+  c.offload_param.buffer_size = kConfigMaxBufferSize;
+  c.zinf.adam_threads = 1025;
+  EXPECT_EQ(what_of_check(c), "EngineConfig: zinf.adam_threads: at most 1024, got 1025");
+  c.zinf.adam_threads = 1024;
+  EXPECT_NO_THROW(check_config(c));
 }
 
 TEST(Config, BooleansMustBeJsonBooleans) {

@@ -228,6 +228,72 @@ def run_failure(rank, world, tmp):
     return out
 
 
+# Ranks that build the optimizer differently, the last rank the odd one: (what the odd rank
+# changes, the difference every rank's error names). Once: other sizes aborted inside gloo,
+# one more parameter waited for the group's timeout, and the rest trained on silently.
+DISAGREEMENTS = [
+    ("bigger", "parameter 0 has shape [14, 7], rank 0's [13, 7]"),
+    ("one_more", "parameter count is 5, rank 0's 4"),
+    ("reshaped", "parameter 0 has shape [4, 8], rank 0's [32]"),
+    ("lr", "param group 0 has lr 0.02, rank 0's 0.01"),
+    ("stage", "stage is 1, rank 0's 2"),
+    ("betas", "param group 0 has betas (0.8, 0.999), rank 0's (0.9, 0.999)"),
+    ("adamw", "optimizer is Adam, rank 0's AdamW"),
+    # Refused by the odd rank itself: it raises its own error, the others name it.
+    ("float64", "arguments were refused (ValueError: zinf: parameters must be float32, got "
+                "torch.float64), rank 0's were accepted"),
+    ("no_nvme_dir", "arguments were refused (IoError: [Errno 2] open directory failed: "),
+]
+
+
+def run_disagree(rank, world, tmp):
+    import zinf.distributed as zd
+    odd = rank == world - 1
+    out = {}
+    for case, _ in DISAGREEMENTS:
+        torch.manual_seed(rank)
+        params = list(make_model(seed=rank).parameters())
+        kwargs = {"lr": 1e-2, "stage": 2}
+        cls = zd.ShardedAdamW
+        if odd and case == "bigger":
+            params[0] = torch.nn.Parameter(torch.zeros(14, 7))
+        elif odd and case == "one_more":
+            params.append(torch.nn.Parameter(torch.zeros(3)))
+        elif case == "reshaped":
+            params = [torch.nn.Parameter(torch.ones(4, 8) if odd else torch.ones(32))]
+        elif odd and case == "lr":
+            kwargs["lr"] = 2e-2
+        elif odd and case == "stage":
+            kwargs["stage"] = 1
+        elif odd and case == "betas":
+            kwargs["betas"] = (0.8, 0.999)
+        elif odd and case == "adamw":
+            cls = zd.ShardedAdam
+        elif odd and case == "float64":
+            params[0] = torch.nn.Parameter(torch.zeros(13, 7, dtype=torch.float64))
+        elif case == "no_nvme_dir":
+            # The setup fails on the odd rank's node only (no such directory there).
+            kwargs.update(state="nvme", sub_group_size=32768,
+                          nvme_path=os.path.join(tmp, "missing" if odd else ""))
+        before = [p.detach().clone() for p in params]
+        try:
+            cls(params, **kwargs)
+            out[case] = None
+        except (ValueError, OSError) as e:
+            out[case] = str(e)
+        # Refused before the parameters' broadcast: nothing changed, no rank folder left.
+        assert all(torch.equal(p, b) for p, b in zip(params, before)), case
+        assert not os.path.exists(os.path.join(tmp, f"rank{rank}")), case
+    # The group is still usable: ranks that agree build and step.
+    model = make_model(seed=rank)
+    opt = zd.ShardedAdamW(model.parameters(), lr=1e-2)
+    for i, p in enumerate(model.parameters()):
+        p.grad = base_gradient(1, i, p.shape)
+    opt.step()
+    out["step"] = opt.last_step_stats["step"]
+    return out
+
+
 def worker(rank, world, tmp, scenario, timeout_s, results):
     try:
         import torch.distributed as dist
@@ -235,7 +301,8 @@ def worker(rank, world, tmp, scenario, timeout_s, results):
                                 rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s))
         out = {"parity": run_parity, "failure": run_failure, "reshard_save": run_reshard_save,
-               "reshard_load": run_reshard_load}[scenario](rank, world, tmp)
+               "reshard_load": run_reshard_load, "disagree": run_disagree}[scenario](
+                   rank, world, tmp)
         results.put((rank, "ok", out))
         if scenario != "failure":
             dist.destroy_process_group()
@@ -332,6 +399,34 @@ def test_a_failing_collective_raises_on_every_rank_and_nobody_hangs(tmp_path):
     # Rank 0 waited in gloo's all_reduce until rank 1 went away or the 10 s timeout: a
     # CollectiveError on its own rank, not a hang.
     assert got[0]["first"] is not None and "rank 0 of 2" in got[0]["first"], got[0]["first"]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_that_build_different_optimizers_are_refused_on_every_rank(tmp_path, world):
+    # Every rank raises the same ValueError naming the odd rank and its first difference from
+    # rank 0, at construction, well within the group's timeout; nothing is changed and the
+    # group stays usable.
+    got = launch(world, tmp_path, "disagree", timeout_s=60)
+    for case, difference in DISAGREEMENTS:
+        want = (f"zinf: the ranks built different sharded optimizers: rank {world - 1}'s "
+                f"{difference} (every rank builds it over the same parameters and settings)")
+        for rank in range(world - 1):
+            if case == "no_nvme_dir":
+                # The odd rank's own error, whole, in the middle.
+                head, tail = want.split(" (every rank")
+                tail = "/missing'), rank 0's were accepted (every rank" + tail
+                assert got[rank][case].startswith(head), (case, rank, got[rank][case])
+                assert got[rank][case].endswith(tail), (case, rank, got[rank][case])
+            else:
+                assert got[rank][case] == want, (case, rank)
+        odd = got[world - 1][case]
+        if case == "float64":
+            assert odd == "zinf: parameters must be float32, got torch.float64"
+        elif case == "no_nvme_dir":
+            assert "missing" in odd and "the ranks" not in odd, odd
+        else:
+            assert odd == want, case
+    assert all(got[rank]["step"] == 1 for rank in range(world))
 
 
 @pytest.mark.parametrize("stage,why", [

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,10 +58,11 @@ std::string field(const std::string& json, const std::string& key) {
 // The tiny model every run here trains (seconds, even in the debug build).
 constexpr const char* kTiny = "--layers 3 --hidden 32 --batch 8 --steps 30 --lr 1e-2 --seed 5";
 
-std::string reference_sha256() {
+// The reference run's weights_sha256 (kTiny's model, 30 steps at lr 1e-2, then `change`).
+std::string reference_sha256(std::optional<zinf::tools::demo::RateChange> change = std::nullopt) {
   zinf::adam::AdamParams hyper;
   hyper.lr = 1e-2;
-  const auto run = zinf::tools::demo::train_reference({3, 32, 8}, 5, 30, hyper);
+  const auto run = zinf::tools::demo::train_reference({3, 32, 8}, 5, 30, hyper, change);
   zinf::tools::Sha256 h;
   for (const auto& layer : run.master) {
     std::string bytes;
@@ -211,6 +213,20 @@ TEST(DemoCli, ConfigFileIsReadAndTheCommandLineOverridesIt) {
   EXPECT_EQ(field(r.out, "nvme_bytes_read"), "0");
 }
 
+// A config key out of its range is exit 2 and one line naming the key, not an abort: a
+// buffer_size near 2^64 once died in align_up (SIGABRT) before the engine existed.
+TEST(DemoCli, AConfigSizeOutOfRangeIsExitTwoNamingTheKey) {
+  zinf::test::TestDir dir;
+  const std::string path = dir.file("huge.json");
+  std::ofstream(path) << R"({"zero_optimization": {"stage": 3, "offload_param": )"
+                         R"({"device": "cpu", "buffer_size": 18446744073709551615}}})";
+  const ToolRun r = run_zinf("demo --config " + path + " --layers 2 --hidden 16 --steps 1", true);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "zinf demo: error: " + path +
+                       ": zero_optimization.offload_param.buffer_size: at most 1125899906842624 "
+                       "(2^50 elements: the largest layer zinf takes), got 18446744073709551615\n");
+}
+
 // `zinf tune --out` writes I/O settings and no offload: `demo --config` with it used to train in
 // memory without a word. It keeps the demo's NVMe default, says so, and names the I/O settings.
 TEST(DemoCli, AConfigWithoutOffloadKeepsTheNvmeDefaultAndTheHeaderNamesTheIoSettings) {
@@ -262,6 +278,33 @@ TEST(DemoCli, SaveAndResumeEndBitwiseWhereTheUninterruptedRunEnds) {
   EXPECT_EQ(other.out, "zinf demo: error: ShardedEngine::load: " + dir.file("ckpt-cpu") +
                            "/zinf-sharded does not describe a sharded checkpoint of these layers "
                            "(world size, rank folders, layer names and sizes)\n");
+}
+
+// --lr on --resume is the user changing the resumed run's rate: the 12 steps after the
+// checkpoint train with it (bitwise the uninterrupted reference whose rate changes at step 19)
+// and the header and JSON say it. Without --lr the checkpoint's rate goes on and is the one
+// reported (not the default 1e-3). Once the checkpoint's rate was used whatever --lr said,
+// while the header and JSON reported --lr.
+TEST(DemoCli, LrOnResumeReplacesTheCheckpointsRateAndIsReported) {
+  zinf::test::TestDir dir;
+  const std::string ckpt = dir.file("ckpt");
+  const std::string common = "demo --offload cpu --layers 3 --hidden 32 --batch 8 --seed 5 --json";
+  const ToolRun first = run_zinf(common + " --lr 1e-2 --steps 18 --save " + ckpt, false);
+  ASSERT_EQ(first.status, 0) << first.out;
+
+  const ToolRun changed = run_zinf(common + " --steps 12 --lr 5e-3 --resume " + ckpt, true);
+  ASSERT_EQ(changed.status, 0) << changed.out;
+  EXPECT_EQ(field(changed.out, "weights_sha256"),
+            reference_sha256(zinf::tools::demo::RateChange{19, 5e-3}))
+      << changed.out;
+  EXPECT_EQ(field(changed.out, "lr"), "0.005");
+  EXPECT_NE(changed.out.find(", lr 0.005\n"), std::string::npos) << changed.out;
+
+  const ToolRun kept = run_zinf(common + " --steps 12 --resume " + ckpt, true);
+  ASSERT_EQ(kept.status, 0) << kept.out;
+  EXPECT_EQ(field(kept.out, "weights_sha256"), reference_sha256()) << kept.out;
+  EXPECT_EQ(field(kept.out, "lr"), "0.01");
+  EXPECT_NE(kept.out.find(", lr 0.01\n"), std::string::npos) << kept.out;
 }
 
 TEST(DemoCli, BadArgumentsAreOneLineErrors) {

@@ -214,6 +214,16 @@ int demo_main(const std::vector<std::string>& tokens) {
   } else {
     // Another model's checkpoint (other --layers or --hidden) is refused here, naming it.
     engine.load(o.resume_dir);
+    // load() gives every layer the checkpoint's hyper-parameters, over the config's. A --lr
+    // on the command line is the user changing the resumed run's rate, so it replaces the
+    // checkpoint's in turn (every layer, every rank alike); without one the checkpoint's
+    // rate goes on. Either way the header and the report show the rate the steps use.
+    if (!std::isnan(o.lr)) {
+      adam::AdamParams hyper = engine.local().hyper();
+      hyper.lr = o.lr;
+      engine.set_hyper(hyper);
+    }
+    config.optimizer.hyper = engine.local().hyper();
   }
   const demo::TrainingSet data = demo::make_training_set(shape, o.seed);
   demo::Mlp net(local_shape);

@@ -221,7 +221,7 @@ TrainingSet make_training_set(MlpShape shape, std::uint64_t seed) {
 }
 
 ReferenceRun train_reference(MlpShape shape, std::uint64_t seed, std::size_t steps,
-                             adam::AdamParams hyper) {
+                             adam::AdamParams hyper, std::optional<RateChange> change) {
   const std::size_t n = layer_numel(shape.hidden);
   ReferenceRun run;
   run.master.resize(shape.layers);
@@ -243,6 +243,7 @@ ReferenceRun train_reference(MlpShape shape, std::uint64_t seed, std::size_t ste
     run.losses.push_back(net.loss(data.targets));
     for (std::size_t l = shape.layers; l-- > 0;) net.backward_bf16(l, low[l], grads[l]);
     hyper.step = s + 1;
+    if (change && s + 1 >= change->from_step) hyper.lr = change->lr;
     for (std::size_t l = 0; l < shape.layers; ++l) {
       adam.step(hyper, run.master[l], m[l], v[l], adam::GradView::f32(grads[l]),
                 adam::CopyOut::bf16(low[l]));

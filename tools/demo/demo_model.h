@@ -9,6 +9,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -119,10 +120,19 @@ struct ReferenceRun {
   std::vector<std::vector<float>> master;
 };
 
+/// A learning rate that replaces the run's from step `from_step` on (counting from 1): what a
+/// run resumed at that step with `zinf demo --resume --lr` trains with.
+struct RateChange {
+  std::size_t from_step = 0;
+  double lr = 0;
+};
+
 /// Trains the student for `steps` steps entirely in memory with CpuAdam (bf16 copy-out for the
 /// forward/backward parameters, as the engine does), `hyper` giving lr, betas etc. (its step
-/// field is set per step, counting from 1). The arithmetic the demo runs through the engine.
+/// field is set per step, counting from 1), and `change`, if given, a later rate. The
+/// arithmetic the demo runs through the engine.
 ReferenceRun train_reference(MlpShape shape, std::uint64_t seed, std::size_t steps,
-                             adam::AdamParams hyper);
+                             adam::AdamParams hyper,
+                             std::optional<RateChange> change = std::nullopt);
 
 }  // namespace zinf::tools::demo

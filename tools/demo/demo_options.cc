@@ -127,7 +127,8 @@ std::optional<DemoOptions> parse_options(const std::vector<std::string>& tokens)
             "layer width: hidden x hidden weights + hidden biases per "
             "layer");
   cli.count("--batch", o.shape.batch, "training samples");
-  cli.number("--lr", o.lr, "Adam learning rate", "1e-3, or the config's");
+  cli.number("--lr", o.lr, "Adam learning rate (with --resume, replaces the checkpoint's)",
+             "1e-3, or the config's; with --resume the checkpoint's");
   cli.count("--seed", o.seed, "seed of the teacher, the inputs and the initial weights");
   cli.count("--adam-threads", o.adam_threads, "CPU Adam threads, 0 = one per hardware thread", 0,
             1024, "0, or the config's");
@@ -150,8 +151,9 @@ std::optional<DemoOptions> parse_options(const std::vector<std::string>& tokens)
            "after the last step, checkpoint the engine in DIR (every rank's slices under "
            "DIR/rank<R>; created if missing)");
   cli.text("--resume", o.resume_dir, "DIR",
-           "start from the checkpoint in DIR (weights, Adam moments and step count) instead of "
-           "the initial weights; one saved by another number of ranks is resharded");
+           "start from the checkpoint in DIR (weights, Adam moments, step count and learning "
+           "rate, unless --lr gives another) instead of the initial weights; one saved by "
+           "another number of ranks is resharded");
   cli.duration("--collective-timeout", o.collective_timeout,
                "how long a collective waits for the other ranks before every rank still "
                "running fails (a lost peer): 250ms, 30s, 2m",

@@ -191,6 +191,15 @@ inline constexpr std::size_t kConfigMaxDepth = 64;  ///< nested objects and arra
 /// OptimizerOptions::sub_group_elements, are not held to it: tests use small sub-groups to
 /// cut small tensors into many records.)
 inline constexpr std::uint64_t kConfigMinSubGroupSize = 32768;
+/// The largest zero_optimization.offload_param.buffer_size (elements): 2^50, the largest layer
+/// OffloadEngine takes, so a bigger buffer could never be used; its bytes, rounded up to any
+/// alignment, then fit in 64 bits.
+inline constexpr std::uint64_t kConfigMaxBufferSize = std::uint64_t{1} << 50;
+/// The largest buffer or thread count a config may give (offload_param.buffer_count,
+/// offload_optimizer.buffer_count, zinf.prefetch_depth, zinf.adam_threads): far above any
+/// real setting (DeepSpeed's defaults are 4 and 5), and small enough that a count times the
+/// largest buffer's or record's bytes (at most 2^51 and 2^44) fits in 64 bits.
+inline constexpr std::uint32_t kConfigMaxCount = 1024;
 
 /// Parses a DeepSpeed-style JSON config. `source` names it in errors (a path, or "<string>").
 /// Integers may be written as 1e8 (as DeepSpeed accepts) if the value is integral and fits.
@@ -215,7 +224,9 @@ EngineConfig parse_config(std::string_view json, std::string_view source = "<str
 EngineConfig load_config(const std::string& path);
 /// Throws UsageError, "<source>: <json path>: <what>", for settings of `config` that contradict
 /// each other (the checks parse_config ends with): NVMe offload without a directory, parameter
-/// offload below stage 3, an NVMe optimizer pipeline of fewer than 3 buffers, zinf.step_mode
+/// offload below stage 3, a buffer size or count above its bound (kConfigMaxBufferSize,
+/// kConfigMaxCount; zinf.grad_staging_buffers at most 64), an NVMe optimizer pipeline of
+/// fewer than 3 buffers, zinf.step_mode
 /// "on_arrival" with gradient_clipping or fp16 loss scaling, and gradient_clipping or loss
 /// scaling values out of the ranges LossScaleConfig states. For configs
 /// built in code; OffloadEngine's constructor runs it before anything else. Thread-safe.
