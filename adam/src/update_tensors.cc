@@ -51,11 +51,16 @@ Checked check_one(const std::string& where, const char* name, const TensorArg& t
     throw UsageError(prefix + " has " + std::to_string(t.sizes.size()) + " sizes and " +
                      std::to_string(t.strides.size()) + " strides");
   }
-  std::size_t numel = 1;
+  // The count is kept below 2^63 so that neither it nor the strides' products below overflow
+  // (sizes come from the caller: a wrapped product could match params' count).
+  std::int64_t count = 1;
   for (const std::int64_t s : t.sizes) {
     if (s < 0) throw UsageError(prefix + " has a negative size " + list_text(t.sizes));
-    numel *= static_cast<std::size_t>(s);
+    if (__builtin_mul_overflow(count, s, &count)) {
+      throw UsageError(prefix + " has more elements than can be addressed " + list_text(t.sizes));
+    }
   }
+  const auto numel = static_cast<std::size_t>(count);
   // Row-major from the last dimension; a dimension of one element may have any stride (as
   // torch's is_contiguous), and an empty tensor has no layout to get wrong.
   std::int64_t expected = 1;

@@ -656,8 +656,9 @@ class _CpuAdamBase(torch.optim.Optimizer):
                         t = state.get(name)
                         if isinstance(t, torch.Tensor) and t.numel() == p.numel() and (
                                 not t.is_contiguous() or t.shape != p.shape):
-                            state[name] = pinned_empty(p.shape, t.dtype).copy_(
-                                t.reshape(p.shape))
+                            # Not from the pinned pool: a full pool must not fail a load
+                            # that torch's half already applied.
+                            state[name] = t.reshape(p.shape).contiguous()
 
     def save(self, directory):
         """state='nvme': writes a checkpoint of the masters, moments, step count and

@@ -140,6 +140,20 @@ TEST(UpdateTensors, DeviceNullAndOverlapAreRefused) {
             "adam_update: grads and out overlap");
 }
 
+TEST(UpdateTensors, SizesThatOverflowAreRefused) {
+  std::vector<float> p(4), g(4);
+  const Desc huge{g.data(), "float32", {std::int64_t{1} << 40, std::int64_t{1} << 40}, {1, 1}};
+  const Desc pd = flat(p.data(), "float32", 4);
+  try {
+    check_update_tensors("step", pd.arg(), huge.arg(), nullptr, nullptr);
+    ADD_FAILURE() << "no error";
+  } catch (const UsageError& e) {
+    EXPECT_STREQ(e.what(),
+                 "step: grads has more elements than can be addressed [1099511627776, "
+                 "1099511627776]");
+  }
+}
+
 TEST(UpdateTensors, CheckReportsTheTypesAndTakesMissingMoments) {
   std::vector<float> p(10);
   std::vector<std::uint16_t> g(10);
