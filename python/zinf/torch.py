@@ -9,7 +9,7 @@ links libtorch, tensors are handed over as (address, bytes, dtype).
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, Optional, Tuple, Union
 
 import torch
 
@@ -79,7 +79,7 @@ def check_adam_arguments(lr: float, betas: Tuple[float, float], eps: float, weig
                          f"{state_precision!r}")
 
 
-def tensor_arg(t: Any, what: str) -> Tuple[int, str, List[int], List[int], str]:
+def tensor_arg(t: Any, what: str) -> Tuple[int, str, Any, Any, str]:
     """(data_ptr, dtype, shape, stride, device type) of a dense tensor: how the native door
     (_native.check_adam_tensors, CpuAdam.step) is told about a tensor, so that it can check
     its size, dtype, layout and device itself. ValueError naming `what` for anything else."""
@@ -87,7 +87,10 @@ def tensor_arg(t: Any, what: str) -> Tuple[int, str, List[int], List[int], str]:
         raise ValueError(f"zinf: {what} must be a torch.Tensor, got {type(t).__name__}")
     if t.layout != torch.strided:
         raise ValueError(f"zinf: {what} must be a dense tensor, got layout {t.layout}")
-    return t.data_ptr(), str(t.dtype), list(t.shape), list(t.stride()), t.device.type
+    # Sizes and strides as torch's tuples, the device type read only off the cpu: this runs
+    # for every tensor of every update (~1 us).
+    return (t.data_ptr(), str(t.dtype), t.shape, t.stride(),
+            "cpu" if t.is_cpu else t.device.type)
 
 
 def check_update_tensors(where: str, p: torch.Tensor, grad: torch.Tensor,
@@ -114,7 +117,11 @@ def adam_update(kernel: "_native.CpuAdam", adamw: bool, step: int, group: Dict[s
     bfloat16 in place (the kernel's bf16 codec); float16 moments through fp32 copies. The
     tensors are checked first (check_update_tensors; errors start with `where`), so a refused
     update changes nothing."""
-    check_update_tensors(where, p, grad, exp_avg, exp_avg_sq)
+    if not (isinstance(p, torch.Tensor) and isinstance(exp_avg, torch.Tensor)
+            and p.dtype == torch.float32 and exp_avg.dtype in (torch.float32, torch.bfloat16)):
+        # A copy is made below: the tensors as given are checked first. Otherwise the kernel
+        # gets them as they are, and kernel.step checks them itself.
+        check_update_tensors(where, p, grad, exp_avg, exp_avg_sq)
     beta1, beta2 = group["betas"]
     master = p if p.dtype == torch.float32 else p.detach().to(torch.float32)
     out = None if master is p else p
