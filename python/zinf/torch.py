@@ -88,9 +88,9 @@ def tensor_arg(t: Any, what: str) -> Tuple[int, str, Any, Any, str]:
     if t.layout != torch.strided:
         raise ValueError(f"zinf: {what} must be a dense tensor, got layout {t.layout}")
     # Sizes and strides as torch's tuples, the device type read only off the cpu: this runs
-    # for every tensor of every update (~1 us).
+    # for every tensor of every update (~1 us). torch 1.13's stubs lack is_cpu.
     return (t.data_ptr(), str(t.dtype), t.shape, t.stride(),
-            "cpu" if t.is_cpu else t.device.type)
+            "cpu" if t.is_cpu else t.device.type)  # type: ignore[attr-defined]
 
 
 def check_update_tensors(where: str, p: torch.Tensor, grad: torch.Tensor,
