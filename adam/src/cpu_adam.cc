@@ -345,6 +345,34 @@ std::optional<AdamParamsError> check_adam_params(const AdamParams& hp) {
   return std::nullopt;
 }
 
+std::optional<AdamParamsError> check_rollback_params(const AdamParams& hp) {
+  if (auto bad = check_adam_params(hp)) return bad;
+  // The rollback divides by these, rounded to fp32 as make_args() rounds them for the update:
+  // a value that is 0 there (0 itself, or below fp32's smallest subnormal) gives inf or NaN.
+  const auto cannot_invert = [](std::string_view field, const std::string& why, double v) {
+    return AdamParamsError{field,
+                           "must not be 0 for a rollback (" + why + "), got " + number_text(v)};
+  };
+  if (static_cast<float>(hp.beta1) == 0.0f) {
+    return cannot_invert("beta1", "the old exp_avg is (exp_avg - (1 - beta1) * grad) / beta1",
+                         hp.beta1);
+  }
+  if (static_cast<float>(hp.beta2) == 0.0f) {
+    return cannot_invert(
+        "beta2", "the old exp_avg_sq is (exp_avg_sq - (1 - beta2) * grad^2) / beta2", hp.beta2);
+  }
+  if (hp.mode == AdamMode::kAdamW && hp.weight_decay != 0 &&
+      static_cast<float>(1.0 - hp.lr * hp.weight_decay) == 0.0f) {
+    return AdamParamsError{"weight_decay",
+                           "times lr must not be 1 for a rollback (the update multiplied the "
+                           "parameters by 1 - lr * weight_decay = 0, so they cannot be "
+                           "recovered), got lr=" +
+                               number_text(hp.lr) +
+                               " weight_decay=" + number_text(hp.weight_decay)};
+  }
+  return std::nullopt;
+}
+
 std::string_view isa_name(Isa isa) noexcept {
   switch (isa) {
     case Isa::kScalar: return "scalar";

@@ -1,21 +1,32 @@
 // SPDX-License-Identifier: Apache-2.0
-// CpuAdam over memory the caller owns (torch tensors' storage, passed as addresses by
-// zinf.torch): one update of one parameter, the GIL released while the kernel runs.
+// CpuAdam over memory the caller owns (torch tensors, described by zinf.torch as (address,
+// dtype, sizes, strides, device)): one update of one parameter through the adam layer's
+// tensor door (check_update_tensors), the GIL released while the kernel runs.
+#include <pybind11/stl.h>
+
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "native.h"
-#include "zinf/adam/compact_state.h"
 #include "zinf/adam/cpu_adam.h"
+#include "zinf/adam/update_tensors.h"
 #include "zinf/common/error.h"
 
 namespace zinf::python {
 namespace {
 
-template <typename T>
-std::span<T> span_at(std::uintptr_t address, std::size_t n) {
-  return {reinterpret_cast<T*>(address), n};
+// A tensor as zinf.torch.tensor_arg() hands it over: (data_ptr, str(dtype), shape, stride,
+// device type).
+using PyTensor = std::tuple<std::uintptr_t, std::string, std::vector<std::int64_t>,
+                            std::vector<std::int64_t>, std::string>;
+
+adam::TensorArg tensor_arg(const PyTensor& t) {
+  return {reinterpret_cast<void*>(std::get<0>(t)), std::get<1>(t), std::get<2>(t), std::get<3>(t),
+          std::get<4>(t)};
 }
 
 }  // namespace
@@ -75,37 +86,54 @@ void bind_adam(py::module_& m) {
           "ZINF_CPU_ADAM_PREFETCH=auto|off|N sets it.")
       .def(
           "step",
-          [](adam::CpuAdam& a, std::uintptr_t params, std::uintptr_t grads,
-             const std::string& grad_dtype, std::uintptr_t m_, std::uintptr_t v, std::size_t numel,
-             double lr, double beta1, double beta2, double eps, double weight_decay,
-             std::uint64_t step, bool bias_correction, bool adamw, double grad_scale,
-             std::uintptr_t out, const std::string& out_dtype, const std::string& moments) {
+          [](adam::CpuAdam& a, const PyTensor& params, const PyTensor& grads,
+             const PyTensor& exp_avg, const PyTensor& exp_avg_sq, double lr, double beta1,
+             double beta2, double eps, double weight_decay, std::uint64_t step,
+             bool bias_correction, bool adamw, double grad_scale,
+             const std::optional<PyTensor>& out, const std::string& where) {
             const adam::AdamParams hp = make_hyper(lr, beta1, beta2, eps, weight_decay,
                                                    bias_correction, adamw, grad_scale, step);
-            const adam::GradView g{reinterpret_cast<const void*>(grads), numel,
-                                   parse_dtype(grad_dtype, "CpuAdam.step grads")};
-            adam::CopyOut o = adam::CopyOut::none();
-            if (out != 0) {
-              o = {reinterpret_cast<void*>(out), numel, parse_dtype(out_dtype, "CpuAdam.step out"),
-                   true};
-            }
-            adam::CompactMoments cm;
-            cm.precision = adam::parse_state_precision(moments, "CpuAdam.step moments");
-            if (cm.precision == adam::StatePrecision::kInt8) {
-              throw UsageError("CpuAdam.step: moments must be fp32 or bf16 here, got int8");
-            }
-            cm.size = numel;
-            cm.m = reinterpret_cast<void*>(m_);
-            cm.v = reinterpret_cast<void*>(v);
+            const adam::TensorArg o = out ? tensor_arg(*out) : adam::TensorArg{};
+            const adam::TensorArg p = tensor_arg(params), g = tensor_arg(grads),
+                                  m_ = tensor_arg(exp_avg), v = tensor_arg(exp_avg_sq);
             py::gil_scoped_release nogil;
-            a.step(hp, span_at<float>(params, numel), cm, g, o);
+            adam::step_tensors(a, where, hp, p, g, m_, v, out ? &o : nullptr);
           },
-          "params"_a, "grads"_a, "grad_dtype"_a, "exp_avg"_a, "exp_avg_sq"_a, "numel"_a, "lr"_a,
-          "beta1"_a, "beta2"_a, "eps"_a, "weight_decay"_a, "step"_a, "bias_correction"_a, "adamw"_a,
-          "grad_scale"_a = 1.0, "out"_a = 0, "out_dtype"_a = "bf16", "moments"_a = "fp32",
-          "One update of numel elements at the given addresses (fp32 params; moments fp32 or "
-          "bf16 (round to nearest even); gradients fp32/bf16/fp16; optional fp32/bf16/fp16 "
-          "copy-out).");
+          "params"_a, "grads"_a, "exp_avg"_a, "exp_avg_sq"_a, "lr"_a, "beta1"_a, "beta2"_a, "eps"_a,
+          "weight_decay"_a, "step"_a, "bias_correction"_a, "adamw"_a, "grad_scale"_a = 1.0,
+          "out"_a = py::none(), "where"_a = "CpuAdam.step",
+          "One update of the tensors, each (data_ptr, dtype, shape, stride, device) "
+          "(zinf.torch.tensor_arg): fp32 params; moments fp32 or bf16 (round to nearest even); "
+          "gradients fp32/bf16/fp16; optional fp32/bf16/fp16 copy-out. ValueError naming the "
+          "argument (prefixed with `where`) for sizes, dtypes, layouts, devices or overlaps the "
+          "kernel cannot take (check_update_tensors), before any memory is touched.");
+  m.def(
+      "check_adam_tensors",
+      [](const std::string& where, const PyTensor& params, const PyTensor& grads,
+         const std::optional<PyTensor>& exp_avg, const std::optional<PyTensor>& exp_avg_sq) {
+        const adam::TensorArg m_ = exp_avg ? tensor_arg(*exp_avg) : adam::TensorArg{};
+        const adam::TensorArg v = exp_avg_sq ? tensor_arg(*exp_avg_sq) : adam::TensorArg{};
+        adam::check_update_tensors(where, tensor_arg(params), tensor_arg(grads),
+                                   exp_avg ? &m_ : nullptr, exp_avg_sq ? &v : nullptr);
+      },
+      "where"_a, "params"_a, "grads"_a, "exp_avg"_a = py::none(), "exp_avg_sq"_a = py::none(),
+      "ValueError naming the argument (prefixed with `where`) unless the tensors of an update "
+      "or rollback are on the cpu, float32/bfloat16/float16 (both moments one dtype), "
+      "contiguous, of params' element count and apart (check_update_tensors). Moments None: "
+      "the update makes them.");
+  m.def(
+      "check_adam_rollback",
+      [](double lr, double beta1, double beta2, double eps, double weight_decay, bool adamw) {
+        const adam::AdamParams hp =
+            make_hyper(lr, beta1, beta2, eps, weight_decay, true, adamw, 1.0, 1);
+        if (auto bad = adam::check_rollback_params(hp)) {
+          throw UsageError("cpu adam rollback: " + std::string(bad->field) + " " + bad->what);
+        }
+      },
+      "lr"_a, "beta1"_a, "beta2"_a, "eps"_a, "weight_decay"_a, "adamw"_a,
+      "ValueError with the kernel's message if a rollback of an update with these "
+      "hyper-parameters cannot be computed (check_rollback_params: beta1 or beta2 0, "
+      "lr * weight_decay 1 in AdamW mode), or the update's own check refuses them.");
 }
 
 }  // namespace zinf::python

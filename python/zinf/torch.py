@@ -79,36 +79,82 @@ def check_adam_arguments(lr: float, betas: Tuple[float, float], eps: float, weig
                          f"{state_precision!r}")
 
 
+def tensor_arg(t: Any, what: str) -> Tuple[int, str, Any, Any, str]:
+    """(data_ptr, dtype, shape, stride, device type) of a dense tensor: how the native door
+    (_native.check_adam_tensors, CpuAdam.step) is told about a tensor, so that it can check
+    its size, dtype, layout and device itself. ValueError naming `what` for anything else."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"zinf: {what} must be a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        raise ValueError(f"zinf: {what} must be a dense tensor, got layout {t.layout}")
+    # Sizes and strides as torch's tuples, the device type read only off the cpu: this runs
+    # for every tensor of every update (~1 us). torch 1.13's stubs lack is_cpu.
+    return (t.data_ptr(), str(t.dtype), t.shape, t.stride(),
+            "cpu" if t.is_cpu else t.device.type)  # type: ignore[attr-defined]
+
+
+def check_update_tensors(where: str, p: torch.Tensor, grad: torch.Tensor,
+                         exp_avg: Optional[torch.Tensor] = None,
+                         exp_avg_sq: Optional[torch.Tensor] = None) -> None:
+    """ValueError "<where>: <argument> ..." unless the tensors of one update or rollback are
+    what the kernel can take: on the cpu, float32/bfloat16/float16 (both moments one dtype),
+    contiguous (no expanded or transposed tensor), each with the parameter's element count,
+    no two sharing memory (the adam layer's check_update_tensors). Moments None: the update
+    makes them."""
+    _native.check_adam_tensors(
+        where, tensor_arg(p, "params"), tensor_arg(grad, "grads"),
+        None if exp_avg is None else tensor_arg(exp_avg, "exp_avg"),
+        None if exp_avg_sq is None else tensor_arg(exp_avg_sq, "exp_avg_sq"))
+
+
 def adam_update(kernel: "_native.CpuAdam", adamw: bool, step: int, group: Dict[str, Any],
                 p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
-                exp_avg_sq: torch.Tensor, grad_scale: float = 1.0) -> None:
+                exp_avg_sq: torch.Tensor, grad_scale: float = 1.0,
+                where: str = "zinf: adam_update") -> None:
     """One update of `p` (CPU, contiguous; float32, bfloat16 or float16) by zinf's kernel with
     fp32 arithmetic: a float32 parameter in place; a bf16/fp16 one through an fp32 copy whose
     update the kernel rounds back into it (fused, round to nearest even). Moments float32 or
-    bfloat16 in place (the kernel's bf16 codec); float16 moments through fp32 copies."""
+    bfloat16 in place (the kernel's bf16 codec); float16 moments through fp32 copies. The
+    tensors are checked first (check_update_tensors; errors start with `where`), so a refused
+    update changes nothing."""
+    if not (isinstance(p, torch.Tensor) and isinstance(exp_avg, torch.Tensor)
+            and p.dtype == torch.float32 and exp_avg.dtype in (torch.float32, torch.bfloat16)):
+        # A copy is made below: the tensors as given are checked first. Otherwise the kernel
+        # gets them as they are, and kernel.step checks them itself.
+        check_update_tensors(where, p, grad, exp_avg, exp_avg_sq)
     beta1, beta2 = group["betas"]
     master = p if p.dtype == torch.float32 else p.detach().to(torch.float32)
     out = None if master is p else p
-    moments = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(exp_avg.dtype)
     m, v = exp_avg, exp_avg_sq
-    if moments is None:  # float16 moments: the kernel keeps fp32 or bf16
-        m, v, moments = exp_avg.to(torch.float32), exp_avg_sq.to(torch.float32), "fp32"
-    g_addr, _ = address_of(grad, "gradient")
-    kernel.step(master.data_ptr(), g_addr, dtype_name(grad.dtype), m.data_ptr(), v.data_ptr(),
-                p.numel(), group["lr"], beta1, beta2, group["eps"], group["weight_decay"], step,
-                group.get("bias_correction", True), adamw, grad_scale,
-                0 if out is None else out.data_ptr(),
-                "bf16" if out is None else dtype_name(out.dtype), moments)
+    if exp_avg.dtype == torch.float16:  # the kernel keeps fp32 or bf16 moments
+        m, v = exp_avg.to(torch.float32), exp_avg_sq.to(torch.float32)
+    kernel.step(tensor_arg(master, "params"), tensor_arg(grad, "grads"),
+                tensor_arg(m, "exp_avg"), tensor_arg(v, "exp_avg_sq"), group["lr"], beta1, beta2,
+                group["eps"], group["weight_decay"], step, group.get("bias_correction", True),
+                adamw, grad_scale, None if out is None else tensor_arg(out, "params"), where)
     if m is not exp_avg:
         exp_avg.copy_(m)
         exp_avg_sq.copy_(v)
 
 
+def check_rollback(adamw: bool, group: Dict[str, Any]) -> None:
+    """ValueError unless the update made with `group`'s hyper-parameters can be undone: the
+    update's own check, then beta1 and beta2 not 0 and, for AdamW, lr * weight_decay not 1
+    (what the rollback divides by; the adam layer's check_rollback_params)."""
+    beta1, beta2 = group["betas"]
+    _native.check_adam_rollback(float(group["lr"]), float(beta1), float(beta2),
+                                float(group["eps"]), float(group["weight_decay"]), bool(adamw))
+
+
 def adam_rollback(adamw: bool, step: int, group: Dict[str, Any], p: torch.Tensor,
-                  grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor) -> None:
+                  grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+                  where: str = "zinf: adam_rollback") -> None:
     """Undoes the update adam_update made at `step` from `grad`, in fp32 (torch operations):
     the moments and the parameter as they were before, up to fp32 rounding (and the rounding
-    of a bf16/fp16 parameter or moment)."""
+    of a bf16/fp16 parameter or moment). Checked first as an update is (check_update_tensors,
+    check_rollback): a refused rollback changes nothing."""
+    check_update_tensors(where, p, grad, exp_avg, exp_avg_sq)
+    check_rollback(adamw, group)
     beta1, beta2 = group["betas"]
     lr, eps, wd = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
     m, v = exp_avg.to(torch.float32), exp_avg_sq.to(torch.float32)
@@ -220,6 +266,26 @@ class _CpuAdamBase(torch.optim.Optimizer):
         if self._overlap:
             for p in self._flat:
                 self._add_hook(p)
+
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        """torch's add_param_group, refusing a group that lists a parameter twice: torch
+        warns ("optimizer contains a parameter group with duplicate parameters; in future,
+        this will cause an error") and updates it twice a step; zinf's tiers would update it
+        twice (cpu) or refuse the step after updating it once (nvme). A parameter in two
+        groups is torch's own ValueError."""
+        if isinstance(param_group, dict) and "params" in param_group:
+            params = param_group["params"]
+            if not isinstance(params, (torch.Tensor, set)):  # torch refuses a set itself
+                params = param_group["params"] = list(params)
+                first: Dict[int, int] = {}
+                for i, p in enumerate(params):
+                    if id(p) in first:
+                        raise ValueError(
+                            "zinf: optimizer contains a parameter group with duplicate "
+                            f"parameters: parameter {i} is parameter {first[id(p)]} (torch "
+                            "warns and updates it twice a step; zinf refuses it)")
+                    first[id(p)] = i
+        super().add_param_group(param_group)
 
     def _add_hook(self, p):
         # torch >= 2.1 tells when .grad is final; torch 1.13 only hands the gradient flowing
@@ -374,10 +440,43 @@ class _CpuAdamBase(torch.optim.Optimizer):
         """The dtype new moments of `p` are made in (float32 here)."""
         return torch.float32
 
-    def _step_cpu(self, work, grad_scale, states=None):
-        """Updates what _cpu_work checked. A parameter's step count moves only with its
-        update, after the kernel took it. `states` (one per work item; default the
-        parameter's own) is where the moments and the count live (DeepSpeed's subgroups)."""
+    def _wheres(self, step_name):
+        """{id(param): "zinf: AdamW.step: parameter 3"}: how an error names each parameter
+        (torch's index, as in state_dict())."""
+        prefix = f"zinf: {type(self).__name__}.{step_name}: parameter"
+        flat = [q for g in self.param_groups for q in g["params"]]
+        return {id(q): f"{prefix} {i}" for i, q in enumerate(flat)}
+
+    def _check_states(self, work, states=None, step_name="step"):
+        """ValueError before any update for a parameter whose moments the kernel cannot take
+        (check_update_tensors: size, dtype, layout, device, overlap), so that a refused step
+        changes nothing. Moments not made yet are made by the step in the parameter's shape;
+        moments shared by several parameters (DeepSpeed's subgroups) must fit every one."""
+        wheres = self._wheres(step_name)
+        made: Dict[int, int] = {}  # id(state) -> numel of the moments the step will make
+        for k, (_, p, grad) in enumerate(work):
+            state = self.state[p] if states is None else states[k]
+            where = wheres[id(p)]
+            if len(state) == 0 and id(state) not in made:
+                check_update_tensors(where, p, grad)
+                made[id(state)] = p.numel()
+            elif len(state) == 0:
+                if made[id(state)] != p.numel():
+                    raise ValueError(f"{where}: exp_avg has {made[id(state)]} elements, params "
+                                     f"has {p.numel()} (the moments it shares are made for an "
+                                     "earlier parameter)")
+                check_update_tensors(where, p, grad)
+            else:
+                check_update_tensors(where, p, grad, state.get("exp_avg"),
+                                     state.get("exp_avg_sq"))
+
+    def _step_cpu(self, work, grad_scale, states=None, step_name="step"):
+        """Updates what _cpu_work checked, after checking every parameter's moments
+        (_check_states). A parameter's step count moves only with its update, after the kernel
+        took it. `states` (one per work item; default the parameter's own) is where the
+        moments and the count live (DeepSpeed's subgroups)."""
+        self._check_states(work, states, step_name)
+        wheres = self._wheres(step_name)
         for k, (group, p, grad) in enumerate(work):
             state = self.state[p] if states is None else states[k]
             if len(state) == 0:
@@ -387,7 +486,7 @@ class _CpuAdamBase(torch.optim.Optimizer):
                 state["exp_avg_sq"] = pinned_zeros(p.shape, dtype)
             step = int(state["step"]) + 1
             adam_update(self._kernel, self._adamw, step, group, p, grad, state["exp_avg"],
-                        state["exp_avg_sq"], grad_scale)
+                        state["exp_avg_sq"], grad_scale, wheres[id(p)])
             state["step"] = step
 
     def _step_offloaded(self, grad_scale=1.0):
@@ -486,10 +585,15 @@ class _CpuAdamBase(torch.optim.Optimizer):
         parameters as they are now (load the model's state_dict first), the moments and the
         step count from `state_dict`; a parameter without state gets zero moments. Every
         parameter with state must have the same step count (this tier counts steps per
-        optimizer). Everything is checked before anything changes (ValueError)."""
+        optimizer), and a parameter without state is refused when that count is above 0
+        (torch would start it from step 0). With state='cpu' moments in any layout (expanded,
+        transposed, channels-last) are taken as contiguous copies in the parameter's shape.
+        Everything is checked before anything changes (ValueError)."""
         self._check_state_dict(state_dict)
         if self._offloaded is None:
-            return super().load_state_dict(state_dict)
+            super().load_state_dict(state_dict)
+            self._contiguous_moments()
+            return None
         if self._step_open:
             raise ValueError("zinf: load_state_dict() inside an overlapped step")
         groups = state_dict["param_groups"]
@@ -519,6 +623,14 @@ class _CpuAdamBase(torch.optim.Optimizer):
         if len(steps) > 1:
             raise ValueError(f"zinf: state='nvme' counts steps per optimizer, the state_dict's "
                              f"parameters have different step counts {sorted(steps)}")
+        # A parameter without state starts from step 0 in torch (its own bias correction);
+        # here it would take the others' count and be corrected as if it had their history.
+        without = [k for g in groups for k in g["params"] if k not in state_dict["state"]]
+        if without and steps and max(steps) > 0:
+            raise ValueError(f"zinf: state='nvme' counts steps per optimizer: parameter "
+                             f"{without[0]} has no state in the state_dict (torch starts it "
+                             f"from step 0) and the others are at step {max(steps)}; load it "
+                             "into state='cpu', or give every parameter state")
         for p in self._flat:
             self._check_param(p)
         with torch.no_grad():
@@ -535,6 +647,25 @@ class _CpuAdamBase(torch.optim.Optimizer):
                 if key != "params":
                     mine[key] = value
         self._hyper_given = [None] * len(self._flat)
+
+    def _contiguous_moments(self):
+        """Replaces every loaded moment the kernel cannot read in memory order (one made with
+        expand, stride 0, or in another layout: torch.load gives a channels-last model's
+        moments back channels-last) by a contiguous copy in the parameter's shape, element
+        for element as torch.optim.Adam(W) would read it."""
+        with torch.no_grad():
+            for group in self.param_groups:
+                for p in group["params"]:
+                    state = self.state.get(p)
+                    if not state:
+                        continue
+                    for name in ("exp_avg", "exp_avg_sq"):
+                        t = state.get(name)
+                        if isinstance(t, torch.Tensor) and t.numel() == p.numel() and (
+                                not t.is_contiguous() or t.shape != p.shape):
+                            # Not from the pinned pool: a full pool must not fail a load
+                            # that torch's half already applied.
+                            state[name] = t.reshape(p.shape).contiguous()
 
     def save(self, directory):
         """state='nvme': writes a checkpoint of the masters, moments, step count and

@@ -451,12 +451,8 @@ class DeepSpeedCPUAdam(ztorch._CpuAdamBase):
                 loss = closure()
         work = self._cpu_work(1.0)
         state = self.state[subgroup_id]
-        for _, p, _ in work:
-            if len(state) and state["exp_avg"].numel() != p.numel():
-                raise ValueError(f"zinf: subgroup {subgroup_id}'s state has "
-                                 f"{state['exp_avg'].numel()} elements, the parameter "
-                                 f"{p.numel()}")
-        self._step_cpu(work, 1.0, [state] * len(work))
+        # Every parameter is checked against the subgroup's moments before any is updated.
+        self._step_cpu(work, 1.0, [state] * len(work), f"step_subgroup({subgroup_id})")
         return loss
 
     @torch.no_grad()
@@ -475,9 +471,17 @@ class DeepSpeedCPUAdam(ztorch._CpuAdamBase):
         if int(state.get("step", 0)) <= 0:
             raise RuntimeError(f"Cannot rollback sub_group_id {sub_group_id}: "
                                f"step count is {state.get('step', 0)}")
-        for group, p, grad in self._cpu_work(1.0):
+        work = self._cpu_work(1.0)
+        # Everything is checked before the first parameter is rolled back: a refused rollback
+        # changes nothing.
+        wheres = self._wheres(f"rollback_subgroup({sub_group_id})")
+        for group, p, grad in work:
+            ztorch.check_update_tensors(wheres[id(p)], p, grad, state["exp_avg"],
+                                        state["exp_avg_sq"])
+            ztorch.check_rollback(self.adam_w_mode, group)
+        for group, p, grad in work:
             ztorch.adam_rollback(self.adam_w_mode, int(state["step"]), group, p, grad,
-                                 state["exp_avg"], state["exp_avg_sq"])
+                                 state["exp_avg"], state["exp_avg_sq"], wheres[id(p)])
             state["step"] = int(state["step"]) - 1
         return loss
 
@@ -525,9 +529,10 @@ class _CpuAdamOp:
         kernel, adamw = self._get(optimizer_id)
         group = self._group(lr, beta1, beta2, eps, weight_decay, bias_correction)
         for name, t in zip(("params", "grads", "exp_avg", "exp_avg_sq"), tensors):
+            ztorch.tensor_arg(t, name)  # a dense torch.Tensor
             if t.device.type != "cpu":
                 raise CPUAdamDeviceError(f"zinf: {name} is on {t.device}, must be 'cpu'")
-            ztorch.address_of(t, name)
+        # Sizes, dtypes, layouts and overlaps: the door of adam_update / adam_rollback.
         return kernel, adamw, group
 
     def adam_update(self, optimizer_id, step, lr, beta1, beta2, epsilon, weight_decay,

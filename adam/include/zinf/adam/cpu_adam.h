@@ -89,6 +89,14 @@ struct AdamParamsError {
 /// FLT_MAX (the decay factor must stay finite). NaN and infinities fail. `step` is not checked
 /// here (the optimizer numbers its own steps; CpuAdam::step refuses 0).
 std::optional<AdamParamsError> check_adam_params(const AdamParams& hp);
+/// The check of the hyper-parameters of a rollback (undoing the update made with `hp`, as
+/// zinf.torch.adam_rollback, DeepSpeedCPUAdam.rollback_subgroup and the DeepSpeed op's
+/// adam_rollback do): check_adam_params(hp), then what the inversion divides by, each rounded
+/// to fp32 as the update rounds it: beta1 and beta2 must not be 0 (the old moments are
+/// (m - (1 - beta1) * g) / beta1, likewise v), and for kAdamW with weight decay the decay
+/// factor 1 - lr * weight_decay must not be 0 (the update multiplied the parameters by it,
+/// so they cannot be recovered). Returns the first bad field, or std::nullopt.
+std::optional<AdamParamsError> check_rollback_params(const AdamParams& hp);
 
 /// The gradients of one update: a view of caller-owned memory of `size` elements of `dtype`.
 struct GradView {
