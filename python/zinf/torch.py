@@ -216,6 +216,7 @@ class _CpuAdamBase(torch.optim.Optimizer):
         self.last_step_stats = None
         self._overlap = bool(overlap)
         self._queued = []  # (index, param, grad) given to the open step by the hooks
+        self._given = set()  # their indices: each parameter at most once per step
         self._step_open = False
         if self._overlap:
             for p in self._flat:
@@ -231,12 +232,18 @@ class _CpuAdamBase(torch.optim.Optimizer):
             p.register_hook(lambda grad, param=p: self._on_grad(param, grad))
 
     def _on_grad(self, p, grad):
-        if not hasattr(p, "register_post_accumulate_grad_hook") and p.grad is not None:
+        # Two ways a gradient is not the final one: on torch < 2.1 one already in .grad (the
+        # hook sees only what flows in, not the sum); on every torch a second backward before
+        # step() (its update was queued at the first). Both are refused before anything of
+        # this gradient is queued.
+        i = self._index.get(id(p))
+        pre_accumulate = not hasattr(p, "register_post_accumulate_grad_hook")
+        if (pre_accumulate and p.grad is not None) or (i is not None and i in self._given):
             raise RuntimeError(
                 "zinf: overlap=True needs one backward per step with the gradients set to None "
                 "before it (optimizer.zero_grad() does that; model.zero_grad() on torch < 2.0 "
-                "leaves zeros): the update starts as each gradient arrives")
-        i = self._index.get(id(p))
+                "leaves zeros): the update starts as each gradient arrives, so a second "
+                "backward before step() cannot be added to it")
         if i is None:
             return None
         grad = grad.detach()
@@ -248,6 +255,7 @@ class _CpuAdamBase(torch.optim.Optimizer):
         self._offloaded.step_group(i, grad.data_ptr(), dtype_name(grad.dtype), p.data_ptr(),
                                    p.numel())
         self._queued.append((i, p, grad))  # alive until the step ends
+        self._given.add(i)
         return None
 
     def _hyper_of(self, group, grad_scale=1.0):
@@ -425,6 +433,7 @@ class _CpuAdamBase(torch.optim.Optimizer):
         finally:
             self._step_open = False
             self._queued.clear()
+            self._given.clear()
 
     def state_dict(self):
         """torch's format: ``param_groups`` and per parameter ``step``, ``exp_avg`` and
