@@ -211,6 +211,12 @@ class ParameterOffload:
         with torch.no_grad():
             for p, offset, nbytes, shape in self._layout[u]:
                 p.data = record[offset:offset + nbytes].view(p.dtype).view(shape)
+                if not traced:
+                    # materialized() and remove(): each parameter its own storage, so that
+                    # torch.save of the model's state_dict writes each one's bytes alone (a
+                    # view writes its unit's whole record, and a unit mixing dtypes cannot be
+                    # saved at all: torch refuses one storage viewed as two types).
+                    p.data = p.data.clone()
         self._resident[u] = True
 
     def _fetch_record(self, u, n, traced):
@@ -378,7 +384,7 @@ class ParameterOffload:
             h.remove()
         self._handles = []
         for u in range(len(self.units)):
-            self._fetch(u)
+            self._fetch(u, traced=False)  # no iteration follows; each parameter its own storage
         self._store = None
         self._pinned = None
 
