@@ -79,6 +79,37 @@ def check_adam_arguments(lr: float, betas: Tuple[float, float], eps: float, weig
                          f"{state_precision!r}")
 
 
+def torch_group_keys(adamw: bool) -> Dict[str, Any]:
+    """The param_group keys torch 2's Adam/AdamW carry beyond the hyper-parameters, with the
+    values zinf's kernel implements: a zinf state_dict holding them loads into
+    torch.optim.Adam(W) as it is (a missing key would be set to torch's default, and
+    torch 2.13's decoupled_weight_decay decides which update its Adam runs). foreach and fused
+    say how torch would run its own update; zinf's kernel is fused whatever they say, so the
+    defaults (None) are given and any value is taken."""
+    return dict(amsgrad=False, maximize=False, foreach=None, capturable=False,
+                differentiable=False, fused=None, decoupled_weight_decay=adamw)
+
+
+def check_group_keys(group: Dict[str, Any], adamw: bool, where: str) -> None:
+    """ValueError for a param_group key of torch's whose value zinf's kernel cannot honour
+    (torch.optim.AdamW's state_dict with maximize=True, a group given with capturable=True):
+    refused rather than silently ignored. Absent keys are fine (torch 1.13 lacks some)."""
+    why = {"amsgrad": "zinf's kernel is Adam/AdamW, without the max of past exp_avg_sq",
+           "maximize": "zinf's kernel minimizes: negate the loss instead",
+           "capturable": "torch's CUDA-graph capture of its own update; zinf's kernel runs "
+                         "on the CPU, so give capturable=False",
+           "differentiable": "zinf's update runs outside autograd, so give "
+                             "differentiable=False"}
+    for key, reason in why.items():
+        if group.get(key):
+            raise ValueError(f"zinf: {where}{key}={group[key]!r} is not supported ({reason})")
+    decoupled = group.get("decoupled_weight_decay", adamw)
+    if bool(decoupled) != adamw:
+        mine, other = ("AdamW", "Adam") if adamw else ("Adam", "AdamW")
+        raise ValueError(f"zinf: {where}decoupled_weight_decay={decoupled!r} is {other}'s "
+                         f"update and this optimizer runs {mine}'s: use zinf.torch.{other}")
+
+
 def adam_update(kernel: "_native.CpuAdam", adamw: bool, step: int, group: Dict[str, Any],
                 p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
                 exp_avg_sq: torch.Tensor, grad_scale: float = 1.0) -> None:
@@ -180,9 +211,9 @@ class _CpuAdamBase(torch.optim.Optimizer):
             raise ValueError("zinf: overlap=True is for state='nvme' (the cpu tier updates on the "
                              "calling thread, so there is nothing to overlap)")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                        bias_correction=True)
+                        bias_correction=True, **torch_group_keys(adamw))
+        self._adamw = adamw  # before super(): add_param_group checks the groups against it
         super().__init__(params, defaults)
-        self._adamw = adamw
         self._threads = threads
         self._tier = state
         self._offloaded = None
@@ -221,6 +252,23 @@ class _CpuAdamBase(torch.optim.Optimizer):
         if self._overlap:
             for p in self._flat:
                 self._add_hook(p)
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        # torch's load_state_dict comes here with the loaded groups in place of these: one
+        # saved by torch 1.13 (or by zinf before torch 2's keys) lacks some, which get the
+        # values zinf implements, so the next state_dict carries them as torch 2's does.
+        for group in self.param_groups:
+            group.setdefault("bias_correction", True)
+            for key, value in torch_group_keys(self._adamw).items():
+                group.setdefault(key, value)
+
+    def add_param_group(self, param_group):
+        """torch's, after refusing a torch key this kernel cannot honour (maximize=True,
+        capturable=True, ...; check_group_keys). The constructor's groups come through here."""
+        if isinstance(param_group, dict):
+            check_group_keys(param_group, self._adamw, "a param_group's ")
+        super().add_param_group(param_group)
 
     def _add_hook(self, p):
         # torch >= 2.1 tells when .grad is final; torch 1.13 only hands the gradient flowing
@@ -464,6 +512,8 @@ class _CpuAdamBase(torch.optim.Optimizer):
         if not isinstance(state_dict, dict) or "state" not in state_dict \
                 or "param_groups" not in state_dict:
             raise ValueError("zinf: a state_dict has 'state' and 'param_groups'")
+        for i, g in enumerate(state_dict["param_groups"]):
+            check_group_keys(g, self._adamw, f"load_state_dict: param_group {i}'s ")
         numels = [p.numel() for g in self.param_groups for p in g["params"]]
         indices = [k for g in state_dict["param_groups"] for k in g["params"]]
         by_index = dict(zip(indices, numels))
