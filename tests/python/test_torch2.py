@@ -123,8 +123,8 @@ def test_zinf_state_dict_carries_torchs_group_keys_with_what_it_implements():
         assert {k: group[k] for k in want} == want
 
 
-# zinf's kernel fuses the update, so it rounds differently from torch's: 5 steps agree to
-# this (measured: under 1e-6 relative).
+# zinf's kernel fuses the update, so it rounds differently from torch's: the 6 steps below
+# agree to this (measured on torch 2.13: at most 1.8e-6 relative, 1.5e-8 absolute, per element).
 RTOL, ATOL = 1e-5, 1e-7
 
 
