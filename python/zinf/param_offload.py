@@ -90,6 +90,16 @@ class _ReleaseAfterBackward(torch.autograd.Function):
         return (None, None) + grads
 
 
+def _outside_compiled_graphs(fn):
+    """`fn`, run by torch.compile's graphs as an ordinary Python call (torch.compiler.disable,
+    torch >= 2.1): the hooks swap a parameter's tensor (``p.data``) between its fetched record
+    and an empty one, which a traced graph would capture as one tensor (AOTAutograd then
+    fails its backward on a changed version, inductor on a shape). Outside the graphs they run
+    as in eager mode, and each unit's computation between them is compiled."""
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    return fn if disable is None else disable(fn)
+
+
 def _nvme_dirs(nvme_path):
     if isinstance(nvme_path, (str, bytes)) or not hasattr(nvme_path, "__iter__"):
         return [str(nvme_path)]
@@ -181,6 +191,7 @@ class ParameterOffload:
 
     # ---- the hooks --------------------------------------------------------------------------
 
+    @_outside_compiled_graphs
     def _before_forward(self, u, args):
         self._fetch(u)
         self.resident_peak_forward = max(self.resident_peak_forward, len(self.resident_units()))
@@ -188,6 +199,7 @@ class ParameterOffload:
             return _wrap(_ReleaseAfterBackward, self, u, args)
         return None
 
+    @_outside_compiled_graphs
     def _after_forward(self, u, out):
         if not self._keep:
             self._release(u)
@@ -211,6 +223,12 @@ class ParameterOffload:
         with torch.no_grad():
             for p, offset, nbytes, shape in self._layout[u]:
                 p.data = record[offset:offset + nbytes].view(p.dtype).view(shape)
+                if not traced:
+                    # materialized() and remove(): each parameter its own storage, so that
+                    # torch.save of the model's state_dict writes each one's bytes alone (a
+                    # view writes its unit's whole record, and a unit mixing dtypes cannot be
+                    # saved at all: torch refuses one storage viewed as two types).
+                    p.data = p.data.clone()
         self._resident[u] = True
 
     def _fetch_record(self, u, n, traced):
@@ -378,7 +396,7 @@ class ParameterOffload:
             h.remove()
         self._handles = []
         for u in range(len(self.units)):
-            self._fetch(u)
+            self._fetch(u, traced=False)  # no iteration follows; each parameter its own storage
         self._store = None
         self._pinned = None
 
@@ -408,7 +426,8 @@ def offload_parameters(model: torch.nn.Module,
     (it writes the updated values back), and use ``with offload.materialized():`` for
     anything that needs every parameter at once (building a state='nvme' optimizer,
     ``model.state_dict()``). Raises zinf.IoError naming the directory when the store cannot
-    be made there, before the model is changed.
+    be made there, before the model is changed. ``torch.compile`` may be applied before or
+    after (torch >= 2.1): the hooks run outside the compiled graphs.
     """
     if isinstance(unit, type):
         found: List[torch.nn.Module] = []

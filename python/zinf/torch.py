@@ -107,6 +107,37 @@ def check_update_tensors(where: str, p: torch.Tensor, grad: torch.Tensor,
         None if exp_avg_sq is None else tensor_arg(exp_avg_sq, "exp_avg_sq"))
 
 
+def torch_group_keys(adamw: bool) -> Dict[str, Any]:
+    """The param_group keys torch 2's Adam/AdamW carry beyond the hyper-parameters, with the
+    values zinf's kernel implements: a zinf state_dict holding them loads into
+    torch.optim.Adam(W) as it is (a missing key would be set to torch's default, and
+    torch 2.13's decoupled_weight_decay decides which update its Adam runs). foreach and fused
+    say how torch would run its own update; zinf's kernel is fused whatever they say, so the
+    defaults (None) are given and any value is taken."""
+    return dict(amsgrad=False, maximize=False, foreach=None, capturable=False,
+                differentiable=False, fused=None, decoupled_weight_decay=adamw)
+
+
+def check_group_keys(group: Dict[str, Any], adamw: bool, where: str) -> None:
+    """ValueError for a param_group key of torch's whose value zinf's kernel cannot honour
+    (torch.optim.AdamW's state_dict with maximize=True, a group given with capturable=True):
+    refused rather than silently ignored. Absent keys are fine (torch 1.13 lacks some)."""
+    why = {"amsgrad": "zinf's kernel is Adam/AdamW, without the max of past exp_avg_sq",
+           "maximize": "zinf's kernel minimizes: negate the loss instead",
+           "capturable": "torch's CUDA-graph capture of its own update; zinf's kernel runs "
+                         "on the CPU, so give capturable=False",
+           "differentiable": "zinf's update runs outside autograd, so give "
+                             "differentiable=False"}
+    for key, reason in why.items():
+        if group.get(key):
+            raise ValueError(f"zinf: {where}{key}={group[key]!r} is not supported ({reason})")
+    decoupled = group.get("decoupled_weight_decay", adamw)
+    if bool(decoupled) != adamw:
+        mine, other = ("AdamW", "Adam") if adamw else ("Adam", "AdamW")
+        raise ValueError(f"zinf: {where}decoupled_weight_decay={decoupled!r} is {other}'s "
+                         f"update and this optimizer runs {mine}'s: use zinf.torch.{other}")
+
+
 def adam_update(kernel: "_native.CpuAdam", adamw: bool, step: int, group: Dict[str, Any],
                 p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
                 exp_avg_sq: torch.Tensor, grad_scale: float = 1.0,
@@ -226,9 +257,9 @@ class _CpuAdamBase(torch.optim.Optimizer):
             raise ValueError("zinf: overlap=True is for state='nvme' (the cpu tier updates on the "
                              "calling thread, so there is nothing to overlap)")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                        bias_correction=True)
+                        bias_correction=True, **torch_group_keys(adamw))
+        self._adamw = adamw  # before super(): add_param_group checks the groups against it
         super().__init__(params, defaults)
-        self._adamw = adamw
         self._threads = threads
         self._tier = state
         self._offloaded = None
@@ -262,17 +293,32 @@ class _CpuAdamBase(torch.optim.Optimizer):
         self.last_step_stats = None
         self._overlap = bool(overlap)
         self._queued = []  # (index, param, grad) given to the open step by the hooks
+        self._given = set()  # their indices: each parameter at most once per step
         self._step_open = False
         if self._overlap:
             for p in self._flat:
                 self._add_hook(p)
 
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        # torch's load_state_dict comes here with the loaded groups in place of these: one
+        # saved by torch 1.13 (or by zinf before torch 2's keys) lacks some, which get the
+        # values zinf implements, so the next state_dict carries them as torch 2's does.
+        for group in self.param_groups:
+            group.setdefault("bias_correction", True)
+            for key, value in torch_group_keys(self._adamw).items():
+                group.setdefault(key, value)
+
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
-        """torch's add_param_group, refusing a group that lists a parameter twice: torch
+        """torch's add_param_group, after two refusals. A torch key this kernel cannot honour
+        (maximize=True, capturable=True, ...; check_group_keys); the constructor's groups
+        come through here. A group that lists a parameter twice: torch
         warns ("optimizer contains a parameter group with duplicate parameters; in future,
         this will cause an error") and updates it twice a step; zinf's tiers would update it
         twice (cpu) or refuse the step after updating it once (nvme). A parameter in two
         groups is torch's own ValueError."""
+        if isinstance(param_group, dict):
+            check_group_keys(param_group, self._adamw, "a param_group's ")
         if isinstance(param_group, dict) and "params" in param_group:
             params = param_group["params"]
             if not isinstance(params, (torch.Tensor, set)):  # torch refuses a set itself
@@ -297,12 +343,18 @@ class _CpuAdamBase(torch.optim.Optimizer):
             p.register_hook(lambda grad, param=p: self._on_grad(param, grad))
 
     def _on_grad(self, p, grad):
-        if not hasattr(p, "register_post_accumulate_grad_hook") and p.grad is not None:
+        # Two ways a gradient is not the final one: on torch < 2.1 one already in .grad (the
+        # hook sees only what flows in, not the sum); on every torch a second backward before
+        # step() (its update was queued at the first). Both are refused before anything of
+        # this gradient is queued.
+        i = self._index.get(id(p))
+        pre_accumulate = not hasattr(p, "register_post_accumulate_grad_hook")
+        if (pre_accumulate and p.grad is not None) or (i is not None and i in self._given):
             raise RuntimeError(
                 "zinf: overlap=True needs one backward per step with the gradients set to None "
                 "before it (optimizer.zero_grad() does that; model.zero_grad() on torch < 2.0 "
-                "leaves zeros): the update starts as each gradient arrives")
-        i = self._index.get(id(p))
+                "leaves zeros): the update starts as each gradient arrives, so a second "
+                "backward before step() cannot be added to it")
         if i is None:
             return None
         grad = grad.detach()
@@ -314,6 +366,7 @@ class _CpuAdamBase(torch.optim.Optimizer):
         self._offloaded.step_group(i, grad.data_ptr(), dtype_name(grad.dtype), p.data_ptr(),
                                    p.numel())
         self._queued.append((i, p, grad))  # alive until the step ends
+        self._given.add(i)
         return None
 
     def _hyper_of(self, group, grad_scale=1.0):
@@ -524,6 +577,7 @@ class _CpuAdamBase(torch.optim.Optimizer):
         finally:
             self._step_open = False
             self._queued.clear()
+            self._given.clear()
 
     def state_dict(self):
         """torch's format: ``param_groups`` and per parameter ``step``, ``exp_avg`` and
@@ -554,6 +608,8 @@ class _CpuAdamBase(torch.optim.Optimizer):
         if not isinstance(state_dict, dict) or "state" not in state_dict \
                 or "param_groups" not in state_dict:
             raise ValueError("zinf: a state_dict has 'state' and 'param_groups'")
+        for i, g in enumerate(state_dict["param_groups"]):
+            check_group_keys(g, self._adamw, f"load_state_dict: param_group {i}'s ")
         numels = [p.numel() for g in self.param_groups for p in g["params"]]
         indices = [k for g in state_dict["param_groups"] for k in g["params"]]
         by_index = dict(zip(indices, numels))

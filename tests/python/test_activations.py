@@ -35,7 +35,10 @@ class Net(torch.nn.Module):
 
     def forward(self, x):
         for b in self.blocks:
-            x = torch.utils.checkpoint.checkpoint(b, x) if self.checkpointed else b(x)
+            # use_reentrant=True, the default of torch 1.13 to 2.13, named: torch 2 warns
+            # without it (and meant to make it an error from 2.9).
+            x = torch.utils.checkpoint.checkpoint(b, x, use_reentrant=True) \
+                if self.checkpointed else b(x)
         return self.head(x).square().mean()
 
 

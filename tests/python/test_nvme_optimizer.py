@@ -123,17 +123,47 @@ def test_overlap_starts_updates_during_backward_and_gives_the_same_weights(tmp_p
     assert over.last_step_stats["step"] == 4
 
 
-def test_overlap_refuses_accumulated_gradients(tmp_path):
+POST_ACCUMULATE = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")  # torch >= 2.1
+
+
+def test_overlap_refuses_a_second_backward_in_one_step(tmp_path):
+    # Its gradients would have to be added to updates already queued by the first: refused on
+    # every torch, with the step's first gradients still applied by step().
     m = make_model()
     opt = AdamW(m.parameters(), state="nvme", nvme_path=tmp_path, overlap=True)
     x = torch.randn(4, 37)
     m(x).sum().backward()
-    opt.step()
-    m.zero_grad(set_to_none=False)  # zeros, not None: the hook cannot know the final gradient
     with pytest.raises(RuntimeError, match="one backward per step"):
         m(x).sum().backward()
+    opt.step()
+    assert opt.last_step_stats["step"] == 1
     with pytest.raises(ValueError, match="overlap=True is for state='nvme'"):
         AdamW(m.parameters(), overlap=True)
+
+
+def test_overlap_with_zeroed_gradients(tmp_path):
+    # model.zero_grad(set_to_none=False) leaves zeros. torch >= 2.1 hands the hook the
+    # accumulated gradient (0 + g), so the step is that of gradients set to None, bitwise;
+    # torch < 2.1 hands only the incoming one, so a gradient already there is refused.
+    a, b = make_model(), make_model()
+    (tmp_path / "o").mkdir()
+    (tmp_path / "p").mkdir()
+    over = AdamW(a.parameters(), state="nvme", nvme_path=tmp_path / "o", overlap=True)
+    plain = AdamW(b.parameters(), state="nvme", nvme_path=tmp_path / "p")
+    x = torch.randn(4, 37)
+    for model, opt in ((a, over), (b, plain)):
+        model(x).sum().backward()
+        opt.step()
+        model.zero_grad(set_to_none=False)
+    if not POST_ACCUMULATE:
+        with pytest.raises(RuntimeError, match="one backward per step"):
+            a(x).pow(2).sum().backward()
+        return
+    for model, opt in ((a, over), (b, plain)):
+        model(x).pow(2).sum().backward()
+        opt.step()
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.equal(pa, pb)
 
 
 @pytest.mark.parametrize("state", ["cpu", "nvme"])
