@@ -12,9 +12,10 @@ memory goes back to zinf's pool when the last tensor over it is freed).
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, Optional, Tuple, Union
 
 import torch
 
@@ -49,6 +50,45 @@ def _target(filename, what="filename"):
         return path, None
     raise TypeError(f"zinf: {what} must be a path (str, bytes, os.PathLike) or a file "
                     f"descriptor (int), got {type(filename).__name__}")
+
+
+def _storage_of(t):
+    return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()  # torch < 2
+
+
+def _may_move(t):
+    """True if `t`'s bytes could be reallocated under an operation in flight: its storage is
+    resizable (torch.empty's is; zinf's pinned tensors, torch.frombuffer's and numpy's are
+    not). torch < 2 cannot tell: anything outside zinf's pinned memory counts as resizable."""
+    storage = _storage_of(t)
+    if hasattr(storage, "resizable"):
+        return bool(storage.resizable())
+    return not (_locked.holds(t) or ztorch.is_zinf_pinned(t))
+
+
+def _aligned_like(t):
+    """An uninitialised tensor shaped like `t` at a 4096-byte aligned address (so the
+    operation can still use O_DIRECT), in plain memory: an in-flight operation's own bytes
+    must not count against zinf's pinned budget."""
+    nbytes = t.numel() * t.element_size()
+    raw = torch.empty(nbytes + 4096, dtype=torch.uint8)
+    start = -raw.data_ptr() % 4096
+    return raw[start:start + nbytes].view(t.dtype).view(t.shape)
+
+
+def _copy_back_unless_moved(buffer, host, filename, offset):
+    """What an asynchronous read into a resizable CPU tensor does once its bytes are in:
+    copies them into `buffer`, unless it was resized (or re-pointed) meanwhile, which raises
+    from wait() naming the file and offset (the bytes would not fit what the tensor is now)."""
+    address, shape = buffer.data_ptr(), tuple(buffer.shape)
+
+    def done():
+        if buffer.data_ptr() != address or tuple(buffer.shape) != shape:
+            raise ValueError(f"zinf: the buffer of the read of {filename!r} at offset {offset} "
+                             f"was resized while the read was in flight (shape {list(shape)} "
+                             f"-> {list(buffer.shape)}); its bytes were not copied into it")
+        buffer.copy_(host)
+    return done
 
 
 class _LockedTensors:
@@ -157,10 +197,6 @@ class aio_handle:  # noqa: N801  (DeepSpeed's name)
             intra_op_parallelism = num_threads
         self._h = _native.AioHandle(int(block_size), int(queue_depth), bool(single_submit),
                                     bool(overlap_events), int(intra_op_parallelism))
-        # What async operations use, alive until wait(): the tensor, its storage (a tensor
-        # re-pointed with set_() while in flight must not free the bytes under the I/O) and,
-        # for a GPU tensor read, the device copy to make once the bytes are in.
-        self._inflight: List[Any] = []
 
     # Getters, as DeepSpeed names them.
     def get_block_size(self):
@@ -197,22 +233,31 @@ class aio_handle:  # noqa: N801  (DeepSpeed's name)
             if not buffer.is_contiguous():
                 raise ValueError("zinf: buffer must be contiguous")
             host = ztorch.pinned_empty(buffer.shape, buffer.dtype)
-            if write:
-                host.copy_(buffer)
+        elif async_op and _may_move(buffer):
+            # A resize_ while the operation is in flight would free these bytes under the I/O
+            # (torch reallocates the storage in place, references or not): the I/O goes
+            # through memory of the operation's own.
+            ztorch.address_of(buffer, "buffer")
+            host = _aligned_like(buffer)
+        if write and host is not buffer:
+            host.copy_(buffer)
         address, nbytes = ztorch.address_of(host, "buffer")
+        on_done = None
+        if not write and host is not buffer:
+            if async_op and buffer.device.type == "cpu":
+                on_done = _copy_back_unless_moved(buffer, host, filename, offset)
+            else:
+                on_done = functools.partial(buffer.copy_, host)
+        # Alive until the operation is complete, whichever thread's wait() completes it.
+        keep = (buffer, host, _storage_of(host)) if async_op else None
         if fd is None:
             fn = self._h.pwrite if write else self._h.pread
-            r = fn(address, nbytes, path, bool(validate), bool(async_op), offset)
+            r = fn(address, nbytes, path, bool(validate), bool(async_op), offset, keep, on_done)
         else:
             fn = self._h.pwrite_fd if write else self._h.pread_fd
-            r = fn(address, nbytes, fd, bool(validate), bool(async_op), offset)
-        copy_back = None if (write or host is buffer) else (buffer, host)
-        if async_op:
-            storage = host.untyped_storage() if hasattr(host, "untyped_storage") \
-                else host.storage()  # torch < 2.0
-            self._inflight.append((buffer, host, storage, copy_back))
-        elif copy_back is not None:
-            buffer.copy_(host)
+            r = fn(address, nbytes, fd, bool(validate), bool(async_op), offset, keep, on_done)
+        if not async_op and on_done is not None:
+            on_done()
         return r
 
     # DeepSpeed's positional order and keyword names; `async` is a Python keyword, so it comes
@@ -279,14 +324,11 @@ class aio_handle:  # noqa: N801  (DeepSpeed's name)
                         file_offset)
 
     def wait(self):
-        try:
-            done = self._h.wait()
-        finally:
-            inflight, self._inflight = self._inflight, []
-        for _, _, _, copy_back in inflight:
-            if copy_back is not None:
-                copy_back[0].copy_(copy_back[1])
-        return done
+        """Completes the asynchronous operations submitted so far (every thread's: it
+        returns once those this thread submitted are complete, even where another thread's
+        wait() completed them); returns how many this call completed. Their failures raise
+        from the wait() that completed them."""
+        return self._h.wait()
 
     def new_cpu_locked_tensor(self, num_elem, example_tensor=None, example_tenosr=None):
         """A zeroed 1-D tensor of `num_elem` elements of the example's dtype in zinf's pinned
