@@ -90,7 +90,8 @@ struct DirectFileWriter::Impl {
       can_allocate = false;  // the writes extend the file themselves
       return;
     }
-    failure = Status::from_errno(err, "allocate", file.path()).with_range(allocated, end - allocated);
+    failure =
+        Status::from_errno(err, "allocate", file.path()).with_range(allocated, end - allocated);
     check();
   }
   // fallocate from `allocated` up to `to`: 0, or the errno.
