@@ -10,6 +10,7 @@ import os
 from typing import Optional, Union
 
 from zinf import _native
+from zinf.pinned import fs_path
 
 
 # 8 MiB: each buffer is one submission, which the I/O engine cuts into 1 MiB pieces kept in
@@ -45,7 +46,7 @@ class FastFileWriter(io.RawIOBase):
     def __init__(self, path: Union[str, "os.PathLike[str]"], buffer_bytes: int = _FAST_FILE_BUFFER,
                  sync: bool = True) -> None:
         super().__init__()
-        self.name = str(path)
+        self.name = fs_path(path, "path")
         self._native = _native.DirectFileWriter(self.name, int(buffer_bytes), bool(sync))
         self._failure: Optional[OSError] = None  # the first failed write, raised by flush()
         self._dropped = 0  # bytes taken after that failure
@@ -119,7 +120,7 @@ class FastFileReader(io.RawIOBase):
     def __init__(self, path: Union[str, "os.PathLike[str]"],
                  buffer_bytes: int = _FAST_FILE_BUFFER) -> None:
         super().__init__()
-        self.name = str(path)
+        self.name = fs_path(path, "path")
         self._native = _native.DirectFileReader(self.name, int(buffer_bytes))
         self._pos = 0
 

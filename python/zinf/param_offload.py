@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterable, List, Optional, Type, Union
 import torch
 
 from zinf import _native
-from zinf.pinned import AioSettings, NvmePaths, io_options, pinned_empty
+from zinf.pinned import AioSettings, NvmePaths, fs_paths, io_options, pinned_empty
 
 _SLOT_ALIGN = 64  # every parameter's bytes start on a 64-byte boundary of its unit's record
 
@@ -91,9 +91,7 @@ class _ReleaseAfterBackward(torch.autograd.Function):
 
 
 def _nvme_dirs(nvme_path):
-    if isinstance(nvme_path, (str, bytes)) or not hasattr(nvme_path, "__iter__"):
-        return [str(nvme_path)]
-    return [str(d) for d in nvme_path]
+    return fs_paths(nvme_path, "nvme_path")
 
 
 class ParameterOffload:

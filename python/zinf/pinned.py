@@ -23,6 +23,30 @@ NvmePaths = Optional[Union[str, "os.PathLike[str]", List[str]]]
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
+def fs_path(value: Any, what: str) -> str:
+    """`value` (str, bytes or os.PathLike) as the str path every native call takes: the one
+    check of every Python door that takes a path. TypeError for anything else, ValueError
+    naming `what` for an empty path or one with a NUL byte, which the native side would
+    otherwise cut there (save("ck\\0zz") writing into "ck")."""
+    if not isinstance(value, (str, bytes, os.PathLike)):
+        raise TypeError(f"zinf: {what} must be a path (str, bytes or os.PathLike), got "
+                        f"{type(value).__name__}")
+    path = os.fsdecode(os.fspath(value))
+    if "\0" in path:
+        raise ValueError(f"zinf: {what} {path!r} has an embedded NUL byte")
+    if not path:
+        raise ValueError(f"zinf: {what} is empty")
+    return path
+
+
+def fs_paths(value: Any, what: str) -> List[str]:
+    """An nvme_path= argument (one directory, or a list or other iterable of them) as a list
+    of str paths, each checked by fs_path."""
+    if not isinstance(value, (str, bytes, os.PathLike)) and hasattr(value, "__iter__"):
+        return [fs_path(v, f"{what}[{i}]") for i, v in enumerate(value)]
+    return [fs_path(value, what)]
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """zinf's name for a torch dtype ("fp32", "bf16", "fp16"); ValueError for any other."""
     try:
@@ -85,9 +109,6 @@ def io_options(aio: AioSettings) -> "_native.IoOptions":
     if isinstance(aio, dict):
         return _native.io_options(json.dumps({"aio": aio}), "aio argument")
     if isinstance(aio, (str, bytes, os.PathLike)):
-        path = os.fsdecode(os.fspath(aio))
-        if not path or "\0" in path:
-            raise ValueError(f"zinf: aio: {path!r} is not a ds_config path")
-        return _native.io_options(path=path)
+        return _native.io_options(path=fs_path(aio, "aio"))
     raise TypeError("zinf: aio must be None, a dict (a ds_config's aio block) or the path of "
                     f"a ds_config file, got {type(aio).__name__}")

@@ -22,7 +22,8 @@ from zinf.activations import ActivationStore, offload_activations  # noqa: F401
 from zinf.fast_file import FastFileReader, FastFileWriter  # noqa: F401
 from zinf.param_offload import ParameterOffload, offload_parameters  # noqa: F401
 from zinf.pinned import (AioSettings, NvmePaths, address_of, dtype_name,  # noqa: F401
-                         io_options, is_zinf_pinned, pinned_empty, pinned_zeros)
+                         fs_path, fs_paths, io_options, is_zinf_pinned, pinned_empty,
+                         pinned_zeros)
 
 # What an optimizer takes as its parameters: tensors, or torch's parameter-group dicts.
 Params = Union[Iterable[torch.Tensor], Iterable[Dict[str, Any]]]
@@ -192,8 +193,7 @@ class _CpuAdamBase(torch.optim.Optimizer):
             return
         if not nvme_path:
             raise ValueError("zinf: state='nvme' needs nvme_path (a directory, or a list)")
-        dirs = [str(nvme_path)] if isinstance(nvme_path, (str, bytes)) or not hasattr(
-            nvme_path, "__iter__") else [str(d) for d in nvme_path]
+        dirs = fs_paths(nvme_path, "nvme_path")
         self._flat = [p for g in self.param_groups for p in g["params"]]
         for p in self._flat:
             self._check_param(p)
@@ -541,7 +541,7 @@ class _CpuAdamBase(torch.optim.Optimizer):
         hyper-parameters under `directory` (atomic; the previous one stays loadable)."""
         if self._offloaded is None:
             raise ValueError("zinf: save(dir) is for state='nvme'; use state_dict() for 'cpu'")
-        self._offloaded.save(str(directory))
+        self._offloaded.save(fs_path(directory, "directory"))
 
     def save_async(self, directory):
         """state='nvme': starts the checkpoint save() writes and returns while a thread
@@ -552,7 +552,7 @@ class _CpuAdamBase(torch.optim.Optimizer):
         if self._offloaded is None:
             raise ValueError("zinf: save_async(dir) is for state='nvme'; use state_dict() "
                              "for 'cpu'")
-        self._offloaded.save_async(str(directory))
+        self._offloaded.save_async(fs_path(directory, "directory"))
 
     def wait_save(self):
         """Waits for the save_async() in flight, if any, and raises its error once."""
@@ -576,7 +576,7 @@ class _CpuAdamBase(torch.optim.Optimizer):
         parameters."""
         if self._offloaded is None:
             raise ValueError("zinf: load(dir) is for state='nvme'; use load_state_dict()")
-        self._offloaded.load(str(directory))
+        self._offloaded.load(fs_path(directory, "directory"))
         with torch.no_grad():
             for i, p in enumerate(self._flat):
                 self._offloaded.read_state(i, p.data_ptr(), 0, 0, p.numel())

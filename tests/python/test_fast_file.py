@@ -156,6 +156,18 @@ def test_a_save_that_fits_a_nearly_full_drive_succeeds_and_one_that_does_not_rai
     assert "raised: [Errno 28]" in r.stdout and r.stdout.rstrip().endswith("alive"), r.stdout
 
 
+def test_a_path_with_a_nul_byte_is_refused_naming_the_argument_not_cut(tmp_path):
+    cut = tmp_path / "ck"
+    with pytest.raises(ValueError, match=r"path '.*ck\\x00zz' has an embedded NUL byte"):
+        FastFileWriter(str(cut) + "\0zz")
+    assert not cut.exists()
+    cut.write_bytes(b"x")
+    with pytest.raises(ValueError, match=r"path '.*ck\\x00' has an embedded NUL byte"):
+        FastFileReader(os.fsencode(cut) + b"\0")
+    with pytest.raises(TypeError, match="path must be a path"):
+        FastFileWriter(3)
+
+
 def make_model(seed=0):
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(37, 300), torch.nn.ReLU(), torch.nn.Linear(300, 5))

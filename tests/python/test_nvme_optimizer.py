@@ -3,6 +3,7 @@
 # copied into the parameters. Bitwise what state="cpu" gives, per-group settings and a changed
 # learning rate included; save/load resumes bitwise; errors name what failed.
 import gc
+import os
 
 import pytest
 import torch
@@ -330,3 +331,23 @@ def test_state_precision_errors_list_the_accepted_values(tmp_path):
         AdamW(m.parameters(), state="nvme", nvme_path=tmp_path, state_precision="fp16")
     with pytest.raises(ValueError, match="state_precision='int8' is for state='nvme'"):
         AdamW(m.parameters(), state_precision="int8")
+
+
+def test_a_path_with_a_nul_byte_is_refused_naming_the_argument_not_cut(tmp_path):
+    # The native side takes a C string: "ck\0zz" once wrote into "ck".
+    m = make_model()
+    cut = tmp_path / "ck"
+    with pytest.raises(ValueError, match=r"nvme_path '.*ck\\x00zz' has an embedded NUL byte"):
+        AdamW(m.parameters(), state="nvme", nvme_path=str(cut) + "\0zz")
+    with pytest.raises(ValueError, match=r"nvme_path\[1\] '.*ck\\x00' has an embedded NUL"):
+        AdamW(m.parameters(), state="nvme", nvme_path=[tmp_path / "a", str(cut) + "\0"])
+    (tmp_path / "swap").mkdir()
+    opt = AdamW(m.parameters(), state="nvme", nvme_path=tmp_path / "swap")
+    for call in (opt.save, opt.save_async, opt.load):
+        with pytest.raises(ValueError, match=r"directory '.*ck\\x00zz' has an embedded NUL"):
+            call(str(cut) + "\0zz")
+        with pytest.raises(ValueError, match=r"directory '.*ck\\x00' has an embedded NUL"):
+            call(os.fsencode(cut) + b"\0")
+    assert not opt.save_in_flight()
+    assert not cut.exists()
+    assert not (tmp_path / "a").exists()

@@ -344,3 +344,13 @@ def test_cuda_execution_bitwise(tmp_path, device):
         s = off.stats()
         assert s["device"] == "cuda" and s["pageable_copies"] == 0, s
         assert 0 < s["bytes_to_device"] <= s["bytes_on_device"], s
+
+
+def test_a_path_with_a_nul_byte_is_refused_naming_the_argument_not_cut(tmp_path):
+    a, b = make_pair(6)
+    cut = tmp_path / "ck"
+    with pytest.raises(ValueError, match=r"nvme_path '.*ck\\x00zz' has an embedded NUL byte"):
+        offload_parameters(b, unit=Block, nvme_path=str(cut) + "\0zz")
+    assert not cut.exists()
+    x = batches(1)[0]
+    assert torch.equal(a(x), b(x))  # the model untouched

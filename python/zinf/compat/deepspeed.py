@@ -42,12 +42,7 @@ def _target(filename, what="filename"):
             raise ValueError(f"zinf: file descriptor {filename} is not valid")
         return None, filename
     if isinstance(filename, (str, bytes, os.PathLike)):
-        path = os.fsdecode(os.fspath(filename))
-        if "\0" in path:
-            raise ValueError(f"zinf: the path {path!r} has an embedded NUL byte")
-        if not path:
-            raise ValueError("zinf: the path is empty")
-        return path, None
+        return ztorch.fs_path(filename, what), None
     raise TypeError(f"zinf: {what} must be a path (str, bytes, os.PathLike) or a file "
                     f"descriptor (int), got {type(filename).__name__}")
 
