@@ -219,12 +219,9 @@ class AioHandle {
 
   // A write that extends the file: its blocks are allocated in one call first, as zinf's own
   // swap files are (extending direct writes are otherwise allocated piece by piece as they
-  // land), and a full drive fails here, naming the range, before any byte is written. Not on
-  // an O_APPEND descriptor, whose writes would then land after the reserved range.
+  // land), and a full drive fails here, naming the range, before any byte is written.
   static void reserve_extent(const swap::File& file, std::uint64_t offset, std::uint64_t bytes) {
     if (bytes == 0) return;
-    const int fl = ::fcntl(file.fd(), F_GETFL);
-    if (fl < 0 || (fl & O_APPEND) != 0) return;
     struct stat st {};
     if (::fstat(file.fd(), &st) != 0 || !S_ISREG(st.st_mode)) return;
     if (offset + bytes <= static_cast<std::uint64_t>(st.st_size)) return;
@@ -235,6 +232,17 @@ class AioHandle {
              bool validate, bool async, std::uint64_t offset, py::object keep, py::object on_done) {
     const char* what = kind == swap::IoOp::kRead ? "aio_handle read" : "aio_handle write";
     if (address == 0 && bytes > 0) throw UsageError(std::string(what) + ": null buffer");
+    if (kind == swap::IoOp::kWrite && target.fd) {
+      // Linux's pwrite on an O_APPEND descriptor writes at the end of the file whatever the
+      // offset: the bytes would land elsewhere than asked, reported as success.
+      const int fl = ::fcntl(*target.fd, F_GETFL);
+      if (fl >= 0 && (fl & O_APPEND) != 0) {
+        throw UsageError(std::string(what) + ": descriptor " + std::to_string(*target.fd) +
+                         " has O_APPEND, which writes at the end of the file, not at "
+                         "file_offset=" + std::to_string(offset) +
+                         ": open it without O_APPEND");
+      }
+    }
     Op op;
     op.op = kind;
     op.data = reinterpret_cast<std::byte*>(address);

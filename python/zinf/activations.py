@@ -22,7 +22,7 @@ import weakref
 import torch
 
 from zinf import _native
-from zinf.pinned import AioSettings, NvmePaths, fs_paths, io_options
+from zinf.pinned import AioSettings, NvmePaths, fs_paths, int_arg, io_options
 
 
 class _Saved:
@@ -65,9 +65,12 @@ class ActivationStore:
                 raise ValueError("ActivationStore: tier 'nvme' needs nvme_path")
             dirs = fs_paths(nvme_path, "nvme_path")
         self.tier = tier
-        self.pinned_budget_bytes = int(pinned_budget_bytes)
-        self._native = _native.ActivationStore(tier, dirs, int(capacity_bytes),
-                                               self.pinned_budget_bytes, int(prefetch_depth),
+        self.pinned_budget_bytes = int_arg(pinned_budget_bytes, "pinned_budget_bytes")
+        self._native = _native.ActivationStore(tier, dirs,
+                                               int_arg(capacity_bytes, "capacity_bytes"),
+                                               self.pinned_budget_bytes,
+                                               int_arg(prefetch_depth, "prefetch_depth",
+                                                       0, (1 << 32) - 1),
                                                bool(checksums), io_options(aio))
 
     def stats(self):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -21,6 +22,31 @@ AioSettings = Union[None, Dict[str, Any], str, bytes, "os.PathLike[str]"]
 NvmePaths = Optional[Union[str, "os.PathLike[str]", List[str]]]
 
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+# The widest integer a native call takes (uint64), and zinf's bound on elements (2^50, as the
+# engine's layers and sub-groups).
+U64_MAX = (1 << 64) - 1
+MAX_ELEMENTS = 1 << 50
+
+
+def int_arg(value: Any, what: str, low: int = 0, high: int = U64_MAX) -> int:
+    """`value` as an int in [low, high] for a native call: the one check of the integers
+    the Python doors pass on, so a bad one is refused naming the argument instead of by
+    pybind11's dump of the signature, or truncated (int(1.5)). An int, a numpy integer or a
+    one-element integer tensor (operator.index) is taken; a bool, float or str is a
+    TypeError, a value out of range a ValueError giving the range."""
+    if isinstance(value, bool):
+        raise TypeError(f"zinf: {what} must be an integer, got a bool")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"zinf: {what} must be an integer, got {type(value).__name__} "
+                        f"{value!r}") from None
+    if not low <= v <= high:
+        limit = f">= {low}" if high == U64_MAX else f"in [{low}, {high}]"
+        raise ValueError(f"zinf: {what} must be {limit}, got {v}")
+    return v
 
 
 def fs_path(value: Any, what: str) -> str:
@@ -69,8 +95,10 @@ def address_of(tensor: torch.Tensor, what: str = "tensor") -> Tuple[int, int]:
 def _pinned(shape, dtype, zero):
     if isinstance(shape, int):
         shape = (shape,)
-    shape = tuple(int(s) for s in shape)
+    shape = tuple(int_arg(s, "shape", 0, MAX_ELEMENTS) for s in shape)
     numel = math.prod(shape)
+    if numel > MAX_ELEMENTS:
+        raise ValueError(f"zinf: shape {list(shape)} has {numel} elements, more than 2^50")
     itemsize = torch.empty((), dtype=dtype).element_size()
     buf = _native.pinned_alloc(numel * itemsize, zero)
     if numel == 0:

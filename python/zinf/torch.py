@@ -21,9 +21,9 @@ from zinf import _native
 from zinf.activations import ActivationStore, offload_activations  # noqa: F401
 from zinf.fast_file import FastFileReader, FastFileWriter  # noqa: F401
 from zinf.param_offload import ParameterOffload, offload_parameters  # noqa: F401
-from zinf.pinned import (AioSettings, NvmePaths, address_of, dtype_name,  # noqa: F401
-                         fs_path, fs_paths, io_options, is_zinf_pinned, pinned_empty,
-                         pinned_zeros)
+from zinf.pinned import (MAX_ELEMENTS, AioSettings, NvmePaths, address_of,  # noqa: F401
+                         dtype_name, fs_path, fs_paths, int_arg, io_options, is_zinf_pinned,
+                         pinned_empty, pinned_zeros)
 
 # What an optimizer takes as its parameters: tensors, or torch's parameter-group dicts.
 Params = Union[Iterable[torch.Tensor], Iterable[Dict[str, Any]]]
@@ -37,12 +37,13 @@ def sub_group_and_record(sub_group_size: Optional[int], state_precision: str) ->
     if sub_group_size is None:
         sub_group_size = _native.default_sub_group_elements(state_precision)
     elif isinstance(sub_group_size, bool) or not isinstance(sub_group_size, int) \
-            or sub_group_size < _native.min_sub_group_elements:
+            or not _native.min_sub_group_elements <= sub_group_size <= MAX_ELEMENTS:
         # The ds_config's limit (zero_optimization.sub_group_size), on every door: each
-        # sub-group is a record padded to 4 KiB, so 1 element would take 341x the state's room.
+        # sub-group is a record padded to 4 KiB, so 1 element would take 341x the state's room;
+        # and zinf's bound on elements (2^50), under which the record's bytes stay countable.
         raise ValueError(f"zinf: sub_group_size must be an int of at least "
-                         f"{_native.min_sub_group_elements} elements (or None for the default), "
-                         f"got {sub_group_size!r}")
+                         f"{_native.min_sub_group_elements} and at most 2^50 elements (or None "
+                         f"for the default), got {sub_group_size!r}")
     per_element = {"fp32": 12, "bf16": 8, "int8": 6}[state_precision]
     return sub_group_size, per_element * sub_group_size + 8 * (sub_group_size // 64 + 1) + 4096
 
@@ -87,6 +88,7 @@ def adam_update(kernel: "_native.CpuAdam", adamw: bool, step: int, group: Dict[s
     fp32 arithmetic: a float32 parameter in place; a bf16/fp16 one through an fp32 copy whose
     update the kernel rounds back into it (fused, round to nearest even). Moments float32 or
     bfloat16 in place (the kernel's bf16 codec); float16 moments through fp32 copies."""
+    step = int_arg(step, "step")
     beta1, beta2 = group["betas"]
     master = p if p.dtype == torch.float32 else p.detach().to(torch.float32)
     out = None if master is p else p
@@ -173,6 +175,10 @@ class _CpuAdamBase(torch.optim.Optimizer):
                  pinned_budget=None, checksums=True, overlap=False, state_precision="fp32",
                  aio=None):
         check_adam_arguments(lr, betas, eps, weight_decay, amsgrad, state, state_precision)
+        threads = int_arg(threads, "threads")
+        pipeline_depth = int_arg(pipeline_depth, "pipeline_depth", 1, (1 << 32) - 1)
+        if pinned_budget is not None:
+            pinned_budget = int_arg(pinned_budget, "pinned_budget")
         io = io_options(aio)  # checked first: a bad setting changes nothing
         if state_precision != "fp32" and state != "nvme":
             raise ValueError(f"zinf: state_precision={state_precision!r} is for state='nvme' "

@@ -500,21 +500,30 @@ def test_io_error_has_no_offset_where_there_is_none(tmp_path, cwd):
     assert info.value.errno is None and info.value.filename == str(short)
 
 
-def test_an_append_descriptor_appends_and_an_extending_write_sizes_the_file(tmp_path, cwd):
-    # FastFileWriter reopens its file O_APPEND for the tail: nothing may be reserved past the
-    # end there (the write would land after it). A path write that extends a file gets its
-    # blocks first and leaves the file exactly offset + length long.
+def test_an_append_descriptor_is_refused_for_writes_and_an_extending_write_sizes_the_file(
+        tmp_path, cwd):
+    # pwrite on an O_APPEND descriptor writes at the end of the file whatever the offset: a
+    # write asked for offset 0 landed at the end and reported success. Every write form through
+    # such a descriptor is refused naming it and the offset, the file unchanged; reads work.
+    # A path write that extends a file gets its blocks first and leaves the file exactly
+    # offset + length long.
     h = aio_handle()
     path = tmp_path / "app.bin"
-    path.write_bytes(b"\x11" * 4096)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    path.write_bytes(b"\x11" * 8192)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND)
     try:
-        data = payload(8192)
-        assert h.async_pwrite(data, fd, 4096) == 0
-        assert h.wait() == 1
+        data = payload(4096)
+        for method in WRITES:
+            with pytest.raises(ValueError, match=rf"descriptor {fd} has O_APPEND, which writes at "
+                                                 r"the end of the file, not at file_offset=0"):
+                call(h, method, data, fd, 0, False)
+        assert h.wait() == 0
+        out = torch.zeros(4096, dtype=torch.uint8)
+        assert h.sync_pread(out, fd, 4096) == 1
+        assert bytes(out.numpy()) == b"\x11" * 4096
     finally:
         os.close(fd)
-    assert file_bytes(path) == b"\x11" * 4096 + bytes(data.numpy())
+    assert file_bytes(path) == b"\x11" * 8192
     grown = tmp_path / "grown.bin"
     assert h.sync_pwrite(payload(12288), str(grown), file_offset=1 << 20) == 1
     assert os.path.getsize(grown) == (1 << 20) + 12288
@@ -538,3 +547,33 @@ def test_a_cuda_tensor_round_trips_through_a_pinned_bounce(tmp_path, cwd, method
         assert h.wait() == 1  # the device copy is made once the bytes are in
     assert torch.equal(back.cpu(), data.cpu())
     assert file_bytes(path) == bytes(data.cpu().numpy())
+
+
+def test_integers_out_of_range_or_not_integers_are_refused_naming_the_argument(tmp_path, cwd):
+    # pybind11 refused these with a dump of the native signature, and int() truncated a float
+    # offset: every one is now a TypeError or ValueError naming the argument, nothing written.
+    path = tmp_path / "i.bin"
+    for kwargs, what in [({"block_size": 2 ** 31}, "block_size"),
+                         ({"queue_depth": -1}, "queue_depth"),
+                         ({"intra_op_parallelism": -1}, "intra_op_parallelism"),
+                         ({"num_threads": 2 ** 40}, "intra_op_parallelism")]:
+        with pytest.raises(ValueError, match=rf"zinf: {what} must be in \[1, 2147483647\]"):
+            aio_handle(**kwargs)
+    h = aio_handle()
+    data = payload(4096)
+    for bad in [1.5, 4096.0, "4096", None]:
+        with pytest.raises(TypeError, match="file_offset must be an integer"):
+            h.sync_pwrite(data, str(path), file_offset=bad)
+    for bad in [-1, 2 ** 63, 2 ** 70]:
+        with pytest.raises(ValueError, match=rf"file_offset must be in \[0, {2 ** 63 - 1}\], "
+                                             rf"got {bad}"):
+            h.async_pwrite(data, str(path), file_offset=bad)
+    assert h.wait() == 0
+    assert not path.exists()
+    assert h.sync_pwrite(data, str(path), file_offset=torch.tensor(4096)) == 1  # an index
+    assert os.path.getsize(path) == 8192
+    for bad in [-1, 2 ** 62]:
+        with pytest.raises(ValueError, match=rf"num_elem must be in \[0, {2 ** 50}\], got {bad}"):
+            h.new_cpu_locked_tensor(bad, torch.empty(0))
+    with pytest.raises(TypeError, match="num_elem must be an integer"):
+        pin_handle().new_cpu_locked_tensor(2.5, torch.empty(0))

@@ -351,3 +351,30 @@ def test_a_path_with_a_nul_byte_is_refused_naming_the_argument_not_cut(tmp_path)
     assert not opt.save_in_flight()
     assert not cut.exists()
     assert not (tmp_path / "a").exists()
+
+
+def test_integers_out_of_range_are_refused_naming_the_argument(tmp_path):
+    # pybind11 refused these with a dump of the native signature (sub_group_size=2^62 under
+    # the name of the pinned budget it overflowed): a ValueError naming the argument now.
+    from zinf.compat.deepspeed import CPUAdamBuilder, DeepSpeedCPUAdam
+    m = make_model()
+    with pytest.raises(ValueError, match="zinf: threads must be >= 0, got -1"):
+        AdamW(m.parameters(), threads=-1)
+    with pytest.raises(ValueError, match="zinf: threads must be >= 0, got -1"):
+        DeepSpeedCPUAdam(m.parameters(), threads=-1)
+    with pytest.raises(ValueError, match=r"sub_group_size must be an int of at least 32768 and "
+                                         r"at most 2\^50 elements .* got 4611686018427387904"):
+        AdamW(m.parameters(), state="nvme", nvme_path=tmp_path, sub_group_size=2 ** 62)
+    with pytest.raises(ValueError, match=r"pipeline_depth must be in \[1, 4294967295\]"):
+        AdamW(m.parameters(), state="nvme", nvme_path=tmp_path, pipeline_depth=2 ** 40)
+    assert os.listdir(tmp_path) == []
+    ops = CPUAdamBuilder().load()
+    ops.create_adam(901)
+    p = torch.zeros(64)
+    g, mo, v = torch.ones(64), torch.zeros(64), torch.zeros(64)
+    with pytest.raises(ValueError, match=r"zinf: step must be >= 0, got 1180591620717411303424"):
+        ops.adam_update(901, 2 ** 70, 1e-3, 0.9, 0.999, 1e-8, 0.0, True, p, g, mo, v)
+    with pytest.raises(TypeError, match="step must be an integer"):
+        ops.adam_update(901, 1.5, 1e-3, 0.9, 0.999, 1e-8, 0.0, True, p, g, mo, v)
+    assert not p.any() and not mo.any() and not v.any()
+    ops.destroy_adam(901)

@@ -100,7 +100,8 @@ class _LockedTensors:
         if not isinstance(example, torch.Tensor):
             raise TypeError("zinf: example_tensor must be a torch.Tensor, got "
                             f"{type(example).__name__}")
-        t = ztorch.pinned_zeros((int(num_elem),), example.dtype)
+        n = ztorch.int_arg(num_elem, "num_elem", 0, ztorch.MAX_ELEMENTS)
+        t = ztorch.pinned_zeros((n,), example.dtype)
         if t.numel() > 0:
             with self._lock:
                 self._by_address[t.data_ptr()] = (t, t.numel() * t.element_size())
@@ -190,8 +191,12 @@ class aio_handle:  # noqa: N801  (DeepSpeed's name)
                  intra_op_parallelism: int = 1, num_threads: Optional[int] = None) -> None:
         if num_threads is not None:
             intra_op_parallelism = num_threads
-        self._h = _native.AioHandle(int(block_size), int(queue_depth), bool(single_submit),
-                                    bool(overlap_events), int(intra_op_parallelism))
+        i32 = (1 << 31) - 1  # the native handle's ints
+        self._h = _native.AioHandle(ztorch.int_arg(block_size, "block_size", 1, i32),
+                                    ztorch.int_arg(queue_depth, "queue_depth", 1, i32),
+                                    bool(single_submit), bool(overlap_events),
+                                    ztorch.int_arg(intra_op_parallelism, "intra_op_parallelism",
+                                                   1, i32))
 
     # Getters, as DeepSpeed names them.
     def get_block_size(self):
@@ -220,9 +225,7 @@ class aio_handle:  # noqa: N801  (DeepSpeed's name)
         path, fd = _target(filename)
         if not isinstance(buffer, torch.Tensor):
             raise ValueError(f"zinf: buffer must be a torch.Tensor, got {type(buffer).__name__}")
-        offset = int(file_offset)
-        if offset < 0:
-            raise ValueError(f"zinf: file_offset must not be negative, got {offset}")
+        offset = ztorch.int_arg(file_offset, "file_offset", 0, (1 << 63) - 1)  # an off_t
         host = buffer
         if buffer.device.type != "cpu":
             if not buffer.is_contiguous():
@@ -572,7 +575,7 @@ class _CpuAdamOp:
         tensors = (params, grads, exp_avg, exp_avg_sq)
         kernel, adamw, group = self._checked(optimizer_id, lr, beta1, beta2, epsilon,
                                              weight_decay, bias_correction, tensors)
-        ztorch.adam_update(kernel, adamw, int(step), group, *tensors)
+        ztorch.adam_update(kernel, adamw, step, group, *tensors)
         return 0
 
     def adam_rollback(self, optimizer_id, step, lr, beta1, beta2, epsilon, weight_decay,
@@ -580,7 +583,7 @@ class _CpuAdamOp:
         tensors = (params, grads, exp_avg, exp_avg_sq)
         _, adamw, group = self._checked(optimizer_id, lr, beta1, beta2, epsilon, weight_decay,
                                         bias_correction, tensors)
-        ztorch.adam_rollback(adamw, int(step), group, *tensors)
+        ztorch.adam_rollback(adamw, ztorch.int_arg(step, "step"), group, *tensors)
         return 0
 
 
