@@ -239,8 +239,8 @@ class AioHandle {
       if (fl >= 0 && (fl & O_APPEND) != 0) {
         throw UsageError(std::string(what) + ": descriptor " + std::to_string(*target.fd) +
                          " has O_APPEND, which writes at the end of the file, not at "
-                         "file_offset=" + std::to_string(offset) +
-                         ": open it without O_APPEND");
+                         "file_offset=" +
+                         std::to_string(offset) + ": open it without O_APPEND");
       }
     }
     Op op;
