@@ -9,6 +9,10 @@ links libtorch, tensors are handed over as (address, bytes, dtype).
 
 from __future__ import annotations
 
+import base64
+import json
+import math
+import zlib
 from typing import Any, Dict, Iterable, Optional, Tuple, Union
 
 import torch
@@ -129,6 +133,35 @@ def adam_rollback(adamw: bool, step: int, group: Dict[str, Any], p: torch.Tensor
     p.data.copy_(x)
 
 
+# A state='nvme' checkpoint's record of its parameters' shapes, saved inside each version
+# beside the state (OffloadedOptimizer.set_checkpoint_file): JSON, zlib-compressed and in
+# base64 (a transformer's shapes repeat, so thousands of them fit the file's 60 KiB bound).
+_SHAPES_FILE = "param_shapes"
+_SHAPES_LIMIT = 60 << 10
+
+
+def _shapes_text(params) -> Optional[str]:
+    text = json.dumps([list(p.shape) for p in params], separators=(",", ":"))
+    packed = base64.b64encode(zlib.compress(text.encode(), 9)).decode()
+    return packed if len(packed) <= _SHAPES_LIMIT else None  # past the bound: not checked
+
+
+def _check_shapes(saved: str, params, directory: str) -> None:
+    try:
+        shapes = json.loads(zlib.decompress(base64.b64decode(saved)).decode())
+    except (ValueError, zlib.error) as e:
+        raise ValueError(f"zinf: load({directory!r}): its {_SHAPES_FILE} cannot be read: "
+                         f"{e}") from None
+    if len(shapes) != len(params) or any(math.prod(s) != p.numel()
+                                         for s, p in zip(shapes, params)):
+        return  # the load itself refuses other element counts, naming them
+    for i, (shape, p) in enumerate(zip(shapes, params)):
+        if list(shape) != list(p.shape):
+            raise ValueError(f"zinf: load({directory!r}): parameter {i} is shaped "
+                             f"{list(p.shape)}, the checkpoint's master {list(shape)} (the "
+                             f"same {p.numel()} elements, another shape); nothing loaded")
+
+
 class _CpuAdamBase(torch.optim.Optimizer):
     """Adam/AdamW with torch's arguments and param_groups, updated by zinf's CPU Adam kernel.
 
@@ -218,6 +251,9 @@ class _CpuAdamBase(torch.optim.Optimizer):
             raise budget_error_in_python_terms(e) from None
         self._index = {id(p): i for i, p in enumerate(self._flat)}
         self._hyper_given = [None] * len(self._flat)
+        shapes = _shapes_text(self._flat)
+        if shapes is not None:
+            self._offloaded.set_checkpoint_file(_SHAPES_FILE, shapes)
         self.reload_parameters()
         self.last_step_stats = None
         self._overlap = bool(overlap)
@@ -582,7 +618,15 @@ class _CpuAdamBase(torch.optim.Optimizer):
         parameters."""
         if self._offloaded is None:
             raise ValueError("zinf: load(dir) is for state='nvme'; use load_state_dict()")
-        self._offloaded.load(fs_path(directory, "directory"))
+        directory = fs_path(directory, "directory")
+        # The records hold element counts only: a checkpoint of parameters shaped otherwise
+        # with the same counts (a transposed weight) would load into these. Checked against
+        # the shapes saved with it, before anything changes; a checkpoint without them (saved
+        # by an earlier build, or from C++) loads as before.
+        saved = self._offloaded.read_checkpoint_file(directory, _SHAPES_FILE)
+        if saved is not None:
+            _check_shapes(saved, self._flat, directory)
+        self._offloaded.load(directory)
         with torch.no_grad():
             for i, p in enumerate(self._flat):
                 self._offloaded.read_state(i, p.data_ptr(), 0, 0, p.numel())

@@ -378,3 +378,32 @@ def test_integers_out_of_range_are_refused_naming_the_argument(tmp_path):
         ops.adam_update(901, 1.5, 1e-3, 0.9, 0.999, 1e-8, 0.0, True, p, g, mo, v)
     assert not p.any() and not mo.any() and not v.any()
     ops.destroy_adam(901)
+
+
+def test_load_refuses_masters_of_another_shape_with_the_same_element_count(tmp_path):
+    # The records hold element counts only: a checkpoint of a (4, 6) weight loaded into a
+    # (6, 4) one, silently transposing nothing and mixing every value. The shapes are saved
+    # with each version and checked before anything changes.
+    torch.manual_seed(0)
+    a = torch.nn.Parameter(torch.randn(4, 6))
+    (tmp_path / "sa").mkdir()
+    (tmp_path / "sb").mkdir()
+    opt = AdamW([a], state="nvme", nvme_path=tmp_path / "sa")
+    opt.save(tmp_path / "ck")
+    del opt  # one optimizer per checkpoint directory (its lock)
+    gc.collect()
+    b = torch.nn.Parameter(torch.randn(6, 4))
+    before = b.detach().clone()
+    other = AdamW([b], state="nvme", nvme_path=tmp_path / "sb")
+    with pytest.raises(ValueError, match=r"parameter 0 is shaped \[6, 4\], the checkpoint's "
+                                         r"master \[4, 6\] \(the same 24 elements"):
+        other.load(tmp_path / "ck")
+    assert torch.equal(b.detach(), before)
+    del other
+    gc.collect()
+    # A parameter of the saved shape loads the saved masters.
+    c = torch.nn.Parameter(torch.zeros(4, 6))
+    (tmp_path / "sc").mkdir()
+    third = AdamW([c], state="nvme", nvme_path=tmp_path / "sc")
+    third.load(tmp_path / "ck")
+    assert torch.equal(c.detach(), a.detach())
