@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.utils.dlpack import from_dlpack
 
 from zinf import _native
-from zinf.pinned import AioSettings, NvmePaths, fs_path, fs_paths, io_options
+from zinf.pinned import AioSettings, NvmePaths, fs_path, fs_paths, int_arg, io_options
 from zinf.torch import (Params, address_of, budget_error_in_python_terms,
                         check_adam_arguments, dtype_name, sub_group_and_record)
 
@@ -165,6 +165,10 @@ class _ShardedAdamBase(torch.optim.Optimizer):
         if isinstance(stage, bool) or stage not in (1, 2):
             raise ValueError(f"zinf: stage must be 1 or 2, got {stage!r}")
         io = io_options(aio)
+        threads = int_arg(threads, "threads")
+        pipeline_depth = int_arg(pipeline_depth, "pipeline_depth", 1, (1 << 32) - 1)
+        if pinned_budget is not None:
+            pinned_budget = int_arg(pinned_budget, "pinned_budget")
         if state_precision != "fp32" and state != "nvme":
             raise ValueError(f"zinf: state_precision={state_precision!r} is for state='nvme'")
         if state == "nvme" and not nvme_path:
