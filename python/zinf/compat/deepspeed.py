@@ -181,9 +181,16 @@ class aio_handle:  # noqa: N801  (DeepSpeed's name)
 
     Returns: ``read``/``write`` 0 as DeepSpeed's, the parallel synchronous calls 1 (the
     operations completed), asynchronous calls 0, ``wait()`` the number of asynchronous
-    operations completed since the last ``wait()``. A failed asynchronous operation raises from
-    ``wait()`` after every other one has ended, so no buffer is still being read or written
-    when the exception reaches the caller; the handle stays usable.
+    operations it completed (with one thread: those submitted since the last ``wait()``). A
+    failed asynchronous operation raises from ``wait()`` after every other one has ended, so
+    no buffer is still being read or written when the exception reaches the caller; the handle
+    stays usable.
+
+    One handle may be shared by threads: each asynchronous operation keeps its tensors alive
+    until it is complete, and ``wait()`` returns once every operation submitted before it is
+    complete, whichever thread's ``wait()`` completed it. An asynchronous operation on a tensor
+    whose storage torch may reallocate (``resize_``) reads or writes through aligned memory of
+    its own (one copy), so a resize in flight frees nothing under the I/O.
     """
 
     def __init__(self, block_size: int = 1048576, queue_depth: int = 128,
