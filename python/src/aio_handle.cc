@@ -14,7 +14,12 @@
 // aligned bounce buffer, and a misaligned offset or length is refused (rewriting the edges of a
 // block would race with the caller's own writes). Synchronous operations return 1 (the
 // operations completed), asynchronous ones 0, and wait() the number of asynchronous operations
-// completed since the last wait().
+// it completed.
+//
+// One handle may be used from several threads (DeepSpeed's swappers share handles): each
+// asynchronous operation holds what the caller asked to keep alive (its tensors) until the
+// operation is complete, and wait() returns only once every operation submitted before it is
+// complete, whichever thread's wait() completed it (InflightOps).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -29,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "inflight_ops.h"
 #include "native.h"
 #include "zinf/common/error.h"
 #include "zinf/common/status.h"
@@ -90,7 +96,9 @@ class AioHandle {
 
   ~AioHandle() {
     // Buffers given to async operations may be freed right after: never leave I/O in flight.
-    for (auto& p : pending_) p.ticket.wait_status().ignore("aio_handle destroyed before wait()");
+    // (Destroyed with the GIL held, by the last reference: no wait() is running.)
+    auto claim = ops_.claim();
+    for (auto& [n, op] : claim.ops) finish(op).ignore("aio_handle destroyed before wait()");
   }
 
   int get_block_size() const { return block_size_; }
@@ -102,41 +110,71 @@ class AioHandle {
 
   int get_alignment() const { return static_cast<int>(kDirectAlign); }
 
+  // `keep`: held until an asynchronous operation is complete (the caller's tensors and their
+  // storage); `on_done`: None or a callable, called with the GIL once the operation succeeded
+  // and before any wait() counting on it returns (the copy into a GPU tensor).
   int pread(std::uintptr_t address, std::uint64_t bytes, const std::string& path, bool validate,
-            bool async, std::uint64_t offset) {
-    return submit(swap::IoOp::kRead, address, bytes, Target{path}, validate, async, offset);
+            bool async, std::uint64_t offset, py::object keep, py::object on_done) {
+    return submit(swap::IoOp::kRead, address, bytes, Target{path}, validate, async, offset,
+                  std::move(keep), std::move(on_done));
   }
   int pwrite(std::uintptr_t address, std::uint64_t bytes, const std::string& path, bool validate,
-             bool async, std::uint64_t offset) {
-    return submit(swap::IoOp::kWrite, address, bytes, Target{path}, validate, async, offset);
+             bool async, std::uint64_t offset, py::object keep, py::object on_done) {
+    return submit(swap::IoOp::kWrite, address, bytes, Target{path}, validate, async, offset,
+                  std::move(keep), std::move(on_done));
   }
   int pread_fd(std::uintptr_t address, std::uint64_t bytes, int fd, bool validate, bool async,
-               std::uint64_t offset) {
-    return submit(swap::IoOp::kRead, address, bytes, Target{{}, fd}, validate, async, offset);
+               std::uint64_t offset, py::object keep, py::object on_done) {
+    return submit(swap::IoOp::kRead, address, bytes, Target{{}, fd}, validate, async, offset,
+                  std::move(keep), std::move(on_done));
   }
   int pwrite_fd(std::uintptr_t address, std::uint64_t bytes, int fd, bool validate, bool async,
-                std::uint64_t offset) {
-    return submit(swap::IoOp::kWrite, address, bytes, Target{{}, fd}, validate, async, offset);
+                std::uint64_t offset, py::object keep, py::object on_done) {
+    return submit(swap::IoOp::kWrite, address, bytes, Target{{}, fd}, validate, async, offset,
+                  std::move(keep), std::move(on_done));
   }
 
-  // Waits for every asynchronous operation; raises the first failure once all have ended.
+  // Completes every asynchronous operation no other wait() has taken, runs their on_done,
+  // drops their keep-alives, then waits for the operations other threads' wait() calls took
+  // that were submitted before this one. Raises the first failure among the operations it
+  // completed (an I/O error before an on_done's exception) once they have all ended; returns
+  // how many it completed.
   int wait() {
-    std::vector<Op> ops = std::move(pending_);
-    pending_.clear();
-    std::optional<Status> first;
-    int done = 0;
+    auto claim = ops_.claim();
+    std::vector<Status> statuses(claim.ops.size());
     {
       py::gil_scoped_release nogil;
-      for (auto& op : ops) {
-        Status s = finish(op);
-        if (s.ok()) {
+      for (std::size_t i = 0; i < claim.ops.size(); ++i) statuses[i] = finish(claim.ops[i].second);
+    }
+    std::optional<Status> first;
+    std::optional<py::error_already_set> first_py;
+    int done = 0;
+    std::vector<std::uint64_t> numbers;
+    for (std::size_t i = 0; i < claim.ops.size(); ++i) {
+      Op& op = claim.ops[i].second;
+      numbers.push_back(claim.ops[i].first);
+      if (!statuses[i].ok()) {
+        if (!first) first = std::move(statuses[i]);
+      } else if (!op.on_done.is_none()) {
+        try {
+          op.on_done();
           ++done;
-        } else if (!first) {
-          first = std::move(s);
+        } catch (py::error_already_set& e) {
+          if (!first_py) first_py = std::move(e);
         }
+      } else {
+        ++done;
       }
+      op.on_done = py::none();
+      op.keep = py::none();  // the I/O is over: the caller's buffers may go
+    }
+    {
+      py::gil_scoped_release nogil;
+      ops_.finished(numbers);
+      ops_.wait_finished(claim.upto);
     }
     if (first) throw IoError(*first);
+    if (first_py) throw std::move(*first_py);
     return done;
   }
 
@@ -151,6 +189,8 @@ class AioHandle {
     std::uint64_t bytes = 0;
     std::uint64_t offset = 0;
     bool validate = false;
+    py::object keep = py::none();     // alive until the operation is complete
+    py::object on_done = py::none();  // None, or called once the operation succeeded
   };
 
   // Opens the caller's path, or a second descriptor of the caller's open file.
@@ -179,12 +219,9 @@ class AioHandle {
 
   // A write that extends the file: its blocks are allocated in one call first, as zinf's own
   // swap files are (extending direct writes are otherwise allocated piece by piece as they
-  // land), and a full drive fails here, naming the range, before any byte is written. Not on
-  // an O_APPEND descriptor, whose writes would then land after the reserved range.
+  // land), and a full drive fails here, naming the range, before any byte is written.
   static void reserve_extent(const swap::File& file, std::uint64_t offset, std::uint64_t bytes) {
     if (bytes == 0) return;
-    const int fl = ::fcntl(file.fd(), F_GETFL);
-    if (fl < 0 || (fl & O_APPEND) != 0) return;
     struct stat st {};
     if (::fstat(file.fd(), &st) != 0 || !S_ISREG(st.st_mode)) return;
     if (offset + bytes <= static_cast<std::uint64_t>(st.st_size)) return;
@@ -192,9 +229,20 @@ class AioHandle {
   }
 
   int submit(swap::IoOp kind, std::uintptr_t address, std::uint64_t bytes, const Target& target,
-             bool validate, bool async, std::uint64_t offset) {
+             bool validate, bool async, std::uint64_t offset, py::object keep, py::object on_done) {
     const char* what = kind == swap::IoOp::kRead ? "aio_handle read" : "aio_handle write";
     if (address == 0 && bytes > 0) throw UsageError(std::string(what) + ": null buffer");
+    if (kind == swap::IoOp::kWrite && target.fd) {
+      // Linux's pwrite on an O_APPEND descriptor writes at the end of the file whatever the
+      // offset: the bytes would land elsewhere than asked, reported as success.
+      const int fl = ::fcntl(*target.fd, F_GETFL);
+      if (fl >= 0 && (fl & O_APPEND) != 0) {
+        throw UsageError(std::string(what) + ": descriptor " + std::to_string(*target.fd) +
+                         " has O_APPEND, which writes at the end of the file, not at "
+                         "file_offset=" +
+                         std::to_string(offset) + ": open it without O_APPEND");
+      }
+    }
     Op op;
     op.op = kind;
     op.data = reinterpret_cast<std::byte*>(address);
@@ -241,7 +289,9 @@ class AioHandle {
       throw;
     }
     if (async) {
-      pending_.push_back(std::move(op));
+      op.keep = std::move(keep);
+      op.on_done = std::move(on_done);
+      ops_.add(std::move(op));
       return 0;
     }
     Status s;
@@ -305,7 +355,7 @@ class AioHandle {
   bool overlap_events_;
   int intra_op_;
   std::unique_ptr<swap::IoEngine> engine_;
-  std::vector<Op> pending_;
+  InflightOps<Op> ops_;
 };
 
 }  // namespace
@@ -323,14 +373,14 @@ void bind_aio(py::module_& m) {
       .def("get_intra_op_parallelism", &AioHandle::get_intra_op_parallelism)
       .def("engine_name", &AioHandle::engine_name)
       .def("pread", &AioHandle::pread, "address"_a, "nbytes"_a, "filename"_a, "validate"_a,
-           "async_op"_a, "file_offset"_a)
+           "async_op"_a, "file_offset"_a, "keep"_a = py::none(), "on_done"_a = py::none())
       .def("pwrite", &AioHandle::pwrite, "address"_a, "nbytes"_a, "filename"_a, "validate"_a,
-           "async_op"_a, "file_offset"_a)
+           "async_op"_a, "file_offset"_a, "keep"_a = py::none(), "on_done"_a = py::none())
       .def("get_alignment", &AioHandle::get_alignment)
       .def("pread_fd", &AioHandle::pread_fd, "address"_a, "nbytes"_a, "fd"_a, "validate"_a,
-           "async_op"_a, "file_offset"_a)
+           "async_op"_a, "file_offset"_a, "keep"_a = py::none(), "on_done"_a = py::none())
       .def("pwrite_fd", &AioHandle::pwrite_fd, "address"_a, "nbytes"_a, "fd"_a, "validate"_a,
-           "async_op"_a, "file_offset"_a)
+           "async_op"_a, "file_offset"_a, "keep"_a = py::none(), "on_done"_a = py::none())
       .def("wait", &AioHandle::wait);
 }
 

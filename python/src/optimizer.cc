@@ -5,6 +5,7 @@
 // with state="nvme" drive it; blocking calls release the GIL.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -202,6 +203,20 @@ void bind_optimizer(py::module_& m) {
            [](OffloadedOptimizer& o, const std::string& dir) {
              py::gil_scoped_release nogil;
              o.load(dir);
+           })
+      // A small text saved inside every later checkpoint's version (committed with its
+      // state), and the one in the version LATEST names in `dir`: zinf.torch keeps the
+      // parameters' shapes there, which the records (element counts only) do not hold.
+      .def("set_checkpoint_file",
+           [](OffloadedOptimizer& o, const std::string& name, std::optional<std::string> text) {
+             o.set_checkpoint_file(name, std::move(text));
+           })
+      .def("read_checkpoint_file",
+           [](OffloadedOptimizer& o, const std::string& dir,
+              const std::string& name) -> std::optional<std::string> {
+             py::gil_scoped_release nogil;
+             o.wait_save();  // as load() does first
+             return o.read_checkpoint_file(o.checkpoint_directory(dir, /*create=*/false), name);
            })
       .def("step_count", &OffloadedOptimizer::step_count)
       .def("pinned_bytes", &OffloadedOptimizer::pinned_bytes)

@@ -16,14 +16,13 @@ so checkpointed blocks send their inputs to the store.
 from __future__ import annotations
 
 import contextlib
-import os
-from typing import Any, Iterator, List, Optional, Union
+from typing import Any, Iterator, Optional, Union
 import weakref
 
 import torch
 
 from zinf import _native
-from zinf.pinned import AioSettings, NvmePaths, io_options
+from zinf.pinned import AioSettings, NvmePaths, fs_paths, int_arg, io_options
 
 
 class _Saved:
@@ -64,13 +63,14 @@ class ActivationStore:
         if tier == "nvme":
             if nvme_path is None:
                 raise ValueError("ActivationStore: tier 'nvme' needs nvme_path")
-            paths: List[Any] = (list(nvme_path) if isinstance(nvme_path, (list, tuple))
-                                else [nvme_path])
-            dirs = [str(os.fspath(p)) for p in paths]
+            dirs = fs_paths(nvme_path, "nvme_path")
         self.tier = tier
-        self.pinned_budget_bytes = int(pinned_budget_bytes)
-        self._native = _native.ActivationStore(tier, dirs, int(capacity_bytes),
-                                               self.pinned_budget_bytes, int(prefetch_depth),
+        self.pinned_budget_bytes = int_arg(pinned_budget_bytes, "pinned_budget_bytes")
+        self._native = _native.ActivationStore(tier, dirs,
+                                               int_arg(capacity_bytes, "capacity_bytes"),
+                                               self.pinned_budget_bytes,
+                                               int_arg(prefetch_depth, "prefetch_depth",
+                                                       0, (1 << 32) - 1),
                                                bool(checksums), io_options(aio))
 
     def stats(self):

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch.utils.dlpack import from_dlpack
 
 from zinf import _native
-from zinf.pinned import AioSettings, NvmePaths, io_options
+from zinf.pinned import AioSettings, NvmePaths, fs_path, fs_paths, int_arg, io_options
 from zinf.torch import (Params, address_of, budget_error_in_python_terms,
                         check_adam_arguments, dtype_name, sub_group_and_record)
 
@@ -261,6 +261,10 @@ class _ShardedAdamBase(torch.optim.Optimizer):
         if isinstance(stage, bool) or stage not in (1, 2):
             raise ValueError(f"zinf: stage must be 1 or 2, got {stage!r}")
         io = io_options(aio)
+        threads = int_arg(threads, "threads")
+        pipeline_depth = int_arg(pipeline_depth, "pipeline_depth", 1, (1 << 32) - 1)
+        if pinned_budget is not None:
+            pinned_budget = int_arg(pinned_budget, "pinned_budget")
         if state_precision != "fp32" and state != "nvme":
             raise ValueError(f"zinf: state_precision={state_precision!r} is for state='nvme'")
         if state == "nvme" and not nvme_path:
@@ -288,8 +292,7 @@ class _ShardedAdamBase(torch.optim.Optimizer):
                          for p in self._flat)
         dirs = []
         if state == "nvme":
-            dirs = [str(nvme_path)] if isinstance(nvme_path, (str, bytes)) or not hasattr(
-                nvme_path, "__iter__") else [str(d) for d in nvme_path]
+            dirs = fs_paths(nvme_path, "nvme_path")
         try:
             self._sharded = _native.ShardedOptimizer(
                 [p.numel() for p in self._flat], self.collectives, state, dirs,
@@ -422,14 +425,14 @@ class _ShardedAdamBase(torch.optim.Optimizer):
         """Collective. Every rank writes its slices in ``directory/rank<R>``, rank 0 the
         manifest ``directory/zinf-sharded`` (a shared file system, or the same path on every
         node). Raises on every rank if any rank failed."""
-        self._sharded.save(str(directory))
+        self._sharded.save(fs_path(directory, "directory"))
 
     def load(self, directory):
         """Collective. Restores what save() wrote and gives every parameter its saved master
         weights. A checkpoint saved by another world size is resharded: each rank reads some
         saved ranks' folders (the checkpoint must be visible from every rank) and the slices
         are redistributed; the same parameter groups are required."""
-        self._sharded.load(str(directory))
+        self._sharded.load(fs_path(directory, "directory"))
         with torch.no_grad():
             for i, p in enumerate(self._flat):
                 s = self._sharded.shard_numel(i)

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Union
+from typing import Optional, Union
 
 from zinf import _native
+from zinf.pinned import fs_path
 
 
 # 8 MiB: each buffer is one submission, which the I/O engine cuts into 1 MiB pieces kept in
@@ -32,15 +33,23 @@ class FastFileWriter(io.RawIOBase):
     written by close() (also at garbage collection, where an error can only be printed: close
     it, or use `with`). Where the file system refuses O_DIRECT the file is written buffered
     (the same bytes; is_direct says which). Errors are zinf.IoError, an OSError with errno and
-    filename (and offset, length): a path that cannot be created at construction, ENOSPC or
-    any failed write at the write(), flush() or close() that waits for it.
+    filename (and offset, length): a path that cannot be created at construction; ENOSPC or
+    any failed write at the next flush() or close(), and at every one after it.
+
+    write() never raises a failed write: it takes the bytes (and, once a write has failed,
+    drops them) and leaves the error to flush() and close(). torch.save calls flush() after
+    its last write, so the error reaches the caller of torch.save; an error raised inside
+    write() would leave torch's zip writer half-written, and torch 1.13's then aborts the
+    process when it is destroyed (it finishes the file in its destructor, which throws).
     """
 
     def __init__(self, path: Union[str, "os.PathLike[str]"], buffer_bytes: int = _FAST_FILE_BUFFER,
                  sync: bool = True) -> None:
         super().__init__()
-        self.name = str(path)
+        self.name = fs_path(path, "path")
         self._native = _native.DirectFileWriter(self.name, int(buffer_bytes), bool(sync))
+        self._failure: Optional[OSError] = None  # the first failed write, raised by flush()
+        self._dropped = 0  # bytes taken after that failure
 
     def writable(self):
         return True
@@ -57,10 +66,21 @@ class FastFileWriter(io.RawIOBase):
         if self.closed:
             raise ValueError("zinf: FastFileWriter.write on a closed file " + self.name)
         # As bytes, one contiguous run (cast refuses a strided view with TypeError).
-        return self._native.write(memoryview(b).cast("B"))
+        view = memoryview(b).cast("B")
+        if self._failure is None:
+            before = self._native.size()
+            try:
+                return self._native.write(view)
+            except OSError as e:
+                self._failure = e
+                # tell() counts every byte taken: the failed call's are all taken.
+                self._dropped = before + len(view) - self._native.size()
+                return len(view)
+        self._dropped += len(view)
+        return len(view)
 
     def tell(self):
-        return self._native.size()
+        return self._native.size() + self._dropped
 
     def seek(self, offset, whence=io.SEEK_SET):
         here = self._native.size()
@@ -72,8 +92,11 @@ class FastFileWriter(io.RawIOBase):
             % (self.name, offset, whence, here))
 
     def flush(self):
-        if not self.closed:
-            self._native.flush()
+        if self.closed:
+            return
+        if self._failure is not None:
+            raise self._failure
+        self._native.flush()
 
     def close(self):
         if self.closed:
@@ -97,7 +120,7 @@ class FastFileReader(io.RawIOBase):
     def __init__(self, path: Union[str, "os.PathLike[str]"],
                  buffer_bytes: int = _FAST_FILE_BUFFER) -> None:
         super().__init__()
-        self.name = str(path)
+        self.name = fs_path(path, "path")
         self._native = _native.DirectFileReader(self.name, int(buffer_bytes))
         self._pos = 0
 

@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterable, List, Optional, Type, Union
 import torch
 
 from zinf import _native
-from zinf.pinned import AioSettings, NvmePaths, io_options, pinned_empty
+from zinf.pinned import AioSettings, NvmePaths, fs_paths, io_options, pinned_empty
 
 _SLOT_ALIGN = 64  # every parameter's bytes start on a 64-byte boundary of its unit's record
 
@@ -100,10 +100,31 @@ def _outside_compiled_graphs(fn):
     return fn if disable is None else disable(fn)
 
 
+def _refuse_ties_outside_units(model, units, in_unit):
+    """ValueError naming both modules when a parameter of a unit (ids in `in_unit`) is also a
+    parameter of a module outside every unit (a weight tied to the embedding or the head):
+    the unit's parameters are released between its uses, and the module outside would then
+    compute with an empty tensor (torch's shape error in forward)."""
+    inside = {id(m) for u in units for m in u.modules()}
+    names = {}  # id(param) -> its name under the unit
+    for name, m in model.named_modules():
+        if id(m) in inside:
+            for pname, p in m.named_parameters(recurse=False):
+                names.setdefault(id(p), f"{name}.{pname}" if name else pname)
+    for name, m in model.named_modules():
+        if id(m) in inside:
+            continue
+        for pname, p in m.named_parameters(recurse=False):
+            if id(p) in in_unit:
+                outside = f"{name}.{pname}" if name else pname
+                raise ValueError(f"zinf: {outside!r} (in {type(m).__name__} {name!r}, outside "
+                                 f"every unit) is tied to {names.get(id(p), '?')!r} of unit "
+                                 f"{in_unit[id(p)]}: a unit's parameters are released between "
+                                 "its uses; untie them, or make the module a unit too")
+
+
 def _nvme_dirs(nvme_path):
-    if isinstance(nvme_path, (str, bytes)) or not hasattr(nvme_path, "__iter__"):
-        return [str(nvme_path)]
-    return [str(d) for d in nvme_path]
+    return fs_paths(nvme_path, "nvme_path")
 
 
 class ParameterOffload:
@@ -153,6 +174,7 @@ class ParameterOffload:
             self._layout.append(slots)
             self._unit_bytes.append(max(offset, 1))
         assert exec_device is not None  # every unit has a parameter (checked above)
+        _refuse_ties_outside_units(model, self.units, seen)
         self.exec_device = exec_device
         self._resident = [True] * len(self.units)
         self._acquires = 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -21,6 +22,55 @@ AioSettings = Union[None, Dict[str, Any], str, bytes, "os.PathLike[str]"]
 NvmePaths = Optional[Union[str, "os.PathLike[str]", List[str]]]
 
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+# The widest integer a native call takes (uint64), and zinf's bound on elements (2^50, as the
+# engine's layers and sub-groups).
+U64_MAX = (1 << 64) - 1
+MAX_ELEMENTS = 1 << 50
+
+
+def int_arg(value: Any, what: str, low: int = 0, high: int = U64_MAX) -> int:
+    """`value` as an int in [low, high] for a native call: the one check of the integers
+    the Python doors pass on, so a bad one is refused naming the argument instead of by
+    pybind11's dump of the signature, or truncated (int(1.5)). An int, a numpy integer or a
+    one-element integer tensor (operator.index) is taken; a bool, float or str is a
+    TypeError, a value out of range a ValueError giving the range."""
+    if isinstance(value, bool):
+        raise TypeError(f"zinf: {what} must be an integer, got a bool")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"zinf: {what} must be an integer, got {type(value).__name__} "
+                        f"{value!r}") from None
+    if not low <= v <= high:
+        limit = f">= {low}" if high == U64_MAX else f"in [{low}, {high}]"
+        raise ValueError(f"zinf: {what} must be {limit}, got {v}")
+    return v
+
+
+def fs_path(value: Any, what: str) -> str:
+    """`value` (str, bytes or os.PathLike) as the str path every native call takes: the one
+    check of every Python door that takes a path. TypeError for anything else, ValueError
+    naming `what` for an empty path or one with a NUL byte, which the native side would
+    otherwise cut there (save("ck\\0zz") writing into "ck")."""
+    if not isinstance(value, (str, bytes, os.PathLike)):
+        raise TypeError(f"zinf: {what} must be a path (str, bytes or os.PathLike), got "
+                        f"{type(value).__name__}")
+    path = os.fsdecode(os.fspath(value))
+    if "\0" in path:
+        raise ValueError(f"zinf: {what} {path!r} has an embedded NUL byte")
+    if not path:
+        raise ValueError(f"zinf: {what} is empty")
+    return path
+
+
+def fs_paths(value: Any, what: str) -> List[str]:
+    """An nvme_path= argument (one directory, or a list or other iterable of them) as a list
+    of str paths, each checked by fs_path."""
+    if not isinstance(value, (str, bytes, os.PathLike)) and hasattr(value, "__iter__"):
+        return [fs_path(v, f"{what}[{i}]") for i, v in enumerate(value)]
+    return [fs_path(value, what)]
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -45,8 +95,10 @@ def address_of(tensor: torch.Tensor, what: str = "tensor") -> Tuple[int, int]:
 def _pinned(shape, dtype, zero):
     if isinstance(shape, int):
         shape = (shape,)
-    shape = tuple(int(s) for s in shape)
+    shape = tuple(int_arg(s, "shape", 0, MAX_ELEMENTS) for s in shape)
     numel = math.prod(shape)
+    if numel > MAX_ELEMENTS:
+        raise ValueError(f"zinf: shape {list(shape)} has {numel} elements, more than 2^50")
     itemsize = torch.empty((), dtype=dtype).element_size()
     buf = _native.pinned_alloc(numel * itemsize, zero)
     if numel == 0:
@@ -85,9 +137,6 @@ def io_options(aio: AioSettings) -> "_native.IoOptions":
     if isinstance(aio, dict):
         return _native.io_options(json.dumps({"aio": aio}), "aio argument")
     if isinstance(aio, (str, bytes, os.PathLike)):
-        path = os.fsdecode(os.fspath(aio))
-        if not path or "\0" in path:
-            raise ValueError(f"zinf: aio: {path!r} is not a ds_config path")
-        return _native.io_options(path=path)
+        return _native.io_options(path=fs_path(aio, "aio"))
     raise TypeError("zinf: aio must be None, a dict (a ds_config's aio block) or the path of "
                     f"a ds_config file, got {type(aio).__name__}")

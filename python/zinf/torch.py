@@ -9,6 +9,10 @@ links libtorch, tensors are handed over as (address, bytes, dtype).
 
 from __future__ import annotations
 
+import base64
+import json
+import math
+import zlib
 from typing import Any, Dict, Iterable, Optional, Tuple, Union
 
 import torch
@@ -21,8 +25,9 @@ from zinf import _native
 from zinf.activations import ActivationStore, offload_activations  # noqa: F401
 from zinf.fast_file import FastFileReader, FastFileWriter  # noqa: F401
 from zinf.param_offload import ParameterOffload, offload_parameters  # noqa: F401
-from zinf.pinned import (AioSettings, NvmePaths, address_of, dtype_name,  # noqa: F401
-                         io_options, is_zinf_pinned, pinned_empty, pinned_zeros)
+from zinf.pinned import (MAX_ELEMENTS, AioSettings, NvmePaths, address_of,  # noqa: F401
+                         dtype_name, fs_path, fs_paths, int_arg, io_options, is_zinf_pinned,
+                         pinned_empty, pinned_zeros)
 
 # What an optimizer takes as its parameters: tensors, or torch's parameter-group dicts.
 Params = Union[Iterable[torch.Tensor], Iterable[Dict[str, Any]]]
@@ -36,12 +41,13 @@ def sub_group_and_record(sub_group_size: Optional[int], state_precision: str) ->
     if sub_group_size is None:
         sub_group_size = _native.default_sub_group_elements(state_precision)
     elif isinstance(sub_group_size, bool) or not isinstance(sub_group_size, int) \
-            or sub_group_size < _native.min_sub_group_elements:
+            or not _native.min_sub_group_elements <= sub_group_size <= MAX_ELEMENTS:
         # The ds_config's limit (zero_optimization.sub_group_size), on every door: each
-        # sub-group is a record padded to 4 KiB, so 1 element would take 341x the state's room.
+        # sub-group is a record padded to 4 KiB, so 1 element would take 341x the state's room;
+        # and zinf's bound on elements (2^50), under which the record's bytes stay countable.
         raise ValueError(f"zinf: sub_group_size must be an int of at least "
-                         f"{_native.min_sub_group_elements} elements (or None for the default), "
-                         f"got {sub_group_size!r}")
+                         f"{_native.min_sub_group_elements} and at most 2^50 elements (or None "
+                         f"for the default), got {sub_group_size!r}")
     per_element = {"fp32": 12, "bf16": 8, "int8": 6}[state_precision]
     return sub_group_size, per_element * sub_group_size + 8 * (sub_group_size // 64 + 1) + 4096
 
@@ -153,6 +159,7 @@ def adam_update(kernel: "_native.CpuAdam", adamw: bool, step: int, group: Dict[s
         # A copy is made below: the tensors as given are checked first. Otherwise the kernel
         # gets them as they are, and kernel.step checks them itself.
         check_update_tensors(where, p, grad, exp_avg, exp_avg_sq)
+    step = int_arg(step, "step")
     beta1, beta2 = group["betas"]
     master = p if p.dtype == torch.float32 else p.detach().to(torch.float32)
     out = None if master is p else p
@@ -203,6 +210,35 @@ def adam_rollback(adamw: bool, step: int, group: Dict[str, Any], p: torch.Tensor
     p.data.copy_(x)
 
 
+# A state='nvme' checkpoint's record of its parameters' shapes, saved inside each version
+# beside the state (OffloadedOptimizer.set_checkpoint_file): JSON, zlib-compressed and in
+# base64 (a transformer's shapes repeat, so thousands of them fit the file's 60 KiB bound).
+_SHAPES_FILE = "param_shapes"
+_SHAPES_LIMIT = 60 << 10
+
+
+def _shapes_text(params) -> Optional[str]:
+    text = json.dumps([list(p.shape) for p in params], separators=(",", ":"))
+    packed = base64.b64encode(zlib.compress(text.encode(), 9)).decode()
+    return packed if len(packed) <= _SHAPES_LIMIT else None  # past the bound: not checked
+
+
+def _check_shapes(saved: str, params, directory: str) -> None:
+    try:
+        shapes = json.loads(zlib.decompress(base64.b64decode(saved)).decode())
+    except (ValueError, zlib.error) as e:
+        raise ValueError(f"zinf: load({directory!r}): its {_SHAPES_FILE} cannot be read: "
+                         f"{e}") from None
+    if len(shapes) != len(params) or any(math.prod(s) != p.numel()
+                                         for s, p in zip(shapes, params)):
+        return  # the load itself refuses other element counts, naming them
+    for i, (shape, p) in enumerate(zip(shapes, params)):
+        if list(shape) != list(p.shape):
+            raise ValueError(f"zinf: load({directory!r}): parameter {i} is shaped "
+                             f"{list(p.shape)}, the checkpoint's master {list(shape)} (the "
+                             f"same {p.numel()} elements, another shape); nothing loaded")
+
+
 class _CpuAdamBase(torch.optim.Optimizer):
     """Adam/AdamW with torch's arguments and param_groups, updated by zinf's CPU Adam kernel.
 
@@ -249,6 +285,10 @@ class _CpuAdamBase(torch.optim.Optimizer):
                  pinned_budget=None, checksums=True, overlap=False, state_precision="fp32",
                  aio=None):
         check_adam_arguments(lr, betas, eps, weight_decay, amsgrad, state, state_precision)
+        threads = int_arg(threads, "threads")
+        pipeline_depth = int_arg(pipeline_depth, "pipeline_depth", 1, (1 << 32) - 1)
+        if pinned_budget is not None:
+            pinned_budget = int_arg(pinned_budget, "pinned_budget")
         io = io_options(aio)  # checked first: a bad setting changes nothing
         if state_precision != "fp32" and state != "nvme":
             raise ValueError(f"zinf: state_precision={state_precision!r} is for state='nvme' "
@@ -269,8 +309,7 @@ class _CpuAdamBase(torch.optim.Optimizer):
             return
         if not nvme_path:
             raise ValueError("zinf: state='nvme' needs nvme_path (a directory, or a list)")
-        dirs = [str(nvme_path)] if isinstance(nvme_path, (str, bytes)) or not hasattr(
-            nvme_path, "__iter__") else [str(d) for d in nvme_path]
+        dirs = fs_paths(nvme_path, "nvme_path")
         self._flat = [p for g in self.param_groups for p in g["params"]]
         for p in self._flat:
             self._check_param(p)
@@ -289,6 +328,9 @@ class _CpuAdamBase(torch.optim.Optimizer):
             raise budget_error_in_python_terms(e) from None
         self._index = {id(p): i for i, p in enumerate(self._flat)}
         self._hyper_given = [None] * len(self._flat)
+        shapes = _shapes_text(self._flat)
+        if shapes is not None:
+            self._offloaded.set_checkpoint_file(_SHAPES_FILE, shapes)
         self.reload_parameters()
         self.last_step_stats = None
         self._overlap = bool(overlap)
@@ -728,7 +770,7 @@ class _CpuAdamBase(torch.optim.Optimizer):
         hyper-parameters under `directory` (atomic; the previous one stays loadable)."""
         if self._offloaded is None:
             raise ValueError("zinf: save(dir) is for state='nvme'; use state_dict() for 'cpu'")
-        self._offloaded.save(str(directory))
+        self._offloaded.save(fs_path(directory, "directory"))
 
     def save_async(self, directory):
         """state='nvme': starts the checkpoint save() writes and returns while a thread
@@ -739,7 +781,7 @@ class _CpuAdamBase(torch.optim.Optimizer):
         if self._offloaded is None:
             raise ValueError("zinf: save_async(dir) is for state='nvme'; use state_dict() "
                              "for 'cpu'")
-        self._offloaded.save_async(str(directory))
+        self._offloaded.save_async(fs_path(directory, "directory"))
 
     def wait_save(self):
         """Waits for the save_async() in flight, if any, and raises its error once."""
@@ -763,7 +805,15 @@ class _CpuAdamBase(torch.optim.Optimizer):
         parameters."""
         if self._offloaded is None:
             raise ValueError("zinf: load(dir) is for state='nvme'; use load_state_dict()")
-        self._offloaded.load(str(directory))
+        directory = fs_path(directory, "directory")
+        # The records hold element counts only: a checkpoint of parameters shaped otherwise
+        # with the same counts (a transposed weight) would load into these. Checked against
+        # the shapes saved with it, before anything changes; a checkpoint without them (saved
+        # by an earlier build, or from C++) loads as before.
+        saved = self._offloaded.read_checkpoint_file(directory, _SHAPES_FILE)
+        if saved is not None:
+            _check_shapes(saved, self._flat, directory)
+        self._offloaded.load(directory)
         with torch.no_grad():
             for i, p in enumerate(self._flat):
                 self._offloaded.read_state(i, p.data_ptr(), 0, 0, p.numel())

@@ -56,6 +56,7 @@ struct DirectFileWriter::Impl {
   // Bytes of the file allocated ahead (fallocate), and whether the file system allows it.
   std::uint64_t allocated = 0;
   bool can_allocate = true;
+  bool can_allocate_ahead = true;  // false once the drive had no room for the step ahead
 
   void check() const {
     if (failure) throw IoError(*failure);
@@ -70,22 +71,37 @@ struct DirectFileWriter::Impl {
   // Allocates the file ahead of the writes, in steps of 64 MiB or more. Why: an O_DIRECT write
   // past the end of the file extends it, and ext4 runs such writes one at a time (the inode
   // lock, the size update); inside the allocated size they go as deep as the queue. close()
-  // truncates the file back to the bytes written.
+  // truncates the file back to the bytes written. The step ahead is a speed-up only: where
+  // the drive has no room for it, the file is allocated up to the end of the buffer being
+  // written and no further (an 8 MiB save fits in 40 MiB free); only the bytes being written
+  // failing to fit are an error (ENOSPC naming that range).
   void allocate_ahead(std::uint64_t end) {
     if (!can_allocate || end <= allocated) return;
-    const std::uint64_t to = std::max(end, allocated + (std::uint64_t{64} << 20));
-    if (::fallocate(file.fd(), 0, static_cast<off_t>(allocated),
-                    static_cast<off_t>(to - allocated)) == 0) {
-      allocated = to;
-      return;
+    const std::uint64_t ahead =
+        can_allocate_ahead ? std::max(end, allocated + (std::uint64_t{64} << 20)) : end;
+    int err = allocate(ahead);
+    if (err == 0) return;
+    if ((err == ENOSPC || err == EDQUOT) && ahead > end) {
+      can_allocate_ahead = false;
+      err = allocate(end);
+      if (err == 0) return;
     }
-    const int err = errno;
     if (err == EOPNOTSUPP || err == ENOSYS || err == EINVAL) {
       can_allocate = false;  // the writes extend the file themselves
       return;
     }
-    failure = Status::from_errno(err, "allocate", file.path()).with_range(allocated, to - allocated);
+    failure =
+        Status::from_errno(err, "allocate", file.path()).with_range(allocated, end - allocated);
     check();
+  }
+  // fallocate from `allocated` up to `to`: 0, or the errno.
+  int allocate(std::uint64_t to) {
+    if (::fallocate(file.fd(), 0, static_cast<off_t>(allocated),
+                    static_cast<off_t>(to - allocated)) == 0) {
+      allocated = to;
+      return 0;
+    }
+    return errno;
   }
   void submit_current(std::uint64_t bytes) {
     allocate_ahead(file_offset + bytes);

@@ -142,3 +142,12 @@ def test_bad_options_are_value_errors(tmp_path):
     with pytest.raises(ValueError, match="not both"):
         with zt.offload_activations(zt.ActivationStore("cpu"), tier="cpu"):
             pass
+
+
+def test_a_path_with_a_nul_byte_is_refused_naming_the_argument_not_cut(tmp_path):
+    cut = tmp_path / "ck"
+    with pytest.raises(ValueError, match=r"nvme_path '.*ck\\x00zz' has an embedded NUL byte"):
+        zt.ActivationStore("nvme", nvme_path=str(cut) + "\0zz")
+    with pytest.raises(ValueError, match=r"nvme_path\[0\] '.*ck\\x00' has an embedded NUL"):
+        zt.ActivationStore("nvme", nvme_path=[str(cut) + "\0"])
+    assert not cut.exists()

@@ -135,9 +135,9 @@ def test_getters_report_the_constructor_arguments():
 
 
 def test_bad_arguments_are_value_errors(tmp_path):
-    with pytest.raises(ValueError, match="block_size must be positive"):
+    with pytest.raises(ValueError, match=r"block_size must be in \[1, 2147483647\], got 0"):
         aio_handle(block_size=0)
-    with pytest.raises(ValueError, match="queue_depth must be positive"):
+    with pytest.raises(ValueError, match=r"queue_depth must be in \[1, 2147483647\], got 0"):
         aio_handle(queue_depth=0)
     h = aio_handle()
     with pytest.raises(ValueError, match="contiguous"):

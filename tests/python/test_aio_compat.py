@@ -307,6 +307,140 @@ def test_an_async_buffer_keeps_its_storage_until_wait(tmp_path, cwd):
     assert file_bytes(path) == expect
 
 
+BLOCK = 64 * KB
+BLOCKS = 800
+
+
+def block_of(i, generation):
+    """Block i's bytes in a round: its number and the round, so a block landing at another
+    offset, from another round or not at all is seen."""
+    t = torch.full((BLOCK,), (i * 7 + generation * 31) % 251, dtype=torch.uint8)
+    t[:4] = torch.tensor([i & 255, i >> 8, generation, 0xA5], dtype=torch.uint8)
+    return t
+
+
+@pytest.fixture
+def one_torch_thread():
+    """torch's own threads off for tests whose threads each make many small tensors: on a
+    busy machine every 64 KiB fill otherwise waits for torch's pool (20 ms instead of 20 us)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def run_threads(target, count):
+    errors = []
+
+    def guarded(t):
+        try:
+            target(t)
+        except BaseException as e:  # noqa: B902  (re-raised on the main thread)
+            errors.append(e)
+    threads = [threading.Thread(target=guarded, args=(t,)) for t in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+@pytest.mark.parametrize("pinned", [False, True], ids=["torch_empty", "locked"])
+def test_one_handle_shared_by_threads_writes_every_block(tmp_path, cwd, one_torch_thread,
+                                                       pinned):
+    # DeepSpeed's swappers share a handle across threads: one thread's wait() must neither
+    # drop another's buffers still in flight nor return before its own thread's operations
+    # are complete. Each thread writes a fresh tensor per block and lets go of it at once.
+    h = aio_handle(block_size=BLOCK, queue_depth=32, intra_op_parallelism=2)
+    path = str(tmp_path / "shared.bin")
+    threads = 4
+    for generation in range(5):
+        def writer(t):
+            for i in range(t, BLOCKS, threads):
+                src = block_of(i, generation)
+                buf = h.new_cpu_locked_tensor(BLOCK, src) if pinned else torch.empty_like(src)
+                buf.copy_(src)
+                assert h.async_pwrite(buf, path, file_offset=i * BLOCK) == 0
+                del buf
+                if i % 3 == 0:
+                    h.wait()
+            h.wait()
+        run_threads(writer, threads)
+        data = file_bytes(path)
+        wrong = [i for i in range(BLOCKS)
+                 if data[i * BLOCK:(i + 1) * BLOCK] != bytes(block_of(i, generation).numpy())]
+        assert wrong == [], f"round {generation}: {len(wrong)} blocks wrong, first {wrong[:5]}"
+
+
+@pytest.mark.parametrize("pinned", [False, True], ids=["torch_empty", "locked"])
+def test_one_handle_shared_by_threads_reads_every_block(tmp_path, cwd, one_torch_thread,
+                                                      pinned):
+    h = aio_handle(block_size=BLOCK, queue_depth=32, intra_op_parallelism=2)
+    path = str(tmp_path / "shared.bin")
+    threads = 4
+    for generation in range(5):
+        with open(path, "wb") as f:
+            for i in range(BLOCKS):
+                f.write(bytes(block_of(i, generation).numpy()))
+        got = {}
+
+        def reader(t):
+            mine = []
+            for i in range(t, BLOCKS, threads):
+                buf = (h.new_cpu_locked_tensor(BLOCK, torch.empty(0, dtype=torch.uint8))
+                       if pinned else torch.zeros(BLOCK, dtype=torch.uint8))
+                assert h.async_pread(buf, path, file_offset=i * BLOCK) == 0
+                mine.append((i, buf))
+                if i % 3 == 0:
+                    h.wait()
+                    # Every read this thread submitted is complete once its wait() returns.
+                    for j, b in mine:
+                        got[j] = bytes(b.numpy())
+                    mine = []
+            h.wait()
+            for j, b in mine:
+                got[j] = bytes(b.numpy())
+        run_threads(reader, threads)
+        wrong = [i for i in range(BLOCKS) if got[i] != bytes(block_of(i, generation).numpy())]
+        assert wrong == [], f"round {generation}: {len(wrong)} blocks wrong, first {wrong[:5]}"
+
+
+def test_a_buffer_resized_while_its_read_is_in_flight_is_refused_at_wait(tmp_path, cwd):
+    # torch reallocates a resizable storage in place (the same storage object, new bytes),
+    # so holding the storage does not keep the bytes: the read goes through bytes of its own,
+    # and a tensor resized meanwhile gets nothing and a clear error, not bytes in freed memory.
+    h = aio_handle()
+    path = str(tmp_path / "r.bin")
+    data = payload(1 << 20)
+    h.sync_pwrite(data, path)
+    out = torch.zeros(1 << 20, dtype=torch.uint8)
+    assert h.async_pread(out, path) == 0
+    out.resize_(4 << 20)
+    out.fill_(9)
+    with pytest.raises(ValueError, match=r"r\.bin.* offset 0 was resized while the read was in "
+                                         r"flight \(shape \[1048576\] -> \[4194304\]\)"):
+        h.wait()
+    assert bool((out == 9).all())
+    # The handle stays usable, and a buffer left alone gets its bytes.
+    again = torch.zeros(1 << 20, dtype=torch.uint8)
+    assert h.async_pread(again, path) == 0
+    assert h.wait() == 1
+    assert torch.equal(again, data)
+
+
+def test_a_buffer_resized_while_its_write_is_in_flight_writes_what_it_held(tmp_path, cwd):
+    h = aio_handle()
+    path = str(tmp_path / "w.bin")
+    data = payload(1 << 20, pinned=False)
+    expect = bytes(data.clone().numpy())  # (numpy() of torch 2 makes its storage fixed)
+    assert h.async_pwrite(data, path) == 0
+    data.resize_(8 << 20)
+    data.fill_(3)
+    assert h.wait() == 1
+    assert file_bytes(path) == expect
+
+
 def test_the_locked_tensor_registry_is_process_wide():
     a = AsyncIOBuilder().load().aio_handle(1024, 2, False, False, 1)
     b = aio_handle()
@@ -366,21 +500,30 @@ def test_io_error_has_no_offset_where_there_is_none(tmp_path, cwd):
     assert info.value.errno is None and info.value.filename == str(short)
 
 
-def test_an_append_descriptor_appends_and_an_extending_write_sizes_the_file(tmp_path, cwd):
-    # FastFileWriter reopens its file O_APPEND for the tail: nothing may be reserved past the
-    # end there (the write would land after it). A path write that extends a file gets its
-    # blocks first and leaves the file exactly offset + length long.
+def test_an_append_descriptor_is_refused_for_writes_and_an_extending_write_sizes_the_file(
+        tmp_path, cwd):
+    # pwrite on an O_APPEND descriptor writes at the end of the file whatever the offset: a
+    # write asked for offset 0 landed at the end and reported success. Every write form through
+    # such a descriptor is refused naming it and the offset, the file unchanged; reads work.
+    # A path write that extends a file gets its blocks first and leaves the file exactly
+    # offset + length long.
     h = aio_handle()
     path = tmp_path / "app.bin"
-    path.write_bytes(b"\x11" * 4096)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    path.write_bytes(b"\x11" * 8192)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND)
     try:
-        data = payload(8192)
-        assert h.async_pwrite(data, fd, 4096) == 0
-        assert h.wait() == 1
+        data = payload(4096)
+        for method in WRITES:
+            with pytest.raises(ValueError, match=rf"descriptor {fd} has O_APPEND, which writes at "
+                                                 r"the end of the file, not at file_offset=0"):
+                call(h, method, data, fd, 0, False)
+        assert h.wait() == 0
+        out = torch.zeros(4096, dtype=torch.uint8)
+        assert h.sync_pread(out, fd, 4096) == 1
+        assert bytes(out.numpy()) == b"\x11" * 4096
     finally:
         os.close(fd)
-    assert file_bytes(path) == b"\x11" * 4096 + bytes(data.numpy())
+    assert file_bytes(path) == b"\x11" * 8192
     grown = tmp_path / "grown.bin"
     assert h.sync_pwrite(payload(12288), str(grown), file_offset=1 << 20) == 1
     assert os.path.getsize(grown) == (1 << 20) + 12288
@@ -404,3 +547,33 @@ def test_a_cuda_tensor_round_trips_through_a_pinned_bounce(tmp_path, cwd, method
         assert h.wait() == 1  # the device copy is made once the bytes are in
     assert torch.equal(back.cpu(), data.cpu())
     assert file_bytes(path) == bytes(data.cpu().numpy())
+
+
+def test_integers_out_of_range_or_not_integers_are_refused_naming_the_argument(tmp_path, cwd):
+    # pybind11 refused these with a dump of the native signature, and int() truncated a float
+    # offset: every one is now a TypeError or ValueError naming the argument, nothing written.
+    path = tmp_path / "i.bin"
+    for kwargs, what in [({"block_size": 2 ** 31}, "block_size"),
+                         ({"queue_depth": -1}, "queue_depth"),
+                         ({"intra_op_parallelism": -1}, "intra_op_parallelism"),
+                         ({"num_threads": 2 ** 40}, "intra_op_parallelism")]:
+        with pytest.raises(ValueError, match=rf"zinf: {what} must be in \[1, 2147483647\]"):
+            aio_handle(**kwargs)
+    h = aio_handle()
+    data = payload(4096)
+    for bad in [1.5, 4096.0, "4096", None]:
+        with pytest.raises(TypeError, match="file_offset must be an integer"):
+            h.sync_pwrite(data, str(path), file_offset=bad)
+    for bad in [-1, 2 ** 63, 2 ** 70]:
+        with pytest.raises(ValueError, match=rf"file_offset must be in \[0, {2 ** 63 - 1}\], "
+                                             rf"got {bad}"):
+            h.async_pwrite(data, str(path), file_offset=bad)
+    assert h.wait() == 0
+    assert not path.exists()
+    assert h.sync_pwrite(data, str(path), file_offset=torch.tensor(4096)) == 1  # an index
+    assert os.path.getsize(path) == 8192
+    for bad in [-1, 2 ** 62]:
+        with pytest.raises(ValueError, match=rf"num_elem must be in \[0, {2 ** 50}\], got {bad}"):
+            h.new_cpu_locked_tensor(bad, torch.empty(0))
+    with pytest.raises(TypeError, match="num_elem must be an integer"):
+        pin_handle().new_cpu_locked_tensor(2.5, torch.empty(0))

@@ -442,3 +442,16 @@ def test_a_stage_the_sharded_optimizer_does_not_run_is_refused(stage, why):
     with pytest.raises(ValueError) as e:
         zd.ShardedAdamW(make_model(seed=0).parameters(), stage=stage)
     assert str(e.value) == why
+
+
+def test_integers_out_of_range_are_refused_naming_the_argument_before_any_collective():
+    # As zinf.torch's optimizers: a ValueError naming the argument, not pybind11's dump of the
+    # native signature; no process group is needed to be refused.
+    import zinf.distributed as zd
+    model = make_model(0)
+    with pytest.raises(ValueError, match="zinf: threads must be >= 0, got -1"):
+        zd.ShardedAdam(model.parameters(), threads=-1)
+    with pytest.raises(ValueError, match=r"pipeline_depth must be in \[1, 4294967295\]"):
+        zd.ShardedAdam(model.parameters(), pipeline_depth=2 ** 40)
+    with pytest.raises(TypeError, match="pinned_budget must be an integer"):
+        zd.ShardedAdam(model.parameters(), pinned_budget=1.5)

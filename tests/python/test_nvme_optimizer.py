@@ -3,6 +3,7 @@
 # copied into the parameters. Bitwise what state="cpu" gives, per-group settings and a changed
 # learning rate included; save/load resumes bitwise; errors name what failed.
 import gc
+import os
 
 import pytest
 import torch
@@ -360,3 +361,79 @@ def test_state_precision_errors_list_the_accepted_values(tmp_path):
         AdamW(m.parameters(), state="nvme", nvme_path=tmp_path, state_precision="fp16")
     with pytest.raises(ValueError, match="state_precision='int8' is for state='nvme'"):
         AdamW(m.parameters(), state_precision="int8")
+
+
+def test_a_path_with_a_nul_byte_is_refused_naming_the_argument_not_cut(tmp_path):
+    # The native side takes a C string: "ck\0zz" once wrote into "ck".
+    m = make_model()
+    cut = tmp_path / "ck"
+    with pytest.raises(ValueError, match=r"nvme_path '.*ck\\x00zz' has an embedded NUL byte"):
+        AdamW(m.parameters(), state="nvme", nvme_path=str(cut) + "\0zz")
+    with pytest.raises(ValueError, match=r"nvme_path\[1\] '.*ck\\x00' has an embedded NUL"):
+        AdamW(m.parameters(), state="nvme", nvme_path=[tmp_path / "a", str(cut) + "\0"])
+    (tmp_path / "swap").mkdir()
+    opt = AdamW(m.parameters(), state="nvme", nvme_path=tmp_path / "swap")
+    for call in (opt.save, opt.save_async, opt.load):
+        with pytest.raises(ValueError, match=r"directory '.*ck\\x00zz' has an embedded NUL"):
+            call(str(cut) + "\0zz")
+        with pytest.raises(ValueError, match=r"directory '.*ck\\x00' has an embedded NUL"):
+            call(os.fsencode(cut) + b"\0")
+    assert not opt.save_in_flight()
+    assert not cut.exists()
+    assert not (tmp_path / "a").exists()
+
+
+def test_integers_out_of_range_are_refused_naming_the_argument(tmp_path):
+    # pybind11 refused these with a dump of the native signature (sub_group_size=2^62 under
+    # the name of the pinned budget it overflowed): a ValueError naming the argument now.
+    from zinf.compat.deepspeed import CPUAdamBuilder, DeepSpeedCPUAdam
+    m = make_model()
+    with pytest.raises(ValueError, match="zinf: threads must be >= 0, got -1"):
+        AdamW(m.parameters(), threads=-1)
+    with pytest.raises(ValueError, match="zinf: threads must be >= 0, got -1"):
+        DeepSpeedCPUAdam(m.parameters(), threads=-1)
+    with pytest.raises(ValueError, match=r"sub_group_size must be an int of at least 32768 and "
+                                         r"at most 2\^50 elements .* got 4611686018427387904"):
+        AdamW(m.parameters(), state="nvme", nvme_path=tmp_path, sub_group_size=2 ** 62)
+    with pytest.raises(ValueError, match=r"pipeline_depth must be in \[1, 4294967295\]"):
+        AdamW(m.parameters(), state="nvme", nvme_path=tmp_path, pipeline_depth=2 ** 40)
+    assert os.listdir(tmp_path) == []
+    ops = CPUAdamBuilder().load()
+    ops.create_adam(901)
+    p = torch.zeros(64)
+    g, mo, v = torch.ones(64), torch.zeros(64), torch.zeros(64)
+    with pytest.raises(ValueError, match=r"zinf: step must be >= 0, got 1180591620717411303424"):
+        ops.adam_update(901, 2 ** 70, 1e-3, 0.9, 0.999, 1e-8, 0.0, True, p, g, mo, v)
+    with pytest.raises(TypeError, match="step must be an integer"):
+        ops.adam_update(901, 1.5, 1e-3, 0.9, 0.999, 1e-8, 0.0, True, p, g, mo, v)
+    assert not p.any() and not mo.any() and not v.any()
+    ops.destroy_adam(901)
+
+
+def test_load_refuses_masters_of_another_shape_with_the_same_element_count(tmp_path):
+    # The records hold element counts only: a checkpoint of a (4, 6) weight loaded into a
+    # (6, 4) one, silently transposing nothing and mixing every value. The shapes are saved
+    # with each version and checked before anything changes.
+    torch.manual_seed(0)
+    a = torch.nn.Parameter(torch.randn(4, 6))
+    (tmp_path / "sa").mkdir()
+    (tmp_path / "sb").mkdir()
+    opt = AdamW([a], state="nvme", nvme_path=tmp_path / "sa")
+    opt.save(tmp_path / "ck")
+    del opt  # one optimizer per checkpoint directory (its lock)
+    gc.collect()
+    b = torch.nn.Parameter(torch.randn(6, 4))
+    before = b.detach().clone()
+    other = AdamW([b], state="nvme", nvme_path=tmp_path / "sb")
+    with pytest.raises(ValueError, match=r"parameter 0 is shaped \[6, 4\], the checkpoint's "
+                                         r"master \[4, 6\] \(the same 24 elements"):
+        other.load(tmp_path / "ck")
+    assert torch.equal(b.detach(), before)
+    del other
+    gc.collect()
+    # A parameter of the saved shape loads the saved masters.
+    c = torch.nn.Parameter(torch.zeros(4, 6))
+    (tmp_path / "sc").mkdir()
+    third = AdamW([c], state="nvme", nvme_path=tmp_path / "sc")
+    third.load(tmp_path / "ck")
+    assert torch.equal(c.detach(), a.detach())

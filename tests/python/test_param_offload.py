@@ -6,6 +6,7 @@
 # one iteration when the order changes; only the computing block is in the module; a bad
 # directory is named in the error before the model is touched.
 import copy
+import os
 
 import pytest
 import torch
@@ -370,3 +371,32 @@ def test_cuda_execution_bitwise(tmp_path, device):
         s = off.stats()
         assert s["device"] == "cuda" and s["pageable_copies"] == 0, s
         assert 0 < s["bytes_to_device"] <= s["bytes_on_device"], s
+
+
+def test_a_path_with_a_nul_byte_is_refused_naming_the_argument_not_cut(tmp_path):
+    a, b = make_pair(6)
+    cut = tmp_path / "ck"
+    with pytest.raises(ValueError, match=r"nvme_path '.*ck\\x00zz' has an embedded NUL byte"):
+        offload_parameters(b, unit=Block, nvme_path=str(cut) + "\0zz")
+    assert not cut.exists()
+    x = batches(1)[0]
+    assert torch.equal(a(x), b(x))  # the model untouched
+
+
+def test_a_unit_weight_tied_to_a_module_outside_every_unit_is_refused_naming_both(tmp_path):
+    # A unit's parameters are emptied between its uses: a module outside every unit sharing
+    # one then failed in forward with torch's shape error. Refused at wrap time, naming both
+    # sides of the tie, before the model or the directory is touched.
+    torch.manual_seed(3)
+    net = Net(d=24, blocks=2)
+    net.head = torch.nn.Linear(24, 24)
+    net.head.weight = torch.nn.Parameter(torch.randn(24, 24))
+    net.blocks[1].extra = torch.nn.Linear(24, 24, bias=False)
+    net.blocks[1].extra.weight = net.head.weight  # tied: in unit 1 and outside every unit
+    before = [p.detach().clone() for p in net.parameters()]
+    with pytest.raises(ValueError, match=r"zinf: 'head.weight' \(in Linear 'head', outside every "
+                                         r"unit\) is tied to 'blocks.1.extra.weight' of unit 1"):
+        offload_parameters(net, unit=Block, nvme_path=tmp_path)
+    assert os.listdir(tmp_path) == []
+    for b, p in zip(before, net.parameters()):
+        assert torch.equal(b, p)

@@ -12,9 +12,10 @@ memory goes back to zinf's pool when the last tensor over it is freed).
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, Optional, Tuple, Union
 
 import torch
 
@@ -41,14 +42,48 @@ def _target(filename, what="filename"):
             raise ValueError(f"zinf: file descriptor {filename} is not valid")
         return None, filename
     if isinstance(filename, (str, bytes, os.PathLike)):
-        path = os.fsdecode(os.fspath(filename))
-        if "\0" in path:
-            raise ValueError(f"zinf: the path {path!r} has an embedded NUL byte")
-        if not path:
-            raise ValueError("zinf: the path is empty")
-        return path, None
+        return ztorch.fs_path(filename, what), None
     raise TypeError(f"zinf: {what} must be a path (str, bytes, os.PathLike) or a file "
                     f"descriptor (int), got {type(filename).__name__}")
+
+
+def _storage_of(t):
+    return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()  # torch < 2
+
+
+def _may_move(t):
+    """True if `t`'s bytes could be reallocated under an operation in flight: its storage is
+    resizable (torch.empty's is; zinf's pinned tensors, torch.frombuffer's and numpy's are
+    not). torch < 2 cannot tell: anything outside zinf's pinned memory counts as resizable."""
+    storage = _storage_of(t)
+    if hasattr(storage, "resizable"):
+        return bool(storage.resizable())
+    return not (_locked.holds(t) or ztorch.is_zinf_pinned(t))
+
+
+def _aligned_like(t):
+    """An uninitialised tensor shaped like `t` at a 4096-byte aligned address (so the
+    operation can still use O_DIRECT), in plain memory: an in-flight operation's own bytes
+    must not count against zinf's pinned budget."""
+    nbytes = t.numel() * t.element_size()
+    raw = torch.empty(nbytes + 4096, dtype=torch.uint8)
+    start = -raw.data_ptr() % 4096
+    return raw[start:start + nbytes].view(t.dtype).view(t.shape)
+
+
+def _copy_back_unless_moved(buffer, host, filename, offset):
+    """What an asynchronous read into a resizable CPU tensor does once its bytes are in:
+    copies them into `buffer`, unless it was resized (or re-pointed) meanwhile, which raises
+    from wait() naming the file and offset (the bytes would not fit what the tensor is now)."""
+    address, shape = buffer.data_ptr(), tuple(buffer.shape)
+
+    def done():
+        if buffer.data_ptr() != address or tuple(buffer.shape) != shape:
+            raise ValueError(f"zinf: the buffer of the read of {filename!r} at offset {offset} "
+                             f"was resized while the read was in flight (shape {list(shape)} "
+                             f"-> {list(buffer.shape)}); its bytes were not copied into it")
+        buffer.copy_(host)
+    return done
 
 
 class _LockedTensors:
@@ -65,7 +100,8 @@ class _LockedTensors:
         if not isinstance(example, torch.Tensor):
             raise TypeError("zinf: example_tensor must be a torch.Tensor, got "
                             f"{type(example).__name__}")
-        t = ztorch.pinned_zeros((int(num_elem),), example.dtype)
+        n = ztorch.int_arg(num_elem, "num_elem", 0, ztorch.MAX_ELEMENTS)
+        t = ztorch.pinned_zeros((n,), example.dtype)
         if t.numel() > 0:
             with self._lock:
                 self._by_address[t.data_ptr()] = (t, t.numel() * t.element_size())
@@ -145,9 +181,16 @@ class aio_handle:  # noqa: N801  (DeepSpeed's name)
 
     Returns: ``read``/``write`` 0 as DeepSpeed's, the parallel synchronous calls 1 (the
     operations completed), asynchronous calls 0, ``wait()`` the number of asynchronous
-    operations completed since the last ``wait()``. A failed asynchronous operation raises from
-    ``wait()`` after every other one has ended, so no buffer is still being read or written
-    when the exception reaches the caller; the handle stays usable.
+    operations it completed (with one thread: those submitted since the last ``wait()``). A
+    failed asynchronous operation raises from ``wait()`` after every other one has ended, so
+    no buffer is still being read or written when the exception reaches the caller; the handle
+    stays usable.
+
+    One handle may be shared by threads: each asynchronous operation keeps its tensors alive
+    until it is complete, and ``wait()`` returns once every operation submitted before it is
+    complete, whichever thread's ``wait()`` completed it. An asynchronous operation on a tensor
+    whose storage torch may reallocate (``resize_``) reads or writes through aligned memory of
+    its own (one copy), so a resize in flight frees nothing under the I/O.
     """
 
     def __init__(self, block_size: int = 1048576, queue_depth: int = 128,
@@ -155,12 +198,12 @@ class aio_handle:  # noqa: N801  (DeepSpeed's name)
                  intra_op_parallelism: int = 1, num_threads: Optional[int] = None) -> None:
         if num_threads is not None:
             intra_op_parallelism = num_threads
-        self._h = _native.AioHandle(int(block_size), int(queue_depth), bool(single_submit),
-                                    bool(overlap_events), int(intra_op_parallelism))
-        # What async operations use, alive until wait(): the tensor, its storage (a tensor
-        # re-pointed with set_() while in flight must not free the bytes under the I/O) and,
-        # for a GPU tensor read, the device copy to make once the bytes are in.
-        self._inflight: List[Any] = []
+        i32 = (1 << 31) - 1  # the native handle's ints
+        self._h = _native.AioHandle(ztorch.int_arg(block_size, "block_size", 1, i32),
+                                    ztorch.int_arg(queue_depth, "queue_depth", 1, i32),
+                                    bool(single_submit), bool(overlap_events),
+                                    ztorch.int_arg(intra_op_parallelism, "intra_op_parallelism",
+                                                   1, i32))
 
     # Getters, as DeepSpeed names them.
     def get_block_size(self):
@@ -189,30 +232,37 @@ class aio_handle:  # noqa: N801  (DeepSpeed's name)
         path, fd = _target(filename)
         if not isinstance(buffer, torch.Tensor):
             raise ValueError(f"zinf: buffer must be a torch.Tensor, got {type(buffer).__name__}")
-        offset = int(file_offset)
-        if offset < 0:
-            raise ValueError(f"zinf: file_offset must not be negative, got {offset}")
+        offset = ztorch.int_arg(file_offset, "file_offset", 0, (1 << 63) - 1)  # an off_t
         host = buffer
         if buffer.device.type != "cpu":
             if not buffer.is_contiguous():
                 raise ValueError("zinf: buffer must be contiguous")
             host = ztorch.pinned_empty(buffer.shape, buffer.dtype)
-            if write:
-                host.copy_(buffer)
+        elif async_op and _may_move(buffer):
+            # A resize_ while the operation is in flight would free these bytes under the I/O
+            # (torch reallocates the storage in place, references or not): the I/O goes
+            # through memory of the operation's own.
+            ztorch.address_of(buffer, "buffer")
+            host = _aligned_like(buffer)
+        if write and host is not buffer:
+            host.copy_(buffer)
         address, nbytes = ztorch.address_of(host, "buffer")
+        on_done = None
+        if not write and host is not buffer:
+            if async_op and buffer.device.type == "cpu":
+                on_done = _copy_back_unless_moved(buffer, host, filename, offset)
+            else:
+                on_done = functools.partial(buffer.copy_, host)
+        # Alive until the operation is complete, whichever thread's wait() completes it.
+        keep = (buffer, host, _storage_of(host)) if async_op else None
         if fd is None:
             fn = self._h.pwrite if write else self._h.pread
-            r = fn(address, nbytes, path, bool(validate), bool(async_op), offset)
+            r = fn(address, nbytes, path, bool(validate), bool(async_op), offset, keep, on_done)
         else:
             fn = self._h.pwrite_fd if write else self._h.pread_fd
-            r = fn(address, nbytes, fd, bool(validate), bool(async_op), offset)
-        copy_back = None if (write or host is buffer) else (buffer, host)
-        if async_op:
-            storage = host.untyped_storage() if hasattr(host, "untyped_storage") \
-                else host.storage()  # torch < 2.0
-            self._inflight.append((buffer, host, storage, copy_back))
-        elif copy_back is not None:
-            buffer.copy_(host)
+            r = fn(address, nbytes, fd, bool(validate), bool(async_op), offset, keep, on_done)
+        if not async_op and on_done is not None:
+            on_done()
         return r
 
     # DeepSpeed's positional order and keyword names; `async` is a Python keyword, so it comes
@@ -279,14 +329,11 @@ class aio_handle:  # noqa: N801  (DeepSpeed's name)
                         file_offset)
 
     def wait(self):
-        try:
-            done = self._h.wait()
-        finally:
-            inflight, self._inflight = self._inflight, []
-        for _, _, _, copy_back in inflight:
-            if copy_back is not None:
-                copy_back[0].copy_(copy_back[1])
-        return done
+        """Completes the asynchronous operations submitted so far (every thread's: it
+        returns once those this thread submitted are complete, even where another thread's
+        wait() completed them); returns how many this call completed. Their failures raise
+        from the wait() that completed them."""
+        return self._h.wait()
 
     def new_cpu_locked_tensor(self, num_elem, example_tensor=None, example_tenosr=None):
         """A zeroed 1-D tensor of `num_elem` elements of the example's dtype in zinf's pinned
@@ -540,7 +587,7 @@ class _CpuAdamOp:
         tensors = (params, grads, exp_avg, exp_avg_sq)
         kernel, adamw, group = self._checked(optimizer_id, lr, beta1, beta2, epsilon,
                                              weight_decay, bias_correction, tensors)
-        ztorch.adam_update(kernel, adamw, int(step), group, *tensors)
+        ztorch.adam_update(kernel, adamw, step, group, *tensors)
         return 0
 
     def adam_rollback(self, optimizer_id, step, lr, beta1, beta2, epsilon, weight_decay,
@@ -548,7 +595,7 @@ class _CpuAdamOp:
         tensors = (params, grads, exp_avg, exp_avg_sq)
         _, adamw, group = self._checked(optimizer_id, lr, beta1, beta2, epsilon, weight_decay,
                                         bias_correction, tensors)
-        ztorch.adam_rollback(adamw, int(step), group, *tensors)
+        ztorch.adam_rollback(adamw, ztorch.int_arg(step, "step"), group, *tensors)
         return 0
 
 
