@@ -752,6 +752,42 @@ TEST(ShardedCheckpoint, ATornSaveIsRefusedAtEveryWorldSizeBeforeLoadingAnything)
   }
 }
 
+// A kill after the commit record, while the ranks remove what the new save supersedes: rank 1
+// still holds the previous save's version and manifest (zinf-sharded.previous) beside the
+// new ones. Every world size loads the new save, and the next save removes what was left.
+TEST(ShardedCheckpoint, AKillWhileRemovingTheSupersededSaveLoadsTheNewOne) {
+  const auto want = test::reference();
+  zinf::test::TestDir dir;
+  const std::string swap_dir = dir.subdir("nvme");
+  const std::string ckpt = dir.file("ckpt");
+  test::ThreadGroup two(2);
+  two.run(false, [&](Collectives& c) {
+    test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 1, 1, "", ckpt);
+  });
+  const std::string first = dir.file("first");
+  std::filesystem::copy(ckpt, first, std::filesystem::copy_options::recursive);
+  two.run(false, [&](Collectives& c) {
+    test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 2, 2, ckpt, ckpt);
+  });
+  std::string old_version;
+  std::getline(std::ifstream(first + "/rank1/LATEST"), old_version);
+  std::filesystem::copy(first + "/rank1/" + old_version, ckpt + "/rank1/" + old_version,
+                        std::filesystem::copy_options::recursive);
+  std::filesystem::copy_file(first + "/rank1/zinf-sharded", ckpt + "/rank1/zinf-sharded.previous");
+  for (int world : {1, 2, 3}) {
+    SCOPED_TRACE("resumed on " + std::to_string(world) + " ranks");
+    test::ThreadGroup group(world);
+    group.run(false, [&](Collectives& c) {
+      test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 3, 3, ckpt, "");
+    });
+  }
+  two.run(false, [&](Collectives& c) {
+    test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 3, 3, ckpt, ckpt);
+  });
+  EXPECT_FALSE(std::filesystem::exists(ckpt + "/rank1/" + old_version));
+  EXPECT_FALSE(std::filesystem::exists(ckpt + "/rank1/zinf-sharded.previous"));
+}
+
 // The run a rank folder's current version records (its "run <id>" line).
 std::string folder_run(const std::string& folder) {
   std::string version, word, id;
