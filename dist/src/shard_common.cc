@@ -384,6 +384,9 @@ SavedRank open_rank_folder(const swap::Dir& top, std::string_view who,
   // The version must be there (a save keeps it until the next one is committed); LATEST may
   // name a later one that was never committed, which the load points back.
   std::string version = parsed->more[0];
+  if (version.find('/') != std::string::npos || version == "." || version == "..") {
+    throw UsageError(torn + folder.path_of(name) + " names no state version (" + head + ")");
+  }
   try {
     (void)folder.open_child(version);
   } catch (const IoError& e) {

@@ -740,6 +740,20 @@ TEST(ShardedCheckpoint, ATornSaveIsRefusedAtEveryWorldSizeBeforeLoadingAnything)
                        "/rank1 has lost state " + kept + ", which its manifest of save " + a +
                        " step 1 names; " + killed + " (committed) is save " + a + " step 1");
   }
+  // A manifest whose version is not a name in the folder (".." here) is refused before LATEST
+  // is touched.
+  {
+    std::string text;
+    std::getline(std::ifstream(killed + "/rank1/zinf-sharded"), text, '\0');
+    text.replace(text.find("latest " + kept), 7 + kept.size(), "latest ..");
+    std::ofstream(killed + "/rank1/zinf-sharded") << text;
+  }
+  for (int world : {1, 2, 3}) {
+    expect_refused(killed, world, 1,
+                   "ShardedOptimizer::load: checkpoint " + killed + " is torn: " + killed +
+                       "/rank1/zinf-sharded names no state version (" + killed +
+                       " (committed) is save " + a + " step 1)");
+  }
 
   // Whole again: every world size loads it and steps on bitwise.
   replace_folder(second + "/rank1", ckpt + "/rank1");
