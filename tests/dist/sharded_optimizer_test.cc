@@ -732,6 +732,14 @@ TEST(ShardedCheckpoint, ATornSaveIsRefusedAtEveryWorldSizeBeforeLoadingAnything)
     std::getline(std::ifstream(killed + "/rank1/LATEST"), now);
     EXPECT_EQ(now, kept);
   }
+  // The resumed job's next save removes the uncommitted version that the killed one left.
+  const std::string resumed = dir.file("resumed");
+  std::filesystem::copy(killed, resumed, std::filesystem::copy_options::recursive);
+  two.run(false, [&](Collectives& c) {
+    test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 2, 2, resumed, resumed);
+  });
+  EXPECT_FALSE(std::filesystem::exists(resumed + "/rank1/" + latest));
+  EXPECT_FALSE(std::filesystem::exists(resumed + "/rank1/" + kept));
   // Without that version (lost, not kept) the folder is torn: refused, naming it.
   std::filesystem::remove_all(killed + "/rank1/" + kept);
   for (int world : {1, 2, 3}) {
