@@ -123,6 +123,51 @@ std::string latest_version(const swap::Dir& folder) {
   return name;
 }
 
+// A rank's manifest of the committed save while a later save is not committed yet: its
+// `zinf-sharded` already names the later one (save_sharded, step 2).
+constexpr std::string_view kPrevious = "zinf-sharded.previous";
+constexpr std::string_view kLatestKey[] = {"latest"};
+
+// The rank manifest `name` in `folder`, nullopt if there is none (any other failure throws).
+std::optional<std::string> read_rank_manifest(const swap::Dir& folder, std::string_view name) {
+  try {
+    return swap::read_small_file(folder, name, kMaxManifestBytes);
+  } catch (const IoError& e) {
+    if (e.code() != ErrorCode::kNotFound) throw;
+    return std::nullopt;
+  }
+}
+
+// The save the commit record in `dir` names now: "" for none (no record yet, or one that names
+// no save, which no load accepts). A record that cannot be read is an error: the save could
+// not keep what it names.
+std::string committed_save_id(const std::string& dir) {
+  std::string text;
+  try {
+    text = swap::read_small_file(swap::Dir::open(dir), kManifest, kMaxManifestBytes);
+  } catch (const IoError& e) {
+    if (e.code() != ErrorCode::kNotFound) throw;
+    return "";
+  }
+  const auto parsed = parse_identity(text);
+  return parsed ? parsed->save.id : "";
+}
+
+// Keeps this rank's manifest of save `committed` (the one the commit record names) as
+// kPrevious before a new save replaces kManifest: copied there durably if kManifest is it;
+// left as it is if kPrevious is it already (a later save failed or was killed since).
+void keep_committed_manifest(const swap::Dir& folder, const std::string& committed) {
+  if (committed.empty()) return;
+  for (const std::string_view name : {kManifest, kPrevious}) {
+    const std::optional<std::string> text = read_rank_manifest(folder, name);
+    if (!text) continue;
+    const std::optional<Parsed> parsed = parse_identity(*text, kLatestKey);
+    if (!parsed || parsed->save.id != committed) continue;
+    if (name == kManifest) swap::replace_file_durably(folder, kPrevious, *text);
+    return;
+  }
+}
+
 // Subdirectory `name` of `parent`, created (0700) if missing, never through a link (IoError
 // naming it for a link or a non-directory there). Several ranks may call it at once.
 swap::Dir open_or_create_child(const swap::Dir& parent, const std::string& name) {
@@ -244,33 +289,41 @@ void all_reduce_failures(Collectives& comm, std::string_view what, std::exceptio
 void save_sharded(Collectives& comm, std::string_view who, const std::string& dir,
                   const ShardManifest& manifest, std::uint64_t step,
                   const std::function<void(const swap::Dir& rank_dir)>& save_rank,
-                  const JobRun& run) {
+                  const std::function<void()>& remove_superseded, const JobRun& run) {
   if (dir.empty()) throw UsageError(std::string(who) + ": the checkpoint directory is empty");
-  // The save's id, drawn by rank 0 and the same on every rank, and rank 0's run, which every
-  // rank records (a failure is all-reduced first, so that no rank waits in the broadcast for
-  // ever).
-  std::string id_and_run(64, '0');
+  // The save's id, drawn by rank 0 and the same on every rank, rank 0's run, which every rank
+  // records, and the save rank 0's commit record names now (blank for none), whose folders
+  // every rank keeps until this save is committed (a failure is all-reduced first, so that no
+  // rank waits in the broadcast for ever).
+  std::string head(96, ' ');
   on_every_rank(comm, who, [&] {
     if (comm.rank() != 0) return;
     const std::string mine = run.get();
     if (mine.size() != 32) throw IoError(Status::error(ErrorCode::kInternal, "bad run " + mine));
-    id_and_run = random_id("a checkpoint's save id") + mine;
+    std::string committed = committed_save_id(dir);
+    committed.resize(32, ' ');
+    head = random_id("a checkpoint's save id") + mine + committed;
   });
-  comm.broadcast(std::as_writable_bytes(std::span<char>(id_and_run)), 0);
-  const std::string id = id_and_run.substr(0, 32);
+  comm.broadcast(std::as_writable_bytes(std::span<char>(head)), 0);
+  const std::string id = head.substr(0, 32);
+  std::string committed = head.substr(64);
+  if (committed.front() == ' ') committed.clear();
   const SaveIdentity save{id, step};
   std::optional<swap::Dir> top;
+  std::optional<swap::Dir> mine;
+  // Phase 1: every rank's folder holds the new save, durably, beside the committed one.
   on_every_rank(comm, who, [&] {
     // `dir` is the caller's path, followed as given; the rank folder is opened once, never
     // through a link, and used through that descriptor only.
     std::filesystem::create_directories(dir);
     top.emplace(swap::Dir::open(dir));
-    const swap::Dir mine = open_or_create_child(*top, "rank" + std::to_string(comm.rank()));
-    run.set(id_and_run.substr(32));
-    save_rank(mine);
-    swap::replace_file_durably(mine, kManifest,
+    mine.emplace(open_or_create_child(*top, "rank" + std::to_string(comm.rank())));
+    run.set(head.substr(32, 32));
+    keep_committed_manifest(*mine, committed);
+    save_rank(*mine);
+    swap::replace_file_durably(*mine, kManifest,
                                rank_manifest(manifest, comm.size(), comm.rank()) +
-                                   identity_lines(save) + "latest " + latest_version(mine) + "\n");
+                                   identity_lines(save) + "latest " + latest_version(*mine) + "\n");
   });
   // Every rank's folder is durable: the commit record makes them one checkpoint.
   on_every_rank(comm, who, [&] {
@@ -278,18 +331,42 @@ void save_sharded(Collectives& comm, std::string_view who, const std::string& di
     swap::replace_file_durably(*top, kManifest,
                                global_manifest(manifest, comm.size()) + identity_lines(save));
   });
+  // Phase 2: the commit record is durable (every rank has passed the all-reduce after it), so
+  // what the previous save kept is superseded. A kill here leaves the new save loadable.
+  try {
+    (void)mine->remove_file(kPrevious);
+    remove_superseded();
+  } catch (const std::exception& e) {
+    log(LogLevel::kWarning, std::string(who) + ": " + e.what() +
+                                " (the previous save's files stay, costing only space)");
+  }
 }
 
-swap::Dir open_rank_folder(const swap::Dir& top, std::string_view who,
+SavedRank open_rank_folder(const swap::Dir& top, std::string_view who,
                            const ShardManifest& manifest, int world, int rank, bool own,
                            const SaveIdentity& committed) {
   swap::Dir folder = top.open_child("rank" + std::to_string(rank));  // never a link
-  const std::string text = swap::read_small_file(folder, kManifest, kMaxManifestBytes);
+  // The manifest of the committed save: kManifest, or kPrevious where a later save replaced
+  // kManifest and was never committed. Neither: kManifest, which the checks below refuse.
+  std::string name(kManifest);
+  std::string text = swap::read_small_file(folder, kManifest, kMaxManifestBytes);
+  std::optional<Parsed> parsed = parse_identity(text, kLatestKey);
+  const auto is_committed = [&](const std::optional<Parsed>& p) {
+    return p && p->save.id == committed.id && p->save.step == committed.step;
+  };
+  if (!is_committed(parsed)) {
+    if (std::optional<std::string> previous = read_rank_manifest(folder, kPrevious)) {
+      std::optional<Parsed> p = parse_identity(*previous, kLatestKey);
+      if (is_committed(p)) {
+        name = kPrevious;
+        text = std::move(*previous);
+        parsed = std::move(p);
+      }
+    }
+  }
   const std::string layout = rank_manifest(manifest, world, rank);
-  static constexpr std::string_view kLatestKey[] = {"latest"};
-  const std::optional<Parsed> parsed = parse_identity(text, kLatestKey);
   if (!text.starts_with(layout) || (parsed && parsed->layout != layout)) {
-    throw UsageError(std::string(who) + ": " + folder.path_of(kManifest) + " does not describe " +
+    throw UsageError(std::string(who) + ": " + folder.path_of(name) + " does not describe " +
                      (own ? std::string("this rank")
                           : "rank " + std::to_string(rank) + " of the " + std::to_string(world) +
                                 " that saved it") +
@@ -299,18 +376,25 @@ swap::Dir open_rank_folder(const swap::Dir& top, std::string_view who,
   const std::string torn = std::string(who) + ": checkpoint " + top.path() + " is torn: ";
   const std::string head = top.path() + " (committed) is " + describe(committed);
   if (!parsed) {
-    throw UsageError(torn + folder.path_of(kManifest) + " names no save (" + head + ")");
+    throw UsageError(torn + folder.path_of(name) + " names no save (" + head + ")");
   }
-  if (parsed->save.id != committed.id || parsed->save.step != committed.step) {
+  if (!is_committed(parsed)) {
     throw UsageError(torn + folder.path() + " belongs to " + describe(parsed->save) + ", " + head);
   }
-  const std::string latest = latest_version(folder);
-  if (latest != parsed->more[0]) {
-    throw UsageError(torn + folder.path() + " holds state " + latest + ", which its manifest of " +
-                     describe(parsed->save) + " does not name (a save stopped between the two); " +
-                     head);
+  // The version must be there (a save keeps it until the next one is committed); LATEST may
+  // name a later one that was never committed, which the load points back.
+  std::string version = parsed->more[0];
+  if (version.find('/') != std::string::npos || version == "." || version == "..") {
+    throw UsageError(torn + folder.path_of(name) + " names no state version (" + head + ")");
   }
-  return folder;
+  try {
+    (void)folder.open_child(version);
+  } catch (const IoError& e) {
+    if (e.code() != ErrorCode::kNotFound) throw;
+    throw UsageError(torn + folder.path() + " has lost state " + version +
+                     ", which its manifest of " + describe(parsed->save) + " names; " + head);
+  }
+  return {rank, std::move(folder), std::move(version)};
 }
 
 void load_sharded(Collectives& comm, std::string_view who, const std::string& dir,
@@ -387,14 +471,31 @@ void load_sharded(Collectives& comm, std::string_view who, const std::string& di
   std::vector<SavedRank> folders;
   on_every_rank(comm, who, [&] {
     for (int k = comm.rank(); k < saved; k += comm.size()) {
-      folders.push_back({k, open_rank_folder(*top, who, manifest, saved, k, same, committed)});
+      folders.push_back(open_rank_folder(*top, who, manifest, saved, k, same, committed));
       if (same) break;
     }
   });
+  // Where a save that was never committed (killed, or failed on another rank) had switched a
+  // folder's LATEST to its own version, the committed version is current again: the
+  // optimizer's load reads what LATEST names.
+  const auto point_latest = [&] {
+    for (const SavedRank& f : folders) {
+      const std::string latest = latest_version(f.folder);
+      if (latest == f.version) continue;
+      swap::replace_file_durably(f.folder, kLatest, f.version + "\n");
+      log(LogLevel::kNotice, std::string(who) + ": " + f.folder.path_of(kLatest) + " named " +
+                                 latest + ", of a save that was never committed; it names " +
+                                 f.version + " of the committed " + describe(committed) + " again");
+    }
+  };
   if (same) {
-    on_every_rank(comm, who, [&] { load_rank(folders.front().folder); });
+    on_every_rank(comm, who, [&] {
+      point_latest();
+      load_rank(folders.front().folder);
+    });
     return;
   }
+  on_every_rank(comm, who, point_latest);
   reshard(dir, saved, folders);
 }
 

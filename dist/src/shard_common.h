@@ -124,30 +124,44 @@ struct JobRun {
   std::function<void(const std::string&)> set;
 };
 
-/// Collective. Saves a sharded checkpoint in `dir` (created if missing) as one checkpoint:
-/// 1. rank 0 draws the save's id and broadcasts it;
-/// 2. every rank opens `dir`/rank<R> once (created 0700 if missing, never through a link) and
-///    runs save_rank on that descriptor (which commits its own files durably), then replaces
-///    its rank manifest there (format, world size, rank, entries, and the save's id, `step`
-///    and the name of the state version save_rank committed, read from its LATEST) durably;
+/// Collective. Saves a sharded checkpoint in `dir` (created if missing) as one checkpoint, in
+/// two phases, so that the previous checkpoint stays loadable until the new one is committed
+/// by every rank:
+/// 1. rank 0 draws the save's id and broadcasts it with the id of the save its commit record
+///    names now (if any);
+/// 2. every rank opens `dir`/rank<R> once (created 0700 if missing, never through a link);
+///    if its rank manifest is of the committed save, it copies it durably to
+///    `zinf-sharded.previous` (a copy of that save's already there stays); then it runs
+///    save_rank on that descriptor, which commits its own files durably and switches its
+///    LATEST but keeps the version it supersedes (OffloadedOptimizer::save with kKeep), and
+///    replaces its rank manifest there (format, world size, rank, entries, and the save's id,
+///    `step` and the name of the state version save_rank committed, read from its LATEST)
+///    durably;
 /// 3. the ranks all-reduce their failures: if any failed, every rank throws (`who` names the
 ///    operation, "ShardedOptimizer::save") and nothing more is written;
 /// 4. rank 0 replaces the commit record `dir`/zinf-sharded (format, world size, every rank's
 ///    folder, entries, save id and step) atomically (temporary, fsync, rename, fsync of
-///    `dir`), and its failure, if any, is thrown on every rank.
-/// The save exists only once step 4 is done; a kill before leaves the previous commit record,
-/// which the rank folders already rewritten no longer match, so load_sharded refuses the
-/// checkpoint rather than mixing saves. UsageError "<who>: the checkpoint directory is empty"
-/// for an empty `dir`, before anything. Every rank's folder records rank 0's run (`run`).
+///    `dir`), and its failure, if any, is thrown on every rank;
+/// 5. only then (the failures' all-reduce of step 4 is the barrier) each rank removes its
+///    `zinf-sharded.previous` and runs remove_superseded (the versions save_rank kept, and
+///    those of this run a killed save left); a failure there only costs space and is logged.
+/// The save exists only once step 4 is done. A kill or failure before leaves the previous
+/// commit record, whose save every rank folder still holds (its manifest, or the copy, and
+/// its version), and load_sharded loads that one; a kill during step 5 leaves the new one,
+/// which every folder holds too. UsageError "<who>: the checkpoint directory is empty" for
+/// an empty `dir`, before anything. Every rank's folder records rank 0's run (`run`).
 void save_sharded(Collectives& comm, std::string_view who, const std::string& dir,
                   const ShardManifest& manifest, std::uint64_t step,
                   const std::function<void(const swap::Dir& rank_dir)>& save_rank,
-                  const JobRun& run);
+                  const std::function<void()>& remove_superseded, const JobRun& run);
 
-/// A saved rank's folder, open (never through a link) and checked against the committed save.
+/// A saved rank's folder, open (never through a link) and checked against the committed save,
+/// and the name of the state version of that save in it, which its LATEST names by the time
+/// the folder is loaded.
 struct SavedRank {
   int rank = 0;
   swap::Dir folder;
+  std::string version;
 };
 
 /// Collective. Loads what save_sharded wrote. First the commit record: it must describe these
@@ -157,13 +171,16 @@ struct SavedRank {
 /// saved by M ranks; this job has N (loading into another world size is not supported)").
 /// The ranks agree on M (an all-reduce). Then every rank opens and checks each saved folder
 /// it will read (its own, or for another world size saved ranks k = rank, rank + N, ...):
-/// its manifest must describe that rank of M and these entries (UsageError "... does not
-/// describe ..."), belong to the committed save and name the state version its LATEST names,
-/// else UsageError "<who>: checkpoint <dir> is torn: <dir>/rank<k> belongs to save <id> step
-/// S, <dir> (committed) is save <id> step T" (or "... holds state <version> that its manifest
-/// of save <id> step S does not name ..."). Any failure there is thrown on every rank before
-/// anything is loaded. Then load_rank(this rank's folder), or reshard(`dir`, M, the folders
-/// this rank read), which is collective and does its own failure handling. An empty `dir` as
+/// its manifest of the committed save (`zinf-sharded`, or `zinf-sharded.previous` while a
+/// later save was not committed) must describe that rank of M and these entries (UsageError
+/// "... does not describe ..."), belong to the committed save and name a state version that
+/// is there, else UsageError "<who>: checkpoint <dir> is torn: <dir>/rank<k> belongs to save
+/// <id> step S, <dir> (committed) is save <id> step T" (or "... has lost state <version>,
+/// which its manifest of save <id> step S names ..."). Any failure there is thrown on every
+/// rank before anything is loaded. Then each rank points the LATEST of every folder it reads
+/// at that version where a save that was not committed had switched it (durably, with a
+/// notice), and runs load_rank(this rank's folder), or reshard(`dir`, M, the folders this
+/// rank read), which is collective and does its own failure handling. An empty `dir` as
 /// save_sharded.
 void load_sharded(Collectives& comm, std::string_view who, const std::string& dir,
                   const ShardManifest& manifest,
@@ -174,8 +191,8 @@ void load_sharded(Collectives& comm, std::string_view who, const std::string& di
 /// Rank `rank`'s folder of the sharded checkpoint `top`, saved by `world` ranks as save
 /// `committed`, opened without following a link and checked as load_sharded describes
 /// (`own`: the "does not describe" message says "this rank" rather than "rank R of the W
-/// that saved it").
-swap::Dir open_rank_folder(const swap::Dir& top, std::string_view who,
+/// that saved it"), with the version of that save in it.
+SavedRank open_rank_folder(const swap::Dir& top, std::string_view who,
                            const ShardManifest& manifest, int world, int rank, bool own,
                            const SaveIdentity& committed);
 

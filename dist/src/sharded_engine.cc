@@ -557,7 +557,10 @@ void ShardedEngine::save(const std::string& dir) {
       impl_->host, "ShardedEngine::save", dir,
       detail::manifest_of("zinf-sharded-engine 1", "layer", impl_->layers),
       offload::step_count(*impl_->local),
-      [this](const swap::Dir& mine) { impl_->local->save(mine); },
+      [this](const swap::Dir& mine) {
+        offload::save(*impl_->local, mine, optim::SupersededVersions::kKeep);
+      },
+      [this] { offload::remove_superseded_versions(*impl_->local); },
       {[this] { return offload::checkpoint_run(*impl_->local); },
        [this](const std::string& run) { offload::set_checkpoint_run(*impl_->local, run); }});
 }

@@ -179,12 +179,14 @@ optim::StepStats ShardedOptimizer::step(std::span<const std::span<const float>> 
 }
 
 void ShardedOptimizer::save(const std::string& dir) {
-  detail::save_sharded(impl_->comm, "ShardedOptimizer::save", dir,
-                       detail::manifest_of("zinf-sharded-optimizer 1", "group", impl_->groups),
-                       impl_->local->step_count(),
-                       [this](const swap::Dir& mine) { impl_->local->save(mine); },
-                       {[this] { return impl_->local->checkpoint_run(); },
-                        [this](const std::string& run) { impl_->local->set_checkpoint_run(run); }});
+  detail::save_sharded(
+      impl_->comm, "ShardedOptimizer::save", dir,
+      detail::manifest_of("zinf-sharded-optimizer 1", "group", impl_->groups),
+      impl_->local->step_count(),
+      [this](const swap::Dir& mine) { impl_->local->save(mine, optim::SupersededVersions::kKeep); },
+      [this] { impl_->local->remove_superseded_versions(); },
+      {[this] { return impl_->local->checkpoint_run(); },
+       [this](const std::string& run) { impl_->local->set_checkpoint_run(run); }});
 }
 
 void ShardedOptimizer::load(const std::string& dir) {

@@ -64,7 +64,8 @@ SaveSnapshot OffloadEngine::last_save_snapshot() const noexcept {
   return impl_->optimizer->last_save_snapshot();
 }
 
-void OffloadEngine::Impl::save(const std::string* path, const swap::Dir* given, bool async) {
+void OffloadEngine::Impl::save(const std::string* path, const swap::Dir* given, bool async,
+                               optim::SupersededVersions superseded) {
   const char* function = async ? "OffloadEngine::save_async" : "OffloadEngine::save";
   if (path) check_checkpoint_dir(*path, function);
   Impl& m = *this;
@@ -91,7 +92,7 @@ void OffloadEngine::Impl::save(const std::string* path, const swap::Dir* given, 
   } else if (path) {
     m.optimizer->save(*path);
   } else {
-    m.optimizer->save(*given);
+    m.optimizer->save(*given, superseded);
   }
 }
 

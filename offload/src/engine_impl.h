@@ -83,7 +83,8 @@ struct OffloadEngine::Impl {
   // save() and save_async(): the layer table and loss scale now, then the optimizer's
   // checkpoint, written before returning or by the optimizer's save thread.
   // A save into `path` or, if it is null, into the open directory `given`.
-  void save(const std::string* path, const swap::Dir* given, bool async);
+  void save(const std::string* path, const swap::Dir* given, bool async,
+            optim::SupersededVersions superseded = optim::SupersededVersions::kRemove);
   void load(const std::string* path, const swap::Dir* given);
   // The text of the dynamic loss scale's state saved in engine checkpoint `d` and where it was
   // read, or nullopt (with a notice) where the checkpoint has none.

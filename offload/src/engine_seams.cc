@@ -69,6 +69,11 @@ class EngineSeamsAccess {
     return *engine.impl_->optimizer;
   }
 
+  static void save(OffloadEngine& engine, const swap::Dir& dir,
+                   optim::SupersededVersions superseded) {
+    engine.impl_->save(nullptr, &dir, /*async=*/false, superseded);
+  }
+
   static void restore_loss_scale(OffloadEngine& engine, const std::string& text,
                                  const std::string& shown, std::string_view who) {
     OffloadEngine::Impl& m = *engine.impl_;
@@ -115,6 +120,14 @@ std::string checkpoint_run(OffloadEngine& engine) {
 
 void set_checkpoint_run(OffloadEngine& engine, const std::string& run) {
   EngineSeamsAccess::optimizer(engine).set_checkpoint_run(run);
+}
+
+void save(OffloadEngine& engine, const swap::Dir& dir, optim::SupersededVersions superseded) {
+  EngineSeamsAccess::save(engine, dir, superseded);
+}
+
+void remove_superseded_versions(OffloadEngine& engine) {
+  EngineSeamsAccess::optimizer(engine).remove_superseded_versions();
 }
 
 }  // namespace zinf::offload

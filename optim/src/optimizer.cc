@@ -329,11 +329,18 @@ void OffloadedOptimizer::save(const std::string& dir) {
   impl_->save(dir);
 }
 
-void OffloadedOptimizer::save(const swap::Dir& dir) {
+void OffloadedOptimizer::save(const swap::Dir& dir) { save(dir, SupersededVersions::kRemove); }
+
+void OffloadedOptimizer::save(const swap::Dir& dir, SupersededVersions superseded) {
   impl_->check_usable();
   impl_->check_idle("save");
   impl_->wait_save();
-  impl_->save(dir);
+  impl_->save(dir, superseded);
+}
+
+void OffloadedOptimizer::remove_superseded_versions() {
+  impl_->wait_save();
+  impl_->remove_superseded_versions();
 }
 
 void OffloadedOptimizer::save_async(const std::string& dir) {

@@ -164,12 +164,24 @@ void OffloadedOptimizer::Impl::commit_version(VersionWrite& v,
   }
   pause();
 
-  // The new version is current and durable: remove this optimizer's older versions and what
-  // interrupted saves left. Under the lock nobody else is writing here, so a .tmp version or
-  // a .zinf-tmp- file is a dead process's. Versions of other runs stay. Failures here only
-  // cost space, so they are logged.
-  const std::string& name = v.name;
-  std::vector<std::string> kept{name};
+  // The new version is current and durable: remove this optimizer's older versions (unless
+  // the caller keeps them for its own commit) and what interrupted saves left.
+  remove_versions_but(v.name, !v.keep_superseded, /*own_run=*/false);
+  checkpoint_phase("done", v.total);
+}
+
+void OffloadedOptimizer::Impl::remove_versions_but(const std::string& current, bool chain,
+                                                   bool own_run) {
+  // Under the lock nobody else is writing here, so a .tmp version or a .zinf-tmp- file is a
+  // dead process's. Versions of other runs stay. Failures here only cost space, so they are
+  // logged.
+  const swap::Dir& root = checkpoint_dir;
+  std::vector<std::string> kept{current};
+  if (!chain) {
+    for (const std::string& n : checkpoint_chain) {
+      if (n != current) kept.push_back(n);
+    }
+  }
   std::vector<std::string> names;
   try {
     names = root.list();
@@ -177,30 +189,53 @@ void OffloadedOptimizer::Impl::commit_version(VersionWrite& v,
     log(LogLevel::kWarning, std::string("checkpoint: cannot list for cleanup: ") + e.what());
   }
   for (const std::string& n : names) {
-    if (n == name) continue;
-    const bool ours =
-        std::find(checkpoint_chain.begin(), checkpoint_chain.end(), n) != checkpoint_chain.end();
-    const bool leftover =
-        (is_version_name(n) && n.ends_with(kTmpSuffix)) || swap::is_zinf_temporary(n);
-    if (!ours && !leftover) continue;
+    if (n == current) continue;
+    const bool tmp_version = is_version_name(n) && n.ends_with(kTmpSuffix);
+    const bool leftover = tmp_version || swap::is_zinf_temporary(n);
+    const bool ours = chain && std::find(checkpoint_chain.begin(), checkpoint_chain.end(), n) !=
+                                   checkpoint_chain.end();
+    bool this_run = false;
+    if (own_run && !leftover && !ours && is_version_name(n) && !run_id.empty()) {
+      try {
+        this_run = version_run(root.open_child(n)) == run_id;
+      } catch (const std::exception& e) {
+        // Not readable as a version of ours: not removed.
+        log(LogLevel::kDebug, std::string("checkpoint: ") + e.what());
+      }
+    }
+    if (!ours && !leftover && !this_run) continue;
     try {
       root.remove_tree(n);
-      if (leftover) {
-        log(LogLevel::kNotice,
-            "checkpoint: reclaimed " + root.path_of(n) + ", left by an interrupted save");
+      if (leftover || this_run) {
+        log(LogLevel::kNotice, "checkpoint: reclaimed " + root.path_of(n) +
+                                   (leftover ? ", left by an interrupted save"
+                                             : ", a superseded version of this run"));
       }
     } catch (const std::exception& e) {
       log(LogLevel::kWarning,
           std::string("checkpoint: cannot remove ") + root.path_of(n) + ": " + e.what());
-      if (ours) kept.push_back(n);  // tried again after the next save
+      if (ours || this_run) kept.push_back(n);  // tried again after the next save
     }
   }
   checkpoint_chain = std::move(kept);
-  checkpoint_phase("done", v.total);
 }
 
-void OffloadedOptimizer::Impl::save(const CheckpointPlace& dir) {
+void OffloadedOptimizer::Impl::remove_superseded_versions() {
+  if (!checkpoint_dir.is_open()) return;
+  std::string current;
+  try {
+    current = latest_version_name(checkpoint_dir);
+  } catch (const std::exception& e) {
+    // Without a current version nothing is superseded: removing would be guessing.
+    log(LogLevel::kWarning, std::string("checkpoint: nothing removed: ") + e.what());
+    return;
+  }
+  remove_versions_but(current, /*chain=*/true, /*own_run=*/true);
+}
+
+void OffloadedOptimizer::Impl::save(const CheckpointPlace& dir, SupersededVersions superseded) {
   VersionWrite v = begin_version(dir);
+  v.keep_superseded = superseded == SupersededVersions::kKeep;
   try {
     Attached att(*engine, v.file);
     std::uint64_t written = 0;

@@ -101,6 +101,8 @@ struct VersionWrite {
   std::vector<std::pair<std::string, std::string>> files;
   // Logged once the version is current: LATEST named another run's checkpoint before it.
   std::string superseded;
+  // SupersededVersions::kKeep: the versions this one supersedes stay after the switch.
+  bool keep_superseded = false;
 };
 
 struct OffloadedOptimizer::Impl {
@@ -246,8 +248,16 @@ struct OffloadedOptimizer::Impl {
   // The checkpoint directory, opened (a path created first if `create`) and locked, or the one
   // already held if it is the same directory (a second open would conflict with our own lock).
   const swap::Dir& open_checkpoint_dir(const CheckpointPlace& where, bool create);
-  void save(const CheckpointPlace& where);
+  void save(const CheckpointPlace& where,
+            SupersededVersions superseded = SupersededVersions::kRemove);
   void load(const CheckpointPlace& where);
+  // Removes from checkpoint_dir what interrupted saves left and, but for version `current`,
+  // this optimizer's versions (checkpoint_chain) if `chain`, and those that record run_id if
+  // `own_run`; logs what it reclaimed and what it could not remove. Afterwards
+  // checkpoint_chain holds `current` and what could not be removed, plus, if not `chain`,
+  // the chain as it was.
+  void remove_versions_but(const std::string& current, bool chain, bool own_run);
+  void remove_superseded_versions();
   // File `name` of the version LATEST names in `root` (set_checkpoint_file's text, its CRC32C
   // checked), nullopt where that version has none.
   std::optional<std::string> read_checkpoint_file(const swap::Dir& root, const std::string& name,

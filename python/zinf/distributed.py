@@ -424,7 +424,9 @@ class _ShardedAdamBase(torch.optim.Optimizer):
     def save(self, directory):
         """Collective. Every rank writes its slices in ``directory/rank<R>``, rank 0 the
         manifest ``directory/zinf-sharded`` (a shared file system, or the same path on every
-        node). Raises on every rank if any rank failed."""
+        node). Raises on every rank if any rank failed. The previous checkpoint in
+        ``directory`` stays loadable until every rank has written and rank 0 committed this
+        one: a rank killed during the save leaves it (docs/reliability.md, section 8)."""
         self._sharded.save(fs_path(directory, "directory"))
 
     def load(self, directory):

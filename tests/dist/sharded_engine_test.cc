@@ -136,6 +136,55 @@ TEST_P(ShardedEngineGroup, ACheckpointReloadsOnTheSameWorldSize) {
   }
 }
 
+// A save that fails on one rank (a link planted at its folder) fails on every rank and leaves
+// the committed checkpoint: rank 0, whose folder holds the failed save, kept the committed
+// one beside it (manifest, engine version with its loss scale), which loads, and the third
+// step is the uninterrupted run's, bitwise (issue #52: it used to be refused as torn).
+TEST_P(ShardedEngineGroup, ASaveThatFailsOnOneRankLeavesTheCommittedCheckpoint) {
+  const ShardedCase c{OffloadDevice::kNone,
+                      OffloadDevice::kCpu,
+                      true,
+                      GradPlace::kDevice,
+                      ElementType::kF32,
+                      true,
+                      2};
+  zinf::test::TestDir dir;
+  const test::Trace want = test::reference_trace(c, dir.subdir("reference"));
+  const std::string swap_dir = dir.subdir("nvme");
+  const std::string ckpt = dir.file("ckpt");
+  const std::string elsewhere = dir.subdir("elsewhere");
+  test::ThreadGroup two(2);
+  two.run(GetParam(), [&](Collectives& comm, cuda::Device& device) {
+    test::RankDevice d(device);
+    test::check_sharded_engine_steps(comm, d, c, swap_dir, want, 1, test::kSteps - 1, "", ckpt);
+  });
+  std::filesystem::rename(ckpt + "/rank1", dir.file("rank1-away"));
+  std::filesystem::create_directory_symlink(elsewhere, ckpt + "/rank1");
+  std::atomic<int> thrown{0};
+  two.run(GetParam(), [&](Collectives& comm, cuda::Device& device) {
+    test::RankDevice d(device);
+    ShardedEngine e(test::sharded_config(c, swap_dir), test::sharded_layers(), *d.device,
+                    d.compute.ref(), comm);
+    test::init_masters(e);
+    try {
+      e.save(ckpt);
+      ADD_FAILURE() << "rank " << comm.rank() << " reported a save that failed on rank 1";
+    } catch (const IoError&) {
+      ++thrown;
+    }
+  });
+  EXPECT_EQ(thrown.load(), 2);
+  EXPECT_TRUE(std::filesystem::is_empty(elsewhere));
+  std::filesystem::remove(ckpt + "/rank1");
+  std::filesystem::rename(dir.file("rank1-away"), ckpt + "/rank1");
+  EXPECT_TRUE(std::filesystem::exists(ckpt + "/rank0/zinf-sharded.previous"));
+  two.run(GetParam(), [&](Collectives& comm, cuda::Device& device) {
+    test::RankDevice d(device);
+    test::check_sharded_engine_steps(comm, d, c, swap_dir, want, test::kSteps, test::kSteps, ckpt,
+                                     "");
+  });
+}
+
 // Resharding: saved after two steps by one world size, loaded by another, the third step's
 // fetches, its skip verdict and clipping factor and the final masters are the uninterrupted
 // 1-rank run's, bitwise; on host and device memory; the staged case with an overflow skipped

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <set>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -656,11 +657,12 @@ void expect_refused(const std::string& ckpt, int world, int bad, const std::stri
   EXPECT_EQ(thrown.load(), world);
 }
 
-// A kill between two ranks' commits leaves one rank's folder of another save than the commit
-// record's (the earlier one, or the new one while rank 0 had not committed): refused at every
-// world size, naming the folder, its save and the committed one. So is a kill between a rank's
-// state commit and its manifest. Put back whole, the checkpoint loads at every world
-// size and the next step is the uninterrupted run's, bitwise.
+// A rank folder of another save than the commit record's (the earlier one, or a later one
+// without the committed save's manifest and version, as saves before the two-phase commit
+// left them) is refused at every world size, naming the folder, its save and the committed
+// one. A kill between a rank's state commit and its manifest is not torn: the rank kept the
+// committed version, which loads; without it, it is refused. Put back whole, the checkpoint
+// loads at every world size and the next step is the uninterrupted run's, bitwise.
 TEST(ShardedCheckpoint, ATornSaveIsRefusedAtEveryWorldSizeBeforeLoadingAnything) {
   const auto want = test::reference();
   zinf::test::TestDir dir;
@@ -704,7 +706,9 @@ TEST(ShardedCheckpoint, ATornSaveIsRefusedAtEveryWorldSizeBeforeLoadingAnything)
   }
 
   // The first save committed, and rank 1 killed after its state's LATEST switched to the
-  // second save's version but before its manifest was replaced.
+  // second save's version but before its manifest was replaced: it kept the first save's
+  // version, so LATEST is pointed back at it and the first save loads at every world size,
+  // its next step the uninterrupted run's, bitwise.
   const std::string killed = dir.file("killed");
   std::filesystem::copy(first, killed, std::filesystem::copy_options::recursive);
   std::filesystem::copy(second + "/rank1", killed + "/rank1",
@@ -712,14 +716,51 @@ TEST(ShardedCheckpoint, ATornSaveIsRefusedAtEveryWorldSizeBeforeLoadingAnything)
                             std::filesystem::copy_options::overwrite_existing);
   std::filesystem::copy_file(first + "/rank1/zinf-sharded", killed + "/rank1/zinf-sharded",
                              std::filesystem::copy_options::overwrite_existing);
-  std::string latest;  // the second save's state version in rank 1
+  std::string latest, kept;  // the second save's state version in rank 1, and the first's
   std::getline(std::ifstream(second + "/rank1/LATEST"), latest);
+  std::getline(std::ifstream(first + "/rank1/LATEST"), kept);
+  ASSERT_NE(latest, kept);
+  for (int world : {1, 2, 3}) {
+    SCOPED_TRACE("resumed on " + std::to_string(world) + " ranks");
+    std::filesystem::copy_file(second + "/rank1/LATEST", killed + "/rank1/LATEST",
+                               std::filesystem::copy_options::overwrite_existing);
+    test::ThreadGroup group(world);
+    group.run(false, [&](Collectives& c) {
+      test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 2, 2, killed, "");
+    });
+    std::string now;
+    std::getline(std::ifstream(killed + "/rank1/LATEST"), now);
+    EXPECT_EQ(now, kept);
+  }
+  // The resumed job's next save removes the uncommitted version that the killed one left.
+  const std::string resumed = dir.file("resumed");
+  std::filesystem::copy(killed, resumed, std::filesystem::copy_options::recursive);
+  two.run(false, [&](Collectives& c) {
+    test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 2, 2, resumed, resumed);
+  });
+  EXPECT_FALSE(std::filesystem::exists(resumed + "/rank1/" + latest));
+  EXPECT_FALSE(std::filesystem::exists(resumed + "/rank1/" + kept));
+  // Without that version (lost, not kept) the folder is torn: refused, naming it.
+  std::filesystem::remove_all(killed + "/rank1/" + kept);
   for (int world : {1, 2, 3}) {
     expect_refused(killed, world, 1,
                    "ShardedOptimizer::load: checkpoint " + killed + " is torn: " + killed +
-                       "/rank1 holds state " + latest + ", which its manifest of save " + a +
-                       " step 1 does not name (a save stopped between the two); " + killed +
-                       " (committed) is save " + a + " step 1");
+                       "/rank1 has lost state " + kept + ", which its manifest of save " + a +
+                       " step 1 names; " + killed + " (committed) is save " + a + " step 1");
+  }
+  // A manifest whose version is not a name in the folder (".." here) is refused before LATEST
+  // is touched.
+  {
+    std::string text;
+    std::getline(std::ifstream(killed + "/rank1/zinf-sharded"), text, '\0');
+    text.replace(text.find("latest " + kept), 7 + kept.size(), "latest ..");
+    std::ofstream(killed + "/rank1/zinf-sharded") << text;
+  }
+  for (int world : {1, 2, 3}) {
+    expect_refused(killed, world, 1,
+                   "ShardedOptimizer::load: checkpoint " + killed + " is torn: " + killed +
+                       "/rank1/zinf-sharded names no state version (" + killed +
+                       " (committed) is save " + a + " step 1)");
   }
 
   // Whole again: every world size loads it and steps on bitwise.
@@ -731,6 +772,42 @@ TEST(ShardedCheckpoint, ATornSaveIsRefusedAtEveryWorldSizeBeforeLoadingAnything)
       test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 3, 3, ckpt, "");
     });
   }
+}
+
+// A kill after the commit record, while the ranks remove what the new save supersedes: rank 1
+// still holds the previous save's version and manifest (zinf-sharded.previous) beside the
+// new ones. Every world size loads the new save, and the next save removes what was left.
+TEST(ShardedCheckpoint, AKillWhileRemovingTheSupersededSaveLoadsTheNewOne) {
+  const auto want = test::reference();
+  zinf::test::TestDir dir;
+  const std::string swap_dir = dir.subdir("nvme");
+  const std::string ckpt = dir.file("ckpt");
+  test::ThreadGroup two(2);
+  two.run(false, [&](Collectives& c) {
+    test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 1, 1, "", ckpt);
+  });
+  const std::string first = dir.file("first");
+  std::filesystem::copy(ckpt, first, std::filesystem::copy_options::recursive);
+  two.run(false, [&](Collectives& c) {
+    test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 2, 2, ckpt, ckpt);
+  });
+  std::string old_version;
+  std::getline(std::ifstream(first + "/rank1/LATEST"), old_version);
+  std::filesystem::copy(first + "/rank1/" + old_version, ckpt + "/rank1/" + old_version,
+                        std::filesystem::copy_options::recursive);
+  std::filesystem::copy_file(first + "/rank1/zinf-sharded", ckpt + "/rank1/zinf-sharded.previous");
+  for (int world : {1, 2, 3}) {
+    SCOPED_TRACE("resumed on " + std::to_string(world) + " ranks");
+    test::ThreadGroup group(world);
+    group.run(false, [&](Collectives& c) {
+      test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 3, 3, ckpt, "");
+    });
+  }
+  two.run(false, [&](Collectives& c) {
+    test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 3, 3, ckpt, ckpt);
+  });
+  EXPECT_FALSE(std::filesystem::exists(ckpt + "/rank1/" + old_version));
+  EXPECT_FALSE(std::filesystem::exists(ckpt + "/rank1/zinf-sharded.previous"));
 }
 
 // The run a rank folder's current version records (its "run <id>" line).
@@ -802,8 +879,8 @@ TEST(ShardedCheckpoint, ARankFolderFromAnotherRunIsRefused) {
 }
 
 // A save that fails on one rank (a link planted at its folder) fails on every rank, writes no
-// commit record, follows no link; the rank that did write its folder leaves a checkpoint that
-// is refused, never loaded as a mix.
+// commit record, follows no link; the rank that did write its folder kept the committed save,
+// which loads (never a mix), and the next save removes what both kept.
 TEST(ShardedCheckpoint, ASaveThatFailsOnOneRankFailsOnEveryRank) {
   const auto want = test::reference();
   zinf::test::TestDir dir;
@@ -849,14 +926,40 @@ TEST(ShardedCheckpoint, ASaveThatFailsOnOneRankFailsOnEveryRank) {
   std::getline(std::ifstream(ckpt + "/zinf-sharded"), after, '\0');
   EXPECT_EQ(after, committed);  // no commit record of the failed save
 
-  // Rank 0's folder belongs to the failed save: refused, naming it.
+  // Rank 0's folder holds the failed save, and beside it the committed one (its manifest as
+  // zinf-sharded.previous, its version): the committed save loads at every world size and
+  // the next step is the uninterrupted run's, bitwise.
   std::filesystem::remove(ckpt + "/rank1");
   std::filesystem::rename(dir.file("rank1-away"), ckpt + "/rank1");
   const std::string failed = manifest_line(ckpt + "/rank0/zinf-sharded", "save");
   EXPECT_NE(failed, a);
-  for (int world : {1, 2}) {
-    expect_refused(ckpt, world, 0,
-                   belongs_to_other_save(ckpt, 0, failed, 0, a, 1));
+  EXPECT_EQ(manifest_line(ckpt + "/rank0/zinf-sharded.previous", "save"), a);
+  for (int world : {1, 2, 3}) {
+    SCOPED_TRACE("resumed on " + std::to_string(world) + " ranks");
+    test::ThreadGroup group(world);
+    group.run(false, [&](Collectives& c) {
+      test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 2, 2, ckpt, "");
+    });
+  }
+  // The next save commits and removes what the committed one kept: each folder holds the
+  // version its LATEST names and no zinf-sharded.previous; rank 0 also the failed save's,
+  // which another run (a new optimizer, not resumed) wrote, and which no load reads.
+  const std::string failed_version = manifest_line(ckpt + "/rank0/zinf-sharded", "latest");
+  two.run(false, [&](Collectives& c) {
+    test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 2, 2, ckpt, ckpt);
+  });
+  for (int r = 0; r < 2; ++r) {
+    const std::string folder = ckpt + "/rank" + std::to_string(r);
+    std::string latest;
+    std::getline(std::ifstream(folder + "/LATEST"), latest);
+    std::set<std::string> versions;
+    for (const auto& e : std::filesystem::directory_iterator(folder)) {
+      if (e.is_directory()) versions.insert(e.path().filename().string());
+    }
+    std::set<std::string> expected{latest};
+    if (r == 0) expected.insert(failed_version);
+    EXPECT_EQ(versions, expected) << folder;
+    EXPECT_FALSE(std::filesystem::exists(folder + "/zinf-sharded.previous")) << folder;
   }
 }
 

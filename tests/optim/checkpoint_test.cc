@@ -35,6 +35,7 @@
 #include "zinf/common/error.h"
 #include "zinf/optim/optimizer.h"
 #include "zinf/swap/crc32c.h"
+#include "zinf/swap/dir.h"
 #include "zinf/optim/testing.h"
 
 namespace zinf::optim {
@@ -750,6 +751,49 @@ std::string joined(const test::LogCapture& log) {
   std::string text;
   for (const auto& l : log.lines()) text += l + "\n";
   return text;
+}
+
+// A save that keeps what it supersedes (the first phase of a sharded checkpoint's two-phase
+// commit): LATEST names the new version and the previous ones stay, loadable by pointing
+// LATEST back; remove_superseded_versions() then removes them, and with a notice a version of
+// the same run that LATEST never named (what a job killed before its commit left), but never
+// another run's.
+TEST_F(CheckpointFiles, ASaveThatKeepsSupersededVersionsLeavesThemUntilRemoved) {
+  const std::string ckpt = dir_.file("ckpt");
+  save_one(ckpt);  // another run's
+  const std::string from_a = latest_version(ckpt);
+  const swap::Dir d = swap::Dir::open(ckpt);
+  OffloadedOptimizer b(cpu_options(dir_), test::odd_groups());
+  test::init_all(b);
+  b.save(d, SupersededVersions::kKeep);
+  const std::string first = latest_version(ckpt);
+  const test::State first_state = test::read_all(b);
+  test::run_steps(b, 1, 1);
+  b.save(d, SupersededVersions::kKeep);
+  const std::string second = latest_version(ckpt);
+  const test::State second_state = test::read_all(b);
+  const std::string orphan = "v000000000009-1-00000000000000aa";
+  fs::copy(ckpt + "/" + first, ckpt + "/" + orphan);
+  auto sorted = [](std::vector<std::string> v) {
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  EXPECT_EQ(entries(ckpt), sorted({"LATEST", from_a, first, second, orphan}));
+  // The kept version is whole: LATEST pointed back at it loads it, byte for byte (by b: the
+  // directory is b's while b lives).
+  std::ofstream(ckpt + "/LATEST") << first << "\n";
+  b.load(d);
+  EXPECT_EQ(test::diff(test::read_all(b), first_state), "");
+  std::ofstream(ckpt + "/LATEST") << second << "\n";
+  test::LogCapture log;
+  b.remove_superseded_versions();
+  EXPECT_EQ(entries(ckpt), sorted({"LATEST", from_a, second}));
+  EXPECT_NE(joined(log).find("notice: checkpoint: reclaimed " + ckpt + "/" + orphan +
+                             ", a superseded version of this run"),
+            std::string::npos)
+      << joined(log);
+  b.load(d);
+  EXPECT_EQ(test::diff(test::read_all(b), second_state), "");
 }
 
 // Two runs saving into one directory one after the other: each version records the run that

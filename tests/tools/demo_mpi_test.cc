@@ -10,8 +10,8 @@
 // ten times the largest difference measured here (1.1e-6 for 2 and 3 ranks, 10 steps). A
 // larger lr or more steps let the two runs drift further apart (lr 0.01: 4.7e-5 with 3 ranks),
 // as any change of summation order does. The N comes from the command line (--np N).
-// A save killed on one rank at a random point resumes one committed step or is refused as
-// torn (docs/reliability.md, cross-rank checkpoints); an N-rank run leaves nothing in --dir.
+// A save killed on one rank at a random point resumes one committed step (docs/reliability.md,
+// cross-rank checkpoints); an N-rank run leaves nothing in --dir.
 // ZeRO stages 2 and 3 (optimizer on cpu, a config file's) end with the same weights, bitwise,
 // and every stage's collective byte counts are `zinf plan`'s figures for the model.
 #include <algorithm>
@@ -228,8 +228,9 @@ pid_t saving_pid(const std::string& folder) {
 // random 0-20 ms after its new state version appears; V and the delay drawn from a seeded
 // generator, ZINF_TEST_SEED replays a run) leaves CK resuming, on the job's ranks and on one,
 // exactly one committed step (the weights one step later are bitwise those of a resume of
-// that step's intact checkpoint) or refused as torn; never a mix, in every round.
-TEST(DemoMpi, ASaveKilledOnOneRankResumesOneCommittedStepOrIsRefused) {
+// that step's intact checkpoint), in every round: the previous checkpoint is kept until the
+// new one is committed by every rank (issue #52), so nothing is ever refused as torn.
+TEST(DemoMpi, ASaveKilledOnOneRankResumesOneCommittedStep) {
   const int np = zinf::test::mpi_np();
   zinf::test::TestDir dir;
   const std::string cut = "demo --offload nvme --layers 2 --hidden 32 --batch 12 --json";
@@ -271,7 +272,7 @@ TEST(DemoMpi, ASaveKilledOnOneRankResumesOneCommittedStepOrIsRefused) {
   // Six rounds keep the test near 20 s; ZINF_TEST_ROUNDS asks for more (the issue's 20).
   const char* rounds_env = std::getenv("ZINF_TEST_ROUNDS");
   const int kRounds = rounds_env ? std::max(1, std::atoi(rounds_env)) : 6;
-  int killed = 0, resumed = 0, refused = 0;
+  int killed = 0, resumed = 0, failed = 0;
   for (int round = 0; round < kRounds; ++round) {
     const int victim = static_cast<int>(rng() % static_cast<unsigned>(np));
     const int delay_us = static_cast<int>(rng() % 20000);
@@ -309,35 +310,23 @@ TEST(DemoMpi, ASaveKilledOnOneRankResumesOneCommittedStepOrIsRefused) {
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
-    // The job's ranks first, then one: a checkpoint refused on N ranks must be refused on one
-    // too (the same check of the same folders), and one rank always prints its own reason. On
-    // N ranks the ranks that found the torn folder may be ended by another rank's MPI_Abort
-    // before they print: that rank says only "K of N ranks failed (...); this rank (R) did
-    // not", which is accepted there when the one-rank load names the torn folder.
-    bool peer_only = false;
+    // The job's ranks first, then one (a resharding load of the same folders).
     for (const int ranks : {np, 1}) {
       const std::string out = dir.file("w" + std::to_string(round) + "-" + std::to_string(ranks));
       r = one_more(ck, ranks, out);
-      if (r.status == 0) {
-        ++resumed;
-        const std::string got = file_bytes(out);
-        EXPECT_TRUE(got == allowed[ranks][0] || got == allowed[ranks][1])
-            << "resumed on " << ranks << " ranks with weights of neither committed step";
-        EXPECT_FALSE(peer_only) << "refused on " << np << " ranks, resumed on one";
-      } else {
-        ++refused;
-        const bool torn = r.out.find("is torn: " + ck + "/rank") != std::string::npos;
-        if (ranks > 1 && !torn && r.out.find("ShardedEngine::load failed: ") != std::string::npos &&
-            r.out.find(" ranks failed (rank") != std::string::npos) {
-          peer_only = true;
-          continue;
-        }
-        EXPECT_TRUE(torn) << "on " << ranks << " ranks: " << r.out;
+      if (r.status != 0) {
+        ++failed;
+        ADD_FAILURE() << "the resume on " << ranks << " ranks failed: " << r.out;
+        continue;
       }
+      ++resumed;
+      const std::string got = file_bytes(out);
+      EXPECT_TRUE(got == allowed[ranks][0] || got == allowed[ranks][1])
+          << "resumed on " << ranks << " ranks with weights of neither committed step";
     }
   }
-  std::printf("%d rounds, %d kills landed in a save; resumes: %d whole, %d refused as torn\n",
-              kRounds, killed, resumed, refused);
+  std::printf("%d rounds, %d kills landed in a save; resumes: %d whole, %d failed\n", kRounds,
+              killed, resumed, failed);
   EXPECT_GT(killed, 0);
 }
 

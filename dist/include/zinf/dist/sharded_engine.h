@@ -181,7 +181,8 @@ class ShardedEngine {
   /// Collective: rank R saves its engine's checkpoint (OffloadEngine::save) in `dir`/rank<R>
   /// with a manifest naming the world size, the rank and the layers; rank 0 then writes the
   /// global manifest `dir`/zinf-sharded (ShardedOptimizer's format, "zinf-sharded-engine 1").
-  /// If any rank fails, every rank throws.
+  /// If any rank fails, every rank throws. Two-phase as ShardedOptimizer::save: the previous
+  /// checkpoint stays loadable until the new one is committed by every rank.
   void save(const std::string& dir);
   /// Collective: loads what save() wrote. A checkpoint of another world size is resharded as
   /// ShardedOptimizer::load does (its contract: each saved rank's folder read by one rank into

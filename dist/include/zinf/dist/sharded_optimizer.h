@@ -91,7 +91,10 @@ class ShardedOptimizer {
   /// naming the world size, the rank and the groups; then rank 0 writes `dir`/zinf-sharded, the
   /// global manifest listing every rank's folder. `dir` is created if missing (a shared file
   /// system, or the same path on every node). If any rank fails, every rank throws (the failure
-  /// flag is all-reduced), so that no rank goes on alone into the next collective.
+  /// flag is all-reduced), so that no rank goes on alone into the next collective. Two-phase:
+  /// every rank keeps the checkpoint the commit record names until rank 0 has committed the new
+  /// one, and removes it only after that, so a rank killed or failing at any moment of the save
+  /// leaves the previous checkpoint loadable (or the new one, once committed).
   void save(const std::string& dir);
   /// Collective. Loads what save() wrote: each rank reads its own folder's manifest first and
   /// refuses a checkpoint with other groups, before anything changes. As save(), every rank

@@ -66,4 +66,10 @@ void restore_loss_scale(OffloadEngine& engine, const std::string& text, const st
 std::string checkpoint_run(OffloadEngine& engine);
 void set_checkpoint_run(OffloadEngine& engine, const std::string& run);
 
+/// save(dir) whose optimizer keeps the versions it supersedes (kKeep), and their removal once
+/// the caller's commit is done: OffloadedOptimizer::save(dir, superseded) and
+/// remove_superseded_versions (same errors), for ShardedEngine's two-phase commit.
+void save(OffloadEngine& engine, const swap::Dir& dir, optim::SupersededVersions superseded);
+void remove_superseded_versions(OffloadEngine& engine);
+
 }  // namespace zinf::offload

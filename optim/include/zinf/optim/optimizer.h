@@ -129,6 +129,13 @@ enum class SaveSnapshot : std::uint8_t {
 /// "none", "reflink" or "streamed" (the Python bindings' spelling).
 std::string_view save_snapshot_name(SaveSnapshot snapshot) noexcept;
 
+/// What a save does with the versions it supersedes once LATEST names the new one
+/// (OffloadedOptimizer::save).
+enum class SupersededVersions : std::uint8_t {
+  kRemove,  ///< removes them at once (a plain save)
+  kKeep,    ///< keeps them until remove_superseded_versions() (a two-phase commit's first phase)
+};
+
 /// What one step did, measured between begin_step() and the end of end_step().
 struct StepStats {
   std::uint64_t step = 0;        ///< the step number (from 1)
@@ -385,6 +392,20 @@ class OffloadedOptimizer {
   /// is used through a descriptor of its own (Dir::reopen), never reopened by its path, so a
   /// link swapped in at its path meanwhile redirects nothing. Same contract otherwise.
   void save(const swap::Dir& dir);
+  /// save(dir) for a caller that commits a checkpoint of several optimizers in two phases
+  /// (ShardedOptimizer, ShardedEngine: every rank's folder, then the job's commit record):
+  /// with kKeep, the versions the new one supersedes stay in `dir` after LATEST switched
+  /// (what interrupted saves left still goes), so that the caller can point LATEST back at
+  /// the previous one while its commit record still names that one; they stay this
+  /// optimizer's and go at remove_superseded_versions() or the next save with kRemove.
+  void save(const swap::Dir& dir, SupersededVersions superseded);
+  /// The second phase's end: removes from the checkpoint directory this optimizer holds every
+  /// version but the one LATEST names that this optimizer wrote or loaded there or that
+  /// records its run (a version a killed job of this run renamed into place but never
+  /// committed), and what interrupted saves left, with the same notices as a save's cleanup.
+  /// Versions of other runs stay. Failures only cost space and are logged; nothing to do
+  /// before the first save or load.
+  void remove_superseded_versions();
   /// Starts a checkpoint of the state as it is now (the same files and format as save()) and
   /// returns once the new version's directory and state file exist; a thread of the save's own
   /// then writes the records and commits the version exactly as save() does (manifest, fsync,
