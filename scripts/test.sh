@@ -98,17 +98,22 @@ for w in "${workflows[@]}"; do
   fi
 done
 
-# pip's door (pyproject.toml): install into a fresh virtual environment, as a PyTorch user
-# does, reusing the release build (ZINF_CMAKE_BUILD_DIR, so nothing is compiled twice), then
-# import it from / and run the Python tests once against the installed package.
-echo "== pip install into a temporary virtual environment"
+# pip's door (pyproject.toml), as a PyTorch user meets it: a virtual environment of the
+# machine's python3 (CPython 3.11) with torch 2.13.0 and what tests/python imports, pinned.
+# torch is pinned exactly: the machine holds that CPU wheel, while an open range would download
+# a CUDA build of several GB. The package is installed with build isolation from the module
+# build/release made (ZINF_PYTHON_FROM_BUILD, cmake/ZinfPython.cmake: nothing compiles twice;
+# both interpreters are CPython 3.11, one extension suffix), imported from / and the Python
+# tests run once against the installed copy.
+echo "== Python: pip install into a virtual environment with torch 2.13.0"
 venv=$(mktemp -d "${TMPDIR:-/tmp}/zinf-venv.XXXXXX")
 trap 'rm -rf "$venv"; cleanup_reflink' EXIT
-/usr/bin/python3 -m venv --system-site-packages "$venv"
-ZINF_CMAKE_BUILD_DIR="$PWD/build/release" "$venv/bin/pip" install --no-build-isolation \
-  --no-index --quiet .
+python3 -m venv "$venv"
+"$venv/bin/pip" install --quiet torch==2.13.0 pytest==9.1.1 numpy==2.3.5 mypy==2.4.0
+"$venv/bin/pip" install --quiet -C build-dir="$venv/build" \
+  -C cmake.define.ZINF_PYTHON_FROM_BUILD="$PWD/build/release" .
 repo=$PWD
-(cd / && "$venv/bin/python" -c 'import zinf, zinf.torch, zinf.compat.deepspeed; print("installed:", zinf.__file__)')
+(cd / && "$venv/bin/python" -c 'import torch, zinf, zinf.torch, zinf.compat.deepspeed; print("installed:", zinf.__file__, "torch", torch.__version__)')
 (cd / && ZINF_BIN="$repo/build/release/tools/zinf" PYTHONDONTWRITEBYTECODE=1 \
   "$venv/bin/python" -m pytest -q -p no:cacheprovider "$repo/tests/python")
 
