@@ -74,12 +74,40 @@ else
        ".ci/format-base in this checkout)" >&2
 fi
 
+# NCCL for the release build's NCCL communicator (cuda/src/nccl_communicator.cc), where the
+# CUDA toolkit is: Debian has no NCCL for CUDA 13, so NVIDIA's nvidia-nccl-cu13 wheel (its header
+# and libnccl.so.2; pinned: a file on the machine's disk, 242 MB unpacked, about 30 s) goes into
+# build/nccl, named by NCCL_ROOT (cmake/ZinfDependencies.cmake) for the `ci` workflow only: the
+# sanitizer builds gain nothing from it without a GPU. The GPU tests skip with the reason.
+nccl_root=""
+if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
+  nccl_root=$PWD/build/nccl/nvidia/nccl
+  if [ ! -f "$nccl_root/include/nccl.h" ]; then
+    echo "== NCCL: nvidia-nccl-cu13 into build/nccl"
+    python3 -m pip install --quiet --root-user-action=ignore --no-deps --target build/nccl nvidia-nccl-cu13==2.30.7
+  fi
+fi
+
 workflows=(ci ci-asan ci-tsan)
 [ "$quick" = 1 ] && workflows=(ci)
 for w in "${workflows[@]}"; do
   echo "== workflow: $w"
-  cmake --workflow --preset "$w"
+  if [ "$w" = ci ] && [ -n "$nccl_root" ]; then
+    # libzinf.so records libnccl.so.2 as NEEDED and carries no RPATH (docs/package.md): the
+    # package test links and runs a consumer of the installed copy, so the loader (and the
+    # linker, for a library's NEEDED) must find it, as a user's ld.so.conf would.
+    NCCL_ROOT=$nccl_root LD_LIBRARY_PATH=$nccl_root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+      cmake --workflow --preset "$w"
+  else
+    cmake --workflow --preset "$w"
+  fi
   if [ "$w" = ci ]; then
+    # The CUDA toolkit is here and NCCL was installed above: a build without the NCCL
+    # communicator would drop its code from CI without a word.
+    if [ -n "$nccl_root" ] && ! grep -q 'ZINF_HAVE_NCCL 1' build/release/generated/zinf/config.h; then
+      echo "test.sh: NCCL is in $nccl_root but the release build has no NCCL (ZINF_WITH_NCCL)" >&2
+      exit 1
+    fi
     # A test declared with several labels must keep them all (CTest once kept only the first).
     # The list is taken whole first: `grep -q` stops reading at its first match, and under
     # pipefail the SIGPIPE that ctest then gets would read as "no test listed".
