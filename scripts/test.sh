@@ -145,6 +145,24 @@ repo=$PWD
 (cd / && ZINF_BIN="$repo/build/release/tools/zinf" PYTHONDONTWRITEBYTECODE=1 \
   "$venv/bin/python" -m pytest -q -p no:cacheprovider "$repo/tests/python")
 
+# The low end of the supported torch range (1.13, Debian's python3-torch), in seconds rather
+# than a second run of the suite: the build tree's package, one AdamW step with its state on
+# NVMe files against torch's own AdamW (to the kernel's rounding, as tests/python does).
+echo "== Python: one AdamW step on Debian's torch"
+(cd / && PYTHONPATH="$repo/build/release/python" PYTHONDONTWRITEBYTECODE=1 /usr/bin/python3 - "$venv" <<'PY'
+import sys, torch, zinf.torch as zt
+g = torch.Generator().manual_seed(1)
+p = torch.nn.Parameter(torch.randn(1 << 16, generator=g))
+q = torch.nn.Parameter(p.detach().clone())
+p.grad = torch.randn(1 << 16, generator=g)
+q.grad = p.grad.clone()
+zt.AdamW([p], lr=1e-3, state="nvme", nvme_path=sys.argv[1]).step()
+torch.optim.AdamW([q], lr=1e-3).step()
+assert torch.allclose(p, q, rtol=2e-5, atol=1e-7), (p - q).abs().max().item()
+print("torch", torch.__version__, ": zinf.torch.AdamW (state on NVMe) steps as torch.optim.AdamW")
+PY
+)
+
 if [ "$quick" = 0 ]; then
   echo "== aarch64: cross build, unit and contract labels under qemu-user"
   scripts/test-aarch64.sh
