@@ -6,9 +6,11 @@
 # undefined sanitizers) and `ci-tsan` (thread sanitizer), the sanitizer ones on the unit,
 # contract and fault labels (without the Python module and MPI, whose labels run in the release
 # workflow only), and last the aarch64 cross build with its unit and contract labels under
-# qemu-user (scripts/test-aarch64.sh; the NEON and SVE paths). GPU tests skip with a reason
-# where no GPU is visible. The release workflow's every label includes `mpi` (the collectives
-# under mpirun; docs/distributed.md).
+# qemu-user (scripts/test-aarch64.sh; the NEON and SVE paths). The Python tests run on torch
+# 2.13.0 in a virtual environment of the machine's python3, against the package pip installed
+# there. The release build compiles the CUDA and NCCL code where the CUDA toolkit is (NCCL from
+# its wheel); GPU tests skip with a reason where no GPU is visible. The release workflow's
+# every label includes `mpi` (the collectives under mpirun; docs/distributed.md).
 # Usage: scripts/test.sh [--quick]   (--quick: the release workflow only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
