@@ -56,10 +56,16 @@ if(ZINF_HAVE_CUDA)
   enable_language(CUDA)
 endif()
 
+# NCCL from Debian or NVIDIA's packages (beside the toolkit), or from the nvidia-nccl-cu13
+# wheel: NCCL_ROOT (a CMake or environment variable) names its folder holding include/ and lib/
+# (site-packages/nvidia/nccl; scripts/test.sh installs it there for CI). The wheel ships only
+# the versioned libnccl.so.2, with no libnccl.so link for `-lnccl`: hence the second name.
 set(ZINF_HAVE_NCCL FALSE)
 if(NOT ZINF_WITH_NCCL STREQUAL "OFF" AND ZINF_HAVE_CUDA)
-  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
-  find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
+  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${NCCL_ROOT} $ENV{NCCL_ROOT} ${CUDAToolkit_INCLUDE_DIRS}
+    PATH_SUFFIXES include)
+  find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2
+    HINTS ${NCCL_ROOT} $ENV{NCCL_ROOT} ${CUDAToolkit_LIBRARY_DIR} PATH_SUFFIXES lib)
   if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
     set(ZINF_HAVE_NCCL TRUE)
   endif()

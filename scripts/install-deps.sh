@@ -3,9 +3,10 @@
 # Skips apt-get entirely when everything is already there, so it is cheap to call every time.
 set -euo pipefail
 
-# The Python package (python/) builds with pybind11 for Debian's interpreter, whose torch the
-# tests use: python3-dev, pybind11-dev, python3-torch, python3-pytest; pip's install of it
-# (pyproject.toml) into a virtual environment: python3-venv, python3-setuptools; its type stubs
+# The Python package (python/) builds in the CMake build with pybind11 for Debian's
+# interpreter, whose torch `ctest -L python` uses: python3-dev, pybind11-dev, python3-torch,
+# python3-pytest; scripts/test.sh makes a virtual environment of the python3 first on PATH
+# for torch 2.13 from PyPI: python3-venv, where that python3 is Debian's; its type stubs
 # (scripts/gen-stubs.sh, tests/python/test_stubs.py): python3-mypy. The
 # collectives layer's MPI adapter builds against Open MPI's C bindings and its tests run under
 # mpirun:
@@ -17,8 +18,8 @@ set -euo pipefail
 #              libgtest-dev is x86-64 only).
 packages=(build-essential cmake ninja-build pkg-config liburing-dev libboost-dev
           libgtest-dev libbenchmark-dev nlohmann-json3-dev nettle-dev libcli11-dev fio python3
-          python3-dev pybind11-dev python3-torch python3-pytest python3-venv python3-setuptools
-          python3-mypy libopenmpi-dev openmpi-bin xfsprogs clang-format)
+          python3-dev pybind11-dev python3-torch python3-pytest python3-venv python3-mypy
+          libopenmpi-dev openmpi-bin xfsprogs clang-format)
 aarch64_packages=(g++-aarch64-linux-gnu qemu-user googletest)
 case "${1:-}" in
   "") ;;

@@ -6,9 +6,11 @@
 # undefined sanitizers) and `ci-tsan` (thread sanitizer), the sanitizer ones on the unit,
 # contract and fault labels (without the Python module and MPI, whose labels run in the release
 # workflow only), and last the aarch64 cross build with its unit and contract labels under
-# qemu-user (scripts/test-aarch64.sh; the NEON and SVE paths). GPU tests skip with a reason
-# where no GPU is visible. The release workflow's every label includes `mpi` (the collectives
-# under mpirun; docs/distributed.md).
+# qemu-user (scripts/test-aarch64.sh; the NEON and SVE paths). The Python tests run on torch
+# 2.13.0 in a virtual environment of the machine's python3, against the package pip installed
+# there. The release build compiles the CUDA and NCCL code where the CUDA toolkit is (NCCL from
+# its wheel); GPU tests skip with a reason where no GPU is visible. The release workflow's
+# every label includes `mpi` (the collectives under mpirun; docs/distributed.md).
 # Usage: scripts/test.sh [--quick]   (--quick: the release workflow only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -74,12 +76,40 @@ else
        ".ci/format-base in this checkout)" >&2
 fi
 
+# NCCL for the release build's NCCL communicator (cuda/src/nccl_communicator.cc), where the
+# CUDA toolkit is: Debian has no NCCL for CUDA 13, so NVIDIA's nvidia-nccl-cu13 wheel (its header
+# and libnccl.so.2; pinned: a file on the machine's disk, 242 MB unpacked, about 30 s) goes into
+# build/nccl, named by NCCL_ROOT (cmake/ZinfDependencies.cmake) for the `ci` workflow only: the
+# sanitizer builds gain nothing from it without a GPU. The GPU tests skip with the reason.
+nccl_root=""
+if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
+  nccl_root=$PWD/build/nccl/nvidia/nccl
+  if [ ! -f "$nccl_root/include/nccl.h" ]; then
+    echo "== NCCL: nvidia-nccl-cu13 into build/nccl"
+    python3 -m pip install --quiet --root-user-action=ignore --no-deps --target build/nccl nvidia-nccl-cu13==2.30.7
+  fi
+fi
+
 workflows=(ci ci-asan ci-tsan)
 [ "$quick" = 1 ] && workflows=(ci)
 for w in "${workflows[@]}"; do
   echo "== workflow: $w"
-  cmake --workflow --preset "$w"
+  if [ "$w" = ci ] && [ -n "$nccl_root" ]; then
+    # libzinf.so records libnccl.so.2 as NEEDED and carries no RPATH (docs/package.md): the
+    # package test links and runs a consumer of the installed copy, so the loader (and the
+    # linker, for a library's NEEDED) must find it, as a user's ld.so.conf would.
+    NCCL_ROOT=$nccl_root LD_LIBRARY_PATH=$nccl_root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+      cmake --workflow --preset "$w"
+  else
+    cmake --workflow --preset "$w"
+  fi
   if [ "$w" = ci ]; then
+    # The CUDA toolkit is here and NCCL was installed above: a build without the NCCL
+    # communicator would drop its code from CI without a word.
+    if [ -n "$nccl_root" ] && ! grep -q 'ZINF_HAVE_NCCL 1' build/release/generated/zinf/config.h; then
+      echo "test.sh: NCCL is in $nccl_root but the release build has no NCCL (ZINF_WITH_NCCL)" >&2
+      exit 1
+    fi
     # A test declared with several labels must keep them all (CTest once kept only the first).
     # The list is taken whole first: `grep -q` stops reading at its first match, and under
     # pipefail the SIGPIPE that ctest then gets would read as "no test listed".
@@ -98,19 +128,42 @@ for w in "${workflows[@]}"; do
   fi
 done
 
-# pip's door (pyproject.toml): install into a fresh virtual environment, as a PyTorch user
-# does, reusing the release build (ZINF_CMAKE_BUILD_DIR, so nothing is compiled twice), then
-# import it from / and run the Python tests once against the installed package.
-echo "== pip install into a temporary virtual environment"
+# pip's door (pyproject.toml), as a PyTorch user meets it: a virtual environment of the
+# machine's python3 (CPython 3.11) with torch 2.13.0 and what tests/python imports, pinned.
+# torch is pinned exactly: the machine holds that CPU wheel, while an open range would download
+# a CUDA build of several GB. The package is installed with build isolation from the module
+# build/release made (ZINF_PYTHON_FROM_BUILD, cmake/ZinfPython.cmake: nothing compiles twice;
+# both interpreters are CPython 3.11, one extension suffix), imported from / and the Python
+# tests run once against the installed copy.
+echo "== Python: pip install into a virtual environment with torch 2.13.0"
 venv=$(mktemp -d "${TMPDIR:-/tmp}/zinf-venv.XXXXXX")
 trap 'rm -rf "$venv"; cleanup_reflink' EXIT
-/usr/bin/python3 -m venv --system-site-packages "$venv"
-ZINF_CMAKE_BUILD_DIR="$PWD/build/release" "$venv/bin/pip" install --no-build-isolation \
-  --no-index --quiet .
+python3 -m venv "$venv"
+"$venv/bin/pip" install --quiet torch==2.13.0 pytest==9.1.1 numpy==2.3.5 mypy==2.4.0
+"$venv/bin/pip" install --quiet -C build-dir="$venv/build" \
+  -C cmake.define.ZINF_PYTHON_FROM_BUILD="$PWD/build/release" .
 repo=$PWD
-(cd / && "$venv/bin/python" -c 'import zinf, zinf.torch, zinf.compat.deepspeed; print("installed:", zinf.__file__)')
+(cd / && "$venv/bin/python" -c 'import torch, zinf, zinf.torch, zinf.compat.deepspeed; print("installed:", zinf.__file__, "torch", torch.__version__)')
 (cd / && ZINF_BIN="$repo/build/release/tools/zinf" PYTHONDONTWRITEBYTECODE=1 \
   "$venv/bin/python" -m pytest -q -p no:cacheprovider "$repo/tests/python")
+
+# The low end of the supported torch range (1.13, Debian's python3-torch), in seconds rather
+# than a second run of the suite: the build tree's package, one AdamW step with its state on
+# NVMe files against torch's own AdamW (to the kernel's rounding, as tests/python does).
+echo "== Python: one AdamW step on Debian's torch"
+(cd / && PYTHONPATH="$repo/build/release/python" PYTHONDONTWRITEBYTECODE=1 /usr/bin/python3 - "$venv" <<'PY'
+import sys, torch, zinf.torch as zt
+g = torch.Generator().manual_seed(1)
+p = torch.nn.Parameter(torch.randn(1 << 16, generator=g))
+q = torch.nn.Parameter(p.detach().clone())
+p.grad = torch.randn(1 << 16, generator=g)
+q.grad = p.grad.clone()
+zt.AdamW([p], lr=1e-3, state="nvme", nvme_path=sys.argv[1]).step()
+torch.optim.AdamW([q], lr=1e-3).step()
+assert torch.allclose(p, q, rtol=2e-5, atol=1e-7), (p - q).abs().max().item()
+print("torch", torch.__version__, ": zinf.torch.AdamW (state on NVMe) steps as torch.optim.AdamW")
+PY
+)
 
 if [ "$quick" = 0 ]; then
   echo "== aarch64: cross build, unit and contract labels under qemu-user"
