@@ -7,10 +7,7 @@
 // each survivor got a CollectiveError naming the operation and its rank, within the bound.
 //
 // Usage (tests/dist/CMakeLists.txt): mpi_fault_test --np N -- <mpirun> <its options...>
-#include <signal.h>
-#include <spawn.h>
 #include <stdlib.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <mpi.h>
@@ -28,12 +25,11 @@
 #include <gtest/gtest.h>
 
 #include "sharded_engine_checks.h"
+#include "support/tool_process.h"
 #include "zinf/common/error.h"
 #include "zinf/dist/callback_collectives.h"
 #include "zinf/dist/mpi_collectives.h"
 #include "zinf/dist/sharded_engine.h"
-
-extern char** environ;
 
 namespace {
 
@@ -166,40 +162,15 @@ void run_job(const std::string& scenario, const std::string& op) {
                            std::filesystem::read_symlink("/proc/self/exe").string()});
   args.push_back("--fault-rank-dir=" + dir);
   args.push_back("--scenario=" + scenario);
-  std::vector<char*> argv;
   std::string command;
-  for (auto& a : args) {
-    argv.push_back(a.data());
-    command += a + " ";
-  }
-  argv.push_back(nullptr);
+  for (const auto& a : args) command += a + " ";
   std::printf("running: %s\n", command.c_str());
-
-  const auto start = Clock::now();
-  pid_t pid = -1;
-  ASSERT_EQ(posix_spawnp(&pid, argv[0], nullptr, nullptr, argv.data(), environ), 0)
-      << "cannot start " << argv[0];
-  int status = 0;
-  bool ended = false;
-  // Polled rather than a blocking waitpid, so that a hang (the failure this test exists to
-  // catch) ends in a killed mpirun and a clear message instead of the ctest timeout.
-  while (Clock::now() - start < kRunLimit) {
-    if (waitpid(pid, &status, WNOHANG) == pid) {
-      ended = true;
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  if (!ended) {
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-  }
-  EXPECT_TRUE(ended) << "mpirun still ran after " << kRunLimit.count() << " s: a rank hung";
+  const zinf::test::BoundedRun run =
+      zinf::test::run_bounded(args, kRunLimit, std::chrono::milliseconds(20));
+  EXPECT_TRUE(run.ended) << "mpirun still ran after " << kRunLimit.count() << " s: a rank hung";
   // mpirun's own status is not the verdict: it reports the rank that died on purpose.
-  std::printf(
-      "mpirun ended with wait status %d after %lld ms\n", status,
-      static_cast<long long>(
-          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count()));
+  std::printf("mpirun ended with wait status %d after %lld ms\n", run.status,
+              static_cast<long long>(run.took.count()));
 
   for (int r = 0; r < g_np; ++r) {
     const auto path = std::filesystem::path(dir) / ("rank" + std::to_string(r));

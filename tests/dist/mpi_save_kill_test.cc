@@ -10,8 +10,6 @@
 //
 // Usage (tests/dist/CMakeLists.txt): mpi_save_kill_test --np N -- <mpirun> <its options...>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <mpi.h>
@@ -31,11 +29,11 @@
 
 #include "sharded_checks.h"
 #include "support/test_dir.h"
+#include "support/tool_process.h"
 #include "thread_group.h"
 #include "zinf/dist/mpi_collectives.h"
 #include "zinf/dist/sharded_optimizer.h"
 
-extern char** environ;
 
 namespace zinf::dist {
 namespace {
@@ -49,22 +47,10 @@ constexpr auto kRunLimit = std::chrono::seconds(60);
 int g_np = 0;
 std::vector<std::string> g_launcher;
 
-// Step `t` of the reference run on this rank (its share of the exact gradients).
+// Step `t` of the reference run on this rank.
 void take_step(ShardedOptimizer& opt, const Collectives& c, std::uint64_t t) {
-  const auto gs = test::groups();
-  std::vector<std::vector<float>> grads(gs.size()), params(gs.size());
-  std::vector<std::span<const float>> gv;
-  std::vector<std::span<float>> pv;
-  for (std::size_t g = 0; g < gs.size(); ++g) {
-    grads[g].resize(gs[g].numel);
-    params[g].resize(gs[g].numel);
-    for (std::size_t i = 0; i < gs[g].numel; ++i) {
-      grads[g][i] = test::rank_grad(test::base_grad(g, i, t), c.rank(), c.size());
-    }
-    gv.emplace_back(grads[g]);
-    pv.emplace_back(params[g]);
-  }
-  (void)opt.step(gv, pv);
+  std::vector<std::vector<float>> params;
+  (void)test::reference_step(opt, c, t, params);
 }
 
 // Rank mode: one process of a job saving into `ckpt`. Rank `victim` kills itself `seed`'s
@@ -118,27 +104,9 @@ void run_job(const std::string& ckpt, int np, int victim, unsigned seed) {
               {"-np", std::to_string(np), std::filesystem::read_symlink("/proc/self/exe").string(),
                "--kill-ckpt=" + ckpt, "--victim=" + std::to_string(victim),
                "--seed=" + std::to_string(seed)});
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  ASSERT_EQ(posix_spawnp(&pid, argv[0], nullptr, nullptr, argv.data(), environ), 0)
-      << "cannot start " << argv[0];
-  const auto start = Clock::now();
-  int status = 0;
-  bool ended = false;
-  while (Clock::now() - start < kRunLimit) {
-    if (waitpid(pid, &status, WNOHANG) == pid) {
-      ended = true;
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  if (!ended) {
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-  }
-  ASSERT_TRUE(ended) << "mpirun still ran after " << kRunLimit.count() << " s";
+  const zinf::test::BoundedRun run =
+      zinf::test::run_bounded(args, kRunLimit, std::chrono::milliseconds(5));
+  ASSERT_TRUE(run.ended) << "mpirun still ran after " << kRunLimit.count() << " s";
 }
 
 // The step the commit record of `ckpt` names.

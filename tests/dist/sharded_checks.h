@@ -76,6 +76,28 @@ inline std::vector<std::vector<std::vector<float>>> reference() {
   return out;
 }
 
+// Step `t` of the reference run on this rank of `c` (its share of the exact gradients); the
+// parameters after it land in `params`, filled with -1 first so that an element the step did
+// not write shows.
+inline optim::StepStats reference_step(ShardedOptimizer& opt, const Collectives& c,
+                                       std::uint64_t t, std::vector<std::vector<float>>& params) {
+  const auto gs = groups();
+  std::vector<std::vector<float>> grads(gs.size());
+  params.assign(gs.size(), {});
+  std::vector<std::span<const float>> gv;
+  std::vector<std::span<float>> pv;
+  for (std::size_t g = 0; g < gs.size(); ++g) {
+    grads[g].resize(gs[g].numel);
+    params[g].assign(gs[g].numel, -1.0f);
+    for (std::size_t i = 0; i < gs[g].numel; ++i) {
+      grads[g][i] = rank_grad(base_grad(g, i, t), c.rank(), c.size());
+    }
+    gv.emplace_back(grads[g]);
+    pv.emplace_back(params[g]);
+  }
+  return opt.step(gv, pv);
+}
+
 // Steps `from`..`to` of the same run on this rank of `c`: a new ShardedOptimizer starts from
 // the initial parameters (from == 1) or loads `load_from`; each step's parameters are checked
 // against `want`; with `save_to`, it saves there after step `to`. The world size of the run may
@@ -107,19 +129,8 @@ inline void run_sharded_steps(Collectives& c, StateTier tier, const std::string&
     ASSERT_EQ(opt.local().step_count(), from - 1) << "rank " << c.rank();
   }
   for (std::uint64_t t = from; t <= to; ++t) {
-    std::vector<std::vector<float>> grads(gs.size()), params(gs.size());
-    std::vector<std::span<const float>> gv;
-    std::vector<std::span<float>> pv;
-    for (std::size_t g = 0; g < gs.size(); ++g) {
-      grads[g].resize(gs[g].numel);
-      params[g].assign(gs[g].numel, -1.0f);
-      for (std::size_t i = 0; i < gs[g].numel; ++i) {
-        grads[g][i] = rank_grad(base_grad(g, i, t), c.rank(), c.size());
-      }
-      gv.emplace_back(grads[g]);
-      pv.emplace_back(params[g]);
-    }
-    const optim::StepStats st = opt.step(gv, pv);
+    std::vector<std::vector<float>> params;
+    const optim::StepStats st = reference_step(opt, c, t, params);
     EXPECT_EQ(st.elements, owned);  // each rank updates only its slices
     // A ring's bytes into this rank: (N - 1) / N of each padded fp32 group, gathered once,
     // reduce-scattered (stage 2) or all-reduced (stage 1, twice).

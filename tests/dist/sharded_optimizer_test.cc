@@ -350,19 +350,8 @@ TEST_P(ReshardCompact, MomentsArriveBitwiseInBf16AndWithinACodeStepInInt8) {
       opt.set_params(g, zinf::test::initial_params(g, gs[g].numel));
     }
     for (std::uint64_t t = 1; t <= 2; ++t) {
-      std::vector<std::vector<float>> grads(gs.size()), params(gs.size());
-      std::vector<std::span<const float>> gv;
-      std::vector<std::span<float>> pv;
-      for (std::size_t g = 0; g < gs.size(); ++g) {
-        grads[g].resize(gs[g].numel);
-        params[g].resize(gs[g].numel);
-        for (std::size_t i = 0; i < gs[g].numel; ++i) {
-          grads[g][i] = test::rank_grad(test::base_grad(g, i, t), c.rank(), c.size());
-        }
-        gv.emplace_back(grads[g]);
-        pv.emplace_back(params[g]);
-      }
-      (void)opt.step(gv, pv);
+      std::vector<std::vector<float>> params;
+      (void)test::reference_step(opt, c, t, params);
     }
     for (std::size_t g = 0; g < gs.size(); ++g) {
       const std::uint64_t s = opt.shard_numel(g);
@@ -657,6 +646,20 @@ void expect_refused(const std::string& ckpt, int world, int bad, const std::stri
   EXPECT_EQ(thrown.load(), world);
 }
 
+// Two ranks save step 1 into `ckpt`, which is then copied to `first`, and save step 2 over it.
+void save_steps_one_and_two(const std::string& swap_dir,
+                            const std::vector<std::vector<std::vector<float>>>& want,
+                            const std::string& ckpt, const std::string& first) {
+  test::ThreadGroup two(2);
+  two.run(false, [&](Collectives& c) {
+    test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 1, 1, "", ckpt);
+  });
+  std::filesystem::copy(ckpt, first, std::filesystem::copy_options::recursive);
+  two.run(false, [&](Collectives& c) {
+    test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 2, 2, ckpt, ckpt);
+  });
+}
+
 // A rank folder of another save than the commit record's (the earlier one, or a later one
 // without the committed save's manifest and version, as saves before the two-phase commit
 // left them) is refused at every world size, naming the folder, its save and the committed
@@ -668,15 +671,8 @@ TEST(ShardedCheckpoint, ATornSaveIsRefusedAtEveryWorldSizeBeforeLoadingAnything)
   zinf::test::TestDir dir;
   const std::string swap_dir = dir.subdir("nvme");
   const std::string ckpt = dir.file("ckpt");
-  test::ThreadGroup two(2);
-  two.run(false, [&](Collectives& c) {
-    test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 1, 1, "", ckpt);
-  });
   const std::string first = dir.file("first");
-  std::filesystem::copy(ckpt, first, std::filesystem::copy_options::recursive);
-  two.run(false, [&](Collectives& c) {
-    test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 2, 2, ckpt, ckpt);
-  });
+  save_steps_one_and_two(swap_dir, want, ckpt, first);
   const std::string second = dir.file("second");
   std::filesystem::copy(ckpt, second, std::filesystem::copy_options::recursive);
   const std::string a = manifest_line(first + "/zinf-sharded", "save");
@@ -735,6 +731,7 @@ TEST(ShardedCheckpoint, ATornSaveIsRefusedAtEveryWorldSizeBeforeLoadingAnything)
   // The resumed job's next save removes the uncommitted version that the killed one left.
   const std::string resumed = dir.file("resumed");
   std::filesystem::copy(killed, resumed, std::filesystem::copy_options::recursive);
+  test::ThreadGroup two(2);
   two.run(false, [&](Collectives& c) {
     test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 2, 2, resumed, resumed);
   });
@@ -782,15 +779,8 @@ TEST(ShardedCheckpoint, AKillWhileRemovingTheSupersededSaveLoadsTheNewOne) {
   zinf::test::TestDir dir;
   const std::string swap_dir = dir.subdir("nvme");
   const std::string ckpt = dir.file("ckpt");
-  test::ThreadGroup two(2);
-  two.run(false, [&](Collectives& c) {
-    test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 1, 1, "", ckpt);
-  });
   const std::string first = dir.file("first");
-  std::filesystem::copy(ckpt, first, std::filesystem::copy_options::recursive);
-  two.run(false, [&](Collectives& c) {
-    test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 2, 2, ckpt, ckpt);
-  });
+  save_steps_one_and_two(swap_dir, want, ckpt, first);
   std::string old_version;
   std::getline(std::ifstream(first + "/rank1/LATEST"), old_version);
   std::filesystem::copy(first + "/rank1/" + old_version, ckpt + "/rank1/" + old_version,
@@ -803,6 +793,7 @@ TEST(ShardedCheckpoint, AKillWhileRemovingTheSupersededSaveLoadsTheNewOne) {
       test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 3, 3, ckpt, "");
     });
   }
+  test::ThreadGroup two(2);
   two.run(false, [&](Collectives& c) {
     test::run_sharded_steps(c, StateTier::kCpu, swap_dir, want, 3, 3, ckpt, ckpt);
   });

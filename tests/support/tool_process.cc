@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -231,6 +232,35 @@ void expect_signals_stop_cleanly(const std::string& tool, const std::string& com
     const std::vector<std::string> left = dir_entries(dir);
     EXPECT_TRUE(left.empty()) << "left in " << dir << ": " << ::testing::PrintToString(left);
   }
+}
+
+BoundedRun run_bounded(const std::vector<std::string>& args, std::chrono::seconds limit,
+                       std::chrono::milliseconds poll) {
+  using Clock = std::chrono::steady_clock;
+  BoundedRun run;
+  std::vector<std::string> copy = args;
+  std::vector<char*> argv;
+  for (auto& a : copy) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const auto start = Clock::now();
+  pid_t pid = -1;
+  if (argv[0] == nullptr || posix_spawnp(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
+    ADD_FAILURE() << "cannot start " << (argv[0] ? argv[0] : "(no command)");
+    return run;
+  }
+  while (Clock::now() - start < limit) {
+    if (waitpid(pid, &run.status, WNOHANG) == pid) {
+      run.ended = true;
+      break;
+    }
+    std::this_thread::sleep_for(poll);
+  }
+  if (!run.ended) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &run.status, 0);
+  }
+  run.took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+  return run;
 }
 
 }  // namespace zinf::test

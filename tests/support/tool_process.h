@@ -7,6 +7,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -56,6 +57,21 @@ SignalledRun run_and_signal(const std::string& tool, const std::vector<std::stri
 /// The seed for run_and_signal's delays: ZINF_TEST_SEED if set, else drawn (and either way
 /// printed on stdout, so that a failing delay can be replayed).
 std::uint64_t signal_test_seed();
+
+/// How a run_bounded command ended: `ended` false if it still ran at the limit (it was then
+/// killed with SIGKILL and reaped); `status` is waitpid's status either way.
+struct BoundedRun {
+  bool ended = false;
+  int status = 0;
+  std::chrono::milliseconds took{0};
+};
+
+/// Runs `args` (args[0] found on PATH, no shell, stdout and stderr inherited) and waits for it
+/// up to `limit`, polling every `poll` rather than blocking in waitpid, so that a hang (what the
+/// MPI fault tests exist to catch) ends in a killed process and a clear message instead of the
+/// ctest timeout. Fails the test (ADD_FAILURE) and returns ended = false if it cannot start.
+BoundedRun run_bounded(const std::vector<std::string>& args, std::chrono::seconds limit,
+                       std::chrono::milliseconds poll);
 
 /// The entries of `dir` (without . and ..), sorted.
 std::vector<std::string> dir_entries(const std::string& dir);
