@@ -34,7 +34,6 @@
 #include "zinf/dist/mpi_collectives.h"
 #include "zinf/dist/sharded_optimizer.h"
 
-
 namespace zinf::dist {
 namespace {
 

@@ -79,8 +79,8 @@ inline std::vector<std::vector<std::vector<float>>> reference() {
 // Step `t` of the reference run on this rank of `c` (its share of the exact gradients); the
 // parameters after it land in `params`, filled with -1 first so that an element the step did
 // not write shows.
-inline optim::StepStats reference_step(ShardedOptimizer& opt, const Collectives& c,
-                                       std::uint64_t t, std::vector<std::vector<float>>& params) {
+inline optim::StepStats reference_step(ShardedOptimizer& opt, const Collectives& c, std::uint64_t t,
+                                       std::vector<std::vector<float>>& params) {
   const auto gs = groups();
   std::vector<std::vector<float>> grads(gs.size());
   params.assign(gs.size(), {});

@@ -244,7 +244,8 @@ BoundedRun run_bounded(const std::vector<std::string>& args, std::chrono::second
   argv.push_back(nullptr);
   const auto start = Clock::now();
   pid_t pid = -1;
-  if (argv[0] == nullptr || posix_spawnp(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
+  if (argv[0] == nullptr ||
+      posix_spawnp(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
     ADD_FAILURE() << "cannot start " << (argv[0] ? argv[0] : "(no command)");
     return run;
   }
