@@ -34,6 +34,15 @@
       file gives: the drop-in writes its new file once untimed (as `zinf bench io` preconditions
       its own), then overwrites and reads it, timed. Reports each side's GB/s and the median
       ratios drop-in / CLI.
+  python3 -m zinf.bench deepspeed --dir D [--numel 100M] [--threads 1] [--size 1Gi]
+                                  [--block-size 1Mi] [--queue-depth 8] [--rounds 3]
+      zinf.compat.deepspeed (DeepSpeedCPUAdam, aio_handle) against DeepSpeed's own ops as its
+      builders load them (CPUAdamBuilder, AsyncIOBuilder), alternated, in one process: the
+      Adam step time of each over the same parameters (each its own copy, AdamW) and each
+      handle's sync_pwrite then sync_pread of one pinned tensor of --size (its own
+      new_cpu_locked_tensor; the file written once untimed first). Ratios are DeepSpeed /
+      zinf time (above 1: zinf is faster). DeepSpeed is imported here only, so this runs in
+      the peers environment (scripts/peers.sh) with DS_ACCELERATOR=cpu where there is no GPU.
 
 Output: one JSON document on stdout.
 """
@@ -345,6 +354,72 @@ def bench_aio(a):
             "median_read_ratio": statistics.median(r["read_ratio"] for r in rows)}
 
 
+def bench_deepspeed(a):
+    try:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam as DsAdam
+        from deepspeed.ops.op_builder import AsyncIOBuilder
+    except ImportError as e:
+        sys.exit(f"zinf.bench deepspeed: DeepSpeed is not importable here ({e}): run it in the "
+                 "peers environment (scripts/peers.sh)")
+    from zinf.compat.deepspeed import DeepSpeedCPUAdam as ZAdam
+    from zinf.compat.deepspeed import aio_handle as ZHandle
+    torch.set_num_threads(a.threads)
+    numel = count(a.numel)
+    base = make_params(numel, 16)
+
+    def copies():
+        ps = [torch.nn.Parameter(p.detach().clone()) for p in base]
+        for p, q in zip(ps, base):
+            p.grad = q.grad.clone()
+        return ps
+
+    size, block = size_bytes(a.size), size_bytes(a.block_size)
+    ds_aio = AsyncIOBuilder().load()
+
+    def io(make_handle, directory, name):
+        h = make_handle()
+        buf = h.new_cpu_locked_tensor(size, torch.empty(0, dtype=torch.uint8))
+        buf.copy_(torch.randint(0, 256, (size,), dtype=torch.uint8))
+        path = os.path.join(directory, name)
+        try:
+            h.sync_pwrite(buf, path)  # a new file, untimed
+            t = time.perf_counter()
+            h.sync_pwrite(buf, path)
+            w = time.perf_counter() - t
+            t = time.perf_counter()
+            h.sync_pread(buf, path)
+            r = time.perf_counter() - t
+        finally:
+            h.free_cpu_locked_tensor(buf)
+            os.remove(path)
+        return w, r
+
+    # DeepSpeed's aio_handle(block_size, queue_depth, single_submit, overlap_events,
+    # intra_op_parallelism), and the drop-in with the same arguments.
+    args = (block, a.queue_depth, False, True, 1)
+    rows = []
+    with tempfile.TemporaryDirectory(dir=a.dir) as d:
+        for r in range(a.rounds):
+            sides = [("zinf", ZAdam, lambda: ZHandle(*args)),
+                     ("deepspeed", DsAdam, lambda: ds_aio.aio_handle(*args))]
+            if r % 2:
+                sides.reverse()
+            row = {"round": r + 1}
+            for name, adam, handle in sides:
+                row[f"{name}_adam_s"] = time_steps(adam(copies(), lr=1e-3, weight_decay=0.01,
+                                                        adamw_mode=True), a.steps)
+                row[f"{name}_write_s"], row[f"{name}_read_s"] = io(handle, d, name + ".bin")
+            for k in ("adam", "write", "read"):
+                row[f"{k}_ratio"] = row[f"deepspeed_{k}_s"] / row[f"zinf_{k}_s"]
+            rows.append(row)
+    return {"bench": "python-deepspeed", "numel": sum(p.numel() for p in base),
+            "threads": a.threads, "size": size, "block_size": block,
+            "queue_depth": a.queue_depth, "rounds": rows,
+            "median_adam_ratio": statistics.median(r["adam_ratio"] for r in rows),
+            "median_write_ratio": statistics.median(r["write_ratio"] for r in rows),
+            "median_read_ratio": statistics.median(r["read_ratio"] for r in rows)}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python3 -m zinf.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -386,9 +461,19 @@ def main(argv=None):
     ai.add_argument("--queue-depth", type=int, default=8, dest="queue_depth")
     ai.add_argument("--rounds", type=int, default=3)
     ai.add_argument("--zinf", help="the zinf binary (default: $ZINF_BIN, else zinf on PATH)")
+    ds = sub.add_parser("deepspeed", help="the DeepSpeed drop-in against DeepSpeed's own ops")
+    ds.add_argument("--dir", required=True, help="a directory on the drive to measure")
+    ds.add_argument("--numel", default="100M")
+    ds.add_argument("--threads", type=int, default=1)
+    ds.add_argument("--steps", type=int, default=3)
+    ds.add_argument("--size", default="1Gi")
+    ds.add_argument("--block-size", default="1Mi", dest="block_size")
+    ds.add_argument("--queue-depth", type=int, default=8, dest="queue_depth")
+    ds.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args(argv)
     doc = {"adam": bench_adam, "step": bench_step, "save": bench_save,
-           "activations": bench_activations, "aio": bench_aio}[a.what](a)
+           "activations": bench_activations, "aio": bench_aio,
+           "deepspeed": bench_deepspeed}[a.what](a)
     json.dump(doc, sys.stdout, indent=1)
     print()
 
