@@ -361,6 +361,14 @@ def bench_deepspeed(a):
     except ImportError as e:
         sys.exit(f"zinf.bench deepspeed: DeepSpeed is not importable here ({e}): run it in the "
                  "peers environment (scripts/peers.sh)")
+    try:
+        # DeepSpeed's logger writes to stdout, which holds this benchmark's JSON.
+        from deepspeed.utils import logger as ds_logger
+        for h in ds_logger.handlers:
+            if hasattr(h, "setStream"):
+                h.setStream(sys.stderr)
+    except ImportError:
+        pass
     from zinf.compat.deepspeed import DeepSpeedCPUAdam as ZAdam
     from zinf.compat.deepspeed import aio_handle as ZHandle
     torch.set_num_threads(a.threads)
