@@ -314,24 +314,31 @@ def cli_io(zinf_bin, directory, size, block, qd):
     return {job["op"]: job["gbps"] for job in json.loads(out.stdout)["jobs"]}
 
 
-def dropin_io(directory, size, block, qd):
-    from zinf.compat.deepspeed import aio_handle
-    h = aio_handle(block, qd)
+def handle_io(h, directory, name, size):
+    """Seconds of `h`'s sync_pwrite then sync_pread of one pinned tensor of `size` random bytes
+    (its own new_cpu_locked_tensor) to a new file `name`, written once untimed first (as
+    `zinf bench io` preconditions its own): the drop-in's and DeepSpeed's handles alike."""
     buf = h.new_cpu_locked_tensor(size, torch.empty(0, dtype=torch.uint8))
     buf.copy_(torch.randint(0, 256, (size,), dtype=torch.uint8))  # not zeros: a disk may skip them
-    path = os.path.join(directory, "dropin.bin")
+    path = os.path.join(directory, name)
     try:
-        h.sync_pwrite(buf, path)  # the new file, untimed (bench io preconditions its own)
+        h.sync_pwrite(buf, path)
         t = time.perf_counter()
         h.sync_pwrite(buf, path)
-        write = size / (time.perf_counter() - t) / 1e9
+        write = time.perf_counter() - t
         t = time.perf_counter()
         h.sync_pread(buf, path)
-        read = size / (time.perf_counter() - t) / 1e9
+        read = time.perf_counter() - t
     finally:
         h.free_cpu_locked_tensor(buf)
         os.remove(path)
-    return {"write": write, "read": read}
+    return write, read
+
+
+def dropin_io(directory, size, block, qd):
+    from zinf.compat.deepspeed import aio_handle
+    write, read = handle_io(aio_handle(block, qd), directory, "dropin.bin", size)
+    return {"write": size / write / 1e9, "read": size / read / 1e9}
 
 
 def bench_aio(a):
@@ -384,24 +391,6 @@ def bench_deepspeed(a):
     size, block = size_bytes(a.size), size_bytes(a.block_size)
     ds_aio = AsyncIOBuilder().load()
 
-    def io(make_handle, directory, name):
-        h = make_handle()
-        buf = h.new_cpu_locked_tensor(size, torch.empty(0, dtype=torch.uint8))
-        buf.copy_(torch.randint(0, 256, (size,), dtype=torch.uint8))
-        path = os.path.join(directory, name)
-        try:
-            h.sync_pwrite(buf, path)  # a new file, untimed
-            t = time.perf_counter()
-            h.sync_pwrite(buf, path)
-            w = time.perf_counter() - t
-            t = time.perf_counter()
-            h.sync_pread(buf, path)
-            r = time.perf_counter() - t
-        finally:
-            h.free_cpu_locked_tensor(buf)
-            os.remove(path)
-        return w, r
-
     # DeepSpeed's aio_handle(block_size, queue_depth, single_submit, overlap_events,
     # intra_op_parallelism), and the drop-in with the same arguments.
     args = (block, a.queue_depth, False, True, 1)
@@ -416,7 +405,8 @@ def bench_deepspeed(a):
             for name, adam, handle in sides:
                 row[f"{name}_adam_s"] = time_steps(adam(copies(), lr=1e-3, weight_decay=0.01,
                                                         adamw_mode=True), a.steps)
-                row[f"{name}_write_s"], row[f"{name}_read_s"] = io(handle, d, name + ".bin")
+                row[f"{name}_write_s"], row[f"{name}_read_s"] = handle_io(handle(), d,
+                                                                          name + ".bin", size)
             for k in ("adam", "write", "read"):
                 row[f"{k}_ratio"] = row[f"deepspeed_{k}_s"] / row[f"zinf_{k}_s"]
             rows.append(row)
